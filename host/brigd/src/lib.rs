@@ -1,0 +1,117 @@
+//! brigd: the Brig daemon. One binary; today it runs the all-in-one role (control plane and node
+//! in one process), which is what a single machine needs.
+//!
+//! State directory layout (default `$XDG_DATA_HOME/brig`, e.g. `~/.local/share/brig`):
+//! ```text
+//! access-token        tokens that admit clients, one per line (0600)
+//! tls/cert.der|pem    self-signed certificate clients pin; tls/key.der (0600)
+//! endpoint.json       where this daemon listens and its certificate fingerprint
+//! fncall/             tool components, precompiled cache, workspaces
+//! sandboxes/          one record per live sandbox
+//! ```
+#![forbid(unsafe_code)]
+
+pub mod endpoint;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use brig_control::AccessTokens;
+use brig_node::{Node, NodeConfig};
+use brig_proto::Request;
+use brig_transport::{Exchange, Identity, Server, Service};
+
+pub use endpoint::Endpoint;
+
+/// The all-in-one service: the control plane admits clients, the node serves them.
+pub struct AllInOne {
+    tokens: AccessTokens,
+    node: Node,
+}
+
+impl Service for AllInOne {
+    fn authenticate(&self, token: &str) -> bool {
+        self.tokens.verify(token)
+    }
+
+    async fn serve(&self, request: Request, exchange: Exchange) {
+        self.node.serve(request, exchange).await;
+    }
+}
+
+/// Everything brigd needs to start.
+#[derive(Debug, Clone)]
+pub struct DaemonOptions {
+    pub listen: SocketAddr,
+    pub state_dir: PathBuf,
+    pub tools_dirs: Vec<PathBuf>,
+    pub node: NodeConfig,
+}
+
+/// The default state directory: `$BRIG_STATE_DIR`, else `<user data dir>/brig`.
+pub fn default_state_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("BRIG_STATE_DIR") {
+        return PathBuf::from(dir);
+    }
+    dirs::data_dir()
+        .unwrap_or_else(|| PathBuf::from("/var/lib"))
+        .join("brig")
+}
+
+/// Reads a TOML node configuration.
+pub fn load_config(path: &Path) -> anyhow::Result<NodeConfig> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// Runs the all-in-one daemon until `shutdown` completes.
+pub async fn run(
+    opts: DaemonOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let state = &opts.state_dir;
+    create_private_dir(state)?;
+    let tokens = AccessTokens::load_or_create(&state.join("access-token"))?;
+    let tls_dir = state.join("tls");
+    let names = vec!["localhost".to_string(), opts.listen.ip().to_string()];
+    let identity = Identity::load_or_create(&tls_dir, &names)?;
+    let node = Node::open(opts.node.clone(), state)?;
+    for dir in &opts.tools_dirs {
+        let added = node
+            .fncall()
+            .add_tools_from_dir(dir)
+            .await
+            .with_context(|| format!("registering tools from {}", dir.display()))?;
+        tracing::info!(dir = %dir.display(), tools = added.len(), "built-in tools registered");
+    }
+    let server = Server::bind(opts.listen, &identity)?;
+    let local = server.local_addr()?;
+    let endpoint = Endpoint {
+        addr: local,
+        cert_sha256: identity.fingerprint(),
+        cert_path: Identity::cert_path(&tls_dir),
+        protocol: brig_proto::PROTOCOL_VERSION,
+        pid: std::process::id(),
+    };
+    endpoint.write(state)?;
+    tracing::info!(addr = %local, state_dir = %state.display(), fingerprint = %endpoint.cert_sha256, "brigd listening");
+    let reaper = node.spawn_reaper();
+    let service = Arc::new(AllInOne { tokens, node });
+    server.run(service, shutdown).await;
+    reaper.abort();
+    Endpoint::remove(state);
+    tracing::info!("brigd stopped");
+    Ok(())
+}
+
+fn create_private_dir(path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .with_context(|| format!("creating state directory {}", path.display()))
+}

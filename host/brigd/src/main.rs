@@ -1,0 +1,99 @@
+//! `brigd`: the Brig daemon binary. See `brigd --help`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// Brig daemon: runs sandboxes for LLM agents (fncall tier on Wasmtime) behind a QUIC API.
+///
+/// With no arguments it runs the all-in-one role (control plane and node in one process) on
+/// 127.0.0.1:7070 with its state under the user's data directory.
+#[derive(Parser, Debug)]
+#[command(name = "brigd", version)]
+struct Args {
+    #[command(subcommand)]
+    role: Option<Role>,
+
+    /// Address to listen on (UDP, QUIC). Port 0 picks a free port (see endpoint.json).
+    #[arg(
+        long,
+        default_value = "127.0.0.1:7070",
+        env = "BRIG_LISTEN",
+        global = true
+    )]
+    listen: SocketAddr,
+
+    /// State directory: token, TLS identity, tools, sandboxes. Default: $BRIG_STATE_DIR or
+    /// <data dir>/brig.
+    #[arg(long, global = true)]
+    state_dir: Option<PathBuf>,
+
+    /// Directory of `*.wasm` tool components to register at start (repeatable).
+    #[arg(
+        long = "tools-dir",
+        env = "BRIG_TOOLS_DIR",
+        global = true,
+        value_delimiter = ':'
+    )]
+    tools_dirs: Vec<PathBuf>,
+
+    /// Node configuration file (TOML; fields of NodeConfig, unknown fields are errors).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+
+    /// Log filter, e.g. `info`, `brig_node=debug` (RUST_LOG syntax).
+    #[arg(long, default_value = "info", env = "BRIG_LOG", global = true)]
+    log: String,
+}
+
+#[derive(Subcommand, Debug, Clone, Copy)]
+enum Role {
+    /// Control plane and node in one process (the default).
+    All,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log)?)
+        .with_writer(std::io::stderr)
+        .init();
+    let node = match &args.config {
+        Some(path) => brigd::load_config(path)?,
+        None => brig_node::NodeConfig::default(),
+    };
+    let opts = brigd::DaemonOptions {
+        listen: args.listen,
+        state_dir: args
+            .state_dir
+            .clone()
+            .unwrap_or_else(brigd::default_state_dir),
+        tools_dirs: args.tools_dirs.clone(),
+        node,
+    };
+    match args.role.unwrap_or(Role::All) {
+        Role::All => {}
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(brigd::run(opts, shutdown_signal()))
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGTERM");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+    }
+}

@@ -1,0 +1,13 @@
+//! Brig's domain types, shared by the node, the control plane and the tier backends.
+//!
+//! These are not wire types: the node converts between them and `brig-proto` at its boundary,
+//! so a backend never depends on the encoding and the wire can evolve without touching tiers.
+#![forbid(unsafe_code)]
+
+pub mod call;
+pub mod id;
+pub mod spec;
+
+pub use call::{CallLimits, CallOutcome, CallReport, ToolCall};
+pub use id::{IdError, NodeId, SandboxId};
+pub use spec::{Labels, SandboxSpec, Tier};

@@ -1,0 +1,68 @@
+//! What a sandbox is asked to be.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Isolation tier, from lightest to heaviest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// A WASI component per call, in-process on Wasmtime.
+    Fncall,
+    /// A Linux container on the node's kernel (or in a shared container-host VM).
+    Container,
+    /// One KVM microVM per sandbox.
+    Microvm,
+    /// A whole OS image with its own init in a larger VM.
+    Fullvm,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 4] = [Tier::Fncall, Tier::Container, Tier::Microvm, Tier::Fullvm];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Fncall => "fncall",
+            Tier::Container => "container",
+            Tier::Microvm => "microvm",
+            Tier::Fullvm => "fullvm",
+        }
+    }
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Tier {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Tier, String> {
+        Tier::ALL
+            .into_iter()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| format!("unknown tier {s:?} (fncall, container, microvm, fullvm)"))
+    }
+}
+
+/// Sandbox labels (job, rollout, step, …), kept sorted by key.
+pub type Labels = Vec<(String, String)>;
+
+/// A request for a sandbox, after the node has filled in its defaults.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    pub tier: Tier,
+    pub image: Option<String>,
+    pub labels: Labels,
+    /// Destroy after this long without a request.
+    pub idle_ttl: Duration,
+}
+
+impl SandboxSpec {
+    /// Whether every pair of `selector` is among this sandbox's labels.
+    pub fn matches(&self, selector: &[(String, String)]) -> bool {
+        selector.iter().all(|pair| self.labels.contains(pair))
+    }
+}

@@ -1,0 +1,154 @@
+//! The fncall tier: tool calls as WASI 0.2 components on Wasmtime.
+//!
+//! ```text
+//! FncallBackend
+//!  ├─ engine      one wasmtime::Engine: pooling allocator (CoW heaps, slots kept resident),
+//!  │              epoch interruption driven by a ticker thread, optional fuel
+//!  ├─ registry    tools by name → content-addressed component (sha256) → InstancePre,
+//!  │              precompiled once into <state>/precompiled/<engine key>/<sha256>.cwasm
+//!  └─ invoke      one call = fresh Store + WasiCtx → instantiate → call → drop
+//! ```
+//! Every call gets a fresh instance, so nothing leaks between calls; a stateful fncall sandbox
+//! is a workspace directory preopened into each of its calls ([`workspace`]).
+//!
+//! Guest failures are outcomes ([`brig_core::CallOutcome`]): a trap, a passed deadline, a memory
+//! cap, an output cap or exhausted fuel ends that call only. Calls run on the caller's tokio
+//! runtime; a long-running guest yields to the executor at every epoch tick, so it cannot starve
+//! other calls or the network.
+#![deny(unsafe_code)]
+
+mod config;
+mod engine;
+mod error;
+mod invoke;
+mod output;
+mod precompiled;
+mod registry;
+pub mod workspace;
+
+pub use config::FncallConfig;
+pub use error::FncallError;
+pub use registry::{ToolSummary, ToolWorld, MAX_COMPONENT_BYTES};
+pub use workspace::Workspace;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use brig_core::{CallReport, ToolCall};
+
+/// The fncall tier of one node. Cheap to clone.
+#[derive(Clone)]
+pub struct FncallBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: FncallConfig,
+    engine: engine::BrigEngine,
+    registry: registry::ToolRegistry,
+    workspaces: PathBuf,
+}
+
+impl FncallBackend {
+    /// Opens the tier with its state under `state_dir` (components, precompiled cache,
+    /// workspaces), loading every registered tool.
+    pub fn open(config: FncallConfig, state_dir: &Path) -> Result<FncallBackend, FncallError> {
+        let engine = engine::BrigEngine::new(&config)?;
+        let registry = registry::ToolRegistry::open(&engine, state_dir)?;
+        let workspaces = state_dir.join("workspaces");
+        std::fs::create_dir_all(&workspaces).map_err(|source| FncallError::Io {
+            path: workspaces.clone(),
+            source,
+        })?;
+        Ok(FncallBackend {
+            inner: Arc::new(Inner {
+                config,
+                engine,
+                registry,
+                workspaces,
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &FncallConfig {
+        &self.inner.config
+    }
+
+    /// Registers `bytes` as tool `name`, replacing an earlier tool of that name.
+    /// Compiles on a blocking thread; a bad component is refused with its reason.
+    pub async fn add_tool(&self, name: &str, bytes: Vec<u8>) -> Result<ToolSummary, FncallError> {
+        let this = self.clone();
+        let name = name.to_string();
+        let prepared = tokio::task::spawn_blocking(move || {
+            this.inner
+                .registry
+                .prepare(&this.inner.engine, &name, &bytes)
+        })
+        .await
+        .map_err(|e| FncallError::Internal(format!("compile task failed: {e}")))??;
+        let description = match &prepared.pre {
+            registry::ToolPre::Tool(pre) => invoke::describe(&self.inner.engine, pre).await?,
+            registry::ToolPre::Command(_) => "WASI command (wasi:cli/run)".to_string(),
+        };
+        self.inner.registry.commit(prepared, description)
+    }
+
+    /// Registers every `*.wasm` in `dir` under its file stem, skipping unchanged ones.
+    pub async fn add_tools_from_dir(&self, dir: &Path) -> Result<Vec<ToolSummary>, FncallError> {
+        let mut added = Vec::new();
+        let entries = std::fs::read_dir(dir).map_err(|source| FncallError::Io {
+            path: dir.to_owned(),
+            source,
+        })?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().and_then(|e| e.to_str()) != Some("wasm") {
+                continue;
+            }
+            let Some(name) = path.file_stem().and_then(|s| s.to_str()) else {
+                continue;
+            };
+            let bytes = std::fs::read(&path).map_err(|source| FncallError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            added.push(self.add_tool(name, bytes).await?);
+        }
+        Ok(added)
+    }
+
+    pub fn tools(&self) -> Vec<ToolSummary> {
+        self.inner.registry.list()
+    }
+
+    pub fn remove_tool(&self, name: &str) -> Result<(), FncallError> {
+        self.inner.registry.remove(name)
+    }
+
+    /// Runs one call in a fresh instance, with `workspace` preopened if given.
+    pub async fn call(
+        &self,
+        call: ToolCall,
+        workspace: Option<&Workspace>,
+    ) -> Result<CallReport, FncallError> {
+        let tool = self.inner.registry.get(&call.tool)?;
+        invoke::run(
+            &self.inner.engine,
+            &self.inner.config,
+            &tool,
+            call,
+            workspace,
+        )
+        .await
+    }
+
+    /// Creates the workspace of a new stateful sandbox named `key`.
+    pub fn create_workspace(&self, key: &str) -> Result<Workspace, FncallError> {
+        Workspace::create(&self.inner.workspaces.join(key))
+    }
+
+    /// Opens the workspace of an existing sandbox (after a node restart).
+    pub fn open_workspace(&self, key: &str) -> Result<Workspace, FncallError> {
+        Workspace::open(&self.inner.workspaces.join(key))
+    }
+}

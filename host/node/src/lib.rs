@@ -1,0 +1,301 @@
+//! The node daemon's request handling: it owns the tier backends and the sandboxes on this node,
+//! turns wire requests into backend calls, and backend results into replies.
+//!
+//! ```text
+//! transport ──Request──▶ Node::serve ──▶ fncall backend (one-shot calls, sandbox calls)
+//!                            │        └─▶ sandbox table (ids, specs, TTLs; persisted)
+//!                            └──Reply──▶ transport
+//! ```
+//! A node is the source of truth for its sandboxes: it rebuilds its table from its state
+//! directory on start, and destroys sandboxes whose idle TTL passes.
+#![forbid(unsafe_code)]
+
+mod config;
+mod convert;
+mod error;
+mod files;
+mod sandboxes;
+
+pub use config::NodeConfig;
+pub use error::NodeError;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use brig_core::{SandboxId, SandboxSpec, Tier};
+use brig_fncall::FncallBackend;
+use brig_proto::{CreateRequest, Reply, Request, SandboxInfo, SandboxState};
+use brig_transport::Exchange;
+
+use crate::sandboxes::{now_unix_ms, SandboxEntry, SandboxTable, TierHandle};
+
+/// One node. Cheap to clone.
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: NodeConfig,
+    fncall: FncallBackend,
+    sandboxes: SandboxTable,
+}
+
+impl Node {
+    /// Opens the node's state under `state_dir` and restores the sandboxes recorded there.
+    pub fn open(config: NodeConfig, state_dir: &Path) -> Result<Node, NodeError> {
+        let fncall = FncallBackend::open(config.fncall.clone(), &state_dir.join("fncall"))?;
+        let sandboxes = SandboxTable::new(&state_dir.join("sandboxes"))?;
+        let node = Node {
+            inner: Arc::new(Inner {
+                config,
+                fncall,
+                sandboxes,
+            }),
+        };
+        node.restore();
+        Ok(node)
+    }
+
+    fn restore(&self) {
+        let mut restored = 0;
+        for record in self.inner.sandboxes.saved_records() {
+            let handle = match record.spec.tier {
+                Tier::Fncall => match self.inner.fncall.open_workspace(&record.id.to_string()) {
+                    Ok(ws) => TierHandle::Fncall(ws),
+                    Err(e) => {
+                        tracing::warn!(sandbox = %record.id, error = %e, "workspace lost; sandbox dropped");
+                        continue;
+                    }
+                },
+                other => {
+                    tracing::warn!(sandbox = %record.id, tier = %other, "tier not offered; sandbox dropped");
+                    continue;
+                }
+            };
+            let entry = SandboxEntry::new(record.id, record.spec, record.created_unix_ms, handle);
+            // The node was down: count idleness from now, not from before the restart.
+            entry.touch();
+            if self.inner.sandboxes.insert(entry, false).is_ok() {
+                restored += 1;
+            }
+        }
+        if restored > 0 {
+            tracing::info!(restored, "sandboxes restored from state directory");
+        }
+    }
+
+    pub fn fncall(&self) -> &FncallBackend {
+        &self.inner.fncall
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.inner.config
+    }
+
+    /// Destroys sandboxes idle past their TTL, every `reap_interval_ms`, until dropped.
+    pub fn spawn_reaper(&self) -> tokio::task::JoinHandle<()> {
+        let node = self.clone();
+        let every = Duration::from_millis(self.inner.config.reap_interval_ms.max(10));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                for entry in node.inner.sandboxes.idle_past(now_unix_ms()) {
+                    let ttl = entry.spec.idle_ttl.as_secs_f64();
+                    let reason = format!("destroyed after its idle TTL of {ttl:.1} s");
+                    tracing::info!(sandbox = %entry.id, "idle TTL passed; destroying");
+                    node.destroy(&entry.id, &reason);
+                }
+            }
+        })
+    }
+
+    /// Serves one request on its exchange.
+    pub async fn serve(&self, request: Request, mut exchange: Exchange) {
+        let kind = request.kind();
+        let result = match request {
+            Request::FileWrite(req) => files::write(self, req, &mut exchange).await,
+            Request::FileRead(req) => files::read(self, req, &mut exchange).await,
+            Request::ToolAdd { name } => self.tool_add(&name, &mut exchange).await,
+            other => self.handle(other).await,
+        };
+        let outcome = match result {
+            Ok(Some(reply)) => exchange.reply(&reply).await,
+            Ok(None) => Ok(()),
+            Err(e) => {
+                tracing::debug!(request = kind, error = %e, "request failed");
+                exchange.error(e.to_wire()).await
+            }
+        };
+        if let Err(e) = outcome {
+            tracing::debug!(request = kind, error = %e, "cannot send reply");
+        }
+        exchange.finish();
+    }
+
+    /// Requests with no upload or download.
+    async fn handle(&self, request: Request) -> Result<Option<Reply>, NodeError> {
+        let fncall = &self.inner.fncall;
+        let reply = match request {
+            Request::Call(call) => {
+                let report = fncall.call(convert::call_from_wire(call), None).await?;
+                Reply::Called(convert::report_to_wire(report))
+            }
+            Request::CallIn { sandbox, call } => {
+                let entry = self.inner.sandboxes.get(&sandbox)?;
+                entry.touch();
+                let TierHandle::Fncall(ws) = &entry.handle;
+                let report = fncall.call(convert::call_from_wire(call), Some(ws)).await?;
+                entry.touch();
+                Reply::Called(convert::report_to_wire(report))
+            }
+            Request::Create(req) => Reply::Sandbox(self.create(req)?),
+            Request::Status { sandbox } => {
+                Reply::Sandbox(info(self.inner.sandboxes.get(&sandbox)?.as_ref()))
+            }
+            Request::Destroy { sandbox } => {
+                let id: SandboxId = sandbox.parse()?;
+                self.inner.sandboxes.get(&sandbox)?;
+                self.destroy(&id, "destroyed by request");
+                Reply::Done
+            }
+            Request::List(req) => Reply::Sandboxes(
+                self.inner
+                    .sandboxes
+                    .list(&req.labels)
+                    .iter()
+                    .map(|e| info(e))
+                    .collect(),
+            ),
+            Request::FileList { sandbox, path } => {
+                let entries = self.workspace_op(&sandbox, |ws| ws.list(&path))?;
+                Reply::Entries(entries.into_iter().map(convert::entry_to_wire).collect())
+            }
+            Request::FileStat { sandbox, path } => Reply::Stat(convert::entry_to_wire(
+                self.workspace_op(&sandbox, |ws| ws.stat(&path))?,
+            )),
+            Request::FileMkdir {
+                sandbox,
+                path,
+                parents,
+            } => {
+                self.workspace_op(&sandbox, |ws| ws.mkdir(&path, parents))?;
+                Reply::Done
+            }
+            Request::FileRemove {
+                sandbox,
+                path,
+                recursive,
+            } => {
+                self.workspace_op(&sandbox, |ws| ws.remove_path(&path, recursive))?;
+                Reply::Done
+            }
+            Request::ToolList => Reply::Tools(
+                fncall
+                    .tools()
+                    .into_iter()
+                    .map(convert::tool_to_wire)
+                    .collect(),
+            ),
+            Request::ToolRemove { name } => {
+                fncall.remove_tool(&name)?;
+                Reply::Done
+            }
+            Request::FileWrite(_) | Request::FileRead(_) | Request::ToolAdd { .. } => {
+                return Err(NodeError::Io {
+                    what: "request routing".into(),
+                    source: std::io::Error::other("streaming request reached the plain handler"),
+                })
+            }
+        };
+        Ok(Some(reply))
+    }
+
+    fn create(&self, req: CreateRequest) -> Result<SandboxInfo, NodeError> {
+        let tier = req.tier.map_or(Tier::Fncall, convert::tier_from_wire);
+        if tier != Tier::Fncall {
+            return Err(NodeError::TierUnavailable(tier));
+        }
+        let max = self.inner.config.max_sandboxes;
+        if self.inner.sandboxes.len() >= max {
+            return Err(NodeError::Full(max));
+        }
+        let ttl_ms = req
+            .idle_ttl_ms
+            .unwrap_or(self.inner.config.default_idle_ttl_ms)
+            .min(self.inner.config.max_idle_ttl_ms);
+        let mut labels = req.labels;
+        labels.sort();
+        labels.dedup();
+        let spec = SandboxSpec {
+            tier,
+            image: req.image,
+            labels,
+            idle_ttl: Duration::from_millis(ttl_ms),
+        };
+        let id = SandboxId::generate(self.inner.config.node_id());
+        let ws = self.inner.fncall.create_workspace(&id.to_string())?;
+        let entry = SandboxEntry::new(id, spec, now_unix_ms(), TierHandle::Fncall(ws));
+        let entry = self.inner.sandboxes.insert(entry, true)?;
+        tracing::debug!(sandbox = %id, tier = %tier, "sandbox created");
+        Ok(info(&entry))
+    }
+
+    /// Removes a sandbox and frees its resources.
+    fn destroy(&self, id: &SandboxId, reason: &str) {
+        let Some(entry) = self.inner.sandboxes.remove(id, reason) else {
+            return;
+        };
+        match &entry.handle {
+            TierHandle::Fncall(ws) => {
+                if let Err(e) = ws.remove() {
+                    tracing::warn!(sandbox = %id, error = %e, "cannot remove workspace");
+                }
+            }
+        }
+    }
+
+    fn workspace_op<T>(
+        &self,
+        sandbox: &str,
+        op: impl FnOnce(&brig_fncall::Workspace) -> Result<T, brig_fncall::FncallError>,
+    ) -> Result<T, NodeError> {
+        let entry = self.inner.sandboxes.get(sandbox)?;
+        entry.touch();
+        let TierHandle::Fncall(ws) = &entry.handle;
+        Ok(op(ws)?)
+    }
+
+    async fn tool_add(
+        &self,
+        name: &str,
+        exchange: &mut Exchange,
+    ) -> Result<Option<Reply>, NodeError> {
+        let limit = brig_fncall::MAX_COMPONENT_BYTES;
+        let bytes = match exchange.read_upload_to_end(limit).await {
+            Ok(bytes) => bytes,
+            Err(brig_transport::TransportError::Frame(brig_proto::FrameError::TooLarge(_))) => {
+                exchange.refuse_upload();
+                return Err(NodeError::UploadTooLarge(limit as u64));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let summary = self.inner.fncall.add_tool(name, bytes).await?;
+        Ok(Some(Reply::Tool(convert::tool_to_wire(summary))))
+    }
+}
+
+fn info(entry: &SandboxEntry) -> SandboxInfo {
+    SandboxInfo {
+        id: entry.id.to_string(),
+        tier: convert::tier_to_wire(entry.spec.tier),
+        state: SandboxState::Running,
+        labels: entry.spec.labels.clone(),
+        created_unix_ms: entry.created_unix_ms,
+        last_used_unix_ms: entry.last_used_unix_ms(),
+        idle_ttl_ms: u64::try_from(entry.spec.idle_ttl.as_millis()).unwrap_or(u64::MAX),
+    }
+}

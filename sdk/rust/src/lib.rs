@@ -1,0 +1,40 @@
+//! Async Rust client for Brig, for rollout workers.
+//!
+//! One [`Client`] holds one QUIC connection; clone it freely and issue requests from many tasks
+//! at once (each request is its own stream). If the connection drops, the next request
+//! reconnects.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), brig_sdk::Error> {
+//! use brig_sdk::{Client, SandboxOptions};
+//!
+//! // Reads endpoint.json and access-token from brigd's state directory.
+//! let client = Client::connect_local().await?;
+//!
+//! // One-shot: a fresh instance runs the tool and is gone.
+//! let r = client.call("jq", r#"{"query":"$.a","json":{"a":1}}"#).await?;
+//! assert!(r.is_success());
+//!
+//! // Stateful: a workspace that persists across calls until destroyed or idle.
+//! let sandbox = client.create(SandboxOptions::fncall().label("job", "demo")).await?;
+//! sandbox.write_file("src/app.py", b"print('hi')\n").await?;
+//! let hits = sandbox.call("grep", r#"{"pattern":"print"}"#).await?;
+//! println!("{}", hits.output);
+//! sandbox.destroy().await?;
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+
+mod client;
+mod error;
+mod sandbox;
+
+pub use client::{Client, ConnectOptions, Pin};
+pub use error::Error;
+pub use sandbox::{Sandbox, SandboxOptions};
+
+/// Wire types the SDK hands back.
+pub use brig_proto::{
+    CallLimits, CallOutcome, CallRequest, CallResult, ErrorCode, FileKind, FileStat, SandboxInfo,
+    SandboxState, Tier, ToolInfo, ToolWorld,
+};

@@ -1,0 +1,304 @@
+//! Request and reply messages. Postcard encodes enum variants by index: append new variants and
+//! fields only together with a [`crate::PROTOCOL_VERSION`] bump.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::WireError;
+
+/// Isolation tier of a sandbox.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tier {
+    Fncall,
+    Container,
+    Microvm,
+    Fullvm,
+}
+
+/// A tool call, one-shot or inside a sandbox.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct CallRequest {
+    /// Registered tool name (`brig tool ls`) or a component digest `sha256:<hex>`.
+    pub tool: String,
+    /// Input string for `brig:tool` components; ignored by `wasi:cli/run` commands.
+    pub input: String,
+    /// Arguments after argv[0] for `wasi:cli/run` commands.
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    #[serde(with = "serde_bytes")]
+    pub stdin: Vec<u8>,
+    pub limits: CallLimits,
+}
+
+impl CallRequest {
+    pub fn new(tool: impl Into<String>, input: impl Into<String>) -> Self {
+        CallRequest {
+            tool: tool.into(),
+            input: input.into(),
+            ..Default::default()
+        }
+    }
+}
+
+/// Per-call limits; `None` takes the node's default.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CallLimits {
+    pub timeout_ms: Option<u32>,
+    pub memory_mib: Option<u32>,
+    /// Cap on each of stdout and stderr.
+    pub output_bytes: Option<u32>,
+    pub fuel: Option<u64>,
+}
+
+/// How a call ended. A guest failure is an outcome, not an error.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// A `brig:tool` call returned `ok`.
+    Ok,
+    /// A `brig:tool` call returned `err` with this message.
+    ToolError(String),
+    /// A `wasi:cli/run` command exited with this code.
+    Exit(i32),
+    /// The wall-clock deadline passed.
+    Timeout,
+    /// The guest hit its memory cap.
+    OutOfMemory,
+    /// The guest wrote more than the output cap; output is truncated at the cap.
+    OutputOverflow,
+    /// The guest ran out of fuel.
+    FuelExhausted,
+    /// The guest trapped (panic, unreachable, stack overflow, …).
+    Trap(String),
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct CallResult {
+    pub outcome: CallOutcome,
+    /// The `ok` string of a `brig:tool` call; empty otherwise.
+    pub output: String,
+    #[serde(with = "serde_bytes")]
+    pub stdout: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    pub stderr: Vec<u8>,
+    pub duration_us: u64,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct CreateRequest {
+    pub tier: Option<Tier>,
+    /// Image or environment for VM and container tiers; unused by fncall.
+    pub image: Option<String>,
+    pub labels: Vec<(String, String)>,
+    /// Destroy the sandbox after this long without a request; `None` takes the node default.
+    pub idle_ttl_ms: Option<u64>,
+}
+
+/// Lifecycle state as clients see it.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandboxState {
+    Running,
+    Paused,
+    Stopped,
+    Failed,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct SandboxInfo {
+    pub id: String,
+    pub tier: Tier,
+    pub state: SandboxState,
+    pub labels: Vec<(String, String)>,
+    pub created_unix_ms: u64,
+    pub last_used_unix_ms: u64,
+    pub idle_ttl_ms: u64,
+}
+
+/// Label selector: every pair must match. Empty matches everything.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct ListRequest {
+    pub labels: Vec<(String, String)>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct FileWriteRequest {
+    pub sandbox: String,
+    pub path: String,
+    /// Unix permission bits for a new file; `None` is 0644.
+    pub mode: Option<u32>,
+    pub append: bool,
+    /// Create missing parent directories.
+    pub parents: bool,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct FileReadRequest {
+    pub sandbox: String,
+    pub path: String,
+    pub offset: u64,
+    /// Bytes to read; `None` reads to the end.
+    pub len: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct FileStat {
+    pub path: String,
+    pub kind: FileKind,
+    pub size: u64,
+    pub mode: u32,
+    pub modified_unix_ms: u64,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum ToolWorld {
+    /// Exports `brig:tool/tool`.
+    Tool,
+    /// Exports `wasi:cli/run`.
+    Command,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ToolInfo {
+    pub name: String,
+    pub digest: String,
+    pub world: ToolWorld,
+    pub description: String,
+    pub size_bytes: u64,
+}
+
+/// Every request a client can send. One per stream.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// One-shot call: instantiate, run, destroy. The throughput path.
+    Call(CallRequest),
+    Create(CreateRequest),
+    CallIn {
+        sandbox: String,
+        call: CallRequest,
+    },
+    Status {
+        sandbox: String,
+    },
+    Destroy {
+        sandbox: String,
+    },
+    List(ListRequest),
+    /// Raw file bytes follow the frame until the stream ends.
+    FileWrite(FileWriteRequest),
+    /// The reply is [`Reply::FileData`], then raw bytes until the stream ends.
+    FileRead(FileReadRequest),
+    FileList {
+        sandbox: String,
+        path: String,
+    },
+    FileStat {
+        sandbox: String,
+        path: String,
+    },
+    FileMkdir {
+        sandbox: String,
+        path: String,
+        parents: bool,
+    },
+    FileRemove {
+        sandbox: String,
+        path: String,
+        recursive: bool,
+    },
+    /// Raw component bytes follow the frame until the stream ends.
+    ToolAdd {
+        name: String,
+    },
+    ToolList,
+    ToolRemove {
+        name: String,
+    },
+}
+
+impl Request {
+    /// Closed-set name for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Request::Call(_) => "call",
+            Request::Create(_) => "create",
+            Request::CallIn { .. } => "call_in",
+            Request::Status { .. } => "status",
+            Request::Destroy { .. } => "destroy",
+            Request::List(_) => "list",
+            Request::FileWrite(_) => "file_write",
+            Request::FileRead(_) => "file_read",
+            Request::FileList { .. } => "file_list",
+            Request::FileStat { .. } => "file_stat",
+            Request::FileMkdir { .. } => "file_mkdir",
+            Request::FileRemove { .. } => "file_remove",
+            Request::ToolAdd { .. } => "tool_add",
+            Request::ToolList => "tool_list",
+            Request::ToolRemove { .. } => "tool_remove",
+        }
+    }
+
+    /// Whether raw bytes follow the request frame on the stream.
+    pub fn has_upload(&self) -> bool {
+        matches!(self, Request::FileWrite(_) | Request::ToolAdd { .. })
+    }
+}
+
+/// Every reply a server can send. Exactly one per request, except where noted.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    Called(CallResult),
+    Sandbox(SandboxInfo),
+    Sandboxes(Vec<SandboxInfo>),
+    /// Precedes the raw bytes of a download: how many will follow.
+    FileData {
+        size: u64,
+    },
+    Written {
+        bytes: u64,
+    },
+    Entries(Vec<FileStat>),
+    Stat(FileStat),
+    Tool(ToolInfo),
+    Tools(Vec<ToolInfo>),
+    Done,
+    Error(WireError),
+}
+
+impl CallResult {
+    /// Whether the tool returned `ok` or the command exited 0.
+    pub fn is_success(&self) -> bool {
+        matches!(self.outcome, CallOutcome::Ok | CallOutcome::Exit(0))
+    }
+
+    /// Stdout as text (lossy).
+    pub fn stdout_text(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.stdout)
+    }
+
+    /// Stderr as text (lossy).
+    pub fn stderr_text(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.stderr)
+    }
+}
+
+impl CallResult {
+    /// Short name of the outcome (`ok`, `exit 1`, `timeout`, …) for logs and CLIs.
+    pub fn outcome_name(&self) -> String {
+        match &self.outcome {
+            CallOutcome::Ok => "ok".into(),
+            CallOutcome::ToolError(_) => "tool error".into(),
+            CallOutcome::Exit(code) => format!("exit {code}"),
+            CallOutcome::Timeout => "timeout".into(),
+            CallOutcome::OutOfMemory => "out of memory".into(),
+            CallOutcome::OutputOverflow => "output overflow".into(),
+            CallOutcome::FuelExhausted => "fuel exhausted".into(),
+            CallOutcome::Trap(_) => "trap".into(),
+        }
+    }
+}

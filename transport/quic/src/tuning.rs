@@ -1,0 +1,66 @@
+//! Transport settings for a sandbox platform, and the UDP socket they run on.
+//!
+//! quinn's defaults throttle this workload (GUEST.md §6): 100 concurrent streams per connection
+//! (excess requests wait silently), a 30 s idle timeout with no keep-alive (an agent thinking for
+//! a minute loses its connection), and the kernel's 208 KiB UDP receive buffer, which drops
+//! packets in bursts. We raise all of them.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::TransportError;
+
+/// Concurrent bidirectional streams (= in-flight requests) a peer may open per connection.
+pub const MAX_CONCURRENT_STREAMS: u32 = 16_384;
+/// Keep-alive interval; well under [`IDLE_TIMEOUT`].
+pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
+/// A connection with no traffic (keep-alives count) for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// UDP socket buffers requested; the kernel caps them at `net.core.{r,w}mem_max`, which the setup
+/// script raises.
+pub const UDP_BUFFER_BYTES: usize = 4 << 20;
+
+/// The transport configuration both sides use.
+pub fn transport_config() -> Arc<quinn::TransportConfig> {
+    let mut t = quinn::TransportConfig::default();
+    t.max_concurrent_bidi_streams(MAX_CONCURRENT_STREAMS.into())
+        .max_concurrent_uni_streams(0u32.into())
+        .keep_alive_interval(Some(KEEP_ALIVE))
+        .stream_receive_window((8u32 << 20).into())
+        .receive_window((64u32 << 20).into())
+        .send_window(64 << 20);
+    // IDLE_TIMEOUT is far below the 2^62 ms limit, so the conversion cannot fail.
+    if let Ok(idle) = quinn::IdleTimeout::try_from(IDLE_TIMEOUT) {
+        t.max_idle_timeout(Some(idle));
+    }
+    Arc::new(t)
+}
+
+/// Binds a UDP socket with enlarged buffers, for use by a quinn endpoint.
+pub fn bind_udp(addr: SocketAddr) -> Result<std::net::UdpSocket, TransportError> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let bind_err = |source| TransportError::Bind { addr, source };
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))
+        .map_err(bind_err)?;
+    for (what, result) in [
+        ("receive", socket.set_recv_buffer_size(UDP_BUFFER_BYTES)),
+        ("send", socket.set_send_buffer_size(UDP_BUFFER_BYTES)),
+    ] {
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "cannot enlarge UDP {what} buffer");
+        }
+    }
+    if let Ok(got) = socket.recv_buffer_size() {
+        // Linux reports double the usable size.
+        if got < UDP_BUFFER_BYTES {
+            tracing::warn!(
+                got_bytes = got,
+                want_bytes = UDP_BUFFER_BYTES,
+                "UDP receive buffer capped by net.core.rmem_max; bursts may drop packets"
+            );
+        }
+    }
+    socket.bind(&addr.into()).map_err(bind_err)?;
+    Ok(socket.into())
+}
