@@ -1,1 +1,44 @@
-fn main() {}
+//! `brig-bench`: Brig's benchmarks. `cargo run --release -p brig-bench -- <bench> [options]`.
+//!
+//! Every benchmark prints a human table and, as its last line, one JSON object, so scripts can
+//! take `tail -n1`. Benchmarks start real daemons (release build) on loopback; they build brigd
+//! first if needed.
+
+mod fncall;
+mod stats;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "brig-bench", version, about = "Brig benchmarks (JSON result on the last line)")]
+struct Cli {
+    #[command(subcommand)]
+    bench: Bench,
+}
+
+#[derive(Subcommand, Debug)]
+enum Bench {
+    /// One-shot fncall throughput end to end (SDK → QUIC → brigd → Wasmtime) and in-process.
+    Fncall(fncall::Options),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let result = match cli.bench {
+        Bench::Fncall(opts) => fncall::run(opts)?,
+    };
+    println!("{result}");
+    Ok(())
+}
+
+/// Builds the daemon binaries in release mode next to this benchmark, so a stale brigd is never
+/// measured.
+pub fn build_daemon() -> anyhow::Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let status = std::process::Command::new(cargo)
+        .args(["build", "--release", "--quiet", "-p", "brigd", "--bin", "brigd"])
+        .current_dir(brig_tests::repo_root())
+        .status()?;
+    anyhow::ensure!(status.success(), "building brigd failed");
+    Ok(())
+}

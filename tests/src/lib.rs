@@ -1,1 +1,162 @@
-//! brig-tests
+//! Test harness: start real `brigd` processes on loopback with private state directories, and
+//! find the guest artifacts the build scripts made.
+//!
+//! The binaries come from the same target directory as the test executable, so run
+//! `cargo build --workspace --bins` before the tests (`scripts/test.sh` does).
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use brig_sdk::{Client, ConnectOptions};
+
+/// Repository root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Where the build scripts put guest artifacts (`$BRIG_ARTIFACTS` or `<repo>/artifacts`).
+pub fn artifacts() -> PathBuf {
+    std::env::var_os("BRIG_ARTIFACTS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("artifacts"))
+}
+
+/// A guest component built by scripts/build-guests.sh, e.g. `tools/jq.wasm`.
+pub fn guest(rel: &str) -> PathBuf {
+    let path = artifacts().join("guests").join(rel);
+    assert!(path.exists(), "{} is missing: run scripts/build-guests.sh", path.display());
+    path
+}
+
+/// A binary of this workspace from the running executable's target directory: beside it (a
+/// benchmark in `target/release`) or one level up (a test in `target/<profile>/deps`).
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let beside = exe.parent().map(|d| d.join(name));
+    let above = exe.parent().and_then(Path::parent).map(|d| d.join(name));
+    match [beside, above].into_iter().flatten().find(|p| p.exists()) {
+        Some(path) => path,
+        None => panic!(
+            "{name} is missing next to {}: run `cargo build --workspace --bins` first",
+            exe.display()
+        ),
+    }
+}
+
+/// A running brigd with its own state directory; killed on drop.
+pub struct Daemon {
+    child: Option<Child>,
+    pub state: tempfile::TempDir,
+    extra_args: Vec<String>,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts brigd with the built-in tools registered.
+    pub fn start() -> anyhow::Result<Daemon> {
+        Self::start_with(&[])
+    }
+
+    /// Starts brigd with extra arguments (e.g. `--config file`).
+    pub fn start_with(extra_args: &[&str]) -> anyhow::Result<Daemon> {
+        let state = tempfile::Builder::new().prefix("brigd-test-").tempdir()?;
+        let log = state.path().join("brigd.log");
+        let mut daemon = Daemon {
+            child: None,
+            state,
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            log,
+        };
+        daemon.spawn()?;
+        Ok(daemon)
+    }
+
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let endpoint = self.state.path().join("endpoint.json");
+        let _ = std::fs::remove_file(&endpoint);
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+        let child = Command::new(binary("brigd"))
+            .arg("--state-dir")
+            .arg(self.state.path())
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--tools-dir")
+            .arg(artifacts().join("guests/tools"))
+            .args(&self.extra_args)
+            .env("BRIG_LOG", "info,brig_node=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .context("spawning brigd")?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !endpoint.exists() {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                bail!("brigd exited with {status}:\n{}", self.log_text());
+            }
+            if Instant::now() > deadline {
+                bail!("brigd did not start within 60 s:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        self.state.path()
+    }
+
+    pub fn connect_options(&self) -> anyhow::Result<ConnectOptions> {
+        Ok(ConnectOptions::from_state_dir(self.state.path())?)
+    }
+
+    pub async fn client(&self) -> anyhow::Result<Client> {
+        Ok(Client::connect(self.connect_options()?).await?)
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Stops with SIGTERM (clean shutdown) and waits.
+    pub fn stop(&mut self) -> anyhow::Result<std::process::ExitStatus> {
+        let Some(mut child) = self.child.take() else { bail!("not running") };
+        // SIGTERM through the kill(1) binary keeps this crate free of unsafe code.
+        Command::new("kill").arg("-TERM").arg(child.id().to_string()).status()?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                child.kill()?;
+                bail!("brigd ignored SIGTERM for 20 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops and starts again on the same state directory.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.stop()?;
+        self.spawn()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -55,9 +55,7 @@ pub fn default_state_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("BRIG_STATE_DIR") {
         return PathBuf::from(dir);
     }
-    dirs::data_dir()
-        .unwrap_or_else(|| PathBuf::from("/var/lib"))
-        .join("brig")
+    dirs::data_dir().unwrap_or_else(|| PathBuf::from("/var/lib")).join("brig")
 }
 
 /// Reads a TOML node configuration.

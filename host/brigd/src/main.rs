@@ -16,12 +16,7 @@ struct Args {
     role: Option<Role>,
 
     /// Address to listen on (UDP, QUIC). Port 0 picks a free port (see endpoint.json).
-    #[arg(
-        long,
-        default_value = "127.0.0.1:7070",
-        env = "BRIG_LISTEN",
-        global = true
-    )]
+    #[arg(long, default_value = "127.0.0.1:7070", env = "BRIG_LISTEN", global = true)]
     listen: SocketAddr,
 
     /// State directory: token, TLS identity, tools, sandboxes. Default: $BRIG_STATE_DIR or
@@ -30,12 +25,7 @@ struct Args {
     state_dir: Option<PathBuf>,
 
     /// Directory of `*.wasm` tool components to register at start (repeatable).
-    #[arg(
-        long = "tools-dir",
-        env = "BRIG_TOOLS_DIR",
-        global = true,
-        value_delimiter = ':'
-    )]
+    #[arg(long = "tools-dir", env = "BRIG_TOOLS_DIR", global = true, value_delimiter = ':')]
     tools_dirs: Vec<PathBuf>,
 
     /// Node configuration file (TOML; fields of NodeConfig, unknown fields are errors).
@@ -65,19 +55,14 @@ fn main() -> anyhow::Result<()> {
     };
     let opts = brigd::DaemonOptions {
         listen: args.listen,
-        state_dir: args
-            .state_dir
-            .clone()
-            .unwrap_or_else(brigd::default_state_dir),
+        state_dir: args.state_dir.clone().unwrap_or_else(brigd::default_state_dir),
         tools_dirs: args.tools_dirs.clone(),
         node,
     };
     match args.role.unwrap_or(Role::All) {
         Role::All => {}
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(brigd::run(opts, shutdown_signal()))
 }
 

@@ -29,10 +29,7 @@ pub struct AccessTokens {
 impl AccessTokens {
     /// Loads the token file, creating it with one fresh token if it does not exist.
     pub fn load_or_create(path: &Path) -> Result<AccessTokens, TokenError> {
-        let io = |source| TokenError::Io {
-            path: path.to_owned(),
-            source,
-        };
+        let io = |source| TokenError::Io { path: path.to_owned(), source };
         if !path.exists() {
             use std::io::Write;
             use std::os::unix::fs::OpenOptionsExt;
@@ -50,10 +47,7 @@ impl AccessTokens {
             tracing::info!(path = %path.display(), "created access token");
         }
         let tokens = read_tokens(path)?;
-        Ok(AccessTokens {
-            path: path.to_owned(),
-            tokens: RwLock::new(tokens),
-        })
+        Ok(AccessTokens { path: path.to_owned(), tokens: RwLock::new(tokens) })
     }
 
     /// Re-reads the token file.
@@ -76,17 +70,15 @@ impl AccessTokens {
             return false;
         };
         // Check every token so timing does not reveal which one (if any) matched.
-        tokens.iter().fold(false, |found, t| {
-            constant_time_eq(t.as_bytes(), candidate.as_bytes()) | found
-        })
+        tokens
+            .iter()
+            .fold(false, |found, t| constant_time_eq(t.as_bytes(), candidate.as_bytes()) | found)
     }
 }
 
 fn read_tokens(path: &Path) -> Result<Vec<String>, TokenError> {
-    let text = std::fs::read_to_string(path).map_err(|source| TokenError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| TokenError::Io { path: path.to_owned(), source })?;
     let tokens: Vec<String> = text
         .lines()
         .map(str::trim)

@@ -68,10 +68,6 @@ pub struct CallReport {
 impl ToolCall {
     /// A call of a `brig:tool` component with `input` and default limits.
     pub fn new_tool(tool: impl Into<String>, input: impl Into<String>) -> ToolCall {
-        ToolCall {
-            tool: tool.into(),
-            input: input.into(),
-            ..Default::default()
-        }
+        ToolCall { tool: tool.into(), input: input.into(), ..Default::default() }
     }
 }

@@ -35,10 +35,7 @@ pub struct IdError(pub String);
 impl SandboxId {
     /// A fresh random id on `node`.
     pub fn generate(node: NodeId) -> SandboxId {
-        SandboxId {
-            node,
-            local: rand::random::<u64>(),
-        }
+        SandboxId { node, local: rand::random::<u64>() }
     }
 
     pub fn node(&self) -> NodeId {

@@ -59,17 +59,9 @@ impl BrigEngine {
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut hasher);
         let key = format!("{:016x}", hasher.finish());
-        let ticker = EpochTicker::start(
-            engine.clone(),
-            Duration::from_millis(config.epoch_tick_ms.max(1)),
-        );
-        Ok(BrigEngine {
-            engine,
-            linker,
-            key,
-            fuel: config.fuel,
-            _ticker: ticker,
-        })
+        let ticker =
+            EpochTicker::start(engine.clone(), Duration::from_millis(config.epoch_tick_ms.max(1)));
+        Ok(BrigEngine { engine, linker, key, fuel: config.fuel, _ticker: ticker })
     }
 }
 
@@ -82,14 +74,12 @@ impl EpochTicker {
     fn start(engine: Engine, tick: Duration) -> EpochTicker {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
-        let spawned = std::thread::Builder::new()
-            .name("brig-epoch".into())
-            .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
-                    std::thread::sleep(tick);
-                    engine.increment_epoch();
-                }
-            });
+        let spawned = std::thread::Builder::new().name("brig-epoch".into()).spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                std::thread::sleep(tick);
+                engine.increment_epoch();
+            }
+        });
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start epoch ticker; deadlines will not fire");
         }

@@ -46,10 +46,7 @@ pub(crate) struct HostState {
 
 impl WasiView for HostState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
     }
 }
 
@@ -101,10 +98,8 @@ impl Effective {
             .memory_bytes
             .unwrap_or(config.default_memory_mib << 20)
             .min(config.max_memory_mib << 20);
-        let output = l
-            .output_bytes
-            .unwrap_or(config.default_output_bytes)
-            .min(config.max_output_bytes);
+        let output =
+            l.output_bytes.unwrap_or(config.default_output_bytes).min(config.max_output_bytes);
         Effective {
             timeout,
             memory: memory as usize,
@@ -123,10 +118,7 @@ fn new_store(
     let state = HostState {
         wasi,
         table: ResourceTable::new(),
-        limiter: CallLimiter {
-            memory_max: limits.memory,
-            memory_hit: false,
-        },
+        limiter: CallLimiter { memory_max: limits.memory, memory_hit: false },
     };
     let mut store = Store::new(&engine.engine, state);
     store.limiter(|s| &mut s.limiter);
@@ -196,25 +188,13 @@ pub(crate) async fn run(
             (CallOutcome::Exit(i32::from(status.is_err())), String::new())
         }
         Ok(Err(error)) => {
-            if error
-                .downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
-                .is_some()
-            {
+            if error.downcast_ref::<wasmtime::PoolConcurrencyLimitError>().is_some() {
                 return Err(FncallError::Busy(config.max_concurrent_calls));
             }
-            (
-                classify(&error, memory_hit, out_over || err_over),
-                String::new(),
-            )
+            (classify(&error, memory_hit, out_over || err_over), String::new())
         }
     };
-    Ok(CallReport {
-        outcome,
-        output,
-        stdout: out_bytes,
-        stderr: err_bytes,
-        duration,
-    })
+    Ok(CallReport { outcome, output, stdout: out_bytes, stderr: err_bytes, duration })
 }
 
 async fn execute(
@@ -225,10 +205,7 @@ async fn execute(
     match pre {
         ToolPre::Tool(pre) => {
             let bindings = pre.instantiate_async(&mut *store).await?;
-            let result = bindings
-                .brig_tool_tool()
-                .call_call(&mut *store, input)
-                .await?;
+            let result = bindings.brig_tool_tool().call_call(&mut *store, input).await?;
             Ok(Returned::Tool(result))
         }
         ToolPre::Command(pre) => {
@@ -286,11 +263,7 @@ pub(crate) async fn describe(
     };
     match tokio::time::timeout(limits.timeout + OUTER_GRACE, described).await {
         Ok(Ok(info)) => Ok(info.description),
-        Ok(Err(e)) => Err(FncallError::InvalidComponent(format!(
-            "describe() failed: {e:#}"
-        ))),
-        Err(_) => Err(FncallError::InvalidComponent(
-            "describe() did not return within 2 s".into(),
-        )),
+        Ok(Err(e)) => Err(FncallError::InvalidComponent(format!("describe() failed: {e:#}"))),
+        Err(_) => Err(FncallError::InvalidComponent("describe() did not return within 2 s".into())),
     }
 }

@@ -56,18 +56,9 @@ impl FncallBackend {
         let engine = engine::BrigEngine::new(&config)?;
         let registry = registry::ToolRegistry::open(&engine, state_dir)?;
         let workspaces = state_dir.join("workspaces");
-        std::fs::create_dir_all(&workspaces).map_err(|source| FncallError::Io {
-            path: workspaces.clone(),
-            source,
-        })?;
-        Ok(FncallBackend {
-            inner: Arc::new(Inner {
-                config,
-                engine,
-                registry,
-                workspaces,
-            }),
-        })
+        std::fs::create_dir_all(&workspaces)
+            .map_err(|source| FncallError::Io { path: workspaces.clone(), source })?;
+        Ok(FncallBackend { inner: Arc::new(Inner { config, engine, registry, workspaces }) })
     }
 
     pub fn config(&self) -> &FncallConfig {
@@ -80,9 +71,7 @@ impl FncallBackend {
         let this = self.clone();
         let name = name.to_string();
         let prepared = tokio::task::spawn_blocking(move || {
-            this.inner
-                .registry
-                .prepare(&this.inner.engine, &name, &bytes)
+            this.inner.registry.prepare(&this.inner.engine, &name, &bytes)
         })
         .await
         .map_err(|e| FncallError::Internal(format!("compile task failed: {e}")))??;
@@ -96,10 +85,8 @@ impl FncallBackend {
     /// Registers every `*.wasm` in `dir` under its file stem, skipping unchanged ones.
     pub async fn add_tools_from_dir(&self, dir: &Path) -> Result<Vec<ToolSummary>, FncallError> {
         let mut added = Vec::new();
-        let entries = std::fs::read_dir(dir).map_err(|source| FncallError::Io {
-            path: dir.to_owned(),
-            source,
-        })?;
+        let entries = std::fs::read_dir(dir)
+            .map_err(|source| FncallError::Io { path: dir.to_owned(), source })?;
         for entry in entries.flatten() {
             let path = entry.path();
             if path.extension().and_then(|e| e.to_str()) != Some("wasm") {
@@ -108,10 +95,8 @@ impl FncallBackend {
             let Some(name) = path.file_stem().and_then(|s| s.to_str()) else {
                 continue;
             };
-            let bytes = std::fs::read(&path).map_err(|source| FncallError::Io {
-                path: path.clone(),
-                source,
-            })?;
+            let bytes = std::fs::read(&path)
+                .map_err(|source| FncallError::Io { path: path.clone(), source })?;
             added.push(self.add_tool(name, bytes).await?);
         }
         Ok(added)
@@ -132,14 +117,7 @@ impl FncallBackend {
         workspace: Option<&Workspace>,
     ) -> Result<CallReport, FncallError> {
         let tool = self.inner.registry.get(&call.tool)?;
-        invoke::run(
-            &self.inner.engine,
-            &self.inner.config,
-            &tool,
-            call,
-            workspace,
-        )
-        .await
+        invoke::run(&self.inner.engine, &self.inner.config, &tool, call, workspace).await
     }
 
     /// Creates the workspace of a new stateful sandbox named `key`.

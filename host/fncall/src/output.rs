@@ -28,11 +28,7 @@ struct Captured {
 impl CappedOutput {
     pub fn new(cap: usize) -> Self {
         CappedOutput {
-            inner: Arc::new(Mutex::new(Captured {
-                data: Vec::new(),
-                cap,
-                overflowed: false,
-            })),
+            inner: Arc::new(Mutex::new(Captured { data: Vec::new(), cap, overflowed: false })),
         }
     }
 
@@ -59,9 +55,7 @@ impl CappedOutput {
 impl OutputStream for CappedOutput {
     fn write(&mut self, bytes: Bytes) -> Result<(), StreamError> {
         self.append(&bytes).map_err(|cap| {
-            StreamError::Trap(wasmtime::format_err!(
-                "output exceeded its cap of {cap} bytes"
-            ))
+            StreamError::Trap(wasmtime::format_err!("output exceeded its cap of {cap} bytes"))
         })
     }
 
@@ -87,9 +81,9 @@ impl tokio::io::AsyncWrite for CappedOutput {
     ) -> std::task::Poll<std::io::Result<usize>> {
         std::task::Poll::Ready(match self.append(buf) {
             Ok(()) => Ok(buf.len()),
-            Err(cap) => Err(std::io::Error::other(format!(
-                "output exceeded its cap of {cap} bytes"
-            ))),
+            Err(cap) => {
+                Err(std::io::Error::other(format!("output exceeded its cap of {cap} bytes")))
+            }
         })
     }
 

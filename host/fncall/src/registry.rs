@@ -83,10 +83,7 @@ pub(crate) struct ToolRegistry {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FncallError + '_ {
-    move |source| FncallError::Io {
-        path: path.to_owned(),
-        source,
-    }
+    move |source| FncallError::Io { path: path.to_owned(), source }
 }
 
 impl ToolRegistry {
@@ -128,14 +125,11 @@ impl ToolRegistry {
     }
 
     fn wasm_path(&self, digest: &str) -> PathBuf {
-        self.dir
-            .join("components")
-            .join(format!("{}.wasm", hex_of(digest)))
+        self.dir.join("components").join(format!("{}.wasm", hex_of(digest)))
     }
 
     fn cwasm_path(&self, digest: &str) -> PathBuf {
-        self.precompiled_dir
-            .join(format!("{}.cwasm", hex_of(digest)))
+        self.precompiled_dir.join(format!("{}.cwasm", hex_of(digest)))
     }
 
     /// Loads a registered component: precompiled if possible, else compiled from its bytes.
@@ -191,9 +185,7 @@ impl ToolRegistry {
             )));
         }
         if !bytes.starts_with(b"\0asm") {
-            return Err(FncallError::InvalidComponent(
-                "not a WebAssembly binary".into(),
-            ));
+            return Err(FncallError::InvalidComponent("not a WebAssembly binary".into()));
         }
         let digest = digest_of(bytes);
         let component = match precompiled::load(&engine.engine, &self.cwasm_path(&digest)) {
@@ -205,13 +197,7 @@ impl ToolRegistry {
         if !wasm.exists() {
             write_atomic(&wasm, bytes)?;
         }
-        Ok(Prepared {
-            name: name.to_string(),
-            digest,
-            world,
-            size_bytes: bytes.len() as u64,
-            pre,
-        })
+        Ok(Prepared { name: name.to_string(), digest, world, size_bytes: bytes.len() as u64, pre })
     }
 
     /// Registers a prepared component under its name, replacing any earlier tool of that name.
@@ -220,28 +206,10 @@ impl ToolRegistry {
         prepared: Prepared,
         description: String,
     ) -> Result<ToolSummary, FncallError> {
-        let Prepared {
-            name,
-            digest,
-            world,
-            size_bytes,
-            pre,
-        } = prepared;
-        let summary = ToolSummary {
-            name: name.clone(),
-            digest,
-            world,
-            description,
-            size_bytes,
-        };
+        let Prepared { name, digest, world, size_bytes, pre } = prepared;
+        let summary = ToolSummary { name: name.clone(), digest, world, description, size_bytes };
         let mut by_name = self.by_name.write();
-        by_name.insert(
-            name.clone(),
-            Arc::new(LoadedTool {
-                summary: summary.clone(),
-                pre,
-            }),
-        );
+        by_name.insert(name.clone(), Arc::new(LoadedTool { summary: summary.clone(), pre }));
         self.save_index(&by_name)?;
         tracing::info!(tool = %name, digest = %summary.digest, world = ?world, "tool registered");
         Ok(summary)
@@ -249,9 +217,7 @@ impl ToolRegistry {
 
     pub fn remove(&self, name: &str) -> Result<(), FncallError> {
         let mut by_name = self.by_name.write();
-        by_name
-            .remove(name)
-            .ok_or_else(|| FncallError::ToolNotFound(name.to_string()))?;
+        by_name.remove(name).ok_or_else(|| FncallError::ToolNotFound(name.to_string()))?;
         self.save_index(&by_name)
     }
 
@@ -270,12 +236,7 @@ impl ToolRegistry {
     }
 
     pub fn list(&self) -> Vec<ToolSummary> {
-        let mut tools: Vec<_> = self
-            .by_name
-            .read()
-            .values()
-            .map(|t| t.summary.clone())
-            .collect();
+        let mut tools: Vec<_> = self.by_name.read().values().map(|t| t.summary.clone()).collect();
         tools.sort_by(|a, b| a.name.cmp(&b.name));
         tools
     }
@@ -335,9 +296,7 @@ fn validate_name(name: &str) -> Result<(), FncallError> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'.'));
+        && name.bytes().all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'.'));
     if ok {
         Ok(())
     } else {

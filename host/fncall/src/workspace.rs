@@ -20,9 +20,7 @@ pub struct Workspace {
 
 impl std::fmt::Debug for Workspace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Workspace")
-            .field("path", &self.path)
-            .finish()
+        f.debug_struct("Workspace").field("path", &self.path).finish()
     }
 }
 
@@ -56,24 +54,15 @@ impl Workspace {
             .recursive(true)
             .mode(0o700)
             .create(path)
-            .map_err(|source| FncallError::Io {
-                path: path.to_owned(),
-                source,
-            })?;
+            .map_err(|source| FncallError::Io { path: path.to_owned(), source })?;
         Self::open(path)
     }
 
     /// Opens an existing workspace.
     pub fn open(path: &Path) -> Result<Workspace, FncallError> {
-        let dir =
-            Dir::open_ambient_dir(path, ambient_authority()).map_err(|source| FncallError::Io {
-                path: path.to_owned(),
-                source,
-            })?;
-        Ok(Workspace {
-            path: path.to_owned(),
-            dir,
-        })
+        let dir = Dir::open_ambient_dir(path, ambient_authority())
+            .map_err(|source| FncallError::Io { path: path.to_owned(), source })?;
+        Ok(Workspace { path: path.to_owned(), dir })
     }
 
     pub fn path(&self) -> &Path {
@@ -86,10 +75,7 @@ impl Workspace {
         match std::fs::remove_dir_all(&self.path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(FncallError::Io {
-                path: self.path.clone(),
-                source,
-            }),
+            Err(source) => Err(FncallError::Io { path: self.path.clone(), source }),
         }
     }
 
@@ -112,9 +98,7 @@ impl Workspace {
         let rel = relative(path)?;
         if parents {
             if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
-                self.dir
-                    .create_dir_all(parent)
-                    .map_err(|e| file_err(path, e))?;
+                self.dir.create_dir_all(parent).map_err(|e| file_err(path, e))?;
             }
         }
         let mut options = OpenOptions::new();
@@ -124,10 +108,7 @@ impl Workspace {
             .append(append)
             .truncate(!append)
             .mode(mode.unwrap_or(0o644) & 0o777);
-        let file = self
-            .dir
-            .open_with(rel, &options)
-            .map_err(|e| file_err(path, e))?;
+        let file = self.dir.open_with(rel, &options).map_err(|e| file_err(path, e))?;
         Ok(file.into_std())
     }
 
@@ -146,12 +127,9 @@ impl Workspace {
     /// Entries of a directory, sorted by name.
     pub fn list(&self, path: &str) -> Result<Vec<Entry>, FncallError> {
         let rel = relative(path)?;
-        let read = if rel.as_os_str().is_empty() {
-            self.dir.entries()
-        } else {
-            self.dir.read_dir(&rel)
-        }
-        .map_err(|e| file_err(path, e))?;
+        let read =
+            if rel.as_os_str().is_empty() { self.dir.entries() } else { self.dir.read_dir(&rel) }
+                .map_err(|e| file_err(path, e))?;
         let mut out = Vec::new();
         for item in read.take(MAX_LIST_ENTRIES) {
             let item = item.map_err(|e| file_err(path, e))?;
@@ -164,12 +142,8 @@ impl Workspace {
 
     pub fn mkdir(&self, path: &str, parents: bool) -> Result<(), FncallError> {
         let rel = relative(path)?;
-        if parents {
-            self.dir.create_dir_all(&rel)
-        } else {
-            self.dir.create_dir(&rel)
-        }
-        .map_err(|e| file_err(path, e))
+        if parents { self.dir.create_dir_all(&rel) } else { self.dir.create_dir(&rel) }
+            .map_err(|e| file_err(path, e))
     }
 
     pub fn remove_path(&self, path: &str, recursive: bool) -> Result<(), FncallError> {
@@ -177,10 +151,7 @@ impl Workspace {
         if rel.as_os_str().is_empty() {
             return Err(FncallError::PathEscape(path.to_string()));
         }
-        let meta = self
-            .dir
-            .symlink_metadata(&rel)
-            .map_err(|e| file_err(path, e))?;
+        let meta = self.dir.symlink_metadata(&rel).map_err(|e| file_err(path, e))?;
         let result = if !meta.is_dir() {
             self.dir.remove_file(&rel)
         } else if recursive {
@@ -218,9 +189,7 @@ impl Workspace {
 /// Turns an API path (`/workspace/x`, `/x`, `x`, `./x`) into a path relative to the workspace.
 /// `..` is refused outright; symlinks are resolved safely by cap-std.
 fn relative(path: &str) -> Result<PathBuf, FncallError> {
-    let trimmed = path
-        .strip_prefix(crate::invoke::GUEST_WORKSPACE)
-        .unwrap_or(path);
+    let trimmed = path.strip_prefix(crate::invoke::GUEST_WORKSPACE).unwrap_or(path);
     let mut out = PathBuf::new();
     for part in Path::new(trimmed).components() {
         match part {
@@ -247,10 +216,7 @@ fn file_err(path: &str, source: std::io::Error) -> FncallError {
     {
         return FncallError::PathEscape(path.to_string());
     }
-    FncallError::File {
-        path: path.to_string(),
-        source,
-    }
+    FncallError::File { path: path.to_string(), source }
 }
 
 fn entry(path: String, meta: &cap_std::fs::Metadata) -> Entry {
@@ -270,13 +236,7 @@ fn entry(path: String, meta: &cap_std::fs::Metadata) -> Entry {
         .ok()
         .and_then(|t| t.into_std().duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_millis() as u64);
-    Entry {
-        path,
-        kind,
-        size: meta.len(),
-        mode: meta.mode() & 0o7777,
-        modified_unix_ms,
-    }
+    Entry { path, kind, size: meta.len(), mode: meta.mode() & 0o7777, modified_unix_ms }
 }
 
 #[cfg(test)]
@@ -291,10 +251,7 @@ mod tests {
         std::os::unix::fs::symlink(tmp.path().join("secret"), ws.path().join("link"))
             .expect("symlink");
         std::os::unix::fs::symlink("/etc", ws.path().join("etc")).expect("symlink");
-        assert!(matches!(
-            ws.open_read("../secret"),
-            Err(FncallError::PathEscape(_))
-        ));
+        assert!(matches!(ws.open_read("../secret"), Err(FncallError::PathEscape(_))));
         assert!(ws.open_read("link").is_err());
         assert!(ws.open_read("etc/passwd").is_err());
         assert!(ws.open_write("etc/x", false, false, None).is_err());
@@ -312,10 +269,7 @@ mod tests {
             .write_all(b"hi")
             .expect("write");
         let mut s = String::new();
-        ws.open_read("/workspace/a/b/c.txt")
-            .expect("read")
-            .read_to_string(&mut s)
-            .expect("read");
+        ws.open_read("/workspace/a/b/c.txt").expect("read").read_to_string(&mut s).expect("read");
         assert_eq!(s, "hi");
         let listed = ws.list("a/b").expect("list");
         assert_eq!(listed.len(), 1);

@@ -21,14 +21,8 @@ fn guests() -> PathBuf {
 
 async fn backend(state: &std::path::Path) -> FncallBackend {
     let backend = FncallBackend::open(FncallConfig::default(), state).expect("open");
-    backend
-        .add_tools_from_dir(&guests().join("tools"))
-        .await
-        .expect("tools");
-    backend
-        .add_tools_from_dir(&guests().join("testing"))
-        .await
-        .expect("testing");
+    backend.add_tools_from_dir(&guests().join("tools")).await.expect("tools");
+    backend.add_tools_from_dir(&guests().join("testing")).await.expect("testing");
     backend
 }
 
@@ -45,21 +39,12 @@ async fn tools_register_and_run() {
     let tmp = tempfile::tempdir().expect("tmp");
     let b = backend(tmp.path()).await;
     let tools = b.tools();
-    assert_eq!(
-        tools.iter().find(|t| t.name == "chaos").map(|t| t.world),
-        Some(ToolWorld::Command)
-    );
-    assert_eq!(
-        tools.iter().find(|t| t.name == "jq").map(|t| t.world),
-        Some(ToolWorld::Tool)
-    );
+    assert_eq!(tools.iter().find(|t| t.name == "chaos").map(|t| t.world), Some(ToolWorld::Command));
+    assert_eq!(tools.iter().find(|t| t.name == "jq").map(|t| t.world), Some(ToolWorld::Tool));
 
     let r = b
         .call(
-            ToolCall::new_tool(
-                "jq",
-                r#"{"query":"$.a[*].b","json":{"a":[{"b":1},{"b":2}]}}"#,
-            ),
+            ToolCall::new_tool("jq", r#"{"query":"$.a[*].b","json":{"a":[{"b":1},{"b":2}]}}"#),
             None,
         )
         .await
@@ -67,20 +52,9 @@ async fn tools_register_and_run() {
     assert_eq!(r.outcome, CallOutcome::Ok, "{r:?}");
     assert_eq!(r.output, r#"{"results":[1,2]}"#);
 
-    let r = b
-        .call(
-            ToolCall {
-                stdin: b"hello".to_vec(),
-                ..chaos(&["cat"])
-            },
-            None,
-        )
-        .await
-        .expect("cat");
-    assert_eq!(
-        (r.outcome, r.stdout),
-        (CallOutcome::Exit(0), b"hello".to_vec())
-    );
+    let r =
+        b.call(ToolCall { stdin: b"hello".to_vec(), ..chaos(&["cat"]) }, None).await.expect("cat");
+    assert_eq!((r.outcome, r.stdout), (CallOutcome::Exit(0), b"hello".to_vec()));
 
     // WASI 0.2's `exit` carries only success or failure, so any non-zero code arrives as 1.
     let r = b.call(chaos(&["exit", "7"]), None).await.expect("exit");
@@ -92,10 +66,7 @@ async fn limits_become_outcomes() {
     let tmp = tempfile::tempdir().expect("tmp");
     let b = backend(tmp.path()).await;
     let mut looping = chaos(&["loop"]);
-    looping.limits = CallLimits {
-        timeout: Some(Duration::from_millis(200)),
-        ..Default::default()
-    };
+    looping.limits = CallLimits { timeout: Some(Duration::from_millis(200)), ..Default::default() };
     let r = b.call(looping, None).await.expect("loop");
     assert_eq!(r.outcome, CallOutcome::Timeout);
     assert!(r.duration < Duration::from_secs(2), "{:?}", r.duration);
@@ -138,30 +109,16 @@ async fn workspace_is_the_only_filesystem() {
     let tmp = tempfile::tempdir().expect("tmp");
     let b = backend(tmp.path()).await;
     let ws = b.create_workspace("sb1").expect("ws");
-    let write = ToolCall::new_tool(
-        "files",
-        r#"{"op":"write","path":"notes/a.txt","content":"hi"}"#,
-    );
-    assert_eq!(
-        b.call(write, Some(&ws)).await.expect("write").outcome,
-        CallOutcome::Ok
-    );
-    assert_eq!(
-        std::fs::read_to_string(ws.path().join("notes/a.txt")).expect("read"),
-        "hi"
-    );
+    let write =
+        ToolCall::new_tool("files", r#"{"op":"write","path":"notes/a.txt","content":"hi"}"#);
+    assert_eq!(b.call(write, Some(&ws)).await.expect("write").outcome, CallOutcome::Ok);
+    assert_eq!(std::fs::read_to_string(ws.path().join("notes/a.txt")).expect("read"), "hi");
     std::os::unix::fs::symlink("/etc", ws.path().join("etc")).expect("symlink");
     for path in ["../../x", "/etc/passwd", "etc/passwd"] {
-        let r = b
-            .call(chaos(&["read", path]), Some(&ws))
-            .await
-            .expect("read");
+        let r = b.call(chaos(&["read", path]), Some(&ws)).await.expect("read");
         assert_eq!(r.outcome, CallOutcome::Exit(1), "{path}: {r:?}");
     }
     // No workspace: no filesystem at all.
-    let r = b
-        .call(chaos(&["read", "/workspace/notes/a.txt"]), None)
-        .await
-        .expect("read");
+    let r = b.call(chaos(&["read", "/workspace/notes/a.txt"]), None).await.expect("read");
     assert_eq!(r.outcome, CallOutcome::Exit(1));
 }

@@ -11,8 +11,10 @@ pub enum NodeError {
     BadId(#[from] IdError),
     #[error("no sandbox {0}")]
     SandboxNotFound(String),
-    #[error("sandbox {id} is gone: {reason}")]
-    SandboxGone { id: String, reason: String },
+    #[error("sandbox {0} was destroyed")]
+    SandboxDestroyed(String),
+    #[error("sandbox {id} expired: {reason}")]
+    SandboxExpired { id: String, reason: String },
     #[error("tier {0} is not offered by this node (it offers: fncall)")]
     TierUnavailable(Tier),
     #[error("this node holds its maximum of {0} sandboxes")]
@@ -37,7 +39,8 @@ impl NodeError {
         let code = match self {
             NodeError::BadId(_) => ErrorCode::BadRequest,
             NodeError::SandboxNotFound(_) => ErrorCode::NotFound,
-            NodeError::SandboxGone { .. } => ErrorCode::Expired,
+            NodeError::SandboxDestroyed(_) => ErrorCode::NotFound,
+            NodeError::SandboxExpired { .. } => ErrorCode::Expired,
             NodeError::TierUnavailable(_) => ErrorCode::BadRequest,
             NodeError::Full(_) => ErrorCode::ResourceExhausted,
             NodeError::UploadTooLarge(_) => ErrorCode::TooLarge,

@@ -16,10 +16,7 @@ use crate::{Node, NodeError};
 pub const CHUNK_BYTES: usize = 256 << 10;
 
 fn io(what: &str) -> impl FnOnce(std::io::Error) -> NodeError + '_ {
-    move |source| NodeError::Io {
-        what: what.to_string(),
-        source,
-    }
+    move |source| NodeError::Io { what: what.to_string(), source }
 }
 
 pub(crate) async fn write(
@@ -79,16 +76,12 @@ pub(crate) async fn read(
     let available = meta.len().saturating_sub(req.offset);
     let size = req.len.map_or(available, |len| len.min(available));
     if req.offset > 0 {
-        file.seek(SeekFrom::Start(req.offset))
-            .await
-            .map_err(io(&req.path))?;
+        file.seek(SeekFrom::Start(req.offset)).await.map_err(io(&req.path))?;
     }
     exchange.reply(&Reply::FileData { size }).await?;
     let mut remaining = size;
     while remaining > 0 {
-        let want = usize::try_from(remaining)
-            .unwrap_or(CHUNK_BYTES)
-            .min(CHUNK_BYTES);
+        let want = usize::try_from(remaining).unwrap_or(CHUNK_BYTES).min(CHUNK_BYTES);
         let mut buf = BytesMut::zeroed(want);
         let n = file.read(&mut buf).await.map_err(io(&req.path))?;
         if n == 0 {

@@ -28,7 +28,7 @@ use brig_fncall::FncallBackend;
 use brig_proto::{CreateRequest, Reply, Request, SandboxInfo, SandboxState};
 use brig_transport::Exchange;
 
-use crate::sandboxes::{now_unix_ms, SandboxEntry, SandboxTable, TierHandle};
+use crate::sandboxes::{now_unix_ms, Gone, SandboxEntry, SandboxTable, TierHandle};
 
 /// One node. Cheap to clone.
 #[derive(Clone)]
@@ -47,13 +47,7 @@ impl Node {
     pub fn open(config: NodeConfig, state_dir: &Path) -> Result<Node, NodeError> {
         let fncall = FncallBackend::open(config.fncall.clone(), &state_dir.join("fncall"))?;
         let sandboxes = SandboxTable::new(&state_dir.join("sandboxes"))?;
-        let node = Node {
-            inner: Arc::new(Inner {
-                config,
-                fncall,
-                sandboxes,
-            }),
-        };
+        let node = Node { inner: Arc::new(Inner { config, fncall, sandboxes }) };
         node.restore();
         Ok(node)
     }
@@ -107,7 +101,7 @@ impl Node {
                     let ttl = entry.spec.idle_ttl.as_secs_f64();
                     let reason = format!("destroyed after its idle TTL of {ttl:.1} s");
                     tracing::info!(sandbox = %entry.id, "idle TTL passed; destroying");
-                    node.destroy(&entry.id, &reason);
+                    node.destroy(&entry.id, Gone::Expired(reason));
                 }
             }
         })
@@ -159,16 +153,11 @@ impl Node {
             Request::Destroy { sandbox } => {
                 let id: SandboxId = sandbox.parse()?;
                 self.inner.sandboxes.get(&sandbox)?;
-                self.destroy(&id, "destroyed by request");
+                self.destroy(&id, Gone::Destroyed);
                 Reply::Done
             }
             Request::List(req) => Reply::Sandboxes(
-                self.inner
-                    .sandboxes
-                    .list(&req.labels)
-                    .iter()
-                    .map(|e| info(e))
-                    .collect(),
+                self.inner.sandboxes.list(&req.labels).iter().map(|e| info(e)).collect(),
             ),
             Request::FileList { sandbox, path } => {
                 let entries = self.workspace_op(&sandbox, |ws| ws.list(&path))?;
@@ -177,29 +166,17 @@ impl Node {
             Request::FileStat { sandbox, path } => Reply::Stat(convert::entry_to_wire(
                 self.workspace_op(&sandbox, |ws| ws.stat(&path))?,
             )),
-            Request::FileMkdir {
-                sandbox,
-                path,
-                parents,
-            } => {
+            Request::FileMkdir { sandbox, path, parents } => {
                 self.workspace_op(&sandbox, |ws| ws.mkdir(&path, parents))?;
                 Reply::Done
             }
-            Request::FileRemove {
-                sandbox,
-                path,
-                recursive,
-            } => {
+            Request::FileRemove { sandbox, path, recursive } => {
                 self.workspace_op(&sandbox, |ws| ws.remove_path(&path, recursive))?;
                 Reply::Done
             }
-            Request::ToolList => Reply::Tools(
-                fncall
-                    .tools()
-                    .into_iter()
-                    .map(convert::tool_to_wire)
-                    .collect(),
-            ),
+            Request::ToolList => {
+                Reply::Tools(fncall.tools().into_iter().map(convert::tool_to_wire).collect())
+            }
             Request::ToolRemove { name } => {
                 fncall.remove_tool(&name)?;
                 Reply::Done
@@ -230,12 +207,8 @@ impl Node {
         let mut labels = req.labels;
         labels.sort();
         labels.dedup();
-        let spec = SandboxSpec {
-            tier,
-            image: req.image,
-            labels,
-            idle_ttl: Duration::from_millis(ttl_ms),
-        };
+        let spec =
+            SandboxSpec { tier, image: req.image, labels, idle_ttl: Duration::from_millis(ttl_ms) };
         let id = SandboxId::generate(self.inner.config.node_id());
         let ws = self.inner.fncall.create_workspace(&id.to_string())?;
         let entry = SandboxEntry::new(id, spec, now_unix_ms(), TierHandle::Fncall(ws));
@@ -245,7 +218,7 @@ impl Node {
     }
 
     /// Removes a sandbox and frees its resources.
-    fn destroy(&self, id: &SandboxId, reason: &str) {
+    fn destroy(&self, id: &SandboxId, reason: Gone) {
         let Some(entry) = self.inner.sandboxes.remove(id, reason) else {
             return;
         };

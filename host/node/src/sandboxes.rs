@@ -45,8 +45,7 @@ impl SandboxEntry {
     }
 
     pub fn touch(&self) {
-        self.last_used_unix_ms
-            .store(now_unix_ms(), Ordering::Relaxed);
+        self.last_used_unix_ms.store(now_unix_ms(), Ordering::Relaxed);
     }
 
     pub fn last_used_unix_ms(&self) -> u64 {
@@ -76,20 +75,23 @@ pub(crate) struct SandboxTable {
 #[derive(Default)]
 struct Tombstones {
     order: VecDeque<SandboxId>,
-    reasons: HashMap<SandboxId, String>,
+    reasons: HashMap<SandboxId, Gone>,
+}
+
+/// Why a sandbox left the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Gone {
+    /// Destroyed because a client asked.
+    Destroyed,
+    /// Destroyed by the node because a lifetime limit fired; the text says which.
+    Expired(String),
 }
 
 impl SandboxTable {
     pub fn new(dir: &Path) -> Result<SandboxTable, NodeError> {
-        std::fs::create_dir_all(dir).map_err(|source| NodeError::Io {
-            what: dir.display().to_string(),
-            source,
-        })?;
-        Ok(SandboxTable {
-            dir: dir.to_owned(),
-            live: RwLock::default(),
-            gone: Mutex::default(),
-        })
+        std::fs::create_dir_all(dir)
+            .map_err(|source| NodeError::Io { what: dir.display().to_string(), source })?;
+        Ok(SandboxTable { dir: dir.to_owned(), live: RwLock::default(), gone: Mutex::default() })
     }
 
     /// Records persisted by an earlier run of the node.
@@ -136,10 +138,8 @@ impl SandboxTable {
                 what: "sandbox record".into(),
                 source: std::io::Error::other(e),
             })?;
-            std::fs::write(&path, bytes).map_err(|source| NodeError::Io {
-                what: path.display().to_string(),
-                source,
-            })?;
+            std::fs::write(&path, bytes)
+                .map_err(|source| NodeError::Io { what: path.display().to_string(), source })?;
         }
         let entry = Arc::new(entry);
         self.live.write().insert(entry.id, entry.clone());
@@ -153,16 +153,16 @@ impl SandboxTable {
             return Ok(entry.clone());
         }
         match self.gone.lock().reasons.get(&parsed) {
-            Some(reason) => Err(NodeError::SandboxGone {
-                id: id.to_string(),
-                reason: reason.clone(),
-            }),
+            Some(Gone::Expired(reason)) => {
+                Err(NodeError::SandboxExpired { id: id.to_string(), reason: reason.clone() })
+            }
+            Some(Gone::Destroyed) => Err(NodeError::SandboxDestroyed(id.to_string())),
             None => Err(NodeError::SandboxNotFound(id.to_string())),
         }
     }
 
     /// Takes a sandbox out of the table and forgets its record, remembering why.
-    pub fn remove(&self, id: &SandboxId, reason: &str) -> Option<Arc<SandboxEntry>> {
+    pub fn remove(&self, id: &SandboxId, reason: Gone) -> Option<Arc<SandboxEntry>> {
         let entry = self.live.write().remove(id)?;
         let path = self.record_path(id);
         if let Err(e) = std::fs::remove_file(&path) {
@@ -175,18 +175,13 @@ impl SandboxTable {
             }
         }
         gone.order.push_back(*id);
-        gone.reasons.insert(*id, reason.to_string());
+        gone.reasons.insert(*id, reason);
         Some(entry)
     }
 
     pub fn list(&self, selector: &[(String, String)]) -> Vec<Arc<SandboxEntry>> {
-        let mut out: Vec<_> = self
-            .live
-            .read()
-            .values()
-            .filter(|e| e.spec.matches(selector))
-            .cloned()
-            .collect();
+        let mut out: Vec<_> =
+            self.live.read().values().filter(|e| e.spec.matches(selector)).cloned().collect();
         out.sort_by_key(|e| (e.created_unix_ms, e.id.to_string()));
         out
     }

@@ -1,1 +1,375 @@
-fn main() {}
+//! `brig`: the command line for Brig, over brig-sdk. See `brig --help`.
+
+mod output;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use brig_sdk::{CallLimits, CallRequest, Client, ConnectOptions, Pin, SandboxOptions, Tier};
+use clap::{Args, Parser, Subcommand};
+
+/// Command line for Brig sandboxes: tool calls, sandboxes, files and tools.
+///
+/// By default it talks to the local brigd found in its state directory ($BRIG_STATE_DIR or
+/// <data dir>/brig). Exit status: 0 on success, 1 when a call's tool failed or a request was
+/// refused, 2 on usage errors.
+#[derive(Parser, Debug)]
+#[command(name = "brig", version)]
+struct Cli {
+    #[command(flatten)]
+    conn: ConnArgs,
+    /// Print machine-readable JSON instead of human text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Debug)]
+struct ConnArgs {
+    /// brigd state directory to read endpoint.json and access-token from.
+    #[arg(long, global = true, env = "BRIG_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    /// Server address (instead of a state directory); needs --fingerprint or --cert, and a token.
+    #[arg(long, global = true, env = "BRIG_ADDR")]
+    addr: Option<std::net::SocketAddr>,
+    /// Server certificate SHA-256 fingerprint (hex) to pin.
+    #[arg(long, global = true, env = "BRIG_FINGERPRINT")]
+    fingerprint: Option<String>,
+    /// Server certificate file (DER or PEM) to pin.
+    #[arg(long, global = true)]
+    cert: Option<PathBuf>,
+    /// Access token.
+    #[arg(long, global = true, env = "BRIG_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// File holding the access token.
+    #[arg(long, global = true)]
+    token_file: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Call a tool: one-shot, or inside a sandbox with --sandbox.
+    Call(CallArgs),
+    /// Create a sandbox and print its id.
+    Create {
+        #[arg(long, default_value = "fncall")]
+        tier: String,
+        #[arg(long)]
+        image: Option<String>,
+        /// Label as key=value (repeatable).
+        #[arg(long = "label", value_parser = parse_pair)]
+        labels: Vec<(String, String)>,
+        /// Destroy after this many seconds without a request.
+        #[arg(long)]
+        idle_ttl_s: Option<u64>,
+    },
+    /// List sandboxes, optionally only those with all the given labels.
+    Ls {
+        #[arg(long = "label", value_parser = parse_pair)]
+        labels: Vec<(String, String)>,
+    },
+    /// Show one sandbox.
+    Status { id: String },
+    /// Destroy sandboxes.
+    Rm {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Manage tool components.
+    #[command(subcommand)]
+    Tool(ToolCommand),
+    /// Move files in and out of a sandbox.
+    #[command(subcommand)]
+    File(FileCommand),
+}
+
+#[derive(Args, Debug)]
+struct CallArgs {
+    /// Tool name (see `brig tool ls`) or sha256:<digest>.
+    tool: String,
+    /// Input for a brig:tool component (usually JSON).
+    input: Option<String>,
+    /// Read the input from a file (`-` for stdin).
+    #[arg(long, conflicts_with = "input")]
+    input_file: Option<PathBuf>,
+    /// Run inside this sandbox (its workspace at /workspace).
+    #[arg(long)]
+    sandbox: Option<String>,
+    /// Argument for a wasi:cli/run command (repeatable).
+    #[arg(long = "arg", allow_hyphen_values = true)]
+    args: Vec<String>,
+    /// Environment variable KEY=VALUE (repeatable).
+    #[arg(long = "env", value_parser = parse_pair)]
+    env: Vec<(String, String)>,
+    /// File to feed as stdin (`-` for this process's stdin).
+    #[arg(long)]
+    stdin_file: Option<PathBuf>,
+    #[arg(long)]
+    timeout_ms: Option<u32>,
+    #[arg(long)]
+    memory_mib: Option<u32>,
+    #[arg(long)]
+    output_bytes: Option<u32>,
+    #[arg(long)]
+    fuel: Option<u64>,
+}
+
+#[derive(Subcommand, Debug)]
+enum ToolCommand {
+    /// Register a component (`.wasm`); the name defaults to the file stem.
+    Add {
+        file: PathBuf,
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// List registered tools.
+    Ls,
+    /// Unregister a tool.
+    Rm { name: String },
+}
+
+#[derive(Subcommand, Debug)]
+enum FileCommand {
+    /// Upload a local file (`-` for stdin), streamed.
+    Put { id: String, local: PathBuf, remote: String },
+    /// Download a file to LOCAL (default: stdout), streamed.
+    Get { id: String, remote: String, local: Option<PathBuf> },
+    /// List a directory.
+    Ls {
+        id: String,
+        #[arg(default_value = ".")]
+        path: String,
+    },
+    /// Show one entry.
+    Stat { id: String, path: String },
+    /// Make a directory.
+    Mkdir {
+        id: String,
+        path: String,
+        #[arg(short = 'p', long)]
+        parents: bool,
+    },
+    /// Remove a file, or a directory with -r.
+    Rm {
+        id: String,
+        path: String,
+        #[arg(short = 'r', long)]
+        recursive: bool,
+    },
+}
+
+fn parse_pair(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("brig: cannot start runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("brig: {e:#}");
+            let retry = e.downcast_ref::<brig_sdk::Error>().is_some_and(brig_sdk::Error::retryable);
+            if retry {
+                eprintln!("brig: (retryable)");
+            }
+            std::process::exit(1);
+        }
+    }
+}
+
+async fn connect(args: &ConnArgs) -> anyhow::Result<Client> {
+    let opts = match args.addr {
+        Some(addr) => {
+            let pin = match (&args.fingerprint, &args.cert) {
+                (Some(hex), _) => Pin::Sha256(hex.clone()),
+                (None, Some(path)) => Pin::CertFile(path.clone()),
+                (None, None) => bail!("--addr needs --fingerprint or --cert"),
+            };
+            let token = match (&args.token, &args.token_file) {
+                (Some(t), _) => t.clone(),
+                (None, Some(path)) => brig_sdk::read_token(path)?,
+                (None, None) => bail!("--addr needs --token or --token-file"),
+            };
+            ConnectOptions { addr, pin, token }
+        }
+        None => match &args.state_dir {
+            Some(dir) => ConnectOptions::from_state_dir(dir)?,
+            None => ConnectOptions::local()?,
+        },
+    };
+    Ok(Client::connect(opts).await?)
+}
+
+fn read_input(path: &PathBuf) -> anyhow::Result<Vec<u8>> {
+    if path.as_os_str() == "-" {
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)?;
+        Ok(buf)
+    } else {
+        std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<i32> {
+    let client = connect(&cli.conn).await?;
+    let json = cli.json;
+    match cli.command {
+        Command::Call(args) => {
+            let input = match (&args.input, &args.input_file) {
+                (Some(i), _) => i.clone(),
+                (None, Some(path)) => {
+                    String::from_utf8(read_input(path)?).context("input is not UTF-8")?
+                }
+                (None, None) => String::new(),
+            };
+            let stdin = match &args.stdin_file {
+                Some(path) => read_input(path)?,
+                None => Vec::new(),
+            };
+            let call = CallRequest {
+                tool: args.tool.clone(),
+                input,
+                args: args.args.clone(),
+                env: args.env.clone(),
+                stdin,
+                limits: CallLimits {
+                    timeout_ms: args.timeout_ms,
+                    memory_mib: args.memory_mib,
+                    output_bytes: args.output_bytes,
+                    fuel: args.fuel,
+                },
+            };
+            let result = match &args.sandbox {
+                Some(id) => client.sandbox(id).call_with(call).await?,
+                None => client.call_with(call).await?,
+            };
+            Ok(output::call_result(&result, json))
+        }
+        Command::Create { tier, image, labels, idle_ttl_s } => {
+            let tier: Tier = output::parse_tier(&tier)?;
+            let mut options = SandboxOptions::tier(tier);
+            if let Some(image) = &image {
+                options = options.image(image);
+            }
+            for (k, v) in &labels {
+                options = options.label(k, v);
+            }
+            if let Some(s) = idle_ttl_s {
+                options = options.idle_ttl(Duration::from_secs(s));
+            }
+            let sandbox = client.create(options).await?;
+            output::sandbox(&sandbox.status().await?, json, true);
+            Ok(0)
+        }
+        Command::Ls { labels } => {
+            let selector: Vec<(&str, &str)> =
+                labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            output::sandboxes(&client.list(&selector).await?, json);
+            Ok(0)
+        }
+        Command::Status { id } => {
+            output::sandbox(&client.sandbox(&id).status().await?, json, false);
+            Ok(0)
+        }
+        Command::Rm { ids } => {
+            let mut failed = 0;
+            for id in &ids {
+                match client.sandbox(id).destroy().await {
+                    Ok(()) => output::line(json, &serde_json::json!({ "destroyed": id }), id),
+                    Err(e) => {
+                        eprintln!("brig: {id}: {e}");
+                        failed += 1;
+                    }
+                }
+            }
+            Ok(i32::from(failed > 0))
+        }
+        Command::Tool(cmd) => tool(&client, cmd, json).await,
+        Command::File(cmd) => file(&client, cmd, json).await,
+    }
+}
+
+async fn tool(client: &Client, cmd: ToolCommand, json: bool) -> anyhow::Result<i32> {
+    match cmd {
+        ToolCommand::Add { file, name } => {
+            let name = match name {
+                Some(n) => n,
+                None => file
+                    .file_stem()
+                    .and_then(|s| s.to_str())
+                    .context("cannot derive a tool name from the file name; pass --name")?
+                    .to_string(),
+            };
+            let bytes =
+                std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+            let info = client.add_tool(&name, bytes).await?;
+            output::tools(&[info], json);
+        }
+        ToolCommand::Ls => output::tools(&client.tools().await?, json),
+        ToolCommand::Rm { name } => {
+            client.remove_tool(&name).await?;
+            output::line(json, &serde_json::json!({ "removed": name }), &name);
+        }
+    }
+    Ok(0)
+}
+
+async fn file(client: &Client, cmd: FileCommand, json: bool) -> anyhow::Result<i32> {
+    match cmd {
+        FileCommand::Put { id, local, remote } => {
+            let sandbox = client.sandbox(&id);
+            let bytes = if local.as_os_str() == "-" {
+                sandbox.upload(&remote, tokio::io::stdin()).await?
+            } else {
+                sandbox.upload_file(&remote, &local).await?
+            };
+            output::line(
+                json,
+                &serde_json::json!({ "path": remote, "bytes": bytes }),
+                &format!("{bytes} bytes -> {remote}"),
+            );
+        }
+        FileCommand::Get { id, remote, local } => {
+            let sandbox = client.sandbox(&id);
+            match local {
+                Some(path) if path.as_os_str() != "-" => {
+                    let bytes = sandbox.download_file(&remote, &path).await?;
+                    output::line(
+                        json,
+                        &serde_json::json!({ "path": remote, "bytes": bytes }),
+                        &format!("{bytes} bytes -> {}", path.display()),
+                    );
+                }
+                _ => {
+                    sandbox.download(&remote, tokio::io::stdout()).await?;
+                }
+            }
+        }
+        FileCommand::Ls { id, path } => {
+            output::entries(&client.sandbox(&id).list_dir(&path).await?, json)
+        }
+        FileCommand::Stat { id, path } => {
+            output::entries(&[client.sandbox(&id).stat(&path).await?], json)
+        }
+        FileCommand::Mkdir { id, path, parents } => {
+            client.sandbox(&id).mkdir(&path, parents).await?;
+            output::line(json, &serde_json::json!({ "created": path }), &path);
+        }
+        FileCommand::Rm { id, path, recursive } => {
+            client.sandbox(&id).remove(&path, recursive).await?;
+            output::line(json, &serde_json::json!({ "removed": path }), &path);
+        }
+    }
+    Ok(0)
+}

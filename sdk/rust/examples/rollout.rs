@@ -13,14 +13,7 @@ async fn main() -> anyhow::Result<()> {
     let client = Client::connect_local().await?;
     println!("connected to {}", client.server_version().await);
     let tools = client.tools().await?;
-    println!(
-        "tools: {}",
-        tools
-            .iter()
-            .map(|t| t.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    println!("tools: {}", tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", "));
 
     // A one-shot call: the throughput path.
     let started = Instant::now();
@@ -30,39 +23,21 @@ async fn main() -> anyhow::Result<()> {
             r#"{"query":"$.steps[*].reward","json":{"steps":[{"reward":0.5},{"reward":1.0}]}}"#,
         )
         .await?;
-    println!(
-        "jq one-shot: {} in {:?} -> {}",
-        r.outcome_name(),
-        started.elapsed(),
-        r.output
-    );
+    println!("jq one-shot: {} in {:?} -> {}", r.outcome_name(), started.elapsed(), r.output);
 
     // A stateful sandbox: the agent edits a repository over several calls.
-    let sandbox = client
-        .create(
-            SandboxOptions::fncall()
-                .label("job", "demo")
-                .label("rollout", "0"),
-        )
-        .await?;
+    let sandbox =
+        client.create(SandboxOptions::fncall().label("job", "demo").label("rollout", "0")).await?;
     println!("sandbox {}", sandbox.id());
-    sandbox
-        .write_file("repo/app.py", b"def add(a, b):\n    return a - b\n")
-        .await?;
-    let found = sandbox
-        .call("grep", r#"{"pattern":"return","path":"repo"}"#)
-        .await?;
+    sandbox.write_file("repo/app.py", b"def add(a, b):\n    return a - b\n").await?;
+    let found = sandbox.call("grep", r#"{"pattern":"return","path":"repo"}"#).await?;
     println!("grep: {}", found.output);
     let patch = "--- a/repo/app.py\n+++ b/repo/app.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n";
-    let patched = sandbox
-        .call("patch", &serde_json::json!({ "patch": patch }).to_string())
-        .await?;
+    let patched = sandbox.call("patch", &serde_json::json!({ "patch": patch }).to_string()).await?;
     println!("patch: {}", patched.output);
     let fixed = String::from_utf8(sandbox.read_file("repo/app.py").await?)?;
     println!("repo/app.py now:\n{fixed}");
-    let listing = sandbox
-        .call("files", r#"{"op":"list","path":".","recursive":true}"#)
-        .await?;
+    let listing = sandbox.call("files", r#"{"op":"list","path":".","recursive":true}"#).await?;
     println!("files: {}", listing.output);
 
     // Many one-shot calls at once over one connection, as a rollout batch would make them.
@@ -81,10 +56,7 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     let secs = started.elapsed().as_secs_f64();
-    println!(
-        "2000 concurrent one-shot calls: {ok} ok in {secs:.2} s ({:.0}/s)",
-        2000.0 / secs
-    );
+    println!("2000 concurrent one-shot calls: {ok} ok in {secs:.2} s ({:.0}/s)", 2000.0 / secs);
 
     sandbox.destroy().await?;
     println!("sandbox destroyed; demo done");

@@ -39,19 +39,12 @@ impl ConnectOptions {
     pub fn from_state_dir(dir: &Path) -> Result<ConnectOptions, Error> {
         let endpoint_path = dir.join("endpoint.json");
         let text = std::fs::read_to_string(&endpoint_path).map_err(|e| {
-            Error::Config(format!(
-                "{}: {e} (is brigd running?)",
-                endpoint_path.display()
-            ))
+            Error::Config(format!("{}: {e} (is brigd running?)", endpoint_path.display()))
         })?;
         let endpoint: EndpointFile = serde_json::from_str(&text)
             .map_err(|e| Error::Config(format!("{}: {e}", endpoint_path.display())))?;
         let token = read_token(&dir.join("access-token"))?;
-        Ok(ConnectOptions {
-            addr: endpoint.addr,
-            pin: Pin::Sha256(endpoint.cert_sha256),
-            token,
-        })
+        Ok(ConnectOptions { addr: endpoint.addr, pin: Pin::Sha256(endpoint.cert_sha256), token })
     }
 
     /// [`ConnectOptions::from_state_dir`] on the default state directory: `$BRIG_STATE_DIR`, else
@@ -99,13 +92,7 @@ impl Client {
         }
         .map_err(|e| Error::Config(e.to_string()))?;
         let conn = dial(&opts, &pin).await?;
-        Ok(Client {
-            inner: Arc::new(Inner {
-                opts,
-                pin,
-                conn: RwLock::new(conn),
-            }),
-        })
+        Ok(Client { inner: Arc::new(Inner { opts, pin, conn: RwLock::new(conn) }) })
     }
 
     /// Connects to the local daemon found in the default state directory.
@@ -167,10 +154,7 @@ impl Client {
 
     /// Creates a sandbox.
     pub async fn create(&self, options: SandboxOptions) -> Result<Sandbox, Error> {
-        match self
-            .request(&Request::Create(options.into_request()))
-            .await?
-        {
+        match self.request(&Request::Create(options.into_request())).await? {
             Reply::Sandbox(info) => Ok(Sandbox::new(self.clone(), info.id)),
             other => Err(unexpected("create", &other)),
         }
@@ -184,10 +168,7 @@ impl Client {
 
     /// Sandboxes whose labels include every `selector` pair (all when empty).
     pub async fn list(&self, selector: &[(&str, &str)]) -> Result<Vec<SandboxInfo>, Error> {
-        let labels = selector
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let labels = selector.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         match self.request(&Request::List(ListRequest { labels })).await? {
             Reply::Sandboxes(list) => Ok(list),
             other => Err(unexpected("list", &other)),
@@ -200,11 +181,7 @@ impl Client {
         name: &str,
         component: impl Into<Bytes>,
     ) -> Result<ToolInfo, Error> {
-        let mut exchange = self
-            .open(&Request::ToolAdd {
-                name: name.to_string(),
-            })
-            .await?;
+        let mut exchange = self.open(&Request::ToolAdd { name: name.to_string() }).await?;
         exchange.send_raw(component.into()).await?;
         exchange.finish_upload()?;
         match exchange.reply().await? {
@@ -225,10 +202,7 @@ impl Client {
     pub async fn remove_tool(&self, name: &str) -> Result<(), Error> {
         expect_done(
             "tool_remove",
-            self.request(&Request::ToolRemove {
-                name: name.to_string(),
-            })
-            .await?,
+            self.request(&Request::ToolRemove { name: name.to_string() }).await?,
         )
     }
 
@@ -241,19 +215,13 @@ impl Client {
 async fn dial(opts: &ConnectOptions, pin: &CertPin) -> Result<ClientConnection, Error> {
     ClientConnection::connect_current(opts.addr, pin, &opts.token)
         .await
-        .map_err(|source| Error::Connect {
-            addr: opts.addr.to_string(),
-            source,
-        })
+        .map_err(|source| Error::Connect { addr: opts.addr.to_string(), source })
 }
 
 pub(crate) fn unexpected(request: &'static str, reply: &Reply) -> Error {
     let mut text = format!("{reply:?}");
     text.truncate(200);
-    Error::UnexpectedReply {
-        request,
-        reply: text,
-    }
+    Error::UnexpectedReply { request, reply: text }
 }
 
 pub(crate) fn expect_done(request: &'static str, reply: Reply) -> Result<(), Error> {

@@ -20,10 +20,7 @@ pub enum Error {
     Transport(#[from] TransportError),
     /// The server replied with something this request does not expect.
     #[error("unexpected reply to {request}: {reply}")]
-    UnexpectedReply {
-        request: &'static str,
-        reply: String,
-    },
+    UnexpectedReply { request: &'static str, reply: String },
     /// Local configuration (state directory, token or certificate file) is missing or bad.
     #[error("client configuration: {0}")]
     Config(String),
@@ -55,13 +52,12 @@ impl Error {
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
             Error::Server { code, .. } => Some(*code),
-            Error::Connect {
-                source: TransportError::HelloRefused { status, .. },
-                ..
-            } => Some(match status {
-                brig_proto::hello::HelloStatus::VersionMismatch => ErrorCode::VersionMismatch,
-                _ => ErrorCode::Unauthenticated,
-            }),
+            Error::Connect { source: TransportError::HelloRefused { status, .. }, .. } => {
+                Some(match status {
+                    brig_proto::hello::HelloStatus::VersionMismatch => ErrorCode::VersionMismatch,
+                    _ => ErrorCode::Unauthenticated,
+                })
+            }
             _ => None,
         }
     }
@@ -69,9 +65,6 @@ impl Error {
 
 impl From<brig_proto::WireError> for Error {
     fn from(e: brig_proto::WireError) -> Self {
-        Error::Server {
-            code: e.code,
-            message: e.message,
-        }
+        Error::Server { code: e.code, message: e.message }
     }
 }

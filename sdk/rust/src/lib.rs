@@ -29,7 +29,7 @@ mod client;
 mod error;
 mod sandbox;
 
-pub use client::{Client, ConnectOptions, Pin};
+pub use client::{read_token, Client, ConnectOptions, Pin};
 pub use error::Error;
 pub use sandbox::{Sandbox, SandboxOptions};
 

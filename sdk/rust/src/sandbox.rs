@@ -29,12 +29,7 @@ impl SandboxOptions {
     }
 
     pub fn tier(tier: Tier) -> Self {
-        SandboxOptions {
-            request: CreateRequest {
-                tier: Some(tier),
-                ..Default::default()
-            },
-        }
+        SandboxOptions { request: CreateRequest { tier: Some(tier), ..Default::default() } }
     }
 
     /// Image or environment (container and VM tiers).
@@ -44,9 +39,7 @@ impl SandboxOptions {
     }
 
     pub fn label(mut self, key: &str, value: &str) -> Self {
-        self.request
-            .labels
-            .push((key.to_string(), value.to_string()));
+        self.request.labels.push((key.to_string(), value.to_string()));
         self
     }
 
@@ -89,10 +82,7 @@ impl Sandbox {
     }
 
     pub async fn call_with(&self, call: CallRequest) -> Result<CallResult, Error> {
-        let request = Request::CallIn {
-            sandbox: self.id.clone(),
-            call,
-        };
+        let request = Request::CallIn { sandbox: self.id.clone(), call };
         match self.client.request(&request).await? {
             Reply::Called(result) => Ok(result),
             other => Err(unexpected("call_in", &other)),
@@ -100,13 +90,7 @@ impl Sandbox {
     }
 
     pub async fn status(&self) -> Result<SandboxInfo, Error> {
-        match self
-            .client
-            .request(&Request::Status {
-                sandbox: self.id.clone(),
-            })
-            .await?
-        {
+        match self.client.request(&Request::Status { sandbox: self.id.clone() }).await? {
             Reply::Sandbox(info) => Ok(info),
             other => Err(unexpected("status", &other)),
         }
@@ -115,11 +99,7 @@ impl Sandbox {
     pub async fn destroy(&self) -> Result<(), Error> {
         expect_done(
             "destroy",
-            self.client
-                .request(&Request::Destroy {
-                    sandbox: self.id.clone(),
-                })
-                .await?,
+            self.client.request(&Request::Destroy { sandbox: self.id.clone() }).await?,
         )
     }
 
@@ -147,10 +127,7 @@ impl Sandbox {
             let n = reader
                 .read_buf(&mut buf)
                 .await
-                .map_err(|source| Error::LocalIo {
-                    path: path.to_string(),
-                    source,
-                })?;
+                .map_err(|source| Error::LocalIo { path: path.to_string(), source })?;
             if n == 0 {
                 break;
             }
@@ -174,10 +151,7 @@ impl Sandbox {
     pub async fn upload_file(&self, remote: &str, local: &Path) -> Result<u64, Error> {
         let file = tokio::fs::File::open(local)
             .await
-            .map_err(|source| Error::LocalIo {
-                path: local.display().to_string(),
-                source,
-            })?;
+            .map_err(|source| Error::LocalIo { path: local.display().to_string(), source })?;
         self.upload(remote, file).await
     }
 
@@ -213,20 +187,11 @@ impl Sandbox {
             writer
                 .write_all(&chunk)
                 .await
-                .map_err(|source| Error::LocalIo {
-                    path: path.to_string(),
-                    source,
-                })?;
+                .map_err(|source| Error::LocalIo { path: path.to_string(), source })?;
         }
-        writer.flush().await.map_err(|source| Error::LocalIo {
-            path: path.to_string(),
-            source,
-        })?;
+        writer.flush().await.map_err(|source| Error::LocalIo { path: path.to_string(), source })?;
         if got != size {
-            return Err(Error::ShortDownload {
-                got,
-                expected: size,
-            });
+            return Err(Error::ShortDownload { got, expected: size });
         }
         Ok(got)
     }
@@ -235,18 +200,12 @@ impl Sandbox {
     pub async fn download_file(&self, remote: &str, local: &Path) -> Result<u64, Error> {
         let file = tokio::fs::File::create(local)
             .await
-            .map_err(|source| Error::LocalIo {
-                path: local.display().to_string(),
-                source,
-            })?;
+            .map_err(|source| Error::LocalIo { path: local.display().to_string(), source })?;
         self.download(remote, file).await
     }
 
     pub async fn list_dir(&self, path: &str) -> Result<Vec<FileStat>, Error> {
-        let request = Request::FileList {
-            sandbox: self.id.clone(),
-            path: path.to_string(),
-        };
+        let request = Request::FileList { sandbox: self.id.clone(), path: path.to_string() };
         match self.client.request(&request).await? {
             Reply::Entries(entries) => Ok(entries),
             other => Err(unexpected("file_list", &other)),
@@ -254,10 +213,7 @@ impl Sandbox {
     }
 
     pub async fn stat(&self, path: &str) -> Result<FileStat, Error> {
-        let request = Request::FileStat {
-            sandbox: self.id.clone(),
-            path: path.to_string(),
-        };
+        let request = Request::FileStat { sandbox: self.id.clone(), path: path.to_string() };
         match self.client.request(&request).await? {
             Reply::Stat(stat) => Ok(stat),
             other => Err(unexpected("file_stat", &other)),
@@ -265,20 +221,14 @@ impl Sandbox {
     }
 
     pub async fn mkdir(&self, path: &str, parents: bool) -> Result<(), Error> {
-        let request = Request::FileMkdir {
-            sandbox: self.id.clone(),
-            path: path.to_string(),
-            parents,
-        };
+        let request =
+            Request::FileMkdir { sandbox: self.id.clone(), path: path.to_string(), parents };
         expect_done("file_mkdir", self.client.request(&request).await?)
     }
 
     pub async fn remove(&self, path: &str, recursive: bool) -> Result<(), Error> {
-        let request = Request::FileRemove {
-            sandbox: self.id.clone(),
-            path: path.to_string(),
-            recursive,
-        };
+        let request =
+            Request::FileRemove { sandbox: self.id.clone(), path: path.to_string(), recursive };
         expect_done("file_remove", self.client.request(&request).await?)
     }
 }

@@ -69,10 +69,7 @@ pub struct WireError {
 
 impl WireError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        WireError {
-            code,
-            message: message.into(),
-        }
+        WireError { code, message: message.into() }
     }
 }
 

@@ -79,9 +79,8 @@ mod tests {
     #[test]
     fn garbage_is_a_decode_error_not_a_panic() {
         for seed in 0u8..=255 {
-            let body: Vec<u8> = (0..64u8)
-                .map(|i| i.wrapping_mul(seed).wrapping_add(seed))
-                .collect();
+            let body: Vec<u8> =
+                (0..64u8).map(|i| i.wrapping_mul(seed).wrapping_add(seed)).collect();
             let _ = decode::<Request>(&body);
         }
     }

@@ -90,12 +90,9 @@ impl ClientHello {
             .and_then(|b| b.try_into().ok())
             .ok_or(HelloError::Truncated)?;
         let (version, len) = Self::parse_fixed(fixed)?;
-        let token = bytes
-            .get(CLIENT_FIXED_BYTES..CLIENT_FIXED_BYTES + len)
-            .ok_or(HelloError::Truncated)?;
-        let token = std::str::from_utf8(token)
-            .map_err(|_| HelloError::NotUtf8)?
-            .to_owned();
+        let token =
+            bytes.get(CLIENT_FIXED_BYTES..CLIENT_FIXED_BYTES + len).ok_or(HelloError::Truncated)?;
+        let token = std::str::from_utf8(token).map_err(|_| HelloError::NotUtf8)?.to_owned();
         Ok(ClientHello { version, token })
     }
 }
@@ -134,15 +131,10 @@ impl ServerHello {
         if len > MAX_MESSAGE_BYTES {
             return Err(HelloError::TooLong(len));
         }
-        let msg = bytes
-            .get(SERVER_FIXED_BYTES..SERVER_FIXED_BYTES + len)
-            .ok_or(HelloError::Truncated)?;
+        let msg =
+            bytes.get(SERVER_FIXED_BYTES..SERVER_FIXED_BYTES + len).ok_or(HelloError::Truncated)?;
         let message = String::from_utf8_lossy(msg).into_owned();
-        Ok(ServerHello {
-            version,
-            status,
-            message,
-        })
+        Ok(ServerHello { version, status, message })
     }
 }
 
@@ -152,29 +144,20 @@ mod tests {
 
     #[test]
     fn client_round_trip() {
-        let h = ClientHello {
-            version: 7,
-            token: "abc".into(),
-        };
+        let h = ClientHello { version: 7, token: "abc".into() };
         assert_eq!(ClientHello::decode(&h.encode().expect("encode")), Ok(h));
     }
 
     #[test]
     fn server_round_trip() {
-        let h = ServerHello {
-            version: 1,
-            status: HelloStatus::VersionMismatch,
-            message: "x".into(),
-        };
+        let h =
+            ServerHello { version: 1, status: HelloStatus::VersionMismatch, message: "x".into() };
         assert_eq!(ServerHello::decode(&h.encode()), Ok(h));
     }
 
     #[test]
     fn rejects_bad_input() {
-        assert_eq!(
-            ClientHello::decode(b"HTTP/1.1 200"),
-            Err(HelloError::BadMagic)
-        );
+        assert_eq!(ClientHello::decode(b"HTTP/1.1 200"), Err(HelloError::BadMagic));
         assert_eq!(ClientHello::decode(b"BRIG"), Err(HelloError::Truncated));
         let mut long = b"BRIG\x01\x00".to_vec();
         long.extend_from_slice(&(5000u16).to_le_bytes());

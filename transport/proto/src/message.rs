@@ -31,11 +31,7 @@ pub struct CallRequest {
 
 impl CallRequest {
     pub fn new(tool: impl Into<String>, input: impl Into<String>) -> Self {
-        CallRequest {
-            tool: tool.into(),
-            input: input.into(),
-            ..Default::default()
-        }
+        CallRequest { tool: tool.into(), input: input.into(), ..Default::default() }
     }
 }
 

@@ -41,20 +41,14 @@ impl ClientConnection {
             socket,
             Arc::new(quinn::TokioRuntime),
         )
-        .map_err(|source| TransportError::Bind {
-            addr: local,
-            source,
-        })?;
+        .map_err(|source| TransportError::Bind { addr: local, source })?;
         endpoint.set_default_client_config(pin.client_config()?);
         let conn = endpoint
             .connect(addr, "brigd")
             .map_err(TransportError::Connect)?
             .await
             .map_err(TransportError::Connection)?;
-        let hello = ClientHello {
-            version,
-            token: token.to_string(),
-        };
+        let hello = ClientHello { version, token: token.to_string() };
         let reply = tokio::time::timeout(HELLO_TIMEOUT, say_hello(&conn, &hello))
             .await
             .map_err(|_| TransportError::HelloTimeout(HELLO_TIMEOUT))??;
@@ -65,11 +59,7 @@ impl ClientConnection {
                 message: reply.message,
             });
         }
-        Ok(ClientConnection {
-            conn,
-            _endpoint: endpoint,
-            server_message: reply.message.into(),
-        })
+        Ok(ClientConnection { conn, _endpoint: endpoint, server_message: reply.message.into() })
     }
 
     /// Connects speaking this build's protocol version.
@@ -97,16 +87,17 @@ impl ClientConnection {
 
     /// Opens a stream and sends `request`; the caller may then upload and must read the reply.
     pub async fn open(&self, request: &Request) -> Result<ClientExchange, TransportError> {
-        let (mut send, recv) = self
-            .conn
-            .open_bi()
-            .await
-            .map_err(TransportError::Connection)?;
+        let (mut send, recv) = self.conn.open_bi().await.map_err(TransportError::Connection)?;
         write_frame(&mut send, request).await?;
-        Ok(ClientExchange {
-            send,
-            reader: FrameReader::new(recv),
-        })
+        Ok(ClientExchange { send, reader: FrameReader::new(recv) })
+    }
+
+    /// Opens a stream and writes `bytes` as they are, unframed: for probing servers with
+    /// malformed requests in tests and fuzzers.
+    pub async fn open_raw(&self, bytes: Bytes) -> Result<ClientExchange, TransportError> {
+        let (mut send, recv) = self.conn.open_bi().await.map_err(TransportError::Connection)?;
+        write_raw(&mut send, bytes).await?;
+        Ok(ClientExchange { send, reader: FrameReader::new(recv) })
     }
 
     /// Sends a request that has no upload and reads its single reply.
@@ -161,10 +152,7 @@ impl ClientExchange {
 
     /// Reads the next reply frame.
     pub async fn reply(&mut self) -> Result<Reply, TransportError> {
-        self.reader
-            .read_frame()
-            .await?
-            .ok_or(TransportError::NoReply)
+        self.reader.read_frame().await?.ok_or(TransportError::NoReply)
     }
 
     /// Reads the next reply frame, or `None` at the end of the stream.

@@ -28,10 +28,7 @@ pub enum TransportError {
     #[error("connection failed")]
     Connection(#[source] quinn::ConnectionError),
     #[error("server refused the hello ({status:?}): {message}")]
-    HelloRefused {
-        status: HelloStatus,
-        message: String,
-    },
+    HelloRefused { status: HelloStatus, message: String },
     #[error("malformed hello")]
     Hello(#[source] HelloError),
     #[error("no hello within {0:?}")]

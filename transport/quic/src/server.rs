@@ -124,8 +124,7 @@ impl Server {
                 () = &mut shutdown => break,
             }
         }
-        self.endpoint
-            .close(close_code::SHUTDOWN.into(), b"server shutting down");
+        self.endpoint.close(close_code::SHUTDOWN.into(), b"server shutting down");
         let _ = tokio::time::timeout(Duration::from_secs(2), self.endpoint.wait_idle()).await;
     }
 }
@@ -187,18 +186,11 @@ async fn hello<S: Service>(
                 Ok(token) if service.authenticate(token) => {
                     (HelloStatus::Ok, service.hello_message())
                 }
-                _ => (
-                    HelloStatus::Unauthenticated,
-                    "access token refused".to_string(),
-                ),
+                _ => (HelloStatus::Unauthenticated, "access token refused".to_string()),
             }
         }
     };
-    let reply = ServerHello {
-        version: PROTOCOL_VERSION,
-        status,
-        message,
-    };
+    let reply = ServerHello { version: PROTOCOL_VERSION, status, message };
     write_raw(&mut send, Bytes::from(reply.encode())).await?;
     let _ = send.finish();
     Ok(status)
@@ -217,9 +209,7 @@ async fn serve_stream<S: Service>(
             let mut exchange = Exchange { send, reader };
             exchange.refuse_upload();
             let message = format!("cannot decode request as Brig protocol {PROTOCOL_VERSION}: {e}");
-            let _ = exchange
-                .error(WireError::new(ErrorCode::BadRequest, message))
-                .await;
+            let _ = exchange.error(WireError::new(ErrorCode::BadRequest, message)).await;
             exchange.finish();
         }
     }

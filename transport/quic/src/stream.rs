@@ -19,21 +19,13 @@ pub struct FrameReader {
 
 impl FrameReader {
     pub fn new(recv: quinn::RecvStream) -> Self {
-        FrameReader {
-            recv,
-            buf: BytesMut::new(),
-        }
+        FrameReader { recv, buf: BytesMut::new() }
     }
 
     /// Reads until at least `need` bytes are buffered; `false` if the stream ended first.
     async fn fill(&mut self, need: usize) -> Result<bool, TransportError> {
         while self.buf.len() < need {
-            match self
-                .recv
-                .read_chunk(usize::MAX, true)
-                .await
-                .map_err(TransportError::Read)?
-            {
+            match self.recv.read_chunk(usize::MAX, true).await.map_err(TransportError::Read)? {
                 Some(chunk) => {
                     if self.buf.is_empty() && chunk.bytes.len() >= need {
                         // Common case: the whole frame arrived in one chunk.
@@ -51,11 +43,7 @@ impl FrameReader {
     /// Reads the next frame; `None` when the stream ended cleanly between frames.
     pub async fn read_frame<T: DeserializeOwned>(&mut self) -> Result<Option<T>, TransportError> {
         if !self.fill(HEADER_BYTES).await? {
-            return if self.buf.is_empty() {
-                Ok(None)
-            } else {
-                Err(TransportError::Truncated)
-            };
+            return if self.buf.is_empty() { Ok(None) } else { Err(TransportError::Truncated) };
         }
         let mut header = [0u8; HEADER_BYTES];
         header.copy_from_slice(&self.buf[..HEADER_BYTES]);
@@ -74,12 +62,7 @@ impl FrameReader {
         if !self.buf.is_empty() {
             return Ok(Some(self.buf.split().freeze()));
         }
-        match self
-            .recv
-            .read_chunk(usize::MAX, true)
-            .await
-            .map_err(TransportError::Read)?
-        {
+        match self.recv.read_chunk(usize::MAX, true).await.map_err(TransportError::Read)? {
             Some(chunk) => Ok(Some(chunk.bytes)),
             None => Ok(None),
         }
@@ -111,9 +94,7 @@ pub async fn write_frame<T: Serialize>(
     msg: &T,
 ) -> Result<(), TransportError> {
     let bytes = brig_proto::encode(msg).map_err(TransportError::Frame)?;
-    send.write_chunk(Bytes::from(bytes))
-        .await
-        .map_err(TransportError::Write)
+    send.write_chunk(Bytes::from(bytes)).await.map_err(TransportError::Write)
 }
 
 /// Writes raw bytes.

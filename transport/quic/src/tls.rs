@@ -29,17 +29,12 @@ pub struct Identity {
 
 impl std::fmt::Debug for Identity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Identity")
-            .field("fingerprint", &self.fingerprint())
-            .finish()
+        f.debug_struct("Identity").field("fingerprint", &self.fingerprint()).finish()
     }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TransportError + '_ {
-    move |source| TransportError::IdentityIo {
-        path: path.to_owned(),
-        source,
-    }
+    move |source| TransportError::IdentityIo { path: path.to_owned(), source }
 }
 
 impl Identity {
@@ -50,10 +45,7 @@ impl Identity {
         if cert_path.exists() && key_path.exists() {
             let cert = std::fs::read(&cert_path).map_err(io_err(&cert_path))?;
             let key = std::fs::read(&key_path).map_err(io_err(&key_path))?;
-            return Ok(Identity {
-                cert: cert.into(),
-                key: key.into(),
-            });
+            return Ok(Identity { cert: cert.into(), key: key.into() });
         }
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
         let generated =
@@ -64,10 +56,7 @@ impl Identity {
         std::fs::write(&cert_path, &cert_der).map_err(io_err(&cert_path))?;
         let pem_path = dir.join(CERT_PEM);
         std::fs::write(&pem_path, generated.cert.pem()).map_err(io_err(&pem_path))?;
-        Ok(Identity {
-            cert: cert_der.into(),
-            key: key_der.into(),
-        })
+        Ok(Identity { cert: cert_der.into(), key: key_der.into() })
     }
 
     /// Path of the DER certificate inside a TLS directory (what clients pin).
@@ -86,10 +75,7 @@ impl Identity {
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(TransportError::Tls)?
             .with_no_client_auth()
-            .with_single_cert(
-                vec![self.cert.clone()],
-                PrivateKeyDer::Pkcs8(self.key.clone_key()),
-            )
+            .with_single_cert(vec![self.cert.clone()], PrivateKeyDer::Pkcs8(self.key.clone_key()))
             .map_err(TransportError::Tls)?;
         tls.alpn_protocols = vec![brig_proto::ALPN.to_vec()];
         tls.max_early_data_size = 0;
@@ -127,9 +113,7 @@ impl CertPin {
     pub fn from_hex(hex_str: &str) -> Result<CertPin, TransportError> {
         let clean: String = hex_str.chars().filter(|c| *c != ':').collect();
         let bytes = hex::decode(&clean).map_err(|_| TransportError::BadPin(hex_str.into()))?;
-        let arr: [u8; 32] = bytes
-            .try_into()
-            .map_err(|_| TransportError::BadPin(hex_str.into()))?;
+        let arr: [u8; 32] = bytes.try_into().map_err(|_| TransportError::BadPin(hex_str.into()))?;
         Ok(CertPin(arr))
     }
 
@@ -158,10 +142,7 @@ impl CertPin {
     /// quinn client configuration that trusts only this certificate.
     pub fn client_config(&self) -> Result<quinn::ClientConfig, TransportError> {
         let provider = provider();
-        let verifier = Arc::new(PinnedVerifier {
-            pin: self.clone(),
-            provider: provider.clone(),
-        });
+        let verifier = Arc::new(PinnedVerifier { pin: self.clone(), provider: provider.clone() });
         let mut tls = rustls::ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(TransportError::Tls)?
@@ -209,12 +190,7 @@ impl ServerCertVerifier for PinnedVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
     }
 
     fn verify_tls13_signature(
@@ -223,18 +199,11 @@ impl ServerCertVerifier for PinnedVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.provider.signature_verification_algorithms.supported_schemes()
     }
 }
 

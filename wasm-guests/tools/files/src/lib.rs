@@ -78,12 +78,8 @@ impl Guest for Files {
             Op::Remove { path } => {
                 let p = workspace_path(&path)?;
                 let meta = std::fs::symlink_metadata(&p).map_err(|e| format!("{path}: {e}"))?;
-                if meta.is_dir() {
-                    std::fs::remove_dir_all(&p)
-                } else {
-                    std::fs::remove_file(&p)
-                }
-                .map_err(|e| format!("{path}: {e}"))?;
+                if meta.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) }
+                    .map_err(|e| format!("{path}: {e}"))?;
                 to_output(&serde_json::json!({ "removed": path }))
             }
             Op::Mkdir { path } => {
@@ -105,7 +101,9 @@ fn read(path: &str, offset: u64, limit: Option<u64>) -> Result<String, String> {
     file.take(limit).read_to_end(&mut buf).map_err(|e| format!("{path}: {e}"))?;
     let content = String::from_utf8(buf).map_err(|_| format!("{path}: not UTF-8 text"))?;
     let end = offset.saturating_add(content.len() as u64);
-    to_output(&serde_json::json!({ "path": path, "size": size, "content": content, "truncated": end < size }))
+    to_output(
+        &serde_json::json!({ "path": path, "size": size, "content": content, "truncated": end < size }),
+    )
 }
 
 fn write(path: &str, content: &str, append: bool) -> Result<String, String> {
@@ -129,7 +127,8 @@ fn list(path: &str, recursive: bool) -> Result<String, String> {
     let mut out = Vec::new();
     let mut pending = vec![root];
     while let Some(dir) = pending.pop() {
-        let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", display_path(&dir)))?;
+        let entries =
+            std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", display_path(&dir)))?;
         for entry in entries {
             let entry = entry.map_err(|e| e.to_string())?;
             let meta = entry.metadata().map_err(|e| e.to_string())?;

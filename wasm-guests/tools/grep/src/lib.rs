@@ -98,7 +98,8 @@ impl Guest for Grep {
 }
 
 fn collect_files(root: PathBuf, out: &mut Vec<PathBuf>) -> Result<(), String> {
-    let meta = std::fs::symlink_metadata(&root).map_err(|e| format!("{}: {e}", display_path(&root)))?;
+    let meta =
+        std::fs::symlink_metadata(&root).map_err(|e| format!("{}: {e}", display_path(&root)))?;
     if meta.is_file() {
         out.push(root);
         return Ok(());

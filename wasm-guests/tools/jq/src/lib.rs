@@ -37,7 +37,8 @@ impl Guest for Jq {
         let doc = match (input.json, input.path) {
             (Some(v), None) => v,
             (None, Some(p)) => {
-                let text = std::fs::read_to_string(workspace_path(&p)?).map_err(|e| format!("{p}: {e}"))?;
+                let text = std::fs::read_to_string(workspace_path(&p)?)
+                    .map_err(|e| format!("{p}: {e}"))?;
                 serde_json::from_str(&text).map_err(|e| format!("{p}: not JSON: {e}"))?
             }
             _ => return Err("give exactly one of `json` or `path`".into()),

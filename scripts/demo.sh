@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The main job: install what is missing, build, start the all-in-one brigd, and run a short demo
+# rollout through the SDK. With --serve, brigd keeps running in the foreground afterwards.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+serve=0
+[[ "${1:-}" == "--serve" ]] && serve=1
+
+"$root/scripts/install-deps.sh"
+"$root/scripts/build-guests.sh"
+echo "[demo] building release binaries"
+cargo build --release --quiet -p brigd -p brig-cli --bins
+cargo build --release --quiet -p brig-sdk --example rollout
+target="${CARGO_TARGET_DIR:-$root/target}/release"
+
+export BRIG_STATE_DIR="${BRIG_STATE_DIR:-$root/artifacts/demo-state}"
+mkdir -p "$BRIG_STATE_DIR"
+rm -f "$BRIG_STATE_DIR/endpoint.json"
+"$target/brigd" --state-dir "$BRIG_STATE_DIR" --listen 127.0.0.1:0 \
+    --tools-dir "$root/artifacts/guests/tools" 2>"$BRIG_STATE_DIR/brigd.log" &
+brigd_pid=$!
+trap 'kill $brigd_pid 2>/dev/null || true; wait $brigd_pid 2>/dev/null || true' EXIT
+for _ in $(seq 1 300); do
+    [[ -f "$BRIG_STATE_DIR/endpoint.json" ]] && break
+    kill -0 $brigd_pid 2>/dev/null || { cat "$BRIG_STATE_DIR/brigd.log"; exit 1; }
+    sleep 0.1
+done
+echo "[demo] brigd running (pid $brigd_pid, state $BRIG_STATE_DIR)"
+"$target/examples/rollout"
+echo "[demo] the CLI works too:"
+"$target/brig" tool ls
+if ((serve)); then
+    echo "[demo] brigd keeps serving; try: BRIG_STATE_DIR=$BRIG_STATE_DIR $target/brig call jq '{\"query\":\"\$\",\"json\":1}'"
+    wait $brigd_pid
+fi

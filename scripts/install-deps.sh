@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Installs what Brig needs and is missing: Rust targets, Debian packages, kernel settings.
+# Idempotent: a second run changes nothing. Needs root for packages and sysctls (skipped, with a
+# warning, when not root).
+set -euo pipefail
+
+log() { printf '\033[1m[install]\033[0m %s\n' "$*"; }
+
+# Rust targets: wasm32-wasip2 for tool components, musl for the static in-guest agent.
+installed=$(rustup target list --installed)
+for target in wasm32-wasip2 x86_64-unknown-linux-musl; do
+    if ! grep -qx "$target" <<<"$installed"; then
+        log "rustup target add $target"
+        rustup target add "$target"
+    fi
+done
+
+# Debian packages: erofs-utils (read-only layers), busybox-static (tiny base image),
+# debootstrap (Debian base image), e2fsprogs (writable-layer disks), iproute2 + nftables (sandbox
+# networks and egress rules), fuse3 (on-demand layer data).
+packages=(erofs-utils busybox-static debootstrap e2fsprogs iproute2 nftables fuse3 procps psmisc)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    if [[ $(id -u) -ne 0 ]]; then
+        log "WARNING: not root; cannot install ${missing[*]}"
+    else
+        log "apt-get install ${missing[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    fi
+fi
+
+# Kernel settings: larger UDP buffers for QUIC bursts (GUEST.md §6), and enough memory mappings
+# for 100k+ live Wasm instances (each uses ~4; the default 65530 caps near 16k).
+want_sysctl() {
+    local key=$1 want=$2 have
+    have=$(sysctl -n "$key" 2>/dev/null || echo 0)
+    if ((have < want)); then
+        if [[ $(id -u) -eq 0 ]] && sysctl -qw "$key=$want" 2>/dev/null; then
+            log "sysctl $key=$want (was $have)"
+        else
+            log "WARNING: cannot raise $key to $want (is $have)"
+        fi
+    fi
+}
+want_sysctl net.core.rmem_max 8388608
+want_sysctl net.core.wmem_max 8388608
+want_sysctl vm.max_map_count 1048576
+log "dependencies ready"

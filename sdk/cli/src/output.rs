@@ -1,0 +1,170 @@
+//! Human and JSON output of the CLI.
+
+use std::io::Write;
+
+use brig_sdk::{
+    CallOutcome, CallResult, FileKind, FileStat, SandboxInfo, Tier, ToolInfo, ToolWorld,
+};
+use serde_json::{json, Value};
+
+pub fn parse_tier(s: &str) -> anyhow::Result<Tier> {
+    Ok(match s {
+        "fncall" => Tier::Fncall,
+        "container" => Tier::Container,
+        "microvm" => Tier::Microvm,
+        "fullvm" => Tier::Fullvm,
+        other => anyhow::bail!("unknown tier {other:?} (fncall, container, microvm, fullvm)"),
+    })
+}
+
+fn tier_name(t: Tier) -> &'static str {
+    match t {
+        Tier::Fncall => "fncall",
+        Tier::Container => "container",
+        Tier::Microvm => "microvm",
+        Tier::Fullvm => "fullvm",
+    }
+}
+
+/// Prints a JSON value or a human line.
+pub fn line(json: bool, value: &Value, human: &str) {
+    if json {
+        println!("{value}");
+    } else {
+        println!("{human}");
+    }
+}
+
+/// Prints a call result; returns the process exit status.
+pub fn call_result(r: &CallResult, json: bool) -> i32 {
+    let status = match &r.outcome {
+        CallOutcome::Ok => 0,
+        CallOutcome::Exit(code) => *code,
+        _ => 1,
+    };
+    if json {
+        let detail = match &r.outcome {
+            CallOutcome::ToolError(m) | CallOutcome::Trap(m) => Value::String(m.clone()),
+            CallOutcome::Exit(c) => json!(c),
+            _ => Value::Null,
+        };
+        println!(
+            "{}",
+            json!({
+                "outcome": r.outcome_name(),
+                "detail": detail,
+                "output": r.output,
+                "stdout": r.stdout_text(),
+                "stderr": r.stderr_text(),
+                "duration_us": r.duration_us,
+            })
+        );
+        return status;
+    }
+    let _ = std::io::stdout().write_all(&r.stdout);
+    let _ = std::io::stderr().write_all(&r.stderr);
+    if !r.output.is_empty() {
+        println!("{}", r.output);
+    }
+    match &r.outcome {
+        CallOutcome::Ok | CallOutcome::Exit(0) => {}
+        CallOutcome::ToolError(m) => eprintln!("brig: tool error: {m}"),
+        CallOutcome::Trap(m) => eprintln!("brig: guest trapped: {m}"),
+        _ => eprintln!("brig: call ended: {}", r.outcome_name()),
+    }
+    status
+}
+
+fn sandbox_json(s: &SandboxInfo) -> Value {
+    json!({
+        "id": s.id,
+        "tier": tier_name(s.tier),
+        "state": format!("{:?}", s.state).to_lowercase(),
+        "labels": s.labels.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect::<serde_json::Map<_, _>>(),
+        "created_unix_ms": s.created_unix_ms,
+        "last_used_unix_ms": s.last_used_unix_ms,
+        "idle_ttl_ms": s.idle_ttl_ms,
+    })
+}
+
+fn labels_text(s: &SandboxInfo) -> String {
+    s.labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+}
+
+pub fn sandbox(s: &SandboxInfo, json: bool, id_only: bool) {
+    if json {
+        println!("{}", sandbox_json(s));
+    } else if id_only {
+        println!("{}", s.id);
+    } else {
+        println!("id:        {}", s.id);
+        println!("tier:      {}", tier_name(s.tier));
+        println!("state:     {:?}", s.state);
+        println!("labels:    {}", labels_text(s));
+        println!("idle ttl:  {} s", s.idle_ttl_ms / 1000);
+    }
+}
+
+pub fn sandboxes(list: &[SandboxInfo], json: bool) {
+    if json {
+        println!("{}", Value::Array(list.iter().map(sandbox_json).collect()));
+        return;
+    }
+    println!("{:<30} {:<10} {:<8} LABELS", "ID", "TIER", "STATE");
+    for s in list {
+        println!(
+            "{:<30} {:<10} {:<8} {}",
+            s.id,
+            tier_name(s.tier),
+            format!("{:?}", s.state),
+            labels_text(s)
+        );
+    }
+}
+
+pub fn tools(list: &[ToolInfo], json: bool) {
+    let world = |w: &ToolWorld| match w {
+        ToolWorld::Tool => "tool",
+        ToolWorld::Command => "command",
+    };
+    if json {
+        let items: Vec<Value> = list
+            .iter()
+            .map(|t| json!({ "name": t.name, "digest": t.digest, "world": world(&t.world), "description": t.description, "size_bytes": t.size_bytes }))
+            .collect();
+        println!("{}", Value::Array(items));
+        return;
+    }
+    println!("{:<12} {:<8} {:>9}  {:<20} DESCRIPTION", "NAME", "WORLD", "SIZE", "DIGEST");
+    for t in list {
+        let short = t.digest.get(..19).unwrap_or(&t.digest);
+        println!(
+            "{:<12} {:<8} {:>9}  {:<20} {}",
+            t.name,
+            world(&t.world),
+            t.size_bytes,
+            short,
+            t.description
+        );
+    }
+}
+
+pub fn entries(list: &[FileStat], json: bool) {
+    let kind = |k: FileKind| match k {
+        FileKind::File => "file",
+        FileKind::Dir => "dir",
+        FileKind::Symlink => "symlink",
+        FileKind::Other => "other",
+    };
+    if json {
+        let items: Vec<Value> = list
+            .iter()
+            .map(|e| json!({ "path": e.path, "kind": kind(e.kind), "size": e.size, "mode": format!("{:o}", e.mode), "modified_unix_ms": e.modified_unix_ms }))
+            .collect();
+        println!("{}", Value::Array(items));
+        return;
+    }
+    for e in list {
+        println!("{:<8} {:>5o} {:>12}  {}", kind(e.kind), e.mode, e.size, e.path);
+    }
+}
