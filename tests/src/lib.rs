@@ -78,7 +78,9 @@ impl Daemon {
         let endpoint = self.state.path().join("endpoint.json");
         let _ = std::fs::remove_file(&endpoint);
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
-        let child = Command::new(binary("brigd"))
+        // BRIGD_BIN runs another build (e.g. a baseline in an A/B benchmark).
+        let program = std::env::var_os("BRIGD_BIN").map_or_else(|| binary("brigd"), PathBuf::from);
+        let child = Command::new(program)
             .arg("--state-dir")
             .arg(self.state.path())
             .arg("--listen")

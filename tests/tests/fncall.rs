@@ -352,3 +352,27 @@ async fn raw_request(conn: &brig_transport::ClientConnection, raw: Vec<u8>) -> b
     exchange.finish_upload().expect("finish");
     exchange.reply().await.expect("reply")
 }
+
+#[tokio::test]
+async fn no_network_and_fuel_limits() {
+    let config = tempfile::NamedTempFile::new().expect("config");
+    std::fs::write(config.path(), "[fncall]\nfuel = true\n").expect("write config");
+    let daemon =
+        Daemon::start_with(&["--config", config.path().to_str().expect("utf8")]).expect("brigd");
+    let client = with_chaos(&daemon).await;
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let r = client.call_with(chaos(&["connect", &addr])).await.expect("connect");
+    assert_eq!(r.outcome, CallOutcome::Exit(1), "{r:?}");
+    assert!(listener.accept().is_err(), "a guest reached a host socket");
+
+    let mut spin = chaos(&["loop"]);
+    spin.limits =
+        CallLimits { fuel: Some(5_000_000), timeout_ms: Some(10_000), ..Default::default() };
+    let r = client.call_with(spin).await.expect("fuel");
+    assert_eq!(r.outcome, CallOutcome::FuelExhausted, "{r:?}");
+    // Fuel metering on, ordinary calls still work.
+    assert!(client.call("jq", r#"{"query":"$","json":1}"#).await.expect("call").is_success());
+}

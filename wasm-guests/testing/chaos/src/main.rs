@@ -4,7 +4,7 @@
 //! `echo <text>` (prints text), `cat` (copies stdin to stdout), `env <NAME>`,
 //! `loop` (spins forever), `alloc <mib>` (allocates and touches memory until done or dead),
 //! `flood` (writes to stdout forever), `read <path>` (prints a file), `write <path> <text>`,
-//! `exit <code>`, `panic`.
+//! `connect <host:port>` (opens a TCP connection), `exit <code>`, `panic`.
 
 use std::io::{Read, Write};
 
@@ -59,6 +59,13 @@ fn main() {
                 std::process::exit(1);
             }
         }
+        "connect" => match std::net::TcpStream::connect(&arg) {
+            Ok(_) => println!("connected to {arg}"),
+            Err(e) => {
+                eprintln!("connect {arg}: {e}");
+                std::process::exit(1);
+            }
+        },
         "exit" => std::process::exit(arg.parse().unwrap_or(1)),
         "panic" => panic!("chaos asked to panic"),
         other => {
