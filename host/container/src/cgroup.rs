@@ -1,0 +1,316 @@
+//! cgroups for containers, on v1 (one hierarchy per controller, as on this host) or v2 (the
+//! unified tree).
+//!
+//! ```text
+//! v1: /sys/fs/cgroup/{memory,pids,cpu,freezer}/<parent>/<container>     limits, shim + init
+//!     /sys/fs/cgroup/pids/<parent>/<container>/e<exec>                    one per exec (kill tree)
+//! v2: /sys/fs/cgroup/<parent>/<container>                                 limits, shim + init
+//!     /sys/fs/cgroup/<parent>/<container>/e<exec>                         one per exec
+//! ```
+//! Every exec gets its own child cgroup so a timeout can kill the whole process tree it grew,
+//! including daemons that left its session. On v2 the container's `cgroup.procs` and each exec
+//! cgroup are delegated to container root, so a process can move itself into its exec cgroup
+//! from inside the user namespace (v1 allows writing "0" to an already-open file).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Where cgroups live and which version the host runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    V1,
+    V2,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("cannot {what} {path}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no cgroup hierarchy for {0} under {1}")]
+    MissingController(&'static str, PathBuf),
+}
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> CgroupError + 'a {
+    move |source| CgroupError::Io { what, path: path.to_owned(), source }
+}
+
+/// v1 controllers a container uses (each its own hierarchy).
+const V1_CONTROLLERS: [&str; 4] = ["memory", "pids", "cpu", "freezer"];
+/// The v1 hierarchy exec cgroups live in.
+const V1_EXEC_CONTROLLER: &str = "pids";
+
+/// Resource limits of one container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CgroupLimits {
+    pub memory_bytes: Option<u64>,
+    pub pids: Option<u64>,
+    /// CPU bandwidth in thousandths of a core (1000 = one full core).
+    pub cpu_millis: Option<u64>,
+}
+
+/// Creates and finds container cgroups.
+#[derive(Debug, Clone)]
+pub struct CgroupManager {
+    version: Version,
+    root: PathBuf,
+    parent: String,
+}
+
+impl CgroupManager {
+    /// Detects the version mounted at `root` (normally `/sys/fs/cgroup`); containers go under
+    /// `<parent>`.
+    pub fn detect(root: &Path, parent: &str) -> Result<CgroupManager, CgroupError> {
+        let version = if root.join("cgroup.controllers").exists() { Version::V2 } else { Version::V1 };
+        let manager = CgroupManager { version, root: root.to_owned(), parent: parent.to_string() };
+        match version {
+            Version::V1 => {
+                for ctrl in V1_CONTROLLERS {
+                    if !root.join(ctrl).join("cgroup.procs").exists() {
+                        return Err(CgroupError::MissingController(ctrl, root.to_owned()));
+                    }
+                    let dir = root.join(ctrl).join(parent);
+                    std::fs::create_dir_all(&dir).map_err(io("create", &dir))?;
+                }
+            }
+            Version::V2 => {
+                let dir = root.join(parent);
+                std::fs::create_dir_all(&dir).map_err(io("create", &dir))?;
+                let available = std::fs::read_to_string(root.join("cgroup.subtree_control")).unwrap_or_default();
+                let wanted: Vec<String> = ["memory", "pids", "cpu"]
+                    .iter()
+                    .filter(|c| available.split_whitespace().any(|a| a == **c))
+                    .map(|c| format!("+{c}"))
+                    .collect();
+                if !wanted.is_empty() {
+                    let ctl = dir.join("cgroup.subtree_control");
+                    std::fs::write(&ctl, wanted.join(" ")).map_err(io("enable controllers in", &ctl))?;
+                }
+            }
+        }
+        Ok(manager)
+    }
+
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    fn dirs(&self, name: &str) -> Vec<(&'static str, PathBuf)> {
+        match self.version {
+            Version::V1 => V1_CONTROLLERS
+                .iter()
+                .map(|c| (*c, self.root.join(c).join(&self.parent).join(name)))
+                .collect(),
+            Version::V2 => vec![("unified", self.root.join(&self.parent).join(name))],
+        }
+    }
+
+    /// Creates the cgroup of container `name` with `limits`. `owner` is the host uid of
+    /// container root (v2 delegation).
+    pub fn create(&self, name: &str, limits: &CgroupLimits, owner: u32) -> Result<ContainerCgroup, CgroupError> {
+        let cg = ContainerCgroup { version: self.version, dirs: self.dirs(name) };
+        for (_, dir) in &cg.dirs {
+            std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+        }
+        let write = |file: PathBuf, value: String| std::fs::write(&file, value).map_err(io("write", &file));
+        match self.version {
+            Version::V1 => {
+                let dir = |c: &str| cg.dir(c).map(Path::to_path_buf);
+                if let (Some(bytes), Some(d)) = (limits.memory_bytes, dir("memory")) {
+                    write(d.join("memory.limit_in_bytes"), bytes.to_string())?;
+                }
+                if let (Some(n), Some(d)) = (limits.pids, dir("pids")) {
+                    write(d.join("pids.max"), n.to_string())?;
+                }
+                if let (Some(m), Some(d)) = (limits.cpu_millis, dir("cpu")) {
+                    write(d.join("cpu.cfs_period_us"), "100000".into())?;
+                    write(d.join("cpu.cfs_quota_us"), (m.max(1) * 100).to_string())?;
+                }
+            }
+            Version::V2 => {
+                let d = cg.dirs[0].1.clone();
+                if let Some(bytes) = limits.memory_bytes {
+                    write(d.join("memory.max"), bytes.to_string())?;
+                }
+                if let Some(n) = limits.pids {
+                    write(d.join("pids.max"), n.to_string())?;
+                }
+                if let Some(m) = limits.cpu_millis {
+                    write(d.join("cpu.max"), format!("{} 100000", m.max(1) * 100))?;
+                }
+                chown(&d.join("cgroup.procs"), owner)?;
+            }
+        }
+        Ok(cg)
+    }
+}
+
+fn chown(path: &Path, owner: u32) -> Result<(), CgroupError> {
+    std::os::unix::fs::chown(path, Some(owner), Some(owner)).map_err(io("chown", path))
+}
+
+/// The cgroup(s) of one container.
+#[derive(Debug, Clone)]
+pub struct ContainerCgroup {
+    version: Version,
+    dirs: Vec<(&'static str, PathBuf)>,
+}
+
+impl ContainerCgroup {
+    fn dir(&self, controller: &str) -> Option<&Path> {
+        self.dirs.iter().find(|(c, _)| *c == controller || *c == "unified").map(|(_, d)| d.as_path())
+    }
+
+    /// `cgroup.procs` files a process writes to join this container.
+    pub fn join_files(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|(_, d)| d.join("cgroup.procs")).collect()
+    }
+
+    /// Creates the cgroup of one exec. `owner`: host uid of container root.
+    pub fn create_exec(&self, exec_id: u64, owner: u32) -> Result<ExecCgroup, CgroupError> {
+        let parent = match self.version {
+            Version::V1 => self.dir(V1_EXEC_CONTROLLER),
+            Version::V2 => self.dir("unified"),
+        }
+        .ok_or(CgroupError::MissingController(V1_EXEC_CONTROLLER, PathBuf::new()))?;
+        let dir = parent.join(format!("e{exec_id}"));
+        std::fs::create_dir_all(&dir).map_err(io("create", &dir))?;
+        if self.version == Version::V2 {
+            chown(&dir.join("cgroup.procs"), owner)?;
+        }
+        Ok(ExecCgroup { dir })
+    }
+
+    /// Bytes of memory charged to the container now.
+    pub fn memory_bytes(&self) -> Option<u64> {
+        let file = match self.version {
+            Version::V1 => self.dir("memory")?.join("memory.usage_in_bytes"),
+            Version::V2 => self.dir("unified")?.join("memory.current"),
+        };
+        std::fs::read_to_string(file).ok()?.trim().parse().ok()
+    }
+
+    /// How many processes the kernel's OOM killer has killed in this container.
+    pub fn oom_kills(&self) -> u64 {
+        let file = match self.version {
+            Version::V1 => self.dir("memory").map(|d| d.join("memory.oom_control")),
+            Version::V2 => self.dir("unified").map(|d| d.join("memory.events")),
+        };
+        let Some(text) = file.and_then(|f| std::fs::read_to_string(f).ok()) else { return 0 };
+        text.lines()
+            .find_map(|l| l.strip_prefix("oom_kill ").and_then(|n| n.trim().parse().ok()))
+            .unwrap_or(0)
+    }
+
+    /// Kills every process of the container (all exec cgroups included).
+    pub fn kill_all(&self) {
+        for (_, dir) in &self.dirs {
+            kill_tree(dir);
+        }
+    }
+
+    /// Removes the container's cgroups; processes must be gone (retries briefly while the
+    /// kernel finishes tearing them down).
+    pub fn remove(&self) -> Result<(), CgroupError> {
+        for (_, dir) in &self.dirs {
+            remove_tree(dir)?;
+        }
+        Ok(())
+    }
+}
+
+/// The cgroup of one exec.
+#[derive(Debug, Clone)]
+pub struct ExecCgroup {
+    dir: PathBuf,
+}
+
+impl ExecCgroup {
+    /// Opens `cgroup.procs` for writing, to hand to the process that joins.
+    pub fn open_procs(&self) -> Result<std::fs::File, CgroupError> {
+        let path = self.dir.join("cgroup.procs");
+        std::fs::OpenOptions::new().write(true).open(&path).map_err(io("open", &path))
+    }
+
+    /// Host pids of the processes in this exec's tree.
+    pub fn pids(&self) -> Vec<i32> {
+        read_pids(&self.dir)
+    }
+
+    /// SIGKILLs every process in the tree until none is left.
+    pub fn kill(&self) {
+        kill_tree(&self.dir);
+    }
+
+    /// Removes the cgroup if it is empty; `false` if processes (background jobs) remain.
+    pub fn remove_if_empty(&self) -> bool {
+        std::fs::remove_dir(&self.dir).is_ok()
+    }
+}
+
+fn read_pids(dir: &Path) -> Vec<i32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Kills every process in `dir` and its descendants, repeating while a fork bomb races us
+/// (bounded by pids.max, since killed processes cannot fork).
+fn kill_tree(dir: &Path) {
+    if dir.join("cgroup.kill").exists() && std::fs::write(dir.join("cgroup.kill"), "1").is_ok() {
+        return;
+    }
+    for _ in 0..200 {
+        let mut found = false;
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for pid in read_pids(&d) {
+                found = true;
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+            if let Ok(entries) = std::fs::read_dir(&d) {
+                stack.extend(entries.flatten().filter(|e| e.path().is_dir()).map(|e| e.path()));
+            }
+        }
+        if !found {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn remove_tree(dir: &Path) -> Result<(), CgroupError> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.path().is_dir() {
+                remove_tree(&e.path())?;
+            }
+        }
+    }
+    let mut last = None;
+    for _ in 0..100 {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => {
+                last = Some(e);
+                kill_tree(dir);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+    Err(CgroupError::Io {
+        what: "remove",
+        path: dir.to_owned(),
+        source: last.unwrap_or_else(|| std::io::Error::other("busy")),
+    })
+}

@@ -1,0 +1,23 @@
+//! Brig's container runtime, as a library the node uses on the host kernel (and a
+//! container-host VM's agent can use inside a guest).
+//!
+//! ```text
+//! Runtime::create(spec)
+//!   rootfs   EROFS layer images mounted once per node (read-only, shared) → overlayfs with a
+//!            per-sandbox writable upper (size-capped tmpfs) → <run>/c/<id>/rootfs
+//!   cgroup   memory, pids, cpu limits (v1 hierarchies or the v2 unified tree)
+//!   shim     brig-shim: user namespace (container root = host uid 100000), then mount, uts,
+//!            ipc, net, cgroup and pid namespaces; pid 1 pivots into the rootfs
+//! Container::exec(request)  the node asks the shim to start a process: the request never
+//!            passes through anything inside the sandbox that a guest could forge or replace
+//! ```
+#![deny(unsafe_code)]
+
+pub mod cgroup;
+pub mod control;
+pub mod image;
+pub mod rootfs;
+pub mod shim;
+pub mod shim_proto;
+pub mod runtime;
+pub mod shim_conn;

@@ -1,0 +1,203 @@
+//! A container's root filesystem: read-only EROFS layers, mounted once per node and shared by
+//! every container that uses them, under an overlayfs with a per-container writable upper.
+//!
+//! ```text
+//! <run>/layers/<key>/              EROFS image mounted read-only (file-backed: no loop device)
+//! <run>/c/<id>/upper/              tmpfs, size = the disk quota: upper/ and work/ for overlay
+//! <run>/c/<id>/rootfs/             overlay: lowerdir = toolkit:workspace:base (top first)
+//! ```
+//! The upper is a size-capped tmpfs, so filling the disk gives the container ENOSPC and never
+//! touches the host's disk; its pages are charged to the container's memory cgroup. After the
+//! container's init has pivoted into the rootfs, the host-side mounts are detached: the
+//! container's mount namespace keeps them alive, and the host mount table stays small however
+//! many containers run (every new mount namespace copies the whole table).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RootfsError {
+    #[error("layer image {0} does not exist")]
+    MissingLayer(PathBuf),
+    #[error("cannot mount layer image {image} (is it an EROFS image?)")]
+    LayerMount {
+        image: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("cannot {what} at {path}")]
+    Mount {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("cannot {what} {path}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> RootfsError + 'a {
+    move |source| RootfsError::Io { what, path: path.to_owned(), source }
+}
+
+fn mnt<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(nix::Error) -> RootfsError + 'a {
+    move |source| RootfsError::Mount { what, path: path.to_owned(), source }
+}
+
+/// Read-only layer mounts shared by all containers of a node.
+#[derive(Debug)]
+pub struct LayerMounts {
+    dir: PathBuf,
+    mounted: Mutex<HashMap<PathBuf, PathBuf>>,
+}
+
+impl LayerMounts {
+    pub fn new(dir: &Path) -> Result<LayerMounts, RootfsError> {
+        std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+        Ok(LayerMounts { dir: dir.to_owned(), mounted: Mutex::new(HashMap::new()) })
+    }
+
+    /// Mounts `image` (once) and returns its mount point.
+    pub fn mount(&self, image: &Path) -> Result<PathBuf, RootfsError> {
+        let image = image.canonicalize().map_err(|_| RootfsError::MissingLayer(image.to_owned()))?;
+        let mut mounted = self.mounted.lock();
+        if let Some(point) = mounted.get(&image) {
+            return Ok(point.clone());
+        }
+        let meta = std::fs::metadata(&image).map_err(io("stat", &image))?;
+        let key = layer_key(&image, &meta);
+        let point = self.dir.join(key);
+        std::fs::create_dir_all(&point).map_err(io("create", &point))?;
+        if !is_mount_point(&point) {
+            mount(
+                Some(&image),
+                &point,
+                Some("erofs"),
+                MsFlags::MS_RDONLY | MsFlags::MS_NODEV,
+                None::<&str>,
+            )
+            .map_err(|source| RootfsError::LayerMount { image: image.clone(), source })?;
+            // Keep layer mounts out of every container's copy of the mount table.
+            mount(None::<&str>, &point, None::<&str>, MsFlags::MS_PRIVATE, None::<&str>)
+                .map_err(mnt("make layer mount private", &point))?;
+        }
+        mounted.insert(image, point.clone());
+        Ok(point)
+    }
+}
+
+/// Names a layer mount by image path, size and modification time, so a rebuilt image gets a
+/// fresh mount instead of a stale one.
+fn layer_key(image: &Path, meta: &std::fs::Metadata) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let mut h = Sha256::new();
+    h.update(image.as_os_str().as_encoded_bytes());
+    h.update(meta.len().to_le_bytes());
+    h.update(meta.mtime().to_le_bytes());
+    h.update(meta.mtime_nsec().to_le_bytes());
+    hex::encode(&h.finalize()[..12])
+}
+
+fn is_mount_point(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(path), path.parent().map(std::fs::metadata)) {
+        (Ok(me), Some(Ok(parent))) => me.dev() != parent.dev(),
+        _ => false,
+    }
+}
+
+/// One container's assembled root filesystem on the host.
+#[derive(Debug)]
+pub struct Rootfs {
+    dir: PathBuf,
+}
+
+impl Rootfs {
+    /// Builds `<dir>/rootfs` from `layers` (mount points, bottom first) and a fresh upper of
+    /// `disk_bytes`, owned by `owner` (host uid of container root).
+    pub fn assemble(dir: &Path, layers: &[PathBuf], disk_bytes: u64, owner: u32, hostname: &str) -> Result<Rootfs, RootfsError> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().recursive(true).mode(0o711).create(dir).map_err(io("create", dir))?;
+        let rootfs = Rootfs { dir: dir.to_owned() };
+        let upper_mnt = dir.join("upper");
+        let merged = rootfs.path();
+        for d in [&upper_mnt, &merged] {
+            std::fs::create_dir_all(d).map_err(io("create", d))?;
+        }
+        let size = disk_bytes.max(1 << 20);
+        mount(
+            Some("brig-upper"),
+            &upper_mnt,
+            Some("tmpfs"),
+            MsFlags::MS_NODEV,
+            Some(format!("size={size},mode=0755,uid={owner},gid={owner}").as_str()),
+        )
+        .map_err(mnt("mount tmpfs upper", &upper_mnt))?;
+        let (upper, work) = (upper_mnt.join("upper"), upper_mnt.join("work"));
+        for d in [&upper, &work] {
+            std::fs::create_dir(d).map_err(io("create", d))?;
+            std::os::unix::fs::chown(d, Some(owner), Some(owner)).map_err(io("chown", d))?;
+        }
+        let lower: Vec<String> = layers.iter().rev().map(|p| p.display().to_string()).collect();
+        let options = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.join(":"),
+            upper.display(),
+            work.display()
+        );
+        mount(Some("overlay"), &merged, Some("overlay"), MsFlags::empty(), Some(options.as_str()))
+            .map_err(mnt("mount overlay", &merged))?;
+        mount(None::<&str>, &merged, None::<&str>, MsFlags::MS_PRIVATE, None::<&str>)
+            .map_err(mnt("make rootfs private", &merged))?;
+        rootfs.write_identity(hostname, owner)?;
+        Ok(rootfs)
+    }
+
+    /// The merged root (host path, valid until [`Rootfs::detach`]).
+    pub fn path(&self) -> PathBuf {
+        self.dir.join("rootfs")
+    }
+
+    /// /etc/hostname and /etc/hosts for the container's name.
+    fn write_identity(&self, hostname: &str, owner: u32) -> Result<(), RootfsError> {
+        let etc = self.path().join("etc");
+        if !etc.is_dir() {
+            return Ok(());
+        }
+        let hosts = format!("127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+        for (name, content) in [("hostname", format!("{hostname}\n")), ("hosts", hosts)] {
+            let path = etc.join(name);
+            // A symlink here would point into the host's view: never follow it.
+            let _ = std::fs::remove_file(&path);
+            std::fs::write(&path, content).map_err(io("write", &path))?;
+            std::os::unix::fs::lchown(&path, Some(owner), Some(owner)).map_err(io("chown", &path))?;
+        }
+        Ok(())
+    }
+
+    /// Detaches the host-side mounts once the container's namespace holds them.
+    pub fn detach(&self) {
+        for d in [self.path(), self.dir.join("upper")] {
+            let _ = umount2(&d, MntFlags::MNT_DETACH);
+        }
+    }
+
+    /// Detaches what is still mounted and removes the directory.
+    pub fn remove(&self) -> Result<(), RootfsError> {
+        self.detach();
+        match std::fs::remove_dir_all(&self.dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(RootfsError::Io { what: "remove", path: self.dir.clone(), source: e }),
+        }
+    }
+}

@@ -1,0 +1,406 @@
+//! Creating and destroying containers, and starting processes in them from outside.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use command_fds::{CommandFdExt, FdMapping};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::oneshot;
+
+use crate::cgroup::{CgroupError, CgroupLimits, CgroupManager, ContainerCgroup, ExecCgroup};
+use crate::rootfs::{LayerMounts, Rootfs, RootfsError};
+use crate::shim_conn::{ShimConn, ShimConnError};
+use crate::shim_proto::{ExitInfo, FromShim, ShimConfig, SpawnSpec, CONTROL_FD};
+
+/// Host uid/gid container root maps to by default; 65536 ids are mapped from it.
+pub const DEFAULT_ID_BASE: u32 = 100_000;
+/// How many ids each container maps.
+pub const ID_COUNT: u32 = 65_536;
+/// How long a container may take to come up.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Paths under /proc and /sys that containers see empty. `/proc/kpagecgroup` and the other
+/// `kpage*` files (DSec crashed a kernel through the first) are not here on purpose: they are
+/// mode 0400 and owned by host root, which is unmapped in the container's user namespace, so
+/// even container root gets EACCES — a mask would turn that into a successful empty read.
+pub const MASKED_PATHS: [&str; 11] = [
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/sched_debug",
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/scsi",
+    "/proc/sysrq-trigger",
+    "/sys/firmware",
+    "/sys/kernel/debug",
+];
+
+/// Paths made read-only inside containers.
+pub const READONLY_PATHS: [&str; 4] = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Rootfs(#[from] RootfsError),
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    #[error(transparent)]
+    Shim(#[from] ShimConnError),
+    #[error("container shim {path} cannot start")]
+    ShimStart {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("container setup failed: {0}")]
+    Setup(String),
+    #[error("container did not start within {0:?}")]
+    StartTimeout(Duration),
+    #[error("I/O on {what}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RuntimeError {
+    let what = what.into();
+    move |source| RuntimeError::Io { what, source }
+}
+
+/// Where the runtime keeps things and how it maps ids.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Scratch directory for layer mounts and per-container mounts.
+    pub run_dir: PathBuf,
+    /// The `brig-shim` binary.
+    pub shim_path: PathBuf,
+    /// Host uid and gid of container root.
+    pub id_base: u32,
+    /// cgroup filesystem root (normally /sys/fs/cgroup).
+    pub cgroup_root: PathBuf,
+    /// Parent cgroup of all containers of this runtime.
+    pub cgroup_parent: String,
+}
+
+/// What to create.
+#[derive(Debug, Clone)]
+pub struct ContainerSpec {
+    /// Unique name on this node (used in paths and cgroup names).
+    pub name: String,
+    pub hostname: String,
+    /// EROFS layer images, bottom (base) first.
+    pub layers: Vec<PathBuf>,
+    pub limits: CgroupLimits,
+    /// Writable-layer quota.
+    pub disk_bytes: u64,
+}
+
+/// The container runtime of one node.
+pub struct Runtime {
+    config: RuntimeConfig,
+    cgroups: CgroupManager,
+    layers: LayerMounts,
+}
+
+impl Runtime {
+    pub fn new(config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
+        let cgroups = CgroupManager::detect(&config.cgroup_root, &config.cgroup_parent)?;
+        let layers = LayerMounts::new(&config.run_dir.join("layers"))?;
+        // Container root (an unprivileged host uid) must traverse these to reach its rootfs
+        // before it pivots; 0711 lets it pass without listing.
+        use std::os::unix::fs::PermissionsExt;
+        for dir in [config.run_dir.clone(), config.run_dir.join("c")] {
+            std::fs::create_dir_all(&dir).map_err(io_err("run directory"))?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
+                .map_err(io_err("run directory"))?;
+        }
+        if !config.shim_path.exists() {
+            return Err(RuntimeError::ShimStart {
+                path: config.shim_path.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+            });
+        }
+        Ok(Runtime { config, cgroups, layers })
+    }
+
+    pub fn cgroup_version(&self) -> crate::cgroup::Version {
+        self.cgroups.version()
+    }
+
+    /// Creates and starts a container. On failure everything made so far is removed.
+    pub async fn create(&self, spec: &ContainerSpec) -> Result<Container, RuntimeError> {
+        let mut layer_points = Vec::with_capacity(spec.layers.len());
+        for image in &spec.layers {
+            layer_points.push(self.layers.mount(image)?);
+        }
+        let dir = self.config.run_dir.join("c").join(&spec.name);
+        let rootfs = Rootfs::assemble(&dir, &layer_points, spec.disk_bytes, self.config.id_base, &spec.hostname)?;
+        let cgroup = match self.cgroups.create(&spec.name, &spec.limits, self.config.id_base) {
+            Ok(cg) => cg,
+            Err(e) => {
+                let _ = rootfs.remove();
+                return Err(e.into());
+            }
+        };
+        match tokio::time::timeout(START_TIMEOUT, self.start(spec, &rootfs, &cgroup)).await {
+            Ok(Ok((shim, shim_child, init_pid, root))) => {
+                rootfs.detach();
+                let dispatcher = tokio::spawn(shim.clone().dispatch());
+                Ok(Container {
+                    name: spec.name.clone(),
+                    id_base: self.config.id_base,
+                    rootfs,
+                    cgroup,
+                    shim,
+                    shim_child,
+                    dispatcher,
+                    init_pid,
+                    root,
+                    next_exec: AtomicU64::new(1),
+                })
+            }
+            failed => {
+                cgroup.kill_all();
+                let _ = cgroup.remove();
+                let _ = rootfs.remove();
+                match failed {
+                    Ok(Err(e)) => Err(e),
+                    _ => Err(RuntimeError::StartTimeout(START_TIMEOUT)),
+                }
+            }
+        }
+    }
+
+    /// Starts the shim and waits for the container's init.
+    async fn start(
+        &self,
+        spec: &ContainerSpec,
+        rootfs: &Rootfs,
+        cgroup: &ContainerCgroup,
+    ) -> Result<(Arc<ShimConn>, tokio::process::Child, i32, OwnedFd), RuntimeError> {
+        use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+        let (ours, theirs) =
+            socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
+                .map_err(|e| io_err("control socketpair")(e.into()))?;
+        let mut command = tokio::process::Command::new(&self.config.shim_path);
+        command
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        command
+            .fd_mappings(vec![FdMapping { parent_fd: theirs, child_fd: CONTROL_FD }])
+            .map_err(|_| RuntimeError::Setup("descriptor mapping collision".into()))?;
+        let mut child = command
+            .spawn()
+            .map_err(|source| RuntimeError::ShimStart { path: self.config.shim_path.clone(), source })?;
+        // The command owns our copy of the shim's socket end: drop it, or we never see EOF.
+        drop(command);
+        let pid = child.id().ok_or_else(|| RuntimeError::Setup("shim exited at once".into()))?;
+        let (Some(mut stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(RuntimeError::Setup("shim stdio missing".into()));
+        };
+        let errors = tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            let mut collected = String::new();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if collected.len() < 4096 {
+                    collected.push_str(&line);
+                    collected.push('\n');
+                }
+            }
+            collected
+        });
+        let config = ShimConfig {
+            rootfs: rootfs.path(),
+            hostname: spec.hostname.clone(),
+            join_cgroups: cgroup.join_files(),
+            id_base: self.config.id_base,
+            masked_paths: MASKED_PATHS.iter().map(|s| s.to_string()).collect(),
+            readonly_paths: READONLY_PATHS.iter().map(|s| s.to_string()).collect(),
+        };
+        let mut line = serde_json::to_vec(&config).map_err(|e| RuntimeError::Setup(e.to_string()))?;
+        line.push(b'\n');
+        let shim_failed = |errors: tokio::task::JoinHandle<String>| async move {
+            let text = errors.await.unwrap_or_default();
+            RuntimeError::Setup(format!("shim failed: {}", text.trim()))
+        };
+        stdin.write_all(&line).await.map_err(io_err("shim stdin"))?;
+        let mut stdout = BufReader::new(stdout);
+        let mut reply = String::new();
+        stdout.read_line(&mut reply).await.map_err(io_err("shim stdout"))?;
+        if reply.trim() != "userns" {
+            return Err(shim_failed(errors).await);
+        }
+        let map = format!("0 {} {ID_COUNT}\n", self.config.id_base);
+        for file in ["uid_map", "gid_map"] {
+            let path = format!("/proc/{pid}/{file}");
+            std::fs::write(&path, &map).map_err(io_err(path))?;
+        }
+        stdin.write_all(b"go\n").await.map_err(io_err("shim stdin"))?;
+        let shim = ShimConn::new(ours)?;
+        let init_pid = match shim.recv().await {
+            Ok(FromShim::Ready { init_pid }) => init_pid,
+            Ok(other) => return Err(RuntimeError::Setup(format!("unexpected shim message {other:?}"))),
+            Err(_) => return Err(shim_failed(errors).await),
+        };
+        tokio::spawn(async move {
+            let text = errors.await.unwrap_or_default();
+            if !text.is_empty() {
+                tracing::warn!(stderr = %text.trim(), "container shim wrote to stderr");
+            }
+        });
+        let root = open_root(init_pid)?;
+        Ok((shim, child, init_pid, root))
+    }
+}
+
+/// Opens the container's root directory (as init sees it) for confined file access.
+fn open_root(init_pid: i32) -> Result<OwnedFd, RuntimeError> {
+    use rustix::fs::{open, Mode, OFlags};
+    let path = format!("/proc/{init_pid}/root");
+    open(path.as_str(), OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| io_err(path)(e.into()))
+}
+
+/// A running container.
+pub struct Container {
+    name: String,
+    id_base: u32,
+    rootfs: Rootfs,
+    cgroup: ContainerCgroup,
+    shim: Arc<ShimConn>,
+    shim_child: tokio::process::Child,
+    dispatcher: tokio::task::JoinHandle<()>,
+    init_pid: i32,
+    root: OwnedFd,
+    next_exec: AtomicU64,
+}
+
+/// A process started in a container.
+pub struct Process {
+    pub exec_id: u64,
+    /// Host pid.
+    pub pid: i32,
+    exit: oneshot::Receiver<ExitInfo>,
+    cgroup: ExecCgroup,
+}
+
+impl Process {
+    /// Waits for the process itself to exit (its children may live on).
+    pub async fn wait(&mut self) -> Option<ExitInfo> {
+        (&mut self.exit).await.ok()
+    }
+
+    /// Kills the process and everything it started.
+    pub fn kill_tree(&self) {
+        self.cgroup.kill();
+    }
+
+    /// Host pids in this process's tree.
+    pub fn tree_pids(&self) -> Vec<i32> {
+        self.cgroup.pids()
+    }
+
+    /// Removes its cgroup if nothing is left in it.
+    pub fn cleanup(&self) -> bool {
+        self.cgroup.remove_if_empty()
+    }
+}
+
+/// A spawn request, without descriptors.
+#[derive(Debug, Clone, Default)]
+pub struct SpawnRequest {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+    pub user: Option<String>,
+}
+
+impl Container {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Host pid of the container's init.
+    pub fn init_pid(&self) -> i32 {
+        self.init_pid
+    }
+
+    /// The container's root directory, for confined file access.
+    pub fn root(&self) -> BorrowedFd<'_> {
+        self.root.as_fd()
+    }
+
+    /// Host uid that container root maps to.
+    pub fn id_base(&self) -> u32 {
+        self.id_base
+    }
+
+    pub fn cgroup(&self) -> &ContainerCgroup {
+        &self.cgroup
+    }
+
+    /// Whether the container's init is still alive.
+    pub fn is_alive(&self) -> bool {
+        self.shim.init_died().is_none() && !self.dispatcher.is_finished()
+    }
+
+    /// Starts a process with `stdio` (stdin, stdout, stderr) and `extra` descriptors (which
+    /// become fds 3, 4, … in the process).
+    pub async fn spawn(
+        &self,
+        request: SpawnRequest,
+        stdio: [BorrowedFd<'_>; 3],
+        extra: &[BorrowedFd<'_>],
+    ) -> Result<Process, RuntimeError> {
+        let exec_id = self.next_exec.fetch_add(1, Ordering::Relaxed);
+        let cgroup = self.cgroup.create_exec(exec_id, self.id_base)?;
+        let procs = cgroup.open_procs()?;
+        let spec = SpawnSpec {
+            exec_id,
+            argv: request.argv,
+            env: request.env,
+            cwd: if request.cwd.is_empty() { "/".into() } else { request.cwd },
+            user: request.user,
+            extra_fds: u8::try_from(extra.len()).map_err(|_| RuntimeError::Setup("too many fds".into()))?,
+            cgroup_fds: 1,
+        };
+        let mut fds: Vec<BorrowedFd<'_>> = stdio.to_vec();
+        fds.extend_from_slice(extra);
+        fds.push(procs.as_fd());
+        let (pid, exit) = self.shim.spawn(spec, &fds).await?;
+        Ok(Process { exec_id, pid, exit, cgroup })
+    }
+
+    /// Kills everything and removes the container's mounts, cgroups and directories.
+    pub async fn destroy(mut self) -> Result<(), RuntimeError> {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.init_pid), nix::sys::signal::Signal::SIGKILL);
+        self.cgroup.kill_all();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.shim_child.wait()).await;
+        let _ = self.shim_child.start_kill();
+        self.dispatcher.abort();
+        let cgroup = self.cgroup.clone();
+        tokio::task::spawn_blocking(move || cgroup.remove())
+            .await
+            .map_err(|e| RuntimeError::Setup(format!("cleanup task: {e}")))??;
+        self.rootfs.remove()?;
+        Ok(())
+    }
+}
+
+/// Finds `brig-shim` next to the running executable.
+pub fn default_shim_path() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join("brig-shim")))
+        .unwrap_or_else(|| Path::new("/usr/local/bin/brig-shim").to_owned())
+}

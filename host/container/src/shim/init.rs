@@ -1,0 +1,187 @@
+//! The container's pid 1: builds the mount tree inside the new namespaces, pivots into the
+//! rootfs, then only reaps orphans until the container is destroyed.
+//!
+//! ```text
+//! <rootfs>/proc        new procfs (this pid namespace), sensitive files masked
+//! <rootfs>/sys         sysfs, read-only
+//! <rootfs>/dev         tmpfs: null zero full random urandom tty (bound from the host), pts, shm
+//! ```
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use super::security::{confine, SeccompPrograms};
+use super::ShimError;
+use crate::shim_proto::ShimConfig;
+
+const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+
+fn sys(what: &'static str) -> impl FnOnce(nix::Error) -> ShimError {
+    move |e| ShimError::Sys(what, e)
+}
+
+fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> ShimError {
+    move |e| ShimError::Io(what, e)
+}
+
+fn inside(root: &Path, path: &str) -> PathBuf {
+    root.join(path.trim_start_matches('/'))
+}
+
+/// Runs as pid 1. Reports readiness by writing one byte to `ready`; never returns.
+pub fn run(config: &ShimConfig, programs: &SeccompPrograms, ready: OwnedFd) -> ! {
+    match build(config) {
+        Ok(()) => {}
+        Err(e) => {
+            let _ = nix::unistd::write(&ready, format!("E{}", super::describe(&e)).as_bytes());
+            std::process::exit(1);
+        }
+    }
+    // pid 1 is visible to the container, so it gives up exactly what every container process
+    // gives up: anything that ptraces it gains nothing.
+    if let Err(e) = confine(programs) {
+        let _ = nix::unistd::write(&ready, format!("E{}", super::describe(&e)).as_bytes());
+        std::process::exit(1);
+    }
+    let _ = nix::unistd::write(&ready, b"R");
+    drop(ready);
+    reap_forever()
+}
+
+fn build(config: &ShimConfig) -> Result<(), ShimError> {
+    let root = config.rootfs.as_path();
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .map_err(sys("make / private"))?;
+    // The rootfs mount came from the host's namespace, so it is locked here and pivot_root
+    // refuses it; a bind mount made in this namespace is not.
+    mount(Some(root), root, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+        .map_err(sys("bind rootfs"))?;
+    let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mkdir_all(&inside(root, "proc"))?;
+    mount(Some("proc"), &inside(root, "proc"), Some("proc"), nosuid, None::<&str>)
+        .map_err(sys("mount proc"))?;
+    mkdir_all(&inside(root, "sys"))?;
+    mount(Some("sysfs"), &inside(root, "sys"), Some("sysfs"), nosuid | MsFlags::MS_RDONLY, None::<&str>)
+        .map_err(sys("mount sysfs"))?;
+    build_dev(root)?;
+    for path in &config.masked_paths {
+        mask(root, path)?;
+    }
+    for path in &config.readonly_paths {
+        make_readonly(root, path)?;
+    }
+    nix::unistd::chdir(root).map_err(sys("chdir rootfs"))?;
+    // pivot_root(".", "."): stack the old root under the new one, then detach it.
+    nix::unistd::pivot_root(".", ".").map_err(sys("pivot_root"))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(sys("detach old root"))?;
+    nix::unistd::chdir("/").map_err(sys("chdir /"))?;
+    nix::unistd::sethostname(&config.hostname).map_err(sys("sethostname"))?;
+    super::sys::loopback_up()?;
+    Ok(())
+}
+
+fn mkdir_all(path: &Path) -> Result<(), ShimError> {
+    std::fs::create_dir_all(path).map_err(io("mkdir"))
+}
+
+fn build_dev(root: &Path) -> Result<(), ShimError> {
+    let dev = inside(root, "dev");
+    mkdir_all(&dev)?;
+    mount(
+        Some("tmpfs"),
+        &dev,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_STRICTATIME,
+        Some("mode=755,size=65536k"),
+    )
+    .map_err(sys("mount /dev"))?;
+    for name in DEVICES {
+        let target = dev.join(name);
+        std::fs::File::create(&target).map_err(io("create device node placeholder"))?;
+        mount(Some(&Path::new("/dev").join(name)), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .map_err(sys("bind device"))?;
+    }
+    let pts = dev.join("pts");
+    mkdir_all(&pts)?;
+    mount(
+        Some("devpts"),
+        &pts,
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620"),
+    )
+    .map_err(sys("mount devpts"))?;
+    let shm = dev.join("shm");
+    mkdir_all(&shm)?;
+    mount(
+        Some("shm"),
+        &shm,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=1777,size=65536k"),
+    )
+    .map_err(sys("mount /dev/shm"))?;
+    for (link, target) in [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        std::os::unix::fs::symlink(target, dev.join(link)).map_err(io("symlink in /dev"))?;
+    }
+    Ok(())
+}
+
+fn mask(root: &Path, path: &str) -> Result<(), ShimError> {
+    let target = inside(root, path);
+    let Ok(meta) = std::fs::metadata(&target) else { return Ok(()) };
+    if meta.is_dir() {
+        mount(Some("tmpfs"), &target, Some("tmpfs"), MsFlags::MS_RDONLY, Some("size=0"))
+            .map_err(sys("mask directory"))
+    } else {
+        mount(Some(&inside(root, "dev/null")), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .map_err(sys("mask file"))
+    }
+}
+
+fn make_readonly(root: &Path, path: &str) -> Result<(), ShimError> {
+    let target = inside(root, path);
+    if !target.exists() {
+        return Ok(());
+    }
+    mount(Some(&target), &target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+        .map_err(sys("bind read-only path"))?;
+    mount(
+        None::<&str>,
+        &target,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID,
+        None::<&str>,
+    )
+    .map_err(sys("remount read-only"))
+}
+
+/// Reaps every child that reaches us, forever. SIGCHLD stays blocked and is taken with sigwait,
+/// so no handler runs in pid 1.
+fn reap_forever() -> ! {
+    let mut chld = SigSet::empty();
+    chld.add(Signal::SIGCHLD);
+    let _ = chld.thread_block();
+    loop {
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) => break,
+                Ok(_) => continue,
+                Err(nix::Error::EINTR) => continue,
+                Err(_) => break,
+            }
+        }
+        let _ = chld.wait();
+    }
+}

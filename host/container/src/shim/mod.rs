@@ -1,0 +1,194 @@
+//! `brig-shim`: one small process per container, started by the node, that creates the
+//! container's namespaces and starts processes in them on the node's request.
+//!
+//! ```text
+//! host pid ns ─ node ── brig-shim ─┬─ pid 1 (init: mounts, pivot_root, reaps orphans)
+//!                                  ├─ exec (setsid, cgroup, user, caps, seccomp, execve)
+//!                                  └─ exec …          └──── container pid ns ────┘
+//! ```
+//! The shim itself stays in the host pid namespace, so nothing inside the container can see,
+//! signal or trace it; it talks only to the node over an inherited socket. It is
+//! single-threaded (so `fork` is sound), blocks SIGCHLD and reads it from a signalfd.
+
+mod child;
+mod init;
+pub mod security;
+mod sys;
+mod users;
+
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::os::fd::{AsFd, OwnedFd};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{Gid, Pid, Uid};
+
+use crate::control;
+use crate::shim_proto::{ExitInfo, FromShim, ShimConfig, ToShim, MAX_MESSAGE_BYTES};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShimError {
+    #[error("{0}")]
+    Sys(&'static str, #[source] nix::Error),
+    #[error("{0}")]
+    Io(&'static str, #[source] std::io::Error),
+    #[error("seccomp filter: {0}")]
+    Seccomp(String),
+    #[error("capabilities: {0}")]
+    Caps(String),
+    #[error("protocol: {0}")]
+    Protocol(String),
+}
+
+/// An error with its sources, on one line.
+pub fn describe(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(s) = next {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        next = s.source();
+    }
+    out
+}
+
+/// The shim's whole life. Returns when the container is gone or the node hung up.
+pub fn run() -> Result<(), ShimError> {
+    let control = sys::control_socket()?;
+    let mut stdin = std::io::stdin().lock();
+    let mut line = String::new();
+    stdin.read_line(&mut line).map_err(|e| ShimError::Io("read config", e))?;
+    let config: ShimConfig =
+        serde_json::from_str(&line).map_err(|e| ShimError::Protocol(format!("bad config: {e}")))?;
+    let programs = security::seccomp_programs()?;
+
+    for procs in &config.join_cgroups {
+        std::fs::write(procs, b"0").map_err(|e| ShimError::Io("join cgroup", e))?;
+    }
+    unshare(CloneFlags::CLONE_NEWUSER).map_err(|e| ShimError::Sys("unshare user namespace", e))?;
+    // The node writes our uid/gid maps (it holds CAP_SETUID in the parent namespace), then says go.
+    {
+        let mut out = std::io::stdout().lock();
+        out.write_all(b"userns\n").and_then(|()| out.flush()).map_err(|e| ShimError::Io("handshake", e))?;
+    }
+    line.clear();
+    stdin.read_line(&mut line).map_err(|e| ShimError::Io("handshake", e))?;
+    if line.trim() != "go" {
+        return Err(ShimError::Protocol(format!("expected go, got {line:?}")));
+    }
+    nix::unistd::setgroups(&[]).map_err(|e| ShimError::Sys("setgroups", e))?;
+    nix::unistd::setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0))
+        .map_err(|e| ShimError::Sys("setresgid", e))?;
+    nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0))
+        .map_err(|e| ShimError::Sys("setresuid", e))?;
+    unshare(
+        CloneFlags::CLONE_NEWNS
+            | CloneFlags::CLONE_NEWUTS
+            | CloneFlags::CLONE_NEWIPC
+            | CloneFlags::CLONE_NEWNET
+            | CloneFlags::CLONE_NEWCGROUP
+            | CloneFlags::CLONE_NEWPID,
+    )
+    .map_err(|e| ShimError::Sys("unshare namespaces", e))?;
+
+    let mut chld = SigSet::empty();
+    chld.add(Signal::SIGCHLD);
+    chld.thread_block().map_err(|e| ShimError::Sys("block SIGCHLD", e))?;
+    let (ready_r, ready_w) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| ShimError::Sys("pipe", e))?;
+    let init_pid = match sys::fork()? {
+        sys::Forked::Child => {
+            drop(ready_r);
+            init::run(&config, &programs, ready_w)
+        }
+        sys::Forked::Parent(pid) => pid,
+    };
+    drop(ready_w);
+    let mut status = [0u8; 512];
+    let n = nix::unistd::read(&ready_r, &mut status).map_err(|e| ShimError::Sys("wait for init", e))?;
+    if n == 0 || status[0] != b'R' {
+        let why = String::from_utf8_lossy(&status[1..n.max(1)]).into_owned();
+        return Err(ShimError::Protocol(format!("init failed: {why}")));
+    }
+    send(&control, &FromShim::Ready { init_pid: init_pid.as_raw() })?;
+    serve(&control, init_pid, &programs)
+}
+
+fn send(control: &OwnedFd, msg: &FromShim) -> Result<(), ShimError> {
+    let bytes = postcard::to_allocvec(msg).map_err(|e| ShimError::Protocol(e.to_string()))?;
+    control::send(control.as_fd(), &bytes, &[]).map_err(|e| ShimError::Sys("send to node", e))
+}
+
+/// Serves spawn requests and reports exits until init dies or the node hangs up.
+fn serve(control: &OwnedFd, init: Pid, programs: &security::SeccompPrograms) -> Result<(), ShimError> {
+    let mut chld = SigSet::empty();
+    chld.add(Signal::SIGCHLD);
+    let sigfd = SignalFd::with_flags(&chld, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .map_err(|e| ShimError::Sys("signalfd", e))?;
+    let mut running: HashMap<Pid, u64> = HashMap::new();
+    let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
+    loop {
+        let mut fds = [
+            PollFd::new(control.as_fd(), PollFlags::POLLIN),
+            PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(nix::Error::EINTR) => {}
+            Err(e) => return Err(ShimError::Sys("poll", e)),
+        }
+        let control_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
+        let child_ready = fds[1].revents().is_some_and(|r| !r.is_empty());
+        if child_ready {
+            while let Ok(Some(_)) = sigfd.read_signal() {}
+            if reap(control, init, &mut running)? {
+                return Ok(());
+            }
+        }
+        if control_ready {
+            let Some((len, received)) =
+                control::recv(control.as_fd(), &mut buf).map_err(|e| ShimError::Sys("receive", e))?
+            else {
+                // The node hung up: take the container down with us rather than orphan it.
+                let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
+                return Ok(());
+            };
+            let msg: ToShim =
+                postcard::from_bytes(&buf[..len]).map_err(|e| ShimError::Protocol(e.to_string()))?;
+            match msg {
+                ToShim::Spawn(spec) => match sys::fork()? {
+                    sys::Forked::Child => child::run(&spec, received, programs),
+                    sys::Forked::Parent(pid) => {
+                        drop(received);
+                        running.insert(pid, spec.exec_id);
+                        send(control, &FromShim::Spawned { exec_id: spec.exec_id, pid: pid.as_raw() })?;
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// Reaps exited children; `true` when init died.
+fn reap(control: &OwnedFd, init: Pid, running: &mut HashMap<Pid, u64>) -> Result<bool, ShimError> {
+    loop {
+        let (pid, status) = match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(pid, code)) => (pid, ExitInfo::Code(code)),
+            Ok(WaitStatus::Signaled(pid, sig, _)) => (pid, ExitInfo::Signal(sig as i32)),
+            Ok(WaitStatus::StillAlive) | Err(nix::Error::ECHILD) => return Ok(false),
+            Ok(_) => continue,
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(ShimError::Sys("waitpid", e)),
+        };
+        if pid == init {
+            send(control, &FromShim::InitDied { status })?;
+            return Ok(true);
+        }
+        if let Some(exec_id) = running.remove(&pid) {
+            send(control, &FromShim::Exited { exec_id, status })?;
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! The shim's raw system calls that have no safe wrapper: fork, adopting the inherited control
+//! descriptor, and bringing the loopback interface up.
+#![allow(unsafe_code)]
+
+use std::os::fd::{FromRawFd, OwnedFd};
+
+use nix::unistd::{ForkResult, Pid};
+
+use super::ShimError;
+use crate::shim_proto::CONTROL_FD;
+
+/// Takes ownership of the control socket the node installed as fd 3.
+pub fn control_socket() -> Result<OwnedFd, ShimError> {
+    nix::fcntl::fcntl(
+        // SAFETY: only borrowed for this one fcntl; validity is what the call checks.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(CONTROL_FD) },
+        nix::fcntl::FcntlArg::F_GETFD,
+    )
+    .map_err(|e| ShimError::Sys("control socket (fd 3)", e))?;
+    // SAFETY: the node's runtime (runtime::spawn_shim) installs the control socket as fd 3
+    // before exec, and nothing else in this process takes ownership of fd 3.
+    Ok(unsafe { OwnedFd::from_raw_fd(CONTROL_FD) })
+}
+
+pub enum Forked {
+    Parent(Pid),
+    Child,
+}
+
+/// fork(2).
+pub fn fork() -> Result<Forked, ShimError> {
+    // SAFETY: the shim is single-threaded (it never starts threads: no async runtime, no thread
+    // spawns), so the child is a complete copy with no lock held by a vanished thread, and may
+    // run arbitrary code before exec.
+    match unsafe { nix::unistd::fork() } {
+        Ok(ForkResult::Parent { child }) => Ok(Forked::Parent(child)),
+        Ok(ForkResult::Child) => Ok(Forked::Child),
+        Err(e) => Err(ShimError::Sys("fork", e)),
+    }
+}
+
+/// Brings up `lo` in the current network namespace.
+pub fn loopback_up() -> Result<(), ShimError> {
+    let sock = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| ShimError::Sys("socket for lo", e))?;
+    // SAFETY: an all-zero ifreq is a valid value of this plain C struct.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    use std::os::fd::AsRawFd;
+    // SAFETY: SIOCGIFFLAGS reads into `req`, a properly sized ifreq that outlives the call;
+    // `sock` is an open socket.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(ShimError::Sys("SIOCGIFFLAGS lo", nix::Error::last()));
+    }
+    // SAFETY: the union member ifru_flags is the one SIOCGIFFLAGS just filled.
+    unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
+    // SAFETY: as above; SIOCSIFFLAGS only reads `req`.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(ShimError::Sys("SIOCSIFFLAGS lo", nix::Error::last()));
+    }
+    Ok(())
+}
+
+/// Installs `fds[i]` as descriptor `i` (inheritable) and closes every descriptor from
+/// `fds.len()` up, including the sources. For the child just before exec: the caller has
+/// released ownership of every descriptor it holds (they are raw numbers from here).
+pub fn install_fds(fds: &[std::os::fd::RawFd]) -> Result<(), nix::Error> {
+    // First park every source above the target range, so no dup2 overwrites a later source.
+    let mut parked = Vec::with_capacity(fds.len());
+    for fd in fds {
+        // SAFETY: F_DUPFD_CLOEXEC only creates a new descriptor from an open one.
+        let raw = unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 64) };
+        if raw < 0 {
+            return Err(nix::Error::last());
+        }
+        parked.push(raw);
+    }
+    for (target, raw) in parked.iter().enumerate() {
+        // SAFETY: `raw` is a descriptor we just created; `target` (0..fds.len()) is replaced
+        // deliberately: this process is about to exec and owns its descriptor table.
+        if unsafe { libc::dup2(*raw, target as libc::c_int) } < 0 {
+            return Err(nix::Error::last());
+        }
+    }
+    // SAFETY: closing the parked copies and every higher descriptor; nothing in this process
+    // uses them after this point (it execs next).
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, fds.len() as libc::c_uint, libc::c_uint::MAX, 0) };
+    if rc < 0 {
+        return Err(nix::Error::last());
+    }
+    Ok(())
+}
+
+/// Resets `sig` to its default disposition.
+pub fn default_signal(sig: nix::sys::signal::Signal) {
+    // SAFETY: installing SIG_DFL runs no handler code, so no signal-safety invariant applies.
+    let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
+}

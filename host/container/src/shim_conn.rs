@@ -1,0 +1,147 @@
+//! The node's end of a shim's control socket: send spawn requests, and route `Spawned` and
+//! `Exited` reports to whoever waits for them.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::oneshot;
+
+use crate::control;
+use crate::shim_proto::{ExitInfo, FromShim, SpawnSpec, ToShim, MAX_MESSAGE_BYTES};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShimConnError {
+    #[error("control socket")]
+    Socket(#[source] std::io::Error),
+    #[error("shim sent an undecodable message")]
+    Decode(#[source] postcard::Error),
+    #[error("cannot encode request")]
+    Encode(#[source] postcard::Error),
+    #[error("the container's shim is gone")]
+    Gone,
+    #[error("spawn failed: {0}")]
+    SpawnFailed(String),
+}
+
+struct Waiter {
+    spawned: Option<oneshot::Sender<Result<i32, String>>>,
+    exited: Option<oneshot::Sender<ExitInfo>>,
+}
+
+/// Connection to one shim. Reports are dispatched by a background task.
+pub struct ShimConn {
+    fd: AsyncFd<OwnedFd>,
+    waiters: Mutex<HashMap<u64, Waiter>>,
+    init_died: Mutex<Option<ExitInfo>>,
+}
+
+fn nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = fcntl(fd, FcntlArg::F_GETFL).map_err(std::io::Error::from)?;
+    fcntl(fd, FcntlArg::F_SETFL(OFlag::from_bits_retain(flags) | OFlag::O_NONBLOCK))
+        .map_err(std::io::Error::from)?;
+    Ok(())
+}
+
+impl ShimConn {
+    pub fn new(fd: OwnedFd) -> Result<Arc<ShimConn>, ShimConnError> {
+        nonblocking(&fd).map_err(ShimConnError::Socket)?;
+        #[allow(unsafe_code)]
+        // SAFETY: `fd` is an open OwnedFd that moves into the AsyncFd and is dropped only with
+        // it; an OwnedFd always reports the same descriptor from as_raw_fd.
+        let fd = unsafe { AsyncFd::register(fd) }.map_err(|e| ShimConnError::Socket(e.into()))?;
+        Ok(Arc::new(ShimConn { fd, waiters: Mutex::new(HashMap::new()), init_died: Mutex::new(None) }))
+    }
+
+    /// Receives one message (waiting for it).
+    pub async fn recv(&self) -> Result<FromShim, ShimConnError> {
+        let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
+        loop {
+            let mut guard = self.fd.readable().await.map_err(ShimConnError::Socket)?;
+            match guard.try_io(|fd| control::recv(fd.get_ref().as_fd(), &mut buf).map_err(std::io::Error::from)) {
+                Ok(Ok(Some((len, _fds)))) => {
+                    return postcard::from_bytes(&buf[..len]).map_err(ShimConnError::Decode)
+                }
+                Ok(Ok(None)) => return Err(ShimConnError::Gone),
+                Ok(Err(e)) => return Err(ShimConnError::Socket(e)),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    /// Routes reports to waiters until the shim hangs up. Run as a task per container.
+    pub async fn dispatch(self: Arc<Self>) {
+        loop {
+            let msg = match self.recv().await {
+                Ok(msg) => msg,
+                Err(e) => {
+                    tracing::debug!(error = %e, "shim connection ended");
+                    break;
+                }
+            };
+            let mut waiters = self.waiters.lock();
+            match msg {
+                FromShim::Spawned { exec_id, pid } => {
+                    if let Some(tx) = waiters.get_mut(&exec_id).and_then(|w| w.spawned.take()) {
+                        let _ = tx.send(Ok(pid));
+                    }
+                }
+                FromShim::SpawnFailed { exec_id, error } => {
+                    if let Some(mut w) = waiters.remove(&exec_id) {
+                        if let Some(tx) = w.spawned.take() {
+                            let _ = tx.send(Err(error));
+                        }
+                    }
+                }
+                FromShim::Exited { exec_id, status } => {
+                    if let Some(tx) = waiters.remove(&exec_id).and_then(|mut w| w.exited.take()) {
+                        let _ = tx.send(status);
+                    }
+                }
+                FromShim::InitDied { status } => {
+                    *self.init_died.lock() = Some(status);
+                }
+                FromShim::Ready { .. } => {}
+            }
+        }
+        // Wake everyone still waiting: their senders drop, receivers see the shim gone.
+        self.waiters.lock().clear();
+    }
+
+    /// Whether the container's init has died.
+    pub fn init_died(&self) -> Option<ExitInfo> {
+        *self.init_died.lock()
+    }
+
+    /// Asks the shim to start a process; returns its host pid and a receiver for its exit.
+    pub async fn spawn(
+        &self,
+        spec: SpawnSpec,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(i32, oneshot::Receiver<ExitInfo>), ShimConnError> {
+        let (spawned_tx, spawned_rx) = oneshot::channel();
+        let (exited_tx, exited_rx) = oneshot::channel();
+        let exec_id = spec.exec_id;
+        self.waiters.lock().insert(exec_id, Waiter { spawned: Some(spawned_tx), exited: Some(exited_tx) });
+        let bytes = postcard::to_allocvec(&ToShim::Spawn(spec)).map_err(ShimConnError::Encode)?;
+        let sent = loop {
+            let mut guard = self.fd.writable().await.map_err(ShimConnError::Socket)?;
+            match guard.try_io(|fd| control::send(fd.get_ref().as_fd(), &bytes, fds).map_err(std::io::Error::from)) {
+                Ok(result) => break result,
+                Err(_would_block) => continue,
+            }
+        };
+        if let Err(e) = sent {
+            self.waiters.lock().remove(&exec_id);
+            return Err(ShimConnError::Socket(e));
+        }
+        match spawned_rx.await {
+            Ok(Ok(pid)) => Ok((pid, exited_rx)),
+            Ok(Err(message)) => Err(ShimConnError::SpawnFailed(message)),
+            Err(_) => Err(ShimConnError::Gone),
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! What the node and `brig-shim` say to each other.
+//!
+//! ```text
+//! node                                   brig-shim (one per container)
+//! spawn, stdin ← ShimConfig (one JSON line)
+//!                                        join cgroups, unshare(user)
+//!      stdout → "userns\n"
+//! write uid_map/gid_map
+//!      stdin  ← "go\n"
+//!                                        unshare(mnt, uts, ipc, net, cgroup, pid), fork init
+//!      fd 3   → Ready { init_pid }       (init has built the rootfs and pivoted into it)
+//!      fd 3   ← Spawn + SCM_RIGHTS fds   fork → setsid, cgroup, fds, user, caps, seccomp, exec
+//!      fd 3   → Spawned / Exited
+//! ```
+//! fd 3 is a `SOCK_SEQPACKET` socket: one message per packet, postcard-encoded, at most
+//! [`MAX_MESSAGE_BYTES`]. The shim lives outside the container's pid namespace, so no process in
+//! the container can see, signal or trace it, and nothing listens inside the sandbox.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Largest control message in either direction.
+pub const MAX_MESSAGE_BYTES: usize = 256 << 10;
+/// Most file descriptors attached to one message.
+pub const MAX_FDS: usize = 16;
+/// The control socket's descriptor number in the shim.
+pub const CONTROL_FD: i32 = 3;
+
+/// How the shim builds the container. Sent once, as JSON, on the shim's stdin.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShimConfig {
+    /// The assembled root filesystem (an overlay mount on the host).
+    pub rootfs: PathBuf,
+    pub hostname: String,
+    /// `cgroup.procs` files to join before creating namespaces.
+    pub join_cgroups: Vec<PathBuf>,
+    /// Host uid and gid that container root maps to; 65536 ids are mapped from there.
+    pub id_base: u32,
+    /// Paths hidden from the container (a file gets /dev/null bound over it, a dir an empty tmpfs).
+    pub masked_paths: Vec<String>,
+    /// Paths made read-only.
+    pub readonly_paths: Vec<String>,
+}
+
+/// Node → shim.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ToShim {
+    /// Start a process. Attached descriptors, in order: stdin, stdout, stderr, then
+    /// `extra_fds` descriptors that become fds 3, 4, … in the child, then `cgroup_fds`
+    /// `cgroup.procs` files the child joins before anything else.
+    Spawn(SpawnSpec),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SpawnSpec {
+    pub exec_id: u64,
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Working directory inside the container.
+    pub cwd: String,
+    /// User name, or `uid[:gid]`; `None` is root.
+    pub user: Option<String>,
+    pub extra_fds: u8,
+    pub cgroup_fds: u8,
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub enum ExitInfo {
+    Code(i32),
+    Signal(i32),
+}
+
+/// Shim → node.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum FromShim {
+    /// The container is built; `init_pid` is its pid 1 as the host sees it.
+    Ready { init_pid: i32 },
+    /// A spawn request failed before a process existed.
+    SpawnFailed { exec_id: u64, error: String },
+    /// `pid` (host view) runs the request.
+    Spawned { exec_id: u64, pid: i32 },
+    Exited { exec_id: u64, status: ExitInfo },
+    /// The container's init died (the container is gone); the shim exits next.
+    InitDied { status: ExitInfo },
+}
+
+/// Exit status a child uses when the command could not be started.
+pub const EXIT_CANNOT_EXEC: i32 = 127;
+/// Exit status a child uses when its user or working directory is unusable.
+pub const EXIT_BAD_SETUP: i32 = 126;
