@@ -9,6 +9,7 @@ serve=0
 
 "$root/scripts/install-deps.sh"
 "$root/scripts/build-guests.sh"
+"$root/scripts/build-images.sh"
 echo "[demo] building release binaries"
 cargo build --release --quiet -p brigd -p brig-cli --bins
 cargo build --release --quiet -p brig-sdk --example rollout
@@ -18,7 +19,8 @@ export BRIG_STATE_DIR="${BRIG_STATE_DIR:-$root/artifacts/demo-state}"
 mkdir -p "$BRIG_STATE_DIR"
 rm -f "$BRIG_STATE_DIR/endpoint.json"
 "$target/brigd" --state-dir "$BRIG_STATE_DIR" --listen 127.0.0.1:0 \
-    --tools-dir "$root/artifacts/guests/tools" 2>"$BRIG_STATE_DIR/brigd.log" &
+    --tools-dir "$root/artifacts/guests/tools" --images-dir "$root/artifacts/images" \
+    2>"$BRIG_STATE_DIR/brigd.log" &
 brigd_pid=$!
 trap 'kill $brigd_pid 2>/dev/null || true; wait $brigd_pid 2>/dev/null || true' EXIT
 for _ in $(seq 1 300); do

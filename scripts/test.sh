@@ -6,6 +6,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 "$root/scripts/install-deps.sh"
 "$root/scripts/build-guests.sh"
+"$root/scripts/build-images.sh"
 echo "[test] cargo fmt --check"
 cargo fmt --all --check
 echo "[test] cargo clippy"

@@ -31,6 +31,13 @@ pub fn guest(rel: &str) -> PathBuf {
     path
 }
 
+/// A container layer image built by scripts/build-images.sh, e.g. `busybox`.
+pub fn image(name: &str) -> String {
+    let path = artifacts().join("images").join(format!("{name}.erofs"));
+    assert!(path.exists(), "{} is missing: run scripts/build-images.sh", path.display());
+    name.to_string()
+}
+
 /// A binary of this workspace from the running executable's target directory: beside it (a
 /// benchmark in `target/release`) or one level up (a test in `target/<profile>/deps`).
 pub fn binary(name: &str) -> PathBuf {
@@ -87,6 +94,8 @@ impl Daemon {
             .arg("127.0.0.1:0")
             .arg("--tools-dir")
             .arg(artifacts().join("guests/tools"))
+            .arg("--images-dir")
+            .arg(artifacts().join("images"))
             .args(&self.extra_args)
             .env("BRIG_LOG", "info,brig_node=debug")
             .stdin(Stdio::null())

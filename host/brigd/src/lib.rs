@@ -97,9 +97,10 @@ pub async fn run(
     endpoint.write(state)?;
     tracing::info!(addr = %local, state_dir = %state.display(), fingerprint = %endpoint.cert_sha256, "brigd listening");
     let reaper = node.spawn_reaper();
-    let service = Arc::new(AllInOne { tokens, node });
+    let service = Arc::new(AllInOne { tokens, node: node.clone() });
     server.run(service, shutdown).await;
     reaper.abort();
+    node.shutdown().await;
     Endpoint::remove(state);
     tracing::info!("brigd stopped");
     Ok(())

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-/// Brig daemon: runs sandboxes for LLM agents (fncall tier on Wasmtime) behind a QUIC API.
+/// Brig daemon: runs sandboxes for LLM agents (fncall on Wasmtime, Linux containers) behind a
+/// QUIC API.
 ///
 /// With no arguments it runs the all-in-one role (control plane and node in one process) on
 /// 127.0.0.1:7070 with its state under the user's data directory.
@@ -28,6 +29,10 @@ struct Args {
     #[arg(long = "tools-dir", env = "BRIG_TOOLS_DIR", global = true, value_delimiter = ':')]
     tools_dirs: Vec<PathBuf>,
 
+    /// Directory of container layer images (`<name>.erofs`); default <state>/images.
+    #[arg(long, env = "BRIG_IMAGES_DIR", global = true)]
+    images_dir: Option<PathBuf>,
+
     /// Node configuration file (TOML; fields of NodeConfig, unknown fields are errors).
     #[arg(long, global = true)]
     config: Option<PathBuf>,
@@ -49,10 +54,13 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log)?)
         .with_writer(std::io::stderr)
         .init();
-    let node = match &args.config {
+    let mut node = match &args.config {
         Some(path) => brigd::load_config(path)?,
         None => brig_node::NodeConfig::default(),
     };
+    if let Some(dir) = &args.images_dir {
+        node.container.images_dir = Some(dir.clone());
+    }
     let opts = brigd::DaemonOptions {
         listen: args.listen,
         state_dir: args.state_dir.clone().unwrap_or_else(brigd::default_state_dir),

@@ -65,7 +65,8 @@ impl CgroupManager {
     /// Detects the version mounted at `root` (normally `/sys/fs/cgroup`); containers go under
     /// `<parent>`.
     pub fn detect(root: &Path, parent: &str) -> Result<CgroupManager, CgroupError> {
-        let version = if root.join("cgroup.controllers").exists() { Version::V2 } else { Version::V1 };
+        let version =
+            if root.join("cgroup.controllers").exists() { Version::V2 } else { Version::V1 };
         let manager = CgroupManager { version, root: root.to_owned(), parent: parent.to_string() };
         match version {
             Version::V1 => {
@@ -80,7 +81,8 @@ impl CgroupManager {
             Version::V2 => {
                 let dir = root.join(parent);
                 std::fs::create_dir_all(&dir).map_err(io("create", &dir))?;
-                let available = std::fs::read_to_string(root.join("cgroup.subtree_control")).unwrap_or_default();
+                let available = std::fs::read_to_string(root.join("cgroup.subtree_control"))
+                    .unwrap_or_default();
                 let wanted: Vec<String> = ["memory", "pids", "cpu"]
                     .iter()
                     .filter(|c| available.split_whitespace().any(|a| a == **c))
@@ -88,7 +90,8 @@ impl CgroupManager {
                     .collect();
                 if !wanted.is_empty() {
                     let ctl = dir.join("cgroup.subtree_control");
-                    std::fs::write(&ctl, wanted.join(" ")).map_err(io("enable controllers in", &ctl))?;
+                    std::fs::write(&ctl, wanted.join(" "))
+                        .map_err(io("enable controllers in", &ctl))?;
                 }
             }
         }
@@ -97,6 +100,40 @@ impl CgroupManager {
 
     pub fn version(&self) -> Version {
         self.version
+    }
+
+    /// Removes the (empty) parent cgroups.
+    pub fn remove_parent(&self) {
+        let parents: Vec<PathBuf> = match self.version {
+            Version::V1 => {
+                V1_CONTROLLERS.iter().map(|c| self.root.join(c).join(&self.parent)).collect()
+            }
+            Version::V2 => vec![self.root.join(&self.parent)],
+        };
+        for parent in parents {
+            let _ = std::fs::remove_dir(parent);
+        }
+    }
+
+    /// Kills and removes every container cgroup left under the parent (after a crash).
+    pub fn remove_all(&self) -> usize {
+        let parents: Vec<PathBuf> = match self.version {
+            Version::V1 => {
+                V1_CONTROLLERS.iter().map(|c| self.root.join(c).join(&self.parent)).collect()
+            }
+            Version::V2 => vec![self.root.join(&self.parent)],
+        };
+        let mut removed = 0;
+        for parent in parents {
+            let Ok(entries) = std::fs::read_dir(&parent) else { continue };
+            for e in entries.flatten().filter(|e| e.path().is_dir()) {
+                kill_tree(&e.path());
+                if remove_tree(&e.path()).is_ok() {
+                    removed += 1;
+                }
+            }
+        }
+        removed
     }
 
     fn dirs(&self, name: &str) -> Vec<(&'static str, PathBuf)> {
@@ -111,12 +148,18 @@ impl CgroupManager {
 
     /// Creates the cgroup of container `name` with `limits`. `owner` is the host uid of
     /// container root (v2 delegation).
-    pub fn create(&self, name: &str, limits: &CgroupLimits, owner: u32) -> Result<ContainerCgroup, CgroupError> {
+    pub fn create(
+        &self,
+        name: &str,
+        limits: &CgroupLimits,
+        owner: u32,
+    ) -> Result<ContainerCgroup, CgroupError> {
         let cg = ContainerCgroup { version: self.version, dirs: self.dirs(name) };
         for (_, dir) in &cg.dirs {
             std::fs::create_dir_all(dir).map_err(io("create", dir))?;
         }
-        let write = |file: PathBuf, value: String| std::fs::write(&file, value).map_err(io("write", &file));
+        let write =
+            |file: PathBuf, value: String| std::fs::write(&file, value).map_err(io("write", &file));
         match self.version {
             Version::V1 => {
                 let dir = |c: &str| cg.dir(c).map(Path::to_path_buf);
@@ -162,7 +205,10 @@ pub struct ContainerCgroup {
 
 impl ContainerCgroup {
     fn dir(&self, controller: &str) -> Option<&Path> {
-        self.dirs.iter().find(|(c, _)| *c == controller || *c == "unified").map(|(_, d)| d.as_path())
+        self.dirs
+            .iter()
+            .find(|(c, _)| *c == controller || *c == "unified")
+            .map(|(_, d)| d.as_path())
     }
 
     /// `cgroup.procs` files a process writes to join this container.
@@ -272,7 +318,10 @@ fn kill_tree(dir: &Path) {
         while let Some(d) = stack.pop() {
             for pid in read_pids(&d) {
                 found = true;
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
             }
             if let Ok(entries) = std::fs::read_dir(&d) {
                 stack.extend(entries.flatten().filter(|e| e.path().is_dir()).map(|e| e.path()));

@@ -27,7 +27,8 @@ pub fn send(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> nix::
 pub fn recv(sock: BorrowedFd<'_>, buf: &mut [u8]) -> nix::Result<Option<(usize, Vec<OwnedFd>)>> {
     let mut cmsg = cmsg_space!([RawFd; MAX_FDS]);
     let mut iov = [IoSliceMut::new(buf)];
-    let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)?;
+    let msg =
+        recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)?;
     let mut fds = Vec::new();
     for c in msg.cmsgs()? {
         if let ControlMessageOwned::ScmRights(received) = c {

@@ -37,7 +37,10 @@ fn run(tool: &'static str, command: &mut Command) -> Result<(), ImageError> {
     if !out.status.success() {
         let mut detail = String::from_utf8_lossy(&out.stderr).into_owned();
         detail.truncate(2000);
-        return Err(ImageError::Tool { tool, detail: format!("{}: {}", out.status, detail.trim()) });
+        return Err(ImageError::Tool {
+            tool,
+            detail: format!("{}: {}", out.status, detail.trim()),
+        });
     }
     Ok(())
 }
@@ -70,11 +73,15 @@ pub fn shift_ownership(root: &Path, base: u32) -> Result<(), ImageError> {
         let (uid, gid) = (meta.uid(), meta.gid());
         if uid < base || gid < base {
             let new = |id: u32| if id < base { id + base } else { id };
-            std::os::unix::fs::lchown(&path, Some(new(uid)), Some(new(gid))).map_err(io("chown", &path))?;
+            std::os::unix::fs::lchown(&path, Some(new(uid)), Some(new(gid)))
+                .map_err(io("chown", &path))?;
             if !meta.file_type().is_symlink() && meta.mode() & 0o6000 != 0 {
                 use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(meta.mode() & 0o7777))
-                    .map_err(io("chmod", &path))?;
+                std::fs::set_permissions(
+                    &path,
+                    std::fs::Permissions::from_mode(meta.mode() & 0o7777),
+                )
+                .map_err(io("chmod", &path))?;
             }
         }
         if meta.is_dir() {
@@ -106,7 +113,14 @@ pub fn from_tar(tar: &Path, out: &Path, base: u32) -> Result<(), ImageError> {
     let staging = Staging::next_to(out)?;
     run(
         "tar",
-        Command::new("tar").arg("-x").arg("-p").arg("--numeric-owner").arg("-f").arg(tar).arg("-C").arg(&staging.0),
+        Command::new("tar")
+            .arg("-x")
+            .arg("-p")
+            .arg("--numeric-owner")
+            .arg("-f")
+            .arg(tar)
+            .arg("-C")
+            .arg(&staging.0),
     )?;
     shift_ownership(&staging.0, base)?;
     mkfs(&staging.0, out)
@@ -119,17 +133,36 @@ pub fn busybox(out: &Path, base: u32) -> Result<(), ImageError> {
         .map(Path::new)
         .find(|p| p.exists())
         .ok_or_else(|| ImageError::Missing {
-            tool: "busybox",
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "install busybox-static"),
-        })?;
+        tool: "busybox",
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, "install busybox-static"),
+    })?;
     let staging = Staging::next_to(out)?;
     let root = &staging.0;
-    for d in ["bin", "sbin", "usr/bin", "usr/sbin", "etc", "root", "home", "tmp", "var/tmp", "proc", "sys", "dev", "workspace"] {
+    for d in [
+        "bin",
+        "sbin",
+        "usr/bin",
+        "usr/sbin",
+        "etc",
+        "root",
+        "home",
+        "tmp",
+        "var/tmp",
+        "proc",
+        "sys",
+        "dev",
+        "workspace",
+    ] {
         std::fs::create_dir_all(root.join(d)).map_err(io("create", &root.join(d)))?;
     }
     std::fs::copy(busybox, root.join("bin/busybox")).map_err(io("copy", busybox))?;
-    let list = Command::new(busybox).arg("--list").output().map_err(|source| ImageError::Missing { tool: "busybox", source })?;
-    for applet in String::from_utf8_lossy(&list.stdout).lines().filter(|a| !a.is_empty() && *a != "busybox") {
+    let list = Command::new(busybox)
+        .arg("--list")
+        .output()
+        .map_err(|source| ImageError::Missing { tool: "busybox", source })?;
+    for applet in
+        String::from_utf8_lossy(&list.stdout).lines().filter(|a| !a.is_empty() && *a != "busybox")
+    {
         let _ = std::os::unix::fs::symlink("busybox", root.join("bin").join(applet));
     }
     std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/agent:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")
@@ -137,17 +170,25 @@ pub fn busybox(out: &Path, base: u32) -> Result<(), ImageError> {
     std::fs::write(root.join("etc/group"), "root:x:0:\nagent:x:1000:\nnogroup:x:65534:\n")
         .map_err(io("write", &root.join("etc/group")))?;
     std::fs::create_dir_all(root.join("home/agent")).map_err(io("create", root))?;
-    std::os::unix::fs::chown(root.join("home/agent"), Some(1000), Some(1000)).map_err(io("chown", root))?;
+    std::os::unix::fs::chown(root.join("home/agent"), Some(1000), Some(1000))
+        .map_err(io("chown", root))?;
     use std::os::unix::fs::PermissionsExt;
     for t in ["tmp", "var/tmp"] {
-        std::fs::set_permissions(root.join(t), std::fs::Permissions::from_mode(0o1777)).map_err(io("chmod", root))?;
+        std::fs::set_permissions(root.join(t), std::fs::Permissions::from_mode(0o1777))
+            .map_err(io("chmod", root))?;
     }
     shift_ownership(root, base)?;
     mkfs(root, out)
 }
 
 /// A Debian base by debootstrap (minbase plus `packages`), without apt caches.
-pub fn debian(out: &Path, base: u32, suite: &str, mirror: &str, packages: &[&str]) -> Result<(), ImageError> {
+pub fn debian(
+    out: &Path,
+    base: u32,
+    suite: &str,
+    mirror: &str,
+    packages: &[&str],
+) -> Result<(), ImageError> {
     let staging = Staging::next_to(out)?;
     let root = staging.0.join("root");
     let mut cmd = Command::new("debootstrap");

@@ -15,9 +15,12 @@
 
 pub mod cgroup;
 pub mod control;
+pub mod exec;
+pub mod files;
 pub mod image;
 pub mod rootfs;
-pub mod shim;
-pub mod shim_proto;
 pub mod runtime;
+pub mod session;
+pub mod shim;
 pub mod shim_conn;
+pub mod shim_proto;

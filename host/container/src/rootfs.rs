@@ -63,12 +63,33 @@ pub struct LayerMounts {
 impl LayerMounts {
     pub fn new(dir: &Path) -> Result<LayerMounts, RootfsError> {
         std::fs::create_dir_all(dir).map_err(io("create", dir))?;
-        Ok(LayerMounts { dir: dir.to_owned(), mounted: Mutex::new(HashMap::new()) })
+        let layers = LayerMounts { dir: dir.to_owned(), mounted: Mutex::new(HashMap::new()) };
+        // Mounts left by an earlier run are not tracked: detach them.
+        layers.unmount_dirs();
+        Ok(layers)
+    }
+
+    fn unmount_dirs(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
+        for e in entries.flatten() {
+            let point = e.path();
+            if is_mount_point(&point) {
+                let _ = umount2(&point, MntFlags::MNT_DETACH);
+            }
+            let _ = std::fs::remove_dir(&point);
+        }
+    }
+
+    /// Detaches every layer mount (containers still running keep theirs alive).
+    pub fn unmount_all(&self) {
+        self.mounted.lock().clear();
+        self.unmount_dirs();
     }
 
     /// Mounts `image` (once) and returns its mount point.
     pub fn mount(&self, image: &Path) -> Result<PathBuf, RootfsError> {
-        let image = image.canonicalize().map_err(|_| RootfsError::MissingLayer(image.to_owned()))?;
+        let image =
+            image.canonicalize().map_err(|_| RootfsError::MissingLayer(image.to_owned()))?;
         let mut mounted = self.mounted.lock();
         if let Some(point) = mounted.get(&image) {
             return Ok(point.clone());
@@ -124,9 +145,19 @@ pub struct Rootfs {
 impl Rootfs {
     /// Builds `<dir>/rootfs` from `layers` (mount points, bottom first) and a fresh upper of
     /// `disk_bytes`, owned by `owner` (host uid of container root).
-    pub fn assemble(dir: &Path, layers: &[PathBuf], disk_bytes: u64, owner: u32, hostname: &str) -> Result<Rootfs, RootfsError> {
+    pub fn assemble(
+        dir: &Path,
+        layers: &[PathBuf],
+        disk_bytes: u64,
+        owner: u32,
+        hostname: &str,
+    ) -> Result<Rootfs, RootfsError> {
         use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new().recursive(true).mode(0o711).create(dir).map_err(io("create", dir))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(dir)
+            .map_err(io("create", dir))?;
         let rootfs = Rootfs { dir: dir.to_owned() };
         let upper_mnt = dir.join("upper");
         let merged = rootfs.path();
@@ -162,6 +193,11 @@ impl Rootfs {
         Ok(rootfs)
     }
 
+    /// The rootfs directory of an earlier run, to remove it.
+    pub fn at(dir: &Path) -> Rootfs {
+        Rootfs { dir: dir.to_owned() }
+    }
+
     /// The merged root (host path, valid until [`Rootfs::detach`]).
     pub fn path(&self) -> PathBuf {
         self.dir.join("rootfs")
@@ -173,13 +209,15 @@ impl Rootfs {
         if !etc.is_dir() {
             return Ok(());
         }
-        let hosts = format!("127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+        let hosts =
+            format!("127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n");
         for (name, content) in [("hostname", format!("{hostname}\n")), ("hosts", hosts)] {
             let path = etc.join(name);
             // A symlink here would point into the host's view: never follow it.
             let _ = std::fs::remove_file(&path);
             std::fs::write(&path, content).map_err(io("write", &path))?;
-            std::os::unix::fs::lchown(&path, Some(owner), Some(owner)).map_err(io("chown", &path))?;
+            std::os::unix::fs::lchown(&path, Some(owner), Some(owner))
+                .map_err(io("chown", &path))?;
         }
         Ok(())
     }

@@ -127,7 +127,30 @@ impl Runtime {
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
             });
         }
-        Ok(Runtime { config, cgroups, layers })
+        let runtime = Runtime { config, cgroups, layers };
+        runtime.remove_stale();
+        Ok(runtime)
+    }
+
+    /// Releases node-wide resources (layer mounts) at shutdown, after the containers are gone.
+    pub fn shutdown(&self) {
+        self.layers.unmount_all();
+        self.cgroups.remove_parent();
+    }
+
+    /// Removes what an earlier run of this runtime left behind (its processes died with it).
+    fn remove_stale(&self) {
+        let cgroups = self.cgroups.remove_all();
+        let mut dirs = 0;
+        if let Ok(entries) = std::fs::read_dir(self.config.run_dir.join("c")) {
+            for e in entries.flatten() {
+                let _ = Rootfs::at(&e.path()).remove();
+                dirs += 1;
+            }
+        }
+        if cgroups + dirs > 0 {
+            tracing::info!(cgroups, dirs, "removed containers left by an earlier run");
+        }
     }
 
     pub fn cgroup_version(&self) -> crate::cgroup::Version {
@@ -141,7 +164,13 @@ impl Runtime {
             layer_points.push(self.layers.mount(image)?);
         }
         let dir = self.config.run_dir.join("c").join(&spec.name);
-        let rootfs = Rootfs::assemble(&dir, &layer_points, spec.disk_bytes, self.config.id_base, &spec.hostname)?;
+        let rootfs = Rootfs::assemble(
+            &dir,
+            &layer_points,
+            spec.disk_bytes,
+            self.config.id_base,
+            &spec.hostname,
+        )?;
         let cgroup = match self.cgroups.create(&spec.name, &spec.limits, self.config.id_base) {
             Ok(cg) => cg,
             Err(e) => {
@@ -159,7 +188,7 @@ impl Runtime {
                     rootfs,
                     cgroup,
                     shim,
-                    shim_child,
+                    shim_child: tokio::sync::Mutex::new(shim_child),
                     dispatcher,
                     init_pid,
                     root,
@@ -198,13 +227,15 @@ impl Runtime {
         command
             .fd_mappings(vec![FdMapping { parent_fd: theirs, child_fd: CONTROL_FD }])
             .map_err(|_| RuntimeError::Setup("descriptor mapping collision".into()))?;
-        let mut child = command
-            .spawn()
-            .map_err(|source| RuntimeError::ShimStart { path: self.config.shim_path.clone(), source })?;
+        let mut child = command.spawn().map_err(|source| RuntimeError::ShimStart {
+            path: self.config.shim_path.clone(),
+            source,
+        })?;
         // The command owns our copy of the shim's socket end: drop it, or we never see EOF.
         drop(command);
         let pid = child.id().ok_or_else(|| RuntimeError::Setup("shim exited at once".into()))?;
-        let (Some(mut stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        let (Some(mut stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
             return Err(RuntimeError::Setup("shim stdio missing".into()));
         };
@@ -227,7 +258,8 @@ impl Runtime {
             masked_paths: MASKED_PATHS.iter().map(|s| s.to_string()).collect(),
             readonly_paths: READONLY_PATHS.iter().map(|s| s.to_string()).collect(),
         };
-        let mut line = serde_json::to_vec(&config).map_err(|e| RuntimeError::Setup(e.to_string()))?;
+        let mut line =
+            serde_json::to_vec(&config).map_err(|e| RuntimeError::Setup(e.to_string()))?;
         line.push(b'\n');
         let shim_failed = |errors: tokio::task::JoinHandle<String>| async move {
             let text = errors.await.unwrap_or_default();
@@ -249,7 +281,9 @@ impl Runtime {
         let shim = ShimConn::new(ours)?;
         let init_pid = match shim.recv().await {
             Ok(FromShim::Ready { init_pid }) => init_pid,
-            Ok(other) => return Err(RuntimeError::Setup(format!("unexpected shim message {other:?}"))),
+            Ok(other) => {
+                return Err(RuntimeError::Setup(format!("unexpected shim message {other:?}")))
+            }
             Err(_) => return Err(shim_failed(errors).await),
         };
         tokio::spawn(async move {
@@ -278,7 +312,7 @@ pub struct Container {
     rootfs: Rootfs,
     cgroup: ContainerCgroup,
     shim: Arc<ShimConn>,
-    shim_child: tokio::process::Child,
+    shim_child: tokio::sync::Mutex<tokio::process::Child>,
     dispatcher: tokio::task::JoinHandle<()>,
     init_pid: i32,
     root: OwnedFd,
@@ -303,6 +337,12 @@ impl Process {
     /// Kills the process and everything it started.
     pub fn kill_tree(&self) {
         self.cgroup.kill();
+    }
+
+    /// A closure that kills the tree, for use from another task.
+    pub fn tree_killer(&self) -> impl FnOnce() + Send + 'static {
+        let cgroup = self.cgroup.clone();
+        move || cgroup.kill()
     }
 
     /// Host pids in this process's tree.
@@ -371,7 +411,8 @@ impl Container {
             env: request.env,
             cwd: if request.cwd.is_empty() { "/".into() } else { request.cwd },
             user: request.user,
-            extra_fds: u8::try_from(extra.len()).map_err(|_| RuntimeError::Setup("too many fds".into()))?,
+            extra_fds: u8::try_from(extra.len())
+                .map_err(|_| RuntimeError::Setup("too many fds".into()))?,
             cgroup_fds: 1,
         };
         let mut fds: Vec<BorrowedFd<'_>> = stdio.to_vec();
@@ -382,11 +423,20 @@ impl Container {
     }
 
     /// Kills everything and removes the container's mounts, cgroups and directories.
-    pub async fn destroy(mut self) -> Result<(), RuntimeError> {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.init_pid), nix::sys::signal::Signal::SIGKILL);
-        self.cgroup.kill_all();
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.shim_child.wait()).await;
-        let _ = self.shim_child.start_kill();
+    /// Processes still referring to the container see it gone.
+    pub async fn destroy(&self) -> Result<(), RuntimeError> {
+        let init = nix::unistd::Pid::from_raw(self.init_pid);
+        let _ = nix::sys::signal::kill(init, nix::sys::signal::Signal::SIGKILL);
+        let cgroup = self.cgroup.clone();
+        tokio::task::spawn_blocking(move || cgroup.kill_all())
+            .await
+            .map_err(|e| RuntimeError::Setup(format!("cleanup task: {e}")))?;
+        {
+            let mut shim = self.shim_child.lock().await;
+            if tokio::time::timeout(Duration::from_secs(5), shim.wait()).await.is_err() {
+                let _ = shim.start_kill();
+            }
+        }
         self.dispatcher.abort();
         let cgroup = self.cgroup.clone();
         tokio::task::spawn_blocking(move || cgroup.remove())

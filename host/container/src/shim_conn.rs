@@ -53,7 +53,11 @@ impl ShimConn {
         // SAFETY: `fd` is an open OwnedFd that moves into the AsyncFd and is dropped only with
         // it; an OwnedFd always reports the same descriptor from as_raw_fd.
         let fd = unsafe { AsyncFd::register(fd) }.map_err(|e| ShimConnError::Socket(e.into()))?;
-        Ok(Arc::new(ShimConn { fd, waiters: Mutex::new(HashMap::new()), init_died: Mutex::new(None) }))
+        Ok(Arc::new(ShimConn {
+            fd,
+            waiters: Mutex::new(HashMap::new()),
+            init_died: Mutex::new(None),
+        }))
     }
 
     /// Receives one message (waiting for it).
@@ -61,7 +65,9 @@ impl ShimConn {
         let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
         loop {
             let mut guard = self.fd.readable().await.map_err(ShimConnError::Socket)?;
-            match guard.try_io(|fd| control::recv(fd.get_ref().as_fd(), &mut buf).map_err(std::io::Error::from)) {
+            match guard.try_io(|fd| {
+                control::recv(fd.get_ref().as_fd(), &mut buf).map_err(std::io::Error::from)
+            }) {
                 Ok(Ok(Some((len, _fds)))) => {
                     return postcard::from_bytes(&buf[..len]).map_err(ShimConnError::Decode)
                 }
@@ -125,11 +131,15 @@ impl ShimConn {
         let (spawned_tx, spawned_rx) = oneshot::channel();
         let (exited_tx, exited_rx) = oneshot::channel();
         let exec_id = spec.exec_id;
-        self.waiters.lock().insert(exec_id, Waiter { spawned: Some(spawned_tx), exited: Some(exited_tx) });
+        self.waiters
+            .lock()
+            .insert(exec_id, Waiter { spawned: Some(spawned_tx), exited: Some(exited_tx) });
         let bytes = postcard::to_allocvec(&ToShim::Spawn(spec)).map_err(ShimConnError::Encode)?;
         let sent = loop {
             let mut guard = self.fd.writable().await.map_err(ShimConnError::Socket)?;
-            match guard.try_io(|fd| control::send(fd.get_ref().as_fd(), &bytes, fds).map_err(std::io::Error::from)) {
+            match guard.try_io(|fd| {
+                control::send(fd.get_ref().as_fd(), &bytes, fds).map_err(std::io::Error::from)
+            }) {
                 Ok(result) => break result,
                 Err(_would_block) => continue,
             }

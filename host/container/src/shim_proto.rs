@@ -77,14 +77,27 @@ pub enum ExitInfo {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub enum FromShim {
     /// The container is built; `init_pid` is its pid 1 as the host sees it.
-    Ready { init_pid: i32 },
+    Ready {
+        init_pid: i32,
+    },
     /// A spawn request failed before a process existed.
-    SpawnFailed { exec_id: u64, error: String },
+    SpawnFailed {
+        exec_id: u64,
+        error: String,
+    },
     /// `pid` (host view) runs the request.
-    Spawned { exec_id: u64, pid: i32 },
-    Exited { exec_id: u64, status: ExitInfo },
+    Spawned {
+        exec_id: u64,
+        pid: i32,
+    },
+    Exited {
+        exec_id: u64,
+        status: ExitInfo,
+    },
     /// The container's init died (the container is gone); the shim exits next.
-    InitDied { status: ExitInfo },
+    InitDied {
+        status: ExitInfo,
+    },
 }
 
 /// Exit status a child uses when the command could not be started.

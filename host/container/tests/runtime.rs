@@ -25,17 +25,28 @@ fn runtime(run: &std::path::Path) -> Runtime {
     .expect("runtime")
 }
 
-async fn run_capture(c: &brig_container::runtime::Container, argv: &[&str]) -> (Option<ExitInfo>, String, String) {
+async fn run_capture(
+    c: &brig_container::runtime::Container,
+    argv: &[&str],
+) -> (Option<ExitInfo>, String, String) {
     let (in_r, in_w) = nix::unistd::pipe().expect("pipe");
     let (out_r, out_w) = nix::unistd::pipe().expect("pipe");
     let (err_r, err_w) = nix::unistd::pipe().expect("pipe");
-    let req = SpawnRequest { argv: argv.iter().map(|s| s.to_string()).collect(), ..Default::default() };
-    let mut p = c.spawn(req, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()], &[]).await.expect("spawn");
+    let req =
+        SpawnRequest { argv: argv.iter().map(|s| s.to_string()).collect(), ..Default::default() };
+    let mut p =
+        c.spawn(req, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()], &[]).await.expect("spawn");
     drop((in_r, in_w, out_w, err_w));
     let mut out = String::new();
     let mut err = String::new();
-    tokio::fs::File::from_std(std::fs::File::from(out_r)).read_to_string(&mut out).await.expect("read");
-    tokio::fs::File::from_std(std::fs::File::from(err_r)).read_to_string(&mut err).await.expect("read");
+    tokio::fs::File::from_std(std::fs::File::from(out_r))
+        .read_to_string(&mut out)
+        .await
+        .expect("read");
+    tokio::fs::File::from_std(std::fs::File::from(err_r))
+        .read_to_string(&mut err)
+        .await
+        .expect("read");
     (p.wait().await, out, err)
 }
 
@@ -47,14 +58,19 @@ async fn busybox_container_runs_commands() {
         name: "t1".into(),
         hostname: "sandbox".into(),
         layers: vec![artifacts().join("images/busybox.erofs")],
-        limits: CgroupLimits { memory_bytes: Some(256 << 20), pids: Some(128), cpu_millis: Some(1000) },
+        limits: CgroupLimits {
+            memory_bytes: Some(256 << 20),
+            pids: Some(128),
+            cpu_millis: Some(1000),
+        },
         disk_bytes: 64 << 20,
     };
     let started = std::time::Instant::now();
     let c = rt.create(&spec).await.expect("create");
     eprintln!("create took {:?}", started.elapsed());
     let started = std::time::Instant::now();
-    let (status, out, err) = run_capture(&c, &["sh", "-c", "echo hi; id; hostname; cat /proc/1/cmdline; ls /"]).await;
+    let (status, out, err) =
+        run_capture(&c, &["sh", "-c", "echo hi; id; hostname; cat /proc/1/cmdline; ls /"]).await;
     eprintln!("exec took {:?}\n{out}\n{err}", started.elapsed());
     assert_eq!(status, Some(ExitInfo::Code(0)));
     assert!(out.starts_with("hi\nuid=0(root)"), "{out}");
@@ -63,4 +79,5 @@ async fn busybox_container_runs_commands() {
     let (status, _, err) = run_capture(&c, &["mount", "-t", "tmpfs", "x", "/tmp"]).await;
     assert_ne!(status, Some(ExitInfo::Code(0)), "{err}");
     c.destroy().await.expect("destroy");
+    rt.shutdown();
 }

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod call;
+pub mod files;
 pub mod id;
 pub mod spec;
 

@@ -24,27 +24,7 @@ impl std::fmt::Debug for Workspace {
     }
 }
 
-/// Kind of a directory entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EntryKind {
-    File,
-    Dir,
-    Symlink,
-    Other,
-}
-
-/// Metadata of a workspace entry; `path` is workspace-relative.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    pub path: String,
-    pub kind: EntryKind,
-    pub size: u64,
-    pub mode: u32,
-    pub modified_unix_ms: u64,
-}
-
-/// Most entries one `list` returns.
-pub const MAX_LIST_ENTRIES: usize = 100_000;
+pub use brig_core::files::{Entry, EntryKind, MAX_LIST_ENTRIES};
 
 impl Workspace {
     /// Creates a new, empty workspace directory (mode 0700).

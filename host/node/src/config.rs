@@ -1,5 +1,7 @@
 //! Node configuration.
 
+use std::path::PathBuf;
+
 use serde::{Deserialize, Serialize};
 
 use brig_core::NodeId;
@@ -21,6 +23,61 @@ pub struct NodeConfig {
     /// Largest file upload accepted, in bytes.
     pub max_upload_bytes: u64,
     pub fncall: FncallConfig,
+    pub container: ContainerConfig,
+}
+
+/// The container tier.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ContainerConfig {
+    /// Offer the tier (it also needs root, cgroups, overlayfs and EROFS; without them the node
+    /// logs why and offers fncall only).
+    pub enabled: bool,
+    /// Where layer images (`<name>.erofs`) are found; default `<state>/images`.
+    pub images_dir: Option<PathBuf>,
+    /// Scratch for mounts; default `/run/brig/<hash of the state directory>`.
+    pub run_dir: Option<PathBuf>,
+    /// The brig-shim binary; default next to brigd.
+    pub shim_path: Option<PathBuf>,
+    /// Host uid/gid of container root (65536 ids from here are mapped).
+    pub id_base: u32,
+    pub default_memory_mib: u64,
+    pub max_memory_mib: u64,
+    pub default_cpu_millis: u64,
+    pub max_cpu_millis: u64,
+    pub default_pids: u64,
+    pub max_pids: u64,
+    pub default_disk_mib: u64,
+    pub max_disk_mib: u64,
+    pub default_exec_timeout_ms: u64,
+    pub max_exec_timeout_ms: u64,
+    /// Cap on stdout + stderr returned per exec (DSec lost tens of GB to `yes`).
+    pub default_output_limit_bytes: u64,
+    pub max_output_limit_bytes: u64,
+}
+
+impl Default for ContainerConfig {
+    fn default() -> Self {
+        ContainerConfig {
+            enabled: true,
+            images_dir: None,
+            run_dir: None,
+            shim_path: None,
+            id_base: 100_000,
+            default_memory_mib: 1024,
+            max_memory_mib: 16 * 1024,
+            default_cpu_millis: 1000,
+            max_cpu_millis: 16_000,
+            default_pids: 1024,
+            max_pids: 32_768,
+            default_disk_mib: 1024,
+            max_disk_mib: 64 * 1024,
+            default_exec_timeout_ms: 10 * 60 * 1000,
+            max_exec_timeout_ms: 24 * 60 * 60 * 1000,
+            default_output_limit_bytes: 16 << 20,
+            max_output_limit_bytes: 1 << 30,
+        }
+    }
 }
 
 impl Default for NodeConfig {
@@ -33,6 +90,7 @@ impl Default for NodeConfig {
             reap_interval_ms: 1000,
             max_upload_bytes: 64 << 30,
             fncall: FncallConfig::default(),
+            container: ContainerConfig::default(),
         }
     }
 }

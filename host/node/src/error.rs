@@ -15,8 +15,22 @@ pub enum NodeError {
     SandboxDestroyed(String),
     #[error("sandbox {id} expired: {reason}")]
     SandboxExpired { id: String, reason: String },
-    #[error("tier {0} is not offered by this node (it offers: fncall)")]
-    TierUnavailable(Tier),
+    #[error("tier {tier} is not offered by this node ({why})")]
+    TierUnavailable { tier: Tier, why: String },
+    #[error("sandbox {id} is a {tier} sandbox; {op} needs another tier")]
+    WrongTier { id: String, tier: Tier, op: &'static str },
+    #[error("image {0:?} is not valid: {1}")]
+    BadImage(String, String),
+    #[error("no running exec {0} in this sandbox")]
+    NoSuchExec(u64),
+    #[error("no session {0:?} in this sandbox")]
+    NoSuchSession(String),
+    #[error(transparent)]
+    Container(#[from] brig_container::runtime::RuntimeError),
+    #[error(transparent)]
+    File(#[from] brig_container::files::FileError),
+    #[error(transparent)]
+    Session(#[from] brig_container::session::SessionError),
     #[error("this node holds its maximum of {0} sandboxes")]
     Full(usize),
     #[error("upload exceeds the {0}-byte limit")]
@@ -41,7 +55,20 @@ impl NodeError {
             NodeError::SandboxNotFound(_) => ErrorCode::NotFound,
             NodeError::SandboxDestroyed(_) => ErrorCode::NotFound,
             NodeError::SandboxExpired { .. } => ErrorCode::Expired,
-            NodeError::TierUnavailable(_) => ErrorCode::BadRequest,
+            NodeError::TierUnavailable { .. } => ErrorCode::Unavailable,
+            NodeError::WrongTier { .. } | NodeError::BadImage(..) => ErrorCode::BadRequest,
+            NodeError::NoSuchExec(_) | NodeError::NoSuchSession(_) => ErrorCode::NotFound,
+            NodeError::Container(_) => ErrorCode::Internal,
+            NodeError::File(e) => match e {
+                brig_container::files::FileError::Io { source, .. } => io_code(source),
+                _ => ErrorCode::BadRequest,
+            },
+            NodeError::Session(e) => match e {
+                brig_container::session::SessionError::Busy => ErrorCode::Conflict,
+                brig_container::session::SessionError::Idle => ErrorCode::BadRequest,
+                brig_container::session::SessionError::Closed => ErrorCode::NotFound,
+                _ => ErrorCode::Internal,
+            },
             NodeError::Full(_) => ErrorCode::ResourceExhausted,
             NodeError::UploadTooLarge(_) => ErrorCode::TooLarge,
             NodeError::Fncall(e) => match e {
@@ -74,7 +101,7 @@ fn io_code(e: &std::io::Error) -> ErrorCode {
 }
 
 /// `error: source: source …`, the way a client wants to read it.
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut next = e.source();
     while let Some(source) = next {

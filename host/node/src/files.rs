@@ -1,19 +1,79 @@
-//! Streamed file transfer into and out of a sandbox workspace. Neither direction holds a whole
-//! file in memory: uploads are written chunk by chunk as they arrive, downloads are read in
-//! [`CHUNK_BYTES`] pieces and sent as raw stream bytes after a `FileData { size }` header.
+//! The file API of every tier: streamed upload and download, and the small operations. Neither
+//! direction holds a whole file in memory: uploads are written chunk by chunk as they arrive,
+//! downloads are read in [`CHUNK_BYTES`] pieces and sent as raw stream bytes after a
+//! `FileData { size }` header.
 
 use std::io::SeekFrom;
 
+use brig_core::files::Entry;
+use brig_fncall::Workspace;
 use brig_proto::{FileReadRequest, FileWriteRequest, Reply};
 use brig_transport::Exchange;
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
-use crate::sandboxes::TierHandle;
 use crate::{Node, NodeError};
 
 /// Download piece size.
 pub const CHUNK_BYTES: usize = 256 << 10;
+
+/// A sandbox's file tree: an fncall workspace or a container root.
+pub(crate) enum FileRoot<'a> {
+    Workspace(&'a Workspace),
+    Container(brig_container::files::RootDir<'a>),
+}
+
+impl FileRoot<'_> {
+    pub fn open_read(&self, path: &str) -> Result<std::fs::File, NodeError> {
+        Ok(match self {
+            FileRoot::Workspace(ws) => ws.open_read(path)?,
+            FileRoot::Container(root) => root.open_read(path)?,
+        })
+    }
+
+    pub fn open_write(
+        &self,
+        path: &str,
+        append: bool,
+        parents: bool,
+        mode: Option<u32>,
+    ) -> Result<std::fs::File, NodeError> {
+        Ok(match self {
+            FileRoot::Workspace(ws) => ws.open_write(path, append, parents, mode)?,
+            FileRoot::Container(root) => root.open_write(path, append, parents, mode)?,
+        })
+    }
+
+    pub fn stat(&self, path: &str) -> Result<Entry, NodeError> {
+        Ok(match self {
+            FileRoot::Workspace(ws) => ws.stat(path)?,
+            FileRoot::Container(root) => root.stat(path)?,
+        })
+    }
+
+    pub fn list(&self, path: &str) -> Result<Vec<Entry>, NodeError> {
+        Ok(match self {
+            FileRoot::Workspace(ws) => ws.list(path)?,
+            FileRoot::Container(root) => root.list(path)?,
+        })
+    }
+
+    pub fn mkdir(&self, path: &str, parents: bool) -> Result<(), NodeError> {
+        match self {
+            FileRoot::Workspace(ws) => ws.mkdir(path, parents)?,
+            FileRoot::Container(root) => root.mkdir(path, parents)?,
+        }
+        Ok(())
+    }
+
+    pub fn remove(&self, path: &str, recursive: bool) -> Result<(), NodeError> {
+        match self {
+            FileRoot::Workspace(ws) => ws.remove_path(path, recursive)?,
+            FileRoot::Container(root) => root.remove(path, recursive)?,
+        }
+        Ok(())
+    }
+}
 
 fn io(what: &str) -> impl FnOnce(std::io::Error) -> NodeError + '_ {
     move |source| NodeError::Io { what: what.to_string(), source }
@@ -24,20 +84,17 @@ pub(crate) async fn write(
     req: FileWriteRequest,
     exchange: &mut Exchange,
 ) -> Result<Option<Reply>, NodeError> {
-    let entry = match node.inner.sandboxes.get(&req.sandbox) {
-        Ok(entry) => entry,
+    let opened = node.inner.sandboxes.get(&req.sandbox).and_then(|entry| {
+        entry.touch();
+        let file =
+            entry.handle.file_root().open_write(&req.path, req.append, req.parents, req.mode)?;
+        Ok((entry, file))
+    });
+    let (entry, file) = match opened {
+        Ok(pair) => pair,
         Err(e) => {
             exchange.refuse_upload();
             return Err(e);
-        }
-    };
-    entry.touch();
-    let TierHandle::Fncall(ws) = &entry.handle;
-    let file = match ws.open_write(&req.path, req.append, req.parents, req.mode) {
-        Ok(file) => file,
-        Err(e) => {
-            exchange.refuse_upload();
-            return Err(e.into());
         }
     };
     let mut file = tokio::fs::File::from_std(file);
@@ -63,8 +120,7 @@ pub(crate) async fn read(
 ) -> Result<Option<Reply>, NodeError> {
     let entry = node.inner.sandboxes.get(&req.sandbox)?;
     entry.touch();
-    let TierHandle::Fncall(ws) = &entry.handle;
-    let file = ws.open_read(&req.path)?;
+    let file = entry.handle.file_root().open_read(&req.path)?;
     let mut file = tokio::fs::File::from_std(file);
     let meta = file.metadata().await.map_err(io(&req.path))?;
     if meta.is_dir() {

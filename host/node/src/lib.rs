@@ -2,8 +2,9 @@
 //! turns wire requests into backend calls, and backend results into replies.
 //!
 //! ```text
-//! transport ──Request──▶ Node::serve ──▶ fncall backend (one-shot calls, sandbox calls)
-//!                            │        └─▶ sandbox table (ids, specs, TTLs; persisted)
+//! transport ──Request──▶ Node::serve ──▶ fncall tier     (one-shot calls, workspace sandboxes)
+//!                            │        ├─▶ container tier  (containers: exec, sessions)
+//!                            │        └─▶ sandbox table   (ids, specs, TTLs; persisted)
 //!                            └──Reply──▶ transport
 //! ```
 //! A node is the source of truth for its sandboxes: it rebuilds its table from its state
@@ -11,12 +12,13 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod container;
 mod convert;
 mod error;
 mod files;
 mod sandboxes;
 
-pub use config::NodeConfig;
+pub use config::{ContainerConfig, NodeConfig};
 pub use error::NodeError;
 
 use std::path::Path;
@@ -28,6 +30,7 @@ use brig_fncall::FncallBackend;
 use brig_proto::{CreateRequest, Reply, Request, SandboxInfo, SandboxState};
 use brig_transport::Exchange;
 
+use crate::container::ContainerTier;
 use crate::sandboxes::{now_unix_ms, Gone, SandboxEntry, SandboxTable, TierHandle};
 
 /// One node. Cheap to clone.
@@ -39,6 +42,8 @@ pub struct Node {
 struct Inner {
     config: NodeConfig,
     fncall: FncallBackend,
+    /// `Err` says why this node offers no containers.
+    containers: Result<ContainerTier, String>,
     sandboxes: SandboxTable,
 }
 
@@ -46,10 +51,24 @@ impl Node {
     /// Opens the node's state under `state_dir` and restores the sandboxes recorded there.
     pub fn open(config: NodeConfig, state_dir: &Path) -> Result<Node, NodeError> {
         let fncall = FncallBackend::open(config.fncall.clone(), &state_dir.join("fncall"))?;
+        let containers = ContainerTier::open(&config.container, state_dir, config.node_id);
+        match &containers {
+            Ok(_) => tracing::info!("container tier ready"),
+            Err(why) => tracing::warn!(%why, "container tier not offered"),
+        }
         let sandboxes = SandboxTable::new(&state_dir.join("sandboxes"))?;
-        let node = Node { inner: Arc::new(Inner { config, fncall, sandboxes }) };
+        let node = Node { inner: Arc::new(Inner { config, fncall, containers, sandboxes }) };
         node.restore();
         Ok(node)
+    }
+
+    /// Tiers this node offers.
+    pub fn tiers(&self) -> Vec<Tier> {
+        let mut tiers = vec![Tier::Fncall];
+        if self.inner.containers.is_ok() {
+            tiers.push(Tier::Container);
+        }
+        tiers
     }
 
     fn restore(&self) {
@@ -60,11 +79,14 @@ impl Node {
                     Ok(ws) => TierHandle::Fncall(ws),
                     Err(e) => {
                         tracing::warn!(sandbox = %record.id, error = %e, "workspace lost; sandbox dropped");
+                        self.inner.sandboxes.forget(&record.id);
                         continue;
                     }
                 },
                 other => {
-                    tracing::warn!(sandbox = %record.id, tier = %other, "tier not offered; sandbox dropped");
+                    // Container processes end with the node that started them.
+                    tracing::warn!(sandbox = %record.id, tier = %other, "sandbox did not survive the restart");
+                    self.inner.sandboxes.forget(&record.id);
                     continue;
                 }
             };
@@ -101,10 +123,22 @@ impl Node {
                     let ttl = entry.spec.idle_ttl.as_secs_f64();
                     let reason = format!("destroyed after its idle TTL of {ttl:.1} s");
                     tracing::info!(sandbox = %entry.id, "idle TTL passed; destroying");
-                    node.destroy(&entry.id, Gone::Expired(reason));
+                    node.destroy(&entry.id, Gone::Expired(reason)).await;
                 }
             }
         })
+    }
+
+    /// Destroys every sandbox (clean shutdown: containers end with the node).
+    pub async fn shutdown(&self) {
+        for entry in self.inner.sandboxes.list(&[]) {
+            if let TierHandle::Container(_) = entry.handle {
+                self.destroy(&entry.id, Gone::Expired("the node shut down".into())).await;
+            }
+        }
+        if let Ok(containers) = &self.inner.containers {
+            containers.shutdown();
+        }
     }
 
     /// Serves one request on its exchange.
@@ -114,6 +148,14 @@ impl Node {
             Request::FileWrite(req) => files::write(self, req, &mut exchange).await,
             Request::FileRead(req) => files::read(self, req, &mut exchange).await,
             Request::ToolAdd { name } => self.tool_add(&name, &mut exchange).await,
+            Request::Exec(req) => self.exec(req, &mut exchange).await,
+            Request::SessionRun { sandbox, session, command, timeout_ms } => {
+                self.session_stream(&sandbox, &session, Some(&command), timeout_ms, &mut exchange)
+                    .await
+            }
+            Request::SessionWait { sandbox, session, timeout_ms } => {
+                self.session_stream(&sandbox, &session, None, timeout_ms, &mut exchange).await
+            }
             other => self.handle(other).await,
         };
         let outcome = match result {
@@ -130,7 +172,56 @@ impl Node {
         exchange.finish();
     }
 
-    /// Requests with no upload or download.
+    /// A live sandbox of the container tier.
+    fn container(&self, sandbox: &str, op: &'static str) -> Result<Arc<SandboxEntry>, NodeError> {
+        let entry = self.inner.sandboxes.get(sandbox)?;
+        entry.touch();
+        match &entry.handle {
+            TierHandle::Container(_) => Ok(entry),
+            TierHandle::Fncall(_) => {
+                Err(NodeError::WrongTier { id: sandbox.to_string(), tier: Tier::Fncall, op })
+            }
+        }
+    }
+
+    fn container_tier(&self) -> Result<&ContainerTier, NodeError> {
+        self.inner
+            .containers
+            .as_ref()
+            .map_err(|why| NodeError::TierUnavailable { tier: Tier::Container, why: why.clone() })
+    }
+
+    async fn exec(
+        &self,
+        req: brig_proto::ExecRequest,
+        exchange: &mut Exchange,
+    ) -> Result<Option<Reply>, NodeError> {
+        let entry = self.container(&req.sandbox, "exec")?;
+        let TierHandle::Container(c) = &entry.handle else { return Ok(None) };
+        let reply = c.exec(self.container_tier()?, req, exchange).await;
+        entry.touch();
+        reply
+    }
+
+    async fn session_stream(
+        &self,
+        sandbox: &str,
+        session: &str,
+        command: Option<&str>,
+        timeout_ms: u64,
+        exchange: &mut Exchange,
+    ) -> Result<Option<Reply>, NodeError> {
+        let entry = self.container(sandbox, "sessions")?;
+        let TierHandle::Container(c) = &entry.handle else { return Ok(None) };
+        let timeout = Duration::from_millis(
+            timeout_ms.clamp(1, self.inner.config.container.max_exec_timeout_ms),
+        );
+        let reply = c.session_run(session, command, timeout, exchange).await;
+        entry.touch();
+        reply
+    }
+
+    /// Requests with no streaming.
     async fn handle(&self, request: Request) -> Result<Option<Reply>, NodeError> {
         let fncall = &self.inner.fncall;
         let reply = match request {
@@ -141,37 +232,43 @@ impl Node {
             Request::CallIn { sandbox, call } => {
                 let entry = self.inner.sandboxes.get(&sandbox)?;
                 entry.touch();
-                let TierHandle::Fncall(ws) = &entry.handle;
+                let TierHandle::Fncall(ws) = &entry.handle else {
+                    return Err(NodeError::WrongTier {
+                        id: sandbox,
+                        tier: entry.spec.tier,
+                        op: "tool calls",
+                    });
+                };
                 let report = fncall.call(convert::call_from_wire(call), Some(ws)).await?;
                 entry.touch();
                 Reply::Called(convert::report_to_wire(report))
             }
-            Request::Create(req) => Reply::Sandbox(self.create(req)?),
+            Request::Create(req) => Reply::Sandbox(self.create(req).await?),
             Request::Status { sandbox } => {
                 Reply::Sandbox(info(self.inner.sandboxes.get(&sandbox)?.as_ref()))
             }
             Request::Destroy { sandbox } => {
                 let id: SandboxId = sandbox.parse()?;
                 self.inner.sandboxes.get(&sandbox)?;
-                self.destroy(&id, Gone::Destroyed);
+                self.destroy(&id, Gone::Destroyed).await;
                 Reply::Done
             }
             Request::List(req) => Reply::Sandboxes(
                 self.inner.sandboxes.list(&req.labels).iter().map(|e| info(e)).collect(),
             ),
             Request::FileList { sandbox, path } => {
-                let entries = self.workspace_op(&sandbox, |ws| ws.list(&path))?;
+                let entries = self.file_op(&sandbox, |root| root.list(&path))?;
                 Reply::Entries(entries.into_iter().map(convert::entry_to_wire).collect())
             }
             Request::FileStat { sandbox, path } => Reply::Stat(convert::entry_to_wire(
-                self.workspace_op(&sandbox, |ws| ws.stat(&path))?,
+                self.file_op(&sandbox, |root| root.stat(&path))?,
             )),
             Request::FileMkdir { sandbox, path, parents } => {
-                self.workspace_op(&sandbox, |ws| ws.mkdir(&path, parents))?;
+                self.file_op(&sandbox, |root| root.mkdir(&path, parents))?;
                 Reply::Done
             }
             Request::FileRemove { sandbox, path, recursive } => {
-                self.workspace_op(&sandbox, |ws| ws.remove_path(&path, recursive))?;
+                self.file_op(&sandbox, |root| root.remove(&path, recursive))?;
                 Reply::Done
             }
             Request::ToolList => {
@@ -181,7 +278,45 @@ impl Node {
                 fncall.remove_tool(&name)?;
                 Reply::Done
             }
-            Request::FileWrite(_) | Request::FileRead(_) | Request::ToolAdd { .. } => {
+            Request::ExecKill { sandbox, exec_id } => {
+                let entry = self.container(&sandbox, "exec")?;
+                if let TierHandle::Container(c) = &entry.handle {
+                    c.kill(exec_id)?;
+                }
+                Reply::Done
+            }
+            Request::SessionOpen(req) => {
+                let entry = self.container(&req.sandbox, "sessions")?;
+                let TierHandle::Container(c) = &entry.handle else { return Ok(None) };
+                Reply::Session { session: c.open_session(req).await? }
+            }
+            Request::SessionInput { sandbox, session, data } => {
+                let entry = self.container(&sandbox, "sessions")?;
+                if let TierHandle::Container(c) = &entry.handle {
+                    c.session_input(&session, &data).await?;
+                }
+                Reply::Done
+            }
+            Request::SessionInterrupt { sandbox, session } => {
+                let entry = self.container(&sandbox, "sessions")?;
+                if let TierHandle::Container(c) = &entry.handle {
+                    c.session_interrupt(&session).await?;
+                }
+                Reply::Done
+            }
+            Request::SessionClose { sandbox, session } => {
+                let entry = self.container(&sandbox, "sessions")?;
+                if let TierHandle::Container(c) = &entry.handle {
+                    c.session_close(&session).await?;
+                }
+                Reply::Done
+            }
+            Request::FileWrite(_)
+            | Request::FileRead(_)
+            | Request::ToolAdd { .. }
+            | Request::Exec(_)
+            | Request::SessionRun { .. }
+            | Request::SessionWait { .. } => {
                 return Err(NodeError::Io {
                     what: "request routing".into(),
                     source: std::io::Error::other("streaming request reached the plain handler"),
@@ -191,11 +326,8 @@ impl Node {
         Ok(Some(reply))
     }
 
-    fn create(&self, req: CreateRequest) -> Result<SandboxInfo, NodeError> {
+    async fn create(&self, req: CreateRequest) -> Result<SandboxInfo, NodeError> {
         let tier = req.tier.map_or(Tier::Fncall, convert::tier_from_wire);
-        if tier != Tier::Fncall {
-            return Err(NodeError::TierUnavailable(tier));
-        }
         let max = self.inner.config.max_sandboxes;
         if self.inner.sandboxes.len() >= max {
             return Err(NodeError::Full(max));
@@ -204,42 +336,56 @@ impl Node {
             .idle_ttl_ms
             .unwrap_or(self.inner.config.default_idle_ttl_ms)
             .min(self.inner.config.max_idle_ttl_ms);
-        let mut labels = req.labels;
+        let mut labels = req.labels.clone();
         labels.sort();
         labels.dedup();
+        let id = SandboxId::generate(self.inner.config.node_id());
+        let handle = match tier {
+            Tier::Fncall => {
+                TierHandle::Fncall(self.inner.fncall.create_workspace(&id.to_string())?)
+            }
+            Tier::Container => {
+                TierHandle::Container(self.container_tier()?.create(&id, &req).await?)
+            }
+            Tier::Microvm | Tier::Fullvm => {
+                return Err(NodeError::TierUnavailable {
+                    tier,
+                    why: "no VM tier on this node yet".into(),
+                })
+            }
+        };
         let spec =
             SandboxSpec { tier, image: req.image, labels, idle_ttl: Duration::from_millis(ttl_ms) };
-        let id = SandboxId::generate(self.inner.config.node_id());
-        let ws = self.inner.fncall.create_workspace(&id.to_string())?;
-        let entry = SandboxEntry::new(id, spec, now_unix_ms(), TierHandle::Fncall(ws));
-        let entry = self.inner.sandboxes.insert(entry, true)?;
+        let entry = SandboxEntry::new(id, spec, now_unix_ms(), handle);
+        let entry = match self.inner.sandboxes.insert(entry, true) {
+            Ok(entry) => entry,
+            Err(e) => return Err(e),
+        };
         tracing::debug!(sandbox = %id, tier = %tier, "sandbox created");
         Ok(info(&entry))
     }
 
     /// Removes a sandbox and frees its resources.
-    fn destroy(&self, id: &SandboxId, reason: Gone) {
-        let Some(entry) = self.inner.sandboxes.remove(id, reason) else {
-            return;
+    async fn destroy(&self, id: &SandboxId, reason: Gone) {
+        let Some(entry) = self.inner.sandboxes.remove(id, reason) else { return };
+        let result = match &entry.handle {
+            TierHandle::Fncall(ws) => ws.remove().map_err(NodeError::from),
+            TierHandle::Container(c) => c.destroy().await,
         };
-        match &entry.handle {
-            TierHandle::Fncall(ws) => {
-                if let Err(e) = ws.remove() {
-                    tracing::warn!(sandbox = %id, error = %e, "cannot remove workspace");
-                }
-            }
+        if let Err(e) = result {
+            tracing::warn!(sandbox = %id, error = %e, "cleanup after destroy failed");
         }
     }
 
-    fn workspace_op<T>(
+    fn file_op<T>(
         &self,
         sandbox: &str,
-        op: impl FnOnce(&brig_fncall::Workspace) -> Result<T, brig_fncall::FncallError>,
+        op: impl FnOnce(&files::FileRoot<'_>) -> Result<T, NodeError>,
     ) -> Result<T, NodeError> {
         let entry = self.inner.sandboxes.get(sandbox)?;
         entry.touch();
-        let TierHandle::Fncall(ws) = &entry.handle;
-        Ok(op(ws)?)
+        let root = entry.handle.file_root();
+        op(&root)
     }
 
     async fn tool_add(
@@ -262,10 +408,14 @@ impl Node {
 }
 
 fn info(entry: &SandboxEntry) -> SandboxInfo {
+    let state = match &entry.handle {
+        TierHandle::Container(c) if !c.is_alive() => SandboxState::Failed,
+        _ => SandboxState::Running,
+    };
     SandboxInfo {
         id: entry.id.to_string(),
         tier: convert::tier_to_wire(entry.spec.tier),
-        state: SandboxState::Running,
+        state,
         labels: entry.spec.labels.clone(),
         created_unix_ms: entry.created_unix_ms,
         last_used_unix_ms: entry.last_used_unix_ms(),

@@ -23,6 +23,19 @@ const TOMBSTONES: usize = 65_536;
 /// The tier-specific part of a sandbox. Dispatch is by exhaustive `match`.
 pub(crate) enum TierHandle {
     Fncall(Workspace),
+    Container(crate::container::ContainerSandbox),
+}
+
+impl TierHandle {
+    /// Where the sandbox's files are, for the file API.
+    pub fn file_root(&self) -> crate::files::FileRoot<'_> {
+        match self {
+            TierHandle::Fncall(ws) => crate::files::FileRoot::Workspace(ws),
+            TierHandle::Container(c) => crate::files::FileRoot::Container(
+                brig_container::files::RootDir::new(c.container.root(), c.container.id_base()),
+            ),
+        }
+    }
 }
 
 pub(crate) struct SandboxEntry {
@@ -177,6 +190,11 @@ impl SandboxTable {
         gone.order.push_back(*id);
         gone.reasons.insert(*id, reason);
         Some(entry)
+    }
+
+    /// Deletes the record of a sandbox that could not be restored.
+    pub fn forget(&self, id: &SandboxId) {
+        let _ = std::fs::remove_file(self.record_path(id));
     }
 
     pub fn list(&self, selector: &[(String, String)]) -> Vec<Arc<SandboxEntry>> {

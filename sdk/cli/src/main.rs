@@ -1,6 +1,7 @@
 //! `brig`: the command line for Brig, over brig-sdk. See `brig --help`.
 
 mod output;
+mod shell;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -56,8 +57,21 @@ enum Command {
     Create {
         #[arg(long, default_value = "fncall")]
         tier: String,
+        /// Image for containers: a layer name, or layers bottom first joined by `+`.
         #[arg(long)]
         image: Option<String>,
+        #[arg(long)]
+        memory_mib: Option<u64>,
+        /// CPU in thousandths of a core.
+        #[arg(long)]
+        cpu_millis: Option<u64>,
+        #[arg(long)]
+        pids: Option<u64>,
+        #[arg(long)]
+        disk_mib: Option<u64>,
+        /// Environment variable KEY=VALUE for every command (repeatable).
+        #[arg(long = "env", value_parser = parse_pair)]
+        env: Vec<(String, String)>,
         /// Label as key=value (repeatable).
         #[arg(long = "label", value_parser = parse_pair)]
         labels: Vec<(String, String)>,
@@ -77,6 +91,18 @@ enum Command {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// Run a command in a container sandbox; output streams as it is produced and the exit
+    /// status is the command's.
+    Exec(ExecArgs),
+    /// Interactive shell session in a container sandbox (cwd and env persist between lines).
+    Sh {
+        id: String,
+        /// Seconds each line may run before the prompt returns (it keeps running).
+        #[arg(long, default_value_t = 600)]
+        timeout_s: u64,
+    },
+    /// Kill a running exec (and everything it started).
+    Kill { id: String, exec_id: u64 },
     /// Manage tool components.
     #[command(subcommand)]
     Tool(ToolCommand),
@@ -114,6 +140,31 @@ struct CallArgs {
     output_bytes: Option<u32>,
     #[arg(long)]
     fuel: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+struct ExecArgs {
+    id: String,
+    /// Working directory.
+    #[arg(long)]
+    cwd: Option<String>,
+    /// User name or uid[:gid].
+    #[arg(long)]
+    user: Option<String>,
+    /// Environment variable KEY=VALUE (repeatable).
+    #[arg(long = "env", value_parser = parse_pair)]
+    env: Vec<(String, String)>,
+    #[arg(long)]
+    timeout_ms: Option<u64>,
+    /// Cap on stdout + stderr bytes returned.
+    #[arg(long)]
+    output_limit: Option<u64>,
+    /// Forward this terminal's stdin to the command.
+    #[arg(short = 'i', long)]
+    interactive: bool,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true)]
+    argv: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -256,9 +307,35 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             };
             Ok(output::call_result(&result, json))
         }
-        Command::Create { tier, image, labels, idle_ttl_s } => {
+        Command::Create {
+            tier,
+            image,
+            memory_mib,
+            cpu_millis,
+            pids,
+            disk_mib,
+            env,
+            labels,
+            idle_ttl_s,
+        } => {
             let tier: Tier = output::parse_tier(&tier)?;
             let mut options = SandboxOptions::tier(tier);
+            for (value, set) in [
+                (
+                    memory_mib,
+                    SandboxOptions::memory_mib as fn(SandboxOptions, u64) -> SandboxOptions,
+                ),
+                (cpu_millis, SandboxOptions::cpu_millis),
+                (pids, SandboxOptions::pids),
+                (disk_mib, SandboxOptions::disk_mib),
+            ] {
+                if let Some(v) = value {
+                    options = set(options, v);
+                }
+            }
+            for (k, v) in &env {
+                options = options.env(k, v);
+            }
             if let Some(image) = &image {
                 options = options.image(image);
             }
@@ -294,6 +371,14 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 }
             }
             Ok(i32::from(failed > 0))
+        }
+        Command::Exec(args) => shell::exec(&client, args, json).await,
+        Command::Sh { id, timeout_s } => {
+            shell::interactive(&client, &id, Duration::from_secs(timeout_s)).await
+        }
+        Command::Kill { id, exec_id } => {
+            client.sandbox(&id).kill(exec_id).await?;
+            Ok(0)
         }
         Command::Tool(cmd) => tool(&client, cmd, json).await,
         Command::File(cmd) => file(&client, cmd, json).await,

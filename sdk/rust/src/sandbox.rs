@@ -43,6 +43,41 @@ impl SandboxOptions {
         self
     }
 
+    /// A container sandbox from `image` (`base` or `base+workspace+toolkit`).
+    pub fn container(image: &str) -> Self {
+        Self::tier(Tier::Container).image(image)
+    }
+
+    /// Memory limit.
+    pub fn memory_mib(mut self, mib: u64) -> Self {
+        self.request.limits.memory_mib = Some(mib);
+        self
+    }
+
+    /// CPU limit in thousandths of a core.
+    pub fn cpu_millis(mut self, millis: u64) -> Self {
+        self.request.limits.cpu_millis = Some(millis);
+        self
+    }
+
+    /// Process limit.
+    pub fn pids(mut self, pids: u64) -> Self {
+        self.request.limits.pids = Some(pids);
+        self
+    }
+
+    /// Writable-disk quota.
+    pub fn disk_mib(mut self, mib: u64) -> Self {
+        self.request.limits.disk_mib = Some(mib);
+        self
+    }
+
+    /// An environment variable every command starts with.
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.request.env.push((key.to_string(), value.to_string()));
+        self
+    }
+
     /// Destroy the sandbox after this long without a request.
     pub fn idle_ttl(mut self, ttl: Duration) -> Self {
         self.request.idle_ttl_ms = Some(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
@@ -74,6 +109,10 @@ impl Sandbox {
 
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
     }
 
     /// Calls a `brig:tool` component with this sandbox's workspace at `/workspace`.

@@ -81,11 +81,97 @@ pub struct CallResult {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct CreateRequest {
     pub tier: Option<Tier>,
-    /// Image or environment for VM and container tiers; unused by fncall.
+    /// Image for the container and VM tiers: a layer name, or layers bottom first joined by
+    /// `+` (`debian-12+flask-ws+harness`); unused by fncall.
     pub image: Option<String>,
     pub labels: Vec<(String, String)>,
     /// Destroy the sandbox after this long without a request; `None` takes the node default.
     pub idle_ttl_ms: Option<u64>,
+    pub limits: SandboxLimits,
+    /// Environment every command in the sandbox starts with.
+    pub env: Vec<(String, String)>,
+}
+
+/// Resource limits of a sandbox; `None` takes the node default.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SandboxLimits {
+    pub memory_mib: Option<u64>,
+    /// CPU in thousandths of a core (1000 = one core).
+    pub cpu_millis: Option<u64>,
+    pub pids: Option<u64>,
+    /// Writable-disk quota.
+    pub disk_mib: Option<u64>,
+}
+
+/// Where a command's stdin comes from.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub enum StdinMode {
+    /// Nothing (end of file at once).
+    #[default]
+    Empty,
+    /// These bytes, then end of file.
+    Bytes(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// Raw bytes the client sends on the request stream after the frame, until it finishes.
+    Stream,
+}
+
+/// Run a command in a container-like sandbox.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExecRequest {
+    pub sandbox: String,
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Working directory; empty is the image's default (`/`).
+    pub cwd: String,
+    /// User name or `uid[:gid]`; `None` is root.
+    pub user: Option<String>,
+    pub stdin: StdinMode,
+    pub timeout_ms: Option<u64>,
+    /// Cap on stdout + stderr bytes returned; `None` takes the node default.
+    pub output_limit_bytes: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+/// How a command ended.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExecResult {
+    /// Exit code, if it exited.
+    pub exit_code: Option<i32>,
+    /// Signal number, if a signal ended it.
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    /// Killed by request.
+    pub killed: bool,
+    /// Output passed the cap; what was returned stops at it.
+    pub truncated: bool,
+    /// The kernel's OOM killer ended it (memory limit).
+    pub oom_killed: bool,
+    pub duration_us: u64,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+}
+
+impl ExecResult {
+    /// Exited with code 0.
+    pub fn success(&self) -> bool {
+        self.exit_code == Some(0)
+    }
+}
+
+/// Start a persistent shell session.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct SessionOpenRequest {
+    pub sandbox: String,
+    /// Shell to run; `None` is /bin/bash if the image has it, else /bin/sh.
+    pub shell: Option<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+    pub user: Option<String>,
 }
 
 /// Lifecycle state as clients see it.
@@ -215,6 +301,41 @@ pub enum Request {
     ToolRemove {
         name: String,
     },
+    /// Replies `ExecStarted`, then `Output` frames, then `Exited`.
+    Exec(ExecRequest),
+    /// Kills a running exec and everything it started.
+    ExecKill {
+        sandbox: String,
+        exec_id: u64,
+    },
+    SessionOpen(SessionOpenRequest),
+    /// Replies `Output` frames, then `SessionDone` or (timeout) `SessionPending`.
+    SessionRun {
+        sandbox: String,
+        session: String,
+        command: String,
+        timeout_ms: u64,
+    },
+    /// Waits on a command that outlived its `SessionRun`; replies as `SessionRun`.
+    SessionWait {
+        sandbox: String,
+        session: String,
+        timeout_ms: u64,
+    },
+    SessionInput {
+        sandbox: String,
+        session: String,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    SessionInterrupt {
+        sandbox: String,
+        session: String,
+    },
+    SessionClose {
+        sandbox: String,
+        session: String,
+    },
 }
 
 impl Request {
@@ -236,12 +357,21 @@ impl Request {
             Request::ToolAdd { .. } => "tool_add",
             Request::ToolList => "tool_list",
             Request::ToolRemove { .. } => "tool_remove",
+            Request::Exec(_) => "exec",
+            Request::ExecKill { .. } => "exec_kill",
+            Request::SessionOpen(_) => "session_open",
+            Request::SessionRun { .. } => "session_run",
+            Request::SessionWait { .. } => "session_wait",
+            Request::SessionInput { .. } => "session_input",
+            Request::SessionInterrupt { .. } => "session_interrupt",
+            Request::SessionClose { .. } => "session_close",
         }
     }
 
     /// Whether raw bytes follow the request frame on the stream.
     pub fn has_upload(&self) -> bool {
         matches!(self, Request::FileWrite(_) | Request::ToolAdd { .. })
+            || matches!(self, Request::Exec(e) if e.stdin == StdinMode::Stream)
     }
 }
 
@@ -264,6 +394,25 @@ pub enum Reply {
     Tools(Vec<ToolInfo>),
     Done,
     Error(WireError),
+    ExecStarted {
+        exec_id: u64,
+    },
+    /// A piece of a command's output, in the order produced per stream.
+    Output {
+        stream: OutputStream,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    Exited(ExecResult),
+    Session {
+        session: String,
+    },
+    SessionDone {
+        exit_code: i32,
+        cwd: String,
+    },
+    /// The wait ended; the command is still running.
+    SessionPending,
 }
 
 impl CallResult {

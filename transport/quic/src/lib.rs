@@ -22,5 +22,5 @@ pub mod tuning;
 
 pub use client::{ClientConnection, ClientExchange};
 pub use error::TransportError;
-pub use server::{Exchange, Server, Service};
+pub use server::{Exchange, Server, Service, Upload};
 pub use tls::{CertPin, Identity};

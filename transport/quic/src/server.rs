@@ -39,7 +39,19 @@ pub trait Service: Send + Sync + 'static {
 /// One request's stream pair, as the service sees it.
 pub struct Exchange {
     send: quinn::SendStream,
+    reader: Option<FrameReader>,
+}
+
+/// The upload half of an exchange, taken out to be read concurrently with replies.
+pub struct Upload {
     reader: FrameReader,
+}
+
+impl Upload {
+    /// The next piece of the upload; `None` once the client finished it.
+    pub async fn read(&mut self) -> Result<Option<Bytes>, TransportError> {
+        self.reader.read_raw().await
+    }
 }
 
 impl Exchange {
@@ -58,19 +70,33 @@ impl Exchange {
         write_raw(&mut self.send, bytes).await
     }
 
-    /// Reads the next piece of an upload; `None` once the client finished it.
+    /// Reads the next piece of an upload; `None` once the client finished it (or the upload
+    /// was taken with [`Exchange::take_upload`]).
     pub async fn read_upload(&mut self) -> Result<Option<Bytes>, TransportError> {
-        self.reader.read_raw().await
+        match &mut self.reader {
+            Some(reader) => reader.read_raw().await,
+            None => Ok(None),
+        }
     }
 
     /// Reads a whole upload, refusing more than `limit` bytes.
     pub async fn read_upload_to_end(&mut self, limit: usize) -> Result<Vec<u8>, TransportError> {
-        self.reader.read_raw_to_end(limit).await
+        match &mut self.reader {
+            Some(reader) => reader.read_raw_to_end(limit).await,
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Takes the upload half, to read it while replies are being sent.
+    pub fn take_upload(&mut self) -> Option<Upload> {
+        self.reader.take().map(|reader| Upload { reader })
     }
 
     /// Stops reading an upload we refused, so the client is not left blocked on flow control.
     pub fn refuse_upload(&mut self) {
-        self.reader.stop(0);
+        if let Some(reader) = &mut self.reader {
+            reader.stop(0);
+        }
     }
 
     /// Ends the reply stream. Dropping the exchange does the same.
@@ -203,10 +229,10 @@ async fn serve_stream<S: Service>(
 ) {
     let mut reader = FrameReader::new(recv);
     match reader.read_frame::<Request>().await {
-        Ok(Some(request)) => service.serve(request, Exchange { send, reader }).await,
+        Ok(Some(request)) => service.serve(request, Exchange { send, reader: Some(reader) }).await,
         Ok(None) => {}
         Err(e) => {
-            let mut exchange = Exchange { send, reader };
+            let mut exchange = Exchange { send, reader: Some(reader) };
             exchange.refuse_upload();
             let message = format!("cannot decode request as Brig protocol {PROTOCOL_VERSION}: {e}");
             let _ = exchange.error(WireError::new(ErrorCode::BadRequest, message)).await;

@@ -33,7 +33,8 @@ pub fn run(spec: &SpawnSpec, fds: Vec<OwnedFd>, programs: &SeccompPrograms) -> !
     }
     let _ = nix::unistd::setsid();
     // From here descriptors are raw numbers: install_fds closes everything it does not install.
-    let raw: Vec<std::os::fd::RawFd> = fds.into_iter().map(std::os::fd::IntoRawFd::into_raw_fd).collect();
+    let raw: Vec<std::os::fd::RawFd> =
+        fds.into_iter().map(std::os::fd::IntoRawFd::into_raw_fd).collect();
     if let Err(e) = super::sys::install_fds(&raw[..3 + extra]) {
         fail(EXIT_BAD_SETUP, &format!("cannot install descriptors: {e}"));
     }
@@ -44,6 +45,9 @@ pub fn run(spec: &SpawnSpec, fds: Vec<OwnedFd>, programs: &SeccompPrograms) -> !
     };
     if let Err(e) = nix::unistd::chdir(spec.cwd.as_str()) {
         fail(EXIT_BAD_SETUP, &format!("cannot enter working directory {}: {e}", spec.cwd));
+    }
+    if let Err(e) = super::security::drop_bounding_set() {
+        fail(EXIT_BAD_SETUP, &format!("cannot drop capabilities: {e}"));
     }
     if let Err(e) = nix::unistd::setgroups(&user.groups) {
         fail(EXIT_BAD_SETUP, &format!("setgroups: {e}"));
@@ -81,7 +85,10 @@ fn exec(spec: &SpawnSpec, user: &super::users::User) -> ! {
             env.push((key.to_string(), value));
         }
     }
-    let cstr = |s: &str| CString::new(s).unwrap_or_else(|_| fail(EXIT_CANNOT_EXEC, "NUL byte in command or environment"));
+    let cstr = |s: &str| {
+        CString::new(s)
+            .unwrap_or_else(|_| fail(EXIT_CANNOT_EXEC, "NUL byte in command or environment"))
+    };
     let argv: Vec<CString> = spec.argv.iter().map(|a| cstr(a)).collect();
     let envp: Vec<CString> = env.iter().map(|(k, v)| cstr(&format!("{k}={v}"))).collect();
     let path = env.iter().find(|(k, _)| k == "PATH").map_or(DEFAULT_PATH, |(_, v)| v.as_str());

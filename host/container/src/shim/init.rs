@@ -35,6 +35,10 @@ fn inside(root: &Path, path: &str) -> PathBuf {
 
 /// Runs as pid 1. Reports readiness by writing one byte to `ready`; never returns.
 pub fn run(config: &ShimConfig, programs: &SeccompPrograms, ready: OwnedFd) -> ! {
+    // If the shim dies (even by SIGKILL), the container dies with it: no orphaned containers.
+    if nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).is_err() {
+        std::process::exit(1);
+    }
     match build(config) {
         Ok(()) => {}
         Err(e) => {
@@ -44,7 +48,7 @@ pub fn run(config: &ShimConfig, programs: &SeccompPrograms, ready: OwnedFd) -> !
     }
     // pid 1 is visible to the container, so it gives up exactly what every container process
     // gives up: anything that ptraces it gains nothing.
-    if let Err(e) = confine(programs) {
+    if let Err(e) = super::security::drop_bounding_set().and_then(|()| confine(programs)) {
         let _ = nix::unistd::write(&ready, format!("E{}", super::describe(&e)).as_bytes());
         std::process::exit(1);
     }
@@ -66,8 +70,14 @@ fn build(config: &ShimConfig) -> Result<(), ShimError> {
     mount(Some("proc"), &inside(root, "proc"), Some("proc"), nosuid, None::<&str>)
         .map_err(sys("mount proc"))?;
     mkdir_all(&inside(root, "sys"))?;
-    mount(Some("sysfs"), &inside(root, "sys"), Some("sysfs"), nosuid | MsFlags::MS_RDONLY, None::<&str>)
-        .map_err(sys("mount sysfs"))?;
+    mount(
+        Some("sysfs"),
+        &inside(root, "sys"),
+        Some("sysfs"),
+        nosuid | MsFlags::MS_RDONLY,
+        None::<&str>,
+    )
+    .map_err(sys("mount sysfs"))?;
     build_dev(root)?;
     for path in &config.masked_paths {
         mask(root, path)?;
@@ -103,8 +113,14 @@ fn build_dev(root: &Path) -> Result<(), ShimError> {
     for name in DEVICES {
         let target = dev.join(name);
         std::fs::File::create(&target).map_err(io("create device node placeholder"))?;
-        mount(Some(&Path::new("/dev").join(name)), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-            .map_err(sys("bind device"))?;
+        mount(
+            Some(&Path::new("/dev").join(name)),
+            &target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(sys("bind device"))?;
     }
     let pts = dev.join("pts");
     mkdir_all(&pts)?;
@@ -145,8 +161,14 @@ fn mask(root: &Path, path: &str) -> Result<(), ShimError> {
         mount(Some("tmpfs"), &target, Some("tmpfs"), MsFlags::MS_RDONLY, Some("size=0"))
             .map_err(sys("mask directory"))
     } else {
-        mount(Some(&inside(root, "dev/null")), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-            .map_err(sys("mask file"))
+        mount(
+            Some(&inside(root, "dev/null")),
+            &target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(sys("mask file"))
     }
 }
 

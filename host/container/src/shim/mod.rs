@@ -73,7 +73,9 @@ pub fn run() -> Result<(), ShimError> {
     // The node writes our uid/gid maps (it holds CAP_SETUID in the parent namespace), then says go.
     {
         let mut out = std::io::stdout().lock();
-        out.write_all(b"userns\n").and_then(|()| out.flush()).map_err(|e| ShimError::Io("handshake", e))?;
+        out.write_all(b"userns\n")
+            .and_then(|()| out.flush())
+            .map_err(|e| ShimError::Io("handshake", e))?;
     }
     line.clear();
     stdin.read_line(&mut line).map_err(|e| ShimError::Io("handshake", e))?;
@@ -109,7 +111,8 @@ pub fn run() -> Result<(), ShimError> {
     };
     drop(ready_w);
     let mut status = [0u8; 512];
-    let n = nix::unistd::read(&ready_r, &mut status).map_err(|e| ShimError::Sys("wait for init", e))?;
+    let n =
+        nix::unistd::read(&ready_r, &mut status).map_err(|e| ShimError::Sys("wait for init", e))?;
     if n == 0 || status[0] != b'R' {
         let why = String::from_utf8_lossy(&status[1..n.max(1)]).into_owned();
         return Err(ShimError::Protocol(format!("init failed: {why}")));
@@ -124,7 +127,11 @@ fn send(control: &OwnedFd, msg: &FromShim) -> Result<(), ShimError> {
 }
 
 /// Serves spawn requests and reports exits until init dies or the node hangs up.
-fn serve(control: &OwnedFd, init: Pid, programs: &security::SeccompPrograms) -> Result<(), ShimError> {
+fn serve(
+    control: &OwnedFd,
+    init: Pid,
+    programs: &security::SeccompPrograms,
+) -> Result<(), ShimError> {
     let mut chld = SigSet::empty();
     chld.add(Signal::SIGCHLD);
     let sigfd = SignalFd::with_flags(&chld, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
@@ -149,22 +156,25 @@ fn serve(control: &OwnedFd, init: Pid, programs: &security::SeccompPrograms) -> 
             }
         }
         if control_ready {
-            let Some((len, received)) =
-                control::recv(control.as_fd(), &mut buf).map_err(|e| ShimError::Sys("receive", e))?
+            let Some((len, received)) = control::recv(control.as_fd(), &mut buf)
+                .map_err(|e| ShimError::Sys("receive", e))?
             else {
                 // The node hung up: take the container down with us rather than orphan it.
                 let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
                 return Ok(());
             };
-            let msg: ToShim =
-                postcard::from_bytes(&buf[..len]).map_err(|e| ShimError::Protocol(e.to_string()))?;
+            let msg: ToShim = postcard::from_bytes(&buf[..len])
+                .map_err(|e| ShimError::Protocol(e.to_string()))?;
             match msg {
                 ToShim::Spawn(spec) => match sys::fork()? {
                     sys::Forked::Child => child::run(&spec, received, programs),
                     sys::Forked::Parent(pid) => {
                         drop(received);
                         running.insert(pid, spec.exec_id);
-                        send(control, &FromShim::Spawned { exec_id: spec.exec_id, pid: pid.as_raw() })?;
+                        send(
+                            control,
+                            &FromShim::Spawned { exec_id: spec.exec_id, pid: pid.as_raw() },
+                        )?;
                     }
                 },
             }

@@ -101,7 +101,12 @@ const CLONE_NAMESPACE_FLAGS: [u64; 7] = [
     libc::CLONE_NEWCGROUP as u64,
 ];
 
-fn cond(arg: u8, len: SeccompCmpArgLen, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, ShimError> {
+fn cond(
+    arg: u8,
+    len: SeccompCmpArgLen,
+    op: SeccompCmpOp,
+    value: u64,
+) -> Result<SeccompCondition, ShimError> {
     SeccompCondition::new(arg, len, op, value).map_err(|e| ShimError::Seccomp(e.to_string()))
 }
 
@@ -117,7 +122,12 @@ pub fn seccomp_programs() -> Result<SeccompPrograms, ShimError> {
     }
     let mut clone_rules = Vec::new();
     for flag in CLONE_NAMESPACE_FLAGS {
-        clone_rules.push(rule(vec![cond(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(flag), flag)?])?);
+        clone_rules.push(rule(vec![cond(
+            0,
+            SeccompCmpArgLen::Qword,
+            SeccompCmpOp::MaskedEq(flag),
+            flag,
+        )?])?);
     }
     rules.insert(libc::SYS_clone, clone_rules);
     let mut ioctl_rules = Vec::new();
@@ -132,12 +142,14 @@ pub fn seccomp_programs() -> Result<SeccompPrograms, ShimError> {
         TargetArch::x86_64,
     )
     .map_err(|e| ShimError::Seccomp(e.to_string()))?;
-    let main: BpfProgram =
-        filter.try_into().map_err(|e: seccompiler::BackendError| ShimError::Seccomp(e.to_string()))?;
+    let main: BpfProgram = filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| ShimError::Seccomp(e.to_string()))?;
     // clone3 passes its flags in memory, where seccomp cannot look: answer ENOSYS so libc falls
     // back to clone(2), whose flags the rules above check. A separate filter, because each
     // filter returns one action; the kernel applies the most restrictive of all installed ones.
-    let clone3_rules: BTreeMap<i64, Vec<SeccompRule>> = [(libc::SYS_clone3, vec![])].into_iter().collect();
+    let clone3_rules: BTreeMap<i64, Vec<SeccompRule>> =
+        [(libc::SYS_clone3, vec![])].into_iter().collect();
     let clone3 = SeccompFilter::new(
         clone3_rules,
         SeccompAction::Allow,
@@ -145,8 +157,9 @@ pub fn seccomp_programs() -> Result<SeccompPrograms, ShimError> {
         TargetArch::x86_64,
     )
     .map_err(|e| ShimError::Seccomp(e.to_string()))?;
-    let clone3: BpfProgram =
-        clone3.try_into().map_err(|e: seccompiler::BackendError| ShimError::Seccomp(e.to_string()))?;
+    let clone3: BpfProgram = clone3
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| ShimError::Seccomp(e.to_string()))?;
     Ok(SeccompPrograms { main, clone3 })
 }
 
@@ -156,14 +169,22 @@ pub struct SeccompPrograms {
     clone3: BpfProgram,
 }
 
-/// Drops capabilities outside [`KEPT_CAPS`] from every set, including the bounding set.
-pub fn drop_capabilities() -> Result<(), ShimError> {
+/// Drops capabilities outside [`KEPT_CAPS`] from the bounding set. Needs CAP_SETPCAP, so it
+/// runs before the process changes to a non-root user.
+pub fn drop_bounding_set() -> Result<(), ShimError> {
     let kept: HashSet<Capability> = KEPT_CAPS.into_iter().collect();
     for cap in caps::all() {
         if !kept.contains(&cap) {
             caps::drop(None, CapSet::Bounding, cap).map_err(|e| ShimError::Caps(e.to_string()))?;
         }
     }
+    Ok(())
+}
+
+/// Drops capabilities outside [`KEPT_CAPS`] from the process's own sets (a non-root user has
+/// none left after setuid anyway).
+pub fn drop_capabilities() -> Result<(), ShimError> {
+    let kept: HashSet<Capability> = KEPT_CAPS.into_iter().collect();
     caps::clear(None, CapSet::Ambient).map_err(|e| ShimError::Caps(e.to_string()))?;
     caps::clear(None, CapSet::Inheritable).map_err(|e| ShimError::Caps(e.to_string()))?;
     for set in [CapSet::Effective, CapSet::Permitted] {
@@ -174,7 +195,8 @@ pub fn drop_capabilities() -> Result<(), ShimError> {
     Ok(())
 }
 
-/// Applies the full confinement to the calling process: capabilities, `no_new_privs`, seccomp.
+/// Applies the confinement that follows the change of user: capabilities, `no_new_privs`,
+/// seccomp. [`drop_bounding_set`] must have run first.
 pub fn confine(programs: &SeccompPrograms) -> Result<(), ShimError> {
     drop_capabilities()?;
     nix::sys::prctl::set_no_new_privs().map_err(|e| ShimError::Sys("no_new_privs", e))?;

@@ -91,7 +91,9 @@ pub fn install_fds(fds: &[std::os::fd::RawFd]) -> Result<(), nix::Error> {
     }
     // SAFETY: closing the parked copies and every higher descriptor; nothing in this process
     // uses them after this point (it execs next).
-    let rc = unsafe { libc::syscall(libc::SYS_close_range, fds.len() as libc::c_uint, libc::c_uint::MAX, 0) };
+    let rc = unsafe {
+        libc::syscall(libc::SYS_close_range, fds.len() as libc::c_uint, libc::c_uint::MAX, 0)
+    };
     if rc < 0 {
         return Err(nix::Error::last());
     }

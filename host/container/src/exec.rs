@@ -1,0 +1,280 @@
+//! Running a command in a container with streamed output: the engine behind `exec`.
+//!
+//! ```text
+//! request ─▶ pipes + exec cgroup ─▶ shim spawns ─▶ task: read stdout/stderr ─▶ events
+//!                                                  deadline timer ─▶ kill whole tree
+//! events: Stdout(bytes) | Stderr(bytes) … Exit(status, timed_out, truncated, oom_killed)
+//! ```
+//! Output is capped across stdout and stderr together: past the cap the bytes are read and
+//! dropped (so the command never blocks on a full pipe) and the exit says `truncated`. A
+//! deadline kills the command's whole cgroup, daemons it started included. Events go through
+//! a bounded channel, so a slow client slows the command instead of growing memory.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::pipe;
+use tokio::sync::{mpsc, Notify};
+
+use crate::runtime::{Container, Process, RuntimeError, SpawnRequest};
+use crate::shim_proto::ExitInfo;
+
+/// Read size for output pipes.
+const READ_BYTES: usize = 64 << 10;
+/// After the process exits, how long to wait for its pipes to close (a background child may
+/// hold them open forever).
+const DRAIN_GRACE: Duration = Duration::from_millis(100);
+/// Events buffered between the engine and its consumer.
+const EVENT_QUEUE: usize = 64;
+
+/// What to feed the command on stdin.
+#[derive(Debug, Clone, Default)]
+pub enum Stdin {
+    /// /dev/null-like: closed at once.
+    #[default]
+    Null,
+    /// These bytes, then end of file.
+    Bytes(Vec<u8>),
+    /// The caller writes through [`Exec::stdin`].
+    Stream,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ExecRequest {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+    pub user: Option<String>,
+    pub stdin: Stdin,
+    pub timeout: Option<Duration>,
+    /// Cap on stdout + stderr bytes delivered.
+    pub output_limit: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecExit {
+    /// `None` if the process could not be waited for (the container died).
+    pub status: Option<ExitInfo>,
+    pub timed_out: bool,
+    pub killed: bool,
+    pub truncated: bool,
+    pub oom_killed: bool,
+    pub duration: Duration,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecEvent {
+    Stdout(Bytes),
+    Stderr(Bytes),
+    Exit(ExecExit),
+}
+
+/// A running command.
+pub struct Exec {
+    pub pid: i32,
+    pub events: mpsc::Receiver<ExecEvent>,
+    /// Present when the request asked for [`Stdin::Stream`]; drop it to send end of file.
+    pub stdin: Option<pipe::Sender>,
+    kill: Arc<Notify>,
+}
+
+impl Exec {
+    /// A handle that kills the command (and its tree) when triggered.
+    pub fn killer(&self) -> Killer {
+        Killer(self.kill.clone())
+    }
+}
+
+/// Kills a running command from anywhere.
+#[derive(Clone)]
+pub struct Killer(Arc<Notify>);
+
+impl Killer {
+    pub fn kill(&self) {
+        self.0.notify_one();
+    }
+}
+
+fn pipe_pair() -> Result<(OwnedFd, OwnedFd), RuntimeError> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| RuntimeError::Io { what: "pipe".into(), source: e.into() })
+}
+
+fn receiver(fd: OwnedFd) -> Result<pipe::Receiver, RuntimeError> {
+    pipe::Receiver::from_owned_fd(fd)
+        .map_err(|source| RuntimeError::Io { what: "pipe".into(), source })
+}
+
+/// Starts `request` in `container`.
+pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Exec, RuntimeError> {
+    let (in_r, in_w) = pipe_pair()?;
+    let (out_r, out_w) = pipe_pair()?;
+    let (err_r, err_w) = pipe_pair()?;
+    let spawn =
+        SpawnRequest { argv: request.argv, env: request.env, cwd: request.cwd, user: request.user };
+    let oom_before = container.cgroup().oom_kills();
+    let started = Instant::now();
+    let process = container.spawn(spawn, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()], &[]).await?;
+    drop((in_r, out_w, err_w));
+    let stdin_tx = pipe::Sender::from_owned_fd(in_w)
+        .map_err(|source| RuntimeError::Io { what: "pipe".into(), source })?;
+    let stdin = match request.stdin {
+        Stdin::Null => None,
+        Stdin::Bytes(bytes) => {
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let mut tx = stdin_tx;
+                let _ = tx.write_all(&bytes).await;
+            });
+            None
+        }
+        Stdin::Stream => Some(stdin_tx),
+    };
+    let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+    let kill = Arc::new(Notify::new());
+    let pid = process.pid;
+    let job = Job {
+        container: container.clone(),
+        process,
+        stdout: receiver(out_r)?,
+        stderr: receiver(err_r)?,
+        events: tx,
+        kill: kill.clone(),
+        timeout: request.timeout,
+        limit: request.output_limit,
+        oom_before,
+        started,
+    };
+    tokio::spawn(job.run());
+    Ok(Exec { pid, events: rx, stdin, kill })
+}
+
+struct Job {
+    container: Arc<Container>,
+    process: Process,
+    stdout: pipe::Receiver,
+    stderr: pipe::Receiver,
+    events: mpsc::Sender<ExecEvent>,
+    kill: Arc<Notify>,
+    timeout: Option<Duration>,
+    limit: u64,
+    oom_before: u64,
+    started: Instant,
+}
+
+/// Output accounting shared by both streams.
+struct Budget {
+    limit: u64,
+    delivered: u64,
+    truncated: bool,
+    stdout_bytes: u64,
+    stderr_bytes: u64,
+}
+
+impl Budget {
+    /// Takes what may still be delivered of `chunk`.
+    fn admit(&mut self, chunk: &[u8], stdout: bool) -> Option<Bytes> {
+        if stdout {
+            self.stdout_bytes += chunk.len() as u64;
+        } else {
+            self.stderr_bytes += chunk.len() as u64;
+        }
+        let room = self.limit.saturating_sub(self.delivered);
+        if chunk.len() as u64 > room {
+            self.truncated = true;
+        }
+        let take = (chunk.len() as u64).min(room) as usize;
+        self.delivered += take as u64;
+        (take > 0).then(|| Bytes::copy_from_slice(&chunk[..take]))
+    }
+}
+
+impl Job {
+    async fn run(mut self) {
+        let deadline_hit = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let killed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // The deadline and explicit kills act on the cgroup from their own task, so they fire
+        // even while the event channel is full.
+        let killer = {
+            let (timeout, kill, deadline_hit, killed) =
+                (self.timeout, self.kill.clone(), deadline_hit.clone(), killed.clone());
+            let cgroup_kill = self.process.tree_killer();
+            tokio::spawn(async move {
+                let sleep = async {
+                    match timeout {
+                        Some(t) => tokio::time::sleep(t).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = sleep => deadline_hit.store(true, std::sync::atomic::Ordering::Relaxed),
+                    () = kill.notified() => killed.store(true, std::sync::atomic::Ordering::Relaxed),
+                }
+                tokio::task::spawn_blocking(cgroup_kill).await.ok();
+            })
+        };
+        let mut budget = Budget {
+            limit: self.limit,
+            delivered: 0,
+            truncated: false,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+        };
+        let mut out_buf = vec![0u8; READ_BYTES];
+        let mut err_buf = vec![0u8; READ_BYTES];
+        let (mut out_open, mut err_open) = (true, true);
+        let mut status: Option<Option<ExitInfo>> = None;
+        let mut drain_until: Option<tokio::time::Instant> = None;
+        while out_open || err_open {
+            let grace = async {
+                match drain_until {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                n = self.stdout.read(&mut out_buf), if out_open => match n {
+                    Ok(0) | Err(_) => out_open = false,
+                    Ok(n) => if let Some(b) = budget.admit(&out_buf[..n], true) {
+                        if self.events.send(ExecEvent::Stdout(b)).await.is_err() { break; }
+                    },
+                },
+                n = self.stderr.read(&mut err_buf), if err_open => match n {
+                    Ok(0) | Err(_) => err_open = false,
+                    Ok(n) => if let Some(b) = budget.admit(&err_buf[..n], false) {
+                        if self.events.send(ExecEvent::Stderr(b)).await.is_err() { break; }
+                    },
+                },
+                exit = self.process.wait(), if status.is_none() => {
+                    status = Some(exit);
+                    drain_until = Some(tokio::time::Instant::now() + DRAIN_GRACE);
+                },
+                () = grace => break,
+            }
+        }
+        let status = match status {
+            Some(s) => s,
+            None => self.process.wait().await,
+        };
+        killer.abort();
+        let oom_killed = status == Some(ExitInfo::Signal(libc::SIGKILL))
+            && self.container.cgroup().oom_kills() > self.oom_before;
+        let exit = ExecExit {
+            status,
+            timed_out: deadline_hit.load(std::sync::atomic::Ordering::Relaxed),
+            killed: killed.load(std::sync::atomic::Ordering::Relaxed),
+            truncated: budget.truncated,
+            oom_killed,
+            duration: self.started.elapsed(),
+            stdout_bytes: budget.stdout_bytes,
+            stderr_bytes: budget.stderr_bytes,
+        };
+        let _ = self.events.send(ExecEvent::Exit(exit)).await;
+        self.process.cleanup();
+    }
+}

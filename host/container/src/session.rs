@@ -1,0 +1,444 @@
+//! Persistent shell sessions: a shell whose working directory, environment, functions and
+//! background jobs survive between commands (what SWE-style rollouts depend on).
+//!
+//! The session is a shell running a small driver loop. Commands do not travel on the shell's
+//! stdin, so a program that reads stdin (`cat`, `python`, `read`) can neither eat the next
+//! command nor fake the end of one:
+//!
+//! ```text
+//! fd 3  node → shell   "<nonce>\0<command>\0"        the next command
+//! fd 4  shell → node   "<nonce> <status> <cwd>\n"     the command finished
+//! fd 0  node → shell   input for the running command (interactive programs)
+//! fd 1,2               output; after each command the driver writes "\x1e<nonce>\x1e" to both,
+//!                      so output is cut exactly at the command's end
+//! ```
+//! A command that outlives its call's timeout keeps running; its later output is buffered (up
+//! to a bound) for the next [`Session::wait`]. The nonce is random per command; it lives in a
+//! shell variable, so only the session's own commands could read it — the channel reports to
+//! the same agent that could print anything anyway, and grading never relies on it.
+
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::sync::{mpsc, Mutex};
+
+use crate::runtime::{Container, Process, RuntimeError, SpawnRequest};
+
+/// The driver loop. Runs under bash or busybox sh.
+pub const DRIVER: &str = r#"trap ':' INT
+while IFS= read -r -d '' __brig_nonce <&3 && IFS= read -r -d '' __brig_cmd <&3; do
+  eval "$__brig_cmd" 3<&- 4>&-
+  __brig_rc=$?
+  printf '\036%s\036' "$__brig_nonce"
+  printf '\036%s\036' "$__brig_nonce" >&2
+  printf '%s %s %s\n' "$__brig_nonce" "$__brig_rc" "$PWD" >&4
+done
+"#;
+
+/// Output kept for a command nobody is waiting on.
+const BACKLOG_BYTES: usize = 4 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("the session is running another command; wait for it or interrupt it")]
+    Busy,
+    #[error("no command is running in the session")]
+    Idle,
+    #[error("the session's shell has exited")]
+    Closed,
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error("session I/O")]
+    Io(#[source] std::io::Error),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEvent {
+    Stdout(Bytes),
+    Stderr(Bytes),
+    /// The command finished.
+    Done {
+        exit_code: i32,
+        cwd: String,
+    },
+    /// The wait ended before the command did; it keeps running.
+    Pending,
+    /// Output past the backlog bound was dropped while nobody waited.
+    Dropped {
+        bytes: u64,
+    },
+}
+
+/// One shell session in a container.
+pub struct Session {
+    state: Mutex<State>,
+    control: mpsc::Sender<Control>,
+    process: Mutex<Process>,
+}
+
+struct State {
+    commands: pipe::Sender,
+    stdin: pipe::Sender,
+    running: Option<String>,
+}
+
+enum Control {
+    /// Deliver events of the running command to this sink (replacing any earlier one).
+    Attach(mpsc::Sender<SessionEvent>),
+    Detach,
+    Started(String),
+}
+
+fn io(e: std::io::Error) -> SessionError {
+    SessionError::Io(e)
+}
+
+impl Session {
+    /// Starts a session running `shell` (e.g. `/bin/bash`) as `user` in `cwd`.
+    pub async fn open(
+        container: &Arc<Container>,
+        shell: &str,
+        env: Vec<(String, String)>,
+        cwd: &str,
+        user: Option<String>,
+    ) -> Result<Session, SessionError> {
+        let pipe = || {
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SessionError::Io(e.into()))
+        };
+        let (in_r, in_w) = pipe()?;
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let (cmd_r, cmd_w) = pipe()?;
+        let (done_r, done_w) = pipe()?;
+        let mut env = env;
+        for (k, v) in [("TERM", "dumb"), ("PAGER", "cat"), ("GIT_PAGER", "cat"), ("PS1", "")] {
+            if !env.iter().any(|(key, _)| key == k) {
+                env.push((k.to_string(), v.to_string()));
+            }
+        }
+        let request = SpawnRequest {
+            argv: vec![shell.to_string(), "-c".to_string(), DRIVER.to_string()],
+            env,
+            cwd: cwd.to_string(),
+            user,
+        };
+        let process = container
+            .spawn(
+                request,
+                [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()],
+                &[cmd_r.as_fd(), done_w.as_fd()],
+            )
+            .await?;
+        drop((in_r, out_w, err_w, cmd_r, done_w));
+        let sender = |fd| pipe::Sender::from_owned_fd(fd).map_err(io);
+        let receiver = |fd| pipe::Receiver::from_owned_fd(fd).map_err(io);
+        let (control, control_rx) = mpsc::channel(16);
+        let reader = Reader {
+            stdout: receiver(out_r)?,
+            stderr: receiver(err_r)?,
+            done: receiver(done_r)?,
+            control: control_rx,
+        };
+        tokio::spawn(reader.run());
+        Ok(Session {
+            state: Mutex::new(State {
+                commands: sender(cmd_w)?,
+                stdin: sender(in_w)?,
+                running: None,
+            }),
+            control,
+            process: Mutex::new(process),
+        })
+    }
+
+    /// Runs `command`; events stream into `sink` until it finishes or `timeout` passes
+    /// (then `Pending`, and the command keeps running).
+    pub async fn run(
+        &self,
+        command: &str,
+        timeout: Duration,
+        sink: mpsc::Sender<SessionEvent>,
+    ) -> Result<(), SessionError> {
+        {
+            let mut state = self.state.lock().await;
+            if state.running.is_some() {
+                return Err(SessionError::Busy);
+            }
+            let nonce = hex::encode(rand::random::<[u8; 12]>());
+            self.control
+                .send(Control::Started(nonce.clone()))
+                .await
+                .map_err(|_| SessionError::Closed)?;
+            let mut message = Vec::with_capacity(nonce.len() + command.len() + 2);
+            message.extend_from_slice(nonce.as_bytes());
+            message.push(0);
+            message.extend_from_slice(command.replace('\0', "").as_bytes());
+            message.push(0);
+            state.commands.write_all(&message).await.map_err(|_| SessionError::Closed)?;
+            state.running = Some(nonce);
+        }
+        self.wait_on(timeout, sink).await
+    }
+
+    /// Waits for the running command, streaming its output (including what was buffered
+    /// since the last call) into `sink`.
+    pub async fn wait(
+        &self,
+        timeout: Duration,
+        sink: mpsc::Sender<SessionEvent>,
+    ) -> Result<(), SessionError> {
+        if self.state.lock().await.running.is_none() {
+            return Err(SessionError::Idle);
+        }
+        self.wait_on(timeout, sink).await
+    }
+
+    async fn wait_on(
+        &self,
+        timeout: Duration,
+        sink: mpsc::Sender<SessionEvent>,
+    ) -> Result<(), SessionError> {
+        let (tx, mut rx) = mpsc::channel(64);
+        self.control.send(Control::Attach(tx)).await.map_err(|_| SessionError::Closed)?;
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                event = rx.recv() => match event {
+                    Some(event) => {
+                        let done = matches!(event, SessionEvent::Done { .. });
+                        if done {
+                            self.state.lock().await.running = None;
+                        }
+                        if sink.send(event).await.is_err() || done {
+                            break;
+                        }
+                    }
+                    None => {
+                        self.state.lock().await.running = None;
+                        return Err(SessionError::Closed);
+                    }
+                },
+                () = &mut deadline => {
+                    let _ = sink.send(SessionEvent::Pending).await;
+                    break;
+                }
+            }
+        }
+        let _ = self.control.send(Control::Detach).await;
+        Ok(())
+    }
+
+    /// Writes input for the running command (an interactive program).
+    pub async fn input(&self, bytes: &[u8]) -> Result<(), SessionError> {
+        self.state.lock().await.stdin.write_all(bytes).await.map_err(|_| SessionError::Closed)
+    }
+
+    /// Interrupts the running command (SIGINT to the session's process group); the shell
+    /// survives and reports the command's status.
+    pub async fn interrupt(&self) -> Result<(), SessionError> {
+        let pid = self.process.lock().await.pid;
+        nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGINT)
+            .map_err(|e| SessionError::Io(e.into()))
+    }
+
+    /// Ends the session: the shell and everything it started.
+    pub async fn close(&self) {
+        self.process.lock().await.kill_tree();
+    }
+}
+
+/// Reads the shell's output and completion reports; routes them to the attached waiter.
+struct Reader {
+    stdout: pipe::Receiver,
+    stderr: pipe::Receiver,
+    done: pipe::Receiver,
+    control: mpsc::Receiver<Control>,
+}
+
+/// Per-stream state: whether the sync marker of the finishing command was seen.
+struct Stream {
+    pending: BytesMut,
+    synced: bool,
+    open: bool,
+}
+
+impl Reader {
+    async fn run(mut self) {
+        let mut sink: Option<mpsc::Sender<SessionEvent>> = None;
+        let mut backlog: Vec<SessionEvent> = Vec::new();
+        let mut backlog_bytes = 0usize;
+        let mut dropped = 0u64;
+        let mut nonce = String::new();
+        let mut finished: Option<(i32, String)> = None;
+        let mut out = Stream { pending: BytesMut::new(), synced: false, open: true };
+        let mut err = Stream { pending: BytesMut::new(), synced: false, open: true };
+        let mut done_line = BytesMut::new();
+        let (mut out_buf, mut err_buf, mut done_buf) =
+            (vec![0u8; 64 << 10], vec![0u8; 64 << 10], vec![0u8; 4096]);
+        let mut done_open = true;
+        loop {
+            let mut events: Vec<SessionEvent> = Vec::new();
+            tokio::select! {
+                ctl = self.control.recv() => match ctl {
+                    Some(Control::Attach(tx)) => {
+                        if dropped > 0 {
+                            let _ = tx.send(SessionEvent::Dropped { bytes: dropped }).await;
+                            dropped = 0;
+                        }
+                        for e in backlog.drain(..) {
+                            let _ = tx.send(e).await;
+                        }
+                        backlog_bytes = 0;
+                        sink = Some(tx);
+                    }
+                    Some(Control::Detach) => sink = None,
+                    Some(Control::Started(n)) => {
+                        nonce = n;
+                        finished = None;
+                        out.synced = false;
+                        err.synced = false;
+                    }
+                    None => return,
+                },
+                n = self.stdout.read(&mut out_buf), if out.open => match n {
+                    Ok(0) | Err(_) => out.open = false,
+                    Ok(n) => { out.pending.extend_from_slice(&out_buf[..n]); }
+                },
+                n = self.stderr.read(&mut err_buf), if err.open => match n {
+                    Ok(0) | Err(_) => err.open = false,
+                    Ok(n) => { err.pending.extend_from_slice(&err_buf[..n]); }
+                },
+                n = self.done.read(&mut done_buf), if done_open => match n {
+                    Ok(0) | Err(_) => done_open = false,
+                    Ok(n) => done_line.extend_from_slice(&done_buf[..n]),
+                },
+            }
+            let marker = format!("\x1e{nonce}\x1e");
+            for (stream, is_out) in [(&mut out, true), (&mut err, false)] {
+                take_output(stream, &marker, !nonce.is_empty(), is_out, &mut events);
+            }
+            while let Some(pos) = done_line.iter().position(|b| *b == b'\n') {
+                let line = done_line.split_to(pos + 1);
+                let text = String::from_utf8_lossy(&line[..pos]).into_owned();
+                let mut parts = text.splitn(3, ' ');
+                if parts.next() == Some(nonce.as_str()) {
+                    let code = parts.next().and_then(|c| c.parse().ok()).unwrap_or(-1);
+                    finished = Some((code, parts.next().unwrap_or("").to_string()));
+                }
+            }
+            let all_closed = !out.open && !err.open;
+            if let Some((code, cwd)) = &finished {
+                if (out.synced || !out.open) && (err.synced || !err.open) {
+                    events.push(SessionEvent::Done { exit_code: *code, cwd: cwd.clone() });
+                    finished = None;
+                    nonce.clear();
+                }
+            }
+            for event in events {
+                let done = matches!(event, SessionEvent::Done { .. });
+                let undelivered = match &sink {
+                    Some(tx) => tx.send(event).await.err().map(|e| e.0),
+                    None => Some(event),
+                };
+                if done {
+                    // The waiter stops at Done; what follows belongs to the next waiter.
+                    sink = None;
+                }
+                if let Some(event) = undelivered {
+                    sink = None;
+                    let size = match &event {
+                        SessionEvent::Stdout(b) | SessionEvent::Stderr(b) => b.len(),
+                        _ => 0,
+                    };
+                    if backlog_bytes + size > BACKLOG_BYTES {
+                        dropped += size as u64;
+                    } else {
+                        backlog_bytes += size;
+                        backlog.push(event);
+                    }
+                }
+            }
+            if all_closed && !done_open {
+                // The shell is gone: dropping the sink tells the waiter.
+                return;
+            }
+        }
+    }
+}
+
+/// Moves output out of `stream.pending` into events. While a command runs, output up to its
+/// sync marker is its own; the marker is removed, and what follows it is held until the
+/// command's `Done` has been delivered (it belongs to whatever runs next). A tail that could be
+/// the start of the marker is held back until more bytes arrive.
+fn take_output(
+    stream: &mut Stream,
+    marker: &str,
+    active: bool,
+    is_out: bool,
+    events: &mut Vec<SessionEvent>,
+) {
+    let wrap = |b: Bytes| if is_out { SessionEvent::Stdout(b) } else { SessionEvent::Stderr(b) };
+    if stream.pending.is_empty() || (active && stream.synced) {
+        return;
+    }
+    if !active {
+        events.push(wrap(stream.pending.split().freeze()));
+        return;
+    }
+    let marker = marker.as_bytes();
+    if let Some(pos) = find(&stream.pending, marker) {
+        let before = stream.pending.split_to(pos);
+        let _ = stream.pending.split_to(marker.len());
+        if !before.is_empty() {
+            events.push(wrap(before.freeze()));
+        }
+        stream.synced = true;
+        return;
+    }
+    let hold =
+        (1..marker.len()).rev().find(|k| stream.pending.ends_with(&marker[..*k])).unwrap_or(0);
+    let emit = stream.pending.len() - hold;
+    if emit > 0 {
+        events.push(wrap(stream.pending.split_to(emit).freeze()));
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stream(bytes: &[u8]) -> Stream {
+        Stream { pending: BytesMut::from(bytes), synced: false, open: true }
+    }
+
+    #[test]
+    fn output_is_cut_at_the_marker() {
+        let mut events = Vec::new();
+        let mut s = stream(b"hello\n\x1eabc\x1eafter");
+        take_output(&mut s, "\x1eabc\x1e", true, true, &mut events);
+        assert_eq!(events, vec![SessionEvent::Stdout(Bytes::from_static(b"hello\n"))]);
+        assert!(s.synced);
+        assert_eq!(&s.pending[..], b"after");
+        events.clear();
+        take_output(&mut s, "", false, true, &mut events);
+        assert_eq!(events, vec![SessionEvent::Stdout(Bytes::from_static(b"after"))]);
+    }
+
+    #[test]
+    fn a_possible_marker_prefix_is_held_back() {
+        let mut events = Vec::new();
+        let mut s = stream(b"data\x1eab");
+        take_output(&mut s, "\x1eabc\x1e", true, false, &mut events);
+        assert_eq!(events, vec![SessionEvent::Stderr(Bytes::from_static(b"data"))]);
+        assert_eq!(&s.pending[..], b"\x1eab");
+    }
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds the container layer images the demo and tests use into artifacts/images/:
+# busybox.erofs (tiny base) and debian-12.erofs (debootstrap minbase + bash, python3, git).
+# Idempotent: an image is rebuilt only when missing or when its recipe (this script) changed.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+out="${BRIG_ARTIFACTS:-$root/artifacts}/images"
+mkdir -p "$out"
+target="${CARGO_TARGET_DIR:-$root/target}"
+(cd "$root" && cargo build --quiet -p brig-container --bin brig-mkimage)
+mkimage="$target/debug/brig-mkimage"
+recipe=$(sha256sum "$0" | cut -c1-16)
+
+build() { # name, then brig-mkimage arguments
+    local name=$1; shift
+    local image="$out/$name.erofs" stamp="$out/$name.recipe"
+    if [[ -f "$image" && "$(cat "$stamp" 2>/dev/null)" == "$recipe" ]]; then
+        return
+    fi
+    echo "[images] building $name"
+    "$mkimage" "$@" "$image"
+    echo "$recipe" > "$stamp"
+}
+
+build busybox busybox
+build debian-12 debian --suite bookworm --include bash,coreutils,python3,git,ca-certificates,procps
+echo "images in $out"

@@ -1,0 +1,359 @@
+//! Commands in container sandboxes: one-off execs with streamed output, and persistent shell
+//! sessions.
+
+use std::time::Duration;
+
+use brig_proto::{
+    ExecRequest, ExecResult, OutputStream, Reply, Request, SessionOpenRequest, StdinMode,
+};
+use brig_transport::ClientExchange;
+use bytes::Bytes;
+
+use crate::client::{expect_done, unexpected};
+use crate::{Error, Sandbox};
+
+/// A command to run: argv plus options.
+#[derive(Debug, Clone, Default)]
+pub struct Cmd {
+    request: ExecRequest,
+}
+
+impl Cmd {
+    /// `argv[0]` is looked up on the sandbox's PATH.
+    pub fn new<S: AsRef<str>>(argv: impl IntoIterator<Item = S>) -> Cmd {
+        let argv = argv.into_iter().map(|s| s.as_ref().to_string()).collect();
+        Cmd { request: ExecRequest { argv, ..Default::default() } }
+    }
+
+    /// `sh -c script`.
+    pub fn shell(script: &str) -> Cmd {
+        Cmd::new(["sh", "-c", script])
+    }
+
+    pub fn env(mut self, key: &str, value: &str) -> Cmd {
+        self.request.env.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    pub fn cwd(mut self, dir: &str) -> Cmd {
+        self.request.cwd = dir.to_string();
+        self
+    }
+
+    /// User name or `uid[:gid]` (default root).
+    pub fn user(mut self, user: &str) -> Cmd {
+        self.request.user = Some(user.to_string());
+        self
+    }
+
+    /// Feeds these bytes on stdin.
+    pub fn stdin(mut self, bytes: impl Into<Vec<u8>>) -> Cmd {
+        self.request.stdin = StdinMode::Bytes(bytes.into());
+        self
+    }
+
+    /// Stdin will be written through [`ExecStream::write_stdin`].
+    pub fn stdin_stream(mut self) -> Cmd {
+        self.request.stdin = StdinMode::Stream;
+        self
+    }
+
+    /// Kill the command (and everything it started) after this long.
+    pub fn timeout(mut self, timeout: Duration) -> Cmd {
+        self.request.timeout_ms = Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+        self
+    }
+
+    /// Cap on stdout + stderr returned; past it output is dropped and the result says so.
+    pub fn output_limit(mut self, bytes: u64) -> Cmd {
+        self.request.output_limit_bytes = Some(bytes);
+        self
+    }
+}
+
+/// Output of a finished command.
+#[derive(Debug, Clone, Default)]
+pub struct ExecOutput {
+    pub exec_id: u64,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub result: ExecResult,
+}
+
+impl ExecOutput {
+    pub fn success(&self) -> bool {
+        self.result.success()
+    }
+
+    pub fn stdout_text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    pub fn stderr_text(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+}
+
+/// One event of a streamed command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecEvent {
+    Stdout(Bytes),
+    Stderr(Bytes),
+    Exited(ExecResult),
+}
+
+/// A running command whose output arrives as it is produced.
+pub struct ExecStream {
+    exchange: ClientExchange,
+    exec_id: u64,
+    done: bool,
+}
+
+impl ExecStream {
+    /// Id for [`Sandbox::kill`].
+    pub fn exec_id(&self) -> u64 {
+        self.exec_id
+    }
+
+    /// The next event; `None` after `Exited`.
+    pub async fn next(&mut self) -> Option<Result<ExecEvent, Error>> {
+        if self.done {
+            return None;
+        }
+        let reply = match self.exchange.next_reply().await {
+            Ok(Some(reply)) => reply,
+            Ok(None) => {
+                self.done = true;
+                return Some(Err(Error::Transport(brig_transport::TransportError::NoReply)));
+            }
+            Err(e) => {
+                self.done = true;
+                return Some(Err(e.into()));
+            }
+        };
+        Some(match reply {
+            Reply::Output { stream: OutputStream::Stdout, data } => {
+                Ok(ExecEvent::Stdout(data.into()))
+            }
+            Reply::Output { stream: OutputStream::Stderr, data } => {
+                Ok(ExecEvent::Stderr(data.into()))
+            }
+            Reply::Exited(result) => {
+                self.done = true;
+                Ok(ExecEvent::Exited(result))
+            }
+            Reply::Error(e) => {
+                self.done = true;
+                Err(e.into())
+            }
+            other => {
+                self.done = true;
+                Err(unexpected("exec", &other))
+            }
+        })
+    }
+
+    /// Writes to the command's stdin (needs [`Cmd::stdin_stream`]).
+    pub async fn write_stdin(&mut self, bytes: impl Into<Bytes>) -> Result<(), Error> {
+        Ok(self.exchange.send_raw(bytes.into()).await?)
+    }
+
+    /// Ends the command's stdin.
+    pub fn close_stdin(&mut self) -> Result<(), Error> {
+        Ok(self.exchange.finish_upload()?)
+    }
+
+    /// Reads everything to the end.
+    pub async fn collect(mut self) -> Result<ExecOutput, Error> {
+        let mut out = ExecOutput { exec_id: self.exec_id, ..Default::default() };
+        while let Some(event) = self.next().await {
+            match event? {
+                ExecEvent::Stdout(b) => out.stdout.extend_from_slice(&b),
+                ExecEvent::Stderr(b) => out.stderr.extend_from_slice(&b),
+                ExecEvent::Exited(result) => out.result = result,
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Sandbox {
+    /// Runs a command and collects its output.
+    pub async fn exec<S: AsRef<str>>(
+        &self,
+        argv: impl IntoIterator<Item = S>,
+    ) -> Result<ExecOutput, Error> {
+        self.exec_with(Cmd::new(argv)).await
+    }
+
+    /// Runs a command with options and collects its output.
+    pub async fn exec_with(&self, cmd: Cmd) -> Result<ExecOutput, Error> {
+        self.exec_stream(cmd).await?.collect().await
+    }
+
+    /// Starts a command; its output streams as it is produced.
+    pub async fn exec_stream(&self, cmd: Cmd) -> Result<ExecStream, Error> {
+        let mut request = cmd.request;
+        request.sandbox = self.id().to_string();
+        let streaming = request.stdin == StdinMode::Stream;
+        let mut exchange = self.client().open(&Request::Exec(request)).await?;
+        if !streaming {
+            exchange.finish_upload()?;
+        }
+        match exchange.reply().await? {
+            Reply::ExecStarted { exec_id } => Ok(ExecStream { exchange, exec_id, done: false }),
+            Reply::Error(e) => Err(e.into()),
+            other => Err(unexpected("exec", &other)),
+        }
+    }
+
+    /// Kills a running command and everything it started.
+    pub async fn kill(&self, exec_id: u64) -> Result<(), Error> {
+        let request = Request::ExecKill { sandbox: self.id().to_string(), exec_id };
+        expect_done("exec_kill", self.client().request(&request).await?)
+    }
+
+    /// Opens a persistent shell session (bash if the image has it, else sh).
+    pub async fn open_session(&self) -> Result<ShellSession, Error> {
+        self.open_session_with(SessionOpenRequest::default()).await
+    }
+
+    /// Opens a session with a given shell, environment, directory or user.
+    pub async fn open_session_with(
+        &self,
+        mut options: SessionOpenRequest,
+    ) -> Result<ShellSession, Error> {
+        options.sandbox = self.id().to_string();
+        match self.client().request(&Request::SessionOpen(options)).await? {
+            Reply::Session { session } => Ok(ShellSession { sandbox: self.clone(), id: session }),
+            other => Err(unexpected("session_open", &other)),
+        }
+    }
+
+    /// A handle to a session by id (after reconnecting).
+    pub fn session(&self, id: &str) -> ShellSession {
+        ShellSession { sandbox: self.clone(), id: id.to_string() }
+    }
+}
+
+/// What a session command produced by the time its call returned.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionOutput {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// `None` while the command is still running (the call's timeout passed).
+    pub exit_code: Option<i32>,
+    /// The shell's working directory after the command.
+    pub cwd: String,
+}
+
+impl SessionOutput {
+    pub fn stdout_text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.exit_code.is_none()
+    }
+}
+
+/// A persistent shell: `cd`, `export` and background jobs survive between commands.
+#[derive(Debug, Clone)]
+pub struct ShellSession {
+    sandbox: Sandbox,
+    id: String,
+}
+
+impl ShellSession {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Runs `command`; returns when it finishes or `timeout` passes (then it keeps running and
+    /// [`ShellSession::wait`] picks it up).
+    pub async fn run(&self, command: &str, timeout: Duration) -> Result<SessionOutput, Error> {
+        self.run_with(command, timeout, |_, _| {}).await
+    }
+
+    /// Like [`ShellSession::run`], calling `on_output(is_stdout, bytes)` as output arrives.
+    pub async fn run_with(
+        &self,
+        command: &str,
+        timeout: Duration,
+        on_output: impl FnMut(bool, &[u8]),
+    ) -> Result<SessionOutput, Error> {
+        let request = Request::SessionRun {
+            sandbox: self.sandbox.id().to_string(),
+            session: self.id.clone(),
+            command: command.to_string(),
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        };
+        self.stream(request, on_output).await
+    }
+
+    /// Waits for a command that outlived its `run`, with its output since then.
+    pub async fn wait(&self, timeout: Duration) -> Result<SessionOutput, Error> {
+        let request = Request::SessionWait {
+            sandbox: self.sandbox.id().to_string(),
+            session: self.id.clone(),
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        };
+        self.stream(request, |_, _| {}).await
+    }
+
+    async fn stream(
+        &self,
+        request: Request,
+        mut on_output: impl FnMut(bool, &[u8]),
+    ) -> Result<SessionOutput, Error> {
+        let mut exchange = self.sandbox.client().open(&request).await?;
+        exchange.finish_upload()?;
+        let mut out = SessionOutput::default();
+        loop {
+            match exchange.reply().await? {
+                Reply::Output { stream, data } => {
+                    let is_stdout = stream == OutputStream::Stdout;
+                    on_output(is_stdout, &data);
+                    if is_stdout { &mut out.stdout } else { &mut out.stderr }
+                        .extend_from_slice(&data);
+                }
+                Reply::SessionDone { exit_code, cwd } => {
+                    out.exit_code = Some(exit_code);
+                    out.cwd = cwd;
+                    return Ok(out);
+                }
+                Reply::SessionPending => return Ok(out),
+                Reply::Error(e) => return Err(e.into()),
+                other => return Err(unexpected("session_run", &other)),
+            }
+        }
+    }
+
+    /// Sends input to the running command (an interactive program).
+    pub async fn input(&self, bytes: &[u8]) -> Result<(), Error> {
+        let request = Request::SessionInput {
+            sandbox: self.sandbox.id().to_string(),
+            session: self.id.clone(),
+            data: bytes.to_vec(),
+        };
+        expect_done("session_input", self.sandbox.client().request(&request).await?)
+    }
+
+    /// Interrupts the running command (like Ctrl-C); the shell survives.
+    pub async fn interrupt(&self) -> Result<(), Error> {
+        let request = Request::SessionInterrupt {
+            sandbox: self.sandbox.id().to_string(),
+            session: self.id.clone(),
+        };
+        expect_done("session_interrupt", self.sandbox.client().request(&request).await?)
+    }
+
+    /// Ends the session and everything it started.
+    pub async fn close(&self) -> Result<(), Error> {
+        let request = Request::SessionClose {
+            sandbox: self.sandbox.id().to_string(),
+            session: self.id.clone(),
+        };
+        expect_done("session_close", self.sandbox.client().request(&request).await?)
+    }
+}
