@@ -4,6 +4,7 @@
 //! take `tail -n1`. Benchmarks start real daemons (release build) on loopback; they build brigd
 //! first if needed.
 
+mod container;
 mod fncall;
 mod stats;
 
@@ -20,12 +21,15 @@ struct Cli {
 enum Bench {
     /// One-shot fncall throughput end to end (SDK → QUIC → brigd → Wasmtime) and in-process.
     Fncall(fncall::Options),
+    /// Container tier: create-to-first-exec, creates/s, exec round trip, idle memory.
+    Container(container::Options),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let result = match cli.bench {
         Bench::Fncall(opts) => fncall::run(opts)?,
+        Bench::Container(opts) => container::run(opts)?,
     };
     println!("{result}");
     Ok(())
@@ -36,7 +40,7 @@ fn main() -> anyhow::Result<()> {
 pub fn build_daemon() -> anyhow::Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let status = std::process::Command::new(cargo)
-        .args(["build", "--release", "--quiet", "-p", "brigd", "--bin", "brigd"])
+        .args(["build", "--release", "--quiet", "-p", "brigd", "-p", "brig-container", "--bins"])
         .current_dir(brig_tests::repo_root())
         .status()?;
     anyhow::ensure!(status.success(), "building brigd failed");

@@ -164,10 +164,13 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
+    /// Stops cleanly (SIGTERM: containers destroyed, mounts released), killing if that fails.
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if self.child.is_some() && self.stop().is_err() {
+            if let Some(mut child) = self.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
         }
     }
 }

@@ -6,14 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use command_fds::{CommandFdExt, FdMapping};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::oneshot;
 
 use crate::cgroup::{CgroupError, CgroupLimits, CgroupManager, ContainerCgroup, ExecCgroup};
 use crate::rootfs::{LayerMounts, Rootfs, RootfsError};
 use crate::shim_conn::{ShimConn, ShimConnError};
-use crate::shim_proto::{ExitInfo, FromShim, ShimConfig, SpawnSpec, CONTROL_FD};
+use crate::shim_proto::{ExitInfo, FromShim, ShimConfig, SpawnSpec, ToShim};
 
 /// Host uid/gid container root maps to by default; 65536 ids are mapped from it.
 pub const DEFAULT_ID_BASE: u32 = 100_000;
@@ -136,6 +135,13 @@ impl Runtime {
     pub fn shutdown(&self) {
         self.layers.unmount_all();
         self.cgroups.remove_parent();
+        for dir in [
+            self.config.run_dir.join("layers"),
+            self.config.run_dir.join("c"),
+            self.config.run_dir.clone(),
+        ] {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 
     /// Removes what an earlier run of this runtime left behind (its processes died with it).
@@ -218,15 +224,14 @@ impl Runtime {
         let (ours, theirs) =
             socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
                 .map_err(|e| io_err("control socketpair")(e.into()))?;
+        // stdin is the control socket, so the shim starts by posix_spawn: no fork of the node's
+        // large address space (page-table copies dominated container creation when forking).
         let mut command = tokio::process::Command::new(&self.config.shim_path);
         command
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
+            .stdin(std::process::Stdio::from(theirs))
+            .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);
-        command
-            .fd_mappings(vec![FdMapping { parent_fd: theirs, child_fd: CONTROL_FD }])
-            .map_err(|_| RuntimeError::Setup("descriptor mapping collision".into()))?;
         let mut child = command.spawn().map_err(|source| RuntimeError::ShimStart {
             path: self.config.shim_path.clone(),
             source,
@@ -234,10 +239,8 @@ impl Runtime {
         // The command owns our copy of the shim's socket end: drop it, or we never see EOF.
         drop(command);
         let pid = child.id().ok_or_else(|| RuntimeError::Setup("shim exited at once".into()))?;
-        let (Some(mut stdin), Some(stdout), Some(stderr)) =
-            (child.stdin.take(), child.stdout.take(), child.stderr.take())
-        else {
-            return Err(RuntimeError::Setup("shim stdio missing".into()));
+        let Some(stderr) = child.stderr.take() else {
+            return Err(RuntimeError::Setup("shim stderr missing".into()));
         };
         let errors = tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
@@ -258,27 +261,25 @@ impl Runtime {
             masked_paths: MASKED_PATHS.iter().map(|s| s.to_string()).collect(),
             readonly_paths: READONLY_PATHS.iter().map(|s| s.to_string()).collect(),
         };
-        let mut line =
-            serde_json::to_vec(&config).map_err(|e| RuntimeError::Setup(e.to_string()))?;
-        line.push(b'\n');
         let shim_failed = |errors: tokio::task::JoinHandle<String>| async move {
             let text = errors.await.unwrap_or_default();
             RuntimeError::Setup(format!("shim failed: {}", text.trim()))
         };
-        stdin.write_all(&line).await.map_err(io_err("shim stdin"))?;
-        let mut stdout = BufReader::new(stdout);
-        let mut reply = String::new();
-        stdout.read_line(&mut reply).await.map_err(io_err("shim stdout"))?;
-        if reply.trim() != "userns" {
-            return Err(shim_failed(errors).await);
+        let shim = ShimConn::new(ours)?;
+        shim.send(&ToShim::Configure(config)).await?;
+        match shim.recv().await {
+            Ok(FromShim::UserNamespace) => {}
+            Ok(other) => {
+                return Err(RuntimeError::Setup(format!("unexpected shim message {other:?}")))
+            }
+            Err(_) => return Err(shim_failed(errors).await),
         }
         let map = format!("0 {} {ID_COUNT}\n", self.config.id_base);
         for file in ["uid_map", "gid_map"] {
             let path = format!("/proc/{pid}/{file}");
             std::fs::write(&path, &map).map_err(io_err(path))?;
         }
-        stdin.write_all(b"go\n").await.map_err(io_err("shim stdin"))?;
-        let shim = ShimConn::new(ours)?;
+        shim.send(&ToShim::IdsMapped).await?;
         let init_pid = match shim.recv().await {
             Ok(FromShim::Ready { init_pid }) => init_pid,
             Ok(other) => {

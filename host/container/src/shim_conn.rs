@@ -110,7 +110,7 @@ impl ShimConn {
                 FromShim::InitDied { status } => {
                     *self.init_died.lock() = Some(status);
                 }
-                FromShim::Ready { .. } => {}
+                FromShim::Ready { .. } | FromShim::UserNamespace => {}
             }
         }
         // Wake everyone still waiting: their senders drop, receivers see the shim gone.
@@ -120,6 +120,24 @@ impl ShimConn {
     /// Whether the container's init has died.
     pub fn init_died(&self) -> Option<ExitInfo> {
         *self.init_died.lock()
+    }
+
+    /// Sends a message without descriptors.
+    pub async fn send(&self, msg: &ToShim) -> Result<(), ShimConnError> {
+        let bytes = postcard::to_allocvec(msg).map_err(ShimConnError::Encode)?;
+        self.send_bytes(&bytes, &[]).await.map_err(ShimConnError::Socket)
+    }
+
+    async fn send_bytes(&self, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
+        loop {
+            let mut guard = self.fd.writable().await?;
+            match guard.try_io(|fd| {
+                control::send(fd.get_ref().as_fd(), bytes, fds).map_err(std::io::Error::from)
+            }) {
+                Ok(result) => return result,
+                Err(_would_block) => continue,
+            }
+        }
     }
 
     /// Asks the shim to start a process; returns its host pid and a receiver for its exit.

@@ -1,20 +1,22 @@
 //! What the node and `brig-shim` say to each other.
 //!
 //! ```text
-//! node                                   brig-shim (one per container)
-//! spawn, stdin ← ShimConfig (one JSON line)
-//!                                        join cgroups, unshare(user)
-//!      stdout → "userns\n"
+//! node                                    brig-shim (one per container)
+//!   ← Configure(ShimConfig)
+//!                                         join cgroups, unshare(user)
+//!   → UserNamespace
 //! write uid_map/gid_map
-//!      stdin  ← "go\n"
-//!                                        unshare(mnt, uts, ipc, net, cgroup, pid), fork init
-//!      fd 3   → Ready { init_pid }       (init has built the rootfs and pivoted into it)
-//!      fd 3   ← Spawn + SCM_RIGHTS fds   fork → setsid, cgroup, fds, user, caps, seccomp, exec
-//!      fd 3   → Spawned / Exited
+//!   ← IdsMapped
+//!                                         unshare(mnt, uts, ipc, net, cgroup, pid), fork init
+//!   → Ready { init_pid }                  (init has built the rootfs and pivoted into it)
+//!   ← Spawn + SCM_RIGHTS fds              fork → setsid, cgroup, fds, user, caps, seccomp, exec
+//!   → Spawned / Exited
 //! ```
-//! fd 3 is a `SOCK_SEQPACKET` socket: one message per packet, postcard-encoded, at most
-//! [`MAX_MESSAGE_BYTES`]. The shim lives outside the container's pid namespace, so no process in
-//! the container can see, signal or trace it, and nothing listens inside the sandbox.
+//! All of it travels on the shim's stdin, a `SOCK_SEQPACKET` socket: one message per packet,
+//! postcard-encoded, at most [`MAX_MESSAGE_BYTES`]. Using stdin (not an extra descriptor) lets
+//! the node start the shim with posix_spawn instead of forking its own large address space.
+//! The shim lives outside the container's pid namespace, so no process in the container can
+//! see, signal or trace it, and nothing listens inside the sandbox.
 
 use std::path::PathBuf;
 
@@ -24,10 +26,10 @@ use serde::{Deserialize, Serialize};
 pub const MAX_MESSAGE_BYTES: usize = 256 << 10;
 /// Most file descriptors attached to one message.
 pub const MAX_FDS: usize = 16;
-/// The control socket's descriptor number in the shim.
-pub const CONTROL_FD: i32 = 3;
+/// The control socket's descriptor number in the shim (its stdin).
+pub const CONTROL_FD: i32 = 0;
 
-/// How the shim builds the container. Sent once, as JSON, on the shim's stdin.
+/// How the shim builds the container. Sent once, first.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ShimConfig {
@@ -47,6 +49,10 @@ pub struct ShimConfig {
 /// Node → shim.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ToShim {
+    /// First message: what to build.
+    Configure(ShimConfig),
+    /// The node has written the shim's uid and gid maps.
+    IdsMapped,
     /// Start a process. Attached descriptors, in order: stdin, stdout, stderr, then
     /// `extra_fds` descriptors that become fds 3, 4, … in the child, then `cgroup_fds`
     /// `cgroup.procs` files the child joins before anything else.
@@ -76,6 +82,8 @@ pub enum ExitInfo {
 /// Shim → node.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub enum FromShim {
+    /// The shim is in its new user namespace and waits for its id maps.
+    UserNamespace,
     /// The container is built; `init_pid` is its pid 1 as the host sees it.
     Ready {
         init_pid: i32,

@@ -39,6 +39,10 @@ pub fn run(config: &ShimConfig, programs: &SeccompPrograms, ready: OwnedFd) -> !
     if nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).is_err() {
         std::process::exit(1);
     }
+    let ready = match super::sys::isolate_init(ready) {
+        Ok(fd) => fd,
+        Err(_) => std::process::exit(1),
+    };
     match build(config) {
         Ok(()) => {}
         Err(e) => {

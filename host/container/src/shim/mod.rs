@@ -17,7 +17,6 @@ mod sys;
 mod users;
 
 use std::collections::HashMap;
-use std::io::{BufRead, Write};
 use std::os::fd::{AsFd, OwnedFd};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -28,7 +27,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{Gid, Pid, Uid};
 
 use crate::control;
-use crate::shim_proto::{ExitInfo, FromShim, ShimConfig, ToShim, MAX_MESSAGE_BYTES};
+use crate::shim_proto::{ExitInfo, FromShim, ToShim, MAX_MESSAGE_BYTES};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ShimError {
@@ -59,28 +58,22 @@ pub fn describe(e: &dyn std::error::Error) -> String {
 /// The shim's whole life. Returns when the container is gone or the node hung up.
 pub fn run() -> Result<(), ShimError> {
     let control = sys::control_socket()?;
-    let mut stdin = std::io::stdin().lock();
-    let mut line = String::new();
-    stdin.read_line(&mut line).map_err(|e| ShimError::Io("read config", e))?;
-    let config: ShimConfig =
-        serde_json::from_str(&line).map_err(|e| ShimError::Protocol(format!("bad config: {e}")))?;
+    let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
+    let config = match receive(&control, &mut buf)? {
+        ToShim::Configure(config) => config,
+        other => return Err(ShimError::Protocol(format!("expected Configure, got {other:?}"))),
+    };
     let programs = security::seccomp_programs()?;
 
     for procs in &config.join_cgroups {
         std::fs::write(procs, b"0").map_err(|e| ShimError::Io("join cgroup", e))?;
     }
     unshare(CloneFlags::CLONE_NEWUSER).map_err(|e| ShimError::Sys("unshare user namespace", e))?;
-    // The node writes our uid/gid maps (it holds CAP_SETUID in the parent namespace), then says go.
-    {
-        let mut out = std::io::stdout().lock();
-        out.write_all(b"userns\n")
-            .and_then(|()| out.flush())
-            .map_err(|e| ShimError::Io("handshake", e))?;
-    }
-    line.clear();
-    stdin.read_line(&mut line).map_err(|e| ShimError::Io("handshake", e))?;
-    if line.trim() != "go" {
-        return Err(ShimError::Protocol(format!("expected go, got {line:?}")));
+    // The node writes our uid/gid maps (it holds CAP_SETUID in the parent namespace).
+    send(&control, &FromShim::UserNamespace)?;
+    match receive(&control, &mut buf)? {
+        ToShim::IdsMapped => {}
+        other => return Err(ShimError::Protocol(format!("expected IdsMapped, got {other:?}"))),
     }
     nix::unistd::setgroups(&[]).map_err(|e| ShimError::Sys("setgroups", e))?;
     nix::unistd::setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0))
@@ -119,6 +112,14 @@ pub fn run() -> Result<(), ShimError> {
     }
     send(&control, &FromShim::Ready { init_pid: init_pid.as_raw() })?;
     serve(&control, init_pid, &programs)
+}
+
+/// Receives one message that carries no descriptors.
+fn receive(control: &OwnedFd, buf: &mut [u8]) -> Result<ToShim, ShimError> {
+    let (len, _) = control::recv(control.as_fd(), buf)
+        .map_err(|e| ShimError::Sys("receive", e))?
+        .ok_or_else(|| ShimError::Protocol("the node hung up".into()))?;
+    postcard::from_bytes(&buf[..len]).map_err(|e| ShimError::Protocol(e.to_string()))
 }
 
 fn send(control: &OwnedFd, msg: &FromShim) -> Result<(), ShimError> {
@@ -166,6 +167,9 @@ fn serve(
             let msg: ToShim = postcard::from_bytes(&buf[..len])
                 .map_err(|e| ShimError::Protocol(e.to_string()))?;
             match msg {
+                ToShim::Configure(_) | ToShim::IdsMapped => {
+                    return Err(ShimError::Protocol("setup message after setup".into()))
+                }
                 ToShim::Spawn(spec) => match sys::fork()? {
                     sys::Forked::Child => child::run(&spec, received, programs),
                     sys::Forked::Parent(pid) => {

@@ -9,7 +9,7 @@ use nix::unistd::{ForkResult, Pid};
 use super::ShimError;
 use crate::shim_proto::CONTROL_FD;
 
-/// Takes ownership of the control socket the node installed as fd 3.
+/// Takes ownership of the control socket the node installed as stdin.
 pub fn control_socket() -> Result<OwnedFd, ShimError> {
     nix::fcntl::fcntl(
         // SAFETY: only borrowed for this one fcntl; validity is what the call checks.
@@ -104,4 +104,27 @@ pub fn install_fds(fds: &[std::os::fd::RawFd]) -> Result<(), nix::Error> {
 pub fn default_signal(sig: nix::sys::signal::Signal) {
     // SAFETY: installing SIG_DFL runs no handler code, so no signal-safety invariant applies.
     let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
+}
+
+/// For pid 1: replaces every inherited descriptor (the node's control socket among them) with
+/// /dev/null on 0-2, keeping only `ready`, which becomes fd 3. A container process that traced
+/// pid 1 must find nothing of the node's.
+pub fn isolate_init(ready: OwnedFd) -> Result<OwnedFd, ShimError> {
+    use std::os::fd::IntoRawFd;
+    let null = nix::fcntl::open(
+        "/dev/null",
+        nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| ShimError::Sys("open /dev/null", e))?
+    .into_raw_fd();
+    let ready = ready.into_raw_fd();
+    install_fds(&[null, null, null, ready])
+        .map_err(|e| ShimError::Sys("isolate init descriptors", e))?;
+    // SAFETY: install_fds made fd 3 a copy of `ready` and closed every other descriptor
+    // above 2, so nothing else owns fd 3.
+    let ready = unsafe { OwnedFd::from_raw_fd(3) };
+    nix::fcntl::fcntl(&ready, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
+        .map_err(|e| ShimError::Sys("cloexec", e))?;
+    Ok(ready)
 }

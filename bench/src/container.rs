@@ -1,0 +1,163 @@
+//! `container`: the container tier through the SDK against a real release brigd.
+//!
+//! - create-to-first-exec: create a busybox container and run `true` in it, one at a time;
+//! - creates per second: `--parallel` creators for `--seconds`, each create followed by destroy;
+//! - exec round trip: `true` in one container, one at a time;
+//! - idle memory: host MemAvailable before and after `--idle` idle containers, per container.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use brig_sdk::{Client, SandboxOptions};
+use brig_tests::Daemon;
+use serde_json::json;
+
+use crate::stats::{round3, Latencies};
+
+#[derive(clap::Args, Debug)]
+pub struct Options {
+    /// Image to create containers from.
+    #[arg(long, default_value = "busybox")]
+    image: String,
+    /// Sequential create-to-first-exec samples.
+    #[arg(long, default_value_t = 100)]
+    samples: usize,
+    /// Concurrent creators for the throughput phase.
+    #[arg(long, default_value_t = 4)]
+    parallel: usize,
+    /// Seconds of the throughput phase.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Exec round trips measured.
+    #[arg(long, default_value_t = 1000)]
+    execs: usize,
+    /// Idle containers for the memory measurement.
+    #[arg(long, default_value_t = 100)]
+    idle: usize,
+}
+
+fn mem_available_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("MemAvailable:")
+                .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
+    crate::build_daemon()?;
+    let daemon = Daemon::start()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let result = rt.block_on(measure(&daemon, &opts));
+    drop(daemon);
+    result
+}
+
+async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::Value> {
+    let client = daemon.client().await?;
+    let options = || SandboxOptions::container(&opts.image).memory_mib(256).disk_mib(64);
+    // Warm up: layer mount, page cache, shim binary.
+    for _ in 0..3 {
+        let sb = client.create(options()).await?;
+        sb.exec(["true"]).await?;
+        sb.destroy().await?;
+    }
+
+    let mut first_exec = Latencies::default();
+    for _ in 0..opts.samples {
+        let started = Instant::now();
+        let sb = client.create(options()).await?;
+        let out = sb.exec(["true"]).await?;
+        anyhow::ensure!(out.success(), "true failed: {:?}", out.result);
+        first_exec.record(started.elapsed());
+        sb.destroy().await?;
+    }
+
+    let creates = throughput(&client, opts, options).await?;
+
+    let sb = client.create(options()).await?;
+    let mut rtt = Latencies::default();
+    for _ in 0..opts.execs {
+        let started = Instant::now();
+        let out = sb.exec(["true"]).await?;
+        anyhow::ensure!(out.success(), "true failed");
+        rtt.record(started.elapsed());
+    }
+    sb.destroy().await?;
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = mem_available_kib();
+    let mut idle = Vec::new();
+    for _ in 0..opts.idle {
+        idle.push(client.create(options()).await?);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = mem_available_kib();
+    let idle_mib = before.saturating_sub(after) as f64 / 1024.0 / opts.idle.max(1) as f64;
+    for sb in idle {
+        sb.destroy().await?;
+    }
+
+    let (c50, c99) = (first_exec.quantile_ms(0.5), first_exec.quantile_ms(0.99));
+    let (r50, r99) = (rtt.quantile_ms(0.5), rtt.quantile_ms(0.99));
+    println!("container tier ({} image, release brigd, real namespaces and cgroups)", opts.image);
+    println!("  {:<40} {:>10.3} / {:.3}", "create → first exec p50 / p99 ms", c50, c99);
+    println!(
+        "  {:<40} {:>10.1}",
+        format!("creates/s ({} parallel, create+destroy)", opts.parallel),
+        creates
+    );
+    println!("  {:<40} {:>10.3} / {:.3}", "exec `true` round trip p50 / p99 ms", r50, r99);
+    println!(
+        "  {:<40} {:>10.2}",
+        format!("memory per idle container MiB ({} idle)", opts.idle),
+        idle_mib
+    );
+    Ok(json!({
+        "bench": "container",
+        "create_to_exec_p50_ms": round3(c50),
+        "create_to_exec_p99_ms": round3(c99),
+        "creates_per_sec": round3(creates),
+        "exec_rtt_p50_ms": round3(r50),
+        "exec_rtt_p99_ms": round3(r99),
+        "idle_mem_mib": round3(idle_mib),
+        "samples": opts.samples,
+        "execs": opts.execs,
+        "idle": opts.idle,
+        "parallel": opts.parallel,
+    }))
+}
+
+async fn throughput(
+    client: &Client,
+    opts: &Options,
+    options: impl Fn() -> SandboxOptions,
+) -> anyhow::Result<f64> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..opts.parallel {
+        let (client, stop, count, o) = (client.clone(), stop.clone(), count.clone(), options());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let sb = client.create(o.clone()).await?;
+                count.fetch_add(1, Ordering::Relaxed);
+                sb.destroy().await?;
+            }
+            Ok::<_, brig_sdk::Error>(())
+        }));
+    }
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(opts.seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let created = count.load(Ordering::Relaxed) as f64;
+    let elapsed = started.elapsed().as_secs_f64();
+    for t in tasks {
+        t.await??;
+    }
+    Ok(created / elapsed)
+}
