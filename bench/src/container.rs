@@ -97,7 +97,16 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = mem_available_kib();
-    let idle_mib = before.saturating_sub(after) as f64 / 1024.0 / opts.idle.max(1) as f64;
+    let host_delta_mib = before.saturating_sub(after) as f64 / 1024.0 / opts.idle.max(1) as f64;
+    // What each idle container is charged in its memory cgroup: shim, init, kernel objects.
+    let mut charged = Vec::new();
+    for sb in &idle {
+        if let Some(bytes) = cgroup_memory(sb.id()) {
+            charged.push(bytes as f64 / (1 << 20) as f64);
+        }
+    }
+    anyhow::ensure!(!charged.is_empty(), "no container memory cgroups found");
+    let idle_mib = charged.iter().sum::<f64>() / charged.len() as f64;
     for sb in idle {
         sb.destroy().await?;
     }
@@ -125,11 +134,29 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         "exec_rtt_p50_ms": round3(r50),
         "exec_rtt_p99_ms": round3(r99),
         "idle_mem_mib": round3(idle_mib),
+        "host_mem_drop_per_container_mib": round3(host_delta_mib),
         "samples": opts.samples,
         "execs": opts.execs,
         "idle": opts.idle,
         "parallel": opts.parallel,
     }))
+}
+
+/// Bytes charged to a container's memory cgroup (v1 or v2), found by sandbox id.
+fn cgroup_memory(id: &str) -> Option<u64> {
+    for (root, file) in
+        [("/sys/fs/cgroup/memory", "memory.usage_in_bytes"), ("/sys/fs/cgroup", "memory.current")]
+    {
+        let Ok(parents) = std::fs::read_dir(root) else { continue };
+        for parent in
+            parents.flatten().filter(|p| p.file_name().to_string_lossy().starts_with("brig-"))
+        {
+            if let Ok(text) = std::fs::read_to_string(parent.path().join(id).join(file)) {
+                return text.trim().parse().ok();
+            }
+        }
+    }
+    None
 }
 
 async fn throughput(

@@ -117,7 +117,6 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
     let (err_r, err_w) = pipe_pair()?;
     let spawn =
         SpawnRequest { argv: request.argv, env: request.env, cwd: request.cwd, user: request.user };
-    let oom_before = container.cgroup().oom_kills();
     let started = Instant::now();
     let process = container.spawn(spawn, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()], &[]).await?;
     drop((in_r, out_w, err_w));
@@ -147,7 +146,6 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
         kill: kill.clone(),
         timeout: request.timeout,
         limit: request.output_limit,
-        oom_before,
         started,
     };
     tokio::spawn(job.run());
@@ -163,7 +161,6 @@ struct Job {
     kill: Arc<Notify>,
     timeout: Option<Duration>,
     limit: u64,
-    oom_before: u64,
     started: Instant,
 }
 
@@ -262,8 +259,9 @@ impl Job {
             None => self.process.wait().await,
         };
         killer.abort();
-        let oom_killed = status == Some(ExitInfo::Signal(libc::SIGKILL))
-            && self.container.cgroup().oom_kills() > self.oom_before;
+        // Only a SIGKILL can be the OOM killer; read the counter just then.
+        let oom_killed =
+            status == Some(ExitInfo::Signal(libc::SIGKILL)) && self.container.new_oom_kills() > 0;
         let exit = ExecExit {
             status,
             timed_out: deadline_hit.load(std::sync::atomic::Ordering::Relaxed),

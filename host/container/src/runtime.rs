@@ -199,6 +199,8 @@ impl Runtime {
                     init_pid,
                     root,
                     next_exec: AtomicU64::new(1),
+                    exec_cgroups: Arc::default(),
+                    oom_seen: AtomicU64::new(0),
                 })
             }
             failed => {
@@ -318,7 +320,15 @@ pub struct Container {
     init_pid: i32,
     root: OwnedFd,
     next_exec: AtomicU64,
+    exec_cgroups: ExecCgroupPool,
+    oom_seen: AtomicU64,
 }
+
+/// Empty exec cgroups kept for reuse per container: creating and removing one per exec costs
+/// two cgroupfs operations on the exec path.
+const EXEC_CGROUP_POOL: usize = 8;
+
+type ExecCgroupPool = Arc<parking_lot::Mutex<Vec<ExecCgroup>>>;
 
 /// A process started in a container.
 pub struct Process {
@@ -327,6 +337,7 @@ pub struct Process {
     pub pid: i32,
     exit: oneshot::Receiver<ExitInfo>,
     cgroup: ExecCgroup,
+    pool: ExecCgroupPool,
 }
 
 impl Process {
@@ -351,9 +362,18 @@ impl Process {
         self.cgroup.pids()
     }
 
-    /// Removes its cgroup if nothing is left in it.
+    /// Returns its cgroup for reuse if nothing is left in it (background jobs keep it).
     pub fn cleanup(&self) -> bool {
-        self.cgroup.remove_if_empty()
+        if !self.cgroup.pids().is_empty() {
+            return false;
+        }
+        let mut pool = self.pool.lock();
+        if pool.len() < EXEC_CGROUP_POOL {
+            pool.push(self.cgroup.clone());
+            true
+        } else {
+            self.cgroup.remove_if_empty()
+        }
     }
 }
 
@@ -390,6 +410,12 @@ impl Container {
         &self.cgroup
     }
 
+    /// OOM kills in the container since the last call (the kernel's counter only grows).
+    pub fn new_oom_kills(&self) -> u64 {
+        let now = self.cgroup.oom_kills();
+        now.saturating_sub(self.oom_seen.swap(now, Ordering::Relaxed))
+    }
+
     /// Whether the container's init is still alive.
     pub fn is_alive(&self) -> bool {
         self.shim.init_died().is_none() && !self.dispatcher.is_finished()
@@ -404,7 +430,11 @@ impl Container {
         extra: &[BorrowedFd<'_>],
     ) -> Result<Process, RuntimeError> {
         let exec_id = self.next_exec.fetch_add(1, Ordering::Relaxed);
-        let cgroup = self.cgroup.create_exec(exec_id, self.id_base)?;
+        let pooled = self.exec_cgroups.lock().pop();
+        let cgroup = match pooled {
+            Some(cg) => cg,
+            None => self.cgroup.create_exec(exec_id, self.id_base)?,
+        };
         let procs = cgroup.open_procs()?;
         let spec = SpawnSpec {
             exec_id,
@@ -420,7 +450,7 @@ impl Container {
         fds.extend_from_slice(extra);
         fds.push(procs.as_fd());
         let (pid, exit) = self.shim.spawn(spec, &fds).await?;
-        Ok(Process { exec_id, pid, exit, cgroup })
+        Ok(Process { exec_id, pid, exit, cgroup, pool: self.exec_cgroups.clone() })
     }
 
     /// Kills everything and removes the container's mounts, cgroups and directories.

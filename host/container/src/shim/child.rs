@@ -7,7 +7,6 @@ use std::os::fd::OwnedFd;
 
 use nix::sys::signal::{SigSet, Signal};
 
-use super::security::{confine, SeccompPrograms};
 use crate::shim_proto::{SpawnSpec, EXIT_BAD_SETUP, EXIT_CANNOT_EXEC};
 
 /// Default PATH when the request sets none.
@@ -19,7 +18,7 @@ fn fail(code: i32, message: &str) -> ! {
 }
 
 /// Sets up and execs. `fds`: stdin, stdout, stderr, extras, then cgroup.procs files.
-pub fn run(spec: &SpawnSpec, fds: Vec<OwnedFd>, programs: &SeccompPrograms) -> ! {
+pub fn run(spec: &SpawnSpec, fds: Vec<OwnedFd>) -> ! {
     let extra = usize::from(spec.extra_fds);
     let cgroups = usize::from(spec.cgroup_fds);
     if fds.len() != 3 + extra + cgroups {
@@ -46,9 +45,6 @@ pub fn run(spec: &SpawnSpec, fds: Vec<OwnedFd>, programs: &SeccompPrograms) -> !
     if let Err(e) = nix::unistd::chdir(spec.cwd.as_str()) {
         fail(EXIT_BAD_SETUP, &format!("cannot enter working directory {}: {e}", spec.cwd));
     }
-    if let Err(e) = super::security::drop_bounding_set() {
-        fail(EXIT_BAD_SETUP, &format!("cannot drop capabilities: {e}"));
-    }
     if let Err(e) = nix::unistd::setgroups(&user.groups) {
         fail(EXIT_BAD_SETUP, &format!("setgroups: {e}"));
     }
@@ -58,10 +54,9 @@ pub fn run(spec: &SpawnSpec, fds: Vec<OwnedFd>, programs: &SeccompPrograms) -> !
     if let Err(e) = nix::unistd::setresuid(user.uid, user.uid, user.uid) {
         fail(EXIT_BAD_SETUP, &format!("setuid {}: {e}", user.uid));
     }
-    let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
-    if let Err(e) = confine(programs) {
-        fail(EXIT_BAD_SETUP, &format!("cannot confine process: {e}"));
-    }
+    // The shim confined itself (bounding set, no_new_privs, seccomp, no core dumps) before it
+    // started serving, so this process inherited all of it; exec leaves a root process exactly
+    // the bounding set's capabilities, a non-root one none.
     exec(spec, &user)
 }
 

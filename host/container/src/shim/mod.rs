@@ -110,8 +110,13 @@ pub fn run() -> Result<(), ShimError> {
         let why = String::from_utf8_lossy(&status[1..n.max(1)]).into_owned();
         return Err(ShimError::Protocol(format!("init failed: {why}")));
     }
+    // From here the shim only forks, waits and talks to the node: it takes the confinement of
+    // the processes it starts, once, and they inherit it (no per-exec setup cost).
+    security::drop_bounding_set()?;
+    security::confine(&programs)?;
+    let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
     send(&control, &FromShim::Ready { init_pid: init_pid.as_raw() })?;
-    serve(&control, init_pid, &programs)
+    serve(&control, init_pid)
 }
 
 /// Receives one message that carries no descriptors.
@@ -128,11 +133,7 @@ fn send(control: &OwnedFd, msg: &FromShim) -> Result<(), ShimError> {
 }
 
 /// Serves spawn requests and reports exits until init dies or the node hangs up.
-fn serve(
-    control: &OwnedFd,
-    init: Pid,
-    programs: &security::SeccompPrograms,
-) -> Result<(), ShimError> {
+fn serve(control: &OwnedFd, init: Pid) -> Result<(), ShimError> {
     let mut chld = SigSet::empty();
     chld.add(Signal::SIGCHLD);
     let sigfd = SignalFd::with_flags(&chld, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
@@ -171,7 +172,7 @@ fn serve(
                     return Err(ShimError::Protocol("setup message after setup".into()))
                 }
                 ToShim::Spawn(spec) => match sys::fork()? {
-                    sys::Forked::Child => child::run(&spec, received, programs),
+                    sys::Forked::Child => child::run(&spec, received),
                     sys::Forked::Parent(pid) => {
                         drop(received);
                         running.insert(pid, spec.exec_id);
