@@ -4,9 +4,9 @@
 //! `cargo run -p brig-sdk --example rollout`. Set BRIG_STATE_DIR if brigd uses another state
 //! directory.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use brig_sdk::{Client, SandboxOptions};
+use brig_sdk::{Client, Cmd, ErrorCode, SandboxOptions};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -59,7 +59,41 @@ async fn main() -> anyhow::Result<()> {
     println!("2000 concurrent one-shot calls: {ok} ok in {secs:.2} s ({:.0}/s)", 2000.0 / secs);
 
     sandbox.destroy().await?;
-    println!("sandbox destroyed; demo done");
+    println!("fncall sandbox destroyed");
+
+    container_rollout(&client).await?;
+    println!("demo done");
+    Ok(())
+}
+
+/// The same loop in a Linux container: a shell session that keeps its state, a test run, and
+/// a runaway command stopped by its timeout.
+async fn container_rollout(client: &Client) -> anyhow::Result<()> {
+    let image = std::env::var("BRIG_DEMO_IMAGE").unwrap_or_else(|_| "debian-12".to_string());
+    let started = Instant::now();
+    let sandbox = match client.create(SandboxOptions::container(&image).label("job", "demo").memory_mib(512)).await {
+        Ok(sandbox) => sandbox,
+        Err(e) if e.code() == Some(ErrorCode::Unavailable) => {
+            println!("container tier not offered here ({e}); skipping the container part");
+            return Ok(());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    println!("container {} ({image}) created in {:?}", sandbox.id(), started.elapsed());
+    sandbox.write_file("/workspace/app.py", b"def add(a, b):\n    return a + b\n").await?;
+    sandbox
+        .write_file("/workspace/test_app.py", b"from app import add\nassert add(2, 3) == 5\nprint('tests passed')\n")
+        .await?;
+    let shell = sandbox.open_session().await?;
+    let t = Duration::from_secs(30);
+    shell.run("cd /workspace && export PYTHONDONTWRITEBYTECODE=1", t).await?;
+    let run = shell.run("python3 test_app.py && git init -q . && git add -A && echo committed-ready", t).await?;
+    println!("session in {}: exit {:?}\n{}", run.cwd, run.exit_code, run.stdout_text().trim_end());
+    let runaway = sandbox.exec_with(Cmd::shell("sleep 600").timeout(Duration::from_millis(300))).await?;
+    println!("runaway command: timed_out={}", runaway.result.timed_out);
+    shell.close().await?;
+    sandbox.destroy().await?;
+    println!("container destroyed");
     Ok(())
 }
 
