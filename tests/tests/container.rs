@@ -364,3 +364,87 @@ async fn wrong_tier_and_bad_images_get_typed_errors() {
     c.destroy().await.expect("destroy");
     assert_eq!(c.exec(["true"]).await.expect_err("gone").code(), Some(ErrorCode::NotFound));
 }
+
+#[tokio::test]
+async fn layers_stack_and_execs_can_be_killed_and_fed() {
+    let daemon = Daemon::start().expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    // Two more layers on the busybox base: a workspace from a directory, a toolkit from a tar.
+    let scratch = tempfile::tempdir().expect("tmp");
+    let ws = scratch.path().join("ws");
+    std::fs::create_dir_all(ws.join("workspace/project")).expect("mkdir");
+    std::fs::write(ws.join("workspace/project/README"), "workspace layer\n").expect("write");
+    std::fs::write(ws.join("workspace/project/VERSION"), "1\n").expect("write");
+    let tk = scratch.path().join("tk");
+    std::fs::create_dir_all(tk.join("workspace/project")).expect("mkdir");
+    std::fs::create_dir_all(tk.join("opt/harness")).expect("mkdir");
+    std::fs::write(tk.join("workspace/project/VERSION"), "2\n").expect("write");
+    std::fs::write(tk.join("opt/harness/run.sh"), "echo harness\n").expect("write");
+    let tar = scratch.path().join("tk.tar");
+    let status = std::process::Command::new("tar")
+        .arg("-cf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(&tk)
+        .arg(".")
+        .status()
+        .expect("tar");
+    assert!(status.success());
+    let images = daemon.state_dir().join("extra-images");
+    std::fs::create_dir_all(&images).expect("mkdir");
+    let mkimage = brig_tests::binary("brig-mkimage");
+    for args in [
+        vec![
+            "dir".to_string(),
+            ws.display().to_string(),
+            images.join("ws.erofs").display().to_string(),
+        ],
+        vec![
+            "tar".to_string(),
+            tar.display().to_string(),
+            images.join("tk.erofs").display().to_string(),
+        ],
+    ] {
+        let st = std::process::Command::new(&mkimage).args(&args).status().expect("mkimage");
+        assert!(st.success(), "{args:?}");
+    }
+    for name in ["ws", "tk"] {
+        std::fs::copy(
+            images.join(format!("{name}.erofs")),
+            brig_tests::artifacts()
+                .join(format!("images/test-{name}-{}.erofs", std::process::id())),
+        )
+        .expect("copy");
+    }
+    let stack = format!("busybox+test-ws-{0}+test-tk-{0}", std::process::id());
+    let sb = client.create(SandboxOptions::container(&stack)).await.expect("create");
+    let out = shell(&sb, "cat /workspace/project/README /workspace/project/VERSION; sh /opt/harness/run.sh; ls /bin/busybox").await;
+    assert_eq!(
+        out.stdout_text(),
+        "workspace layer\n2\nharness\n/bin/busybox\n",
+        "{}",
+        out.stderr_text()
+    );
+
+    // Kill a running exec by id.
+    let mut stream = sb.exec_stream(Cmd::shell("echo started; sleep 600")).await.expect("stream");
+    assert!(matches!(stream.next().await, Some(Ok(ExecEvent::Stdout(_)))));
+    sb.kill(stream.exec_id()).await.expect("kill");
+    let rest = stream.collect().await.expect("collect");
+    assert!(rest.result.killed && rest.result.signal == Some(9), "{:?}", rest.result);
+
+    // Stream stdin into a command.
+    let mut stream = sb.exec_stream(Cmd::new(["wc", "-c"]).stdin_stream()).await.expect("stream");
+    for _ in 0..4 {
+        stream.write_stdin(vec![b'x'; 1000]).await.expect("stdin");
+    }
+    stream.close_stdin().expect("close");
+    assert_eq!(stream.collect().await.expect("collect").stdout_text().trim(), "4000");
+    sb.destroy().await.expect("destroy");
+    for name in ["ws", "tk"] {
+        let _ = std::fs::remove_file(
+            brig_tests::artifacts()
+                .join(format!("images/test-{name}-{}.erofs", std::process::id())),
+        );
+    }
+}

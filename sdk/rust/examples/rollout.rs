@@ -71,7 +71,10 @@ async fn main() -> anyhow::Result<()> {
 async fn container_rollout(client: &Client) -> anyhow::Result<()> {
     let image = std::env::var("BRIG_DEMO_IMAGE").unwrap_or_else(|_| "debian-12".to_string());
     let started = Instant::now();
-    let sandbox = match client.create(SandboxOptions::container(&image).label("job", "demo").memory_mib(512)).await {
+    let sandbox = match client
+        .create(SandboxOptions::container(&image).label("job", "demo").memory_mib(512))
+        .await
+    {
         Ok(sandbox) => sandbox,
         Err(e) if e.code() == Some(ErrorCode::Unavailable) => {
             println!("container tier not offered here ({e}); skipping the container part");
@@ -82,14 +85,20 @@ async fn container_rollout(client: &Client) -> anyhow::Result<()> {
     println!("container {} ({image}) created in {:?}", sandbox.id(), started.elapsed());
     sandbox.write_file("/workspace/app.py", b"def add(a, b):\n    return a + b\n").await?;
     sandbox
-        .write_file("/workspace/test_app.py", b"from app import add\nassert add(2, 3) == 5\nprint('tests passed')\n")
+        .write_file(
+            "/workspace/test_app.py",
+            b"from app import add\nassert add(2, 3) == 5\nprint('tests passed')\n",
+        )
         .await?;
     let shell = sandbox.open_session().await?;
     let t = Duration::from_secs(30);
     shell.run("cd /workspace && export PYTHONDONTWRITEBYTECODE=1", t).await?;
-    let run = shell.run("python3 test_app.py && git init -q . && git add -A && echo committed-ready", t).await?;
+    let run = shell
+        .run("python3 test_app.py && git init -q . && git add -A && echo committed-ready", t)
+        .await?;
     println!("session in {}: exit {:?}\n{}", run.cwd, run.exit_code, run.stdout_text().trim_end());
-    let runaway = sandbox.exec_with(Cmd::shell("sleep 600").timeout(Duration::from_millis(300))).await?;
+    let runaway =
+        sandbox.exec_with(Cmd::shell("sleep 600").timeout(Duration::from_millis(300))).await?;
     println!("runaway command: timed_out={}", runaway.result.timed_out);
     shell.close().await?;
     sandbox.destroy().await?;
