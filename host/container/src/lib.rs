@@ -17,7 +17,7 @@ pub mod cgroup;
 pub mod control;
 pub mod exec;
 pub mod files;
-pub mod image;
+
 pub mod rootfs;
 pub mod runtime;
 pub mod session;

@@ -1,16 +1,17 @@
-//! Building read-only layer images (EROFS) from a directory, a tarball, busybox or debootstrap.
+//! Staging directory trees for layers (from a directory, a tarball, busybox or debootstrap) and
+//! turning them into EROFS images with `mkfs.erofs`.
 //!
-//! File ownership is shifted by the runtime's id base as the image is built (uid 0 becomes
+//! File ownership is shifted by the runtime's id base as a layer is staged (uid 0 becomes
 //! 100000, …), so container root — host uid 100000 in its user namespace — owns what root
-//! owned, with no idmapped mounts needed. Images are plain `mkfs.erofs` output, uncompressed so
-//! reads are served straight from the page cache that all containers share.
+//! owned, with no idmapped mounts needed. Images are uncompressed, so reads are served straight
+//! from the page cache that all containers share.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 #[derive(Debug, thiserror::Error)]
-pub enum ImageError {
+pub enum BuildError {
     #[error("{tool} failed: {detail}")]
     Tool { tool: &'static str, detail: String },
     #[error("cannot run {tool} (is it installed?)")]
@@ -28,16 +29,19 @@ pub enum ImageError {
     },
 }
 
-fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> ImageError + 'a {
-    move |source| ImageError::Io { what, path: path.to_owned(), source }
+pub(crate) fn io<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> BuildError + 'a {
+    move |source| BuildError::Io { what, path: path.to_owned(), source }
 }
 
-fn run(tool: &'static str, command: &mut Command) -> Result<(), ImageError> {
-    let out = command.output().map_err(|source| ImageError::Missing { tool, source })?;
+pub(crate) fn run(tool: &'static str, command: &mut Command) -> Result<(), BuildError> {
+    let out = command.output().map_err(|source| BuildError::Missing { tool, source })?;
     if !out.status.success() {
         let mut detail = String::from_utf8_lossy(&out.stderr).into_owned();
         detail.truncate(2000);
-        return Err(ImageError::Tool {
+        return Err(BuildError::Tool {
             tool,
             detail: format!("{}: {}", out.status, detail.trim()),
         });
@@ -45,16 +49,22 @@ fn run(tool: &'static str, command: &mut Command) -> Result<(), ImageError> {
     Ok(())
 }
 
-/// A scratch directory next to the output, removed on drop.
-struct Staging(PathBuf);
+/// A scratch directory, removed on drop.
+#[derive(Debug)]
+pub struct Staging(PathBuf);
 
 impl Staging {
-    fn next_to(out: &Path) -> Result<Staging, ImageError> {
-        let parent = out.parent().unwrap_or(Path::new("."));
+    /// A fresh directory inside `parent`.
+    pub fn new_in(parent: &Path) -> Result<Staging, BuildError> {
         std::fs::create_dir_all(parent).map_err(io("create", parent))?;
-        let dir = parent.join(format!(".staging-{}-{}", std::process::id(), rand::random::<u32>()));
+        let dir =
+            parent.join(format!(".staging-{}-{:08x}", std::process::id(), rand::random::<u32>()));
         std::fs::create_dir(&dir).map_err(io("create", &dir))?;
         Ok(Staging(dir))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
     }
 }
 
@@ -64,9 +74,9 @@ impl Drop for Staging {
     }
 }
 
-/// Adds `base` to the owner and group of everything under `root`, keeping setuid/setgid bits
-/// (chown clears them).
-pub fn shift_ownership(root: &Path, base: u32) -> Result<(), ImageError> {
+/// Adds `base` to the owner and group of everything under `root` that is below it, keeping
+/// setuid/setgid bits (chown clears them).
+pub fn shift_ownership(root: &Path, base: u32) -> Result<(), BuildError> {
     let mut stack = vec![root.to_path_buf()];
     while let Some(path) = stack.pop() {
         let meta = std::fs::symlink_metadata(&path).map_err(io("stat", &path))?;
@@ -93,51 +103,37 @@ pub fn shift_ownership(root: &Path, base: u32) -> Result<(), ImageError> {
     Ok(())
 }
 
-/// `mkfs.erofs` of `dir` into `out`, atomically.
-fn mkfs(dir: &Path, out: &Path) -> Result<(), ImageError> {
-    let tmp = out.with_extension("erofs.tmp");
-    run("mkfs.erofs", Command::new("mkfs.erofs").arg("--quiet").arg(&tmp).arg(dir))?;
-    std::fs::rename(&tmp, out).map_err(io("rename", out))
+/// Copies a directory tree (ownership, modes, links, xattrs kept) into `dest`.
+pub fn stage_dir(src: &Path, dest: &Path) -> Result<(), BuildError> {
+    run("cp", Command::new("cp").arg("-a").arg(format!("{}/.", src.display())).arg(dest))
 }
 
-/// Builds a layer image from a directory tree (copied; the source is left as it is).
-pub fn from_dir(src: &Path, out: &Path, base: u32) -> Result<(), ImageError> {
-    let staging = Staging::next_to(out)?;
-    run("cp", Command::new("cp").arg("-a").arg(format!("{}/.", src.display())).arg(&staging.0))?;
-    shift_ownership(&staging.0, base)?;
-    mkfs(&staging.0, out)
-}
-
-/// Builds a layer image from a tarball (plain or compressed, as tar detects).
-pub fn from_tar(tar: &Path, out: &Path, base: u32) -> Result<(), ImageError> {
-    let staging = Staging::next_to(out)?;
+/// Unpacks a tarball (plain or compressed, as tar detects) into `dest`.
+pub fn stage_tar(tar: &Path, dest: &Path) -> Result<(), BuildError> {
     run(
         "tar",
         Command::new("tar")
             .arg("-x")
             .arg("-p")
             .arg("--numeric-owner")
+            .arg("--xattrs")
             .arg("-f")
             .arg(tar)
             .arg("-C")
-            .arg(&staging.0),
-    )?;
-    shift_ownership(&staging.0, base)?;
-    mkfs(&staging.0, out)
+            .arg(dest),
+    )
 }
 
 /// A tiny base: static busybox with its applets, /etc/passwd and the usual directories.
-pub fn busybox(out: &Path, base: u32) -> Result<(), ImageError> {
+pub fn stage_busybox(root: &Path) -> Result<(), BuildError> {
     let busybox = ["/bin/busybox", "/usr/bin/busybox"]
         .iter()
         .map(Path::new)
         .find(|p| p.exists())
-        .ok_or_else(|| ImageError::Missing {
+        .ok_or_else(|| BuildError::Missing {
         tool: "busybox",
         source: std::io::Error::new(std::io::ErrorKind::NotFound, "install busybox-static"),
     })?;
-    let staging = Staging::next_to(out)?;
-    let root = &staging.0;
     for d in [
         "bin",
         "sbin",
@@ -145,7 +141,7 @@ pub fn busybox(out: &Path, base: u32) -> Result<(), ImageError> {
         "usr/sbin",
         "etc",
         "root",
-        "home",
+        "home/agent",
         "tmp",
         "var/tmp",
         "proc",
@@ -159,17 +155,17 @@ pub fn busybox(out: &Path, base: u32) -> Result<(), ImageError> {
     let list = Command::new(busybox)
         .arg("--list")
         .output()
-        .map_err(|source| ImageError::Missing { tool: "busybox", source })?;
+        .map_err(|source| BuildError::Missing { tool: "busybox", source })?;
     for applet in
         String::from_utf8_lossy(&list.stdout).lines().filter(|a| !a.is_empty() && *a != "busybox")
     {
         let _ = std::os::unix::fs::symlink("busybox", root.join("bin").join(applet));
     }
-    std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/agent:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")
+    let passwd = "root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/agent:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n";
+    std::fs::write(root.join("etc/passwd"), passwd)
         .map_err(io("write", &root.join("etc/passwd")))?;
     std::fs::write(root.join("etc/group"), "root:x:0:\nagent:x:1000:\nnogroup:x:65534:\n")
         .map_err(io("write", &root.join("etc/group")))?;
-    std::fs::create_dir_all(root.join("home/agent")).map_err(io("create", root))?;
     std::os::unix::fs::chown(root.join("home/agent"), Some(1000), Some(1000))
         .map_err(io("chown", root))?;
     use std::os::unix::fs::PermissionsExt;
@@ -177,38 +173,55 @@ pub fn busybox(out: &Path, base: u32) -> Result<(), ImageError> {
         std::fs::set_permissions(root.join(t), std::fs::Permissions::from_mode(0o1777))
             .map_err(io("chmod", root))?;
     }
-    shift_ownership(root, base)?;
-    mkfs(root, out)
+    Ok(())
 }
 
 /// A Debian base by debootstrap (minbase plus `packages`), without apt caches.
-pub fn debian(
-    out: &Path,
-    base: u32,
+pub fn stage_debian(
+    root: &Path,
     suite: &str,
     mirror: &str,
     packages: &[&str],
-) -> Result<(), ImageError> {
-    let staging = Staging::next_to(out)?;
-    let root = staging.0.join("root");
+) -> Result<(), BuildError> {
     let mut cmd = Command::new("debootstrap");
     cmd.arg("--variant=minbase");
     if !packages.is_empty() {
         cmd.arg(format!("--include={}", packages.join(",")));
     }
-    cmd.arg(suite).arg(&root).arg(mirror);
+    cmd.arg(suite).arg(root).arg(mirror);
     run("debootstrap", &mut cmd)?;
     for cache in ["var/cache/apt/archives", "var/lib/apt/lists"] {
-        let dir = root.join(cache);
-        if let Ok(entries) = std::fs::read_dir(&dir) {
-            for e in entries.flatten() {
-                if e.path().is_file() {
-                    let _ = std::fs::remove_file(e.path());
-                }
+        if let Ok(entries) = std::fs::read_dir(root.join(cache)) {
+            for e in entries.flatten().filter(|e| e.path().is_file()) {
+                let _ = std::fs::remove_file(e.path());
             }
         }
     }
-    std::fs::create_dir_all(root.join("workspace")).map_err(io("create", &root))?;
-    shift_ownership(&root, base)?;
-    mkfs(&root, out)
+    std::fs::create_dir_all(root.join("workspace")).map_err(io("create", root))
+}
+
+/// A self-contained EROFS image of `dir` at `out`, written atomically.
+pub fn mkfs_plain(dir: &Path, out: &Path) -> Result<(), BuildError> {
+    let tmp = out.with_extension("erofs.tmp");
+    run("mkfs.erofs", Command::new("mkfs.erofs").arg("--quiet").arg(&tmp).arg(dir))?;
+    std::fs::rename(&tmp, out).map_err(io("rename", out))
+}
+
+/// An EROFS image of `dir` split in two: metadata in `meta`, file data in `blob`, chunked at
+/// `chunk_bytes` (see [`crate::erofs`]).
+pub fn mkfs_chunked(
+    dir: &Path,
+    meta: &Path,
+    blob: &Path,
+    chunk_bytes: u64,
+) -> Result<(), BuildError> {
+    run(
+        "mkfs.erofs",
+        Command::new("mkfs.erofs")
+            .arg("--quiet")
+            .arg(format!("--chunksize={chunk_bytes}"))
+            .arg(format!("--blobdev={}", blob.display()))
+            .arg(meta)
+            .arg(dir),
+    )
 }

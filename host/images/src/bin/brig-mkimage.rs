@@ -1,4 +1,6 @@
-//! `brig-mkimage`: builds read-only layer images (EROFS) for the container tier.
+//! `brig-mkimage`: builds self-contained EROFS layer images for the container tier (the
+//! built-in busybox and Debian bases, or a directory or tarball). Layers for the versioned
+//! store are imported with `brig image import` instead.
 //!
 //! ```text
 //! brig-mkimage busybox OUT.erofs
@@ -9,13 +11,14 @@
 
 use std::path::PathBuf;
 
+use brig_images::build;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
 #[command(name = "brig-mkimage", version, about = "Build EROFS layer images for Brig containers")]
 struct Cli {
     /// Host uid that container root maps to (the node's id base).
-    #[arg(long, default_value_t = brig_container::runtime::DEFAULT_ID_BASE)]
+    #[arg(long, default_value_t = 100_000)]
     id_base: u32,
     #[command(subcommand)]
     what: What,
@@ -43,26 +46,27 @@ enum What {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    use brig_container::image;
     let out = match &cli.what {
-        What::Busybox { out } => {
-            image::busybox(out, cli.id_base)?;
-            out
-        }
-        What::Debian { out, suite, mirror, include } => {
-            let packages: Vec<&str> = include.split(',').filter(|p| !p.is_empty()).collect();
-            image::debian(out, cli.id_base, suite, mirror, &packages)?;
-            out
-        }
-        What::Dir { src, out } => {
-            image::from_dir(src, out, cli.id_base)?;
-            out
-        }
-        What::Tar { src, out } => {
-            image::from_tar(src, out, cli.id_base)?;
-            out
-        }
+        What::Busybox { out }
+        | What::Debian { out, .. }
+        | What::Dir { out, .. }
+        | What::Tar { out, .. } => out,
     };
+    let parent = out.parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let staging = build::Staging::new_in(&parent)?;
+    let root = staging.path().join("root");
+    std::fs::create_dir(&root)?;
+    match &cli.what {
+        What::Busybox { .. } => build::stage_busybox(&root)?,
+        What::Debian { suite, mirror, include, .. } => {
+            let packages: Vec<&str> = include.split(',').filter(|p| !p.is_empty()).collect();
+            build::stage_debian(&root, suite, mirror, &packages)?;
+        }
+        What::Dir { src, .. } => build::stage_dir(src, &root)?,
+        What::Tar { src, .. } => build::stage_tar(src, &root)?,
+    }
+    build::shift_ownership(&root, cli.id_base)?;
+    build::mkfs_plain(&root, out)?;
     let size = std::fs::metadata(out)?.len();
     println!("{} ({} MiB)", out.display(), size >> 20);
     Ok(())
