@@ -1,0 +1,245 @@
+//! The lazy blob file system: a FUSE mount with one read-only file per layer, `<digest>.blob`,
+//! whose bytes are the layer's store chunks at their slots, fetched only when read.
+//!
+//! ```text
+//! <run>/lazy/<layer digest>.blob     size = slots × 256 KiB; slot i = chunk i, zeros after
+//!        ▲ read(offset, len)
+//!   EROFS (file-backed, device=…) ◀── container reads a file
+//! ```
+//! Reads are answered from [`ChunkCache`] on the async runtime, so a slow fetch holds up only
+//! the reads that need that chunk. Nothing ever waits for a whole layer.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, MountOption, OpenFlags,
+    ReplyAttr, ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen, Request, SessionACL,
+};
+use parking_lot::RwLock;
+
+use crate::cache::ChunkCache;
+use crate::layout::SLOT_BYTES;
+
+const ROOT: u64 = 1;
+const TTL: Duration = Duration::from_secs(3600);
+
+/// A chunk as a layer lists it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ChunkEntry {
+    pub digest: String,
+    pub len: u64,
+}
+
+#[derive(Default)]
+struct Files {
+    by_name: HashMap<String, u64>,
+    by_ino: HashMap<u64, (String, Arc<Vec<ChunkEntry>>)>,
+    next_ino: u64,
+}
+
+/// The mounted file system. Unmounted when dropped.
+pub struct LazyFs {
+    mountpoint: PathBuf,
+    files: Arc<RwLock<Files>>,
+    _session: fuser::BackgroundSession,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot mount the lazy blob file system at {path}")]
+pub struct MountError {
+    path: PathBuf,
+    #[source]
+    source: std::io::Error,
+}
+
+impl LazyFs {
+    /// Mounts at `mountpoint`, serving chunks from `cache` with tasks on `runtime`.
+    pub fn mount(
+        mountpoint: &Path,
+        cache: Arc<ChunkCache>,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<LazyFs, MountError> {
+        let err = |source| MountError { path: mountpoint.to_owned(), source };
+        std::fs::create_dir_all(mountpoint).map_err(err)?;
+        // A mount left by a crashed run would make this one fail.
+        let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
+        let files = Arc::new(RwLock::new(Files { next_ino: ROOT + 1, ..Default::default() }));
+        let fs = Fs { files: files.clone(), cache, runtime };
+        let mut config = fuser::Config::default();
+        config.mount_options = vec![
+            MountOption::RO,
+            MountOption::FSName("brig-lazy".into()),
+            MountOption::Subtype("brig".into()),
+        ];
+        // The kernel reads the blobs on behalf of whichever container process faulted a page.
+        config.acl = SessionACL::All;
+        config.n_threads = Some(2);
+        let session = fuser::spawn_mount(fs, mountpoint, &config).map_err(err)?;
+        Ok(LazyFs { mountpoint: mountpoint.to_owned(), files, _session: session })
+    }
+
+    /// Publishes a layer's blob; returns its path.
+    pub fn add(&self, name: &str, chunks: Vec<ChunkEntry>) -> PathBuf {
+        let file = format!("{name}.blob");
+        let mut files = self.files.write();
+        if !files.by_name.contains_key(&file) {
+            let ino = files.next_ino;
+            files.next_ino += 1;
+            files.by_name.insert(file.clone(), ino);
+            files.by_ino.insert(ino, (file.clone(), Arc::new(chunks)));
+        }
+        self.mountpoint.join(file)
+    }
+
+    /// Withdraws a layer's blob (mounts using it keep working until they go).
+    pub fn remove(&self, name: &str) {
+        let file = format!("{name}.blob");
+        let mut files = self.files.write();
+        if let Some(ino) = files.by_name.remove(&file) {
+            files.by_ino.remove(&ino);
+        }
+    }
+}
+
+struct Fs {
+    files: Arc<RwLock<Files>>,
+    cache: Arc<ChunkCache>,
+    runtime: tokio::runtime::Handle,
+}
+
+fn attr(ino: u64, size: u64, dir: bool) -> FileAttr {
+    let now = SystemTime::UNIX_EPOCH;
+    FileAttr {
+        ino: INodeNo(ino),
+        size,
+        blocks: size.div_ceil(512),
+        atime: now,
+        mtime: now,
+        ctime: now,
+        crtime: now,
+        kind: if dir { FileType::Directory } else { FileType::RegularFile },
+        perm: if dir { 0o555 } else { 0o444 },
+        nlink: if dir { 2 } else { 1 },
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+impl Fs {
+    fn file_attr(&self, ino: u64) -> Option<FileAttr> {
+        if ino == ROOT {
+            return Some(attr(ROOT, 0, true));
+        }
+        let files = self.files.read();
+        files.by_ino.get(&ino).map(|(_, chunks)| attr(ino, chunks.len() as u64 * SLOT_BYTES, false))
+    }
+}
+
+impl fuser::Filesystem for Fs {
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let ino = (parent.0 == ROOT)
+            .then(|| self.files.read().by_name.get(&*name.to_string_lossy()).copied())
+            .flatten();
+        match ino.and_then(|ino| self.file_attr(ino)) {
+            Some(a) => reply.entry(&TTL, &a, Generation(0)),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.file_attr(ino.0) {
+            Some(a) => reply.attr(&TTL, &a),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if self.files.read().by_ino.contains_key(&ino.0) {
+            reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+        } else {
+            reply.error(Errno::ENOENT);
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some(chunks) = self.files.read().by_ino.get(&ino.0).map(|(_, c)| c.clone()) else {
+            reply.error(Errno::ENOENT);
+            return;
+        };
+        let cache = self.cache.clone();
+        self.runtime.spawn(async move {
+            let total = chunks.len() as u64 * SLOT_BYTES;
+            let end = (offset + u64::from(size)).min(total);
+            let mut out = vec![0u8; end.saturating_sub(offset) as usize];
+            let mut pos = offset;
+            while pos < end {
+                let slot = (pos / SLOT_BYTES) as usize;
+                let within = pos % SLOT_BYTES;
+                let take = (SLOT_BYTES - within).min(end - pos);
+                let entry = &chunks[slot];
+                if within < entry.len {
+                    match cache.get(&entry.digest).await {
+                        Ok(bytes) => {
+                            let avail = (entry.len - within).min(take) as usize;
+                            let dst = (pos - offset) as usize;
+                            let src = within as usize;
+                            if src + avail <= bytes.len() {
+                                out[dst..dst + avail].copy_from_slice(&bytes[src..src + avail]);
+                            }
+                        }
+                        Err(e) => {
+                            tracing::error!(chunk = %entry.digest, error = %e, "layer read failed");
+                            reply.error(Errno::EIO);
+                            return;
+                        }
+                    }
+                }
+                pos += take;
+            }
+            reply.data(&out);
+        });
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        if ino.0 != ROOT {
+            reply.error(Errno::ENOTDIR);
+            return;
+        }
+        let mut entries: Vec<(u64, FileType, String)> =
+            vec![(ROOT, FileType::Directory, ".".into()), (ROOT, FileType::Directory, "..".into())];
+        let mut files: Vec<(u64, String)> =
+            self.files.read().by_ino.iter().map(|(ino, (name, _))| (*ino, name.clone())).collect();
+        files.sort();
+        entries.extend(files.into_iter().map(|(ino, name)| (ino, FileType::RegularFile, name)));
+        for (i, (ino, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(ino), (i + 1) as u64, kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+}

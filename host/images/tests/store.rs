@@ -1,0 +1,146 @@
+//! The layer store on a real FUSE mount and real EROFS: import, dedup, lazy reads, damage.
+
+use std::path::{Path, PathBuf};
+
+use brig_images::backend::Backend;
+use brig_images::{ImportSource, LayerStore, StoreConfig};
+
+fn write(dir: &Path, rel: &str, bytes: &[u8]) {
+    let p = dir.join(rel);
+    std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+    std::fs::write(p, bytes).expect("write");
+}
+
+/// Pseudo-random bytes (no repeating blocks, so mkfs's own chunk dedup does not kick in).
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ u64::from(seed);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+fn mount(layer: &brig_images::ResolvedLayer, at: &Path) -> Mounted {
+    std::fs::create_dir_all(at).expect("mkdir");
+    let device = format!("device={}", layer.blob.display());
+    nix::mount::mount(
+        Some(&layer.meta),
+        at,
+        Some("erofs"),
+        nix::mount::MsFlags::MS_RDONLY,
+        Some(device.as_str()),
+    )
+    .expect("mount layer");
+    Mounted(at.to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_dedup_lazy_read_and_damage() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let backend_dir = tmp.path().join("backend");
+    let backend = Backend::local(&backend_dir).expect("backend");
+    let store = LayerStore::open(
+        StoreConfig {
+            dir: tmp.path().join("store"),
+            lazy_mount: tmp.path().join("lazy"),
+            cache_dir: tmp.path().join("cache"),
+            cache_max_bytes: 64 << 20,
+            cache_memory_bytes: 1 << 20,
+            id_base: 100_000,
+        },
+        backend,
+        tokio::runtime::Handle::current(),
+    )
+    .expect("store");
+
+    let a = tmp.path().join("a");
+    write(&a, "lib/big.bin", &pattern(900_000, 1));
+    write(&a, "lib/other.bin", &pattern(300_000, 2));
+    for i in 0..50 {
+        write(&a, &format!("src/m{i}.py"), format!("x = {i}\n").as_bytes());
+    }
+    let first =
+        store.import("base/test", None, ImportSource::Dir(a.clone())).await.expect("import a");
+    assert_eq!(first.version, 1);
+    assert!(first.new_chunks > 0);
+    // A second layer sharing the big file: its chunks are not stored again.
+    let b = tmp.path().join("b");
+    write(&b, "opt/big-copy.bin", &pattern(900_000, 1));
+    write(&b, "opt/new.txt", b"new\n");
+    let second = store.import("toolkit/test", None, ImportSource::Dir(b)).await.expect("import b");
+    let big_chunks = 900_000u64.div_ceil(256 << 10);
+    assert!(second.new_chunks < second.chunks, "{second:?}");
+    assert!(
+        second.chunks - second.new_chunks >= big_chunks,
+        "big file not deduplicated: {second:?}"
+    );
+    let again =
+        store.import("base/test", None, ImportSource::Dir(a.clone())).await.expect("reimport");
+    assert_eq!((again.version, again.new_chunks), (2, 0));
+
+    // Lazy: mounting reads nothing; reading one small file fetches one chunk, not the layer.
+    let layers = store.acquire(&["base/test@1".to_string()]).await.expect("acquire");
+    store.cache().clear();
+    let before = store.cache().stats.fetched_bytes.load(std::sync::atomic::Ordering::Relaxed);
+    let m = mount(&layers[0], &tmp.path().join("mnt"));
+    assert_eq!(std::fs::read(m.0.join("src/m7.py")).expect("read"), b"x = 7\n");
+    let fetched =
+        store.cache().stats.fetched_bytes.load(std::sync::atomic::Ordering::Relaxed) - before;
+    assert!(fetched > 0 && fetched <= 256 << 10, "fetched {fetched} bytes for one small file");
+    assert_eq!(std::fs::read(m.0.join("lib/big.bin")).expect("read"), pattern(900_000, 1));
+    let owner = std::os::unix::fs::MetadataExt::uid(
+        &std::fs::metadata(m.0.join("lib/big.bin")).expect("stat"),
+    );
+    assert!(owner >= 100_000, "ownership not shifted: {owner}");
+
+    // Damage: corrupt one chunk in the backend; it is detected and never served.
+    let (_, paths) = store.inspect("base/test@1").await.expect("inspect");
+    assert!(paths.contains(&"/lib/other.bin".to_string()));
+    let chunks_dir = backend_dir.join("chunks");
+    let victim = std::fs::read_dir(&chunks_dir)
+        .expect("chunks")
+        .flatten()
+        .find(|e| {
+            std::fs::read(e.path())
+                .map(|b| b.starts_with(&pattern(300_000, 2)[..4096]))
+                .unwrap_or(false)
+        })
+        .expect("chunk of other.bin");
+    let mut bytes = std::fs::read(victim.path()).expect("read chunk");
+    bytes[100] ^= 0xff;
+    std::fs::write(victim.path(), bytes).expect("corrupt");
+    drop(m);
+    store.cache().clear();
+    let m = mount(&layers[0], &tmp.path().join("mnt2"));
+    let read = std::fs::read(m.0.join("lib/other.bin"));
+    assert!(read.is_err(), "a corrupt chunk was served");
+    assert!(store.cache().stats.corrupt.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+    let err = store.verify("base/test@1").await.expect_err("verify must fail");
+    assert!(err.to_string().contains("corrupt"), "{err}");
+    // A missing chunk is named too.
+    std::fs::remove_file(victim.path()).expect("remove");
+    store.cache().clear();
+    let err = store.verify("base/test@1").await.expect_err("verify must fail");
+    assert!(err.to_string().contains("missing"), "{err}");
+    drop(m);
+    store.release(&layers.iter().map(|l| l.digest.clone()).collect::<Vec<_>>());
+
+    // Removing and collecting garbage.
+    store.remove("toolkit/test").await.expect("remove");
+    let report = store.gc().await.expect("gc");
+    assert!(report.removed_layers >= 1 && report.removed_chunks >= 1, "{report:?}");
+    assert!(store.inspect("toolkit/test").await.is_err());
+    assert!(store.inspect("base/test@2").await.is_ok());
+}
