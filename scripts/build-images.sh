@@ -7,7 +7,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${BRIG_ARTIFACTS:-$root/artifacts}/images"
 mkdir -p "$out"
 target="${CARGO_TARGET_DIR:-$root/target}"
-(cd "$root" && cargo build --quiet -p brig-container --bin brig-mkimage)
+(cd "$root" && cargo build --quiet -p brig-images --bin brig-mkimage)
 mkimage="$target/debug/brig-mkimage"
 recipe=$(sha256sum "$0" | cut -c1-16)
 

@@ -18,7 +18,7 @@ done
 # Debian packages: erofs-utils (read-only layers), busybox-static (tiny base image),
 # debootstrap (Debian base image), e2fsprogs (writable-layer disks), iproute2 + nftables (sandbox
 # networks and egress rules), fuse3 (on-demand layer data).
-packages=(erofs-utils busybox-static debootstrap e2fsprogs iproute2 nftables fuse3 procps psmisc)
+packages=(erofs-utils busybox-static debootstrap e2fsprogs iproute2 nftables fuse3 procps psmisc curl)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -31,6 +31,12 @@ if ((${#missing[@]})); then
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     fi
+fi
+
+# moto's S3 server, which the layer-store tests run on loopback as an S3-compatible backend.
+if ! command -v moto_server >/dev/null 2>&1; then
+    log "pip install moto[server]"
+    python3 -m pip install --quiet --disable-pip-version-check 'moto[server]'
 fi
 
 # Kernel settings: larger UDP buffers for QUIC bursts (GUEST.md §6), and enough memory mappings

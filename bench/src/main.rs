@@ -6,6 +6,7 @@
 
 mod container;
 mod fncall;
+mod images;
 mod stats;
 
 use clap::{Parser, Subcommand};
@@ -23,6 +24,8 @@ enum Bench {
     Fncall(fncall::Options),
     /// Container tier: create-to-first-exec, creates/s, exec round trip, idle memory.
     Container(container::Options),
+    /// Layer store: fetched fraction for a Python import, cold/warm create, disk writes.
+    Images(images::Options),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -30,6 +33,7 @@ fn main() -> anyhow::Result<()> {
     let result = match cli.bench {
         Bench::Fncall(opts) => fncall::run(opts)?,
         Bench::Container(opts) => container::run(opts)?,
+        Bench::Images(opts) => images::run(opts)?,
     };
     println!("{result}");
     Ok(())
@@ -40,7 +44,7 @@ fn main() -> anyhow::Result<()> {
 pub fn build_daemon() -> anyhow::Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let status = std::process::Command::new(cargo)
-        .args(["build", "--release", "--quiet", "-p", "brigd", "-p", "brig-container", "--bins"])
+        .args(["build", "--release", "--quiet", "--workspace", "--bins"])
         .current_dir(brig_tests::repo_root())
         .status()?;
     anyhow::ensure!(status.success(), "building brigd failed");

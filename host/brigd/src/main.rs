@@ -70,6 +70,7 @@ fn main() -> anyhow::Result<()> {
     match args.role.unwrap_or(Role::All) {
         Role::All => {}
     }
+    brig_transport::tls::install_default_provider();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(brigd::run(opts, shutdown_signal()))
 }

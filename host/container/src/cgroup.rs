@@ -252,6 +252,49 @@ impl ContainerCgroup {
             .unwrap_or(0)
     }
 
+    /// Freezes (`true`) or thaws the whole container and waits until the kernel is done.
+    pub fn set_frozen(&self, frozen: bool) -> Result<(), CgroupError> {
+        let (file, value, done) = match self.version {
+            Version::V1 => {
+                let d = self
+                    .dir("freezer")
+                    .ok_or(CgroupError::MissingController("freezer", PathBuf::new()))?;
+                (
+                    d.join("freezer.state"),
+                    if frozen { "FROZEN" } else { "THAWED" },
+                    if frozen { "FROZEN" } else { "THAWED" },
+                )
+            }
+            Version::V2 => {
+                let d = self
+                    .dir("unified")
+                    .ok_or(CgroupError::MissingController("unified", PathBuf::new()))?;
+                (
+                    d.join("cgroup.freeze"),
+                    if frozen { "1" } else { "0" },
+                    if frozen { "frozen 1" } else { "frozen 0" },
+                )
+            }
+        };
+        std::fs::write(&file, value).map_err(io("write", &file))?;
+        let check = match self.version {
+            Version::V1 => file.clone(),
+            Version::V2 => file.with_file_name("cgroup.events"),
+        };
+        for _ in 0..2000 {
+            let state = std::fs::read_to_string(&check).unwrap_or_default();
+            if state.lines().any(|l| l.trim() == done) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Err(CgroupError::Io {
+            what: "reach freezer state in",
+            path: check,
+            source: std::io::Error::new(std::io::ErrorKind::TimedOut, value),
+        })
+    }
+
     /// Kills every process of the container (all exec cgroups included).
     pub fn kill_all(&self) {
         for (_, dir) in &self.dirs {

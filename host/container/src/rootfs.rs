@@ -53,6 +53,20 @@ fn mnt<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(nix::Error) -> Roo
     move |source| RootfsError::Mount { what, path: path.to_owned(), source }
 }
 
+/// A read-only layer: a self-contained EROFS image, or a meta image whose file data is on a
+/// separate blob device (a lazily served file of the layer store).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerSource {
+    pub image: PathBuf,
+    pub device: Option<PathBuf>,
+}
+
+impl LayerSource {
+    pub fn image(image: impl Into<PathBuf>) -> Self {
+        LayerSource { image: image.into(), device: None }
+    }
+}
+
 /// Read-only layer mounts shared by all containers of a node.
 #[derive(Debug)]
 pub struct LayerMounts {
@@ -86,10 +100,12 @@ impl LayerMounts {
         self.unmount_dirs();
     }
 
-    /// Mounts `image` (once) and returns its mount point.
-    pub fn mount(&self, image: &Path) -> Result<PathBuf, RootfsError> {
-        let image =
-            image.canonicalize().map_err(|_| RootfsError::MissingLayer(image.to_owned()))?;
+    /// Mounts a layer (once) and returns its mount point.
+    pub fn mount(&self, layer: &LayerSource) -> Result<PathBuf, RootfsError> {
+        let image = layer
+            .image
+            .canonicalize()
+            .map_err(|_| RootfsError::MissingLayer(layer.image.to_owned()))?;
         let mut mounted = self.mounted.lock();
         if let Some(point) = mounted.get(&image) {
             return Ok(point.clone());
@@ -99,12 +115,13 @@ impl LayerMounts {
         let point = self.dir.join(key);
         std::fs::create_dir_all(&point).map_err(io("create", &point))?;
         if !is_mount_point(&point) {
+            let options = layer.device.as_ref().map(|d| format!("device={}", d.display()));
             mount(
                 Some(&image),
                 &point,
                 Some("erofs"),
                 MsFlags::MS_RDONLY | MsFlags::MS_NODEV,
-                None::<&str>,
+                options.as_deref(),
             )
             .map_err(|source| RootfsError::LayerMount { image: image.clone(), source })?;
             // Keep layer mounts out of every container's copy of the mount table.
@@ -140,6 +157,9 @@ fn is_mount_point(path: &Path) -> bool {
 #[derive(Debug)]
 pub struct Rootfs {
     dir: PathBuf,
+    /// The writable upper directory, held open so it stays reachable after the host-side
+    /// mounts are detached (for checkpoints).
+    upper: Option<std::os::fd::OwnedFd>,
 }
 
 impl Rootfs {
@@ -158,7 +178,7 @@ impl Rootfs {
             .mode(0o711)
             .create(dir)
             .map_err(io("create", dir))?;
-        let rootfs = Rootfs { dir: dir.to_owned() };
+        let mut rootfs = Rootfs { dir: dir.to_owned(), upper: None };
         let upper_mnt = dir.join("upper");
         let merged = rootfs.path();
         for d in [&upper_mnt, &merged] {
@@ -190,12 +210,34 @@ impl Rootfs {
         mount(None::<&str>, &merged, None::<&str>, MsFlags::MS_PRIVATE, None::<&str>)
             .map_err(mnt("make rootfs private", &merged))?;
         rootfs.write_identity(hostname, owner)?;
+        let fd = rustix::fs::open(
+            &upper,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| RootfsError::Io {
+            what: "open",
+            path: upper.clone(),
+            source: e.into(),
+        })?;
+        rootfs.upper = Some(fd);
         Ok(rootfs)
     }
 
     /// The rootfs directory of an earlier run, to remove it.
     pub fn at(dir: &Path) -> Rootfs {
-        Rootfs { dir: dir.to_owned() }
+        Rootfs { dir: dir.to_owned(), upper: None }
+    }
+
+    /// A path to the writable upper directory (the container's changes, with overlay
+    /// whiteouts for what it deleted), through this process's descriptor: valid for this
+    /// process and the root-owned tools it runs.
+    pub fn upper_path(&self) -> Option<PathBuf> {
+        use std::os::fd::AsRawFd;
+        let pid = std::process::id();
+        self.upper.as_ref().map(|fd| PathBuf::from(format!("/proc/{pid}/fd/{}", fd.as_raw_fd())))
     }
 
     /// The merged root (host path, valid until [`Rootfs::detach`]).

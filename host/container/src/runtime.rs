@@ -10,7 +10,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::oneshot;
 
 use crate::cgroup::{CgroupError, CgroupLimits, CgroupManager, ContainerCgroup, ExecCgroup};
-use crate::rootfs::{LayerMounts, Rootfs, RootfsError};
+use crate::rootfs::{LayerMounts, LayerSource, Rootfs, RootfsError};
 use crate::shim_conn::{ShimConn, ShimConnError};
 use crate::shim_proto::{ExitInfo, FromShim, ShimConfig, SpawnSpec, ToShim};
 
@@ -94,8 +94,8 @@ pub struct ContainerSpec {
     /// Unique name on this node (used in paths and cgroup names).
     pub name: String,
     pub hostname: String,
-    /// EROFS layer images, bottom (base) first.
-    pub layers: Vec<PathBuf>,
+    /// Layers, bottom (base) first.
+    pub layers: Vec<LayerSource>,
     pub limits: CgroupLimits,
     /// Writable-layer quota.
     pub disk_bytes: u64,
@@ -166,8 +166,8 @@ impl Runtime {
     /// Creates and starts a container. On failure everything made so far is removed.
     pub async fn create(&self, spec: &ContainerSpec) -> Result<Container, RuntimeError> {
         let mut layer_points = Vec::with_capacity(spec.layers.len());
-        for image in &spec.layers {
-            layer_points.push(self.layers.mount(image)?);
+        for layer in &spec.layers {
+            layer_points.push(self.layers.mount(layer)?);
         }
         let dir = self.config.run_dir.join("c").join(&spec.name);
         let rootfs = Rootfs::assemble(
@@ -408,6 +408,16 @@ impl Container {
 
     pub fn cgroup(&self) -> &ContainerCgroup {
         &self.cgroup
+    }
+
+    /// The container's writable layer (host-side path valid in this process).
+    pub fn upper_path(&self) -> Option<PathBuf> {
+        self.rootfs.upper_path()
+    }
+
+    /// Freezes or thaws every process of the container (blocking; run off the async runtime).
+    pub fn set_frozen(&self, frozen: bool) -> Result<(), RuntimeError> {
+        Ok(self.cgroup.set_frozen(frozen)?)
     }
 
     /// OOM kills in the container since the last call (the kernel's counter only grows).

@@ -283,7 +283,10 @@ impl Reader {
         let mut done_open = true;
         loop {
             let mut events: Vec<SessionEvent> = Vec::new();
+            // Control first: `Started(nonce)` is queued before the command is written, so it
+            // must be seen before any output or completion of that command.
             tokio::select! {
+                biased;
                 ctl = self.control.recv() => match ctl {
                     Some(Control::Attach(tx)) => {
                         if dropped > 0 {

@@ -57,7 +57,9 @@ async fn busybox_container_runs_commands() {
     let spec = ContainerSpec {
         name: "t1".into(),
         hostname: "sandbox".into(),
-        layers: vec![artifacts().join("images/busybox.erofs")],
+        layers: vec![brig_container::rootfs::LayerSource::image(
+            artifacts().join("images/busybox.erofs"),
+        )],
         limits: CgroupLimits {
             memory_bytes: Some(256 << 20),
             pids: Some(128),

@@ -129,8 +129,7 @@ fn apply_layer(layer: &Path, dest: &Path) -> Result<(), BuildError> {
                 }
             }
         } else if let Some(hidden) = name.strip_prefix(WHITEOUT) {
-            let target =
-                safe_join(dest, &format!("{dir}/{hidden}").trim_start_matches('/').to_string())?;
+            let target = safe_join(dest, format!("{dir}/{hidden}").trim_start_matches('/'))?;
             remove_any(&target)?;
         }
     }

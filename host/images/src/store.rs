@@ -138,6 +138,11 @@ impl LayerStore {
         })
     }
 
+    /// Scratch space for staging trees on the same filesystem as the store.
+    pub fn work_dir(&self) -> PathBuf {
+        self.config.dir.join("work")
+    }
+
     pub fn cache(&self) -> &Arc<ChunkCache> {
         &self.cache
     }

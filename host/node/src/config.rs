@@ -24,6 +24,42 @@ pub struct NodeConfig {
     pub max_upload_bytes: u64,
     pub fncall: FncallConfig,
     pub container: ContainerConfig,
+    pub images: ImagesConfig,
+}
+
+/// The layer store.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ImagesConfig {
+    pub enabled: bool,
+    pub backend: BlobBackendConfig,
+    /// Local chunk cache; default `<state>/chunk-cache`.
+    pub cache_dir: Option<PathBuf>,
+    pub cache_max_mib: u64,
+    /// Verified chunks kept in memory.
+    pub cache_memory_mib: u64,
+}
+
+/// Where layer data lives.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum BlobBackendConfig {
+    /// A directory; default `<state>/blobs`.
+    Local { dir: Option<PathBuf> },
+    /// An S3-compatible object store.
+    S3(brig_images::backend::S3Config),
+}
+
+impl Default for ImagesConfig {
+    fn default() -> Self {
+        ImagesConfig {
+            enabled: true,
+            backend: BlobBackendConfig::Local { dir: None },
+            cache_dir: None,
+            cache_max_mib: 10 * 1024,
+            cache_memory_mib: 64,
+        }
+    }
 }
 
 /// The container tier.
@@ -91,6 +127,7 @@ impl Default for NodeConfig {
             max_upload_bytes: 64 << 30,
             fncall: FncallConfig::default(),
             container: ContainerConfig::default(),
+            images: ImagesConfig::default(),
         }
     }
 }

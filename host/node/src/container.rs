@@ -9,16 +9,17 @@ use std::time::Duration;
 
 use brig_container::cgroup::CgroupLimits;
 use brig_container::exec::{ExecEvent, Killer, Stdin};
+use brig_container::rootfs::LayerSource;
 use brig_container::runtime::{Container, ContainerSpec, Runtime, RuntimeConfig};
 use brig_container::session::{Session, SessionEvent};
 use brig_container::shim_proto::ExitInfo;
 use brig_core::SandboxId;
+use brig_images::{LayerStore, ResolvedLayer};
 use brig_proto::{
     CreateRequest, ExecRequest, ExecResult, OutputStream, Reply, SessionOpenRequest, StdinMode,
 };
 use brig_transport::Exchange;
 use parking_lot::Mutex;
-use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
@@ -34,10 +35,13 @@ pub(crate) struct ContainerTier {
 
 impl ContainerTier {
     /// Opens the tier, or says why it cannot be offered here.
+    /// `run_dir` holds mounts (not under the private state directory: container root must
+    /// traverse it to reach its rootfs before it pivots); `cgroup_parent` is unique per daemon.
     pub fn open(
         config: &ContainerConfig,
         state_dir: &Path,
-        node_id: u32,
+        run_dir: &Path,
+        cgroup_parent: &str,
     ) -> Result<ContainerTier, String> {
         if !config.enabled {
             return Err("disabled in the node configuration".into());
@@ -46,22 +50,15 @@ impl ContainerTier {
             return Err("brigd is not running as root".into());
         }
         let images_dir = config.images_dir.clone().unwrap_or_else(|| state_dir.join("images"));
-        // One cgroup parent per daemon state directory, so daemons sharing a host never collide.
-        let tag = hex::encode(&Sha256::digest(state_dir.as_os_str().as_encoded_bytes())[..4]);
         let runtime = Runtime::new(RuntimeConfig {
-            // Not under the state directory: that is private (0700), and container root must
-            // traverse the run directory to reach its rootfs before it pivots.
-            run_dir: config
-                .run_dir
-                .clone()
-                .unwrap_or_else(|| PathBuf::from("/run/brig").join(&tag)),
+            run_dir: run_dir.to_owned(),
             shim_path: config
                 .shim_path
                 .clone()
                 .unwrap_or_else(brig_container::runtime::default_shim_path),
             id_base: config.id_base,
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
-            cgroup_parent: format!("brig-{node_id:x}-{tag}"),
+            cgroup_parent: cgroup_parent.to_string(),
         })
         .map_err(|e| crate::error::chain(&e))?;
         Ok(ContainerTier { runtime, config: config.clone(), images_dir })
@@ -71,11 +68,59 @@ impl ContainerTier {
         self.runtime.shutdown();
     }
 
-    /// Layer images of `image` (`base+workspace+toolkit`), bottom first.
-    fn resolve_image(&self, image: &str) -> Result<Vec<PathBuf>, NodeError> {
+    /// The layers of `image`, bottom first: `env:NAME`, or parts joined by `+`, each a store
+    /// reference (`kind/name[@version]`, `sha256:…`) or a plain image file name. Store layers
+    /// are marked in use; their digests come back for [`LayerStore::release`].
+    async fn resolve_image(
+        &self,
+        image: &str,
+        store: Option<&LayerStore>,
+    ) -> Result<(Vec<LayerSource>, Vec<String>), NodeError> {
         let bad = |why: &str| NodeError::BadImage(image.to_string(), why.to_string());
+        let parts: Vec<String> = match (image.starts_with("env:"), store) {
+            (true, Some(store)) => store.expand(image)?,
+            (true, None) => return Err(bad("no layer store on this node")),
+            (false, _) => image.split('+').map(str::to_string).collect(),
+        };
+        if parts.len() > 32 {
+            return Err(bad("more than 32 layers"));
+        }
+        let store_refs: Vec<String> =
+            parts.iter().filter(|p| LayerStore::is_store_reference(p)).cloned().collect();
+        let resolved = match (store_refs.is_empty(), store) {
+            (true, _) => Vec::new(),
+            (false, Some(store)) => store.acquire(&store_refs).await?,
+            (false, None) => return Err(bad("no layer store on this node")),
+        };
+        let digests: Vec<String> = resolved.iter().map(|r| r.digest.clone()).collect();
+        match self.plain_layers(&parts, resolved) {
+            Ok(layers) => Ok((layers, digests)),
+            Err(e) => {
+                if let Some(store) = store {
+                    store.release(&digests);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Puts plain image files and resolved store layers together, in order.
+    fn plain_layers(
+        &self,
+        parts: &[String],
+        resolved: Vec<ResolvedLayer>,
+    ) -> Result<Vec<LayerSource>, NodeError> {
+        let mut resolved = resolved.into_iter();
         let mut layers = Vec::new();
-        for name in image.split('+') {
+        for name in parts {
+            if LayerStore::is_store_reference(name) {
+                let r = resolved
+                    .next()
+                    .ok_or_else(|| NodeError::BadImage(name.clone(), "not resolved".into()))?;
+                layers.push(LayerSource { image: r.meta, device: Some(r.blob) });
+                continue;
+            }
+            let bad = |why: &str| NodeError::BadImage(name.clone(), why.to_string());
             let ok = !name.is_empty()
                 && name.len() <= 128
                 && !name.starts_with('.')
@@ -85,12 +130,12 @@ impl ContainerTier {
             }
             let path = self.images_dir.join(format!("{name}.erofs"));
             if !path.is_file() {
-                return Err(bad(&format!("no layer {name:?} in {}", self.images_dir.display())));
+                return Err(bad(&format!(
+                    "no layer {name:?} in {} or the layer store",
+                    self.images_dir.display()
+                )));
             }
-            layers.push(path);
-        }
-        if layers.len() > 32 {
-            return Err(bad("more than 32 layers"));
+            layers.push(LayerSource::image(path));
         }
         Ok(layers)
     }
@@ -99,11 +144,12 @@ impl ContainerTier {
         &self,
         id: &SandboxId,
         req: &CreateRequest,
+        store: Option<&LayerStore>,
     ) -> Result<ContainerSandbox, NodeError> {
         let image = req.image.as_deref().ok_or_else(|| {
             NodeError::BadImage(String::new(), "a container needs an image".into())
         })?;
-        let layers = self.resolve_image(image)?;
+        let (layers, digests) = self.resolve_image(image, store).await?;
         let c = &self.config;
         let pick =
             |asked: Option<u64>, default: u64, max: u64| asked.unwrap_or(default).clamp(1, max);
@@ -121,7 +167,15 @@ impl ContainerTier {
             },
             disk_bytes: pick(l.disk_mib, c.default_disk_mib, c.max_disk_mib) << 20,
         };
-        let container = self.runtime.create(&spec).await?;
+        let container = match self.runtime.create(&spec).await {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(store) = store {
+                    store.release(&digests);
+                }
+                return Err(e.into());
+            }
+        };
         let shell = if brig_container::files::RootDir::new(container.root(), container.id_base())
             .stat("/bin/bash")
             .is_ok()
@@ -137,6 +191,7 @@ impl ContainerTier {
             execs: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
             next_session: AtomicU64::new(1),
+            layer_digests: digests,
         })
     }
 
@@ -163,6 +218,8 @@ pub(crate) struct ContainerSandbox {
     execs: Mutex<HashMap<u64, Killer>>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     next_session: AtomicU64,
+    /// Store layers this container uses (released when it is destroyed).
+    pub layer_digests: Vec<String>,
 }
 
 fn merged_env(base: &[(String, String)], extra: Vec<(String, String)>) -> Vec<(String, String)> {
@@ -362,5 +419,60 @@ impl ContainerSandbox {
             s.close().await;
         }
         Ok(self.container.destroy().await?)
+    }
+}
+
+impl ContainerSandbox {
+    /// Packs the writable layer into a new store layer, without `scrub` paths. The container is
+    /// frozen while its changes are copied, so the layer is a consistent point in time.
+    pub async fn checkpoint(
+        &self,
+        store: &LayerStore,
+        id: &str,
+        name: &str,
+        version: Option<u32>,
+        scrub: &[String],
+    ) -> Result<brig_images::LayerInfo, NodeError> {
+        let upper = self.container.upper_path().ok_or_else(|| {
+            NodeError::BadImage(id.to_string(), "no writable layer to checkpoint".into())
+        })?;
+        for path in scrub {
+            if path.split('/').any(|p| p == "..") {
+                return Err(NodeError::BadImage(
+                    path.clone(),
+                    "scrub paths may not contain ..".into(),
+                ));
+            }
+        }
+        let staging = brig_images::build::Staging::new_in(&store.work_dir())?;
+        let root = staging.path().join("root");
+        let container = self.container.clone();
+        let scrub = scrub.to_vec();
+        let target = root.clone();
+        tokio::task::spawn_blocking(move || -> Result<(), NodeError> {
+            std::fs::create_dir(&target)
+                .map_err(|source| NodeError::Io { what: "checkpoint staging".into(), source })?;
+            container.set_frozen(true)?;
+            let copied = brig_images::build::stage_dir(&upper, &target);
+            let thawed = container.set_frozen(false);
+            copied?;
+            thawed?;
+            for path in scrub {
+                let victim = target.join(path.trim_start_matches('/'));
+                let _ = if victim.is_dir() {
+                    std::fs::remove_dir_all(&victim)
+                } else {
+                    std::fs::remove_file(&victim)
+                };
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| NodeError::Io {
+            what: "checkpoint task".into(),
+            source: std::io::Error::other(e),
+        })??;
+        let source = brig_images::ImportSource::Shifted(staging, format!("checkpoint of {id}"));
+        Ok(store.import(name, version, source).await?)
     }
 }

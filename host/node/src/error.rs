@@ -31,6 +31,12 @@ pub enum NodeError {
     File(#[from] brig_container::files::FileError),
     #[error(transparent)]
     Session(#[from] brig_container::session::SessionError),
+    #[error(transparent)]
+    Store(#[from] brig_images::StoreError),
+    #[error(transparent)]
+    Build(#[from] brig_images::build::BuildError),
+    #[error("the layer store is not available on this node ({0})")]
+    NoStore(String),
     #[error("this node holds its maximum of {0} sandboxes")]
     Full(usize),
     #[error("upload exceeds the {0}-byte limit")]
@@ -63,6 +69,24 @@ impl NodeError {
                 brig_container::files::FileError::Io { source, .. } => io_code(source),
                 _ => ErrorCode::BadRequest,
             },
+            NodeError::NoStore(_) => ErrorCode::Unavailable,
+            NodeError::Build(_) => ErrorCode::BadRequest,
+            NodeError::Store(e) => {
+                use brig_images::StoreError as S;
+                match e {
+                    S::BadName(_) | S::BadReference(_) | S::Format(_) => ErrorCode::BadRequest,
+                    S::NoLayer(_) | S::NoEnv(_) => ErrorCode::NotFound,
+                    S::VersionTaken(_) => ErrorCode::AlreadyExists,
+                    S::InUse(_) => ErrorCode::Conflict,
+                    S::Damaged { .. } => ErrorCode::DataLoss,
+                    S::Build(_) => ErrorCode::BadRequest,
+                    S::Backend(brig_images::backend::BackendError::Missing(_)) => {
+                        ErrorCode::DataLoss
+                    }
+                    S::Cache(_) => ErrorCode::DataLoss,
+                    S::Backend(_) | S::Mount(_) | S::Io { .. } => ErrorCode::Unavailable,
+                }
+            }
             NodeError::Session(e) => match e {
                 brig_container::session::SessionError::Busy => ErrorCode::Conflict,
                 brig_container::session::SessionError::Idle => ErrorCode::BadRequest,

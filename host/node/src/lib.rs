@@ -16,9 +16,10 @@ mod container;
 mod convert;
 mod error;
 mod files;
+mod images;
 mod sandboxes;
 
-pub use config::{ContainerConfig, NodeConfig};
+pub use config::{BlobBackendConfig, ContainerConfig, ImagesConfig, NodeConfig};
 pub use error::NodeError;
 
 use std::path::Path;
@@ -44,6 +45,8 @@ struct Inner {
     fncall: FncallBackend,
     /// `Err` says why this node offers no containers.
     containers: Result<ContainerTier, String>,
+    /// `Err` says why this node has no layer store.
+    store: Result<Arc<brig_images::LayerStore>, String>,
     sandboxes: SandboxTable,
 }
 
@@ -51,13 +54,28 @@ impl Node {
     /// Opens the node's state under `state_dir` and restores the sandboxes recorded there.
     pub fn open(config: NodeConfig, state_dir: &Path) -> Result<Node, NodeError> {
         let fncall = FncallBackend::open(config.fncall.clone(), &state_dir.join("fncall"))?;
-        let containers = ContainerTier::open(&config.container, state_dir, config.node_id);
+        // One run directory and cgroup parent per daemon state directory, so daemons sharing a
+        // host never collide.
+        let tag = hex::encode(
+            &<sha2::Sha256 as sha2::Digest>::digest(state_dir.as_os_str().as_encoded_bytes())[..4],
+        );
+        let run_dir =
+            config.container.run_dir.clone().unwrap_or_else(|| Path::new("/run/brig").join(&tag));
+        let cgroup_parent = format!("brig-{:x}-{tag}", config.node_id);
+        let containers =
+            ContainerTier::open(&config.container, state_dir, &run_dir, &cgroup_parent);
         match &containers {
             Ok(_) => tracing::info!("container tier ready"),
             Err(why) => tracing::warn!(%why, "container tier not offered"),
         }
+        let store =
+            images::open_store(&config.images, state_dir, &run_dir, config.container.id_base);
+        match &store {
+            Ok(s) => tracing::info!(backend = s.backend().kind(), "layer store ready"),
+            Err(why) => tracing::warn!(%why, "layer store not available"),
+        }
         let sandboxes = SandboxTable::new(&state_dir.join("sandboxes"))?;
-        let node = Node { inner: Arc::new(Inner { config, fncall, containers, sandboxes }) };
+        let node = Node { inner: Arc::new(Inner { config, fncall, containers, store, sandboxes }) };
         node.restore();
         Ok(node)
     }
@@ -156,6 +174,13 @@ impl Node {
             Request::SessionWait { sandbox, session, timeout_ms } => {
                 self.session_stream(&sandbox, &session, None, timeout_ms, &mut exchange).await
             }
+            Request::ImageImport(req) => match self.store() {
+                Ok(store) => images::import(&store, req, &mut exchange).await.map(Some),
+                Err(e) => {
+                    exchange.refuse_upload();
+                    Err(e)
+                }
+            },
             other => self.handle(other).await,
         };
         let outcome = match result {
@@ -181,6 +206,20 @@ impl Node {
             TierHandle::Fncall(_) => {
                 Err(NodeError::WrongTier { id: sandbox.to_string(), tier: Tier::Fncall, op })
             }
+        }
+    }
+
+    fn store(&self) -> Result<Arc<brig_images::LayerStore>, NodeError> {
+        self.inner.store.clone().map_err(NodeError::NoStore)
+    }
+
+    /// What this node reports about itself.
+    pub fn status(&self) -> brig_proto::NodeStatus {
+        brig_proto::NodeStatus {
+            node_id: self.inner.config.node_id,
+            tiers: self.tiers().into_iter().map(convert::tier_to_wire).collect(),
+            sandboxes: self.inner.sandboxes.len() as u64,
+            images: self.inner.store.as_ref().ok().map(|s| images::stats(s)),
         }
     }
 
@@ -311,12 +350,31 @@ impl Node {
                 }
                 Reply::Done
             }
+            Request::ImageList
+            | Request::ImageInspect { .. }
+            | Request::ImageTag { .. }
+            | Request::ImageRemove { .. }
+            | Request::ImageVerify { .. }
+            | Request::ImageGc
+            | Request::ImageCacheDrop
+            | Request::EnvCreate { .. }
+            | Request::EnvList => images::handle(self.store()?.as_ref(), request).await?,
+            Request::Checkpoint(req) => {
+                let store = self.store()?;
+                let entry = self.container(&req.sandbox, "checkpoint")?;
+                let TierHandle::Container(c) = &entry.handle else { return Ok(None) };
+                let layer =
+                    c.checkpoint(&store, &req.sandbox, &req.name, req.version, &req.scrub).await?;
+                Reply::Layer(images::layer_to_wire(layer))
+            }
+            Request::NodeStatus => Reply::NodeStatus(self.status()),
             Request::FileWrite(_)
             | Request::FileRead(_)
             | Request::ToolAdd { .. }
             | Request::Exec(_)
             | Request::SessionRun { .. }
-            | Request::SessionWait { .. } => {
+            | Request::SessionWait { .. }
+            | Request::ImageImport(_) => {
                 return Err(NodeError::Io {
                     what: "request routing".into(),
                     source: std::io::Error::other("streaming request reached the plain handler"),
@@ -345,7 +403,8 @@ impl Node {
                 TierHandle::Fncall(self.inner.fncall.create_workspace(&id.to_string())?)
             }
             Tier::Container => {
-                TierHandle::Container(self.container_tier()?.create(&id, &req).await?)
+                let store = self.inner.store.as_ref().ok().map(Arc::as_ref);
+                TierHandle::Container(self.container_tier()?.create(&id, &req, store).await?)
             }
             Tier::Microvm | Tier::Fullvm => {
                 return Err(NodeError::TierUnavailable {
@@ -370,7 +429,13 @@ impl Node {
         let Some(entry) = self.inner.sandboxes.remove(id, reason) else { return };
         let result = match &entry.handle {
             TierHandle::Fncall(ws) => ws.remove().map_err(NodeError::from),
-            TierHandle::Container(c) => c.destroy().await,
+            TierHandle::Container(c) => {
+                let result = c.destroy().await;
+                if let Ok(store) = &self.inner.store {
+                    store.release(&c.layer_digests);
+                }
+                result
+            }
         };
         if let Err(e) = result {
             tracing::warn!(sandbox = %id, error = %e, "cleanup after destroy failed");

@@ -1,5 +1,6 @@
 //! `brig`: the command line for Brig, over brig-sdk. See `brig --help`.
 
+mod images;
 mod output;
 mod shell;
 
@@ -106,6 +107,25 @@ enum Command {
     /// Manage tool components.
     #[command(subcommand)]
     Tool(ToolCommand),
+    /// Manage versioned layers in the node's layer store.
+    #[command(subcommand)]
+    Image(images::ImageCommand),
+    /// Manage environments (ordered layer lists; create with --image env:NAME).
+    #[command(subcommand)]
+    Env(images::EnvCommand),
+    /// Turn a container's writable layer into a new layer.
+    Checkpoint {
+        id: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        version: Option<u32>,
+        /// Path to leave out (repeatable), e.g. an answer file.
+        #[arg(long = "scrub")]
+        scrub: Vec<String>,
+    },
+    /// What the node reports about itself.
+    Node,
     /// Move files in and out of a sandbox.
     #[command(subcommand)]
     File(FileCommand),
@@ -381,6 +401,29 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Tool(cmd) => tool(&client, cmd, json).await,
+        Command::Image(cmd) => images::image(&client, cmd, json).await,
+        Command::Env(cmd) => images::env(&client, cmd, json).await,
+        Command::Checkpoint { id, name, version, scrub } => {
+            let refs: Vec<&str> = scrub.iter().map(String::as_str).collect();
+            let layer = client.sandbox(&id).checkpoint(&name, version, &refs).await?;
+            output::line(
+                json,
+                &serde_json::json!({ "name": layer.name, "version": layer.version, "digest": layer.digest }),
+                &format!("{}@{} {}", layer.name, layer.version, layer.digest),
+            );
+            Ok(0)
+        }
+        Command::Node => {
+            let s = client.node_status().await?;
+            let images = s.images.as_ref().map(|i| serde_json::json!({ "backend": i.backend, "fetched_bytes": i.fetched_bytes, "fetched_chunks": i.fetched_chunks, "cache_bytes": i.cache_bytes, "corrupt_chunks": i.corrupt_chunks }));
+            let value = serde_json::json!({ "node_id": s.node_id, "tiers": s.tiers.iter().map(|t| format!("{t:?}").to_lowercase()).collect::<Vec<_>>(), "sandboxes": s.sandboxes, "images": images });
+            if json {
+                println!("{value}");
+            } else {
+                println!("{}", serde_json::to_string_pretty(&value)?);
+            }
+            Ok(0)
+        }
         Command::File(cmd) => file(&client, cmd, json).await,
     }
 }

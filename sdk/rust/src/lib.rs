@@ -28,15 +28,18 @@
 mod client;
 mod error;
 mod exec;
+mod images;
 mod sandbox;
 
 pub use client::{read_token, Client, ConnectOptions, Pin};
 pub use error::Error;
 pub use exec::{Cmd, ExecEvent, ExecOutput, ExecStream, SessionOutput, ShellSession};
+pub use images::{GcSummary, ImageSource};
 pub use sandbox::{Sandbox, SandboxOptions};
 
 /// Wire types the SDK hands back.
 pub use brig_proto::{
     CallLimits, CallOutcome, CallRequest, CallResult, ErrorCode, ExecResult, FileKind, FileStat,
-    SandboxInfo, SandboxLimits, SandboxState, SessionOpenRequest, Tier, ToolInfo, ToolWorld,
+    ImageFormat, ImageStats, LayerInfo, NodeStatus, SandboxInfo, SandboxLimits, SandboxState,
+    SessionOpenRequest, Tier, ToolInfo, ToolWorld,
 };

@@ -32,6 +32,8 @@ pub enum ErrorCode {
     Internal,
     /// The sandbox was destroyed by its idle TTL or lifetime limit.
     Expired,
+    /// Stored data is missing or corrupt (a layer chunk failed its digest check).
+    DataLoss,
 }
 
 impl ErrorCode {
@@ -56,6 +58,7 @@ impl ErrorCode {
             ErrorCode::TooLarge => "too_large",
             ErrorCode::Internal => "internal",
             ErrorCode::Expired => "expired",
+            ErrorCode::DataLoss => "data_loss",
         }
     }
 }

@@ -254,6 +254,75 @@ pub struct ToolInfo {
     pub size_bytes: u64,
 }
 
+/// Format of an imported layer.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageFormat {
+    /// A directory tree (only with `node_path`; clients upload directories as tar).
+    Dir,
+    /// A tarball, plain or compressed.
+    Tar,
+    /// An OCI image layout or a `docker save` archive (directory or tarball).
+    Oci,
+    /// A self-contained EROFS image.
+    Erofs,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ImageImportRequest {
+    /// `kind/name`, e.g. `toolkit/harness`.
+    pub name: String,
+    /// `None` takes the next version.
+    pub version: Option<u32>,
+    pub format: ImageFormat,
+    /// Import from this path on the node instead of an upload (operators).
+    pub node_path: Option<String>,
+}
+
+/// A layer in the store.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct LayerInfo {
+    pub name: String,
+    pub version: u32,
+    pub digest: String,
+    pub data_bytes: u64,
+    pub meta_bytes: u64,
+    pub chunks: u64,
+    pub files: u64,
+    pub created_unix_ms: u64,
+    pub source: String,
+    /// Chunks the import added to the backend (the rest were already stored).
+    pub new_chunks: u64,
+}
+
+/// Turn a sandbox's writable layer into a new layer.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct CheckpointRequest {
+    pub sandbox: String,
+    pub name: String,
+    pub version: Option<u32>,
+    /// Paths removed before packing (answers, secrets, caches).
+    pub scrub: Vec<String>,
+}
+
+/// What a node reports about itself.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeStatus {
+    pub node_id: u32,
+    pub tiers: Vec<Tier>,
+    pub sandboxes: u64,
+    pub images: Option<ImageStats>,
+}
+
+/// Layer store counters.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct ImageStats {
+    pub backend: String,
+    pub fetched_bytes: u64,
+    pub fetched_chunks: u64,
+    pub cache_bytes: u64,
+    pub corrupt_chunks: u64,
+}
+
 /// Every request a client can send. One per stream.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub enum Request {
@@ -336,6 +405,34 @@ pub enum Request {
         sandbox: String,
         session: String,
     },
+    /// Raw archive bytes follow unless `node_path` is set.
+    ImageImport(ImageImportRequest),
+    ImageList,
+    ImageInspect {
+        reference: String,
+    },
+    ImageTag {
+        reference: String,
+        name: String,
+        version: Option<u32>,
+    },
+    ImageRemove {
+        reference: String,
+    },
+    /// Fetches and checks every chunk of a layer.
+    ImageVerify {
+        reference: String,
+    },
+    ImageGc,
+    /// Empties the node's chunk cache (the next reads are cold).
+    ImageCacheDrop,
+    EnvCreate {
+        name: String,
+        layers: Vec<String>,
+    },
+    EnvList,
+    Checkpoint(CheckpointRequest),
+    NodeStatus,
 }
 
 impl Request {
@@ -365,6 +462,18 @@ impl Request {
             Request::SessionInput { .. } => "session_input",
             Request::SessionInterrupt { .. } => "session_interrupt",
             Request::SessionClose { .. } => "session_close",
+            Request::ImageImport(_) => "image_import",
+            Request::ImageList => "image_list",
+            Request::ImageInspect { .. } => "image_inspect",
+            Request::ImageTag { .. } => "image_tag",
+            Request::ImageRemove { .. } => "image_remove",
+            Request::ImageVerify { .. } => "image_verify",
+            Request::ImageGc => "image_gc",
+            Request::ImageCacheDrop => "image_cache_drop",
+            Request::EnvCreate { .. } => "env_create",
+            Request::EnvList => "env_list",
+            Request::Checkpoint(_) => "checkpoint",
+            Request::NodeStatus => "node_status",
         }
     }
 
@@ -372,6 +481,7 @@ impl Request {
     pub fn has_upload(&self) -> bool {
         matches!(self, Request::FileWrite(_) | Request::ToolAdd { .. })
             || matches!(self, Request::Exec(e) if e.stdin == StdinMode::Stream)
+            || matches!(self, Request::ImageImport(i) if i.node_path.is_none())
     }
 }
 
@@ -413,6 +523,19 @@ pub enum Reply {
     },
     /// The wait ended; the command is still running.
     SessionPending,
+    Layer(LayerInfo),
+    Layers(Vec<LayerInfo>),
+    LayerDetails {
+        layer: LayerInfo,
+        paths: Vec<String>,
+    },
+    Gc {
+        removed_layers: u64,
+        removed_chunks: u64,
+        freed_bytes: u64,
+    },
+    Envs(Vec<(String, Vec<String>)>),
+    NodeStatus(NodeStatus),
 }
 
 impl CallResult {

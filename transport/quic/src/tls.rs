@@ -100,6 +100,13 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), TransportError> {
     f.write_all(bytes).map_err(io_err(path))
 }
 
+/// Makes ring the process-wide default rustls provider. Other libraries in the daemon (the S3
+/// client) build TLS configurations from the default, which is ambiguous when more than one
+/// provider is compiled in. Idempotent.
+pub fn install_default_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }

@@ -1,0 +1,175 @@
+//! Layer store requests: import (uploaded or node-local), list, inspect, tag, remove, verify,
+//! GC, environments, and checkpoints of container sandboxes.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use brig_images::backend::Backend;
+use brig_images::{ImportSource, LayerStore, StoreConfig};
+use brig_proto::{ImageFormat, ImageImportRequest, ImageStats, LayerInfo, Reply, Request};
+use brig_transport::Exchange;
+use tokio::io::AsyncWriteExt;
+
+use crate::config::{BlobBackendConfig, ImagesConfig};
+use crate::NodeError;
+
+/// Largest archive accepted as an upload.
+const MAX_UPLOAD_BYTES: u64 = 64 << 30;
+
+/// Opens the node's layer store, or says why there is none.
+pub(crate) fn open_store(
+    config: &ImagesConfig,
+    state_dir: &std::path::Path,
+    run_dir: &std::path::Path,
+    id_base: u32,
+) -> Result<Arc<LayerStore>, String> {
+    if !config.enabled {
+        return Err("disabled in the node configuration".into());
+    }
+    if !nix::unistd::geteuid().is_root() {
+        return Err("brigd is not running as root (the store mounts FUSE and EROFS)".into());
+    }
+    let backend = match &config.backend {
+        BlobBackendConfig::Local { dir } => {
+            Backend::local(&dir.clone().unwrap_or_else(|| state_dir.join("blobs")))
+        }
+        BlobBackendConfig::S3(s3) => Backend::s3(s3),
+    }
+    .map_err(|e| crate::error::chain(&e))?;
+    let store = LayerStore::open(
+        StoreConfig {
+            dir: state_dir.join("layers"),
+            lazy_mount: run_dir.join("lazy"),
+            cache_dir: config.cache_dir.clone().unwrap_or_else(|| state_dir.join("chunk-cache")),
+            cache_max_bytes: config.cache_max_mib << 20,
+            cache_memory_bytes: (config.cache_memory_mib << 20) as usize,
+            id_base,
+        },
+        backend,
+        tokio::runtime::Handle::current(),
+    )
+    .map_err(|e| crate::error::chain(&e))?;
+    Ok(Arc::new(store))
+}
+
+pub(crate) fn layer_to_wire(l: brig_images::LayerInfo) -> LayerInfo {
+    LayerInfo {
+        name: l.name,
+        version: l.version,
+        digest: l.digest,
+        data_bytes: l.data_bytes,
+        meta_bytes: l.meta_bytes,
+        chunks: l.chunks,
+        files: l.files,
+        created_unix_ms: l.created_unix_ms,
+        source: l.source,
+        new_chunks: l.new_chunks,
+    }
+}
+
+pub(crate) fn stats(store: &LayerStore) -> ImageStats {
+    use std::sync::atomic::Ordering::Relaxed;
+    let s = &store.cache().stats;
+    ImageStats {
+        backend: store.backend().kind().to_string(),
+        fetched_bytes: s.fetched_bytes.load(Relaxed),
+        fetched_chunks: s.fetched_chunks.load(Relaxed),
+        cache_bytes: store.cache().disk_bytes(),
+        corrupt_chunks: s.corrupt.load(Relaxed),
+    }
+}
+
+/// Imports a layer from an upload on `exchange` or a node-local path.
+pub(crate) async fn import(
+    store: &LayerStore,
+    req: ImageImportRequest,
+    exchange: &mut Exchange,
+) -> Result<Reply, NodeError> {
+    let _upload_file;
+    let path = match &req.node_path {
+        Some(p) => PathBuf::from(p),
+        None => {
+            if req.format == ImageFormat::Dir {
+                exchange.refuse_upload();
+                return Err(NodeError::BadImage(
+                    req.name.clone(),
+                    "upload a directory as a tarball".into(),
+                ));
+            }
+            let file = brig_images::build::Staging::new_in(&store.work_dir())?;
+            let path = file.path().join("upload");
+            let mut out = tokio::fs::File::create(&path)
+                .await
+                .map_err(|source| NodeError::Io { what: "upload file".into(), source })?;
+            let mut total = 0u64;
+            while let Some(chunk) = exchange.read_upload().await? {
+                total += chunk.len() as u64;
+                if total > MAX_UPLOAD_BYTES {
+                    exchange.refuse_upload();
+                    return Err(NodeError::UploadTooLarge(MAX_UPLOAD_BYTES));
+                }
+                out.write_all(&chunk)
+                    .await
+                    .map_err(|source| NodeError::Io { what: "upload file".into(), source })?;
+            }
+            out.flush()
+                .await
+                .map_err(|source| NodeError::Io { what: "upload file".into(), source })?;
+            _upload_file = file;
+            path
+        }
+    };
+    let source = match req.format {
+        ImageFormat::Dir => ImportSource::Dir(path),
+        ImageFormat::Tar => ImportSource::Tar(path),
+        ImageFormat::Oci => ImportSource::Oci(path),
+        ImageFormat::Erofs => ImportSource::Erofs(path),
+    };
+    Ok(Reply::Layer(layer_to_wire(store.import(&req.name, req.version, source).await?)))
+}
+
+/// Catalog requests that need no streaming.
+pub(crate) async fn handle(store: &LayerStore, request: Request) -> Result<Reply, NodeError> {
+    Ok(match request {
+        Request::ImageList => {
+            Reply::Layers(store.list().await?.into_iter().map(layer_to_wire).collect())
+        }
+        Request::ImageInspect { reference } => {
+            let (layer, paths) = store.inspect(&reference).await?;
+            Reply::LayerDetails { layer: layer_to_wire(layer), paths }
+        }
+        Request::ImageTag { reference, name, version } => {
+            Reply::Layer(layer_to_wire(store.tag(&reference, &name, version).await?))
+        }
+        Request::ImageRemove { reference } => {
+            store.remove(&reference).await?;
+            Reply::Done
+        }
+        Request::ImageVerify { reference } => {
+            Reply::Layer(layer_to_wire(store.verify(&reference).await?))
+        }
+        Request::ImageGc => {
+            let r = store.gc().await?;
+            Reply::Gc {
+                removed_layers: r.removed_layers,
+                removed_chunks: r.removed_chunks,
+                freed_bytes: r.freed_bytes,
+            }
+        }
+        Request::ImageCacheDrop => {
+            store.cache().clear();
+            Reply::Done
+        }
+        Request::EnvCreate { name, layers } => {
+            store.create_env(&name, layers).await?;
+            Reply::Done
+        }
+        Request::EnvList => Reply::Envs(store.envs()),
+        other => {
+            return Err(NodeError::Io {
+                what: "request routing".into(),
+                source: std::io::Error::other(format!("{} is not an image request", other.kind())),
+            })
+        }
+    })
+}
