@@ -272,7 +272,8 @@ impl Job {
             stdout_bytes: budget.stdout_bytes,
             stderr_bytes: budget.stderr_bytes,
         };
+        let reusable = !exit.timed_out && !exit.killed;
         let _ = self.events.send(ExecEvent::Exit(exit)).await;
-        self.process.cleanup();
+        self.process.cleanup(reusable);
     }
 }

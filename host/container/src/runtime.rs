@@ -362,10 +362,14 @@ impl Process {
         self.cgroup.pids()
     }
 
-    /// Returns its cgroup for reuse if nothing is left in it (background jobs keep it).
-    pub fn cleanup(&self) -> bool {
+    /// Returns its cgroup for reuse if nothing is left in it (background jobs keep it). A
+    /// cgroup that was killed is never reused: a kill loop may still be sweeping it.
+    pub fn cleanup(&self, reusable: bool) -> bool {
         if !self.cgroup.pids().is_empty() {
             return false;
+        }
+        if !reusable {
+            return self.cgroup.remove_if_empty();
         }
         let mut pool = self.pool.lock();
         if pool.len() < EXEC_CGROUP_POOL {
