@@ -67,16 +67,16 @@ impl Daemon {
         Self::start_with(&[])
     }
 
-    /// Starts brigd with extra arguments (e.g. `--config file`).
+    /// Starts brigd with extra arguments (e.g. `--config file`). Containers die with the
+    /// daemon (`--on-exit destroy`) unless the arguments say `--on-exit keep`.
     pub fn start_with(extra_args: &[&str]) -> anyhow::Result<Daemon> {
         let state = tempfile::Builder::new().prefix("brigd-test-").tempdir()?;
         let log = state.path().join("brigd.log");
-        let mut daemon = Daemon {
-            child: None,
-            state,
-            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
-            log,
-        };
+        let mut extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
+        if !extra_args.iter().any(|a| a == "--on-exit") {
+            extra_args.extend(["--on-exit".to_string(), "destroy".to_string()]);
+        }
+        let mut daemon = Daemon { child: None, state, extra_args, log };
         daemon.spawn()?;
         Ok(daemon)
     }
@@ -166,11 +166,38 @@ impl Daemon {
         self.stop()?;
         self.spawn()
     }
+
+    /// Kills brigd with SIGKILL (a crash: no cleanup at all) and waits for it.
+    pub fn crash(&mut self) -> anyhow::Result<()> {
+        let Some(mut child) = self.child.take() else { bail!("not running") };
+        child.kill()?;
+        child.wait()?;
+        Ok(())
+    }
+
+    /// Starts again on the same state directory after [`Daemon::stop`] or [`Daemon::crash`].
+    pub fn start_again(&mut self) -> anyhow::Result<()> {
+        self.spawn()
+    }
+
+    fn keeps_containers(&self) -> bool {
+        self.extra_args.windows(2).any(|w| w[0] == "--on-exit" && w[1] == "keep")
+    }
 }
 
 impl Drop for Daemon {
-    /// Stops cleanly (SIGTERM: containers destroyed, mounts released), killing if that fails.
+    /// Stops cleanly (SIGTERM: mounts released), killing if that fails. A daemon that keeps its
+    /// containers across exits is started once more with `--on-exit destroy` to remove them.
     fn drop(&mut self) {
+        if self.keeps_containers() {
+            let _ = self.stop();
+            if let Some(i) = self.extra_args.iter().position(|a| a == "--on-exit") {
+                self.extra_args[i + 1] = "destroy".to_string();
+            }
+            if self.spawn().is_err() {
+                return;
+            }
+        }
         if self.child.is_some() && self.stop().is_err() {
             if let Some(mut child) = self.child.take() {
                 let _ = child.kill();

@@ -76,7 +76,7 @@ pub async fn run(
     let tls_dir = state.join("tls");
     let names = vec!["localhost".to_string(), opts.listen.ip().to_string()];
     let identity = Identity::load_or_create(&tls_dir, &names)?;
-    let node = Node::open(opts.node.clone(), state)?;
+    let node = Node::open(opts.node.clone(), state).await?;
     for dir in &opts.tools_dirs {
         let added = node
             .fncall()

@@ -33,6 +33,11 @@ struct Args {
     #[arg(long, env = "BRIG_IMAGES_DIR", global = true)]
     images_dir: Option<PathBuf>,
 
+    /// What happens to running containers when brigd exits: `keep` (they keep running and the
+    /// next brigd takes them back) or `destroy`. Overrides `on_exit` in the config file.
+    #[arg(long, env = "BRIG_ON_EXIT", global = true)]
+    on_exit: Option<brig_node::OnExit>,
+
     /// Node configuration file (TOML; fields of NodeConfig, unknown fields are errors).
     #[arg(long, global = true)]
     config: Option<PathBuf>,
@@ -60,6 +65,9 @@ fn main() -> anyhow::Result<()> {
     };
     if let Some(dir) = &args.images_dir {
         node.container.images_dir = Some(dir.clone());
+    }
+    if let Some(on_exit) = args.on_exit {
+        node.on_exit = on_exit;
     }
     let opts = brigd::DaemonOptions {
         listen: args.listen,

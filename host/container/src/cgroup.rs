@@ -115,8 +115,13 @@ impl CgroupManager {
         }
     }
 
-    /// Kills and removes every container cgroup left under the parent (after a crash).
-    pub fn remove_all(&self) -> usize {
+    /// The cgroup of an existing container, by name.
+    pub fn attach(&self, name: &str) -> ContainerCgroup {
+        ContainerCgroup { version: self.version, dirs: self.dirs(name) }
+    }
+
+    /// Kills and removes every container cgroup under the parent except those named in `keep`.
+    pub fn remove_all_except(&self, keep: &[String]) -> usize {
         let parents: Vec<PathBuf> = match self.version {
             Version::V1 => {
                 V1_CONTROLLERS.iter().map(|c| self.root.join(c).join(&self.parent)).collect()
@@ -127,6 +132,9 @@ impl CgroupManager {
         for parent in parents {
             let Ok(entries) = std::fs::read_dir(&parent) else { continue };
             for e in entries.flatten().filter(|e| e.path().is_dir()) {
+                if keep.iter().any(|k| e.file_name().to_string_lossy() == k.as_str()) {
+                    continue;
+                }
                 kill_tree(&e.path());
                 if remove_tree(&e.path()).is_ok() {
                     removed += 1;
@@ -293,6 +301,37 @@ impl ContainerCgroup {
             path: check,
             source: std::io::Error::new(std::io::ErrorKind::TimedOut, value),
         })
+    }
+
+    /// Pushes the container's reclaimable memory (page cache; anonymous memory too where there
+    /// is swap) out of RAM; returns the bytes freed. Never OOM-kills: on v1 the limit is lowered
+    /// step by step until the kernel refuses (EBUSY), then restored.
+    pub fn reclaim(&self) -> u64 {
+        let before = self.memory_bytes().unwrap_or(0);
+        match self.version {
+            Version::V2 => {
+                if let Some(d) = self.dir("unified") {
+                    let _ = std::fs::write(d.join("memory.reclaim"), before.to_string());
+                }
+            }
+            Version::V1 => {
+                let Some(d) = self.dir("memory") else { return 0 };
+                let limit_file = d.join("memory.limit_in_bytes");
+                let Ok(original) = std::fs::read_to_string(&limit_file) else { return 0 };
+                let step: u64 = 4 << 20;
+                for _ in 0..4096 {
+                    let usage = self.memory_bytes().unwrap_or(0);
+                    if usage <= step {
+                        break;
+                    }
+                    if std::fs::write(&limit_file, (usage - step).to_string()).is_err() {
+                        break;
+                    }
+                }
+                let _ = std::fs::write(&limit_file, original.trim());
+            }
+        }
+        before.saturating_sub(self.memory_bytes().unwrap_or(before))
     }
 
     /// Kills every process of the container (all exec cgroups included).

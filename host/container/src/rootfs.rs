@@ -165,12 +165,14 @@ pub struct Rootfs {
 impl Rootfs {
     /// Builds `<dir>/rootfs` from `layers` (mount points, bottom first) and a fresh upper of
     /// `disk_bytes`, owned by `owner` (host uid of container root).
+    /// `seed`: a writable layer to start from (a fork's parent's), copied before mounting.
     pub fn assemble(
         dir: &Path,
         layers: &[PathBuf],
         disk_bytes: u64,
         owner: u32,
         hostname: &str,
+        seed: Option<&Path>,
     ) -> Result<Rootfs, RootfsError> {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
@@ -197,6 +199,21 @@ impl Rootfs {
         for d in [&upper, &work] {
             std::fs::create_dir(d).map_err(io("create", d))?;
             std::os::unix::fs::chown(d, Some(owner), Some(owner)).map_err(io("chown", d))?;
+        }
+        if let Some(seed) = seed {
+            let status = std::process::Command::new("cp")
+                .arg("-a")
+                .arg(format!("{}/.", seed.display()))
+                .arg(&upper)
+                .status()
+                .map_err(io("copy the writable layer from", seed))?;
+            if !status.success() {
+                return Err(RootfsError::Io {
+                    what: "copy the writable layer from",
+                    path: seed.to_owned(),
+                    source: std::io::Error::other(format!("cp: {status}")),
+                });
+            }
         }
         let lower: Vec<String> = layers.iter().rev().map(|p| p.display().to_string()).collect();
         let options = format!(
@@ -226,9 +243,20 @@ impl Rootfs {
         Ok(rootfs)
     }
 
-    /// The rootfs directory of an earlier run, to remove it.
+    /// The rootfs directory of an earlier run (to re-attach to or remove it).
     pub fn at(dir: &Path) -> Rootfs {
         Rootfs { dir: dir.to_owned(), upper: None }
+    }
+
+    /// With the upper directory's descriptor (handed over by the shim on re-attach).
+    pub fn with_upper(mut self, upper: Option<std::os::fd::OwnedFd>) -> Rootfs {
+        self.upper = upper;
+        self
+    }
+
+    /// The container's run directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// A path to the writable upper directory (the container's changes, with overlay
@@ -245,7 +273,8 @@ impl Rootfs {
         self.dir.join("rootfs")
     }
 
-    /// /etc/hostname and /etc/hosts for the container's name.
+    /// /etc/hostname and /etc/hosts for the container's name, and a fresh /etc/machine-id
+    /// (a fork must not share its parent's).
     fn write_identity(&self, hostname: &str, owner: u32) -> Result<(), RootfsError> {
         let etc = self.path().join("etc");
         if !etc.is_dir() {
@@ -253,7 +282,11 @@ impl Rootfs {
         }
         let hosts =
             format!("127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n");
-        for (name, content) in [("hostname", format!("{hostname}\n")), ("hosts", hosts)] {
+        let mut files = vec![("hostname", format!("{hostname}\n")), ("hosts", hosts)];
+        if etc.join("machine-id").exists() {
+            files.push(("machine-id", format!("{}\n", hex::encode(rand::random::<[u8; 16]>()))));
+        }
+        for (name, content) in files {
             let path = etc.join(name);
             // A symlink here would point into the host's view: never follow it.
             let _ = std::fs::remove_file(&path);

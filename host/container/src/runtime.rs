@@ -18,6 +18,8 @@ use crate::shim_proto::{ExitInfo, FromShim, ShimConfig, SpawnSpec, ToShim};
 pub const DEFAULT_ID_BASE: u32 = 100_000;
 /// How many ids each container maps.
 pub const ID_COUNT: u32 = 65_536;
+/// The shim's listening socket, in the container's run directory.
+const SHIM_SOCKET: &str = "shim.sock";
 /// How long a container may take to come up.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -86,6 +88,8 @@ pub struct RuntimeConfig {
     pub cgroup_root: PathBuf,
     /// Parent cgroup of all containers of this runtime.
     pub cgroup_parent: String,
+    /// Containers outlive the node process (their shims wait for it to reconnect).
+    pub survive_node: bool,
 }
 
 /// What to create.
@@ -99,6 +103,8 @@ pub struct ContainerSpec {
     pub limits: CgroupLimits,
     /// Writable-layer quota.
     pub disk_bytes: u64,
+    /// Start from a copy of this writable layer (forks).
+    pub seed: Option<PathBuf>,
 }
 
 /// The container runtime of one node.
@@ -126,9 +132,7 @@ impl Runtime {
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
             });
         }
-        let runtime = Runtime { config, cgroups, layers };
-        runtime.remove_stale();
-        Ok(runtime)
+        Ok(Runtime { config, cgroups, layers })
     }
 
     /// Releases node-wide resources (layer mounts) at shutdown, after the containers are gone.
@@ -144,19 +148,76 @@ impl Runtime {
         }
     }
 
-    /// Removes what an earlier run of this runtime left behind (its processes died with it).
-    fn remove_stale(&self) {
-        let cgroups = self.cgroups.remove_all();
-        let mut dirs = 0;
+    /// Kills and removes every container an earlier run left behind except those in `keep`
+    /// (the ones the node has records of and re-attached).
+    pub fn remove_orphans(&self, keep: &[String]) -> usize {
+        let mut removed = 0;
         if let Ok(entries) = std::fs::read_dir(self.config.run_dir.join("c")) {
             for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if keep.contains(&name) {
+                    continue;
+                }
+                let cg = self.cgroups.attach(&name);
+                cg.kill_all();
+                let _ = cg.remove();
                 let _ = Rootfs::at(&e.path()).remove();
-                dirs += 1;
+                removed += 1;
             }
         }
-        if cgroups + dirs > 0 {
-            tracing::info!(cgroups, dirs, "removed containers left by an earlier run");
+        removed += self.cgroups.remove_all_except(keep);
+        if removed > 0 {
+            tracing::info!(removed, "removed containers left by an earlier run");
         }
+        removed
+    }
+
+    /// Reconnects to a container an earlier run of the node started (its shim kept it alive).
+    pub async fn attach(&self, name: &str) -> Result<Container, RuntimeError> {
+        let dir = self.config.run_dir.join("c").join(name);
+        let socket = dir.join(SHIM_SOCKET);
+        let sock = nix::sys::socket::socket(
+            nix::sys::socket::AddressFamily::Unix,
+            nix::sys::socket::SockType::SeqPacket,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .map_err(|e| io_err("shim socket")(e.into()))?;
+        let addr = nix::sys::socket::UnixAddr::new(&socket)
+            .map_err(|e| io_err("shim socket path")(e.into()))?;
+        nix::sys::socket::connect(std::os::fd::AsRawFd::as_raw_fd(&sock), &addr)
+            .map_err(|e| io_err(format!("connect {}", socket.display()))(e.into()))?;
+        let shim = ShimConn::new(sock)?;
+        let (report, fds) = tokio::time::timeout(START_TIMEOUT, shim.recv_with_fds())
+            .await
+            .map_err(|_| RuntimeError::StartTimeout(START_TIMEOUT))??;
+        let FromShim::Reattached { init_pid, running, next_exec_id } = report else {
+            return Err(RuntimeError::Setup(format!("unexpected shim message {report:?}")));
+        };
+        if !running.is_empty() {
+            tracing::info!(
+                container = name,
+                running = running.len(),
+                "processes from before the restart keep running"
+            );
+        }
+        let upper = fds.into_iter().next();
+        let root = open_root(init_pid)?;
+        let dispatcher = tokio::spawn(shim.clone().dispatch());
+        Ok(Container {
+            name: name.to_string(),
+            id_base: self.config.id_base,
+            rootfs: Rootfs::at(&dir).with_upper(upper),
+            cgroup: self.cgroups.attach(name),
+            shim,
+            shim_child: tokio::sync::Mutex::new(None),
+            dispatcher,
+            init_pid,
+            root,
+            next_exec: AtomicU64::new(next_exec_id),
+            exec_cgroups: Arc::default(),
+            oom_seen: AtomicU64::new(0),
+        })
     }
 
     pub fn cgroup_version(&self) -> crate::cgroup::Version {
@@ -176,6 +237,7 @@ impl Runtime {
             spec.disk_bytes,
             self.config.id_base,
             &spec.hostname,
+            spec.seed.as_deref(),
         )?;
         let cgroup = match self.cgroups.create(&spec.name, &spec.limits, self.config.id_base) {
             Ok(cg) => cg,
@@ -194,7 +256,7 @@ impl Runtime {
                     rootfs,
                     cgroup,
                     shim,
-                    shim_child: tokio::sync::Mutex::new(shim_child),
+                    shim_child: tokio::sync::Mutex::new(Some(shim_child)),
                     dispatcher,
                     init_pid,
                     root,
@@ -233,7 +295,8 @@ impl Runtime {
             .stdin(std::process::Stdio::from(theirs))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true);
+            // A container that outlives the node must outlive this handle too.
+            .kill_on_drop(!self.config.survive_node);
         let mut child = command.spawn().map_err(|source| RuntimeError::ShimStart {
             path: self.config.shim_path.clone(),
             source,
@@ -256,6 +319,9 @@ impl Runtime {
             collected
         });
         let config = ShimConfig {
+            socket: rootfs.dir().join(SHIM_SOCKET),
+            upper: rootfs.dir().join("upper/upper"),
+            survive_node: self.config.survive_node,
             rootfs: rootfs.path(),
             hostname: spec.hostname.clone(),
             join_cgroups: cgroup.join_files(),
@@ -315,7 +381,8 @@ pub struct Container {
     rootfs: Rootfs,
     cgroup: ContainerCgroup,
     shim: Arc<ShimConn>,
-    shim_child: tokio::sync::Mutex<tokio::process::Child>,
+    /// The shim process, when this node started it (not after a re-attach).
+    shim_child: tokio::sync::Mutex<Option<tokio::process::Child>>,
     dispatcher: tokio::task::JoinHandle<()>,
     init_pid: i32,
     root: OwnedFd,
@@ -424,6 +491,11 @@ impl Container {
         Ok(self.cgroup.set_frozen(frozen)?)
     }
 
+    /// Pushes reclaimable memory out (blocking); returns the bytes freed.
+    pub fn reclaim(&self) -> u64 {
+        self.cgroup.reclaim()
+    }
+
     /// OOM kills in the container since the last call (the kernel's counter only grows).
     pub fn new_oom_kills(&self) -> u64 {
         let now = self.cgroup.oom_kills();
@@ -478,8 +550,21 @@ impl Container {
             .map_err(|e| RuntimeError::Setup(format!("cleanup task: {e}")))?;
         {
             let mut shim = self.shim_child.lock().await;
-            if tokio::time::timeout(Duration::from_secs(5), shim.wait()).await.is_err() {
-                let _ = shim.start_kill();
+            match shim.as_mut() {
+                Some(child) => {
+                    if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
+                        let _ = child.start_kill();
+                    }
+                }
+                // Re-attached: the shim exits when init does, which ends the dispatcher.
+                None => {
+                    for _ in 0..500 {
+                        if self.dispatcher.is_finished() {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
             }
         }
         self.dispatcher.abort();

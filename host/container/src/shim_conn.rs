@@ -62,14 +62,20 @@ impl ShimConn {
 
     /// Receives one message (waiting for it).
     pub async fn recv(&self) -> Result<FromShim, ShimConnError> {
+        Ok(self.recv_with_fds().await?.0)
+    }
+
+    /// Receives one message and the descriptors attached to it.
+    pub async fn recv_with_fds(&self) -> Result<(FromShim, Vec<OwnedFd>), ShimConnError> {
         let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
         loop {
             let mut guard = self.fd.readable().await.map_err(ShimConnError::Socket)?;
             match guard.try_io(|fd| {
                 control::recv(fd.get_ref().as_fd(), &mut buf).map_err(std::io::Error::from)
             }) {
-                Ok(Ok(Some((len, _fds)))) => {
-                    return postcard::from_bytes(&buf[..len]).map_err(ShimConnError::Decode)
+                Ok(Ok(Some((len, fds)))) => {
+                    let msg = postcard::from_bytes(&buf[..len]).map_err(ShimConnError::Decode)?;
+                    return Ok((msg, fds));
                 }
                 Ok(Ok(None)) => return Err(ShimConnError::Gone),
                 Ok(Err(e)) => return Err(ShimConnError::Socket(e)),
@@ -110,7 +116,7 @@ impl ShimConn {
                 FromShim::InitDied { status } => {
                     *self.init_died.lock() = Some(status);
                 }
-                FromShim::Ready { .. } | FromShim::UserNamespace => {}
+                FromShim::Ready { .. } | FromShim::UserNamespace | FromShim::Reattached { .. } => {}
             }
         }
         // Wake everyone still waiting: their senders drop, receivers see the shim gone.

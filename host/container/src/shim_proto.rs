@@ -11,6 +11,9 @@
 //!   → Ready { init_pid }                  (init has built the rootfs and pivoted into it)
 //!   ← Spawn + SCM_RIGHTS fds              fork → setsid, cgroup, fds, user, caps, seccomp, exec
 //!   → Spawned / Exited
+//! … node gone: the shim keeps the container and waits on its socket …
+//! node connects to ShimConfig::socket
+//!   → Reattached { init_pid, running, next_exec_id } + upper directory fd
 //! ```
 //! All of it travels on the shim's stdin, a `SOCK_SEQPACKET` socket: one message per packet,
 //! postcard-encoded, at most [`MAX_MESSAGE_BYTES`]. Using stdin (not an extra descriptor) lets
@@ -44,6 +47,14 @@ pub struct ShimConfig {
     pub masked_paths: Vec<String>,
     /// Paths made read-only.
     pub readonly_paths: Vec<String>,
+    /// Where the shim listens (a host path, bound before it leaves the host's mount namespace)
+    /// so a restarted node can reconnect. Only root on the host can reach it.
+    pub socket: PathBuf,
+    /// The writable upper directory; the shim holds it open and hands it to a reconnecting
+    /// node (for checkpoints).
+    pub upper: PathBuf,
+    /// Whether the container outlives a node that hangs up (it waits on `socket`), or dies.
+    pub survive_node: bool,
 }
 
 /// Node → shim.
@@ -84,6 +95,14 @@ pub enum ExitInfo {
 pub enum FromShim {
     /// The shim is in its new user namespace and waits for its id maps.
     UserNamespace,
+    /// Sent to a node that reconnected, with the upper directory's descriptor attached.
+    /// `running` are processes started for an earlier connection; `next_exec_id` is above every
+    /// exec id the shim has seen.
+    Reattached {
+        init_pid: i32,
+        running: Vec<(u64, i32)>,
+        next_exec_id: u64,
+    },
     /// The container is built; `init_pid` is its pid 1 as the host sees it.
     Ready {
         init_pid: i32,

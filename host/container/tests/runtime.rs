@@ -15,14 +15,32 @@ fn artifacts() -> PathBuf {
 }
 
 fn runtime(run: &std::path::Path) -> Runtime {
+    runtime_named(run, "rt", false)
+}
+
+fn runtime_named(run: &std::path::Path, tag: &str, survive_node: bool) -> Runtime {
     Runtime::new(RuntimeConfig {
         run_dir: run.to_owned(),
         shim_path: PathBuf::from(env!("CARGO_BIN_EXE_brig-shim")),
         id_base: 100_000,
         cgroup_root: "/sys/fs/cgroup".into(),
-        cgroup_parent: format!("brig-test-{}", std::process::id()),
+        cgroup_parent: format!("brig-test-{tag}-{}", std::process::id()),
+        survive_node,
     })
     .expect("runtime")
+}
+
+fn busybox_spec(name: &str) -> ContainerSpec {
+    ContainerSpec {
+        name: name.into(),
+        hostname: "sandbox".into(),
+        layers: vec![brig_container::rootfs::LayerSource::image(
+            artifacts().join("images/busybox.erofs"),
+        )],
+        limits: CgroupLimits { memory_bytes: Some(256 << 20), pids: Some(128), cpu_millis: None },
+        disk_bytes: 64 << 20,
+        seed: None,
+    }
 }
 
 async fn run_capture(
@@ -66,6 +84,7 @@ async fn busybox_container_runs_commands() {
             cpu_millis: Some(1000),
         },
         disk_bytes: 64 << 20,
+        seed: None,
     };
     let started = std::time::Instant::now();
     let c = rt.create(&spec).await.expect("create");
@@ -81,5 +100,52 @@ async fn busybox_container_runs_commands() {
     let (status, _, err) = run_capture(&c, &["mount", "-t", "tmpfs", "x", "/tmp"]).await;
     assert_ne!(status, Some(ExitInfo::Code(0)), "{err}");
     c.destroy().await.expect("destroy");
+    rt.shutdown();
+}
+
+#[tokio::test]
+async fn a_surviving_container_is_taken_back_by_a_new_runtime() {
+    let run = tempfile::tempdir().expect("tmp");
+    let rt = runtime_named(run.path(), "survive", true);
+    let c = rt.create(&busybox_spec("keeper")).await.expect("create");
+    let (status, _, err) = run_capture(
+        &c,
+        &["sh", "-c", "echo kept > /state; (sleep 600 </dev/null >/dev/null 2>&1 &) ; true"],
+    )
+    .await;
+    assert_eq!(status, Some(ExitInfo::Code(0)), "{err}");
+    let init_pid = c.init_pid();
+    // The node goes away: its end of the control socket closes.
+    drop(c);
+    drop(rt);
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(std::path::Path::new(&format!("/proc/{init_pid}")).exists(), "init died with the node");
+
+    let rt = runtime_named(run.path(), "survive", true);
+    let c = rt.attach("keeper").await.expect("attach");
+    assert_eq!(c.init_pid(), init_pid);
+    let (status, out, err) =
+        run_capture(&c, &["sh", "-c", "cat /state; pidof sleep | wc -w"]).await;
+    assert_eq!(status, Some(ExitInfo::Code(0)), "{err}");
+    assert_eq!(out, "kept\n1\n");
+    assert_eq!(rt.remove_orphans(&["keeper".to_string()]), 0);
+    c.destroy().await.expect("destroy");
+    rt.shutdown();
+}
+
+#[tokio::test]
+async fn a_container_dies_with_its_node_unless_asked_to_survive() {
+    let run = tempfile::tempdir().expect("tmp");
+    let rt = runtime_named(run.path(), "mortal", false);
+    let c = rt.create(&busybox_spec("mortal")).await.expect("create");
+    let init_pid = c.init_pid();
+    drop(c);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::path::Path::new(&format!("/proc/{init_pid}")).exists() {
+        assert!(std::time::Instant::now() < deadline, "init outlived its node");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(rt.attach("mortal").await.is_err());
+    rt.remove_orphans(&[]);
     rt.shutdown();
 }

@@ -11,4 +11,4 @@ pub mod spec;
 
 pub use call::{CallLimits, CallOutcome, CallReport, ToolCall};
 pub use id::{IdError, NodeId, SandboxId};
-pub use spec::{Labels, SandboxSpec, Tier};
+pub use spec::{IdleAction, Labels, SandboxSpec, Tier};

@@ -50,14 +50,33 @@ impl std::str::FromStr for Tier {
 /// Sandbox labels (job, rollout, step, …), kept sorted by key.
 pub type Labels = Vec<(String, String)>;
 
+/// What happens to a sandbox left idle past its TTL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IdleAction {
+    /// Pause it (it resumes on the next request).
+    Pause,
+    /// Destroy it.
+    #[default]
+    Destroy,
+}
+
 /// A request for a sandbox, after the node has filled in its defaults.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxSpec {
     pub tier: Tier,
     pub image: Option<String>,
     pub labels: Labels,
-    /// Destroy after this long without a request.
+    /// Act after this long without a request.
     pub idle_ttl: Duration,
+    #[serde(default)]
+    pub idle_action: IdleAction,
+    /// Destroy a paused sandbox after it has been paused this long (`None`: keep it).
+    #[serde(default)]
+    pub paused_ttl: Option<Duration>,
+    /// Destroy after this long, whatever it is doing (`None`: no limit).
+    #[serde(default)]
+    pub max_lifetime: Option<Duration>,
 }
 
 impl SandboxSpec {

@@ -125,6 +125,29 @@ impl FncallBackend {
         Workspace::create(&self.inner.workspaces.join(key))
     }
 
+    /// A new workspace named `key` holding a copy of `parent`'s files (modes, symlinks and
+    /// timestamps kept). A call writing to the parent meanwhile may or may not be reflected.
+    pub fn fork_workspace(&self, parent: &Workspace, key: &str) -> Result<Workspace, FncallError> {
+        let child = self.create_workspace(key)?;
+        let status = std::process::Command::new("cp")
+            .arg("-a")
+            .arg("--reflink=auto")
+            .arg("--")
+            .arg(parent.path().join("."))
+            .arg(child.path())
+            .status()
+            .map_err(|source| FncallError::Io { path: child.path().to_owned(), source })?;
+        if !status.success() {
+            // Best effort: a half-copied child is not a sandbox.
+            let _ = child.remove();
+            return Err(FncallError::Io {
+                path: child.path().to_owned(),
+                source: std::io::Error::other(format!("copying the parent workspace: cp {status}")),
+            });
+        }
+        Ok(child)
+    }
+
     /// Opens the workspace of an existing sandbox (after a node restart).
     pub fn open_workspace(&self, key: &str) -> Result<Workspace, FncallError> {
         Workspace::open(&self.inner.workspaces.join(key))

@@ -22,9 +22,34 @@ pub struct NodeConfig {
     pub reap_interval_ms: u64,
     /// Largest file upload accepted, in bytes.
     pub max_upload_bytes: u64,
+    /// What happens to running containers when the daemon exits.
+    pub on_exit: OnExit,
     pub fncall: FncallConfig,
     pub container: ContainerConfig,
     pub images: ImagesConfig,
+}
+
+/// What a stopping daemon does with its containers.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OnExit {
+    /// Containers keep running (each under its shim) and the next daemon run takes them back:
+    /// sandboxes outlive daemon upgrades and crashes.
+    #[default]
+    Keep,
+    /// Every container is destroyed with the daemon.
+    Destroy,
+}
+
+impl std::str::FromStr for OnExit {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "keep" => Ok(OnExit::Keep),
+            "destroy" => Ok(OnExit::Destroy),
+            other => Err(format!("expected keep or destroy, got {other:?}")),
+        }
+    }
 }
 
 /// The layer store.
@@ -125,6 +150,7 @@ impl Default for NodeConfig {
             max_sandboxes: 200_000,
             reap_interval_ms: 1000,
             max_upload_bytes: 64 << 30,
+            on_exit: OnExit::Keep,
             fncall: FncallConfig::default(),
             container: ContainerConfig::default(),
             images: ImagesConfig::default(),

@@ -84,8 +84,7 @@ pub(crate) async fn write(
     req: FileWriteRequest,
     exchange: &mut Exchange,
 ) -> Result<Option<Reply>, NodeError> {
-    let opened = node.inner.sandboxes.get(&req.sandbox).and_then(|entry| {
-        entry.touch();
+    let opened = node.live(&req.sandbox).await.and_then(|entry| {
         let file =
             entry.handle.file_root().open_write(&req.path, req.append, req.parents, req.mode)?;
         Ok((entry, file))
@@ -118,8 +117,7 @@ pub(crate) async fn read(
     req: FileReadRequest,
     exchange: &mut Exchange,
 ) -> Result<Option<Reply>, NodeError> {
-    let entry = node.inner.sandboxes.get(&req.sandbox)?;
-    entry.touch();
+    let entry = node.live(&req.sandbox).await?;
     let file = entry.handle.file_root().open_read(&req.path)?;
     let mut file = tokio::fs::File::from_std(file);
     let meta = file.metadata().await.map_err(io(&req.path))?;

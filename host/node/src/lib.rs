@@ -17,22 +17,23 @@ mod convert;
 mod error;
 mod files;
 mod images;
+mod lifecycle;
 mod sandboxes;
 
-pub use config::{BlobBackendConfig, ContainerConfig, ImagesConfig, NodeConfig};
+pub use config::{BlobBackendConfig, ContainerConfig, ImagesConfig, NodeConfig, OnExit};
 pub use error::NodeError;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use brig_core::{SandboxId, SandboxSpec, Tier};
+use brig_core::{IdleAction, SandboxId, Tier};
 use brig_fncall::FncallBackend;
-use brig_proto::{CreateRequest, Reply, Request, SandboxInfo, SandboxState};
+use brig_proto::{Reply, Request, SandboxInfo, SandboxState};
 use brig_transport::Exchange;
 
 use crate::container::ContainerTier;
-use crate::sandboxes::{now_unix_ms, Gone, SandboxEntry, SandboxTable, TierHandle};
+use crate::sandboxes::{Gone, SandboxEntry, SandboxTable, TierHandle};
 
 /// One node. Cheap to clone.
 #[derive(Clone)]
@@ -52,7 +53,7 @@ struct Inner {
 
 impl Node {
     /// Opens the node's state under `state_dir` and restores the sandboxes recorded there.
-    pub fn open(config: NodeConfig, state_dir: &Path) -> Result<Node, NodeError> {
+    pub async fn open(config: NodeConfig, state_dir: &Path) -> Result<Node, NodeError> {
         let fncall = FncallBackend::open(config.fncall.clone(), &state_dir.join("fncall"))?;
         // One run directory and cgroup parent per daemon state directory, so daemons sharing a
         // host never collide.
@@ -62,8 +63,9 @@ impl Node {
         let run_dir =
             config.container.run_dir.clone().unwrap_or_else(|| Path::new("/run/brig").join(&tag));
         let cgroup_parent = format!("brig-{:x}-{tag}", config.node_id);
+        let survive = config.on_exit == OnExit::Keep;
         let containers =
-            ContainerTier::open(&config.container, state_dir, &run_dir, &cgroup_parent);
+            ContainerTier::open(&config.container, state_dir, &run_dir, &cgroup_parent, survive);
         match &containers {
             Ok(_) => tracing::info!("container tier ready"),
             Err(why) => tracing::warn!(%why, "container tier not offered"),
@@ -76,7 +78,7 @@ impl Node {
         }
         let sandboxes = SandboxTable::new(&state_dir.join("sandboxes"))?;
         let node = Node { inner: Arc::new(Inner { config, fncall, containers, store, sandboxes }) };
-        node.restore();
+        node.restore().await;
         Ok(node)
     }
 
@@ -89,37 +91,6 @@ impl Node {
         tiers
     }
 
-    fn restore(&self) {
-        let mut restored = 0;
-        for record in self.inner.sandboxes.saved_records() {
-            let handle = match record.spec.tier {
-                Tier::Fncall => match self.inner.fncall.open_workspace(&record.id.to_string()) {
-                    Ok(ws) => TierHandle::Fncall(ws),
-                    Err(e) => {
-                        tracing::warn!(sandbox = %record.id, error = %e, "workspace lost; sandbox dropped");
-                        self.inner.sandboxes.forget(&record.id);
-                        continue;
-                    }
-                },
-                other => {
-                    // Container processes end with the node that started them.
-                    tracing::warn!(sandbox = %record.id, tier = %other, "sandbox did not survive the restart");
-                    self.inner.sandboxes.forget(&record.id);
-                    continue;
-                }
-            };
-            let entry = SandboxEntry::new(record.id, record.spec, record.created_unix_ms, handle);
-            // The node was down: count idleness from now, not from before the restart.
-            entry.touch();
-            if self.inner.sandboxes.insert(entry, false).is_ok() {
-                restored += 1;
-            }
-        }
-        if restored > 0 {
-            tracing::info!(restored, "sandboxes restored from state directory");
-        }
-    }
-
     pub fn fncall(&self) -> &FncallBackend {
         &self.inner.fncall
     }
@@ -128,30 +99,14 @@ impl Node {
         &self.inner.config
     }
 
-    /// Destroys sandboxes idle past their TTL, every `reap_interval_ms`, until dropped.
-    pub fn spawn_reaper(&self) -> tokio::task::JoinHandle<()> {
-        let node = self.clone();
-        let every = Duration::from_millis(self.inner.config.reap_interval_ms.max(10));
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                for entry in node.inner.sandboxes.idle_past(now_unix_ms()) {
-                    let ttl = entry.spec.idle_ttl.as_secs_f64();
-                    let reason = format!("destroyed after its idle TTL of {ttl:.1} s");
-                    tracing::info!(sandbox = %entry.id, "idle TTL passed; destroying");
-                    node.destroy(&entry.id, Gone::Expired(reason)).await;
-                }
-            }
-        })
-    }
-
-    /// Destroys every sandbox (clean shutdown: containers end with the node).
+    /// Ends the node. With `on_exit = destroy` every container goes with it; with `keep` (the
+    /// default) containers keep running and the next run of the node takes them back.
     pub async fn shutdown(&self) {
-        for entry in self.inner.sandboxes.list(&[]) {
-            if let TierHandle::Container(_) = entry.handle {
-                self.destroy(&entry.id, Gone::Expired("the node shut down".into())).await;
+        if self.inner.config.on_exit == OnExit::Destroy {
+            for entry in self.inner.sandboxes.list(&[]) {
+                if let TierHandle::Container(_) = entry.handle {
+                    self.destroy(&entry.id, Gone::Expired("the node shut down".into())).await;
+                }
             }
         }
         if let Ok(containers) = &self.inner.containers {
@@ -173,6 +128,9 @@ impl Node {
             }
             Request::SessionWait { sandbox, session, timeout_ms } => {
                 self.session_stream(&sandbox, &session, None, timeout_ms, &mut exchange).await
+            }
+            Request::ExecAttach { sandbox, exec_id } => {
+                self.exec_attach(&sandbox, exec_id, &mut exchange).await
             }
             Request::ImageImport(req) => match self.store() {
                 Ok(store) => images::import(&store, req, &mut exchange).await.map(Some),
@@ -197,14 +155,17 @@ impl Node {
         exchange.finish();
     }
 
-    /// A live sandbox of the container tier.
-    fn container(&self, sandbox: &str, op: &'static str) -> Result<Arc<SandboxEntry>, NodeError> {
-        let entry = self.inner.sandboxes.get(sandbox)?;
-        entry.touch();
+    /// A running sandbox of the container tier (resumed first if it was paused).
+    async fn container(
+        &self,
+        sandbox: &str,
+        op: &'static str,
+    ) -> Result<Arc<SandboxEntry>, NodeError> {
+        let entry = self.live(sandbox).await?;
         match &entry.handle {
             TierHandle::Container(_) => Ok(entry),
             TierHandle::Fncall(_) => {
-                Err(NodeError::WrongTier { id: sandbox.to_string(), tier: Tier::Fncall, op })
+                Err(NodeError::WrongTier { id: sandbox.to_string(), tier: entry.tier, op })
             }
         }
     }
@@ -235,9 +196,22 @@ impl Node {
         req: brig_proto::ExecRequest,
         exchange: &mut Exchange,
     ) -> Result<Option<Reply>, NodeError> {
-        let entry = self.container(&req.sandbox, "exec")?;
+        let entry = self.container(&req.sandbox, "exec").await?;
         let TierHandle::Container(c) = &entry.handle else { return Ok(None) };
         let reply = c.exec(self.container_tier()?, req, exchange).await;
+        entry.touch();
+        reply
+    }
+
+    async fn exec_attach(
+        &self,
+        sandbox: &str,
+        exec_id: u64,
+        exchange: &mut Exchange,
+    ) -> Result<Option<Reply>, NodeError> {
+        let entry = self.container(sandbox, "exec").await?;
+        let TierHandle::Container(c) = &entry.handle else { return Ok(None) };
+        let reply = c.attach(exec_id, exchange).await;
         entry.touch();
         reply
     }
@@ -250,7 +224,7 @@ impl Node {
         timeout_ms: u64,
         exchange: &mut Exchange,
     ) -> Result<Option<Reply>, NodeError> {
-        let entry = self.container(sandbox, "sessions")?;
+        let entry = self.container(sandbox, "sessions").await?;
         let TierHandle::Container(c) = &entry.handle else { return Ok(None) };
         let timeout = Duration::from_millis(
             timeout_ms.clamp(1, self.inner.config.container.max_exec_timeout_ms),
@@ -269,12 +243,11 @@ impl Node {
                 Reply::Called(convert::report_to_wire(report))
             }
             Request::CallIn { sandbox, call } => {
-                let entry = self.inner.sandboxes.get(&sandbox)?;
-                entry.touch();
+                let entry = self.live(&sandbox).await?;
                 let TierHandle::Fncall(ws) = &entry.handle else {
                     return Err(NodeError::WrongTier {
                         id: sandbox,
-                        tier: entry.spec.tier,
+                        tier: entry.tier,
                         op: "tool calls",
                     });
                 };
@@ -296,18 +269,18 @@ impl Node {
                 self.inner.sandboxes.list(&req.labels).iter().map(|e| info(e)).collect(),
             ),
             Request::FileList { sandbox, path } => {
-                let entries = self.file_op(&sandbox, |root| root.list(&path))?;
+                let entries = self.file_op(&sandbox, |root| root.list(&path)).await?;
                 Reply::Entries(entries.into_iter().map(convert::entry_to_wire).collect())
             }
             Request::FileStat { sandbox, path } => Reply::Stat(convert::entry_to_wire(
-                self.file_op(&sandbox, |root| root.stat(&path))?,
+                self.file_op(&sandbox, |root| root.stat(&path)).await?,
             )),
             Request::FileMkdir { sandbox, path, parents } => {
-                self.file_op(&sandbox, |root| root.mkdir(&path, parents))?;
+                self.file_op(&sandbox, |root| root.mkdir(&path, parents)).await?;
                 Reply::Done
             }
             Request::FileRemove { sandbox, path, recursive } => {
-                self.file_op(&sandbox, |root| root.remove(&path, recursive))?;
+                self.file_op(&sandbox, |root| root.remove(&path, recursive)).await?;
                 Reply::Done
             }
             Request::ToolList => {
@@ -318,33 +291,33 @@ impl Node {
                 Reply::Done
             }
             Request::ExecKill { sandbox, exec_id } => {
-                let entry = self.container(&sandbox, "exec")?;
+                let entry = self.container(&sandbox, "exec").await?;
                 if let TierHandle::Container(c) = &entry.handle {
                     c.kill(exec_id)?;
                 }
                 Reply::Done
             }
             Request::SessionOpen(req) => {
-                let entry = self.container(&req.sandbox, "sessions")?;
+                let entry = self.container(&req.sandbox, "sessions").await?;
                 let TierHandle::Container(c) = &entry.handle else { return Ok(None) };
                 Reply::Session { session: c.open_session(req).await? }
             }
             Request::SessionInput { sandbox, session, data } => {
-                let entry = self.container(&sandbox, "sessions")?;
+                let entry = self.container(&sandbox, "sessions").await?;
                 if let TierHandle::Container(c) = &entry.handle {
                     c.session_input(&session, &data).await?;
                 }
                 Reply::Done
             }
             Request::SessionInterrupt { sandbox, session } => {
-                let entry = self.container(&sandbox, "sessions")?;
+                let entry = self.container(&sandbox, "sessions").await?;
                 if let TierHandle::Container(c) = &entry.handle {
                     c.session_interrupt(&session).await?;
                 }
                 Reply::Done
             }
             Request::SessionClose { sandbox, session } => {
-                let entry = self.container(&sandbox, "sessions")?;
+                let entry = self.container(&sandbox, "sessions").await?;
                 if let TierHandle::Container(c) = &entry.handle {
                     c.session_close(&session).await?;
                 }
@@ -361,19 +334,43 @@ impl Node {
             | Request::EnvList => images::handle(self.store()?.as_ref(), request).await?,
             Request::Checkpoint(req) => {
                 let store = self.store()?;
-                let entry = self.container(&req.sandbox, "checkpoint")?;
+                let entry = self.container(&req.sandbox, "checkpoint").await?;
                 let TierHandle::Container(c) = &entry.handle else { return Ok(None) };
                 let layer =
                     c.checkpoint(&store, &req.sandbox, &req.name, req.version, &req.scrub).await?;
                 Reply::Layer(images::layer_to_wire(layer))
             }
             Request::NodeStatus => Reply::NodeStatus(self.status()),
+            Request::Pause(target) => Reply::Affected(self.pause(&target).await?),
+            Request::Resume(target) => Reply::Affected(self.resume(&target).await?),
+            Request::DestroyMatching { labels } => {
+                Reply::Affected(self.destroy_matching(&labels).await)
+            }
+            Request::SetTtl(update) => Reply::Sandbox(self.set_ttl(update)?),
+            Request::Fork { sandbox, count, labels } => {
+                Reply::Sandboxes(self.fork(&sandbox, count, labels).await?)
+            }
+            Request::ExecList { sandbox } => {
+                let entry = self.inner.sandboxes.get(&sandbox)?;
+                match &entry.handle {
+                    TierHandle::Container(c) => Reply::Execs(c.execs()),
+                    TierHandle::Fncall(_) => Reply::Execs(Vec::new()),
+                }
+            }
+            Request::SessionList { sandbox } => {
+                let entry = self.inner.sandboxes.get(&sandbox)?;
+                match &entry.handle {
+                    TierHandle::Container(c) => Reply::Sessions(c.session_ids()),
+                    TierHandle::Fncall(_) => Reply::Sessions(Vec::new()),
+                }
+            }
             Request::FileWrite(_)
             | Request::FileRead(_)
             | Request::ToolAdd { .. }
             | Request::Exec(_)
             | Request::SessionRun { .. }
             | Request::SessionWait { .. }
+            | Request::ExecAttach { .. }
             | Request::ImageImport(_) => {
                 return Err(NodeError::Io {
                     what: "request routing".into(),
@@ -384,71 +381,12 @@ impl Node {
         Ok(Some(reply))
     }
 
-    async fn create(&self, req: CreateRequest) -> Result<SandboxInfo, NodeError> {
-        let tier = req.tier.map_or(Tier::Fncall, convert::tier_from_wire);
-        let max = self.inner.config.max_sandboxes;
-        if self.inner.sandboxes.len() >= max {
-            return Err(NodeError::Full(max));
-        }
-        let ttl_ms = req
-            .idle_ttl_ms
-            .unwrap_or(self.inner.config.default_idle_ttl_ms)
-            .min(self.inner.config.max_idle_ttl_ms);
-        let mut labels = req.labels.clone();
-        labels.sort();
-        labels.dedup();
-        let id = SandboxId::generate(self.inner.config.node_id());
-        let handle = match tier {
-            Tier::Fncall => {
-                TierHandle::Fncall(self.inner.fncall.create_workspace(&id.to_string())?)
-            }
-            Tier::Container => {
-                let store = self.inner.store.as_ref().ok().map(Arc::as_ref);
-                TierHandle::Container(self.container_tier()?.create(&id, &req, store).await?)
-            }
-            Tier::Microvm | Tier::Fullvm => {
-                return Err(NodeError::TierUnavailable {
-                    tier,
-                    why: "no VM tier on this node yet".into(),
-                })
-            }
-        };
-        let spec =
-            SandboxSpec { tier, image: req.image, labels, idle_ttl: Duration::from_millis(ttl_ms) };
-        let entry = SandboxEntry::new(id, spec, now_unix_ms(), handle);
-        let entry = match self.inner.sandboxes.insert(entry, true) {
-            Ok(entry) => entry,
-            Err(e) => return Err(e),
-        };
-        tracing::debug!(sandbox = %id, tier = %tier, "sandbox created");
-        Ok(info(&entry))
-    }
-
-    /// Removes a sandbox and frees its resources.
-    async fn destroy(&self, id: &SandboxId, reason: Gone) {
-        let Some(entry) = self.inner.sandboxes.remove(id, reason) else { return };
-        let result = match &entry.handle {
-            TierHandle::Fncall(ws) => ws.remove().map_err(NodeError::from),
-            TierHandle::Container(c) => {
-                let result = c.destroy().await;
-                if let Ok(store) = &self.inner.store {
-                    store.release(&c.layer_digests);
-                }
-                result
-            }
-        };
-        if let Err(e) = result {
-            tracing::warn!(sandbox = %id, error = %e, "cleanup after destroy failed");
-        }
-    }
-
-    fn file_op<T>(
+    async fn file_op<T>(
         &self,
         sandbox: &str,
         op: impl FnOnce(&files::FileRoot<'_>) -> Result<T, NodeError>,
     ) -> Result<T, NodeError> {
-        let entry = self.inner.sandboxes.get(sandbox)?;
-        entry.touch();
+        let entry = self.live(sandbox).await?;
         let root = entry.handle.file_root();
         op(&root)
     }
@@ -473,17 +411,29 @@ impl Node {
 }
 
 fn info(entry: &SandboxEntry) -> SandboxInfo {
+    let spec = entry.spec();
+    let paused = entry.paused_unix_ms();
     let state = match &entry.handle {
         TierHandle::Container(c) if !c.is_alive() => SandboxState::Failed,
+        _ if paused.is_some() => SandboxState::Paused,
         _ => SandboxState::Running,
     };
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     SandboxInfo {
         id: entry.id.to_string(),
-        tier: convert::tier_to_wire(entry.spec.tier),
+        tier: convert::tier_to_wire(entry.tier),
         state,
-        labels: entry.spec.labels.clone(),
+        labels: spec.labels,
         created_unix_ms: entry.created_unix_ms,
         last_used_unix_ms: entry.last_used_unix_ms(),
-        idle_ttl_ms: u64::try_from(entry.spec.idle_ttl.as_millis()).unwrap_or(u64::MAX),
+        idle_ttl_ms: ms(spec.idle_ttl),
+        idle_action: match spec.idle_action {
+            IdleAction::Pause => brig_proto::IdleAction::Pause,
+            IdleAction::Destroy => brig_proto::IdleAction::Destroy,
+        },
+        paused_ttl_ms: spec.paused_ttl.map(ms),
+        max_lifetime_ms: spec.max_lifetime.map(ms),
+        paused_unix_ms: paused,
+        image: spec.image,
     }
 }

@@ -2,7 +2,7 @@
 //! bounded memory of recently destroyed ones so a client hears *why* its sandbox is gone.
 //!
 //! ```text
-//! <state>/sandboxes/<id>.json     id, spec, creation time (one small file per sandbox)
+//! <state>/sandboxes/<id>.json     id, spec (lifetimes included), paused, tier state
 //! ```
 
 use std::collections::{HashMap, VecDeque};
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use brig_core::{SandboxId, SandboxSpec};
+use brig_core::{IdleAction, SandboxId, SandboxSpec, Tier};
 use brig_fncall::Workspace;
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
@@ -23,7 +23,7 @@ const TOMBSTONES: usize = 65_536;
 /// The tier-specific part of a sandbox. Dispatch is by exhaustive `match`.
 pub(crate) enum TierHandle {
     Fncall(Workspace),
-    Container(crate::container::ContainerSandbox),
+    Container(Box<crate::container::ContainerSandbox>),
 }
 
 impl TierHandle {
@@ -40,21 +40,37 @@ impl TierHandle {
 
 pub(crate) struct SandboxEntry {
     pub id: SandboxId,
-    pub spec: SandboxSpec,
+    pub tier: Tier,
     pub created_unix_ms: u64,
+    spec: RwLock<SandboxSpec>,
     last_used_unix_ms: AtomicU64,
+    /// When it was paused; 0 while it runs.
+    paused_unix_ms: AtomicU64,
     pub handle: TierHandle,
+    /// Serializes pause, resume and destroy of this sandbox.
+    pub transition: tokio::sync::Mutex<()>,
 }
 
 impl SandboxEntry {
     pub fn new(id: SandboxId, spec: SandboxSpec, created_unix_ms: u64, handle: TierHandle) -> Self {
         SandboxEntry {
             id,
-            spec,
+            tier: spec.tier,
             created_unix_ms,
+            spec: RwLock::new(spec),
             last_used_unix_ms: AtomicU64::new(created_unix_ms),
+            paused_unix_ms: AtomicU64::new(0),
             handle,
+            transition: tokio::sync::Mutex::new(()),
         }
+    }
+
+    pub fn spec(&self) -> SandboxSpec {
+        self.spec.read().clone()
+    }
+
+    pub fn update_spec(&self, f: impl FnOnce(&mut SandboxSpec)) {
+        f(&mut self.spec.write());
     }
 
     pub fn touch(&self) {
@@ -65,10 +81,74 @@ impl SandboxEntry {
         self.last_used_unix_ms.load(Ordering::Relaxed)
     }
 
-    pub fn idle_deadline_unix_ms(&self) -> u64 {
-        let ttl = u64::try_from(self.spec.idle_ttl.as_millis()).unwrap_or(u64::MAX);
-        self.last_used_unix_ms().saturating_add(ttl)
+    pub fn paused_unix_ms(&self) -> Option<u64> {
+        match self.paused_unix_ms.load(Ordering::Relaxed) {
+            0 => None,
+            t => Some(t),
+        }
     }
+
+    pub fn set_paused(&self, paused: bool) {
+        self.paused_unix_ms.store(if paused { now_unix_ms().max(1) } else { 0 }, Ordering::Relaxed);
+    }
+
+    /// What its lifetimes say should happen at `now`, if anything.
+    pub fn due(&self, now: u64) -> Option<Due> {
+        let spec = self.spec.read();
+        if let Some(max) = spec.max_lifetime {
+            if now >= self.created_unix_ms.saturating_add(ms(max)) {
+                return Some(Due::Destroy(format!(
+                    "destroyed at its maximum lifetime of {:.1} s",
+                    max.as_secs_f64()
+                )));
+            }
+        }
+        match self.paused_unix_ms() {
+            Some(paused_at) => {
+                let ttl = spec.paused_ttl?;
+                (now >= paused_at.saturating_add(ms(ttl))).then(|| {
+                    Due::Destroy(format!("destroyed after {:.1} s paused", ttl.as_secs_f64()))
+                })
+            }
+            None => {
+                if now < self.last_used_unix_ms().saturating_add(ms(spec.idle_ttl)) {
+                    return None;
+                }
+                Some(match spec.idle_action {
+                    IdleAction::Pause => Due::Pause,
+                    IdleAction::Destroy => Due::Destroy(format!(
+                        "destroyed after its idle TTL of {:.1} s",
+                        spec.idle_ttl.as_secs_f64()
+                    )),
+                })
+            }
+        }
+    }
+}
+
+/// A lifetime that has run out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Due {
+    Pause,
+    Destroy(String),
+}
+
+fn ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Container state a restarted node needs to take a container back.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ContainerRecord {
+    pub layers: Vec<(PathBuf, Option<PathBuf>)>,
+    pub layer_digests: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub shell: String,
+    pub memory_bytes: u64,
+    pub pids: u64,
+    pub cpu_millis: u64,
+    pub disk_bytes: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -77,6 +157,10 @@ pub(crate) struct SandboxRecord {
     pub id: SandboxId,
     pub spec: SandboxSpec,
     pub created_unix_ms: u64,
+    #[serde(default)]
+    pub paused_unix_ms: u64,
+    #[serde(default)]
+    pub container: Option<ContainerRecord>,
 }
 
 pub(crate) struct SandboxTable {
@@ -109,9 +193,7 @@ impl SandboxTable {
 
     /// Records persisted by an earlier run of the node.
     pub fn saved_records(&self) -> Vec<SandboxRecord> {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return Vec::new();
-        };
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return Vec::new() };
         let mut out = Vec::new();
         for entry in entries.flatten() {
             let path = entry.path();
@@ -134,29 +216,36 @@ impl SandboxTable {
         self.live.read().len()
     }
 
-    /// Adds a sandbox; `persist` writes its record (false when restoring from one).
-    pub fn insert(
-        &self,
-        entry: SandboxEntry,
-        persist: bool,
-    ) -> Result<Arc<SandboxEntry>, NodeError> {
-        if persist {
-            let record = SandboxRecord {
-                id: entry.id,
-                spec: entry.spec.clone(),
-                created_unix_ms: entry.created_unix_ms,
-            };
-            let path = self.record_path(&entry.id);
-            let bytes = serde_json::to_vec(&record).map_err(|e| NodeError::Io {
-                what: "sandbox record".into(),
-                source: std::io::Error::other(e),
-            })?;
-            std::fs::write(&path, bytes)
-                .map_err(|source| NodeError::Io { what: path.display().to_string(), source })?;
-        }
+    /// Writes the sandbox's record (atomically).
+    pub fn save(&self, entry: &SandboxEntry) -> Result<(), NodeError> {
+        let container = match &entry.handle {
+            TierHandle::Container(c) => Some(c.record()),
+            TierHandle::Fncall(_) => None,
+        };
+        let record = SandboxRecord {
+            id: entry.id,
+            spec: entry.spec(),
+            created_unix_ms: entry.created_unix_ms,
+            paused_unix_ms: entry.paused_unix_ms().unwrap_or(0),
+            container,
+        };
+        let bytes = serde_json::to_vec(&record).map_err(|e| NodeError::Io {
+            what: "sandbox record".into(),
+            source: std::io::Error::other(e),
+        })?;
+        let path = self.record_path(&entry.id);
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, bytes)
+            .map_err(|source| NodeError::Io { what: tmp.display().to_string(), source })?;
+        std::fs::rename(&tmp, &path)
+            .map_err(|source| NodeError::Io { what: path.display().to_string(), source })
+    }
+
+    /// Adds a sandbox (its record is written separately, by [`SandboxTable::save`]).
+    pub fn insert(&self, entry: SandboxEntry) -> Arc<SandboxEntry> {
         let entry = Arc::new(entry);
         self.live.write().insert(entry.id, entry.clone());
-        Ok(entry)
+        entry
     }
 
     /// Finds a live sandbox by id text.
@@ -177,10 +266,7 @@ impl SandboxTable {
     /// Takes a sandbox out of the table and forgets its record, remembering why.
     pub fn remove(&self, id: &SandboxId, reason: Gone) -> Option<Arc<SandboxEntry>> {
         let entry = self.live.write().remove(id)?;
-        let path = self.record_path(id);
-        if let Err(e) = std::fs::remove_file(&path) {
-            tracing::warn!(path = %path.display(), error = %e, "cannot remove sandbox record");
-        }
+        self.forget(id);
         let mut gone = self.gone.lock();
         if gone.order.len() >= TOMBSTONES {
             if let Some(old) = gone.order.pop_front() {
@@ -192,25 +278,34 @@ impl SandboxTable {
         Some(entry)
     }
 
-    /// Deletes the record of a sandbox that could not be restored.
+    /// Deletes the record of a sandbox (destroyed, or not restorable).
     pub fn forget(&self, id: &SandboxId) {
-        let _ = std::fs::remove_file(self.record_path(id));
+        let path = self.record_path(id);
+        if let Err(e) = std::fs::remove_file(&path) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(path = %path.display(), error = %e, "cannot remove sandbox record");
+            }
+        }
     }
 
     pub fn list(&self, selector: &[(String, String)]) -> Vec<Arc<SandboxEntry>> {
-        let mut out: Vec<_> =
-            self.live.read().values().filter(|e| e.spec.matches(selector)).cloned().collect();
+        let mut out: Vec<_> = self
+            .live
+            .read()
+            .values()
+            .filter(|e| e.spec.read().matches(selector))
+            .cloned()
+            .collect();
         out.sort_by_key(|e| (e.created_unix_ms, e.id.to_string()));
         out
     }
 
-    /// Sandboxes whose idle deadline has passed.
-    pub fn idle_past(&self, now_unix_ms: u64) -> Vec<Arc<SandboxEntry>> {
+    /// Sandboxes with a lifetime that has run out, and what is due.
+    pub fn due(&self, now_unix_ms: u64) -> Vec<(Arc<SandboxEntry>, Due)> {
         self.live
             .read()
             .values()
-            .filter(|e| e.idle_deadline_unix_ms() <= now_unix_ms)
-            .cloned()
+            .filter_map(|e| e.due(now_unix_ms).map(|d| (e.clone(), d)))
             .collect()
     }
 }

@@ -58,7 +58,7 @@ pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::{CallRequest, Request};
+    use crate::{CallRequest, Request};
 
     #[test]
     fn round_trip() {

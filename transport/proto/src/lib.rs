@@ -20,10 +20,20 @@ pub mod error;
 pub mod frame;
 pub mod hello;
 pub mod message;
+mod types_call;
+mod types_exec;
+mod types_files;
+mod types_images;
+mod types_sandbox;
 
 pub use error::{ErrorCode, WireError};
 pub use frame::{decode, encode, FrameError, MAX_FRAME_BYTES};
 pub use message::*;
+pub use types_call::*;
+pub use types_exec::*;
+pub use types_files::*;
+pub use types_images::*;
+pub use types_sandbox::*;
 
 /// The protocol version this build speaks. Bump on any change to message encodings.
 pub const PROTOCOL_VERSION: u16 = 1;

@@ -64,6 +64,15 @@ pub fn run() -> Result<(), ShimError> {
         other => return Err(ShimError::Protocol(format!("expected Configure, got {other:?}"))),
     };
     let programs = security::seccomp_programs()?;
+    // Bound in the host's mount namespace, before the shim leaves it: a restarted node finds
+    // the container here. The descriptor stays valid after pivot_root.
+    let listener = sys::listen(&config.socket)?;
+    let upper = nix::fcntl::open(
+        &config.upper,
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| ShimError::Sys("open upper directory", e))?;
 
     for procs in &config.join_cgroups {
         std::fs::write(procs, b"0").map_err(|e| ShimError::Io("join cgroup", e))?;
@@ -115,8 +124,12 @@ pub fn run() -> Result<(), ShimError> {
     security::drop_bounding_set()?;
     security::confine(&programs)?;
     let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
+    // Setup errors went to the node over stderr; from here on the node may go away, and a
+    // write to a pipe nobody reads would kill the shim (SIGPIPE).
+    sys::stderr_to_null()?;
     send(&control, &FromShim::Ready { init_pid: init_pid.as_raw() })?;
-    serve(&control, init_pid)
+    let links = Links { listener, upper, survive_node: config.survive_node };
+    serve(Some(control), init_pid, &links)
 }
 
 /// Receives one message that carries no descriptors.
@@ -132,38 +145,74 @@ fn send(control: &OwnedFd, msg: &FromShim) -> Result<(), ShimError> {
     control::send(control.as_fd(), &bytes, &[]).map_err(|e| ShimError::Sys("send to node", e))
 }
 
-/// Serves spawn requests and reports exits until init dies or the node hangs up.
-fn serve(control: &OwnedFd, init: Pid) -> Result<(), ShimError> {
+/// What the shim keeps for reconnecting nodes.
+struct Links {
+    listener: OwnedFd,
+    upper: OwnedFd,
+    survive_node: bool,
+}
+
+/// Serves spawn requests and reports exits until init dies, or the node hangs up and the
+/// container is not to survive it. A reconnecting node replaces the current connection.
+fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), ShimError> {
     let mut chld = SigSet::empty();
     chld.add(Signal::SIGCHLD);
     let sigfd = SignalFd::with_flags(&chld, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .map_err(|e| ShimError::Sys("signalfd", e))?;
     let mut running: HashMap<Pid, u64> = HashMap::new();
+    let mut next_exec_id = 1u64;
     let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
     loop {
-        let mut fds = [
-            PollFd::new(control.as_fd(), PollFlags::POLLIN),
+        let mut fds = vec![
             PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(links.listener.as_fd(), PollFlags::POLLIN),
         ];
+        if let Some(c) = &control {
+            fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
+        }
         match poll(&mut fds, PollTimeout::NONE) {
             Ok(_) | Err(nix::Error::EINTR) => {}
             Err(e) => return Err(ShimError::Sys("poll", e)),
         }
-        let control_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
-        let child_ready = fds[1].revents().is_some_and(|r| !r.is_empty());
+        let ready = |i: usize| fds.get(i).and_then(|f| f.revents()).is_some_and(|r| !r.is_empty());
+        let (child_ready, accept_ready, control_ready) = (ready(0), ready(1), ready(2));
+        drop(fds);
         if child_ready {
             while let Ok(Some(_)) = sigfd.read_signal() {}
-            if reap(control, init, &mut running)? {
+            if reap(control.as_ref(), init, &mut running)? {
                 return Ok(());
             }
         }
+        if accept_ready {
+            if let Ok(conn) = sys::accept(&links.listener) {
+                let report = FromShim::Reattached {
+                    init_pid: init.as_raw(),
+                    running: running.iter().map(|(pid, id)| (*id, pid.as_raw())).collect(),
+                    next_exec_id,
+                };
+                let bytes = postcard::to_allocvec(&report)
+                    .map_err(|e| ShimError::Protocol(e.to_string()))?;
+                if control::send(conn.as_fd(), &bytes, &[links.upper.as_fd()]).is_ok() {
+                    control = Some(conn);
+                }
+            }
+        }
         if control_ready {
-            let Some((len, received)) = control::recv(control.as_fd(), &mut buf)
-                .map_err(|e| ShimError::Sys("receive", e))?
-            else {
-                // The node hung up: take the container down with us rather than orphan it.
-                let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
-                return Ok(());
+            let Some(c) = control.as_ref() else { continue };
+            let received =
+                control::recv(c.as_fd(), &mut buf).map_err(|e| ShimError::Sys("receive", e));
+            let (len, fds) = match received {
+                Ok(Some(message)) => message,
+                Ok(None) | Err(_) => {
+                    if links.survive_node {
+                        // The node went away; the container waits for it to come back.
+                        control = None;
+                        continue;
+                    }
+                    // Take the container down with us rather than orphan it.
+                    let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
+                    return Ok(());
+                }
             };
             let msg: ToShim = postcard::from_bytes(&buf[..len])
                 .map_err(|e| ShimError::Protocol(e.to_string()))?;
@@ -172,14 +221,12 @@ fn serve(control: &OwnedFd, init: Pid) -> Result<(), ShimError> {
                     return Err(ShimError::Protocol("setup message after setup".into()))
                 }
                 ToShim::Spawn(spec) => match sys::fork()? {
-                    sys::Forked::Child => child::run(&spec, received),
+                    sys::Forked::Child => child::run(&spec, fds),
                     sys::Forked::Parent(pid) => {
-                        drop(received);
+                        drop(fds);
+                        next_exec_id = next_exec_id.max(spec.exec_id + 1);
                         running.insert(pid, spec.exec_id);
-                        send(
-                            control,
-                            &FromShim::Spawned { exec_id: spec.exec_id, pid: pid.as_raw() },
-                        )?;
+                        send(c, &FromShim::Spawned { exec_id: spec.exec_id, pid: pid.as_raw() })?;
                     }
                 },
             }
@@ -187,8 +234,12 @@ fn serve(control: &OwnedFd, init: Pid) -> Result<(), ShimError> {
     }
 }
 
-/// Reaps exited children; `true` when init died.
-fn reap(control: &OwnedFd, init: Pid, running: &mut HashMap<Pid, u64>) -> Result<bool, ShimError> {
+/// Reaps exited children; `true` when init died. Reports go to the connected node, if any.
+fn reap(
+    control: Option<&OwnedFd>,
+    init: Pid,
+    running: &mut HashMap<Pid, u64>,
+) -> Result<bool, ShimError> {
     loop {
         let (pid, status) = match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::Exited(pid, code)) => (pid, ExitInfo::Code(code)),
@@ -199,11 +250,15 @@ fn reap(control: &OwnedFd, init: Pid, running: &mut HashMap<Pid, u64>) -> Result
             Err(e) => return Err(ShimError::Sys("waitpid", e)),
         };
         if pid == init {
-            send(control, &FromShim::InitDied { status })?;
+            if let Some(c) = control {
+                let _ = send(c, &FromShim::InitDied { status });
+            }
             return Ok(true);
         }
         if let Some(exec_id) = running.remove(&pid) {
-            send(control, &FromShim::Exited { exec_id, status })?;
+            if let Some(c) = control {
+                let _ = send(c, &FromShim::Exited { exec_id, status });
+            }
         }
     }
 }

@@ -128,3 +128,48 @@ pub fn isolate_init(ready: OwnedFd) -> Result<OwnedFd, ShimError> {
         .map_err(|e| ShimError::Sys("cloexec", e))?;
     Ok(ready)
 }
+
+/// A listening `SOCK_SEQPACKET` socket at `path` (replacing a stale one), mode 0600.
+pub fn listen(path: &std::path::Path) -> Result<OwnedFd, ShimError> {
+    use nix::sys::socket::{
+        bind, listen as listen_on, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr,
+    };
+    let _ = std::fs::remove_file(path);
+    let sock = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )
+    .map_err(|e| ShimError::Sys("socket", e))?;
+    let addr = UnixAddr::new(path).map_err(|e| ShimError::Sys("socket path", e))?;
+    bind(std::os::fd::AsRawFd::as_raw_fd(&sock), &addr)
+        .map_err(|e| ShimError::Sys("bind shim socket", e))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| ShimError::Io("chmod shim socket", e))?;
+    listen_on(&sock, Backlog::new(4).map_err(|e| ShimError::Sys("backlog", e))?)
+        .map_err(|e| ShimError::Sys("listen", e))?;
+    Ok(sock)
+}
+
+/// Points the shim's stderr at /dev/null.
+pub fn stderr_to_null() -> Result<(), ShimError> {
+    let null = nix::fcntl::open(
+        "/dev/null",
+        nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| ShimError::Sys("open /dev/null", e))?;
+    nix::unistd::dup2_stderr(&null).map_err(|e| ShimError::Sys("dup2 stderr", e))
+}
+
+/// Accepts one connection (blocking mode, close-on-exec).
+pub fn accept(listener: &OwnedFd) -> Result<OwnedFd, ShimError> {
+    use std::os::fd::AsRawFd;
+    let fd =
+        nix::sys::socket::accept4(listener.as_raw_fd(), nix::sys::socket::SockFlag::SOCK_CLOEXEC)
+            .map_err(|e| ShimError::Sys("accept", e))?;
+    // SAFETY: accept4 just returned this new descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}

@@ -1,29 +1,28 @@
-//! The container tier as the node sees it: turning create requests into containers, and
-//! serving exec and session requests with streamed output.
+//! The container tier as the node sees it: turning create requests into containers (and
+//! re-attaching to the ones an earlier run of the node left), pausing, resuming, forking and
+//! checkpointing them. Execs are in [`exec`], sessions in [`sessions`].
+
+mod exec;
+mod sessions;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
 use brig_container::cgroup::CgroupLimits;
-use brig_container::exec::{ExecEvent, Killer, Stdin};
 use brig_container::rootfs::LayerSource;
 use brig_container::runtime::{Container, ContainerSpec, Runtime, RuntimeConfig};
-use brig_container::session::{Session, SessionEvent};
+use brig_container::session::Session;
 use brig_container::shim_proto::ExitInfo;
 use brig_core::SandboxId;
 use brig_images::{LayerStore, ResolvedLayer};
-use brig_proto::{
-    CreateRequest, ExecRequest, ExecResult, OutputStream, Reply, SessionOpenRequest, StdinMode,
-};
-use brig_transport::Exchange;
+use brig_proto::{CreateRequest, ExecResult};
 use parking_lot::Mutex;
-use tokio::io::AsyncWriteExt;
-use tokio::sync::mpsc;
 
 use crate::config::ContainerConfig;
+use crate::sandboxes::ContainerRecord;
 use crate::NodeError;
 
 /// The container tier of a node.
@@ -42,6 +41,7 @@ impl ContainerTier {
         state_dir: &Path,
         run_dir: &Path,
         cgroup_parent: &str,
+        survive_node: bool,
     ) -> Result<ContainerTier, String> {
         if !config.enabled {
             return Err("disabled in the node configuration".into());
@@ -59,6 +59,7 @@ impl ContainerTier {
             id_base: config.id_base,
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             cgroup_parent: cgroup_parent.to_string(),
+            survive_node,
         })
         .map_err(|e| crate::error::chain(&e))?;
         Ok(ContainerTier { runtime, config: config.clone(), images_dir })
@@ -156,7 +157,7 @@ impl ContainerTier {
         let l = req.limits;
         let spec = ContainerSpec {
             name: id.to_string(),
-            hostname: format!("sandbox-{}", &id.to_string()[12..]),
+            hostname: hostname(id),
             layers,
             limits: CgroupLimits {
                 memory_bytes: Some(
@@ -166,6 +167,7 @@ impl ContainerTier {
                 cpu_millis: Some(pick(l.cpu_millis, c.default_cpu_millis, c.max_cpu_millis)),
             },
             disk_bytes: pick(l.disk_mib, c.default_disk_mib, c.max_disk_mib) << 20,
+            seed: None,
         };
         let container = match self.runtime.create(&spec).await {
             Ok(c) => c,
@@ -188,10 +190,99 @@ impl ContainerTier {
             container: Arc::new(container),
             env: req.env.clone(),
             shell: shell.to_string(),
+            layers: spec.layers,
+            limits: spec.limits,
+            disk_bytes: spec.disk_bytes,
             execs: Mutex::new(HashMap::new()),
+            next_exec: AtomicU64::new(1),
             sessions: Mutex::new(HashMap::new()),
             next_session: AtomicU64::new(1),
             layer_digests: digests,
+        })
+    }
+
+    /// Takes back a container an earlier run of the node started.
+    pub async fn attach(
+        &self,
+        id: &SandboxId,
+        record: &ContainerRecord,
+        store: Option<&LayerStore>,
+    ) -> Result<ContainerSandbox, NodeError> {
+        let container = self.runtime.attach(&id.to_string()).await?;
+        if let (Some(store), false) = (store, record.layer_digests.is_empty()) {
+            store.acquire(&record.layer_digests).await?;
+        }
+        Ok(ContainerSandbox {
+            container: Arc::new(container),
+            env: record.env.clone(),
+            shell: record.shell.clone(),
+            layers: record
+                .layers
+                .iter()
+                .map(|(image, device)| LayerSource { image: image.clone(), device: device.clone() })
+                .collect(),
+            limits: CgroupLimits {
+                memory_bytes: Some(record.memory_bytes),
+                pids: Some(record.pids),
+                cpu_millis: Some(record.cpu_millis),
+            },
+            disk_bytes: record.disk_bytes,
+            execs: Mutex::new(HashMap::new()),
+            next_exec: AtomicU64::new(1),
+            sessions: Mutex::new(HashMap::new()),
+            next_session: AtomicU64::new(1),
+            layer_digests: record.layer_digests.clone(),
+        })
+    }
+
+    /// Removes containers an earlier run left that the node has no record of.
+    pub fn remove_orphans(&self, keep: &[String]) {
+        self.runtime.remove_orphans(keep);
+    }
+
+    /// A new container on the parent's layers, starting from a copy of its writable layer.
+    /// The caller keeps the parent frozen (or paused) meanwhile.
+    pub async fn fork(
+        &self,
+        parent: &ContainerSandbox,
+        id: &SandboxId,
+        store: Option<&LayerStore>,
+    ) -> Result<ContainerSandbox, NodeError> {
+        let seed = parent.container.upper_path().ok_or_else(|| {
+            NodeError::BadImage(id.to_string(), "the parent has no writable layer".into())
+        })?;
+        if let (Some(store), false) = (store, parent.layer_digests.is_empty()) {
+            store.acquire(&parent.layer_digests).await?;
+        }
+        let spec = ContainerSpec {
+            name: id.to_string(),
+            hostname: hostname(id),
+            layers: parent.layers.clone(),
+            limits: parent.limits,
+            disk_bytes: parent.disk_bytes,
+            seed: Some(seed),
+        };
+        let container = match self.runtime.create(&spec).await {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(store) = store {
+                    store.release(&parent.layer_digests);
+                }
+                return Err(e.into());
+            }
+        };
+        Ok(ContainerSandbox {
+            container: Arc::new(container),
+            env: parent.env.clone(),
+            shell: parent.shell.clone(),
+            layers: parent.layers.clone(),
+            limits: parent.limits,
+            disk_bytes: parent.disk_bytes,
+            execs: Mutex::new(HashMap::new()),
+            next_exec: AtomicU64::new(1),
+            sessions: Mutex::new(HashMap::new()),
+            next_session: AtomicU64::new(1),
+            layer_digests: parent.layer_digests.clone(),
         })
     }
 
@@ -215,7 +306,11 @@ pub(crate) struct ContainerSandbox {
     pub container: Arc<Container>,
     env: Vec<(String, String)>,
     shell: String,
-    execs: Mutex<HashMap<u64, Killer>>,
+    layers: Vec<LayerSource>,
+    limits: CgroupLimits,
+    disk_bytes: u64,
+    execs: Mutex<HashMap<u64, Arc<exec::ExecHub>>>,
+    next_exec: AtomicU64,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     next_session: AtomicU64,
     /// Store layers this container uses (released when it is destroyed).
@@ -248,167 +343,59 @@ fn result_of(exit: brig_container::exec::ExecExit) -> ExecResult {
     }
 }
 
+/// A container's hostname: derived from its sandbox id, so forks differ from their parent.
+fn hostname(id: &SandboxId) -> String {
+    format!("sandbox-{}", &id.to_string()[12..])
+}
+
 impl ContainerSandbox {
     pub fn is_alive(&self) -> bool {
         self.container.is_alive()
     }
 
-    /// Runs a command, streaming `ExecStarted`, `Output`… and `Exited` to the client.
-    pub async fn exec(
-        &self,
-        tier: &ContainerTier,
-        req: ExecRequest,
-        exchange: &mut Exchange,
-    ) -> Result<Option<Reply>, NodeError> {
-        let stream_stdin = req.stdin == StdinMode::Stream;
-        let request = brig_container::exec::ExecRequest {
-            argv: req.argv,
-            env: merged_env(&self.env, req.env),
-            cwd: req.cwd,
-            user: req.user,
-            stdin: match req.stdin {
-                StdinMode::Empty => Stdin::Null,
-                StdinMode::Bytes(b) => Stdin::Bytes(b),
-                StdinMode::Stream => Stdin::Stream,
-            },
-            timeout: Some(tier.timeout(req.timeout_ms)),
-            output_limit: tier.output_limit(req.output_limit_bytes),
-        };
-        if request.argv.is_empty() {
-            return Err(NodeError::BadImage(String::new(), "exec needs a command".into()));
+    /// What a restarted node needs to take this container back.
+    pub fn record(&self) -> ContainerRecord {
+        ContainerRecord {
+            layers: self.layers.iter().map(|l| (l.image.clone(), l.device.clone())).collect(),
+            layer_digests: self.layer_digests.clone(),
+            env: self.env.clone(),
+            shell: self.shell.clone(),
+            memory_bytes: self.limits.memory_bytes.unwrap_or(0),
+            pids: self.limits.pids.unwrap_or(0),
+            cpu_millis: self.limits.cpu_millis.unwrap_or(0),
+            disk_bytes: self.disk_bytes,
         }
-        let mut exec = brig_container::exec::exec(&self.container, request).await?;
-        let exec_id = u64::try_from(exec.pid).unwrap_or(0);
-        self.execs.lock().insert(exec_id, exec.killer());
-        let feeder = match (stream_stdin, exec.stdin.take(), exchange.take_upload()) {
-            (true, Some(mut stdin), Some(mut upload)) => Some(tokio::spawn(async move {
-                while let Ok(Some(chunk)) = upload.read().await {
-                    if stdin.write_all(&chunk).await.is_err() {
-                        break;
-                    }
-                }
-            })),
-            _ => None,
-        };
-        let mut delivered = exchange.reply(&Reply::ExecStarted { exec_id }).await.is_ok();
-        let mut result = None;
-        while let Some(event) = exec.events.recv().await {
-            let reply = match event {
-                ExecEvent::Stdout(b) => {
-                    Reply::Output { stream: OutputStream::Stdout, data: b.to_vec() }
-                }
-                ExecEvent::Stderr(b) => {
-                    Reply::Output { stream: OutputStream::Stderr, data: b.to_vec() }
-                }
-                ExecEvent::Exit(exit) => {
-                    result = Some(result_of(exit));
-                    break;
-                }
-            };
-            // A client that went away stops receiving; the command still runs to its end.
-            if delivered {
-                delivered = exchange.reply(&reply).await.is_ok();
-            }
-        }
-        self.execs.lock().remove(&exec_id);
-        if let Some(feeder) = feeder {
-            feeder.abort();
-        }
-        Ok(result.map(Reply::Exited))
     }
 
-    pub fn kill(&self, exec_id: u64) -> Result<(), NodeError> {
-        let killer =
-            self.execs.lock().get(&exec_id).cloned().ok_or(NodeError::NoSuchExec(exec_id))?;
-        killer.kill();
+    /// Freezes every process and pushes reclaimable memory out; returns the bytes freed.
+    pub async fn pause(&self) -> Result<u64, NodeError> {
+        let c = self.container.clone();
+        tokio::task::spawn_blocking(move || -> Result<u64, NodeError> {
+            c.set_frozen(true)?;
+            Ok(c.reclaim())
+        })
+        .await
+        .map_err(|e| NodeError::Io {
+            what: "pause task".into(),
+            source: std::io::Error::other(e),
+        })?
+    }
+
+    /// Thaws every process.
+    pub async fn resume(&self) -> Result<(), NodeError> {
+        let c = self.container.clone();
+        tokio::task::spawn_blocking(move || c.set_frozen(false)).await.map_err(|e| {
+            NodeError::Io { what: "resume task".into(), source: std::io::Error::other(e) }
+        })??;
         Ok(())
     }
 
-    pub async fn open_session(&self, req: SessionOpenRequest) -> Result<String, NodeError> {
-        let shell = req.shell.unwrap_or_else(|| self.shell.clone());
-        let cwd = if req.cwd.is_empty() { "/".to_string() } else { req.cwd };
-        let session =
-            Session::open(&self.container, &shell, merged_env(&self.env, req.env), &cwd, req.user)
-                .await?;
-        let id = format!("s{}", self.next_session.fetch_add(1, Ordering::Relaxed));
-        self.sessions.lock().insert(id.clone(), Arc::new(session));
-        Ok(id)
-    }
-
-    fn session(&self, id: &str) -> Result<Arc<Session>, NodeError> {
-        self.sessions
-            .lock()
-            .get(id)
-            .cloned()
-            .ok_or_else(|| NodeError::NoSuchSession(id.to_string()))
-    }
-
-    /// Runs (`Some(command)`) or waits on (`None`) a session command, streaming its output.
-    pub async fn session_run(
-        &self,
-        session: &str,
-        command: Option<&str>,
-        timeout: Duration,
-        exchange: &mut Exchange,
-    ) -> Result<Option<Reply>, NodeError> {
-        let session = self.session(session)?;
-        let (tx, mut rx) = mpsc::channel(64);
-        let run = async {
-            match command {
-                Some(c) => session.run(c, timeout, tx).await,
-                None => session.wait(timeout, tx).await,
-            }
-        };
-        let forward = async {
-            let mut last = None;
-            let mut delivered = true;
-            while let Some(event) = rx.recv().await {
-                let reply = match event {
-                    SessionEvent::Stdout(b) => {
-                        Reply::Output { stream: OutputStream::Stdout, data: b.to_vec() }
-                    }
-                    SessionEvent::Stderr(b) => {
-                        Reply::Output { stream: OutputStream::Stderr, data: b.to_vec() }
-                    }
-                    SessionEvent::Dropped { bytes } => Reply::Output {
-                        stream: OutputStream::Stderr,
-                        data: format!(
-                            "[brig: {bytes} bytes of output dropped while nobody waited]\n"
-                        )
-                        .into_bytes(),
-                    },
-                    SessionEvent::Done { exit_code, cwd } => {
-                        last = Some(Reply::SessionDone { exit_code, cwd });
-                        continue;
-                    }
-                    SessionEvent::Pending => {
-                        last = Some(Reply::SessionPending);
-                        continue;
-                    }
-                };
-                if delivered {
-                    delivered = exchange.reply(&reply).await.is_ok();
-                }
-            }
-            last
-        };
-        let (ran, last) = tokio::join!(run, forward);
-        ran?;
-        Ok(Some(last.unwrap_or(Reply::SessionPending)))
-    }
-
-    pub async fn session_input(&self, session: &str, data: &[u8]) -> Result<(), NodeError> {
-        Ok(self.session(session)?.input(data).await?)
-    }
-
-    pub async fn session_interrupt(&self, session: &str) -> Result<(), NodeError> {
-        Ok(self.session(session)?.interrupt().await?)
-    }
-
-    pub async fn session_close(&self, session: &str) -> Result<(), NodeError> {
-        let removed = self.sessions.lock().remove(session);
-        let session = removed.ok_or_else(|| NodeError::NoSuchSession(session.to_string()))?;
-        session.close().await;
+    /// Freezes (`true`) or thaws the container, blocking (for forks and checkpoints).
+    pub async fn set_frozen(&self, frozen: bool) -> Result<(), NodeError> {
+        let c = self.container.clone();
+        tokio::task::spawn_blocking(move || c.set_frozen(frozen)).await.map_err(|e| {
+            NodeError::Io { what: "freezer task".into(), source: std::io::Error::other(e) }
+        })??;
         Ok(())
     }
 

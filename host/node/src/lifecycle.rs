@@ -1,0 +1,360 @@
+//! Sandbox lifecycles: create, restore after a restart, pause and (implicit) resume, fork,
+//! lifetimes (idle TTL with pause or destroy, paused TTL, maximum lifetime), destroy.
+//!
+//! ```text
+//!            create ──▶ running ──idle TTL (pause)──▶ paused ──paused TTL──▶ destroyed
+//!                         ▲   │                         │
+//!  any request / resume ──┘   └──idle TTL (destroy), max lifetime, destroy ─────▶ destroyed
+//! ```
+//! A paused container is frozen (its processes keep their state) with its reclaimable memory
+//! pushed out; a paused fncall sandbox just runs nothing. Transitions of one sandbox are
+//! serialized by its `transition` lock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use brig_core::{IdleAction, SandboxId, SandboxSpec, Tier};
+use brig_proto::{CreateRequest, SandboxInfo, Target, TtlUpdate};
+
+use crate::sandboxes::{now_unix_ms, Due, Gone, SandboxEntry, TierHandle};
+use crate::{convert, info, Node, NodeError};
+
+fn idle_action(a: brig_proto::IdleAction) -> IdleAction {
+    match a {
+        brig_proto::IdleAction::Pause => IdleAction::Pause,
+        brig_proto::IdleAction::Destroy => IdleAction::Destroy,
+    }
+}
+
+impl Node {
+    /// A sandbox for a request that needs it running: resumed first if paused.
+    pub(crate) async fn live(&self, id: &str) -> Result<Arc<SandboxEntry>, NodeError> {
+        let entry = self.inner.sandboxes.get(id)?;
+        entry.touch();
+        if entry.paused_unix_ms().is_some() {
+            self.resume_entry(&entry).await?;
+        }
+        Ok(entry)
+    }
+
+    pub(crate) async fn create(&self, req: CreateRequest) -> Result<SandboxInfo, NodeError> {
+        let tier = req.tier.map_or(Tier::Fncall, convert::tier_from_wire);
+        let max = self.inner.config.max_sandboxes;
+        if self.inner.sandboxes.len() >= max {
+            return Err(NodeError::Full(max));
+        }
+        let cfg = &self.inner.config;
+        let ttl_ms = req.idle_ttl_ms.unwrap_or(cfg.default_idle_ttl_ms).min(cfg.max_idle_ttl_ms);
+        let mut labels = req.labels.clone();
+        labels.sort();
+        labels.dedup();
+        let id = SandboxId::generate(cfg.node_id());
+        let handle = match tier {
+            Tier::Fncall => {
+                TierHandle::Fncall(self.inner.fncall.create_workspace(&id.to_string())?)
+            }
+            Tier::Container => {
+                let store = self.inner.store.as_ref().ok().map(Arc::as_ref);
+                TierHandle::Container(Box::new(
+                    self.container_tier()?.create(&id, &req, store).await?,
+                ))
+            }
+            Tier::Microvm | Tier::Fullvm => {
+                return Err(NodeError::TierUnavailable {
+                    tier,
+                    why: "no VM tier on this node yet".into(),
+                })
+            }
+        };
+        let spec = SandboxSpec {
+            tier,
+            image: req.image,
+            labels,
+            idle_ttl: Duration::from_millis(ttl_ms),
+            idle_action: req.idle_action.map_or(IdleAction::Destroy, idle_action),
+            paused_ttl: req.paused_ttl_ms.map(Duration::from_millis),
+            max_lifetime: req.max_lifetime_ms.map(Duration::from_millis),
+        };
+        let entry = self.adopt(SandboxEntry::new(id, spec, now_unix_ms(), handle)).await?;
+        tracing::debug!(sandbox = %id, tier = %tier, "sandbox created");
+        Ok(info(&entry))
+    }
+
+    /// Puts a new sandbox in the table and records it; a sandbox that cannot be recorded would
+    /// not survive a restart, so it is destroyed instead.
+    async fn adopt(&self, entry: SandboxEntry) -> Result<Arc<SandboxEntry>, NodeError> {
+        let id = entry.id;
+        let entry = self.inner.sandboxes.insert(entry);
+        if let Err(e) = self.inner.sandboxes.save(&entry) {
+            self.destroy(&id, Gone::Destroyed).await;
+            return Err(e);
+        }
+        Ok(entry)
+    }
+
+    /// Takes back the sandboxes an earlier run of the node recorded; removes what it cannot.
+    pub(crate) async fn restore(&self) {
+        let mut restored = 0;
+        let mut containers = Vec::new();
+        for record in self.inner.sandboxes.saved_records() {
+            let id = record.id;
+            let handle = match (record.spec.tier, &record.container) {
+                (Tier::Fncall, _) => self
+                    .inner
+                    .fncall
+                    .open_workspace(&id.to_string())
+                    .map(TierHandle::Fncall)
+                    .map_err(NodeError::from),
+                (Tier::Container, Some(c)) => match self.container_tier() {
+                    Ok(tier) => {
+                        let store = self.inner.store.as_ref().ok().map(Arc::as_ref);
+                        tier.attach(&id, c, store).await.map(|c| TierHandle::Container(Box::new(c)))
+                    }
+                    Err(e) => Err(e),
+                },
+                (tier, _) => Err(NodeError::TierUnavailable { tier, why: "not restorable".into() }),
+            };
+            let handle = match handle {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!(sandbox = %id, error = %e, "sandbox did not survive the restart");
+                    self.inner.sandboxes.forget(&id);
+                    continue;
+                }
+            };
+            if matches!(handle, TierHandle::Container(_)) {
+                containers.push(id.to_string());
+            }
+            let entry = SandboxEntry::new(id, record.spec, record.created_unix_ms, handle);
+            entry.set_paused(record.paused_unix_ms != 0);
+            // The node was down: count idleness from now, not from before the restart.
+            entry.touch();
+            self.inner.sandboxes.insert(entry);
+            restored += 1;
+        }
+        if let Ok(tier) = self.container_tier() {
+            tier.remove_orphans(&containers);
+        }
+        if restored > 0 {
+            tracing::info!(restored, containers = containers.len(), "sandboxes restored");
+        }
+    }
+
+    /// Pauses one sandbox; returns the bytes of memory freed.
+    pub(crate) async fn pause_entry(&self, entry: &SandboxEntry) -> Result<u64, NodeError> {
+        let _t = entry.transition.lock().await;
+        if entry.paused_unix_ms().is_some() {
+            return Ok(0);
+        }
+        let freed = match &entry.handle {
+            TierHandle::Fncall(_) => 0,
+            TierHandle::Container(c) => c.pause().await?,
+        };
+        entry.set_paused(true);
+        self.inner.sandboxes.save(entry)?;
+        tracing::debug!(sandbox = %entry.id, freed, "sandbox paused");
+        Ok(freed)
+    }
+
+    pub(crate) async fn resume_entry(&self, entry: &SandboxEntry) -> Result<(), NodeError> {
+        let _t = entry.transition.lock().await;
+        if entry.paused_unix_ms().is_none() {
+            return Ok(());
+        }
+        if let TierHandle::Container(c) = &entry.handle {
+            c.resume().await?;
+        }
+        entry.set_paused(false);
+        entry.touch();
+        self.inner.sandboxes.save(entry)?;
+        tracing::debug!(sandbox = %entry.id, "sandbox resumed");
+        Ok(())
+    }
+
+    fn targets(&self, target: &Target) -> Result<Vec<Arc<SandboxEntry>>, NodeError> {
+        Ok(match target {
+            Target::Sandbox(id) => vec![self.inner.sandboxes.get(id)?],
+            Target::Labels(labels) => self.inner.sandboxes.list(labels),
+        })
+    }
+
+    /// Pauses every targeted sandbox, several at a time; returns their ids.
+    pub(crate) async fn pause(&self, target: &Target) -> Result<Vec<String>, NodeError> {
+        let entries = self.targets(target)?;
+        let results = futures_lite_join(
+            entries
+                .iter()
+                .map(|e| async move { self.pause_entry(e).await.map(|_| e.id.to_string()) }),
+        )
+        .await;
+        results.into_iter().collect()
+    }
+
+    pub(crate) async fn resume(&self, target: &Target) -> Result<Vec<String>, NodeError> {
+        let entries = self.targets(target)?;
+        let results = futures_lite_join(
+            entries
+                .iter()
+                .map(|e| async move { self.resume_entry(e).await.map(|_| e.id.to_string()) }),
+        )
+        .await;
+        results.into_iter().collect()
+    }
+
+    pub(crate) async fn destroy_matching(&self, labels: &[(String, String)]) -> Vec<String> {
+        let entries = self.inner.sandboxes.list(labels);
+        let mut ids = Vec::new();
+        for e in entries {
+            self.destroy(&e.id, Gone::Destroyed).await;
+            ids.push(e.id.to_string());
+        }
+        ids
+    }
+
+    pub(crate) fn set_ttl(&self, update: TtlUpdate) -> Result<SandboxInfo, NodeError> {
+        let entry = self.inner.sandboxes.get(&update.sandbox)?;
+        let max_idle = self.inner.config.max_idle_ttl_ms;
+        entry.update_spec(|spec| {
+            if let Some(ms) = update.idle_ttl_ms {
+                spec.idle_ttl = Duration::from_millis(ms.min(max_idle));
+            }
+            if let Some(a) = update.idle_action {
+                spec.idle_action = idle_action(a);
+            }
+            if let Some(p) = update.paused_ttl_ms {
+                spec.paused_ttl = p.map(Duration::from_millis);
+            }
+            if let Some(m) = update.max_lifetime_ms {
+                spec.max_lifetime = m.map(Duration::from_millis);
+            }
+        });
+        entry.touch();
+        self.inner.sandboxes.save(&entry)?;
+        Ok(info(&entry))
+    }
+
+    /// Clones a sandbox into `count` children that start from its exact files and then
+    /// diverge. Processes are not cloned: each child starts with none running. The parent is
+    /// frozen while its writable layer is copied (unless it is paused already).
+    pub(crate) async fn fork(
+        &self,
+        id: &str,
+        count: u32,
+        extra_labels: Vec<(String, String)>,
+    ) -> Result<Vec<SandboxInfo>, NodeError> {
+        let parent = self.inner.sandboxes.get(id)?;
+        let count = count.clamp(1, 256);
+        if self.inner.sandboxes.len() + count as usize > self.inner.config.max_sandboxes {
+            return Err(NodeError::Full(self.inner.config.max_sandboxes));
+        }
+        let mut spec = parent.spec();
+        spec.labels.retain(|(k, _)| k != "forked-from");
+        spec.labels.push(("forked-from".into(), id.to_string()));
+        spec.labels.extend(extra_labels);
+        spec.labels.sort();
+        spec.labels.dedup();
+        let _t = parent.transition.lock().await;
+        let was_paused = parent.paused_unix_ms().is_some();
+        if let (TierHandle::Container(c), false) = (&parent.handle, was_paused) {
+            c.set_frozen(true).await?;
+        }
+        let ids: Vec<SandboxId> =
+            (0..count).map(|_| SandboxId::generate(self.inner.config.node_id())).collect();
+        let made = futures_lite_join(ids.iter().map(|child| {
+            let parent = parent.clone();
+            async move {
+                let handle = match &parent.handle {
+                    TierHandle::Fncall(ws) => TierHandle::Fncall(
+                        self.inner.fncall.fork_workspace(ws, &child.to_string())?,
+                    ),
+                    TierHandle::Container(c) => {
+                        let store = self.inner.store.as_ref().ok().map(Arc::as_ref);
+                        TierHandle::Container(Box::new(
+                            self.container_tier()?.fork(c, child, store).await?,
+                        ))
+                    }
+                };
+                Ok::<_, NodeError>(handle)
+            }
+        }))
+        .await;
+        if let (TierHandle::Container(c), false) = (&parent.handle, was_paused) {
+            c.set_frozen(false).await?;
+        }
+        let mut out = Vec::new();
+        let mut first_err = None;
+        for (child, handle) in ids.into_iter().zip(made) {
+            match handle {
+                Ok(handle) => {
+                    let entry = SandboxEntry::new(child, spec.clone(), now_unix_ms(), handle);
+                    match self.adopt(entry).await {
+                        Ok(entry) => out.push(info(&entry)),
+                        Err(e) => {
+                            first_err.get_or_insert(e);
+                        }
+                    }
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match (out.is_empty(), first_err) {
+            (true, Some(e)) => Err(e),
+            _ => Ok(out),
+        }
+    }
+
+    /// Removes a sandbox and frees its resources.
+    pub(crate) async fn destroy(&self, id: &SandboxId, reason: Gone) {
+        let Some(entry) = self.inner.sandboxes.remove(id, reason) else { return };
+        let _t = entry.transition.lock().await;
+        let result = match &entry.handle {
+            TierHandle::Fncall(ws) => ws.remove().map_err(NodeError::from),
+            TierHandle::Container(c) => {
+                let result = c.destroy().await;
+                if let Ok(store) = &self.inner.store {
+                    store.release(&c.layer_digests);
+                }
+                result
+            }
+        };
+        if let Err(e) = result {
+            tracing::warn!(sandbox = %id, error = %e, "cleanup after destroy failed");
+        }
+    }
+
+    /// Applies lifetimes every `reap_interval_ms`, until dropped.
+    pub fn spawn_reaper(&self) -> tokio::task::JoinHandle<()> {
+        let node = self.clone();
+        let every = Duration::from_millis(self.inner.config.reap_interval_ms.max(10));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                for (entry, due) in node.inner.sandboxes.due(now_unix_ms()) {
+                    match due {
+                        Due::Pause => {
+                            tracing::info!(sandbox = %entry.id, "idle TTL passed; pausing");
+                            if let Err(e) = node.pause_entry(&entry).await {
+                                tracing::warn!(sandbox = %entry.id, error = %e, "pause failed");
+                            }
+                        }
+                        Due::Destroy(reason) => {
+                            tracing::info!(sandbox = %entry.id, %reason, "lifetime over; destroying");
+                            node.destroy(&entry.id, Gone::Expired(reason)).await;
+                        }
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// Runs futures concurrently and collects their outputs in order.
+async fn futures_lite_join<F: std::future::Future>(
+    futures: impl IntoIterator<Item = F>,
+) -> Vec<F::Output> {
+    futures::future::join_all(futures).await
+}

@@ -1,0 +1,74 @@
+//! The layer store and node status.
+
+use serde::{Deserialize, Serialize};
+
+use crate::Tier;
+
+/// Format of an imported layer.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageFormat {
+    /// A directory tree (only with `node_path`; clients upload directories as tar).
+    Dir,
+    /// A tarball, plain or compressed.
+    Tar,
+    /// An OCI image layout or a `docker save` archive (directory or tarball).
+    Oci,
+    /// A self-contained EROFS image.
+    Erofs,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ImageImportRequest {
+    /// `kind/name`, e.g. `toolkit/harness`.
+    pub name: String,
+    /// `None` takes the next version.
+    pub version: Option<u32>,
+    pub format: ImageFormat,
+    /// Import from this path on the node instead of an upload (operators).
+    pub node_path: Option<String>,
+}
+
+/// A layer in the store.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct LayerInfo {
+    pub name: String,
+    pub version: u32,
+    pub digest: String,
+    pub data_bytes: u64,
+    pub meta_bytes: u64,
+    pub chunks: u64,
+    pub files: u64,
+    pub created_unix_ms: u64,
+    pub source: String,
+    /// Chunks the import added to the backend (the rest were already stored).
+    pub new_chunks: u64,
+}
+
+/// Turn a sandbox's writable layer into a new layer.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct CheckpointRequest {
+    pub sandbox: String,
+    pub name: String,
+    pub version: Option<u32>,
+    /// Paths removed before packing (answers, secrets, caches).
+    pub scrub: Vec<String>,
+}
+
+/// What a node reports about itself.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeStatus {
+    pub node_id: u32,
+    pub tiers: Vec<Tier>,
+    pub sandboxes: u64,
+    pub images: Option<ImageStats>,
+}
+
+/// Layer store counters.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct ImageStats {
+    pub backend: String,
+    pub fetched_bytes: u64,
+    pub fetched_chunks: u64,
+    pub cache_bytes: u64,
+    pub corrupt_chunks: u64,
+}

@@ -1,0 +1,101 @@
+//! Sandboxes: tiers, creation, state, listing.
+
+use serde::{Deserialize, Serialize};
+
+/// Isolation tier of a sandbox.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tier {
+    Fncall,
+    Container,
+    Microvm,
+    Fullvm,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct CreateRequest {
+    pub tier: Option<Tier>,
+    /// Image for the container and VM tiers: a layer name, or layers bottom first joined by
+    /// `+` (`debian-12+flask-ws+harness`); unused by fncall.
+    pub image: Option<String>,
+    pub labels: Vec<(String, String)>,
+    /// Destroy the sandbox after this long without a request; `None` takes the node default.
+    pub idle_ttl_ms: Option<u64>,
+    pub limits: SandboxLimits,
+    /// Environment every command in the sandbox starts with.
+    pub env: Vec<(String, String)>,
+    /// What the idle TTL does; `None` takes the node default (destroy).
+    pub idle_action: Option<IdleAction>,
+    /// Destroy after being paused this long.
+    pub paused_ttl_ms: Option<u64>,
+    /// Destroy after this long, whatever it is doing.
+    pub max_lifetime_ms: Option<u64>,
+}
+
+/// What the idle TTL does to a sandbox.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdleAction {
+    Pause,
+    Destroy,
+}
+
+/// One sandbox, or every sandbox whose labels include all the given pairs.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Sandbox(String),
+    Labels(Vec<(String, String)>),
+}
+
+/// New lifetimes for a sandbox; `None` leaves a field as it is.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct TtlUpdate {
+    pub sandbox: String,
+    pub idle_ttl_ms: Option<u64>,
+    pub idle_action: Option<IdleAction>,
+    /// `Some(None)` removes the limit.
+    pub paused_ttl_ms: Option<Option<u64>>,
+    pub max_lifetime_ms: Option<Option<u64>>,
+}
+
+/// Resource limits of a sandbox; `None` takes the node default.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SandboxLimits {
+    pub memory_mib: Option<u64>,
+    /// CPU in thousandths of a core (1000 = one core).
+    pub cpu_millis: Option<u64>,
+    pub pids: Option<u64>,
+    /// Writable-disk quota.
+    pub disk_mib: Option<u64>,
+}
+
+/// Lifecycle state as clients see it.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandboxState {
+    Running,
+    Paused,
+    Stopped,
+    Failed,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct SandboxInfo {
+    pub id: String,
+    pub tier: Tier,
+    pub state: SandboxState,
+    pub labels: Vec<(String, String)>,
+    pub created_unix_ms: u64,
+    pub last_used_unix_ms: u64,
+    pub idle_ttl_ms: u64,
+    pub idle_action: IdleAction,
+    pub paused_ttl_ms: Option<u64>,
+    pub max_lifetime_ms: Option<u64>,
+    /// When it was paused, if it is.
+    pub paused_unix_ms: Option<u64>,
+    /// The image (container and VM tiers).
+    pub image: Option<String>,
+}
+
+/// Label selector: every pair must match. Empty matches everything.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct ListRequest {
+    pub labels: Vec<(String, String)>,
+}
