@@ -40,7 +40,7 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
 }
 
 /// v1 controllers a container uses (each its own hierarchy).
-const V1_CONTROLLERS: [&str; 4] = ["memory", "pids", "cpu", "freezer"];
+const V1_CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
 /// The v1 hierarchy exec cgroups live in.
 const V1_EXEC_CONTROLLER: &str = "pids";
 
@@ -248,6 +248,23 @@ impl ContainerCgroup {
         std::fs::read_to_string(file).ok()?.trim().parse().ok()
     }
 
+    /// CPU time used by every process of the container so far, in nanoseconds.
+    pub fn cpu_usage_ns(&self) -> Option<u64> {
+        match self.version {
+            Version::V1 => {
+                let file = self.dir("cpuacct")?.join("cpuacct.usage");
+                std::fs::read_to_string(file).ok()?.trim().parse().ok()
+            }
+            Version::V2 => {
+                let text = std::fs::read_to_string(self.dir("unified")?.join("cpu.stat")).ok()?;
+                let usec: u64 = text.lines().find_map(|l| {
+                    l.strip_prefix("usage_usec ").and_then(|n| n.trim().parse().ok())
+                })?;
+                Some(usec.saturating_mul(1000))
+            }
+        }
+    }
+
     /// How many processes the kernel's OOM killer has killed in this container.
     pub fn oom_kills(&self) -> u64 {
         let file = match self.version {
@@ -336,9 +353,26 @@ impl ContainerCgroup {
 
     /// Kills every process of the container (all exec cgroups included).
     pub fn kill_all(&self) {
+        // Frozen (paused) tasks act on SIGKILL only once thawed: queue the kill first, so they
+        // die the moment they thaw instead of running on.
+        for (_, dir) in &self.dirs {
+            signal_tree(dir);
+        }
+        if self.is_frozen() {
+            let _ = self.set_frozen(false);
+        }
         for (_, dir) in &self.dirs {
             kill_tree(dir);
         }
+    }
+
+    /// Whether the container is frozen (paused).
+    pub fn is_frozen(&self) -> bool {
+        let (file, frozen) = match self.version {
+            Version::V1 => (self.dir("freezer").map(|d| d.join("freezer.state")), "FROZEN"),
+            Version::V2 => (self.dir("unified").map(|d| d.join("cgroup.freeze")), "1"),
+        };
+        file.and_then(|f| std::fs::read_to_string(f).ok()).is_some_and(|s| s.trim() == frozen)
     }
 
     /// Removes the container's cgroups; processes must be gone (retries briefly while the
@@ -395,25 +429,30 @@ fn kill_tree(dir: &Path) {
         return;
     }
     for _ in 0..200 {
-        let mut found = false;
-        let mut stack = vec![dir.to_path_buf()];
-        while let Some(d) = stack.pop() {
-            for pid in read_pids(&d) {
-                found = true;
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-            if let Ok(entries) = std::fs::read_dir(&d) {
-                stack.extend(entries.flatten().filter(|e| e.path().is_dir()).map(|e| e.path()));
-            }
-        }
-        if !found {
+        if !signal_tree(dir) {
             return;
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// SIGKILLs every process in `dir` and its descendants once; `false` if there were none.
+fn signal_tree(dir: &Path) -> bool {
+    let mut found = false;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for pid in read_pids(&d) {
+            found = true;
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        if let Ok(entries) = std::fs::read_dir(&d) {
+            stack.extend(entries.flatten().filter(|e| e.path().is_dir()).map(|e| e.path()));
+        }
+    }
+    found
 }
 
 fn remove_tree(dir: &Path) -> Result<(), CgroupError> {

@@ -173,7 +173,22 @@ impl Runtime {
     }
 
     /// Reconnects to a container an earlier run of the node started (its shim kept it alive).
+    /// A paused container is thawed for the moment it takes its shim to answer (the shim shares
+    /// the container's freezer), then frozen again.
     pub async fn attach(&self, name: &str) -> Result<Container, RuntimeError> {
+        let cgroup = self.cgroups.attach(name);
+        let frozen = cgroup.is_frozen();
+        if frozen {
+            cgroup.set_frozen(false)?;
+        }
+        let attached = self.reconnect(name).await;
+        if frozen {
+            cgroup.set_frozen(true)?;
+        }
+        attached
+    }
+
+    async fn reconnect(&self, name: &str) -> Result<Container, RuntimeError> {
         let dir = self.config.run_dir.join("c").join(name);
         let socket = dir.join(SHIM_SOCKET);
         let sock = nix::sys::socket::socket(
@@ -489,6 +504,11 @@ impl Container {
     /// Freezes or thaws every process of the container (blocking; run off the async runtime).
     pub fn set_frozen(&self, frozen: bool) -> Result<(), RuntimeError> {
         Ok(self.cgroup.set_frozen(frozen)?)
+    }
+
+    /// CPU time used so far (ns) and memory charged now (bytes).
+    pub fn usage(&self) -> (u64, u64) {
+        (self.cgroup.cpu_usage_ns().unwrap_or(0), self.cgroup.memory_bytes().unwrap_or(0))
     }
 
     /// Pushes reclaimable memory out (blocking); returns the bytes freed.

@@ -103,11 +103,15 @@ impl Node {
     /// default) containers keep running and the next run of the node takes them back.
     pub async fn shutdown(&self) {
         if self.inner.config.on_exit == OnExit::Destroy {
-            for entry in self.inner.sandboxes.list(&[]) {
-                if let TierHandle::Container(_) = entry.handle {
-                    self.destroy(&entry.id, Gone::Expired("the node shut down".into())).await;
-                }
-            }
+            let containers: Vec<_> = self
+                .inner
+                .sandboxes
+                .list(&[])
+                .into_iter()
+                .filter(|e| matches!(e.handle, TierHandle::Container(_)))
+                .collect();
+            let gone = || Gone::Expired("the node shut down".into());
+            futures::future::join_all(containers.iter().map(|e| self.destroy(&e.id, gone()))).await;
         }
         if let Ok(containers) = &self.inner.containers {
             containers.shutdown();
@@ -257,7 +261,13 @@ impl Node {
             }
             Request::Create(req) => Reply::Sandbox(self.create(req).await?),
             Request::Status { sandbox } => {
-                Reply::Sandbox(info(self.inner.sandboxes.get(&sandbox)?.as_ref()))
+                let entry = self.inner.sandboxes.get(&sandbox)?;
+                let mut info = info(&entry);
+                if let TierHandle::Container(c) = &entry.handle {
+                    let (cpu_ns, memory_bytes) = c.container.usage();
+                    info.usage = Some(brig_proto::SandboxUsage { cpu_ns, memory_bytes });
+                }
+                Reply::Sandbox(info)
             }
             Request::Destroy { sandbox } => {
                 let id: SandboxId = sandbox.parse()?;
@@ -435,5 +445,6 @@ fn info(entry: &SandboxEntry) -> SandboxInfo {
         max_lifetime_ms: spec.max_lifetime.map(ms),
         paused_unix_ms: paused,
         image: spec.image,
+        usage: None,
     }
 }

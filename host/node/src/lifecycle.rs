@@ -13,6 +13,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::join_all;
+
 use brig_core::{IdleAction, SandboxId, SandboxSpec, Tier};
 use brig_proto::{CreateRequest, SandboxInfo, Target, TtlUpdate};
 
@@ -181,7 +183,7 @@ impl Node {
     /// Pauses every targeted sandbox, several at a time; returns their ids.
     pub(crate) async fn pause(&self, target: &Target) -> Result<Vec<String>, NodeError> {
         let entries = self.targets(target)?;
-        let results = futures_lite_join(
+        let results = join_all(
             entries
                 .iter()
                 .map(|e| async move { self.pause_entry(e).await.map(|_| e.id.to_string()) }),
@@ -192,7 +194,7 @@ impl Node {
 
     pub(crate) async fn resume(&self, target: &Target) -> Result<Vec<String>, NodeError> {
         let entries = self.targets(target)?;
-        let results = futures_lite_join(
+        let results = join_all(
             entries
                 .iter()
                 .map(|e| async move { self.resume_entry(e).await.map(|_| e.id.to_string()) }),
@@ -203,12 +205,8 @@ impl Node {
 
     pub(crate) async fn destroy_matching(&self, labels: &[(String, String)]) -> Vec<String> {
         let entries = self.inner.sandboxes.list(labels);
-        let mut ids = Vec::new();
-        for e in entries {
-            self.destroy(&e.id, Gone::Destroyed).await;
-            ids.push(e.id.to_string());
-        }
-        ids
+        join_all(entries.iter().map(|e| self.destroy(&e.id, Gone::Destroyed))).await;
+        entries.iter().map(|e| e.id.to_string()).collect()
     }
 
     pub(crate) fn set_ttl(&self, update: TtlUpdate) -> Result<SandboxInfo, NodeError> {
@@ -260,7 +258,7 @@ impl Node {
         }
         let ids: Vec<SandboxId> =
             (0..count).map(|_| SandboxId::generate(self.inner.config.node_id())).collect();
-        let made = futures_lite_join(ids.iter().map(|child| {
+        let made = join_all(ids.iter().map(|child| {
             let parent = parent.clone();
             async move {
                 let handle = match &parent.handle {
@@ -333,28 +331,27 @@ impl Node {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                for (entry, due) in node.inner.sandboxes.due(now_unix_ms()) {
-                    match due {
-                        Due::Pause => {
-                            tracing::info!(sandbox = %entry.id, "idle TTL passed; pausing");
-                            if let Err(e) = node.pause_entry(&entry).await {
-                                tracing::warn!(sandbox = %entry.id, error = %e, "pause failed");
+                // One slow pause or destroy must not hold up the others.
+                let due = node.inner.sandboxes.due(now_unix_ms());
+                join_all(due.into_iter().map(|(entry, due)| {
+                    let node = &node;
+                    async move {
+                        match due {
+                            Due::Pause => {
+                                tracing::info!(sandbox = %entry.id, "idle TTL passed; pausing");
+                                if let Err(e) = node.pause_entry(&entry).await {
+                                    tracing::warn!(sandbox = %entry.id, error = %e, "pause failed");
+                                }
+                            }
+                            Due::Destroy(reason) => {
+                                tracing::info!(sandbox = %entry.id, %reason, "lifetime over; destroying");
+                                node.destroy(&entry.id, Gone::Expired(reason)).await;
                             }
                         }
-                        Due::Destroy(reason) => {
-                            tracing::info!(sandbox = %entry.id, %reason, "lifetime over; destroying");
-                            node.destroy(&entry.id, Gone::Expired(reason)).await;
-                        }
                     }
-                }
+                }))
+                .await;
             }
         })
     }
-}
-
-/// Runs futures concurrently and collects their outputs in order.
-async fn futures_lite_join<F: std::future::Future>(
-    futures: impl IntoIterator<Item = F>,
-) -> Vec<F::Output> {
-    futures::future::join_all(futures).await
 }

@@ -1,6 +1,7 @@
 //! `brig`: the command line for Brig, over brig-sdk. See `brig --help`.
 
 mod images;
+mod lifecycle;
 mod output;
 mod shell;
 
@@ -76,9 +77,18 @@ enum Command {
         /// Label as key=value (repeatable).
         #[arg(long = "label", value_parser = parse_pair)]
         labels: Vec<(String, String)>,
-        /// Destroy after this many seconds without a request.
+        /// Destroy (or pause, with --pause-when-idle) after this many seconds without a request.
         #[arg(long)]
         idle_ttl_s: Option<u64>,
+        /// Pause instead of destroy when the idle TTL passes.
+        #[arg(long)]
+        pause_when_idle: bool,
+        /// Destroy after being paused this many seconds.
+        #[arg(long)]
+        paused_ttl_s: Option<u64>,
+        /// Destroy this many seconds after creation.
+        #[arg(long)]
+        max_lifetime_s: Option<u64>,
     },
     /// List sandboxes, optionally only those with all the given labels.
     Ls {
@@ -87,10 +97,12 @@ enum Command {
     },
     /// Show one sandbox.
     Status { id: String },
-    /// Destroy sandboxes.
+    /// Destroy sandboxes, by id or by label.
     Rm {
-        #[arg(required = true)]
         ids: Vec<String>,
+        /// Every sandbox with this label, key=value (repeatable; all must match).
+        #[arg(long = "label", value_parser = parse_pair)]
+        labels: Vec<(String, String)>,
     },
     /// Run a command in a container sandbox; output streams as it is produced and the exit
     /// status is the command's.
@@ -104,6 +116,8 @@ enum Command {
     },
     /// Kill a running exec (and everything it started).
     Kill { id: String, exec_id: u64 },
+    #[command(flatten)]
+    Lifecycle(lifecycle::LifecycleCommand),
     /// Manage tool components.
     #[command(subcommand)]
     Tool(ToolCommand),
@@ -180,8 +194,11 @@ struct ExecArgs {
     #[arg(long)]
     output_limit: Option<u64>,
     /// Forward this terminal's stdin to the command.
-    #[arg(short = 'i', long)]
+    #[arg(short = 'i', long, conflicts_with = "detach")]
     interactive: bool,
+    /// Start the command, print its exec id and return; follow it later with `brig attach`.
+    #[arg(short = 'd', long)]
+    detach: bool,
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true)]
     argv: Vec<String>,
@@ -337,6 +354,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             env,
             labels,
             idle_ttl_s,
+            pause_when_idle,
+            paused_ttl_s,
+            max_lifetime_s,
         } => {
             let tier: Tier = output::parse_tier(&tier)?;
             let mut options = SandboxOptions::tier(tier);
@@ -365,6 +385,15 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             if let Some(s) = idle_ttl_s {
                 options = options.idle_ttl(Duration::from_secs(s));
             }
+            if pause_when_idle {
+                options = options.pause_when_idle();
+            }
+            if let Some(s) = paused_ttl_s {
+                options = options.paused_ttl(Duration::from_secs(s));
+            }
+            if let Some(s) = max_lifetime_s {
+                options = options.max_lifetime(Duration::from_secs(s));
+            }
             let sandbox = client.create(options).await?;
             output::sandbox(&sandbox.status().await?, json, true);
             Ok(0)
@@ -379,7 +408,17 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             output::sandbox(&client.sandbox(&id).status().await?, json, false);
             Ok(0)
         }
-        Command::Rm { ids } => {
+        Command::Rm { ids, labels } => {
+            if ids.is_empty() == labels.is_empty() {
+                bail!("give sandbox ids or --label selectors (not both)");
+            }
+            if !labels.is_empty() {
+                let refs: Vec<(&str, &str)> =
+                    labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                let gone = client.destroy_matching(&refs).await?;
+                output::line(json, &serde_json::json!({ "destroyed": gone }), &gone.join("\n"));
+                return Ok(0);
+            }
             let mut failed = 0;
             for id in &ids {
                 match client.sandbox(id).destroy().await {
@@ -400,6 +439,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             client.sandbox(&id).kill(exec_id).await?;
             Ok(0)
         }
+        Command::Lifecycle(cmd) => lifecycle::run(&client, cmd, json).await,
         Command::Tool(cmd) => tool(&client, cmd, json).await,
         Command::Image(cmd) => images::image(&client, cmd, json).await,
         Command::Env(cmd) => images::env(&client, cmd, json).await,

@@ -84,6 +84,13 @@ fn sandbox_json(s: &SandboxInfo) -> Value {
         "created_unix_ms": s.created_unix_ms,
         "last_used_unix_ms": s.last_used_unix_ms,
         "idle_ttl_ms": s.idle_ttl_ms,
+        "idle_action": format!("{:?}", s.idle_action).to_lowercase(),
+        "paused_ttl_ms": s.paused_ttl_ms,
+        "max_lifetime_ms": s.max_lifetime_ms,
+        "paused_unix_ms": s.paused_unix_ms,
+        "image": s.image,
+        "cpu_ns": s.usage.map(|u| u.cpu_ns),
+        "memory_bytes": s.usage.map(|u| u.memory_bytes),
     })
 }
 
@@ -101,7 +108,21 @@ pub fn sandbox(s: &SandboxInfo, json: bool, id_only: bool) {
         println!("tier:      {}", tier_name(s.tier));
         println!("state:     {:?}", s.state);
         println!("labels:    {}", labels_text(s));
-        println!("idle ttl:  {} s", s.idle_ttl_ms / 1000);
+        if let Some(image) = &s.image {
+            println!("image:     {image}");
+        }
+        let action = format!("{:?}", s.idle_action).to_lowercase();
+        println!("idle ttl:  {} s, then {action}", s.idle_ttl_ms / 1000);
+        if let Some(ms) = s.paused_ttl_ms {
+            println!("paused ttl: {} s", ms / 1000);
+        }
+        if let Some(ms) = s.max_lifetime_ms {
+            println!("lifetime:  {} s at most", ms / 1000);
+        }
+        if let Some(u) = &s.usage {
+            println!("cpu used:  {:.3} s", u.cpu_ns as f64 / 1e9);
+            println!("memory:    {:.1} MiB", u.memory_bytes as f64 / f64::from(1 << 20));
+        }
     }
 }
 
@@ -119,6 +140,29 @@ pub fn sandboxes(list: &[SandboxInfo], json: bool) {
             format!("{:?}", s.state),
             labels_text(s)
         );
+    }
+}
+
+pub fn execs(list: &[brig_sdk::ExecInfo], json: bool) {
+    if json {
+        let items: Vec<Value> = list
+            .iter()
+            .map(|e| json!({ "exec_id": e.exec_id, "argv": e.argv, "running": e.result.is_none(), "exit_code": e.result.as_ref().and_then(|r| r.exit_code), "buffered_bytes": e.buffered_bytes }))
+            .collect();
+        println!("{}", Value::Array(items));
+        return;
+    }
+    println!("{:<8} {:<12} COMMAND", "EXEC", "STATUS");
+    for e in list {
+        let status = match &e.result {
+            None => "running".to_string(),
+            Some(r) => match (r.exit_code, r.signal) {
+                (Some(code), _) => format!("exit {code}"),
+                (None, Some(sig)) => format!("signal {sig}"),
+                (None, None) => "ended".to_string(),
+            },
+        };
+        println!("{:<8} {:<12} {}", e.exec_id, status, e.argv.join(" "));
     }
 }
 

@@ -3,7 +3,7 @@
 use std::io::{BufRead, Write};
 use std::time::Duration;
 
-use brig_sdk::{Client, Cmd, ExecEvent};
+use brig_sdk::{Client, Cmd, ExecEvent, ExecStream};
 use tokio::io::AsyncReadExt;
 
 use crate::ExecArgs;
@@ -29,9 +29,22 @@ pub async fn exec(client: &Client, args: ExecArgs, json: bool) -> anyhow::Result
     if args.interactive {
         cmd = cmd.stdin_stream();
     }
-    let sandbox = client.sandbox(&args.id);
-    let mut stream = sandbox.exec_stream(cmd).await?;
-    let mut stdin_open = args.interactive;
+    let stream = client.sandbox(&args.id).exec_stream(cmd).await?;
+    if args.detach {
+        let id = stream.exec_id();
+        crate::output::line(json, &serde_json::json!({ "exec_id": id }), &id.to_string());
+        return Ok(0);
+    }
+    follow(stream, args.interactive, json).await
+}
+
+/// Prints a command's output as it comes (forwarding our stdin if `stdin_open`) and returns
+/// its exit status as ours: the code, or 128 + signal.
+pub async fn follow(
+    mut stream: ExecStream,
+    mut stdin_open: bool,
+    json: bool,
+) -> anyhow::Result<i32> {
     let mut stdin = tokio::io::stdin();
     let mut buf = vec![0u8; 64 << 10];
     let (mut out, mut err) = (std::io::stdout(), std::io::stderr());

@@ -109,7 +109,25 @@ pub struct ExecStream {
     done: bool,
 }
 
+impl std::fmt::Debug for ExecStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecStream").field("exec_id", &self.exec_id).finish()
+    }
+}
+
 impl ExecStream {
+    /// Waits for `ExecStarted` on a request stream.
+    pub(crate) async fn started(
+        mut exchange: ClientExchange,
+        request: &'static str,
+    ) -> Result<ExecStream, Error> {
+        match exchange.reply().await? {
+            Reply::ExecStarted { exec_id } => Ok(ExecStream { exchange, exec_id, done: false }),
+            Reply::Error(e) => Err(e.into()),
+            other => Err(unexpected(request, &other)),
+        }
+    }
+
     /// Id for [`Sandbox::kill`].
     pub fn exec_id(&self) -> u64 {
         self.exec_id
@@ -200,11 +218,7 @@ impl Sandbox {
         if !streaming {
             exchange.finish_upload()?;
         }
-        match exchange.reply().await? {
-            Reply::ExecStarted { exec_id } => Ok(ExecStream { exchange, exec_id, done: false }),
-            Reply::Error(e) => Err(e.into()),
-            other => Err(unexpected("exec", &other)),
-        }
+        ExecStream::started(exchange, "exec").await
     }
 
     /// Kills a running command and everything it started.

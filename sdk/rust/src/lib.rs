@@ -29,17 +29,19 @@ mod client;
 mod error;
 mod exec;
 mod images;
+mod lifecycle;
 mod sandbox;
 
 pub use client::{read_token, Client, ConnectOptions, Pin};
 pub use error::Error;
 pub use exec::{Cmd, ExecEvent, ExecOutput, ExecStream, SessionOutput, ShellSession};
 pub use images::{GcSummary, ImageSource};
+pub use lifecycle::Lifetimes;
 pub use sandbox::{Sandbox, SandboxOptions};
 
 /// Wire types the SDK hands back.
 pub use brig_proto::{
-    CallLimits, CallOutcome, CallRequest, CallResult, ErrorCode, ExecResult, FileKind, FileStat,
-    ImageFormat, ImageStats, LayerInfo, NodeStatus, SandboxInfo, SandboxLimits, SandboxState,
-    SessionOpenRequest, Tier, ToolInfo, ToolWorld,
+    CallLimits, CallOutcome, CallRequest, CallResult, ErrorCode, ExecInfo, ExecResult, FileKind,
+    FileStat, IdleAction, ImageFormat, ImageStats, LayerInfo, NodeStatus, SandboxInfo,
+    SandboxLimits, SandboxState, SandboxUsage, SessionOpenRequest, Tier, ToolInfo, ToolWorld,
 };

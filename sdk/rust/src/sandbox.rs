@@ -4,14 +4,18 @@ use std::path::Path;
 use std::time::Duration;
 
 use brig_proto::{
-    CallRequest, CallResult, CreateRequest, FileReadRequest, FileStat, FileWriteRequest, Reply,
-    Request, SandboxInfo, Tier,
+    CallRequest, CallResult, CreateRequest, FileReadRequest, FileStat, FileWriteRequest,
+    IdleAction, Reply, Request, SandboxInfo, Tier,
 };
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::client::{expect_done, unexpected};
 use crate::{Client, Error};
+
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
 
 /// Upload piece size.
 const UPLOAD_CHUNK: usize = 256 << 10;
@@ -78,9 +82,28 @@ impl SandboxOptions {
         self
     }
 
-    /// Destroy the sandbox after this long without a request.
+    /// After this long without a request the sandbox is destroyed (or paused, with
+    /// [`SandboxOptions::pause_when_idle`]).
     pub fn idle_ttl(mut self, ttl: Duration) -> Self {
-        self.request.idle_ttl_ms = Some(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+        self.request.idle_ttl_ms = Some(millis(ttl));
+        self
+    }
+
+    /// Pause instead of destroy when the idle TTL passes; the next request resumes it.
+    pub fn pause_when_idle(mut self) -> Self {
+        self.request.idle_action = Some(IdleAction::Pause);
+        self
+    }
+
+    /// Destroy after being paused this long.
+    pub fn paused_ttl(mut self, ttl: Duration) -> Self {
+        self.request.paused_ttl_ms = Some(millis(ttl));
+        self
+    }
+
+    /// Destroy this long after creation, whatever it is doing.
+    pub fn max_lifetime(mut self, lifetime: Duration) -> Self {
+        self.request.max_lifetime_ms = Some(millis(lifetime));
         self
     }
 

@@ -92,6 +92,17 @@ pub struct SandboxInfo {
     pub paused_unix_ms: Option<u64>,
     /// The image (container and VM tiers).
     pub image: Option<String>,
+    /// Resource use; filled by `Status` (not by `List`) for tiers that measure it.
+    pub usage: Option<SandboxUsage>,
+}
+
+/// What a sandbox has used.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SandboxUsage {
+    /// CPU time of all its processes since creation.
+    pub cpu_ns: u64,
+    /// Memory charged to it now (page cache included).
+    pub memory_bytes: u64,
 }
 
 /// Label selector: every pair must match. Empty matches everything.

@@ -1,0 +1,394 @@
+//! Sandbox lifecycles end to end: pause and implicit resume, groups by label, lifetimes, fork,
+//! reattaching after a client crash, and brigd restarts.
+
+use std::time::{Duration, Instant};
+
+use brig_sdk::{
+    Client, Cmd, ErrorCode, ExecEvent, IdleAction, Lifetimes, Sandbox, SandboxOptions, SandboxState,
+};
+use brig_tests::{image, Daemon};
+
+/// brigd with a fast reaper, plus extra arguments.
+fn daemon_with(extra: &[&str]) -> (Daemon, tempfile::NamedTempFile) {
+    let config = tempfile::NamedTempFile::new().expect("config");
+    std::fs::write(config.path(), "reap_interval_ms = 100\n").expect("write config");
+    let mut args = vec!["--config", config.path().to_str().expect("utf8")];
+    args.extend_from_slice(extra);
+    (Daemon::start_with(&args).expect("brigd"), config)
+}
+
+async fn sh(sb: &Sandbox, script: &str) -> String {
+    let out = sb.exec(["sh", "-c", script]).await.expect("exec");
+    assert!(out.success(), "{script}: {:?} {}", out.result, out.stderr_text());
+    out.stdout_text()
+}
+
+/// Starts a process that counts up in /tmp/count every 50 ms, detached from any exec.
+async fn start_counter(sb: &Sandbox) {
+    sh(
+        sb,
+        "(i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done) \
+         </dev/null >/dev/null 2>&1 &",
+    )
+    .await;
+}
+
+async fn state(sb: &Sandbox) -> SandboxState {
+    sb.status().await.expect("status").state
+}
+
+#[tokio::test]
+async fn pause_mid_session_then_an_exec_resumes_with_everything_intact() {
+    let (daemon, _config) = daemon_with(&[]);
+    let client = daemon.client().await.expect("connect");
+    let sb = client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
+    let session = sb.open_session().await.expect("session");
+    let out = session
+        .run(
+            "mkdir -p /work && cd /work && export ROLLOUT=r7 && echo step1 > notes",
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("run");
+    assert_eq!(out.exit_code, Some(0));
+    start_counter(&sb).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    sb.pause().await.expect("pause");
+    let info = sb.status().await.expect("status");
+    assert_eq!(info.state, SandboxState::Paused);
+    assert!(info.paused_unix_ms.is_some());
+    let cpu_at_pause = info.usage.expect("usage").cpu_ns;
+    // Frozen: no CPU at all while paused. Status does not resume.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let info = sb.status().await.expect("status");
+    assert_eq!(info.state, SandboxState::Paused);
+    assert_eq!(info.usage.expect("usage").cpu_ns, cpu_at_pause, "a paused sandbox used CPU");
+
+    // The exec resumes it first, transparently.
+    let started = Instant::now();
+    let count: u64 = sh(&sb, "cat /tmp/count").await.trim().parse().expect("count");
+    eprintln!("first exec after pause took {:?}", started.elapsed());
+    assert_eq!(state(&sb).await, SandboxState::Running);
+    // The counter kept its value across the pause and keeps counting after it.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let later: u64 = sh(&sb, "cat /tmp/count").await.trim().parse().expect("count");
+    assert!(later > count, "the background process is not running: {count} -> {later}");
+    let out =
+        session.run("pwd; echo $ROLLOUT; cat notes", Duration::from_secs(10)).await.expect("run");
+    assert_eq!(out.stdout_text(), "/work\nr7\nstep1\n");
+
+    // Pausing twice and resuming twice are no-ops; a file read resumes too.
+    sb.pause().await.expect("pause");
+    sb.pause().await.expect("pause again");
+    assert_eq!(sb.read_file("/work/notes").await.expect("read"), b"step1\n");
+    assert_eq!(state(&sb).await, SandboxState::Running);
+    sb.resume().await.expect("resume a running sandbox");
+    sb.destroy().await.expect("destroy");
+}
+
+#[tokio::test]
+async fn a_group_of_100_pauses_by_label_in_seconds_and_stops_using_cpu() {
+    let (daemon, _config) = daemon_with(&[]);
+    let client = daemon.client().await.expect("connect");
+    let job = "job-preempted";
+    let creates = (0..100).map(|i| {
+        let client = client.clone();
+        async move {
+            let sb = client
+                .create(
+                    SandboxOptions::container(&image("busybox"))
+                        .label("job", job)
+                        .label("rollout", &i.to_string())
+                        .cpu_millis(10),
+                )
+                .await
+                .expect("create");
+            // A CPU burner capped at 1% of a core, detached from the exec.
+            sh(&sb, "(while :; do :; done) </dev/null >/dev/null 2>&1 &").await;
+            sb
+        }
+    });
+    let group: Vec<Sandbox> = futures::future::join_all(creates).await;
+    let other = client
+        .create(SandboxOptions::container(&image("busybox")).label("job", "other"))
+        .await
+        .expect("create");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let started = Instant::now();
+    let paused = client.pause_matching(&[("job", job)]).await.expect("pause group");
+    let took = started.elapsed();
+    eprintln!("paused 100 sandboxes in {took:?}");
+    assert_eq!(paused.len(), 100);
+    assert!(took < Duration::from_secs(10), "pausing 100 took {took:?}");
+    assert_eq!(state(&other).await, SandboxState::Running);
+
+    let cpu = |client: Client, ids: Vec<String>| async move {
+        let mut total = 0;
+        for id in ids {
+            let info = client.sandbox(&id).status().await.expect("status");
+            assert_eq!(info.state, SandboxState::Paused, "{id}");
+            total += info.usage.expect("usage").cpu_ns;
+        }
+        total
+    };
+    let before = cpu(client.clone(), paused.clone()).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let after = cpu(client.clone(), paused.clone()).await;
+    assert_eq!(before, after, "paused sandboxes used CPU");
+
+    let listed = client.list(&[("job", job)]).await.expect("ls");
+    assert!(listed.iter().all(|s| s.state == SandboxState::Paused));
+    let resumed = client.resume_matching(&[("job", job)]).await.expect("resume group");
+    assert_eq!(resumed.len(), 100);
+    let out = group[42].exec(["echo", "back"]).await.expect("exec");
+    assert_eq!(out.stdout_text(), "back\n");
+
+    let gone = client.destroy_matching(&[("job", job)]).await.expect("destroy group");
+    assert_eq!(gone.len(), 100);
+    assert!(client.list(&[("job", job)]).await.expect("ls").is_empty());
+    assert_eq!(state(&other).await, SandboxState::Running);
+    assert!(client.destroy_matching(&[]).await.is_err(), "an empty selector must be refused");
+}
+
+#[tokio::test]
+async fn idle_ttl_pauses_then_the_paused_ttl_destroys_and_max_lifetime_fires() {
+    let (daemon, _config) = daemon_with(&[]);
+    let client = daemon.client().await.expect("connect");
+    let sb = client
+        .create(
+            SandboxOptions::container(&image("busybox"))
+                .idle_ttl(Duration::from_millis(800))
+                .pause_when_idle()
+                .paused_ttl(Duration::from_millis(1500)),
+        )
+        .await
+        .expect("create");
+    let info = sb.status().await.expect("status");
+    assert_eq!(
+        (info.idle_ttl_ms, info.idle_action, info.paused_ttl_ms),
+        (800, IdleAction::Pause, Some(1500))
+    );
+    sh(&sb, "echo kept > /kept").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while state(&sb).await != SandboxState::Paused {
+        assert!(Instant::now() < deadline, "the idle TTL did not pause it");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A request resumes it and resets its idle clock.
+    assert_eq!(sh(&sb, "cat /kept").await, "kept\n");
+    assert_eq!(state(&sb).await, SandboxState::Running);
+    // Idle again: paused, then destroyed after the paused TTL, with a distinct error.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let err = loop {
+        match sb.status().await {
+            Ok(_) => {
+                assert!(Instant::now() < deadline, "the paused TTL did not fire");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.code(), Some(ErrorCode::Expired), "{err}");
+    assert!(err.to_string().contains("paused"), "{err}");
+
+    // The maximum lifetime fires however busy the sandbox is.
+    let busy = client
+        .create(
+            SandboxOptions::container(&image("busybox")).max_lifetime(Duration::from_millis(1500)),
+        )
+        .await
+        .expect("create");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let err = loop {
+        match busy.exec(["true"]).await {
+            Ok(_) => {
+                assert!(Instant::now() < deadline, "max lifetime did not fire");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.code(), Some(ErrorCode::Expired), "{err}");
+    assert!(err.to_string().contains("maximum lifetime"), "{err}");
+
+    // Lifetimes can be changed on a live sandbox.
+    let sb = client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
+    let info = sb
+        .set_lifetimes(
+            Lifetimes::new()
+                .idle_ttl(Duration::from_secs(60))
+                .idle_action(IdleAction::Pause)
+                .max_lifetime(Some(Duration::from_secs(3600))),
+        )
+        .await
+        .expect("set lifetimes");
+    assert_eq!(
+        (info.idle_ttl_ms, info.idle_action, info.max_lifetime_ms),
+        (60_000, IdleAction::Pause, Some(3_600_000))
+    );
+    let info = sb.set_lifetimes(Lifetimes::new().max_lifetime(None)).await.expect("clear");
+    assert_eq!(info.max_lifetime_ms, None);
+    assert_eq!(info.idle_ttl_ms, 60_000);
+}
+
+#[tokio::test]
+async fn fork_children_start_from_the_parent_and_diverge() {
+    let (daemon, _config) = daemon_with(&[]);
+    let client = daemon.client().await.expect("connect");
+    let parent = client
+        .create(
+            SandboxOptions::container(&image("busybox")).label("job", "fork").env("MODE", "eval"),
+        )
+        .await
+        .expect("create");
+    sh(
+        &parent,
+        "mkdir -p /repo && echo patched > /repo/file && rm /bin/vi && ln -s file /repo/link",
+    )
+    .await;
+    sh(&parent, "echo 00112233445566778899aabbccddeeff > /etc/machine-id").await;
+    start_counter(&parent).await;
+    let parent_ids = sh(&parent, "hostname; cat /etc/machine-id").await;
+
+    let started = Instant::now();
+    let children = parent.fork(4).await.expect("fork");
+    eprintln!("fork of 4 took {:?}", started.elapsed());
+    assert_eq!(children.len(), 4);
+    let mut identities = vec![parent_ids];
+    for (i, child) in children.iter().enumerate() {
+        let info = child.status().await.expect("status");
+        assert!(info.labels.contains(&("forked-from".to_string(), parent.id().to_string())));
+        assert!(info.labels.contains(&("job".to_string(), "fork".to_string())));
+        let out = sh(
+            child,
+            "cat /repo/file; readlink /repo/link; test -e /bin/vi || echo novi; echo $MODE",
+        )
+        .await;
+        assert_eq!(out, "patched\nfile\nnovi\neval\n");
+        // Files are cloned, processes are not: the child's copy of the counter stands still.
+        let out = sh(
+            child,
+            "a=$(cat /tmp/count); sleep 0.3; b=$(cat /tmp/count); [ $a = $b ] && echo still",
+        )
+        .await;
+        assert_eq!(out, "still\n", "processes were cloned");
+        sh(child, &format!("echo child{i} > /repo/file")).await;
+        identities.push(sh(child, "hostname; cat /etc/machine-id").await);
+    }
+    let mut unique = identities.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(
+        unique.len(),
+        identities.len(),
+        "forks share a hostname or machine id: {identities:?}"
+    );
+    for (i, child) in children.iter().enumerate() {
+        assert_eq!(sh(child, "cat /repo/file").await, format!("child{i}\n"));
+    }
+    assert_eq!(sh(&parent, "cat /repo/file").await, "patched\n");
+    assert_eq!(state(&parent).await, SandboxState::Running);
+
+    // A paused sandbox forks too (and stays paused).
+    parent.pause().await.expect("pause");
+    let more = parent.fork_labeled(2, &[("branch", "b")]).await.expect("fork paused");
+    assert_eq!(more.len(), 2);
+    assert_eq!(state(&parent).await, SandboxState::Paused);
+    assert_eq!(sh(&more[1], "cat /repo/file").await, "patched\n");
+
+    // fncall workspaces fork the same way.
+    let ws = client.create(SandboxOptions::fncall()).await.expect("create");
+    ws.write_file("src/a.txt", b"v1").await.expect("write");
+    let kids = ws.fork(2).await.expect("fork fncall");
+    kids[0].write_file("src/a.txt", b"v2").await.expect("write");
+    assert_eq!(kids[1].read_file("src/a.txt").await.expect("read"), b"v1");
+    assert_eq!(kids[0].read_file("src/a.txt").await.expect("read"), b"v2");
+    assert_eq!(ws.read_file("src/a.txt").await.expect("read"), b"v1");
+
+    let err = client.sandbox("sb-00000000-0000000000000000").fork(1).await.expect_err("no parent");
+    assert_eq!(err.code(), Some(ErrorCode::NotFound), "{err}");
+}
+
+#[tokio::test]
+async fn a_crashed_client_reconnects_and_gets_the_whole_output() {
+    let (daemon, _config) = daemon_with(&[]);
+    let (id, exec_id, session_id) = {
+        let client = daemon.client().await.expect("connect");
+        let sb = client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
+        let session = sb.open_session().await.expect("session");
+        session.run("cd /tmp && X=1", Duration::from_secs(5)).await.expect("run");
+        let mut stream = sb
+            .exec_stream(Cmd::shell(
+                "for i in $(seq 1 40); do echo line$i; sleep 0.025; done; echo done >&2; exit 3",
+            ))
+            .await
+            .expect("exec");
+        let first = stream.next().await.expect("event").expect("ok");
+        assert!(matches!(first, ExecEvent::Stdout(_)));
+        let ids = (sb.id().to_string(), stream.exec_id(), session.id().to_string());
+        // The worker dies: its connection goes away mid-command.
+        client.close().await;
+        ids
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let client = daemon.client().await.expect("reconnect");
+    let sb = client.sandbox(&id);
+    let execs = sb.execs().await.expect("execs");
+    let listed = execs.iter().find(|e| e.exec_id == exec_id).expect("exec listed");
+    assert_eq!(listed.argv[0], "sh");
+    let out = sb.attach(exec_id).await.expect("attach").collect().await.expect("collect");
+    let expected: String = (1..=40).map(|i| format!("line{i}\n")).collect();
+    assert_eq!(out.stdout_text(), expected);
+    assert_eq!(out.stderr_text(), "done\n");
+    assert_eq!(out.result.exit_code, Some(3));
+    // Attaching again after it finished replays it all again.
+    let again = sb.attach(exec_id).await.expect("attach").collect().await.expect("collect");
+    assert_eq!(again.stdout, out.stdout);
+    assert_eq!(sb.sessions().await.expect("sessions"), vec![session_id.clone()]);
+    let out =
+        sb.session(&session_id).run("pwd; echo $X", Duration::from_secs(5)).await.expect("run");
+    assert_eq!(out.stdout_text(), "/tmp\n1\n");
+    let err = sb.attach(999).await.expect_err("no such exec");
+    assert_eq!(err.code(), Some(ErrorCode::NotFound), "{err}");
+}
+
+#[tokio::test]
+async fn sandboxes_survive_brigd_restarts_and_crashes() {
+    let (mut daemon, _config) = daemon_with(&["--on-exit", "keep"]);
+    let client = daemon.client().await.expect("connect");
+    let paused = client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
+    sh(&paused, "echo before > /state").await;
+    start_counter(&paused).await;
+    paused.pause().await.expect("pause");
+    let running =
+        client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
+    start_counter(&running).await;
+    let fncall = client.create(SandboxOptions::fncall()).await.expect("create");
+    fncall.write_file("f", b"ws").await.expect("write");
+
+    daemon.restart().expect("restart");
+    let client = daemon.client().await.expect("reconnect");
+    let paused = client.sandbox(paused.id());
+    assert_eq!(state(&paused).await, SandboxState::Paused);
+    assert_eq!(sh(&paused, "cat /state").await, "before\n");
+    let a: u64 = sh(&paused, "cat /tmp/count").await.trim().parse().expect("count");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b: u64 = sh(&paused, "cat /tmp/count").await.trim().parse().expect("count");
+    assert!(b > a, "the paused sandbox's process did not survive: {a} -> {b}");
+    let running = client.sandbox(running.id());
+    assert_eq!(state(&running).await, SandboxState::Running);
+
+    // A crash (SIGKILL, no cleanup) loses nothing either.
+    daemon.crash().expect("crash");
+    daemon.start_again().expect("start");
+    let client = daemon.client().await.expect("reconnect");
+    let running = client.sandbox(running.id());
+    let a: u64 = sh(&running, "cat /tmp/count").await.trim().parse().expect("count");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b: u64 = sh(&running, "cat /tmp/count").await.trim().parse().expect("count");
+    assert!(b > a, "the running sandbox's process did not survive: {a} -> {b}");
+    assert_eq!(client.sandbox(fncall.id()).read_file("f").await.expect("read"), b"ws");
+    assert_eq!(sh(&client.sandbox(paused.id()), "cat /state").await, "before\n");
+}
