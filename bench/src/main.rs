@@ -7,6 +7,7 @@
 mod container;
 mod fncall;
 mod images;
+mod lifecycle;
 mod stats;
 
 use clap::{Parser, Subcommand};
@@ -26,6 +27,8 @@ enum Bench {
     Container(container::Options),
     /// Layer store: fetched fraction for a Python import, cold/warm create, disk writes.
     Images(images::Options),
+    /// Pause/resume latency, memory freed by pause, fork of 16 (container and fncall).
+    Lifecycle(lifecycle::Options),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -34,6 +37,7 @@ fn main() -> anyhow::Result<()> {
         Bench::Fncall(opts) => fncall::run(opts)?,
         Bench::Container(opts) => container::run(opts)?,
         Bench::Images(opts) => images::run(opts)?,
+        Bench::Lifecycle(opts) => lifecycle::run(opts)?,
     };
     println!("{result}");
     Ok(())

@@ -246,14 +246,15 @@ impl Runtime {
             layer_points.push(self.layers.mount(layer)?);
         }
         let dir = self.config.run_dir.join("c").join(&spec.name);
-        let rootfs = Rootfs::assemble(
-            &dir,
-            &layer_points,
-            spec.disk_bytes,
-            self.config.id_base,
-            &spec.hostname,
-            spec.seed.as_deref(),
-        )?;
+        // Off the async workers: a fork's seed copy takes milliseconds per MiB, and forks of
+        // many children assemble in parallel.
+        let (disk_bytes, owner) = (spec.disk_bytes, self.config.id_base);
+        let (hostname, seed) = (spec.hostname.clone(), spec.seed.clone());
+        let rootfs = tokio::task::spawn_blocking(move || {
+            Rootfs::assemble(&dir, &layer_points, disk_bytes, owner, &hostname, seed.as_deref())
+        })
+        .await
+        .map_err(|e| RuntimeError::Setup(format!("assembling the rootfs: {e}")))??;
         let cgroup = match self.cgroups.create(&spec.name, &spec.limits, self.config.id_base) {
             Ok(cg) => cg,
             Err(e) => {

@@ -127,13 +127,14 @@ impl FncallBackend {
 
     /// A new workspace named `key` holding a copy of `parent`'s files (modes, symlinks and
     /// timestamps kept). A call writing to the parent meanwhile may or may not be reflected.
-    pub fn fork_workspace(&self, parent: &Workspace, key: &str) -> Result<Workspace, FncallError> {
+    /// `parent` is the parent workspace's directory ([`Workspace::path`]). Blocking: copies.
+    pub fn fork_workspace(&self, parent: &Path, key: &str) -> Result<Workspace, FncallError> {
         let child = self.create_workspace(key)?;
         let status = std::process::Command::new("cp")
             .arg("-a")
             .arg("--reflink=auto")
             .arg("--")
-            .arg(parent.path().join("."))
+            .arg(parent.join("."))
             .arg(child.path())
             .status()
             .map_err(|source| FncallError::Io { path: child.path().to_owned(), source })?;

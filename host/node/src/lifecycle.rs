@@ -262,9 +262,18 @@ impl Node {
             let parent = parent.clone();
             async move {
                 let handle = match &parent.handle {
-                    TierHandle::Fncall(ws) => TierHandle::Fncall(
-                        self.inner.fncall.fork_workspace(ws, &child.to_string())?,
-                    ),
+                    TierHandle::Fncall(ws) => {
+                        let (fncall, from) = (self.inner.fncall.clone(), ws.path().to_owned());
+                        let key = child.to_string();
+                        let forked =
+                            tokio::task::spawn_blocking(move || fncall.fork_workspace(&from, &key))
+                                .await
+                                .map_err(|e| NodeError::Io {
+                                    what: "forking a workspace".into(),
+                                    source: std::io::Error::other(e),
+                                })??;
+                        TierHandle::Fncall(forked)
+                    }
                     TierHandle::Container(c) => {
                         let store = self.inner.store.as_ref().ok().map(Arc::as_ref);
                         TierHandle::Container(Box::new(
