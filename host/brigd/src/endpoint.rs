@@ -16,6 +16,9 @@ pub struct Endpoint {
     pub cert_path: PathBuf,
     pub protocol: u16,
     pub pid: u32,
+    /// Where the Prometheus metrics are served (`GET /metrics`), if they are.
+    #[serde(default)]
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Endpoint {

@@ -48,6 +48,8 @@ pub struct DaemonOptions {
     pub state_dir: PathBuf,
     pub tools_dirs: Vec<PathBuf>,
     pub node: NodeConfig,
+    /// Address of the Prometheus metrics endpoint; `None` serves none.
+    pub metrics: Option<SocketAddr>,
 }
 
 /// The default state directory: `$BRIG_STATE_DIR`, else `<user data dir>/brig`.
@@ -87,12 +89,31 @@ pub async fn run(
     }
     let server = Server::bind(opts.listen, &identity)?;
     let local = server.local_addr()?;
+    let (metrics_addr, metrics_task) = match opts.metrics {
+        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => {
+                let bound = listener.local_addr()?;
+                let n = node.clone();
+                let task = tokio::spawn(brig_node::metrics::serve_http(listener, move || {
+                    n.render_metrics()
+                }));
+                tracing::info!(addr = %bound, "metrics on http://{bound}/metrics");
+                (Some(bound), Some(task))
+            }
+            Err(e) => {
+                tracing::warn!(%addr, error = %e, "metrics endpoint not served");
+                (None, None)
+            }
+        },
+        None => (None, None),
+    };
     let endpoint = Endpoint {
         addr: local,
         cert_sha256: identity.fingerprint(),
         cert_path: Identity::cert_path(&tls_dir),
         protocol: brig_proto::PROTOCOL_VERSION,
         pid: std::process::id(),
+        metrics: metrics_addr,
     };
     endpoint.write(state)?;
     tracing::info!(addr = %local, state_dir = %state.display(), fingerprint = %endpoint.cert_sha256, "brigd listening");
@@ -100,6 +121,9 @@ pub async fn run(
     let service = Arc::new(AllInOne { tokens, node: node.clone() });
     server.run(service, shutdown).await;
     reaper.abort();
+    if let Some(task) = metrics_task {
+        task.abort();
+    }
     node.shutdown().await;
     Endpoint::remove(state);
     tracing::info!("brigd stopped");

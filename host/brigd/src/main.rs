@@ -42,6 +42,15 @@ struct Args {
     #[arg(long, global = true)]
     config: Option<PathBuf>,
 
+    /// Prometheus metrics endpoint (plain HTTP, `GET /metrics`); `off` serves none.
+    #[arg(long, default_value = "127.0.0.1:9464", env = "BRIG_METRICS", global = true)]
+    metrics: String,
+
+    /// An egress service sandboxes may name in their rules: `NAME=DEST[,DEST…]` where DEST is
+    /// `10.1.2.3`, `10.0.0.0/8`, `10.1.2.3:443` (repeatable).
+    #[arg(long = "egress-service", global = true, value_parser = parse_service)]
+    egress_services: Vec<(String, Vec<brig_core::Destination>)>,
+
     /// Log filter, e.g. `info`, `brig_node=debug` (RUST_LOG syntax).
     #[arg(long, default_value = "info", env = "BRIG_LOG", global = true)]
     log: String,
@@ -69,11 +78,19 @@ fn main() -> anyhow::Result<()> {
     if let Some(on_exit) = args.on_exit {
         node.on_exit = on_exit;
     }
+    node.egress_services.extend(args.egress_services.iter().cloned());
+    let metrics = match args.metrics.as_str() {
+        "off" | "" => None,
+        addr => {
+            Some(addr.parse::<SocketAddr>().map_err(|e| anyhow::anyhow!("--metrics {addr}: {e}"))?)
+        }
+    };
     let opts = brigd::DaemonOptions {
         listen: args.listen,
         state_dir: args.state_dir.clone().unwrap_or_else(brigd::default_state_dir),
         tools_dirs: args.tools_dirs.clone(),
         node,
+        metrics,
     };
     match args.role.unwrap_or(Role::All) {
         Role::All => {}
@@ -81,6 +98,15 @@ fn main() -> anyhow::Result<()> {
     brig_transport::tls::install_default_provider();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(brigd::run(opts, shutdown_signal()))
+}
+
+fn parse_service(s: &str) -> Result<(String, Vec<brig_core::Destination>), String> {
+    let (name, dests) = s.split_once('=').ok_or("expected NAME=DEST[,DEST…]")?;
+    let dests = dests
+        .split(',')
+        .map(|d| d.trim().parse::<brig_core::Destination>().map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((name.trim().to_string(), dests))
 }
 
 /// Completes on SIGINT or SIGTERM.

@@ -5,10 +5,12 @@
 #![forbid(unsafe_code)]
 
 pub mod call;
+pub mod egress;
 pub mod files;
 pub mod id;
 pub mod spec;
 
 pub use call::{CallLimits, CallOutcome, CallReport, ToolCall};
+pub use egress::{Destination, EgressRule};
 pub use id::{IdError, NodeId, SandboxId};
 pub use spec::{IdleAction, Labels, SandboxSpec, Tier};

@@ -77,6 +77,13 @@ pub struct SandboxSpec {
     /// Destroy after this long, whatever it is doing (`None`: no limit).
     #[serde(default)]
     pub max_lifetime: Option<Duration>,
+    /// Egress policy: `None` gives the sandbox no network beyond its own loopback; `Some`
+    /// gives it a link to the node whose traffic only these rules let through.
+    #[serde(default)]
+    pub egress: Option<Vec<crate::EgressRule>>,
+    /// The node's network slot of a sandbox with a link (persisted for restarts).
+    #[serde(default)]
+    pub net_slot: Option<u32>,
 }
 
 impl SandboxSpec {

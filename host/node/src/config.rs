@@ -27,6 +27,9 @@ pub struct NodeConfig {
     pub fncall: FncallConfig,
     pub container: ContainerConfig,
     pub images: ImagesConfig,
+    /// Semantic egress services (`pypi`, `debian`, a mirror) and the destinations each one
+    /// stands for on this node.
+    pub egress_services: Vec<(String, Vec<brig_core::Destination>)>,
 }
 
 /// What a stopping daemon does with its containers.
@@ -154,6 +157,7 @@ impl Default for NodeConfig {
             fncall: FncallConfig::default(),
             container: ContainerConfig::default(),
             images: ImagesConfig::default(),
+            egress_services: Vec::new(),
         }
     }
 }

@@ -51,6 +51,12 @@ pub enum NodeError {
     },
     #[error("transport failed")]
     Transport(#[from] TransportError),
+    #[error("bad egress rules: {0}")]
+    BadEgress(String),
+    #[error("sandbox network")]
+    Net(#[from] brig_container::network::NetError),
+    #[error("bad protected path: {0}")]
+    BadProtected(String),
 }
 
 impl NodeError {
@@ -107,6 +113,11 @@ impl NodeError {
                 }
             },
             NodeError::Io { .. } | NodeError::Transport(_) => ErrorCode::Internal,
+            NodeError::BadEgress(_) | NodeError::BadProtected(_) => ErrorCode::BadRequest,
+            NodeError::Net(brig_container::network::NetError::NoSlot) => {
+                ErrorCode::ResourceExhausted
+            }
+            NodeError::Net(_) => ErrorCode::Unavailable,
         };
         WireError::new(code, chain(self))
     }

@@ -7,7 +7,7 @@ use std::io::SeekFrom;
 
 use brig_core::files::Entry;
 use brig_fncall::Workspace;
-use brig_proto::{FileReadRequest, FileWriteRequest, Reply};
+use brig_proto::{FileReadRequest, FileWriteRequest, Reply, Request};
 use brig_transport::Exchange;
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
@@ -16,6 +16,20 @@ use crate::{Node, NodeError};
 
 /// Download piece size.
 pub const CHUNK_BYTES: usize = 256 << 10;
+
+/// The sandbox, operation and path of a file request, for the audit trail.
+pub(crate) fn audited_op(request: &Request) -> Option<(String, &'static str, String)> {
+    let (sandbox, op, path) = match request {
+        Request::FileWrite(r) => (&r.sandbox, "write", &r.path),
+        Request::FileRead(r) => (&r.sandbox, "read", &r.path),
+        Request::FileList { sandbox, path } => (sandbox, "list", path),
+        Request::FileStat { sandbox, path } => (sandbox, "stat", path),
+        Request::FileMkdir { sandbox, path, .. } => (sandbox, "mkdir", path),
+        Request::FileRemove { sandbox, path, .. } => (sandbox, "remove", path),
+        _ => return None,
+    };
+    Some((sandbox.clone(), op, path.clone()))
+}
 
 /// A sandbox's file tree: an fncall workspace or a container root.
 pub(crate) enum FileRoot<'a> {

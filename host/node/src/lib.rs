@@ -11,28 +11,33 @@
 //! directory on start, and destroys sandboxes whose idle TTL passes.
 #![forbid(unsafe_code)]
 
+mod audit;
 mod config;
 mod container;
 mod convert;
+mod egress;
 mod error;
 mod files;
 mod images;
 mod lifecycle;
+pub mod metrics;
 mod sandboxes;
 
 pub use config::{BlobBackendConfig, ContainerConfig, ImagesConfig, NodeConfig, OnExit};
 pub use error::NodeError;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use brig_core::{IdleAction, SandboxId, Tier};
 use brig_fncall::FncallBackend;
-use brig_proto::{Reply, Request, SandboxInfo, SandboxState};
+use brig_proto::{AuditKind, Reply, Request, SandboxInfo, SandboxState};
 use brig_transport::Exchange;
 
+use crate::audit::AuditLog;
 use crate::container::ContainerTier;
+use crate::metrics::Metrics;
 use crate::sandboxes::{Gone, SandboxEntry, SandboxTable, TierHandle};
 
 /// One node. Cheap to clone.
@@ -49,6 +54,12 @@ struct Inner {
     /// `Err` says why this node has no layer store.
     store: Result<Arc<brig_images::LayerStore>, String>,
     sandboxes: SandboxTable,
+    /// Unique to this daemon's state directory: names its run directory, cgroups, network.
+    tag: String,
+    run_dir: PathBuf,
+    audit: Arc<AuditLog>,
+    metrics: Arc<Metrics>,
+    egress: egress::EgressState,
 }
 
 impl Node {
@@ -77,7 +88,21 @@ impl Node {
             Err(why) => tracing::warn!(%why, "layer store not available"),
         }
         let sandboxes = SandboxTable::new(&state_dir.join("sandboxes"))?;
-        let node = Node { inner: Arc::new(Inner { config, fncall, containers, store, sandboxes }) };
+        let audit = Arc::new(AuditLog::open(&state_dir.join("audit"))?);
+        let node = Node {
+            inner: Arc::new(Inner {
+                config,
+                fncall,
+                containers,
+                store,
+                sandboxes,
+                tag,
+                run_dir,
+                audit,
+                metrics: Arc::default(),
+                egress: egress::EgressState::default(),
+            }),
+        };
         node.restore().await;
         Ok(node)
     }
@@ -116,12 +141,36 @@ impl Node {
         if let Ok(containers) = &self.inner.containers {
             containers.shutdown();
         }
+        self.close_network();
+    }
+
+    /// The Prometheus text exposition of this node's metrics (live gauges refreshed first).
+    pub fn render_metrics(&self) -> String {
+        let m = &self.inner.metrics;
+        let mut counts: std::collections::HashMap<(&'static str, &'static str), i64> =
+            std::collections::HashMap::new();
+        for tier in [Tier::Fncall, Tier::Container] {
+            for state in ["running", "paused"] {
+                counts.insert((tier.as_str(), state), 0);
+            }
+        }
+        for e in self.inner.sandboxes.list(&[]) {
+            let state = if e.paused_unix_ms().is_some() { "paused" } else { "running" };
+            *counts.entry((e.tier.as_str(), state)).or_default() += 1;
+        }
+        for ((tier, state), n) in counts {
+            m.live.get_or_create(&metrics::LiveLabels { tier, state }).set(n);
+        }
+        m.encode()
     }
 
     /// Serves one request on its exchange.
     pub async fn serve(&self, request: Request, mut exchange: Exchange) {
         let kind = request.kind();
+        self.inner.metrics.requests.get_or_create(&metrics::KindLabel { kind }).inc();
+        let file_op = files::audited_op(&request);
         let result = match request {
+            Request::Audit(req) => self.audit_stream(req, &mut exchange).await,
             Request::FileWrite(req) => files::write(self, req, &mut exchange).await,
             Request::FileRead(req) => files::read(self, req, &mut exchange).await,
             Request::ToolAdd { name } => self.tool_add(&name, &mut exchange).await,
@@ -145,6 +194,20 @@ impl Node {
             },
             other => self.handle(other).await,
         };
+        if let Some((sandbox, op, path)) = file_op {
+            let bytes = match &result {
+                Ok(Some(Reply::Written { bytes })) => *bytes,
+                _ => 0,
+            };
+            self.audit_if_live(
+                &sandbox,
+                AuditKind::File { op: op.into(), path, bytes, ok: result.is_ok() },
+            );
+        }
+        if let Err(e) = &result {
+            let code = e.to_wire().code.as_str();
+            self.inner.metrics.refusals.get_or_create(&metrics::RefusalLabels { kind, code }).inc();
+        }
         let outcome = match result {
             Ok(Some(reply)) => exchange.reply(&reply).await,
             Ok(None) => Ok(()),
@@ -202,7 +265,8 @@ impl Node {
     ) -> Result<Option<Reply>, NodeError> {
         let entry = self.container(&req.sandbox, "exec").await?;
         let TierHandle::Container(c) = &entry.handle else { return Ok(None) };
-        let reply = c.exec(self.container_tier()?, req, exchange).await;
+        let recorder = self.recorder(&entry);
+        let reply = c.exec(self.container_tier()?, req, exchange, recorder).await;
         entry.touch();
         reply
     }
@@ -233,6 +297,12 @@ impl Node {
         let timeout = Duration::from_millis(
             timeout_ms.clamp(1, self.inner.config.container.max_exec_timeout_ms),
         );
+        if let Some(command) = command {
+            self.inner.audit.record(
+                sandbox,
+                AuditKind::SessionCommand { session: session.into(), command: command.into() },
+            );
+        }
         let reply = c.session_run(session, command, timeout, exchange).await;
         entry.touch();
         reply
@@ -255,14 +325,19 @@ impl Node {
                         op: "tool calls",
                     });
                 };
+                let tool = call.tool.clone();
+                let started = std::time::Instant::now();
                 let report = fncall.call(convert::call_from_wire(call), Some(ws)).await?;
+                self.inner.metrics.observe_exec("fncall", started.elapsed());
+                let outcome = format!("{:?}", report.outcome).to_lowercase();
+                self.inner.audit.record(&sandbox, AuditKind::Call { tool, outcome });
                 entry.touch();
                 Reply::Called(convert::report_to_wire(report))
             }
             Request::Create(req) => Reply::Sandbox(self.create(req).await?),
             Request::Status { sandbox } => {
                 let entry = self.inner.sandboxes.get(&sandbox)?;
-                let mut info = info(&entry);
+                let mut info = info(self, &entry);
                 if let TierHandle::Container(c) = &entry.handle {
                     let (cpu_ns, memory_bytes) = c.container.usage();
                     info.usage = Some(brig_proto::SandboxUsage { cpu_ns, memory_bytes });
@@ -276,7 +351,7 @@ impl Node {
                 Reply::Done
             }
             Request::List(req) => Reply::Sandboxes(
-                self.inner.sandboxes.list(&req.labels).iter().map(|e| info(e)).collect(),
+                self.inner.sandboxes.list(&req.labels).iter().map(|e| info(self, e)).collect(),
             ),
             Request::FileList { sandbox, path } => {
                 let entries = self.file_op(&sandbox, |root| root.list(&path)).await?;
@@ -367,6 +442,9 @@ impl Node {
                     TierHandle::Fncall(_) => Reply::Execs(Vec::new()),
                 }
             }
+            Request::SetEgress { sandbox, rules } => {
+                Reply::Sandbox(self.set_egress(&sandbox, rules).await?)
+            }
             Request::SessionList { sandbox } => {
                 let entry = self.inner.sandboxes.get(&sandbox)?;
                 match &entry.handle {
@@ -381,6 +459,7 @@ impl Node {
             | Request::SessionRun { .. }
             | Request::SessionWait { .. }
             | Request::ExecAttach { .. }
+            | Request::Audit(_)
             | Request::ImageImport(_) => {
                 return Err(NodeError::Io {
                     what: "request routing".into(),
@@ -420,7 +499,7 @@ impl Node {
     }
 }
 
-fn info(entry: &SandboxEntry) -> SandboxInfo {
+fn info(node: &Node, entry: &SandboxEntry) -> SandboxInfo {
     let spec = entry.spec();
     let paused = entry.paused_unix_ms();
     let state = match &entry.handle {
@@ -446,5 +525,7 @@ fn info(entry: &SandboxEntry) -> SandboxInfo {
         paused_unix_ms: paused,
         image: spec.image,
         usage: None,
+        address: spec.net_slot.and_then(|slot| node.sandbox_address(slot)),
+        egress: spec.egress.map(|rules| rules.iter().map(|r| r.to_string()).collect()),
     }
 }

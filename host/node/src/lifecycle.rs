@@ -51,6 +51,13 @@ impl Node {
         labels.sort();
         labels.dedup();
         let id = SandboxId::generate(cfg.node_id());
+        let egress = match &req.egress {
+            Some(texts) if tier == Tier::Container => Some(self.resolve_egress(texts)?),
+            Some(_) => {
+                return Err(NodeError::WrongTier { id: id.to_string(), tier, op: "egress rules" })
+            }
+            None => None,
+        };
         let handle = match tier {
             Tier::Fncall => {
                 TierHandle::Fncall(self.inner.fncall.create_workspace(&id.to_string())?)
@@ -76,10 +83,31 @@ impl Node {
             idle_action: req.idle_action.map_or(IdleAction::Destroy, idle_action),
             paused_ttl: req.paused_ttl_ms.map(Duration::from_millis),
             max_lifetime: req.max_lifetime_ms.map(Duration::from_millis),
+            egress: egress.as_ref().map(|(rules, _)| rules.clone()),
+            net_slot: None,
         };
+        self.audit_lifecycle(&id.to_string(), "created", spec.image.clone().unwrap_or_default());
         let entry = self.adopt(SandboxEntry::new(id, spec, now_unix_ms(), handle)).await?;
+        if let (Some((_, dests)), TierHandle::Container(c)) = (egress, &entry.handle) {
+            match self.attach_network(&id.to_string(), c.container.init_pid(), dests).await {
+                Ok(slot) => {
+                    entry.update_spec(|s| s.net_slot = Some(slot));
+                    self.inner.sandboxes.save(&entry)?;
+                    self.audit_policy(&entry);
+                }
+                Err(e) => {
+                    self.destroy(&id, Gone::Destroyed).await;
+                    return Err(e);
+                }
+            }
+        }
+        self.inner
+            .metrics
+            .creates
+            .get_or_create(&crate::metrics::TierLabel { tier: tier.as_str() })
+            .inc();
         tracing::debug!(sandbox = %id, tier = %tier, "sandbox created");
-        Ok(info(&entry))
+        Ok(info(self, &entry))
     }
 
     /// Puts a new sandbox in the table and records it; a sandbox that cannot be recorded would
@@ -90,6 +118,29 @@ impl Node {
         if let Err(e) = self.inner.sandboxes.save(&entry) {
             self.destroy(&id, Gone::Destroyed).await;
             return Err(e);
+        }
+        Ok(entry)
+    }
+
+    /// Adopts a fork's child and gives it a link of its own with its parent's rules.
+    async fn adopt_fork(
+        &self,
+        entry: SandboxEntry,
+        egress: Option<Vec<brig_core::Destination>>,
+    ) -> Result<Arc<SandboxEntry>, NodeError> {
+        let id = entry.id;
+        let entry = self.adopt(entry).await?;
+        if let (Some(dests), TierHandle::Container(c)) = (egress, &entry.handle) {
+            let attached =
+                self.attach_network(&id.to_string(), c.container.init_pid(), dests).await;
+            let saved = attached.and_then(|slot| {
+                entry.update_spec(|s| s.net_slot = Some(slot));
+                self.inner.sandboxes.save(&entry)
+            });
+            if let Err(e) = saved {
+                self.destroy(&id, Gone::Destroyed).await;
+                return Err(e);
+            }
         }
         Ok(entry)
     }
@@ -127,6 +178,9 @@ impl Node {
             if matches!(handle, TierHandle::Container(_)) {
                 containers.push(id.to_string());
             }
+            if let Some(slot) = record.spec.net_slot {
+                self.reserve_network(&id.to_string(), slot);
+            }
             let entry = SandboxEntry::new(id, record.spec, record.created_unix_ms, handle);
             entry.set_paused(record.paused_unix_ms != 0);
             // The node was down: count idleness from now, not from before the restart.
@@ -154,6 +208,8 @@ impl Node {
         };
         entry.set_paused(true);
         self.inner.sandboxes.save(entry)?;
+        self.inner.metrics.reclaimed_bytes.inc_by(freed);
+        self.audit_lifecycle(&entry.id.to_string(), "paused", format!("{freed} bytes reclaimed"));
         tracing::debug!(sandbox = %entry.id, freed, "sandbox paused");
         Ok(freed)
     }
@@ -169,6 +225,7 @@ impl Node {
         entry.set_paused(false);
         entry.touch();
         self.inner.sandboxes.save(entry)?;
+        self.audit_lifecycle(&entry.id.to_string(), "resumed", "");
         tracing::debug!(sandbox = %entry.id, "sandbox resumed");
         Ok(())
     }
@@ -228,7 +285,7 @@ impl Node {
         });
         entry.touch();
         self.inner.sandboxes.save(&entry)?;
-        Ok(info(&entry))
+        Ok(info(self, &entry))
     }
 
     /// Clones a sandbox into `count` children that start from its exact files and then
@@ -251,6 +308,14 @@ impl Node {
         spec.labels.extend(extra_labels);
         spec.labels.sort();
         spec.labels.dedup();
+        spec.net_slot = None;
+        let egress = match &spec.egress {
+            Some(rules) => {
+                let texts: Vec<String> = rules.iter().map(|r| r.to_string()).collect();
+                Some(self.resolve_egress(&texts)?.1)
+            }
+            None => None,
+        };
         let _t = parent.transition.lock().await;
         let was_paused = parent.paused_unix_ms().is_some();
         if let (TierHandle::Container(c), false) = (&parent.handle, was_paused) {
@@ -294,8 +359,13 @@ impl Node {
             match handle {
                 Ok(handle) => {
                     let entry = SandboxEntry::new(child, spec.clone(), now_unix_ms(), handle);
-                    match self.adopt(entry).await {
-                        Ok(entry) => out.push(info(&entry)),
+                    self.audit_lifecycle(
+                        &child.to_string(),
+                        "created",
+                        format!("forked from {id}"),
+                    );
+                    match self.adopt_fork(entry, egress.clone()).await {
+                        Ok(entry) => out.push(info(self, &entry)),
                         Err(e) => {
                             first_err.get_or_insert(e);
                         }
@@ -306,6 +376,8 @@ impl Node {
                 }
             }
         }
+        let children: Vec<&str> = out.iter().map(|i| i.id.as_str()).collect();
+        self.audit_lifecycle(id, "forked", children.join(" "));
         match (out.is_empty(), first_err) {
             (true, Some(e)) => Err(e),
             _ => Ok(out),
@@ -314,8 +386,18 @@ impl Node {
 
     /// Removes a sandbox and frees its resources.
     pub(crate) async fn destroy(&self, id: &SandboxId, reason: Gone) {
+        let event = match &reason {
+            Gone::Destroyed => ("destroyed", String::new()),
+            Gone::Expired(why) => ("expired", why.clone()),
+        };
         let Some(entry) = self.inner.sandboxes.remove(id, reason) else { return };
         let _t = entry.transition.lock().await;
+        if let Some(slot) = entry.spec().net_slot {
+            let node = self.clone();
+            let _ = tokio::task::spawn_blocking(move || node.detach_network(slot)).await;
+        }
+        self.audit_lifecycle(&id.to_string(), event.0, event.1);
+        self.inner.audit.close(&id.to_string());
         let result = match &entry.handle {
             TierHandle::Fncall(ws) => ws.remove().map_err(NodeError::from),
             TierHandle::Container(c) => {

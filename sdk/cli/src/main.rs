@@ -3,6 +3,7 @@
 mod images;
 mod lifecycle;
 mod output;
+mod security;
 mod shell;
 
 use std::path::PathBuf;
@@ -89,6 +90,18 @@ enum Command {
         /// Destroy this many seconds after creation.
         #[arg(long)]
         max_lifetime_s: Option<u64>,
+        /// Egress rule (repeatable): a service name or `10.1.2.3[:port]`, `10.0.0.0/8[:port]`.
+        #[arg(long = "egress")]
+        egress: Vec<String>,
+        /// Give the sandbox a network link even with no --egress rule (everything denied).
+        #[arg(long)]
+        network: bool,
+        /// Path of the image the agent may read but not change (repeatable).
+        #[arg(long = "read-only-path")]
+        read_only: Vec<String>,
+        /// Path of the image hidden from the agent (repeatable).
+        #[arg(long = "hidden-path")]
+        hidden: Vec<String>,
     },
     /// List sandboxes, optionally only those with all the given labels.
     Ls {
@@ -118,6 +131,8 @@ enum Command {
     Kill { id: String, exec_id: u64 },
     #[command(flatten)]
     Lifecycle(lifecycle::LifecycleCommand),
+    #[command(flatten)]
+    Security(security::SecurityCommand),
     /// Manage tool components.
     #[command(subcommand)]
     Tool(ToolCommand),
@@ -357,6 +372,10 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             pause_when_idle,
             paused_ttl_s,
             max_lifetime_s,
+            egress,
+            network,
+            read_only,
+            hidden,
         } => {
             let tier: Tier = output::parse_tier(&tier)?;
             let mut options = SandboxOptions::tier(tier);
@@ -393,6 +412,15 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
             if let Some(s) = max_lifetime_s {
                 options = options.max_lifetime(Duration::from_secs(s));
+            }
+            if network || !egress.is_empty() {
+                options = options.egress(&egress);
+            }
+            for path in &read_only {
+                options = options.read_only_path(path);
+            }
+            for path in &hidden {
+                options = options.hidden_path(path);
             }
             let sandbox = client.create(options).await?;
             output::sandbox(&sandbox.status().await?, json, true);
@@ -440,6 +468,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Lifecycle(cmd) => lifecycle::run(&client, cmd, json).await,
+        Command::Security(cmd) => security::run(&client, cmd, json).await,
         Command::Tool(cmd) => tool(&client, cmd, json).await,
         Command::Image(cmd) => images::image(&client, cmd, json).await,
         Command::Env(cmd) => images::env(&client, cmd, json).await,

@@ -31,6 +31,7 @@ mod exec;
 mod images;
 mod lifecycle;
 mod sandbox;
+mod security;
 
 pub use client::{read_token, Client, ConnectOptions, Pin};
 pub use error::Error;
@@ -38,10 +39,12 @@ pub use exec::{Cmd, ExecEvent, ExecOutput, ExecStream, SessionOutput, ShellSessi
 pub use images::{GcSummary, ImageSource};
 pub use lifecycle::Lifetimes;
 pub use sandbox::{Sandbox, SandboxOptions};
+pub use security::AuditStream;
 
 /// Wire types the SDK hands back.
 pub use brig_proto::{
-    CallLimits, CallOutcome, CallRequest, CallResult, ErrorCode, ExecInfo, ExecResult, FileKind,
-    FileStat, IdleAction, ImageFormat, ImageStats, LayerInfo, NodeStatus, SandboxInfo,
-    SandboxLimits, SandboxState, SandboxUsage, SessionOpenRequest, Tier, ToolInfo, ToolWorld,
+    AuditEvent, AuditKind, CallLimits, CallOutcome, CallRequest, CallResult, ErrorCode, ExecInfo,
+    ExecResult, FileKind, FileStat, IdleAction, ImageFormat, ImageStats, LayerInfo, NodeStatus,
+    SandboxInfo, SandboxLimits, SandboxState, SandboxUsage, SessionOpenRequest, Tier, ToolInfo,
+    ToolWorld,
 };

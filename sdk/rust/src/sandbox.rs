@@ -107,6 +107,10 @@ impl SandboxOptions {
         self
     }
 
+    pub(crate) fn request_mut(&mut self) -> &mut CreateRequest {
+        &mut self.request
+    }
+
     pub(crate) fn into_request(self) -> CreateRequest {
         self.request
     }

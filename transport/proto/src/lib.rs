@@ -20,6 +20,7 @@ pub mod error;
 pub mod frame;
 pub mod hello;
 pub mod message;
+mod types_audit;
 mod types_call;
 mod types_exec;
 mod types_files;
@@ -29,6 +30,7 @@ mod types_sandbox;
 pub use error::{ErrorCode, WireError};
 pub use frame::{decode, encode, FrameError, MAX_FRAME_BYTES};
 pub use message::*;
+pub use types_audit::*;
 pub use types_call::*;
 pub use types_exec::*;
 pub use types_files::*;
@@ -36,7 +38,7 @@ pub use types_images::*;
 pub use types_sandbox::*;
 
 /// The protocol version this build speaks. Bump on any change to message encodings.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// TLS application protocol name (ALPN). Versioning happens in the hello, not here.
 pub const ALPN: &[u8] = b"brig";

@@ -142,6 +142,14 @@ pub enum Request {
     SessionList {
         sandbox: String,
     },
+    /// Replaces a sandbox's egress rules (giving it a link first if it has none); replies
+    /// `Sandbox`.
+    SetEgress {
+        sandbox: String,
+        rules: Vec<String>,
+    },
+    /// Replies `Audit` batches; with `follow`, goes on until the sandbox is gone, then `Done`.
+    Audit(AuditRequest),
 }
 
 impl Request {
@@ -191,6 +199,8 @@ impl Request {
             Request::ExecAttach { .. } => "exec_attach",
             Request::ExecList { .. } => "exec_list",
             Request::SessionList { .. } => "session_list",
+            Request::SetEgress { .. } => "set_egress",
+            Request::Audit(_) => "audit",
         }
     }
 
@@ -257,4 +267,5 @@ pub enum Reply {
     Affected(Vec<String>),
     Execs(Vec<ExecInfo>),
     Sessions(Vec<String>),
+    Audit(Vec<AuditEvent>),
 }

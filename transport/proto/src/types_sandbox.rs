@@ -29,6 +29,18 @@ pub struct CreateRequest {
     pub paused_ttl_ms: Option<u64>,
     /// Destroy after this long, whatever it is doing.
     pub max_lifetime_ms: Option<u64>,
+    /// Egress rules (`pypi`, `10.0.0.0/8:443`, …): `None` gives no network beyond loopback;
+    /// `Some` gives a link to the node that lets only these through (empty: nothing yet).
+    pub egress: Option<Vec<String>>,
+    /// Paths of the image the agent may read but not change, or may not see at all.
+    pub protected: Vec<ProtectedPath>,
+}
+
+/// A path an agent must not change (or see); evaluation can reveal it read-only on a fork.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ProtectedPath {
+    pub path: String,
+    pub hidden: bool,
 }
 
 /// What the idle TTL does to a sandbox.
@@ -94,6 +106,10 @@ pub struct SandboxInfo {
     pub image: Option<String>,
     /// Resource use; filled by `Status` (not by `List`) for tiers that measure it.
     pub usage: Option<SandboxUsage>,
+    /// Egress rules, if the sandbox has a network link.
+    pub egress: Option<Vec<String>>,
+    /// The sandbox's address on its link.
+    pub address: Option<String>,
 }
 
 /// What a sandbox has used.

@@ -13,13 +13,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use brig_container::exec::{ExecEvent, Killer, Stdin};
-use brig_proto::{ExecInfo, ExecRequest, ExecResult, OutputStream, Reply, StdinMode};
+use brig_proto::{AuditKind, ExecInfo, ExecRequest, ExecResult, OutputStream, Reply, StdinMode};
 use brig_transport::Exchange;
 use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, Notify};
 
 use super::{merged_env, result_of, ContainerSandbox, ContainerTier};
+use crate::audit::Recorder;
 use crate::NodeError;
 
 /// Output kept per exec for reattaching clients.
@@ -125,7 +126,12 @@ impl ExecHub {
 }
 
 /// Moves engine events into the hub until the exec ends.
-async fn pump(mut events: mpsc::Receiver<ExecEvent>, hub: Arc<ExecHub>) {
+async fn pump(
+    mut events: mpsc::Receiver<ExecEvent>,
+    hub: Arc<ExecHub>,
+    exec_id: u64,
+    recorder: Recorder,
+) {
     while let Some(event) = events.recv().await {
         match event {
             ExecEvent::Stdout(b) => {
@@ -135,11 +141,14 @@ async fn pump(mut events: mpsc::Receiver<ExecEvent>, hub: Arc<ExecHub>) {
                 hub.push(Reply::Output { stream: OutputStream::Stderr, data: b.to_vec() })
             }
             ExecEvent::Exit(exit) => {
-                hub.finish(result_of(exit));
+                let result = result_of(exit);
+                recorder.exec_end(exec_id, &result);
+                hub.finish(result);
                 return;
             }
         }
     }
+    recorder.exec_end(exec_id, &ExecResult::default());
     hub.finish(ExecResult::default());
 }
 
@@ -152,12 +161,14 @@ impl ContainerSandbox {
         tier: &ContainerTier,
         req: ExecRequest,
         exchange: &mut Exchange,
+        recorder: Recorder,
     ) -> Result<Option<Reply>, NodeError> {
         let stream_stdin = req.stdin == StdinMode::Stream;
         if req.argv.is_empty() {
             return Err(NodeError::BadImage(String::new(), "exec needs a command".into()));
         }
         let argv = req.argv.clone();
+        let (user, cwd) = (req.user.clone(), Some(req.cwd.clone()).filter(|c| !c.is_empty()));
         let request = brig_container::exec::ExecRequest {
             argv: req.argv,
             env: merged_env(&self.env, req.env),
@@ -173,6 +184,7 @@ impl ContainerSandbox {
         };
         let mut exec = brig_container::exec::exec(&self.container, request).await?;
         let exec_id = self.next_exec.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        recorder.record(AuditKind::ExecStart { exec_id, argv: argv.clone(), user, cwd });
         let hub = Arc::new(ExecHub {
             argv,
             killer: exec.killer(),
@@ -192,7 +204,7 @@ impl ContainerSandbox {
             _ => None,
         };
         let events = std::mem::replace(&mut exec.events, mpsc::channel(1).1);
-        tokio::spawn(pump(events, hub.clone()));
+        tokio::spawn(pump(events, hub.clone(), exec_id, recorder));
         exchange.reply(&Reply::ExecStarted { exec_id }).await?;
         let streamed = hub.stream(exchange).await;
         if let Some(feeder) = feeder {

@@ -1,0 +1,379 @@
+//! Sandbox networking and egress enforcement on the node, outside every sandbox.
+//!
+//! ```text
+//!  sandbox netns                 host (init netns)                       nftables table brig_<tag>
+//!  eth0 10.x.y.(4s+2)/30 ◀─veth─▶ b<tag><slot> 10.x.y.(4s+1)/30         forward/input hooks:
+//!  lo (always up)                 ip_forward on, masquerade out          iifname vmap @sandboxes
+//!                                                                         → chain s<slot>: allowed
+//!                                                                           sets, else log + drop
+//! ```
+//! Each daemon claims its own /20 of 10.128.0.0/9 and its own table, so daemons on one host
+//! never collide. A sandbox's traffic is matched by the host-side interface it arrives on, not
+//! by source address, so root inside the sandbox (which has no `CAP_NET_ADMIN` or
+//! `CAP_NET_RAW` anyway) cannot lift or dodge its rules. New connections, allowed or denied,
+//! are logged by the kernel with this daemon's prefix; [`watch_kernel_log`] turns them into
+//! [`EgressEvent`]s for the audit trail.
+
+use std::collections::HashSet;
+use std::io::{BufRead, Write};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use brig_core::Destination;
+use parking_lot::Mutex;
+
+/// Sandboxes one daemon can network (a /20 of /30 links).
+pub const MAX_SLOTS: u32 = 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("{tool} failed: {detail}")]
+    Tool { tool: &'static str, detail: String },
+    #[error("cannot run {tool}")]
+    Spawn {
+        tool: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no free network for this daemon under 10.128.0.0/9")]
+    NoSubnet,
+    #[error("all {MAX_SLOTS} sandbox links of this node are in use")]
+    NoSlot,
+    #[error("I/O on {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Runs `tool args…` with `script` on stdin; fails with its stderr.
+fn run(tool: &'static str, args: &[&str], script: &str) -> Result<(), NetError> {
+    let mut child = Command::new(tool)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| NetError::Spawn { tool, source })?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(script.as_bytes());
+    }
+    let out = child.wait_with_output().map_err(|source| NetError::Spawn { tool, source })?;
+    if !out.status.success() {
+        let detail = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        return Err(NetError::Tool { tool, detail: format!("{detail} (script: {script})") });
+    }
+    Ok(())
+}
+
+/// The node's sandbox network.
+#[derive(Debug)]
+pub struct Network {
+    tag: String,
+    table: String,
+    base: Ipv4Addr,
+    slots: Mutex<HashSet<u32>>,
+}
+
+impl Network {
+    /// Claims this daemon's subnet (`tag`: 8 hex digits unique to the daemon), makes sure its
+    /// nftables table exists (kept as is if it does: sandboxes survive daemon restarts), and
+    /// turns on IPv4 forwarding.
+    pub fn open(tag: &str, claims_dir: &Path) -> Result<Network, NetError> {
+        let io = |path: &Path| {
+            let path = path.to_owned();
+            move |source| NetError::Io { path, source }
+        };
+        std::fs::create_dir_all(claims_dir).map_err(io(claims_dir))?;
+        let table = format!("brig_{tag}");
+        let start = u32::from_str_radix(tag, 16).unwrap_or(0) % 2048;
+        let mut claimed = None;
+        for i in 0..2048 {
+            let idx = (start + i) % 2048;
+            let claim = claims_dir.join(idx.to_string());
+            if std::fs::create_dir(&claim).is_ok() {
+                std::fs::write(claim.join("owner"), tag).map_err(io(&claim))?;
+                claimed = Some(idx);
+                break;
+            }
+            let owner = std::fs::read_to_string(claim.join("owner")).unwrap_or_default();
+            let owner_alive =
+                run("nft", &["list", "table", "inet", &format!("brig_{owner}")], "").is_ok();
+            if owner == tag || !owner_alive {
+                std::fs::write(claim.join("owner"), tag).map_err(io(&claim))?;
+                claimed = Some(idx);
+                break;
+            }
+        }
+        let idx = claimed.ok_or(NetError::NoSubnet)?;
+        let base = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 0)) + (idx << 12));
+        let net = Network { tag: tag.to_string(), table, base, slots: Mutex::default() };
+        net.ensure_table()?;
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
+            .map_err(io(Path::new("/proc/sys/net/ipv4/ip_forward")))?;
+        tracing::info!(table = %net.table, subnet = %format!("{base}/20"), "sandbox network ready");
+        Ok(net)
+    }
+
+    fn ensure_table(&self) -> Result<(), NetError> {
+        let (t, ifs, log) = (&self.table, format!("b{}*", self.tag), self.log_prefix());
+        let mut script = format!(
+            "add table inet {t}\n\
+             add map inet {t} sandboxes {{ type ifname : verdict; }}\n\
+             add chain inet {t} postrouting {{ type nat hook postrouting priority 100; }}\n"
+        );
+        let exists = run("nft", &["list", "chain", "inet", t, "forward"], "").is_ok();
+        if !exists {
+            for (chain, hook) in [("forward", "forward"), ("input", "input")] {
+                script += &format!(
+                    "add chain inet {t} {chain} {{ type filter hook {hook} priority 0; }}\n\
+                     add rule inet {t} {chain} iifname \"{ifs}\" iifname vmap @sandboxes\n\
+                     add rule inet {t} {chain} iifname \"{ifs}\" ct state new \
+                       limit rate 100/second burst 200 packets log prefix \"{log}deny \"\n\
+                     add rule inet {t} {chain} iifname \"{ifs}\" drop\n"
+                );
+            }
+            script += &format!(
+                "add rule inet {t} forward oifname \"{ifs}\" ct state established,related accept\n\
+                 add rule inet {t} forward oifname \"{ifs}\" drop\n\
+                 add rule inet {t} postrouting ip saddr {}/20 oifname != \"{ifs}\" masquerade\n",
+                self.base
+            );
+        }
+        run("nft", &["-f", "-"], &script)
+    }
+
+    /// The kernel log prefix of this daemon's egress log lines.
+    pub fn log_prefix(&self) -> String {
+        format!("brig-{} ", self.tag)
+    }
+
+    fn ifname(&self, slot: u32) -> String {
+        format!("b{}{slot:04x}", self.tag)
+    }
+
+    /// The host side of a slot's link (the sandbox's gateway).
+    pub fn gateway(&self, slot: u32) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.base) + slot * 4 + 1)
+    }
+
+    /// The sandbox side of a slot's link.
+    pub fn sandbox_addr(&self, slot: u32) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.base) + slot * 4 + 2)
+    }
+
+    /// The slot a host-side interface name belongs to.
+    pub fn slot_of_ifname(&self, ifname: &str) -> Option<u32> {
+        let rest = ifname.strip_prefix('b')?.strip_prefix(self.tag.as_str())?;
+        u32::from_str_radix(rest, 16).ok()
+    }
+
+    /// Marks a slot used (a sandbox restored after a daemon restart).
+    pub fn reserve(&self, slot: u32) {
+        self.slots.lock().insert(slot);
+    }
+
+    /// Gives the sandbox whose init is `pid` a link with `rules`; returns its slot.
+    pub fn attach(&self, pid: i32, rules: &[Destination]) -> Result<u32, NetError> {
+        let slot = {
+            let mut slots = self.slots.lock();
+            let slot = (0..MAX_SLOTS).find(|s| !slots.contains(s)).ok_or(NetError::NoSlot)?;
+            slots.insert(slot);
+            slot
+        };
+        match self.attach_slot(pid, slot, rules) {
+            Ok(()) => Ok(slot),
+            Err(e) => {
+                self.detach(slot);
+                Err(e)
+            }
+        }
+    }
+
+    fn attach_slot(&self, pid: i32, slot: u32, rules: &[Destination]) -> Result<(), NetError> {
+        let (t, ifname) = (&self.table, self.ifname(slot));
+        let (gw, addr) = (self.gateway(slot), self.sandbox_addr(slot));
+        // Chain and sets first, so no packet ever passes before the rules exist.
+        let log = self.log_prefix();
+        let mut script = format!(
+            "add set inet {t} a{slot} {{ type ipv4_addr . inet_service; flags interval; }}\n\
+             add set inet {t} n{slot} {{ type ipv4_addr; flags interval; }}\n\
+             add chain inet {t} s{slot}\n\
+             flush chain inet {t} s{slot}\n\
+             add rule inet {t} s{slot} ct state established,related accept\n\
+             add rule inet {t} s{slot} meta l4proto {{ tcp, udp }} ip daddr . th dport @a{slot} \
+               ct state new log prefix \"{log}allow \" accept\n\
+             add rule inet {t} s{slot} ip daddr @n{slot} ct state new log prefix \"{log}allow \" accept\n\
+             add element inet {t} sandboxes {{ \"{ifname}\" : jump s{slot} }}\n"
+        );
+        script += &self.rules_script(slot, rules);
+        run("nft", &["-f", "-"], &script)?;
+        let _ = run("ip", &["link", "del", &ifname], "");
+        run(
+            "ip",
+            &["-batch", "-"],
+            &format!(
+                "link add {ifname} type veth peer name eth0 netns {pid}\n\
+                 addr add {gw}/30 dev {ifname}\n\
+                 link set {ifname} up\n"
+            ),
+        )?;
+        run(
+            "nsenter",
+            &["-t", &pid.to_string(), "-n", "ip", "-batch", "-"],
+            &format!(
+                "addr add {addr}/30 dev eth0\n\
+                 link set eth0 up\n\
+                 route add default via {gw}\n"
+            ),
+        )
+    }
+
+    fn rules_script(&self, slot: u32, rules: &[Destination]) -> String {
+        let t = &self.table;
+        let mut script = format!("flush set inet {t} a{slot}\nflush set inet {t} n{slot}\n");
+        let (ported, any): (Vec<&Destination>, Vec<&Destination>) =
+            rules.iter().partition(|d| d.port.is_some());
+        if !ported.is_empty() {
+            let elems: Vec<String> = ported
+                .iter()
+                .map(|d| format!("{} . {}", d.network(), d.port.unwrap_or_default()))
+                .collect();
+            script += &format!("add element inet {t} a{slot} {{ {} }}\n", elems.join(", "));
+        }
+        if !any.is_empty() {
+            let elems: Vec<String> = any.iter().map(|d| d.network()).collect();
+            script += &format!("add element inet {t} n{slot} {{ {} }}\n", elems.join(", "));
+        }
+        script
+    }
+
+    /// Replaces a slot's rules atomically: connections already open stay open; new ones follow
+    /// the new rules.
+    pub fn set_rules(&self, slot: u32, rules: &[Destination]) -> Result<(), NetError> {
+        run("nft", &["-f", "-"], &self.rules_script(slot, rules))
+    }
+
+    /// Removes a slot's link and rules (best effort: the link dies with the sandbox anyway).
+    pub fn detach(&self, slot: u32) {
+        let (t, ifname) = (&self.table, self.ifname(slot));
+        let _ = run("ip", &["link", "del", &ifname], "");
+        let script = format!(
+            "delete element inet {t} sandboxes {{ \"{ifname}\" }}\n\
+             flush chain inet {t} s{slot}\n\
+             delete chain inet {t} s{slot}\n\
+             delete set inet {t} a{slot}\n\
+             delete set inet {t} n{slot}\n"
+        );
+        if let Err(e) = run("nft", &["-f", "-"], &script) {
+            tracing::debug!(slot, error = %e, "removing a sandbox's egress rules");
+        }
+        self.slots.lock().remove(&slot);
+    }
+
+    /// Removes the whole table (the daemon is going away with no networked sandboxes left).
+    pub fn remove(&self) {
+        let _ = run("nft", &["delete", "table", "inet", &self.table], "");
+    }
+}
+
+/// One new connection a sandbox tried, from the kernel log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressEvent {
+    pub ifname: String,
+    pub allowed: bool,
+    /// `tcp`, `udp`, `icmp`, …
+    pub proto: String,
+    pub dst: String,
+    pub port: Option<u16>,
+}
+
+/// Parses one kernel log record if it is one of this daemon's (`prefix` from
+/// [`Network::log_prefix`]).
+pub fn parse_log_record(record: &str, prefix: &str) -> Option<EgressEvent> {
+    let text = &record[record.find(prefix)? + prefix.len()..];
+    let allowed = if text.starts_with("allow ") {
+        true
+    } else if text.starts_with("deny ") {
+        false
+    } else {
+        return None;
+    };
+    let field =
+        |key: &str| text.split_whitespace().find_map(|w| w.strip_prefix(key)).map(str::to_string);
+    Some(EgressEvent {
+        ifname: field("IN=")?,
+        allowed,
+        proto: field("PROTO=").unwrap_or_default().to_ascii_lowercase(),
+        dst: field("DST=")?,
+        port: field("DPT=").and_then(|p| p.parse().ok()),
+    })
+}
+
+/// Follows the kernel log from now on in a thread of its own, handing this daemon's egress
+/// records to `on_event`. Needs `CAP_SYSLOG` (root).
+pub fn watch_kernel_log(
+    prefix: String,
+    on_event: impl Fn(EgressEvent) + Send + 'static,
+) -> Result<(), NetError> {
+    use std::io::Seek;
+    let path = Path::new("/dev/kmsg");
+    let mut file = std::fs::File::open(path)
+        .map_err(|source| NetError::Io { path: path.to_owned(), source })?;
+    file.seek(std::io::SeekFrom::End(0))
+        .map_err(|source| NetError::Io { path: path.to_owned(), source })?;
+    std::thread::Builder::new()
+        .name("brig-egress-log".into())
+        .spawn(move || {
+            // /dev/kmsg returns one record per read; a record longer than the buffer fails
+            // with EINVAL and is skipped.
+            let mut reader = std::io::BufReader::with_capacity(8192, file);
+            let mut line = String::new();
+            loop {
+                line.clear();
+                match reader.read_line(&mut line) {
+                    Ok(0) => return,
+                    Ok(_) => {
+                        if let Some(event) = parse_log_record(&line, &prefix) {
+                            on_event(event);
+                        }
+                    }
+                    // EPIPE: records were overwritten before we read them; go on.
+                    Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => continue,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "kernel log unreadable: egress audit stops");
+                        return;
+                    }
+                }
+            }
+        })
+        .map_err(|source| NetError::Io { path: path.to_owned(), source })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_log_records_parse() {
+        let rec = "4,1234,5678,-;brig-0a1b2c3d deny IN=b0a1b2c3d0003 OUT=eth0 \
+                   SRC=10.128.0.14 DST=10.9.9.9 LEN=60 PROTO=TCP SPT=4242 DPT=80 SYN\n";
+        let e = parse_log_record(rec, "brig-0a1b2c3d ").expect("test");
+        assert_eq!(
+            e,
+            EgressEvent {
+                ifname: "b0a1b2c3d0003".into(),
+                allowed: false,
+                proto: "tcp".into(),
+                dst: "10.9.9.9".into(),
+                port: Some(80),
+            }
+        );
+        assert!(parse_log_record(rec, "brig-ffffffff ").is_none());
+        assert!(parse_log_record("6,1,2,-;erofs: mounted\n", "brig-0a1b2c3d ").is_none());
+    }
+}

@@ -1,0 +1,314 @@
+//! The audit trail: every exec, session command, tool call, file operation, egress attempt,
+//! policy change and lifecycle event of a sandbox, in order, so a reviewer or reward model can
+//! see how an answer was reached.
+//!
+//! ```text
+//! record(id, kind) ─▶ <state>/audit/<id>.jsonl   (append; past FILE_BYTES it becomes .jsonl.1,
+//!                  │                              so a sandbox keeps at most 2 × FILE_BYTES)
+//!                  └▶ broadcast ─▶ followers (Audit { follow: true })
+//! ```
+//! Files outlive their sandbox (a reviewer reads them after the rollout) until `RETENTION`.
+
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use std::sync::Arc;
+
+use brig_proto::{AuditEvent, AuditKind, AuditRequest, Reply};
+use brig_transport::Exchange;
+use parking_lot::Mutex;
+use tokio::sync::broadcast;
+
+use crate::sandboxes::{now_unix_ms, SandboxEntry};
+use crate::{Node, NodeError};
+
+/// Bytes of one audit file before it rotates.
+const FILE_BYTES: u64 = 4 << 20;
+/// How long the trail of a destroyed sandbox is kept.
+const RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// Events returned per `Audit` reply frame.
+pub const BATCH: usize = 256;
+
+struct Trail {
+    next_seq: u64,
+    file: std::fs::File,
+    bytes: u64,
+}
+
+/// The node's audit trails.
+pub struct AuditLog {
+    dir: PathBuf,
+    trails: Mutex<HashMap<String, Trail>>,
+    live: broadcast::Sender<(String, AuditEvent)>,
+}
+
+impl AuditLog {
+    pub fn open(dir: &Path) -> Result<AuditLog, NodeError> {
+        std::fs::create_dir_all(dir).map_err(|source| NodeError::Io {
+            what: format!("create {}", dir.display()),
+            source,
+        })?;
+        let log = AuditLog {
+            dir: dir.to_owned(),
+            trails: Mutex::default(),
+            live: broadcast::channel(4096).0,
+        };
+        log.prune();
+        Ok(log)
+    }
+
+    fn path(&self, id: &str, rotated: bool) -> PathBuf {
+        self.dir.join(if rotated { format!("{id}.jsonl.1") } else { format!("{id}.jsonl") })
+    }
+
+    /// Appends one event to a sandbox's trail. Never fails the request it describes: an
+    /// unwritable trail is logged.
+    pub fn record(&self, id: &str, kind: AuditKind) {
+        let mut trails = self.trails.lock();
+        if !trails.contains_key(id) {
+            match self.open_trail(id) {
+                Ok(trail) => {
+                    trails.insert(id.to_string(), trail);
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox = id, error = %e, "audit trail unwritable");
+                    return;
+                }
+            }
+        }
+        let Some(trail) = trails.get_mut(id) else { return };
+        let event = AuditEvent { seq: trail.next_seq, unix_ms: now_unix_ms(), kind };
+        trail.next_seq += 1;
+        let Ok(mut line) = serde_json::to_vec(&event) else { return };
+        line.push(b'\n');
+        if trail.bytes + line.len() as u64 > FILE_BYTES {
+            let _ = std::fs::rename(self.path(id, false), self.path(id, true));
+            match self.create_file(id) {
+                Ok(file) => (trail.file, trail.bytes) = (file, 0),
+                Err(e) => tracing::warn!(sandbox = id, error = %e, "audit trail rotation"),
+            }
+        }
+        if let Err(e) = trail.file.write_all(&line) {
+            tracing::warn!(sandbox = id, error = %e, "audit trail write");
+        }
+        trail.bytes += line.len() as u64;
+        drop(trails);
+        let _ = self.live.send((id.to_string(), event));
+    }
+
+    fn create_file(&self, id: &str) -> std::io::Result<std::fs::File> {
+        std::fs::OpenOptions::new().create(true).append(true).open(self.path(id, false))
+    }
+
+    /// Opens a trail for appending, continuing its sequence after a node restart.
+    fn open_trail(&self, id: &str) -> std::io::Result<Trail> {
+        let last = self.read(id, 0).last().map(|e| e.seq).unwrap_or(0);
+        let file = self.create_file(id)?;
+        let bytes = file.metadata()?.len();
+        Ok(Trail { next_seq: last + 1, file, bytes })
+    }
+
+    /// The events of a sandbox with `seq > after`, oldest first.
+    pub fn read(&self, id: &str, after: u64) -> Vec<AuditEvent> {
+        let mut out = Vec::new();
+        for rotated in [true, false] {
+            let Ok(file) = std::fs::File::open(self.path(id, rotated)) else { continue };
+            for line in std::io::BufReader::new(file).lines().map_while(Result::ok) {
+                if let Ok(event) = serde_json::from_str::<AuditEvent>(&line) {
+                    if event.seq > after {
+                        out.push(event);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether a sandbox ever had a trail here.
+    pub fn exists(&self, id: &str) -> bool {
+        self.path(id, false).exists()
+    }
+
+    /// Live events of every sandbox.
+    pub fn subscribe(&self) -> broadcast::Receiver<(String, AuditEvent)> {
+        self.live.subscribe()
+    }
+
+    /// Closes a destroyed sandbox's file (its trail stays readable until `RETENTION`).
+    pub fn close(&self, id: &str) {
+        self.trails.lock().remove(id);
+    }
+
+    /// Deletes trails untouched for longer than `RETENTION`.
+    fn prune(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
+        for entry in entries.flatten() {
+            let old = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > RETENTION);
+            if old {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lifecycle(n: u64) -> AuditKind {
+        AuditKind::Lifecycle { event: "test".into(), detail: n.to_string() }
+    }
+
+    #[test]
+    fn trails_keep_order_across_rotation_and_reopen() {
+        let dir = tempfile::tempdir().expect("test");
+        let log = AuditLog::open(dir.path()).expect("test");
+        let big = "x".repeat(64 << 10);
+        for i in 0..100u64 {
+            log.record(
+                "sb-a",
+                AuditKind::SessionCommand { session: i.to_string(), command: big.clone() },
+            );
+        }
+        log.record("sb-b", lifecycle(1));
+        let events = log.read("sb-a", 0);
+        // Rotation keeps at most two files: the newest events, in order, none repeated.
+        assert!(events.len() < 100 && events.len() > 60, "{} kept", events.len());
+        assert!(events.windows(2).all(|w| w[1].seq == w[0].seq + 1));
+        assert_eq!(events.last().expect("test").seq, 100);
+        assert_eq!(log.read("sb-a", 99).len(), 1);
+        drop(log);
+        let log = AuditLog::open(dir.path()).expect("test");
+        log.record("sb-a", lifecycle(2));
+        assert_eq!(log.read("sb-a", 100)[0].seq, 101);
+        assert_eq!(log.read("sb-b", 0).len(), 1);
+        assert!(log.read("sb-none", 0).is_empty());
+    }
+}
+
+/// Records one sandbox's exec outcomes (the exec pump outlives the request).
+#[derive(Clone)]
+pub(crate) struct Recorder {
+    log: Arc<AuditLog>,
+    metrics: Arc<crate::metrics::Metrics>,
+    id: String,
+}
+
+impl Recorder {
+    pub fn record(&self, kind: AuditKind) {
+        self.log.record(&self.id, kind);
+        self.metrics.audit_events.inc();
+    }
+
+    pub fn exec_end(&self, exec_id: u64, r: &brig_proto::ExecResult) {
+        let outcome = if r.oom_killed {
+            "oom_killed"
+        } else if r.timed_out {
+            "timed_out"
+        } else if r.killed {
+            "killed"
+        } else if r.signal.is_some() {
+            "signaled"
+        } else {
+            "exited"
+        };
+        self.metrics.observe_exec("container", Duration::from_micros(r.duration_us));
+        self.record(AuditKind::ExecEnd {
+            exec_id,
+            exit_code: r.exit_code,
+            signal: r.signal,
+            outcome: outcome.into(),
+            duration_ms: r.duration_us / 1000,
+            stdout_bytes: r.stdout_bytes,
+            stderr_bytes: r.stderr_bytes,
+            truncated: r.truncated,
+        });
+    }
+}
+
+impl Node {
+    pub(crate) fn recorder(&self, entry: &SandboxEntry) -> Recorder {
+        Recorder {
+            log: self.inner.audit.clone(),
+            metrics: self.inner.metrics.clone(),
+            id: entry.id.to_string(),
+        }
+    }
+
+    /// Records an event for a sandbox that exists (requests naming garbage ids leave no trail).
+    pub(crate) fn audit_if_live(&self, sandbox: &str, kind: AuditKind) {
+        if let Ok(entry) = self.inner.sandboxes.get(sandbox) {
+            self.inner.audit.record(&entry.id.to_string(), kind);
+            self.inner.metrics.audit_events.inc();
+        }
+    }
+
+    pub(crate) fn audit_lifecycle(&self, id: &str, event: &str, detail: impl Into<String>) {
+        self.inner
+            .audit
+            .record(id, AuditKind::Lifecycle { event: event.into(), detail: detail.into() });
+        self.inner.metrics.audit_events.inc();
+    }
+
+    /// Streams a sandbox's trail: what is kept, then (with `follow`) what happens next, until
+    /// the sandbox is gone.
+    pub(crate) async fn audit_stream(
+        &self,
+        req: AuditRequest,
+        exchange: &mut Exchange,
+    ) -> Result<Option<Reply>, NodeError> {
+        let id: brig_core::SandboxId = req.sandbox.parse()?;
+        let id = id.to_string();
+        let live = self.inner.sandboxes.get(&id).is_ok();
+        if !live && !self.inner.audit.exists(&id) {
+            return Err(NodeError::SandboxNotFound(id));
+        }
+        // Subscribe before reading the files, so nothing falls between the two.
+        let mut events = self.inner.audit.subscribe();
+        let mut last = req.after_seq;
+        let send = |batch: Vec<AuditEvent>, last: &mut u64| {
+            if let Some(e) = batch.last() {
+                *last = e.seq;
+            }
+            Reply::Audit(batch)
+        };
+        let kept = self.inner.audit.read(&id, last);
+        for chunk in kept.chunks(BATCH) {
+            exchange.reply(&send(chunk.to_vec(), &mut last)).await?;
+        }
+        if !req.follow {
+            return Ok(Some(Reply::Done));
+        }
+        loop {
+            match tokio::time::timeout(Duration::from_millis(500), events.recv()).await {
+                Ok(Ok((sb, event))) if sb == id && event.seq > last => {
+                    exchange.reply(&send(vec![event], &mut last)).await?;
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(broadcast::error::RecvError::Lagged(_))) => {
+                    let missed = self.inner.audit.read(&id, last);
+                    for chunk in missed.chunks(BATCH) {
+                        exchange.reply(&send(chunk.to_vec(), &mut last)).await?;
+                    }
+                }
+                Ok(Err(broadcast::error::RecvError::Closed)) => return Ok(Some(Reply::Done)),
+                Err(_) => {
+                    if self.inner.sandboxes.get(&id).is_err() {
+                        let rest = self.inner.audit.read(&id, last);
+                        if !rest.is_empty() {
+                            exchange.reply(&send(rest, &mut last)).await?;
+                        }
+                        return Ok(Some(Reply::Done));
+                    }
+                }
+            }
+        }
+    }
+}

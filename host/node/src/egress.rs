@@ -1,0 +1,178 @@
+//! Egress policies on this node: rules resolved to destinations, links given to sandboxes, rules
+//! replaced at run time, and connection attempts from the kernel log into the audit trail.
+//!
+//! The network (an nftables table and a subnet of this daemon's) is opened the first time a
+//! sandbox asks for a link, so nodes whose sandboxes never network change nothing on the host.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use brig_container::network::{self, Network};
+use brig_core::{Destination, EgressRule};
+use brig_proto::{AuditKind, SandboxInfo};
+use parking_lot::Mutex;
+
+use crate::sandboxes::{SandboxEntry, TierHandle};
+use crate::{info, Node, NodeError};
+
+/// The node's egress state.
+#[derive(Default)]
+pub(crate) struct EgressState {
+    network: Mutex<Option<Arc<Network>>>,
+    /// Which sandbox holds each slot, for the kernel-log watcher.
+    owners: Arc<Mutex<HashMap<u32, String>>>,
+}
+
+impl Node {
+    /// Parses rule texts and resolves services through the node's configuration.
+    pub(crate) fn resolve_egress(
+        &self,
+        texts: &[String],
+    ) -> Result<(Vec<EgressRule>, Vec<Destination>), NodeError> {
+        let mut rules = Vec::new();
+        let mut dests = Vec::new();
+        for text in texts {
+            let rule: EgressRule =
+                text.parse().map_err(|e: brig_core::egress::EgressRuleError| {
+                    NodeError::BadEgress(e.to_string())
+                })?;
+            match &rule {
+                EgressRule::Destination(d) => dests.push(*d),
+                EgressRule::Service(name) => {
+                    let services = &self.inner.config.egress_services;
+                    let Some((_, to)) = services.iter().find(|(n, _)| n == name) else {
+                        let known: Vec<&str> = services.iter().map(|(n, _)| n.as_str()).collect();
+                        return Err(NodeError::BadEgress(format!(
+                            "no egress service {name:?} on this node (configured: {})",
+                            if known.is_empty() { "none".into() } else { known.join(", ") }
+                        )));
+                    };
+                    dests.extend(to.iter().copied());
+                }
+            }
+            rules.push(rule);
+        }
+        Ok((rules, dests))
+    }
+
+    /// The node's network, opened on first use (with its kernel-log watcher).
+    fn network(&self) -> Result<Arc<Network>, NodeError> {
+        let mut slot = self.inner.egress.network.lock();
+        if let Some(net) = slot.as_ref() {
+            return Ok(net.clone());
+        }
+        let net = Arc::new(Network::open(&self.inner.tag, &self.inner.run_dir.join("../net"))?);
+        let (owners, audit, metrics) = (
+            self.inner.egress.owners.clone(),
+            self.inner.audit.clone(),
+            self.inner.metrics.clone(),
+        );
+        let watcher_net = net.clone();
+        let watch = network::watch_kernel_log(net.log_prefix(), move |event| {
+            let Some(slot) = watcher_net.slot_of_ifname(&event.ifname) else { return };
+            let Some(id) = owners.lock().get(&slot).cloned() else { return };
+            let verdict = if event.allowed { "allowed" } else { "denied" };
+            metrics.egress.get_or_create(&crate::metrics::VerdictLabel { verdict }).inc();
+            audit.record(
+                &id,
+                AuditKind::Egress {
+                    allowed: event.allowed,
+                    proto: event.proto,
+                    dst: event.dst,
+                    port: event.port,
+                },
+            );
+        });
+        if let Err(e) = watch {
+            tracing::warn!(error = %e, "egress attempts will not reach the audit trail");
+        }
+        *slot = Some(net.clone());
+        Ok(net)
+    }
+
+    /// Gives a new container sandbox its link; returns the slot.
+    pub(crate) async fn attach_network(
+        &self,
+        id: &str,
+        pid: i32,
+        dests: Vec<Destination>,
+    ) -> Result<u32, NodeError> {
+        let net = self.network()?;
+        let slot = tokio::task::spawn_blocking(move || net.attach(pid, &dests))
+            .await
+            .map_err(|e| NodeError::Io { what: "network setup".into(), source: e.into() })??;
+        self.inner.egress.owners.lock().insert(slot, id.to_string());
+        Ok(slot)
+    }
+
+    /// Takes back a restored sandbox's slot.
+    pub(crate) fn reserve_network(&self, id: &str, slot: u32) {
+        match self.network() {
+            Ok(net) => {
+                net.reserve(slot);
+                self.inner.egress.owners.lock().insert(slot, id.to_string());
+            }
+            Err(e) => tracing::warn!(sandbox = id, error = %e, "network unavailable on restore"),
+        }
+    }
+
+    pub(crate) fn detach_network(&self, slot: u32) {
+        if let Some(net) = self.inner.egress.network.lock().clone() {
+            net.detach(slot);
+            self.inner.egress.owners.lock().remove(&slot);
+        }
+    }
+
+    /// The sandbox's address on its link.
+    pub(crate) fn sandbox_address(&self, slot: u32) -> Option<String> {
+        self.inner.egress.network.lock().as_ref().map(|n| n.sandbox_addr(slot).to_string())
+    }
+
+    /// Replaces a sandbox's egress rules, giving it a link first if it has none.
+    pub(crate) async fn set_egress(
+        &self,
+        sandbox: &str,
+        texts: Vec<String>,
+    ) -> Result<SandboxInfo, NodeError> {
+        let (rules, dests) = self.resolve_egress(&texts)?;
+        let entry = self.live(sandbox).await?;
+        let _t = entry.transition.lock().await;
+        let TierHandle::Container(c) = &entry.handle else {
+            return Err(NodeError::WrongTier {
+                id: sandbox.to_string(),
+                tier: entry.tier,
+                op: "egress rules",
+            });
+        };
+        match entry.spec().net_slot {
+            Some(slot) => {
+                let net = self.network()?;
+                tokio::task::spawn_blocking(move || net.set_rules(slot, &dests)).await.map_err(
+                    |e| NodeError::Io { what: "egress rules".into(), source: e.into() },
+                )??
+            }
+            None => {
+                let slot = self.attach_network(sandbox, c.container.init_pid(), dests).await?;
+                entry.update_spec(|s| s.net_slot = Some(slot));
+            }
+        }
+        entry.update_spec(|s| s.egress = Some(rules));
+        self.inner.sandboxes.save(&entry)?;
+        self.audit_policy(&entry);
+        Ok(info(self, &entry))
+    }
+
+    pub(crate) fn audit_policy(&self, entry: &SandboxEntry) {
+        let rules = entry.spec().egress.unwrap_or_default().iter().map(|r| r.to_string()).collect();
+        self.inner.audit.record(&entry.id.to_string(), AuditKind::Policy { rules });
+    }
+
+    /// Removes the node's table when the daemon goes and no sandbox needs it any more.
+    pub(crate) fn close_network(&self) {
+        if self.inner.egress.owners.lock().is_empty() {
+            if let Some(net) = self.inner.egress.network.lock().take() {
+                net.remove();
+            }
+        }
+    }
+}

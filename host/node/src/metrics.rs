@@ -1,0 +1,168 @@
+//! Prometheus metrics of one node, served as text on a plain HTTP endpoint (`GET /metrics`).
+//!
+//! Every label takes values from a closed set (tiers, request kinds, error codes, verdicts),
+//! so a misbehaving client cannot blow up the series count.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TierLabel {
+    pub tier: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    pub kind: &'static str,
+    pub code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LiveLabels {
+    pub tier: &'static str,
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerdictLabel {
+    pub verdict: &'static str,
+}
+
+/// The node's metrics.
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<KindLabel, Counter>,
+    pub refusals: Family<RefusalLabels, Counter>,
+    pub creates: Family<TierLabel, Counter>,
+    pub exec_seconds: Family<TierLabel, Histogram>,
+    pub live: Family<LiveLabels, Gauge>,
+    pub reclaimed_bytes: Counter<u64, AtomicU64>,
+    pub egress: Family<VerdictLabel, Counter>,
+    pub audit_events: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("brig");
+        let requests = Family::<KindLabel, Counter>::default();
+        registry.register("requests", "Requests served, by kind", requests.clone());
+        let refusals = Family::<RefusalLabels, Counter>::default();
+        registry.register("requests_refused", "Requests answered with an error", refusals.clone());
+        let creates = Family::<TierLabel, Counter>::default();
+        registry.register("sandbox_creates", "Sandboxes created (forks included)", creates.clone());
+        let exec_seconds = Family::<TierLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0005, 2.0, 18))
+        });
+        registry.register(
+            "exec_duration_seconds",
+            "Wall time of execs and tool calls",
+            exec_seconds.clone(),
+        );
+        let live = Family::<LiveLabels, Gauge>::default();
+        registry.register(
+            "sandboxes_live",
+            "Sandboxes on the node, by tier and state",
+            live.clone(),
+        );
+        let reclaimed_bytes = Counter::<u64, AtomicU64>::default();
+        registry.register(
+            "memory_reclaimed_bytes",
+            "Memory pushed out of RAM by pausing sandboxes",
+            reclaimed_bytes.clone(),
+        );
+        let egress = Family::<VerdictLabel, Counter>::default();
+        registry.register(
+            "egress_connections",
+            "New sandbox connections by verdict",
+            egress.clone(),
+        );
+        let audit_events = Counter::default();
+        registry.register("audit_events", "Audit events recorded", audit_events.clone());
+        Metrics {
+            registry,
+            requests,
+            refusals,
+            creates,
+            exec_seconds,
+            live,
+            reclaimed_bytes,
+            egress,
+            audit_events,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn observe_exec(&self, tier: &'static str, took: Duration) {
+        self.exec_seconds.get_or_create(&TierLabel { tier }).observe(took.as_secs_f64());
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+/// Serves `GET /metrics` on `listener` until the task is dropped; `render` makes the body.
+pub async fn serve_http(
+    listener: tokio::net::TcpListener,
+    render: impl Fn() -> String + Send + Sync + Clone + 'static,
+) {
+    loop {
+        let Ok((mut conn, _)) = listener.accept().await else { continue };
+        let render = render.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 8192];
+            let mut len = 0;
+            let head = tokio::time::timeout(Duration::from_secs(5), async {
+                while len < buf.len() {
+                    let n = conn.read(&mut buf[len..]).await.ok()?;
+                    if n == 0 {
+                        return None;
+                    }
+                    len += n;
+                    if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+                        return Some(());
+                    }
+                }
+                None
+            })
+            .await;
+            let response = match head {
+                Ok(Some(())) if buf[..len].starts_with(b"GET /metrics ") => {
+                    let body = render();
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\
+                         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                }
+                Ok(Some(())) => {
+                    "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        .to_string()
+                }
+                _ => "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    .to_string(),
+            };
+            let _ = conn.write_all(response.as_bytes()).await;
+            let _ = conn.shutdown().await;
+        });
+    }
+}
