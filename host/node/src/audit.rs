@@ -171,7 +171,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("test");
         let log = AuditLog::open(dir.path()).expect("test");
         let big = "x".repeat(64 << 10);
-        for i in 0..100u64 {
+        for i in 0..200u64 {
             log.record(
                 "sb-a",
                 AuditKind::SessionCommand { session: i.to_string(), command: big.clone() },
@@ -180,14 +180,14 @@ mod tests {
         log.record("sb-b", lifecycle(1));
         let events = log.read("sb-a", 0);
         // Rotation keeps at most two files: the newest events, in order, none repeated.
-        assert!(events.len() < 100 && events.len() > 60, "{} kept", events.len());
+        assert!(events.len() < 200 && events.len() > 100, "{} kept", events.len());
         assert!(events.windows(2).all(|w| w[1].seq == w[0].seq + 1));
-        assert_eq!(events.last().expect("test").seq, 100);
-        assert_eq!(log.read("sb-a", 99).len(), 1);
+        assert_eq!(events.last().expect("test").seq, 200);
+        assert_eq!(log.read("sb-a", 199).len(), 1);
         drop(log);
         let log = AuditLog::open(dir.path()).expect("test");
         log.record("sb-a", lifecycle(2));
-        assert_eq!(log.read("sb-a", 100)[0].seq, 101);
+        assert_eq!(log.read("sb-a", 200)[0].seq, 201);
         assert_eq!(log.read("sb-b", 0).len(), 1);
         assert!(log.read("sb-none", 0).is_empty());
     }
