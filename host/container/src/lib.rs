@@ -18,6 +18,7 @@ pub mod control;
 pub mod exec;
 pub mod files;
 pub mod network;
+pub mod protect;
 
 pub mod rootfs;
 pub mod runtime;

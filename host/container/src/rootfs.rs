@@ -166,6 +166,7 @@ impl Rootfs {
     /// Builds `<dir>/rootfs` from `layers` (mount points, bottom first) and a fresh upper of
     /// `disk_bytes`, owned by `owner` (host uid of container root).
     /// `seed`: a writable layer to start from (a fork's parent's), copied before mounting.
+    /// `protect`: paths covered by read-only or hiding mounts (see [`crate::protect`]).
     pub fn assemble(
         dir: &Path,
         layers: &[PathBuf],
@@ -173,6 +174,7 @@ impl Rootfs {
         owner: u32,
         hostname: &str,
         seed: Option<&Path>,
+        protect: &crate::protect::Protections,
     ) -> Result<Rootfs, RootfsError> {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
@@ -227,6 +229,28 @@ impl Rootfs {
         mount(None::<&str>, &merged, None::<&str>, MsFlags::MS_PRIVATE, None::<&str>)
             .map_err(mnt("make rootfs private", &merged))?;
         rootfs.write_identity(hostname, owner)?;
+        if !protect.paths.is_empty() {
+            let pristine = match layers {
+                [only] => only.clone(),
+                _ => {
+                    let view = dir.join("pristine");
+                    std::fs::create_dir_all(&view).map_err(io("create", &view))?;
+                    let lower: Vec<String> =
+                        layers.iter().rev().map(|p| p.display().to_string()).collect();
+                    let options = format!("lowerdir={}", lower.join(":"));
+                    mount(
+                        Some("overlay"),
+                        &view,
+                        Some("overlay"),
+                        MsFlags::MS_RDONLY,
+                        Some(options.as_str()),
+                    )
+                    .map_err(mnt("mount the image view", &view))?;
+                    view
+                }
+            };
+            crate::protect::apply(dir, &merged, &pristine, protect, owner)?;
+        }
         let fd = rustix::fs::open(
             &upper,
             rustix::fs::OFlags::RDONLY
@@ -276,30 +300,27 @@ impl Rootfs {
     /// /etc/hostname and /etc/hosts for the container's name, and a fresh /etc/machine-id
     /// (a fork must not share its parent's).
     fn write_identity(&self, hostname: &str, owner: u32) -> Result<(), RootfsError> {
-        let etc = self.path().join("etc");
-        if !etc.is_dir() {
+        let merged = self.path();
+        if !crate::protect::exists_inside(&merged, "/etc") {
             return Ok(());
         }
         let hosts =
             format!("127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n");
         let mut files = vec![("hostname", format!("{hostname}\n")), ("hosts", hosts)];
-        if etc.join("machine-id").exists() {
+        if crate::protect::exists_inside(&merged, "/etc/machine-id") {
             files.push(("machine-id", format!("{}\n", hex::encode(rand::random::<[u8; 16]>()))));
         }
         for (name, content) in files {
-            let path = etc.join(name);
-            // A symlink here would point into the host's view: never follow it.
-            let _ = std::fs::remove_file(&path);
-            std::fs::write(&path, content).map_err(io("write", &path))?;
-            std::os::unix::fs::lchown(&path, Some(owner), Some(owner))
-                .map_err(io("chown", &path))?;
+            // Resolved inside the rootfs: a symlinked /etc (a fork copies its parent's
+            // writable layer) cannot send these writes to the host.
+            crate::protect::write_inside(&merged, "/etc", name, content.as_bytes(), owner)?;
         }
         Ok(())
     }
 
     /// Detaches the host-side mounts once the container's namespace holds them.
     pub fn detach(&self) {
-        for d in [self.path(), self.dir.join("upper")] {
+        for d in [self.path(), self.dir.join("upper"), self.dir.join("pristine")] {
             let _ = umount2(&d, MntFlags::MNT_DETACH);
         }
     }

@@ -105,6 +105,8 @@ pub struct ContainerSpec {
     pub disk_bytes: u64,
     /// Start from a copy of this writable layer (forks).
     pub seed: Option<PathBuf>,
+    /// Paths covered read-only or hidden.
+    pub protect: crate::protect::Protections,
 }
 
 /// The container runtime of one node.
@@ -250,8 +252,10 @@ impl Runtime {
         // many children assemble in parallel.
         let (disk_bytes, owner) = (spec.disk_bytes, self.config.id_base);
         let (hostname, seed) = (spec.hostname.clone(), spec.seed.clone());
+        let protect = spec.protect.clone();
         let rootfs = tokio::task::spawn_blocking(move || {
-            Rootfs::assemble(&dir, &layer_points, disk_bytes, owner, &hostname, seed.as_deref())
+            let seed = seed.as_deref();
+            Rootfs::assemble(&dir, &layer_points, disk_bytes, owner, &hostname, seed, &protect)
         })
         .await
         .map_err(|e| RuntimeError::Setup(format!("assembling the rootfs: {e}")))??;

@@ -432,8 +432,8 @@ impl Node {
                 Reply::Affected(self.destroy_matching(&labels).await)
             }
             Request::SetTtl(update) => Reply::Sandbox(self.set_ttl(update)?),
-            Request::Fork { sandbox, count, labels } => {
-                Reply::Sandboxes(self.fork(&sandbox, count, labels).await?)
+            Request::Fork { sandbox, count, labels, evaluation } => {
+                Reply::Sandboxes(self.fork(&sandbox, count, labels, evaluation).await?)
             }
             Request::ExecList { sandbox } => {
                 let entry = self.inner.sandboxes.get(&sandbox)?;

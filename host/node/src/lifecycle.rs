@@ -296,6 +296,7 @@ impl Node {
         id: &str,
         count: u32,
         extra_labels: Vec<(String, String)>,
+        evaluation: bool,
     ) -> Result<Vec<SandboxInfo>, NodeError> {
         let parent = self.inner.sandboxes.get(id)?;
         let count = count.clamp(1, 256);
@@ -342,7 +343,7 @@ impl Node {
                     TierHandle::Container(c) => {
                         let store = self.inner.store.as_ref().ok().map(Arc::as_ref);
                         TierHandle::Container(Box::new(
-                            self.container_tier()?.fork(c, child, store).await?,
+                            self.container_tier()?.fork(c, child, store, evaluation).await?,
                         ))
                     }
                 };

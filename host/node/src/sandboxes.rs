@@ -149,6 +149,9 @@ pub(crate) struct ContainerRecord {
     pub pids: u64,
     pub cpu_millis: u64,
     pub disk_bytes: u64,
+    /// Protected paths: (path, hidden).
+    #[serde(default)]
+    pub protected: Vec<(String, bool)>,
 }
 
 #[derive(Serialize, Deserialize)]

@@ -77,8 +77,29 @@ impl Sandbox {
         count: u32,
         labels: &[(&str, &str)],
     ) -> Result<Vec<Sandbox>, Error> {
-        let request =
-            Request::Fork { sandbox: self.id().to_string(), count, labels: owned(labels) };
+        self.fork_request(count, labels, false).await
+    }
+
+    /// One child for grading the agent's work: its files as they are now, none of its
+    /// processes (nothing the agent left running can tamper with the check), and the hidden
+    /// protected paths shown read-only from the image (the tests, the reference answer).
+    pub async fn fork_for_evaluation(&self) -> Result<Sandbox, Error> {
+        let mut kids = self.fork_request(1, &[("purpose", "evaluation")], true).await?;
+        kids.pop().ok_or_else(|| Error::Config("the node returned no evaluation child".into()))
+    }
+
+    async fn fork_request(
+        &self,
+        count: u32,
+        labels: &[(&str, &str)],
+        evaluation: bool,
+    ) -> Result<Vec<Sandbox>, Error> {
+        let request = Request::Fork {
+            sandbox: self.id().to_string(),
+            count,
+            labels: owned(labels),
+            evaluation,
+        };
         match self.client().request(&request).await? {
             Reply::Sandboxes(children) => Ok(children
                 .into_iter()

@@ -125,11 +125,13 @@ pub enum Request {
         labels: Vec<(String, String)>,
     },
     SetTtl(TtlUpdate),
-    /// Clones a sandbox into `count` children; replies `Sandboxes`.
+    /// Clones a sandbox into `count` children; replies `Sandboxes`. An `evaluation` fork
+    /// shows hidden protected paths (read-only) and carries no process of the parent.
     Fork {
         sandbox: String,
         count: u32,
         labels: Vec<(String, String)>,
+        evaluation: bool,
     },
     /// Streams a running or recently finished exec again: everything kept, then what follows.
     ExecAttach {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use brig_container::cgroup::CgroupLimits;
+use brig_container::protect::{Protected, Protections};
 use brig_container::rootfs::LayerSource;
 use brig_container::runtime::{Container, ContainerSpec, Runtime, RuntimeConfig};
 use brig_container::session::Session;
@@ -168,6 +169,7 @@ impl ContainerTier {
             },
             disk_bytes: pick(l.disk_mib, c.default_disk_mib, c.max_disk_mib) << 20,
             seed: None,
+            protect: Protections { paths: protected_paths(&req.protected)?, reveal: false },
         };
         let container = match self.runtime.create(&spec).await {
             Ok(c) => c,
@@ -198,6 +200,7 @@ impl ContainerTier {
             sessions: Mutex::new(HashMap::new()),
             next_session: AtomicU64::new(1),
             layer_digests: digests,
+            protected: spec.protect.paths,
         })
     }
 
@@ -232,6 +235,11 @@ impl ContainerTier {
             sessions: Mutex::new(HashMap::new()),
             next_session: AtomicU64::new(1),
             layer_digests: record.layer_digests.clone(),
+            protected: record
+                .protected
+                .iter()
+                .map(|(path, hidden)| Protected { path: path.clone(), hidden: *hidden })
+                .collect(),
         })
     }
 
@@ -247,6 +255,7 @@ impl ContainerTier {
         parent: &ContainerSandbox,
         id: &SandboxId,
         store: Option<&LayerStore>,
+        reveal: bool,
     ) -> Result<ContainerSandbox, NodeError> {
         let seed = parent.container.upper_path().ok_or_else(|| {
             NodeError::BadImage(id.to_string(), "the parent has no writable layer".into())
@@ -261,6 +270,7 @@ impl ContainerTier {
             limits: parent.limits,
             disk_bytes: parent.disk_bytes,
             seed: Some(seed),
+            protect: Protections { paths: parent.protected.clone(), reveal },
         };
         let container = match self.runtime.create(&spec).await {
             Ok(c) => c,
@@ -283,6 +293,7 @@ impl ContainerTier {
             sessions: Mutex::new(HashMap::new()),
             next_session: AtomicU64::new(1),
             layer_digests: parent.layer_digests.clone(),
+            protected: parent.protected.clone(),
         })
     }
 
@@ -315,6 +326,8 @@ pub(crate) struct ContainerSandbox {
     next_session: AtomicU64,
     /// Store layers this container uses (released when it is destroyed).
     pub layer_digests: Vec<String>,
+    /// Protected paths (kept for forks).
+    protected: Vec<Protected>,
 }
 
 fn merged_env(base: &[(String, String)], extra: Vec<(String, String)>) -> Vec<(String, String)> {
@@ -343,6 +356,21 @@ fn result_of(exit: brig_container::exec::ExecExit) -> ExecResult {
     }
 }
 
+/// Checks the protected paths a create request names.
+fn protected_paths(asked: &[brig_proto::ProtectedPath]) -> Result<Vec<Protected>, NodeError> {
+    if asked.len() > 64 {
+        return Err(NodeError::BadProtected("at most 64 protected paths".into()));
+    }
+    asked
+        .iter()
+        .map(|p| {
+            let path =
+                brig_container::protect::validate(&p.path).map_err(NodeError::BadProtected)?;
+            Ok(Protected { path, hidden: p.hidden })
+        })
+        .collect()
+}
+
 /// A container's hostname: derived from its sandbox id, so forks differ from their parent.
 fn hostname(id: &SandboxId) -> String {
     format!("sandbox-{}", &id.to_string()[12..])
@@ -364,6 +392,7 @@ impl ContainerSandbox {
             pids: self.limits.pids.unwrap_or(0),
             cpu_millis: self.limits.cpu_millis.unwrap_or(0),
             disk_bytes: self.disk_bytes,
+            protected: self.protected.iter().map(|p| (p.path.clone(), p.hidden)).collect(),
         }
     }
 
