@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use brig_sdk::{Client, ConnectOptions};
 
+pub mod net;
+
 /// Repository root.
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -75,6 +77,9 @@ impl Daemon {
         let mut extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
         if !extra_args.iter().any(|a| a == "--on-exit") {
             extra_args.extend(["--on-exit".to_string(), "destroy".to_string()]);
+        }
+        if !extra_args.iter().any(|a| a == "--metrics") {
+            extra_args.extend(["--metrics".to_string(), "127.0.0.1:0".to_string()]);
         }
         let mut daemon = Daemon { child: None, state, extra_args, log };
         daemon.spawn()?;
