@@ -40,6 +40,7 @@ fn busybox_spec(name: &str) -> ContainerSpec {
         limits: CgroupLimits { memory_bytes: Some(256 << 20), pids: Some(128), cpu_millis: None },
         disk_bytes: 64 << 20,
         seed: None,
+        protect: Default::default(),
     }
 }
 
@@ -85,6 +86,7 @@ async fn busybox_container_runs_commands() {
         },
         disk_bytes: 64 << 20,
         seed: None,
+        protect: Default::default(),
     };
     let started = std::time::Instant::now();
     let c = rt.create(&spec).await.expect("create");
