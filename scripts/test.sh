@@ -20,4 +20,8 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
     cargo test --workspace --no-fail-fast "$@"
 fi
+# The hostile-agent suite's report: every attempt and its outcome.
+for report in artifacts/reports/hostile-*.md; do
+    [[ -f $report ]] && cat "$report" && echo
+done
 echo "[test] all tests passed"
