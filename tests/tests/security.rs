@@ -46,9 +46,8 @@ async fn egress_rules_switch_mid_task_and_every_attempt_is_audited() {
     assert_eq!(fetch(&closed, addr, port).await, "");
     let lo = closed
         .exec_with(Cmd::shell(
-            "nc -l -p 9000 > /tmp/got & for i in 1 2 3 4 5 6 7 8 9 10; do \
-             echo over-loopback | nc -w 1 127.0.0.1 9000 && break; sleep 0.2; done; \
-             for i in 1 2 3 4 5 6 7 8 9 10; do [ -s /tmp/got ] && break; sleep 0.1; done; cat /tmp/got",
+            "for i in 1 2 3 4 5 6 7 8 9 10; do nc -l -p 9000 -e echo over-loopback & sleep 0.2; \
+             nc -w 2 127.0.0.1 9000 </dev/null | grep over && break; done",
         ))
         .await
         .expect("exec");

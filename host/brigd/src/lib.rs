@@ -25,6 +25,8 @@ use brig_transport::{Exchange, Identity, Server, Service};
 
 pub use endpoint::Endpoint;
 
+static REQUEST_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// The all-in-one service: the control plane admits clients, the node serves them.
 pub struct AllInOne {
     tokens: AccessTokens,
@@ -37,7 +39,11 @@ impl Service for AllInOne {
     }
 
     async fn serve(&self, request: Request, exchange: Exchange) {
-        self.node.serve(request, exchange).await;
+        use tracing::Instrument;
+        // One span per request: control plane → node → tier backend log under it.
+        let id = REQUEST_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let span = tracing::debug_span!("request", id, kind = request.kind());
+        self.node.serve(request, exchange).instrument(span).await;
     }
 }
 

@@ -174,7 +174,11 @@ impl Node {
             Request::FileWrite(req) => files::write(self, req, &mut exchange).await,
             Request::FileRead(req) => files::read(self, req, &mut exchange).await,
             Request::ToolAdd { name } => self.tool_add(&name, &mut exchange).await,
-            Request::Exec(req) => self.exec(req, &mut exchange).await,
+            Request::Exec(req) => {
+                use tracing::Instrument;
+                let span = tracing::debug_span!("container_exec", sandbox = %req.sandbox);
+                self.exec(req, &mut exchange).instrument(span).await
+            }
             Request::SessionRun { sandbox, session, command, timeout_ms } => {
                 self.session_stream(&sandbox, &session, Some(&command), timeout_ms, &mut exchange)
                     .await

@@ -123,11 +123,20 @@ impl Client {
 
     /// Sends a request without upload and returns its reply, turning error replies into `Err`.
     pub(crate) async fn request(&self, request: &Request) -> Result<Reply, Error> {
-        let conn = self.connection().await?;
-        match conn.request(request).await? {
-            Reply::Error(e) => Err(e.into()),
-            reply => Ok(reply),
+        use tracing::Instrument;
+        let span = tracing::debug_span!("brig_request", kind = request.kind());
+        async {
+            let conn = self.connection().await?;
+            match conn.request(request).await? {
+                Reply::Error(e) => {
+                    tracing::debug!(code = e.code.as_str(), "refused");
+                    Err(e.into())
+                }
+                reply => Ok(reply),
+            }
         }
+        .instrument(span)
+        .await
     }
 
     /// Opens a request stream for uploads and downloads.
@@ -136,6 +145,7 @@ impl Client {
         request: &Request,
     ) -> Result<brig_transport::ClientExchange, Error> {
         let conn = self.connection().await?;
+        tracing::debug!(kind = request.kind(), "opening a request stream");
         Ok(conn.open(request).await?)
     }
 
