@@ -75,6 +75,8 @@ pub struct Network {
     table: String,
     base: Ipv4Addr,
     slots: Mutex<HashSet<u32>>,
+    /// This daemon's claim on its subnet (a directory naming the owner).
+    claim: PathBuf,
 }
 
 impl Network {
@@ -109,7 +111,8 @@ impl Network {
         }
         let idx = claimed.ok_or(NetError::NoSubnet)?;
         let base = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 0)) + (idx << 12));
-        let net = Network { tag: tag.to_string(), table, base, slots: Mutex::default() };
+        let claim = claims_dir.join(idx.to_string());
+        let net = Network { tag: tag.to_string(), table, base, slots: Mutex::default(), claim };
         net.ensure_table()?;
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
             .map_err(io(Path::new("/proc/sys/net/ipv4/ip_forward")))?;
@@ -276,6 +279,7 @@ impl Network {
     /// Removes the whole table (the daemon is going away with no networked sandboxes left).
     pub fn remove(&self) {
         let _ = run("nft", &["delete", "table", "inet", &self.table], "");
+        let _ = std::fs::remove_dir_all(&self.claim);
     }
 }
 
