@@ -200,6 +200,35 @@ impl CgroupManager {
     }
 }
 
+impl ContainerCgroup {
+    /// CPU QoS: best-effort gets the smallest weight and, where the kernel has `cpu.idle`, the
+    /// idle scheduling policy for the whole group (it runs only on CPU nobody else wants);
+    /// latency-sensitive gets the default weight.
+    pub fn set_best_effort(&self, best_effort: bool) -> Result<(), CgroupError> {
+        let Some(d) = self.dir("cpu") else { return Ok(()) };
+        let (weight_file, weight) = match (self.version, best_effort) {
+            (Version::V1, true) => ("cpu.shares", "2"),
+            (Version::V1, false) => ("cpu.shares", "1024"),
+            (Version::V2, true) => ("cpu.weight", "1"),
+            (Version::V2, false) => ("cpu.weight", "100"),
+        };
+        // An idle group refuses weight changes: leave idle first, enter it last.
+        let (path, idle) = (d.join(weight_file), d.join("cpu.idle"));
+        let set_idle = |on: bool| -> Result<(), CgroupError> {
+            if idle.exists() {
+                std::fs::write(&idle, if on { "1" } else { "0" }).map_err(io("write", &idle))?;
+            }
+            Ok(())
+        };
+        set_idle(false)?;
+        std::fs::write(&path, weight).map_err(io("write", &path))?;
+        if best_effort {
+            set_idle(true)?;
+        }
+        Ok(())
+    }
+}
+
 fn chown(path: &Path, owner: u32) -> Result<(), CgroupError> {
     std::os::unix::fs::chown(path, Some(owner), Some(owner)).map_err(io("chown", path))
 }

@@ -13,4 +13,4 @@ pub mod spec;
 pub use call::{CallLimits, CallOutcome, CallReport, ToolCall};
 pub use egress::{Destination, EgressRule};
 pub use id::{IdError, NodeId, SandboxId};
-pub use spec::{IdleAction, Labels, SandboxSpec, Tier};
+pub use spec::{IdleAction, Labels, QosClass, SandboxSpec, Tier};

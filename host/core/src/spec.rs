@@ -84,6 +84,29 @@ pub struct SandboxSpec {
     /// The node's network slot of a sandbox with a link (persisted for restarts).
     #[serde(default)]
     pub net_slot: Option<u32>,
+    /// CPU QoS class.
+    #[serde(default)]
+    pub qos: QosClass,
+}
+
+/// How a sandbox's CPU work is scheduled against others' under overcommit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QosClass {
+    /// Normal weight: tool calls and steps a trainer waits on.
+    #[default]
+    LatencySensitive,
+    /// The smallest weight and the idle scheduling policy: runs on what others leave.
+    BestEffort,
+}
+
+impl QosClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QosClass::LatencySensitive => "latency_sensitive",
+            QosClass::BestEffort => "best_effort",
+        }
+    }
 }
 
 impl SandboxSpec {

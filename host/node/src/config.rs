@@ -30,6 +30,7 @@ pub struct NodeConfig {
     /// Semantic egress services (`pypi`, `debian`, a mirror) and the destinations each one
     /// stands for on this node.
     pub egress_services: Vec<(String, Vec<brig_core::Destination>)>,
+    pub admission: crate::admission::AdmissionConfig,
 }
 
 /// What a stopping daemon does with its containers.
@@ -158,6 +159,7 @@ impl Default for NodeConfig {
             container: ContainerConfig::default(),
             images: ImagesConfig::default(),
             egress_services: Vec::new(),
+            admission: Default::default(),
         }
     }
 }

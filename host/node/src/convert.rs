@@ -89,3 +89,17 @@ pub fn tool_to_wire(t: ToolSummary) -> wire::ToolInfo {
         size_bytes: t.size_bytes,
     }
 }
+
+pub fn qos_from_wire(q: brig_proto::QosClass) -> brig_core::QosClass {
+    match q {
+        brig_proto::QosClass::LatencySensitive => brig_core::QosClass::LatencySensitive,
+        brig_proto::QosClass::BestEffort => brig_core::QosClass::BestEffort,
+    }
+}
+
+pub fn qos_to_wire(q: brig_core::QosClass) -> brig_proto::QosClass {
+    match q {
+        brig_core::QosClass::LatencySensitive => brig_proto::QosClass::LatencySensitive,
+        brig_core::QosClass::BestEffort => brig_proto::QosClass::BestEffort,
+    }
+}

@@ -57,6 +57,8 @@ pub enum NodeError {
     Net(#[from] brig_container::network::NetError),
     #[error("bad protected path: {0}")]
     BadProtected(String),
+    #[error("node full: {0}")]
+    Overcommitted(String),
 }
 
 impl NodeError {
@@ -114,6 +116,7 @@ impl NodeError {
             },
             NodeError::Io { .. } | NodeError::Transport(_) => ErrorCode::Internal,
             NodeError::BadEgress(_) | NodeError::BadProtected(_) => ErrorCode::BadRequest,
+            NodeError::Overcommitted(_) => ErrorCode::ResourceExhausted,
             NodeError::Net(brig_container::network::NetError::NoSlot) => {
                 ErrorCode::ResourceExhausted
             }

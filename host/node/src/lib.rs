@@ -11,6 +11,7 @@
 //! directory on start, and destroys sandboxes whose idle TTL passes.
 #![forbid(unsafe_code)]
 
+mod admission;
 mod audit;
 mod config;
 mod container;
@@ -23,6 +24,7 @@ mod lifecycle;
 pub mod metrics;
 mod sandboxes;
 
+pub use admission::AdmissionConfig;
 pub use config::{BlobBackendConfig, ContainerConfig, ImagesConfig, NodeConfig, OnExit};
 pub use error::NodeError;
 
@@ -161,6 +163,7 @@ impl Node {
         for ((tier, state), n) in counts {
             m.live.get_or_create(&metrics::LiveLabels { tier, state }).set(n);
         }
+        self.refresh_qos_metrics(&self.capacity());
         m.encode()
     }
 
@@ -252,6 +255,7 @@ impl Node {
             tiers: self.tiers().into_iter().map(convert::tier_to_wire).collect(),
             sandboxes: self.inner.sandboxes.len() as u64,
             images: self.inner.store.as_ref().ok().map(|s| images::stats(s)),
+            capacity: self.capacity(),
         }
     }
 
@@ -446,6 +450,9 @@ impl Node {
                     TierHandle::Fncall(_) => Reply::Execs(Vec::new()),
                 }
             }
+            Request::SetQos { sandbox, class } => {
+                Reply::Sandbox(self.set_qos(&sandbox, convert::qos_from_wire(class)).await?)
+            }
             Request::SetEgress { sandbox, rules } => {
                 Reply::Sandbox(self.set_egress(&sandbox, rules).await?)
             }
@@ -531,5 +538,6 @@ fn info(node: &Node, entry: &SandboxEntry) -> SandboxInfo {
         usage: None,
         address: spec.net_slot.and_then(|slot| node.sandbox_address(slot)),
         egress: spec.egress.map(|rules| rules.iter().map(|r| r.to_string()).collect()),
+        qos: convert::qos_to_wire(spec.qos),
     }
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 
-use brig_core::{IdleAction, SandboxId, SandboxSpec, Tier};
+use brig_core::{IdleAction, QosClass, SandboxId, SandboxSpec, Tier};
 use brig_proto::{CreateRequest, SandboxInfo, Target, TtlUpdate};
 
 use crate::sandboxes::{now_unix_ms, Due, Gone, SandboxEntry, TierHandle};
@@ -58,6 +58,12 @@ impl Node {
             }
             None => None,
         };
+        let (memory, cpu) = match tier {
+            Tier::Container => self.container_tier()?.requested(&req.limits),
+            _ => (0, 0),
+        };
+        self.admit(tier, memory, cpu)?;
+        let qos = req.qos.map(convert::qos_from_wire).unwrap_or_default();
         let handle = match tier {
             Tier::Fncall => {
                 TierHandle::Fncall(self.inner.fncall.create_workspace(&id.to_string())?)
@@ -85,7 +91,13 @@ impl Node {
             max_lifetime: req.max_lifetime_ms.map(Duration::from_millis),
             egress: egress.as_ref().map(|(rules, _)| rules.clone()),
             net_slot: None,
+            qos,
         };
+        if let (TierHandle::Container(c), QosClass::BestEffort) = (&handle, qos) {
+            if let Err(e) = c.container.cgroup().set_best_effort(true) {
+                tracing::warn!(sandbox = %id, error = %e, "cannot set the QoS class");
+            }
+        }
         self.audit_lifecycle(&id.to_string(), "created", spec.image.clone().unwrap_or_default());
         let entry = self.adopt(SandboxEntry::new(id, spec, now_unix_ms(), handle)).await?;
         if let (Some((_, dests)), TierHandle::Container(c)) = (egress, &entry.handle) {
@@ -130,6 +142,12 @@ impl Node {
     ) -> Result<Arc<SandboxEntry>, NodeError> {
         let id = entry.id;
         let entry = self.adopt(entry).await?;
+        if let (TierHandle::Container(c), QosClass::BestEffort) = (&entry.handle, entry.spec().qos)
+        {
+            if let Err(e) = c.container.cgroup().set_best_effort(true) {
+                tracing::warn!(sandbox = %id, error = %e, "cannot set the QoS class");
+            }
+        }
         if let (Some(dests), TierHandle::Container(c)) = (egress, &entry.handle) {
             let attached =
                 self.attach_network(&id.to_string(), c.container.init_pid(), dests).await;
@@ -300,6 +318,11 @@ impl Node {
     ) -> Result<Vec<SandboxInfo>, NodeError> {
         let parent = self.inner.sandboxes.get(id)?;
         let count = count.clamp(1, 256);
+        let (memory, cpu) = match &parent.handle {
+            TierHandle::Container(c) => c.requested(),
+            TierHandle::Fncall(_) => (0, 0),
+        };
+        self.admit(parent.tier, memory * u64::from(count), cpu * u64::from(count))?;
         if self.inner.sandboxes.len() + count as usize > self.inner.config.max_sandboxes {
             return Err(NodeError::Full(self.inner.config.max_sandboxes));
         }

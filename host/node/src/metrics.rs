@@ -41,6 +41,18 @@ pub struct VerdictLabel {
     pub verdict: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdmissionLabels {
+    pub tier: &'static str,
+    /// `admitted`, or the bound that refused: `memory_floor`, `memory_overcommit`, …
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QosLabel {
+    pub class: &'static str,
+}
+
 /// The node's metrics.
 pub struct Metrics {
     registry: Registry,
@@ -52,6 +64,8 @@ pub struct Metrics {
     pub reclaimed_bytes: Counter<u64, AtomicU64>,
     pub egress: Family<VerdictLabel, Counter>,
     pub audit_events: Counter,
+    pub admission: Family<AdmissionLabels, Counter>,
+    pub qos: Family<QosLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -91,7 +105,17 @@ impl Default for Metrics {
         );
         let audit_events = Counter::default();
         registry.register("audit_events", "Audit events recorded", audit_events.clone());
+        let admission = Family::<AdmissionLabels, Counter>::default();
+        registry.register(
+            "admission",
+            "Admission decisions by tier and outcome",
+            admission.clone(),
+        );
+        let qos = Family::<QosLabel, Gauge>::default();
+        registry.register("sandboxes_qos", "Sandboxes per CPU QoS class", qos.clone());
         Metrics {
+            admission,
+            qos,
             registry,
             requests,
             refusals,

@@ -102,6 +102,9 @@ enum Command {
         /// Path of the image hidden from the agent (repeatable).
         #[arg(long = "hidden-path")]
         hidden: Vec<String>,
+        /// CPU QoS class: latency-sensitive (default) or best-effort.
+        #[arg(long, value_parser = security::parse_qos)]
+        qos: Option<brig_sdk::QosClass>,
     },
     /// List sandboxes, optionally only those with all the given labels.
     Ls {
@@ -376,6 +379,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             network,
             read_only,
             hidden,
+            qos,
         } => {
             let tier: Tier = output::parse_tier(&tier)?;
             let mut options = SandboxOptions::tier(tier);
@@ -421,6 +425,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
             for path in &hidden {
                 options = options.hidden_path(path);
+            }
+            if let Some(class) = qos {
+                options = options.qos(class);
             }
             let sandbox = client.create(options).await?;
             output::sandbox(&sandbox.status().await?, json, true);
@@ -485,7 +492,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Node => {
             let s = client.node_status().await?;
             let images = s.images.as_ref().map(|i| serde_json::json!({ "backend": i.backend, "fetched_bytes": i.fetched_bytes, "fetched_chunks": i.fetched_chunks, "cache_bytes": i.cache_bytes, "corrupt_chunks": i.corrupt_chunks }));
-            let value = serde_json::json!({ "node_id": s.node_id, "tiers": s.tiers.iter().map(|t| format!("{t:?}").to_lowercase()).collect::<Vec<_>>(), "sandboxes": s.sandboxes, "images": images });
+            let c = &s.capacity;
+            let capacity = serde_json::json!({ "memory_total_bytes": c.memory_total_bytes, "memory_available_bytes": c.memory_available_bytes, "memory_requested_bytes": c.memory_requested_bytes, "working_set_bytes": c.working_set_bytes, "containers": c.containers, "cpus": c.cpus, "cpu_requested_millis": c.cpu_requested_millis, "memory_overcommit_pct": c.memory_overcommit_pct, "cpu_overcommit_pct": c.cpu_overcommit_pct, "min_free_bytes": c.min_free_bytes, "latency_sensitive": c.latency_sensitive, "best_effort": c.best_effort });
+            let value = serde_json::json!({ "node_id": s.node_id, "tiers": s.tiers.iter().map(|t| format!("{t:?}").to_lowercase()).collect::<Vec<_>>(), "sandboxes": s.sandboxes, "images": images, "capacity": capacity });
             if json {
                 println!("{value}");
             } else {

@@ -1,6 +1,6 @@
 //! `brig egress|audit`: egress rules and the audit trail.
 
-use brig_sdk::{AuditEvent, AuditKind, Client};
+use brig_sdk::{AuditEvent, AuditKind, Client, QosClass};
 use clap::Subcommand;
 
 use crate::output;
@@ -12,6 +12,12 @@ pub enum SecurityCommand {
         id: String,
         /// Service names (`pypi`) and destinations (`10.1.2.3:8080`, `10.0.0.0/8`).
         rules: Vec<String>,
+    },
+    /// Move a sandbox to another CPU QoS class: `latency-sensitive` or `best-effort`.
+    Qos {
+        id: String,
+        #[arg(value_parser = parse_qos)]
+        class: QosClass,
     },
     /// Show a sandbox's audit trail: commands, files, egress, policy and lifecycle events.
     Audit {
@@ -41,6 +47,15 @@ pub async fn run(client: &Client, cmd: SecurityCommand, json: bool) -> anyhow::R
                 &human,
             );
         }
+        SecurityCommand::Qos { id, class } => {
+            let info = client.sandbox(&id).set_qos(class).await?;
+            let qos = format!("{:?}", info.qos);
+            output::line(
+                json,
+                &serde_json::json!({ "id": id, "qos": qos }),
+                &format!("{id}: {qos}"),
+            );
+        }
         SecurityCommand::Audit { id, after, follow } => {
             let mut stream = client.sandbox(&id).audit_stream(after, follow).await?;
             while let Some(batch) = stream.next_batch().await? {
@@ -55,6 +70,14 @@ pub async fn run(client: &Client, cmd: SecurityCommand, json: bool) -> anyhow::R
         }
     }
     Ok(0)
+}
+
+pub fn parse_qos(s: &str) -> Result<QosClass, String> {
+    match s {
+        "latency-sensitive" | "latency_sensitive" => Ok(QosClass::LatencySensitive),
+        "best-effort" | "best_effort" => Ok(QosClass::BestEffort),
+        other => Err(format!("expected latency-sensitive or best-effort, got {other:?}")),
+    }
 }
 
 /// One line per event for people.

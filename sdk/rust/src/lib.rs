@@ -44,7 +44,7 @@ pub use security::AuditStream;
 /// Wire types the SDK hands back.
 pub use brig_proto::{
     AuditEvent, AuditKind, CallLimits, CallOutcome, CallRequest, CallResult, ErrorCode, ExecInfo,
-    ExecResult, FileKind, FileStat, IdleAction, ImageFormat, ImageStats, LayerInfo, NodeStatus,
-    SandboxInfo, SandboxLimits, SandboxState, SandboxUsage, SessionOpenRequest, Tier, ToolInfo,
-    ToolWorld,
+    ExecResult, FileKind, FileStat, IdleAction, ImageFormat, ImageStats, LayerInfo, NodeCapacity,
+    NodeStatus, QosClass, SandboxInfo, SandboxLimits, SandboxState, SandboxUsage,
+    SessionOpenRequest, Tier, ToolInfo, ToolWorld,
 };

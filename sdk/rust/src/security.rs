@@ -1,12 +1,19 @@
 //! Containment and observability: egress rules, protected paths, the audit trail.
 
-use brig_proto::{AuditEvent, AuditRequest, ProtectedPath, Reply, Request, SandboxInfo};
+use brig_proto::{AuditEvent, AuditRequest, ProtectedPath, QosClass, Reply, Request, SandboxInfo};
 use brig_transport::ClientExchange;
 
 use crate::client::unexpected;
 use crate::{Error, Sandbox, SandboxOptions};
 
 impl SandboxOptions {
+    /// CPU QoS class (default latency-sensitive). Best-effort sandboxes get the smallest CPU
+    /// weight and idle scheduling: bulk setup, background builds.
+    pub fn qos(mut self, class: QosClass) -> Self {
+        self.request_mut().qos = Some(class);
+        self
+    }
+
     /// Gives the sandbox a network link whose egress only these rules let through: service
     /// names the node maps (`pypi`, `debian`, a mirror) and destinations (`10.1.2.3`,
     /// `10.0.0.0/8`, `10.1.2.3:8080`). An empty list gives a link with everything denied,
@@ -45,6 +52,15 @@ impl Sandbox {
         match self.client().request(&request).await? {
             Reply::Sandbox(info) => Ok(info),
             other => Err(unexpected("set_egress", &other)),
+        }
+    }
+
+    /// Moves the sandbox to another CPU QoS class now.
+    pub async fn set_qos(&self, class: QosClass) -> Result<SandboxInfo, Error> {
+        let request = Request::SetQos { sandbox: self.id().to_string(), class };
+        match self.client().request(&request).await? {
+            Reply::Sandbox(info) => Ok(info),
+            other => Err(unexpected("set_qos", &other)),
         }
     }
 

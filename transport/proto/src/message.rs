@@ -152,6 +152,11 @@ pub enum Request {
     },
     /// Replies `Audit` batches; with `follow`, goes on until the sandbox is gone, then `Done`.
     Audit(AuditRequest),
+    /// Moves a sandbox to another CPU QoS class; replies `Sandbox`.
+    SetQos {
+        sandbox: String,
+        class: QosClass,
+    },
 }
 
 impl Request {
@@ -203,6 +208,7 @@ impl Request {
             Request::SessionList { .. } => "session_list",
             Request::SetEgress { .. } => "set_egress",
             Request::Audit(_) => "audit",
+            Request::SetQos { .. } => "set_qos",
         }
     }
 

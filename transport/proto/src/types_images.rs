@@ -61,6 +61,27 @@ pub struct NodeStatus {
     pub tiers: Vec<Tier>,
     pub sandboxes: u64,
     pub images: Option<ImageStats>,
+    pub capacity: NodeCapacity,
+}
+
+/// What a node has, what its sandboxes ask for and what they use; the admission bounds.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeCapacity {
+    pub memory_total_bytes: u64,
+    pub memory_available_bytes: u64,
+    /// Memory limits of the node's containers, summed.
+    pub memory_requested_bytes: u64,
+    /// Memory charged to the node's containers now.
+    pub working_set_bytes: u64,
+    pub containers: u64,
+    pub cpus: u64,
+    pub cpu_requested_millis: u64,
+    pub memory_overcommit_pct: u64,
+    pub cpu_overcommit_pct: u64,
+    pub min_free_bytes: u64,
+    /// Sandboxes per CPU QoS class.
+    pub latency_sensitive: u64,
+    pub best_effort: u64,
 }
 
 /// Layer store counters.

@@ -34,6 +34,18 @@ pub struct CreateRequest {
     pub egress: Option<Vec<String>>,
     /// Paths of the image the agent may read but not change, or may not see at all.
     pub protected: Vec<ProtectedPath>,
+    /// CPU QoS class; `None`: latency-sensitive.
+    pub qos: Option<QosClass>,
+}
+
+/// How a sandbox's CPU work is scheduled against others' under overcommit.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QosClass {
+    /// Normal CPU weight.
+    #[default]
+    LatencySensitive,
+    /// Smallest weight and idle scheduling: runs on what others leave.
+    BestEffort,
 }
 
 /// A path an agent must not change (or see); evaluation can reveal it read-only on a fork.
@@ -110,6 +122,7 @@ pub struct SandboxInfo {
     pub egress: Option<Vec<String>>,
     /// The sandbox's address on its link.
     pub address: Option<String>,
+    pub qos: QosClass,
 }
 
 /// What a sandbox has used.

@@ -156,16 +156,15 @@ impl ContainerTier {
         let pick =
             |asked: Option<u64>, default: u64, max: u64| asked.unwrap_or(default).clamp(1, max);
         let l = req.limits;
+        let (memory_bytes, cpu_millis) = self.requested(&l);
         let spec = ContainerSpec {
             name: id.to_string(),
             hostname: hostname(id),
             layers,
             limits: CgroupLimits {
-                memory_bytes: Some(
-                    pick(l.memory_mib, c.default_memory_mib, c.max_memory_mib) << 20,
-                ),
+                memory_bytes: Some(memory_bytes),
                 pids: Some(pick(l.pids, c.default_pids, c.max_pids)),
-                cpu_millis: Some(pick(l.cpu_millis, c.default_cpu_millis, c.max_cpu_millis)),
+                cpu_millis: Some(cpu_millis),
             },
             disk_bytes: pick(l.disk_mib, c.default_disk_mib, c.max_disk_mib) << 20,
             seed: None,
@@ -202,6 +201,17 @@ impl ContainerTier {
             layer_digests: digests,
             protected: spec.protect.paths,
         })
+    }
+
+    /// The memory (bytes) and CPU (millicores) a container with `limits` gets.
+    pub fn requested(&self, l: &brig_proto::SandboxLimits) -> (u64, u64) {
+        let c = &self.config;
+        let pick =
+            |asked: Option<u64>, default: u64, max: u64| asked.unwrap_or(default).clamp(1, max);
+        (
+            pick(l.memory_mib, c.default_memory_mib, c.max_memory_mib) << 20,
+            pick(l.cpu_millis, c.default_cpu_millis, c.max_cpu_millis),
+        )
     }
 
     /// Takes back a container an earlier run of the node started.
@@ -379,6 +389,11 @@ fn hostname(id: &SandboxId) -> String {
 impl ContainerSandbox {
     pub fn is_alive(&self) -> bool {
         self.container.is_alive()
+    }
+
+    /// Its memory limit (bytes) and CPU limit (millicores).
+    pub fn requested(&self) -> (u64, u64) {
+        (self.limits.memory_bytes.unwrap_or(0), self.limits.cpu_millis.unwrap_or(0))
     }
 
     /// What a restarted node needs to take this container back.

@@ -1,0 +1,176 @@
+//! Admission by use and CPU QoS.
+//!
+//! A node admits a sandbox against what its sandboxes actually use, not what they ask for
+//! (90% of sandboxes use under 5% of the CPU they request): the host's available memory must
+//! stay above a floor after the newcomer's expected use (the mean charge of the node's
+//! containers), and the memory and CPU the sandboxes *request* may add up to an overcommit
+//! multiple of the machine. A refusal is `ResourceExhausted` (retryable: a control plane routes
+//! to another node) and says which bound it hit.
+
+use brig_core::{QosClass, Tier};
+use brig_proto::{NodeCapacity, SandboxInfo};
+use serde::{Deserialize, Serialize};
+
+use crate::metrics::{AdmissionLabels, QosLabel};
+use crate::sandboxes::TierHandle;
+use crate::{info, Node, NodeError};
+
+/// Admission bounds.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdmissionConfig {
+    /// Requested memory may add up to this percentage of the machine's (400 = 4×).
+    pub memory_overcommit_pct: u64,
+    /// Requested CPU may add up to this percentage of the machine's cores.
+    pub cpu_overcommit_pct: u64,
+    /// Available memory that must remain after admitting.
+    pub min_free_mib: u64,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        AdmissionConfig { memory_overcommit_pct: 400, cpu_overcommit_pct: 3200, min_free_mib: 512 }
+    }
+}
+
+fn meminfo_kib(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(key)
+                .and_then(|v| v.trim_start_matches(':').trim().trim_end_matches(" kB").parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+impl Node {
+    /// What the node has, what its sandboxes ask for and what they use.
+    pub fn capacity(&self) -> NodeCapacity {
+        let (mut requested_mem, mut requested_cpu, mut working_set, mut containers) = (0, 0, 0, 0);
+        let (mut latency, mut best_effort) = (0, 0);
+        for e in self.inner.sandboxes.list(&[]) {
+            match e.spec().qos {
+                QosClass::LatencySensitive => latency += 1,
+                QosClass::BestEffort => best_effort += 1,
+            }
+            if let TierHandle::Container(c) = &e.handle {
+                let (mem, cpu) = c.requested();
+                requested_mem += mem;
+                requested_cpu += cpu;
+                working_set += c.container.usage().1;
+                containers += 1;
+            }
+        }
+        let cfg = &self.inner.config.admission;
+        NodeCapacity {
+            memory_total_bytes: meminfo_kib("MemTotal") << 10,
+            memory_available_bytes: meminfo_kib("MemAvailable") << 10,
+            memory_requested_bytes: requested_mem,
+            working_set_bytes: working_set,
+            containers,
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+            cpu_requested_millis: requested_cpu,
+            memory_overcommit_pct: cfg.memory_overcommit_pct,
+            cpu_overcommit_pct: cfg.cpu_overcommit_pct,
+            min_free_bytes: cfg.min_free_mib << 20,
+            latency_sensitive: latency,
+            best_effort,
+        }
+    }
+
+    /// Admits or refuses a new sandbox of `tier` asking for `memory` bytes and `cpu_millis`.
+    pub(crate) fn admit(&self, tier: Tier, memory: u64, cpu_millis: u64) -> Result<(), NodeError> {
+        let verdict = self.check_admission(tier, memory, cpu_millis);
+        let reason = match &verdict {
+            Ok(()) => "admitted",
+            Err((reason, _)) => reason,
+        };
+        let labels = AdmissionLabels { tier: tier.as_str(), reason };
+        self.inner.metrics.admission.get_or_create(&labels).inc();
+        verdict.map_err(|(_, why)| NodeError::Overcommitted(why))
+    }
+
+    fn check_admission(
+        &self,
+        tier: Tier,
+        memory: u64,
+        cpu_millis: u64,
+    ) -> Result<(), (&'static str, String)> {
+        let cap = self.capacity();
+        let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
+        // Expected use of the newcomer: what the node's containers use on average (fncall
+        // sandboxes are a directory and a table entry).
+        let expected = match tier {
+            Tier::Container if cap.containers > 0 => cap.working_set_bytes / cap.containers,
+            Tier::Container => 1 << 20,
+            _ => 0,
+        };
+        if cap.memory_available_bytes.saturating_sub(expected) < cap.min_free_bytes {
+            return Err((
+                "memory_floor",
+                format!(
+                    "node memory: {:.0} MiB available, {:.0} MiB must stay free",
+                    mib(cap.memory_available_bytes),
+                    mib(cap.min_free_bytes)
+                ),
+            ));
+        }
+        if tier != Tier::Container {
+            return Ok(());
+        }
+        let mem_cap = cap.memory_total_bytes / 100 * cap.memory_overcommit_pct;
+        if cap.memory_requested_bytes + memory > mem_cap {
+            return Err((
+                "memory_overcommit",
+                format!(
+                    "node memory: {:.0} MiB requested + {:.0} MiB asked exceeds {}% of {:.0} MiB",
+                    mib(cap.memory_requested_bytes),
+                    mib(memory),
+                    cap.memory_overcommit_pct,
+                    mib(cap.memory_total_bytes)
+                ),
+            ));
+        }
+        let cpu_cap = cap.cpus * 1000 * cap.cpu_overcommit_pct / 100;
+        if cap.cpu_requested_millis + cpu_millis > cpu_cap {
+            return Err((
+                "cpu_overcommit",
+                format!(
+                    "node CPU: {} millicores requested + {cpu_millis} asked exceeds {}% of {} cores",
+                    cap.cpu_requested_millis, cap.cpu_overcommit_pct, cap.cpus
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Moves a sandbox to another QoS class (setup is bulk work, tool calls are not).
+    pub(crate) async fn set_qos(
+        &self,
+        sandbox: &str,
+        class: QosClass,
+    ) -> Result<SandboxInfo, NodeError> {
+        let entry = self.inner.sandboxes.get(sandbox)?;
+        let _t = entry.transition.lock().await;
+        if let TierHandle::Container(c) = &entry.handle {
+            c.container
+                .cgroup()
+                .set_best_effort(class == QosClass::BestEffort)
+                .map_err(brig_container::runtime::RuntimeError::from)?;
+        }
+        entry.update_spec(|s| s.qos = class);
+        self.inner.sandboxes.save(&entry)?;
+        self.audit_lifecycle(sandbox, "qos", class.as_str());
+        Ok(info(self, &entry))
+    }
+
+    /// QoS class gauges for the metrics endpoint.
+    pub(crate) fn refresh_qos_metrics(&self, cap: &NodeCapacity) {
+        let m = &self.inner.metrics;
+        m.qos
+            .get_or_create(&QosLabel { class: "latency_sensitive" })
+            .set(cap.latency_sensitive as i64);
+        m.qos.get_or_create(&QosLabel { class: "best_effort" }).set(cap.best_effort as i64);
+    }
+}
