@@ -5,9 +5,11 @@
 //! first if needed.
 
 mod container;
+mod density;
 mod fncall;
 mod images;
 mod lifecycle;
+mod qos;
 mod stats;
 
 use clap::{Parser, Subcommand};
@@ -27,6 +29,10 @@ enum Bench {
     Container(container::Options),
     /// Layer store: fetched fraction for a Python import, cold/warm create, disk writes.
     Images(images::Options),
+    /// Idle sandboxes one node holds at once, memory per sandbox, what stopped it.
+    Density(density::Options),
+    /// Step latency of a latency-sensitive sandbox under background CPU load, QoS off and on.
+    Qos(qos::Options),
     /// Pause/resume latency, memory freed by pause, fork of 16 (container and fncall).
     Lifecycle(lifecycle::Options),
 }
@@ -38,6 +44,8 @@ fn main() -> anyhow::Result<()> {
         Bench::Container(opts) => container::run(opts)?,
         Bench::Images(opts) => images::run(opts)?,
         Bench::Lifecycle(opts) => lifecycle::run(opts)?,
+        Bench::Density(opts) => density::run(opts)?,
+        Bench::Qos(opts) => qos::run(opts)?,
     };
     println!("{result}");
     Ok(())

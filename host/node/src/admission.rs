@@ -33,6 +33,9 @@ impl Default for AdmissionConfig {
     }
 }
 
+/// How long a measured working set stands in for admission decisions.
+const WORKING_SET_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(5);
+
 fn meminfo_kib(key: &str) -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .unwrap_or_default()
@@ -45,8 +48,15 @@ fn meminfo_kib(key: &str) -> u64 {
 }
 
 impl Node {
-    /// What the node has, what its sandboxes ask for and what they use.
+    /// What the node has, what its sandboxes ask for and what they use. Reads every
+    /// container's cgroup: for status, not for each admission.
     pub fn capacity(&self) -> NodeCapacity {
+        self.capacity_with(true)
+    }
+
+    /// `measure`: read each container's working set (a cgroup file read per container);
+    /// otherwise the last measured value is reused.
+    fn capacity_with(&self, measure: bool) -> NodeCapacity {
         let (mut requested_mem, mut requested_cpu, mut working_set, mut containers) = (0, 0, 0, 0);
         let (mut latency, mut best_effort) = (0, 0);
         for e in self.inner.sandboxes.list(&[]) {
@@ -58,10 +68,23 @@ impl Node {
                 let (mem, cpu) = c.requested();
                 requested_mem += mem;
                 requested_cpu += cpu;
-                working_set += c.container.usage().1;
+                if measure {
+                    working_set += c.container.usage().1;
+                }
                 containers += 1;
             }
         }
+        let mut last = self.inner.working_set.lock();
+        if measure {
+            *last = (std::time::Instant::now(), working_set, containers);
+        } else if last.0.elapsed() < WORKING_SET_MAX_AGE && last.2 > 0 {
+            // Scale the last measurement to today's count.
+            working_set = last.1 / last.2 * containers;
+        } else {
+            drop(last);
+            return self.capacity_with(true);
+        }
+        drop(last);
         let cfg = &self.inner.config.admission;
         NodeCapacity {
             memory_total_bytes: meminfo_kib("MemTotal") << 10,
@@ -97,7 +120,7 @@ impl Node {
         memory: u64,
         cpu_millis: u64,
     ) -> Result<(), (&'static str, String)> {
-        let cap = self.capacity();
+        let cap = self.capacity_with(false);
         let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
         // Expected use of the newcomer: what the node's containers use on average (fncall
         // sandboxes are a directory and a table entry).

@@ -62,11 +62,14 @@ struct Inner {
     audit: Arc<AuditLog>,
     metrics: Arc<Metrics>,
     egress: egress::EgressState,
+    /// The last measured container working set: (when, bytes, containers).
+    working_set: parking_lot::Mutex<(std::time::Instant, u64, u64)>,
 }
 
 impl Node {
     /// Opens the node's state under `state_dir` and restores the sandboxes recorded there.
     pub async fn open(config: NodeConfig, state_dir: &Path) -> Result<Node, NodeError> {
+        raise_fd_limit();
         let fncall = FncallBackend::open(config.fncall.clone(), &state_dir.join("fncall"))?;
         // One run directory and cgroup parent per daemon state directory, so daemons sharing a
         // host never collide.
@@ -103,6 +106,7 @@ impl Node {
                 audit,
                 metrics: Arc::default(),
                 egress: egress::EgressState::default(),
+                working_set: parking_lot::Mutex::new((std::time::Instant::now(), 0, 0)),
             }),
         };
         node.restore().await;
@@ -507,6 +511,18 @@ impl Node {
         };
         let summary = self.inner.fncall.add_tool(name, bytes).await?;
         Ok(Some(Reply::Tool(convert::tool_to_wire(summary))))
+    }
+}
+
+/// Thousands of sandboxes need tens of thousands of descriptors (shim sockets, roots, cgroup
+/// files): raise the soft limit as far as the process may.
+fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let want = 1 << 20;
+    if setrlimit(Resource::RLIMIT_NOFILE, want, want).is_err() {
+        if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
     }
 }
 

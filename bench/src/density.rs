@@ -1,0 +1,201 @@
+//! `density`: how many idle sandboxes one node holds at once.
+//!
+//! Creates idle sandboxes of one tier until the node's admission refuses, a create fails, or
+//! `--max` is reached; every `--check-every` creates, a random sample of live sandboxes must
+//! answer (container: exec `true`; fncall: a file stat) within `--deadline-ms`. Prints how
+//! many were live at once, memory per sandbox (PSS of the processes they add, and the drop
+//! of the host's available memory), and what stopped it.
+
+use std::time::{Duration, Instant};
+
+use brig_sdk::{Client, Sandbox, SandboxOptions};
+use brig_tests::Daemon;
+use serde_json::json;
+
+use crate::stats::{round3, Latencies};
+
+#[derive(clap::Args, Debug)]
+pub struct Options {
+    /// `container` or `fncall`.
+    #[arg(long, default_value = "container")]
+    tier: String,
+    /// Stop after this many live sandboxes (default: 4,000 containers, 100,000 fncall).
+    #[arg(long)]
+    max: Option<usize>,
+    /// Memory limit each container asks for, MiB (admission bounds the sum).
+    #[arg(long, default_value_t = 16)]
+    memory_mib: u64,
+    /// CPU each container asks for, millicores (admission bounds the sum).
+    #[arg(long, default_value_t = 10)]
+    cpu_millis: u64,
+    /// Concurrent creators.
+    #[arg(long, default_value_t = 8)]
+    parallel: usize,
+    #[arg(long, default_value_t = 500)]
+    check_every: usize,
+    /// Sandboxes sampled per check.
+    #[arg(long, default_value_t = 20)]
+    sample: usize,
+    #[arg(long, default_value_t = 100)]
+    deadline_ms: u64,
+}
+
+fn meminfo_kib(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(key).and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Proportional set size of a process, KiB.
+fn pss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Pss:").and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// PSS of brigd plus every process of the node's containers (shims and what they run), KiB.
+fn node_pss_kib(brigd: u32) -> u64 {
+    let mut total = pss_kib(brigd);
+    let Ok(procs) = std::fs::read_dir("/proc") else { return total };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+        if cgroup.contains("/brig-") || exe.ends_with("brig-shim") {
+            total += pss_kib(pid);
+        }
+    }
+    total
+}
+
+pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
+    crate::build_daemon()?;
+    let daemon = Daemon::start_with(&["--log", "warn"])?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let result = rt.block_on(measure(&daemon, &opts));
+    // Tearing thousands of containers down takes a while; the daemon does it on drop.
+    drop(daemon);
+    result
+}
+
+async fn probe(sb: &Sandbox, container: bool) -> Result<(), brig_sdk::Error> {
+    if container {
+        sb.exec(["true"]).await.map(|_| ())
+    } else {
+        sb.stat("/").await.map(|_| ())
+    }
+}
+
+async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::Value> {
+    let client = daemon.client().await?;
+    let container = match opts.tier.as_str() {
+        "container" => true,
+        "fncall" => false,
+        other => anyhow::bail!("--tier container or fncall, not {other}"),
+    };
+    let max = opts.max.unwrap_or(if container { 4_000 } else { 100_000 });
+    let options = || {
+        if container {
+            SandboxOptions::container("busybox")
+                .memory_mib(opts.memory_mib)
+                .cpu_millis(opts.cpu_millis)
+                .idle_ttl(Duration::from_secs(3600))
+        } else {
+            SandboxOptions::fncall().idle_ttl(Duration::from_secs(3600))
+        }
+    };
+    // Warm up, then take the baseline.
+    let warm = client.create(options()).await?;
+    probe(&warm, container).await?;
+    warm.destroy().await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let brigd = daemon.pid().unwrap_or(0);
+    let (avail0, pss0) = (meminfo_kib("MemAvailable:"), node_pss_kib(brigd));
+
+    let started = Instant::now();
+    let mut live: Vec<Sandbox> = Vec::with_capacity(max);
+    let mut samples = Latencies::default();
+    let (mut slow, mut stopped_by) = (0usize, format!("limit of {max}"));
+    'outer: while live.len() < max {
+        let batch = opts.check_every.min(max - live.len());
+        let made = create_batch(&client, batch, opts.parallel, &options).await;
+        for r in made {
+            match r {
+                Ok(sb) => live.push(sb),
+                Err(e) => {
+                    stopped_by = format!("create refused: {e}");
+                    break 'outer;
+                }
+            }
+        }
+        for i in 0..opts.sample.min(live.len()) {
+            let sb = &live[(i * 7919 + live.len() * 31) % live.len()];
+            let t = Instant::now();
+            if let Err(e) = probe(sb, container).await {
+                stopped_by = format!("a sampled sandbox failed: {e}");
+                break 'outer;
+            }
+            let took = t.elapsed();
+            samples.record(took);
+            slow += usize::from(took > Duration::from_millis(opts.deadline_ms));
+        }
+        println!(
+            "  {} live after {:.1} s; sample p99 {:.2} ms",
+            live.len(),
+            started.elapsed().as_secs_f64(),
+            samples.quantile_ms(0.99)
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let n = live.len().max(1) as f64;
+    let pss_mib = node_pss_kib(brigd).saturating_sub(pss0) as f64 / 1024.0 / n;
+    let host_mib = avail0.saturating_sub(meminfo_kib("MemAvailable:")) as f64 / 1024.0 / n;
+    let elapsed = started.elapsed().as_secs_f64();
+    let (p50, p99) = (samples.quantile_ms(0.5), samples.quantile_ms(0.99));
+    println!("density ({} tier, release brigd)", opts.tier);
+    println!("  {:<44} {:>10}", "live at once", live.len());
+    println!("  {:<44} {:>10.3}", "PSS per sandbox MiB (brigd + shims + guests)", pss_mib);
+    println!("  {:<44} {:>10.3}", "host available memory per sandbox MiB", host_mib);
+    println!("  {:<44} {:>10.1}", "creates/s while filling", live.len() as f64 / elapsed);
+    println!(
+        "  {:<44} {:>6.2} / {:.2} ({} over {} ms)",
+        "sampled answer p50 / p99 ms", p50, p99, slow, opts.deadline_ms
+    );
+    println!("  stopped by: {stopped_by}");
+    Ok(json!({
+        "bench": "density",
+        "tier": opts.tier,
+        "live": live.len(),
+        "pss_per_sandbox_mib": round3(pss_mib),
+        "host_mem_per_sandbox_mib": round3(host_mib),
+        "stopped_by": stopped_by,
+        "sample_p50_ms": round3(p50),
+        "sample_p99_ms": round3(p99),
+        "slow_samples": slow,
+        "samples": samples.len(),
+        "fill_seconds": round3(elapsed),
+    }))
+}
+
+async fn create_batch(
+    client: &Client,
+    count: usize,
+    parallel: usize,
+    options: &impl Fn() -> SandboxOptions,
+) -> Vec<Result<Sandbox, brig_sdk::Error>> {
+    use futures::stream::{self, StreamExt};
+    stream::iter((0..count).map(|_| client.create(options())))
+        .buffer_unordered(parallel.max(1))
+        .collect()
+        .await
+}
