@@ -15,7 +15,6 @@ use crate::FncallError;
 /// A sandbox workspace directory.
 pub struct Workspace {
     path: PathBuf,
-    dir: Dir,
 }
 
 impl std::fmt::Debug for Workspace {
@@ -40,9 +39,16 @@ impl Workspace {
 
     /// Opens an existing workspace.
     pub fn open(path: &Path) -> Result<Workspace, FncallError> {
-        let dir = Dir::open_ambient_dir(path, ambient_authority())
-            .map_err(|source| FncallError::Io { path: path.to_owned(), source })?;
-        Ok(Workspace { path: path.to_owned(), dir })
+        let workspace = Workspace { path: path.to_owned() };
+        workspace.dir()?;
+        Ok(workspace)
+    }
+
+    /// The workspace directory, opened for one operation: a node holds 100,000 workspaces
+    /// and cannot keep a descriptor open for each.
+    fn dir(&self) -> Result<Dir, FncallError> {
+        Dir::open_ambient_dir(&self.path, ambient_authority())
+            .map_err(|source| FncallError::Io { path: self.path.clone(), source })
     }
 
     pub fn path(&self) -> &Path {
@@ -62,7 +68,7 @@ impl Workspace {
     /// Opens a file for reading.
     pub fn open_read(&self, path: &str) -> Result<std::fs::File, FncallError> {
         let rel = relative(path)?;
-        let file = self.dir.open(rel).map_err(|e| file_err(path, e))?;
+        let file = self.dir()?.open(rel).map_err(|e| file_err(path, e))?;
         Ok(file.into_std())
     }
 
@@ -78,7 +84,7 @@ impl Workspace {
         let rel = relative(path)?;
         if parents {
             if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
-                self.dir.create_dir_all(parent).map_err(|e| file_err(path, e))?;
+                self.dir()?.create_dir_all(parent).map_err(|e| file_err(path, e))?;
             }
         }
         let mut options = OpenOptions::new();
@@ -88,7 +94,7 @@ impl Workspace {
             .append(append)
             .truncate(!append)
             .mode(mode.unwrap_or(0o644) & 0o777);
-        let file = self.dir.open_with(rel, &options).map_err(|e| file_err(path, e))?;
+        let file = self.dir()?.open_with(rel, &options).map_err(|e| file_err(path, e))?;
         Ok(file.into_std())
     }
 
@@ -96,9 +102,9 @@ impl Workspace {
     pub fn stat(&self, path: &str) -> Result<Entry, FncallError> {
         let rel = relative(path)?;
         let meta = if rel.as_os_str().is_empty() {
-            self.dir.dir_metadata()
+            self.dir()?.dir_metadata()
         } else {
-            self.dir.symlink_metadata(&rel)
+            self.dir()?.symlink_metadata(&rel)
         }
         .map_err(|e| file_err(path, e))?;
         Ok(entry(display(&rel), &meta))
@@ -107,9 +113,12 @@ impl Workspace {
     /// Entries of a directory, sorted by name.
     pub fn list(&self, path: &str) -> Result<Vec<Entry>, FncallError> {
         let rel = relative(path)?;
-        let read =
-            if rel.as_os_str().is_empty() { self.dir.entries() } else { self.dir.read_dir(&rel) }
-                .map_err(|e| file_err(path, e))?;
+        let read = if rel.as_os_str().is_empty() {
+            self.dir()?.entries()
+        } else {
+            self.dir()?.read_dir(&rel)
+        }
+        .map_err(|e| file_err(path, e))?;
         let mut out = Vec::new();
         for item in read.take(MAX_LIST_ENTRIES) {
             let item = item.map_err(|e| file_err(path, e))?;
@@ -122,7 +131,7 @@ impl Workspace {
 
     pub fn mkdir(&self, path: &str, parents: bool) -> Result<(), FncallError> {
         let rel = relative(path)?;
-        if parents { self.dir.create_dir_all(&rel) } else { self.dir.create_dir(&rel) }
+        if parents { self.dir()?.create_dir_all(&rel) } else { self.dir()?.create_dir(&rel) }
             .map_err(|e| file_err(path, e))
     }
 
@@ -131,13 +140,13 @@ impl Workspace {
         if rel.as_os_str().is_empty() {
             return Err(FncallError::PathEscape(path.to_string()));
         }
-        let meta = self.dir.symlink_metadata(&rel).map_err(|e| file_err(path, e))?;
+        let meta = self.dir()?.symlink_metadata(&rel).map_err(|e| file_err(path, e))?;
         let result = if !meta.is_dir() {
-            self.dir.remove_file(&rel)
+            self.dir()?.remove_file(&rel)
         } else if recursive {
-            self.dir.remove_dir_all(&rel)
+            self.dir()?.remove_dir_all(&rel)
         } else {
-            self.dir.remove_dir(&rel)
+            self.dir()?.remove_dir(&rel)
         };
         result.map_err(|e| file_err(path, e))
     }
@@ -162,7 +171,7 @@ impl Workspace {
             }
             total
         }
-        walk(&self.dir, 0)
+        self.dir().map_or(0, |dir| walk(&dir, 0))
     }
 }
 

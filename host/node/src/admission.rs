@@ -29,7 +29,11 @@ pub struct AdmissionConfig {
 
 impl Default for AdmissionConfig {
     fn default() -> Self {
-        AdmissionConfig { memory_overcommit_pct: 400, cpu_overcommit_pct: 3200, min_free_mib: 512 }
+        AdmissionConfig {
+            memory_overcommit_pct: 1000,
+            cpu_overcommit_pct: 20000,
+            min_free_mib: 512,
+        }
     }
 }
 
@@ -49,17 +53,11 @@ fn meminfo_kib(key: &str) -> u64 {
 
 impl Node {
     /// What the node has, what its sandboxes ask for and what they use. Reads every
-    /// container's cgroup: for status, not for each admission.
+    /// container's cgroup: for status and metrics, and at most every few seconds for admission.
     pub fn capacity(&self) -> NodeCapacity {
-        self.capacity_with(true)
-    }
-
-    /// `measure`: read each container's working set (a cgroup file read per container);
-    /// otherwise the last measured value is reused.
-    fn capacity_with(&self, measure: bool) -> NodeCapacity {
         let (mut requested_mem, mut requested_cpu, mut working_set, mut containers) = (0, 0, 0, 0);
         let (mut latency, mut best_effort) = (0, 0);
-        for e in self.inner.sandboxes.list(&[]) {
+        for e in self.inner.sandboxes.all() {
             match e.spec().qos {
                 QosClass::LatencySensitive => latency += 1,
                 QosClass::BestEffort => best_effort += 1,
@@ -68,23 +66,11 @@ impl Node {
                 let (mem, cpu) = c.requested();
                 requested_mem += mem;
                 requested_cpu += cpu;
-                if measure {
-                    working_set += c.container.usage().1;
-                }
+                working_set += c.container.usage().1;
                 containers += 1;
             }
         }
-        let mut last = self.inner.working_set.lock();
-        if measure {
-            *last = (std::time::Instant::now(), working_set, containers);
-        } else if last.0.elapsed() < WORKING_SET_MAX_AGE && last.2 > 0 {
-            // Scale the last measurement to today's count.
-            working_set = last.1 / last.2 * containers;
-        } else {
-            drop(last);
-            return self.capacity_with(true);
-        }
-        drop(last);
+        *self.inner.working_set.lock() = (std::time::Instant::now(), working_set, containers);
         let cfg = &self.inner.config.admission;
         NodeCapacity {
             memory_total_bytes: meminfo_kib("MemTotal") << 10,
@@ -120,52 +106,74 @@ impl Node {
         memory: u64,
         cpu_millis: u64,
     ) -> Result<(), (&'static str, String)> {
-        let cap = self.capacity_with(false);
+        let cfg = &self.inner.config.admission;
         let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
-        // Expected use of the newcomer: what the node's containers use on average (fncall
-        // sandboxes are a directory and a table entry).
+        let available = meminfo_kib("MemAvailable") << 10;
+        let min_free = cfg.min_free_mib << 20;
+        // Expected use of the newcomer: what the node's containers used on average at the last
+        // measurement (fncall sandboxes are a directory and a table entry). Nothing here walks
+        // the sandbox table unless a container is being admitted.
         let expected = match tier {
-            Tier::Container if cap.containers > 0 => cap.working_set_bytes / cap.containers,
-            Tier::Container => 1 << 20,
+            Tier::Container => self.mean_working_set(),
             _ => 0,
         };
-        if cap.memory_available_bytes.saturating_sub(expected) < cap.min_free_bytes {
+        if available.saturating_sub(expected) < min_free {
             return Err((
                 "memory_floor",
                 format!(
                     "node memory: {:.0} MiB available, {:.0} MiB must stay free",
-                    mib(cap.memory_available_bytes),
-                    mib(cap.min_free_bytes)
+                    mib(available),
+                    mib(min_free)
                 ),
             ));
         }
         if tier != Tier::Container {
             return Ok(());
         }
-        let mem_cap = cap.memory_total_bytes / 100 * cap.memory_overcommit_pct;
-        if cap.memory_requested_bytes + memory > mem_cap {
+        let (mut requested_mem, mut requested_cpu) = (0, 0);
+        for e in self.inner.sandboxes.all() {
+            if let TierHandle::Container(c) = &e.handle {
+                let (mem, cpu) = c.requested();
+                requested_mem += mem;
+                requested_cpu += cpu;
+            }
+        }
+        let total = meminfo_kib("MemTotal") << 10;
+        let mem_cap = total / 100 * cfg.memory_overcommit_pct;
+        if requested_mem + memory > mem_cap {
             return Err((
                 "memory_overcommit",
                 format!(
                     "node memory: {:.0} MiB requested + {:.0} MiB asked exceeds {}% of {:.0} MiB",
-                    mib(cap.memory_requested_bytes),
+                    mib(requested_mem),
                     mib(memory),
-                    cap.memory_overcommit_pct,
-                    mib(cap.memory_total_bytes)
+                    cfg.memory_overcommit_pct,
+                    mib(total)
                 ),
             ));
         }
-        let cpu_cap = cap.cpus * 1000 * cap.cpu_overcommit_pct / 100;
-        if cap.cpu_requested_millis + cpu_millis > cpu_cap {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+        let cpu_cap = cpus * 1000 * cfg.cpu_overcommit_pct / 100;
+        if requested_cpu + cpu_millis > cpu_cap {
             return Err((
                 "cpu_overcommit",
                 format!(
-                    "node CPU: {} millicores requested + {cpu_millis} asked exceeds {}% of {} cores",
-                    cap.cpu_requested_millis, cap.cpu_overcommit_pct, cap.cpus
+                    "node CPU: {requested_cpu} millicores requested + {cpu_millis} asked exceeds {}% of {cpus} cores",
+                    cfg.cpu_overcommit_pct
                 ),
             ));
         }
         Ok(())
+    }
+
+    /// Mean memory charged per container, measured at most every `WORKING_SET_MAX_AGE`.
+    fn mean_working_set(&self) -> u64 {
+        let last = *self.inner.working_set.lock();
+        if last.0.elapsed() >= WORKING_SET_MAX_AGE || last.2 == 0 {
+            let cap = self.capacity();
+            return cap.working_set_bytes.checked_div(cap.containers).unwrap_or(1 << 20);
+        }
+        last.1 / last.2
     }
 
     /// Moves a sandbox to another QoS class (setup is bulk work, tool calls are not).

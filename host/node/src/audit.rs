@@ -31,9 +31,10 @@ const RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// Events returned per `Audit` reply frame.
 pub const BATCH: usize = 256;
 
+/// Where a trail stands; its file is opened per event (a node has too many sandboxes to keep
+/// a descriptor open for each).
 struct Trail {
     next_seq: u64,
-    file: std::fs::File,
     bytes: u64,
 }
 
@@ -85,12 +86,9 @@ impl AuditLog {
         line.push(b'\n');
         if trail.bytes + line.len() as u64 > FILE_BYTES {
             let _ = std::fs::rename(self.path(id, false), self.path(id, true));
-            match self.create_file(id) {
-                Ok(file) => (trail.file, trail.bytes) = (file, 0),
-                Err(e) => tracing::warn!(sandbox = id, error = %e, "audit trail rotation"),
-            }
+            trail.bytes = 0;
         }
-        if let Err(e) = trail.file.write_all(&line) {
+        if let Err(e) = self.create_file(id).and_then(|mut f| f.write_all(&line)) {
             tracing::warn!(sandbox = id, error = %e, "audit trail write");
         }
         trail.bytes += line.len() as u64;
@@ -105,9 +103,12 @@ impl AuditLog {
     /// Opens a trail for appending, continuing its sequence after a node restart.
     fn open_trail(&self, id: &str) -> std::io::Result<Trail> {
         let last = self.read(id, 0).last().map(|e| e.seq).unwrap_or(0);
-        let file = self.create_file(id)?;
-        let bytes = file.metadata()?.len();
-        Ok(Trail { next_seq: last + 1, file, bytes })
+        let bytes = match std::fs::metadata(self.path(id, false)) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(e),
+        };
+        Ok(Trail { next_seq: last + 1, bytes })
     }
 
     /// The events of a sandbox with `seq > after`, oldest first.

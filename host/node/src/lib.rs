@@ -160,7 +160,7 @@ impl Node {
                 counts.insert((tier.as_str(), state), 0);
             }
         }
-        for e in self.inner.sandboxes.list(&[]) {
+        for e in self.inner.sandboxes.all() {
             let state = if e.paused_unix_ms().is_some() { "paused" } else { "running" };
             *counts.entry((e.tier.as_str(), state)).or_default() += 1;
         }

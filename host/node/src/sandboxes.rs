@@ -291,6 +291,11 @@ impl SandboxTable {
         }
     }
 
+    /// Every sandbox, in no particular order (cheap: for counting and summing).
+    pub fn all(&self) -> Vec<Arc<SandboxEntry>> {
+        self.live.read().values().cloned().collect()
+    }
+
     pub fn list(&self, selector: &[(String, String)]) -> Vec<Arc<SandboxEntry>> {
         let mut out: Vec<_> = self
             .live
@@ -299,7 +304,7 @@ impl SandboxTable {
             .filter(|e| e.spec.read().matches(selector))
             .cloned()
             .collect();
-        out.sort_by_key(|e| (e.created_unix_ms, e.id.to_string()));
+        out.sort_by_cached_key(|e| (e.created_unix_ms, e.id.to_string()));
         out
     }
 
