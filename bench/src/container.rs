@@ -37,24 +37,9 @@ pub struct Options {
     idle: usize,
 }
 
-fn mem_available_kib() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("MemAvailable:")
-                .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
-    crate::build_daemon()?;
-    let daemon = Daemon::start()?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let result = rt.block_on(measure(&daemon, &opts));
-    drop(daemon);
-    result
+    let (daemon, rt) = crate::start_daemon(&[])?;
+    rt.block_on(measure(&daemon, &opts))
 }
 
 async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::Value> {
@@ -90,13 +75,13 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
     sb.destroy().await?;
 
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = mem_available_kib();
+    let before = crate::meminfo_kib("MemAvailable:");
     let mut idle = Vec::new();
     for _ in 0..opts.idle {
         idle.push(client.create(options()).await?);
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = mem_available_kib();
+    let after = crate::meminfo_kib("MemAvailable:");
     let host_delta_mib = before.saturating_sub(after) as f64 / 1024.0 / opts.idle.max(1) as f64;
     // What each idle container is charged in its memory cgroup: shim, init, kernel objects.
     let mut charged = Vec::new();

@@ -40,16 +40,6 @@ pub struct Options {
     deadline_ms: u64,
 }
 
-fn meminfo_kib(key: &str) -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(key).and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 /// Proportional set size of a process, KiB.
 fn pss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
@@ -79,13 +69,9 @@ fn node_pss_kib(brigd: u32) -> u64 {
 }
 
 pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
-    crate::build_daemon()?;
-    let daemon = Daemon::start_with(&["--log", "warn"])?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let result = rt.block_on(measure(&daemon, &opts));
     // Tearing thousands of containers down takes a while; the daemon does it on drop.
-    drop(daemon);
-    result
+    let (daemon, rt) = crate::start_daemon(&["--log", "warn"])?;
+    rt.block_on(measure(&daemon, &opts))
 }
 
 async fn probe(sb: &Sandbox, container: bool) -> Result<(), brig_sdk::Error> {
@@ -120,7 +106,7 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
     warm.destroy().await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let brigd = daemon.pid().unwrap_or(0);
-    let (avail0, pss0) = (meminfo_kib("MemAvailable:"), node_pss_kib(brigd));
+    let (avail0, pss0) = (crate::meminfo_kib("MemAvailable:"), node_pss_kib(brigd));
 
     let started = Instant::now();
     let mut live: Vec<Sandbox> = Vec::with_capacity(max);
@@ -159,7 +145,7 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
     tokio::time::sleep(Duration::from_secs(2)).await;
     let n = live.len().max(1) as f64;
     let pss_mib = node_pss_kib(brigd).saturating_sub(pss0) as f64 / 1024.0 / n;
-    let host_mib = avail0.saturating_sub(meminfo_kib("MemAvailable:")) as f64 / 1024.0 / n;
+    let host_mib = avail0.saturating_sub(crate::meminfo_kib("MemAvailable:")) as f64 / 1024.0 / n;
     let elapsed = started.elapsed().as_secs_f64();
     let (p50, p99) = (samples.quantile_ms(0.5), samples.quantile_ms(0.99));
     println!("density ({} tier, release brigd)", opts.tier);

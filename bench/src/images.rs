@@ -62,11 +62,8 @@ fn process_write_bytes(pid: u32) -> u64 {
 pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
     crate::build_daemon()?;
     let image = base_image(&opts)?;
-    let daemon = Daemon::start()?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let result = rt.block_on(measure(&daemon, &opts, &image));
-    drop(daemon);
-    result
+    let (daemon, rt) = crate::start_daemon(&[])?;
+    rt.block_on(measure(&daemon, &opts, &image))
 }
 
 async fn first_exec(client: &Client, image: &str) -> anyhow::Result<(Duration, brig_sdk::Sandbox)> {

@@ -48,13 +48,9 @@ pub struct Options {
 }
 
 pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
-    crate::build_daemon()?;
     let _swap = if opts.swap_mib > 0 { Some(SwapFile::add(opts.swap_mib)?) } else { None };
-    let daemon = Daemon::start()?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let result = rt.block_on(measure(&daemon, &opts));
-    drop(daemon);
-    result
+    let (daemon, rt) = crate::start_daemon(&[])?;
+    rt.block_on(measure(&daemon, &opts))
 }
 
 /// The workload: a background process holding `anon` MiB in a shell variable, an `anon` MiB

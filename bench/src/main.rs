@@ -62,3 +62,25 @@ pub fn build_daemon() -> anyhow::Result<()> {
     anyhow::ensure!(status.success(), "building brigd failed");
     Ok(())
 }
+
+/// Builds the daemon, starts it with extra `args` and a two-thread runtime to drive it. Bind
+/// the runtime after the daemon so it is dropped first.
+pub fn start_daemon(
+    args: &[&str],
+) -> anyhow::Result<(brig_tests::Daemon, tokio::runtime::Runtime)> {
+    build_daemon()?;
+    let daemon = brig_tests::Daemon::start_with(args)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    Ok((daemon, rt))
+}
+
+/// A `/proc/meminfo` field (`key` with its colon, e.g. `MemAvailable:`), in KiB.
+pub fn meminfo_kib(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(key).and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        })
+        .unwrap_or(0)
+}

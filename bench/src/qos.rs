@@ -50,12 +50,8 @@ async fn burners(client: &Client, cores: usize, class: QosClass) -> anyhow::Resu
 }
 
 pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
-    crate::build_daemon()?;
-    let daemon = Daemon::start_with(&["--log", "warn"])?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let result = rt.block_on(measure(&daemon, &opts));
-    drop(daemon);
-    result
+    let (daemon, rt) = crate::start_daemon(&["--log", "warn"])?;
+    rt.block_on(measure(&daemon, &opts))
 }
 
 async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::Value> {

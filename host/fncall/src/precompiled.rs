@@ -18,7 +18,8 @@ pub(crate) fn load(engine: &Engine, path: &Path) -> Option<Component> {
     // under a directory named by this engine's compatibility hash, and always by
     // write-to-temporary-then-rename, so a file at `path` is complete and never rewritten in
     // place. Wasmtime itself rejects files from another version or with other settings.
-    match unsafe { Component::deserialize_file(engine, path) } {
+    let loaded = unsafe { Component::deserialize_file(engine, path) };
+    match loaded {
         Ok(component) => Some(component),
         Err(e) => {
             tracing::warn!(path = %path.display(), error = %format!("{e:#}"), "precompiled component unusable; recompiling");
