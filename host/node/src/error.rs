@@ -72,6 +72,10 @@ impl NodeError {
             NodeError::TierUnavailable { .. } => ErrorCode::Unavailable,
             NodeError::WrongTier { .. } | NodeError::BadImage(..) => ErrorCode::BadRequest,
             NodeError::NoSuchExec(_) | NodeError::NoSuchSession(_) => ErrorCode::NotFound,
+            // The shim refuses a spawn only when it cannot fork: the sandbox's pids are used up.
+            NodeError::Container(brig_container::runtime::RuntimeError::Shim(
+                brig_container::shim_conn::ShimConnError::SpawnFailed(_),
+            )) => ErrorCode::ResourceExhausted,
             NodeError::Container(_) => ErrorCode::Internal,
             NodeError::File(e) => match e {
                 brig_container::files::FileError::Io { source, .. } => io_code(source),

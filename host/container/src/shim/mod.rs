@@ -220,19 +220,50 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
                 ToShim::Configure(_) | ToShim::IdsMapped => {
                     return Err(ShimError::Protocol("setup message after setup".into()))
                 }
-                ToShim::Spawn(spec) => match sys::fork()? {
-                    sys::Forked::Child => child::run(&spec, fds),
-                    sys::Forked::Parent(pid) => {
-                        drop(fds);
-                        next_exec_id = next_exec_id.max(spec.exec_id + 1);
-                        running.insert(pid, spec.exec_id);
-                        send(c, &FromShim::Spawned { exec_id: spec.exec_id, pid: pid.as_raw() })?;
+                ToShim::Spawn(spec) => {
+                    next_exec_id = next_exec_id.max(spec.exec_id + 1);
+                    match fork_for_spawn() {
+                        Ok(sys::Forked::Child) => child::run(&spec, fds),
+                        Ok(sys::Forked::Parent(pid)) => {
+                            drop(fds);
+                            running.insert(pid, spec.exec_id);
+                            let spawned =
+                                FromShim::Spawned { exec_id: spec.exec_id, pid: pid.as_raw() };
+                            send(c, &spawned)?;
+                        }
+                        // A full pids cgroup (a fork bomb, say) refuses this one request; the
+                        // shim, and with it the container, stays up.
+                        Err(e) => {
+                            drop(fds);
+                            let error = describe(&e);
+                            send(c, &FromShim::SpawnFailed { exec_id: spec.exec_id, error })?;
+                        }
                     }
-                },
+                }
             }
         }
     }
 }
+
+/// Forks for a spawn request. EAGAIN (the container's pids limit is reached) is retried for
+/// about half a second, long enough for the processes a timeout just killed to be reaped.
+fn fork_for_spawn() -> Result<sys::Forked, ShimError> {
+    let mut delay = std::time::Duration::from_millis(2);
+    let mut waited = std::time::Duration::ZERO;
+    loop {
+        match sys::fork() {
+            Err(ShimError::Sys(_, nix::Error::EAGAIN)) if waited < SPAWN_RETRY_BUDGET => {
+                std::thread::sleep(delay);
+                waited += delay;
+                delay = (delay * 2).min(std::time::Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// How long a spawn request waits for room under the pids limit.
+const SPAWN_RETRY_BUDGET: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Reaps exited children; `true` when init died. Reports go to the connected node, if any.
 fn reap(
