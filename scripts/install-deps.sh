@@ -17,8 +17,11 @@ done
 
 # Debian packages: erofs-utils (read-only layers), busybox-static (tiny base image),
 # debootstrap (Debian base image), e2fsprogs (writable-layer disks), iproute2 + nftables (sandbox
-# networks and egress rules), fuse3 (on-demand layer data).
-packages=(erofs-utils busybox-static debootstrap e2fsprogs iproute2 nftables fuse3 procps psmisc curl)
+# networks and egress rules), fuse3 (on-demand layer data), etcd-server (durable cluster state
+# for the control-plane replicas), protobuf-compiler (the etcd client's gRPC code is generated at
+# build time).
+packages=(erofs-utils busybox-static debootstrap e2fsprogs iproute2 nftables fuse3 procps psmisc curl
+    etcd-server protobuf-compiler)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -10,6 +10,7 @@ mod fncall;
 mod images;
 mod lifecycle;
 mod qos;
+mod sim;
 mod stats;
 
 use clap::{Parser, Subcommand};
@@ -35,6 +36,8 @@ enum Bench {
     Qos(qos::Options),
     /// Pause/resume latency, memory freed by pause, fork of 16 (container and fncall).
     Lifecycle(lifecycle::Options),
+    /// Placement for a simulated 160-node unit: decisions/s and load spread, power-of-k vs random.
+    Sim(sim::Options),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -46,6 +49,7 @@ fn main() -> anyhow::Result<()> {
         Bench::Lifecycle(opts) => lifecycle::run(opts)?,
         Bench::Density(opts) => density::run(opts)?,
         Bench::Qos(opts) => qos::run(opts)?,
+        Bench::Sim(opts) => sim::run(opts)?,
     };
     println!("{result}");
     Ok(())
