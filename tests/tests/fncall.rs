@@ -54,7 +54,7 @@ async fn wrong_token_and_old_protocol_are_refused() {
     let daemon = Daemon::start().expect("brigd");
     let good = daemon.connect_options().expect("opts");
     let bad = ConnectOptions { token: "0".repeat(64), ..good.clone() };
-    let err = Client::connect(bad).await.err().expect("refused");
+    let err = Client::connect(bad).await.expect_err("refused");
     assert_eq!(err.code(), Some(ErrorCode::Unauthenticated), "{err}");
     assert!(!err.retryable());
 

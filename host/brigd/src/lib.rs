@@ -1,5 +1,5 @@
-//! brigd: the Brig daemon. One binary; today it runs the all-in-one role (control plane and node
-//! in one process), which is what a single machine needs.
+//! brigd: the Brig daemon. One binary, three roles: `all` (control plane and node in one
+//! process, what a single machine needs), `node` and `control` (see [`cluster`]).
 //!
 //! State directory layout (default `$XDG_DATA_HOME/brig`, e.g. `~/.local/share/brig`):
 //! ```text
@@ -11,6 +11,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod cluster;
 pub mod endpoint;
 
 use std::net::SocketAddr;
@@ -19,7 +20,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use brig_control::AccessTokens;
-use brig_node::{Node, NodeConfig};
+use brig_node::{Node, NodeConfig, Principal};
 use brig_proto::Request;
 use brig_transport::{Exchange, Identity, Server, Service};
 
@@ -34,17 +35,45 @@ pub struct AllInOne {
 }
 
 impl Service for AllInOne {
-    fn authenticate(&self, token: &str) -> bool {
-        self.tokens.verify(token)
+    type Principal = Principal;
+
+    async fn authenticate(&self, token: &str) -> Option<Principal> {
+        self.tokens.verify(token).then_some(Principal::Admin)
     }
 
-    async fn serve(&self, request: Request, exchange: Exchange) {
-        use tracing::Instrument;
-        // One span per request: control plane → node → tier backend log under it.
-        let id = REQUEST_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let span = tracing::debug_span!("request", id, kind = request.kind());
-        self.node.serve(request, exchange).instrument(span).await;
+    async fn serve(&self, principal: &Principal, request: Request, exchange: Exchange) {
+        serve_node(&self.node, principal, request, exchange).await;
     }
+}
+
+/// Serves one request on the node, under a span per request: node → tier backend log under it.
+pub(crate) async fn serve_node(
+    node: &Node,
+    principal: &Principal,
+    request: Request,
+    exchange: Exchange,
+) {
+    use tracing::Instrument;
+    let id = REQUEST_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let span = tracing::debug_span!("request", id, kind = request.kind());
+    node.serve_as(principal, request, exchange).instrument(span).await;
+}
+
+/// Which role the daemon runs.
+#[derive(Debug, Clone)]
+pub enum RoleOptions {
+    /// Control plane and node in one process.
+    All,
+    /// A node of a cluster, reporting to these control-plane replicas.
+    Node {
+        controls: Vec<cluster::ControlAddr>,
+        /// Admits the node at the control plane (an admin access token of the cluster).
+        join_token: String,
+        /// The address clients reach this node at (default: the bound address).
+        advertise: Option<SocketAddr>,
+    },
+    /// A control-plane replica.
+    Control(cluster::ControlOptions),
 }
 
 /// Everything brigd needs to start.
@@ -56,6 +85,7 @@ pub struct DaemonOptions {
     pub node: NodeConfig,
     /// Address of the Prometheus metrics endpoint; `None` serves none.
     pub metrics: Option<SocketAddr>,
+    pub role: RoleOptions,
 }
 
 /// The default state directory: `$BRIG_STATE_DIR`, else `<user data dir>/brig`.
@@ -80,6 +110,9 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let state = &opts.state_dir;
     create_private_dir(state)?;
+    if let RoleOptions::Control(control) = &opts.role {
+        return cluster::run_control(opts.listen, state, control.clone(), shutdown).await;
+    }
     let tokens = AccessTokens::load_or_create(&state.join("access-token"))?;
     let tls_dir = state.join("tls");
     let names = vec!["localhost".to_string(), opts.listen.ip().to_string()];
@@ -124,8 +157,31 @@ pub async fn run(
     endpoint.write(state)?;
     tracing::info!(addr = %local, state_dir = %state.display(), fingerprint = %endpoint.cert_sha256, "brigd listening");
     let reaper = node.spawn_reaper();
-    let service = Arc::new(AllInOne { tokens, node: node.clone() });
-    server.run(service, shutdown).await;
+    match &opts.role {
+        RoleOptions::Node { controls, join_token, advertise } => {
+            let keys = Arc::new(parking_lot::RwLock::new(Vec::new()));
+            let beats: Vec<_> = controls
+                .iter()
+                .map(|control| {
+                    tokio::spawn(cluster::heartbeat_loop(
+                        node.clone(),
+                        control.clone(),
+                        join_token.clone(),
+                        advertise.unwrap_or(local),
+                        endpoint.cert_sha256.clone(),
+                        keys.clone(),
+                    ))
+                })
+                .collect();
+            let service = Arc::new(cluster::ClusterNode { tokens, node: node.clone(), keys });
+            server.run(service, shutdown).await;
+            beats.iter().for_each(|b| b.abort());
+        }
+        _ => {
+            let service = Arc::new(AllInOne { tokens, node: node.clone() });
+            server.run(service, shutdown).await;
+        }
+    }
     reaper.abort();
     if let Some(task) = metrics_task {
         task.abort();

@@ -56,10 +56,38 @@ struct Args {
     log: String,
 }
 
-#[derive(Subcommand, Debug, Clone, Copy)]
+#[derive(Subcommand, Debug, Clone)]
 enum Role {
     /// Control plane and node in one process (the default).
     All,
+    /// A node of a cluster: serves sandboxes, reports to control-plane replicas.
+    Node {
+        /// A control-plane replica as `ADDR=CERT_SHA256` (repeatable; report to each).
+        #[arg(long = "control", required = true)]
+        controls: Vec<brigd::cluster::ControlAddr>,
+        /// File holding the admin access token that admits this node at the control plane.
+        #[arg(long)]
+        join_token_file: PathBuf,
+        /// This node's id (unique in the cluster; sandbox ids carry it).
+        #[arg(long)]
+        node_id: Option<u32>,
+        /// Address clients reach this node at; default: the bound address.
+        #[arg(long)]
+        advertise: Option<SocketAddr>,
+    },
+    /// A control-plane replica: placement, routes, projects and quotas.
+    Control {
+        /// etcd endpoints (comma-separated), where replicas keep the cluster state; default:
+        /// a local file (one replica).
+        #[arg(long, value_delimiter = ',')]
+        etcd: Vec<String>,
+        /// Choices sampled per placement.
+        #[arg(long, default_value_t = 2)]
+        k: usize,
+        /// A node silent this long (milliseconds) is down and its sandboxes are lost.
+        #[arg(long, default_value_t = 3000)]
+        down_after_ms: u64,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -85,19 +113,48 @@ fn main() -> anyhow::Result<()> {
             Some(addr.parse::<SocketAddr>().map_err(|e| anyhow::anyhow!("--metrics {addr}: {e}"))?)
         }
     };
+    let role = match args.role.clone().unwrap_or(Role::All) {
+        Role::All => brigd::RoleOptions::All,
+        Role::Node { controls, join_token_file, node_id, advertise } => {
+            if let Some(id) = node_id {
+                node.node_id = id;
+            }
+            let join_token = read_join_token(&join_token_file)?;
+            brigd::RoleOptions::Node { controls, join_token, advertise }
+        }
+        Role::Control { etcd, k, down_after_ms } => {
+            brigd::RoleOptions::Control(brigd::cluster::ControlOptions {
+                etcd,
+                config: brig_control::ControlConfig {
+                    k,
+                    down_after: std::time::Duration::from_millis(down_after_ms),
+                    ..Default::default()
+                },
+            })
+        }
+    };
     let opts = brigd::DaemonOptions {
         listen: args.listen,
         state_dir: args.state_dir.clone().unwrap_or_else(brigd::default_state_dir),
         tools_dirs: args.tools_dirs.clone(),
         node,
         metrics,
+        role,
     };
-    match args.role.unwrap_or(Role::All) {
-        Role::All => {}
-    }
     brig_transport::tls::install_default_provider();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(brigd::run(opts, shutdown_signal()))
+}
+
+/// The first token line of a token file.
+fn read_join_token(path: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("--join-token-file {}: {e}", path.display()))?;
+    text.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .ok_or_else(|| anyhow::anyhow!("{} holds no token", path.display()))
 }
 
 fn parse_service(s: &str) -> Result<(String, Vec<brig_core::Destination>), String> {

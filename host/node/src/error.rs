@@ -59,6 +59,10 @@ pub enum NodeError {
     BadProtected(String),
     #[error("node full: {0}")]
     Overcommitted(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0} requests go to the control plane, not to a node")]
+    ControlOnly(&'static str),
 }
 
 impl NodeError {
@@ -121,6 +125,8 @@ impl NodeError {
             NodeError::Io { .. } | NodeError::Transport(_) => ErrorCode::Internal,
             NodeError::BadEgress(_) | NodeError::BadProtected(_) => ErrorCode::BadRequest,
             NodeError::Overcommitted(_) => ErrorCode::ResourceExhausted,
+            NodeError::Forbidden(_) => ErrorCode::PermissionDenied,
+            NodeError::ControlOnly(_) => ErrorCode::BadRequest,
             NodeError::Net(brig_container::network::NetError::NoSlot) => {
                 ErrorCode::ResourceExhausted
             }

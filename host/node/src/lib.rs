@@ -23,10 +23,12 @@ mod images;
 mod lifecycle;
 pub mod metrics;
 mod sandboxes;
+mod scope;
 
 pub use admission::AdmissionConfig;
 pub use config::{BlobBackendConfig, ContainerConfig, ImagesConfig, NodeConfig, OnExit};
 pub use error::NodeError;
+pub use scope::{Principal, PROJECT_LABEL};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -172,6 +174,28 @@ impl Node {
     }
 
     /// Serves one request on its exchange.
+    /// Serves one request for `principal`: scoped to its project, then as [`Node::serve`].
+    pub async fn serve_as(&self, principal: &Principal, request: Request, mut exchange: Exchange) {
+        let kind = request.kind();
+        let upload = request.has_upload();
+        match self.authorize(principal, request) {
+            Ok(request) => self.serve(request, exchange).await,
+            Err(e) => {
+                if upload {
+                    exchange.refuse_upload();
+                }
+                let code = e.to_wire().code.as_str();
+                self.inner
+                    .metrics
+                    .refusals
+                    .get_or_create(&metrics::RefusalLabels { kind, code })
+                    .inc();
+                let _ = exchange.error(e.to_wire()).await;
+                exchange.finish();
+            }
+        }
+    }
+
     pub async fn serve(&self, request: Request, mut exchange: Exchange) {
         let kind = request.kind();
         self.inner.metrics.requests.get_or_create(&metrics::KindLabel { kind }).inc();
@@ -323,6 +347,7 @@ impl Node {
     /// Requests with no streaming.
     async fn handle(&self, request: Request) -> Result<Option<Reply>, NodeError> {
         let fncall = &self.inner.fncall;
+        let request_kind = request.kind();
         let reply = match request {
             Request::Call(call) => {
                 let report = fncall.call(convert::call_from_wire(call), None).await?;
@@ -481,6 +506,13 @@ impl Node {
                     source: std::io::Error::other("streaming request reached the plain handler"),
                 })
             }
+            Request::NodeHeartbeat(_)
+            | Request::Route { .. }
+            | Request::Routes { .. }
+            | Request::ClusterStatus
+            | Request::ProjectPut { .. }
+            | Request::ProjectList
+            | Request::TokenCreate { .. } => return Err(NodeError::ControlOnly(request_kind)),
         };
         Ok(Some(reply))
     }

@@ -307,7 +307,7 @@ async fn connect(args: &ConnArgs) -> anyhow::Result<Client> {
                 (None, Some(path)) => brig_sdk::read_token(path)?,
                 (None, None) => bail!("--addr needs --token or --token-file"),
             };
-            ConnectOptions { addr, pin, token }
+            ConnectOptions::new(addr, pin, token)
         }
         None => match &args.state_dir {
             Some(dir) => ConnectOptions::from_state_dir(dir)?,

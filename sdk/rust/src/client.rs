@@ -2,13 +2,16 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use brig_proto::{CallRequest, CallResult, ListRequest, Reply, Request, SandboxInfo, ToolInfo};
 use brig_transport::{CertPin, ClientConnection};
 use bytes::Bytes;
 use tokio::sync::RwLock;
 
+use crate::cluster::{CallHops, ClusterState};
 use crate::{Error, Sandbox, SandboxOptions};
 
 /// How the client trusts the server's certificate.
@@ -26,6 +29,31 @@ pub struct ConnectOptions {
     pub addr: SocketAddr,
     pub pin: Pin,
     pub token: String,
+    /// Other control-plane replicas, tried in turn when the current one fails.
+    pub replicas: Vec<(SocketAddr, Pin)>,
+    /// With replicas: a control-plane request unanswered this long moves to the next replica.
+    pub failover_after: Duration,
+}
+
+/// Default for [`ConnectOptions::failover_after`].
+pub const FAILOVER_AFTER: Duration = Duration::from_secs(10);
+
+impl ConnectOptions {
+    pub fn new(addr: SocketAddr, pin: Pin, token: impl Into<String>) -> ConnectOptions {
+        ConnectOptions {
+            addr,
+            pin,
+            token: token.into(),
+            replicas: Vec::new(),
+            failover_after: FAILOVER_AFTER,
+        }
+    }
+
+    /// Adds a control-plane replica to fail over to.
+    pub fn replica(mut self, addr: SocketAddr, pin: Pin) -> ConnectOptions {
+        self.replicas.push((addr, pin));
+        self
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -44,7 +72,7 @@ impl ConnectOptions {
         let endpoint: EndpointFile = serde_json::from_str(&text)
             .map_err(|e| Error::Config(format!("{}: {e}", endpoint_path.display())))?;
         let token = read_token(&dir.join("access-token"))?;
-        Ok(ConnectOptions { addr: endpoint.addr, pin: Pin::Sha256(endpoint.cert_sha256), token })
+        Ok(ConnectOptions::new(endpoint.addr, Pin::Sha256(endpoint.cert_sha256), token))
     }
 
     /// [`ConnectOptions::from_state_dir`] on the default state directory: `$BRIG_STATE_DIR`, else
@@ -79,20 +107,61 @@ pub struct Client {
 
 struct Inner {
     opts: ConnectOptions,
-    pin: CertPin,
+    /// The server and its replicas, with their pins; `current` is the one in use.
+    servers: Vec<(SocketAddr, CertPin)>,
+    current: AtomicUsize,
     conn: RwLock<ClientConnection>,
+    /// Set when the server is a control-plane replica.
+    cluster: Option<ClusterState>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let current = self.inner.current.load(Ordering::Relaxed);
+        f.debug_struct("Client")
+            .field("server", &self.inner.servers[current].0)
+            .field("cluster", &self.inner.cluster.is_some())
+            .finish()
+    }
+}
+
+fn pin_of(pin: &Pin) -> Result<CertPin, Error> {
+    match pin {
+        Pin::Sha256(hex) => CertPin::from_hex(hex),
+        Pin::CertFile(path) => CertPin::from_cert_file(path),
+    }
+    .map_err(|e| Error::Config(e.to_string()))
 }
 
 impl Client {
     /// Connects and authenticates.
     pub async fn connect(opts: ConnectOptions) -> Result<Client, Error> {
-        let pin = match &opts.pin {
-            Pin::Sha256(hex) => CertPin::from_hex(hex),
-            Pin::CertFile(path) => CertPin::from_cert_file(path),
+        let mut servers = vec![(opts.addr, pin_of(&opts.pin)?)];
+        for (addr, pin) in &opts.replicas {
+            servers.push((*addr, pin_of(pin)?));
         }
-        .map_err(|e| Error::Config(e.to_string()))?;
-        let conn = dial(&opts, &pin).await?;
-        Ok(Client { inner: Arc::new(Inner { opts, pin, conn: RwLock::new(conn) }) })
+        let (index, conn) = dial_any(&servers, 0, &opts.token).await?;
+        let cluster =
+            conn.server_message().starts_with("brigd control").then(ClusterState::default);
+        Ok(Client {
+            inner: Arc::new(Inner {
+                opts,
+                servers,
+                current: AtomicUsize::new(index),
+                conn: RwLock::new(conn),
+                cluster,
+            }),
+        })
+    }
+
+    /// Whether this client talks to a cluster's control plane (rather than one brigd).
+    pub fn is_cluster(&self) -> bool {
+        self.inner.cluster.is_some()
+    }
+
+    /// How one-shot calls travelled so far (cluster mode).
+    pub fn call_hops(&self) -> CallHops {
+        self.inner.cluster.as_ref().map(ClusterState::hops).unwrap_or_default()
     }
 
     /// Connects to the local daemon found in the default state directory.
@@ -115,19 +184,38 @@ impl Client {
         }
         let mut conn = self.inner.conn.write().await;
         if conn.is_closed() {
-            tracing::debug!(addr = %self.inner.opts.addr, "reconnecting");
-            *conn = dial(&self.inner.opts, &self.inner.pin).await?;
+            let start = self.inner.current.load(Ordering::Relaxed);
+            tracing::debug!(addr = %self.inner.servers[start].0, "reconnecting");
+            let (index, fresh) =
+                dial_any(&self.inner.servers, start, &self.inner.opts.token).await?;
+            self.inner.current.store(index, Ordering::Relaxed);
+            *conn = fresh;
         }
         Ok(conn.clone())
     }
 
+    /// Gives up on the current server (it stopped answering) and moves to the next replica.
+    async fn fail_over(&self, seen: &ClientConnection) {
+        let conn = self.inner.conn.read().await;
+        if conn.remote_address() == seen.remote_address() && !conn.is_closed() {
+            tracing::warn!(addr = %seen.remote_address(), "control-plane replica not answering; failing over");
+            conn.close();
+            let next = (self.inner.current.load(Ordering::Relaxed) + 1) % self.inner.servers.len();
+            self.inner.current.store(next, Ordering::Relaxed);
+        }
+    }
+
     /// Sends a request without upload and returns its reply, turning error replies into `Err`.
+    /// In cluster mode a request about a sandbox goes to the sandbox's node.
     pub(crate) async fn request(&self, request: &Request) -> Result<Reply, Error> {
         use tracing::Instrument;
         let span = tracing::debug_span!("brig_request", kind = request.kind());
         async {
-            let conn = self.connection().await?;
-            match conn.request(request).await? {
+            let reply = match self.node_bound(request) {
+                Some(sandbox) => self.node_request(sandbox, request).await?,
+                None => self.control_request(request).await?,
+            };
+            match reply {
                 Reply::Error(e) => {
                     tracing::debug!(code = e.code.as_str(), "refused");
                     Err(e.into())
@@ -139,12 +227,83 @@ impl Client {
         .await
     }
 
+    /// The sandbox whose node serves `request`, in cluster mode.
+    fn node_bound<'r>(&self, request: &'r Request) -> Option<&'r str> {
+        self.inner.cluster.as_ref()?;
+        match request {
+            Request::Route { .. } => None,
+            other => other.sandbox(),
+        }
+    }
+
+    /// A request to the server (or, with replicas, to whichever answers).
+    async fn control_request(&self, request: &Request) -> Result<Reply, Error> {
+        let attempts = self.inner.servers.len();
+        let mut last = None;
+        for _ in 0..attempts {
+            let conn = self.connection().await?;
+            if attempts == 1 {
+                return Ok(conn.request(request).await?);
+            }
+            match tokio::time::timeout(self.inner.opts.failover_after, conn.request(request)).await
+            {
+                Ok(Ok(reply)) => return Ok(reply),
+                Ok(Err(e)) if !e.is_connection_lost() => return Err(e.into()),
+                Ok(Err(e)) => last = Some(Error::from(e)),
+                Err(_) => {
+                    last = Some(Error::Config(format!(
+                        "no reply from {} within {:?}",
+                        conn.remote_address(),
+                        self.inner.opts.failover_after
+                    )))
+                }
+            }
+            self.fail_over(&conn).await;
+        }
+        Err(last.unwrap_or_else(|| Error::Config("no control-plane replica answered".into())))
+    }
+
+    /// The route to `sandbox`'s node, from the control plane.
+    async fn fetch_route(&self, sandbox: &str) -> Result<brig_proto::NodeRoute, Error> {
+        match self.control_request(&Request::Route { sandbox: sandbox.to_string() }).await? {
+            Reply::Route(route) => Ok(route),
+            Reply::Error(e) => Err(e.into()),
+            other => Err(unexpected("route", &other)),
+        }
+    }
+
+    async fn node_connection(&self, sandbox: &str) -> Result<ClientConnection, Error> {
+        let cluster =
+            self.inner.cluster.as_ref().ok_or_else(|| Error::Config("not a cluster".into()))?;
+        cluster.node_connection(sandbox, || self.fetch_route(sandbox)).await
+    }
+
+    async fn node_request(&self, sandbox: &str, request: &Request) -> Result<Reply, Error> {
+        match self.node_connection(sandbox).await {
+            Ok(conn) => match conn.request(request).await {
+                Err(e) if e.is_connection_lost() => {}
+                other => return Ok(other?),
+            },
+            Err(e) if e.retryable() => {}
+            Err(e) => return Err(e),
+        }
+        // The node did not answer: ask the control plane again (it knows if the node is down).
+        if let Some(cluster) = &self.inner.cluster {
+            cluster.forget(sandbox).await;
+        }
+        let conn = self.node_connection(sandbox).await?;
+        Ok(conn.request(request).await?)
+    }
+
     /// Opens a request stream for uploads and downloads.
     pub(crate) async fn open(
         &self,
         request: &Request,
     ) -> Result<brig_transport::ClientExchange, Error> {
-        let conn = self.connection().await?;
+        let conn = match self.node_bound(request) {
+            Some(sandbox) => self.node_connection(sandbox).await?,
+            None => self.connection().await?,
+        };
         tracing::debug!(kind = request.kind(), "opening a request stream");
         Ok(conn.open(request).await?)
     }
@@ -155,8 +314,40 @@ impl Client {
     }
 
     /// One-shot call with args, env, stdin and limits (for `wasi:cli/run` commands too).
+    ///
+    /// In cluster mode the call goes straight to a node on a route the control plane leased
+    /// (refreshed in the background), and through the control plane while no route is known.
     pub async fn call_with(&self, call: CallRequest) -> Result<CallResult, Error> {
-        match self.request(&Request::Call(call)).await? {
+        let request = Request::Call(call);
+        if let Some(cluster) = &self.inner.cluster {
+            let (route, stale) = cluster.call_route();
+            if stale && cluster.begin_refresh() {
+                let client = self.clone();
+                tokio::spawn(async move {
+                    let routes = client.control_request(&crate::cluster::routes_request()).await;
+                    if let Some(c) = &client.inner.cluster {
+                        c.set_call_routes(routes.ok().and_then(crate::cluster::routes_from));
+                    }
+                });
+            }
+            if let Some(route) = route {
+                let direct = async {
+                    let conn = cluster.call_connection(&route).await?;
+                    Ok::<_, Error>(conn.request(&request).await?)
+                };
+                match direct.await {
+                    Ok(Reply::Called(result)) => {
+                        cluster.count(true);
+                        return Ok(result);
+                    }
+                    Ok(Reply::Error(e)) if !e.code.retryable() => return Err(e.into()),
+                    // Refused for capacity or unreachable: the control plane places it.
+                    _ => cluster.drop_call_route(route.node),
+                }
+            }
+            cluster.count(false);
+        }
+        match self.request(&request).await? {
             Reply::Called(result) => Ok(result),
             other => Err(unexpected("call", &other)),
         }
@@ -166,6 +357,12 @@ impl Client {
     pub async fn create(&self, options: SandboxOptions) -> Result<Sandbox, Error> {
         match self.request(&Request::Create(options.into_request())).await? {
             Reply::Sandbox(info) => Ok(Sandbox::new(self.clone(), info.id)),
+            Reply::Placed { sandbox, route } => {
+                if let Some(cluster) = &self.inner.cluster {
+                    cluster.remember(route).await;
+                }
+                Ok(Sandbox::new(self.clone(), sandbox.id))
+            }
             other => Err(unexpected("create", &other)),
         }
     }
@@ -179,7 +376,7 @@ impl Client {
     /// Sandboxes whose labels include every `selector` pair (all when empty).
     pub async fn list(&self, selector: &[(&str, &str)]) -> Result<Vec<SandboxInfo>, Error> {
         let labels = selector.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        match self.request(&Request::List(ListRequest { labels })).await? {
+        match self.request(&Request::List(ListRequest { labels, project: None })).await? {
             Reply::Sandboxes(list) => Ok(list),
             other => Err(unexpected("list", &other)),
         }
@@ -222,10 +419,26 @@ impl Client {
     }
 }
 
-async fn dial(opts: &ConnectOptions, pin: &CertPin) -> Result<ClientConnection, Error> {
-    ClientConnection::connect_current(opts.addr, pin, &opts.token)
-        .await
-        .map_err(|source| Error::Connect { addr: opts.addr.to_string(), source })
+/// Connects to the first server that answers, starting at `start`.
+async fn dial_any(
+    servers: &[(SocketAddr, CertPin)],
+    start: usize,
+    token: &str,
+) -> Result<(usize, ClientConnection), Error> {
+    let mut last = None;
+    for k in 0..servers.len() {
+        let index = (start + k) % servers.len();
+        let (addr, pin) = &servers[index];
+        match ClientConnection::connect_current(*addr, pin, token).await {
+            Ok(conn) => return Ok((index, conn)),
+            // A refused hello is an answer: do not try to get around it elsewhere.
+            Err(source @ brig_transport::TransportError::HelloRefused { .. }) => {
+                return Err(Error::Connect { addr: addr.to_string(), source })
+            }
+            Err(source) => last = Some(Error::Connect { addr: addr.to_string(), source }),
+        }
+    }
+    Err(last.unwrap_or_else(|| Error::Config("no server to connect to".into())))
 }
 
 pub(crate) fn unexpected(request: &'static str, reply: &Reply) -> Error {

@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 mod client;
+mod cluster;
 mod error;
 mod exec;
 mod images;
@@ -33,7 +34,8 @@ mod lifecycle;
 mod sandbox;
 mod security;
 
-pub use client::{read_token, Client, ConnectOptions, Pin};
+pub use client::{read_token, Client, ConnectOptions, Pin, FAILOVER_AFTER};
+pub use cluster::CallHops;
 pub use error::Error;
 pub use exec::{Cmd, ExecEvent, ExecOutput, ExecStream, SessionOutput, ShellSession};
 pub use images::{GcSummary, ImageSource};
@@ -45,6 +47,6 @@ pub use security::AuditStream;
 pub use brig_proto::{
     AuditEvent, AuditKind, CallLimits, CallOutcome, CallRequest, CallResult, ErrorCode, ExecInfo,
     ExecResult, FileKind, FileStat, IdleAction, ImageFormat, ImageStats, LayerInfo, NodeCapacity,
-    NodeStatus, QosClass, SandboxInfo, SandboxLimits, SandboxState, SandboxUsage,
-    SessionOpenRequest, Tier, ToolInfo, ToolWorld,
+    NodeRoute, NodeStatus, NodeSummary, ProjectInfo, ProjectLimits, QosClass, SandboxInfo,
+    SandboxLimits, SandboxState, SandboxUsage, SessionOpenRequest, Tier, ToolInfo, ToolWorld,
 };

@@ -34,6 +34,10 @@ pub enum ErrorCode {
     Expired,
     /// Stored data is missing or corrupt (a layer chunk failed its digest check).
     DataLoss,
+    /// The node that held the sandbox stopped answering; the sandbox is failed.
+    SandboxLost,
+    /// The project is at a limit (live sandboxes or creation rate); the message says which.
+    QuotaExceeded,
 }
 
 impl ErrorCode {
@@ -59,6 +63,8 @@ impl ErrorCode {
             ErrorCode::Internal => "internal",
             ErrorCode::Expired => "expired",
             ErrorCode::DataLoss => "data_loss",
+            ErrorCode::SandboxLost => "sandbox_lost",
+            ErrorCode::QuotaExceeded => "quota_exceeded",
         }
     }
 }

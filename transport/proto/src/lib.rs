@@ -22,6 +22,7 @@ pub mod hello;
 pub mod message;
 mod types_audit;
 mod types_call;
+mod types_cluster;
 mod types_exec;
 mod types_files;
 mod types_images;
@@ -32,13 +33,14 @@ pub use frame::{decode, encode, FrameError, MAX_FRAME_BYTES};
 pub use message::*;
 pub use types_audit::*;
 pub use types_call::*;
+pub use types_cluster::*;
 pub use types_exec::*;
 pub use types_files::*;
 pub use types_images::*;
 pub use types_sandbox::*;
 
 /// The protocol version this build speaks. Bump on any change to message encodings.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// TLS application protocol name (ALPN). Versioning happens in the hello, not here.
 pub const ALPN: &[u8] = b"brig";

@@ -157,6 +157,28 @@ pub enum Request {
         sandbox: String,
         class: QosClass,
     },
+    /// Node → control plane, once a second; replies `ClusterKey`.
+    NodeHeartbeat(NodeReport),
+    /// Where the sandbox lives; replies `Route` (or an error if its node is down).
+    Route {
+        sandbox: String,
+    },
+    /// Healthy nodes offering `tier`, with tokens, for direct one-shot calls; replies `Routes`.
+    Routes {
+        tier: Tier,
+    },
+    /// The control plane's view of its nodes; replies `Cluster`.
+    ClusterStatus,
+    /// Creates or changes a project (admin); replies `Done`.
+    ProjectPut {
+        name: String,
+        limits: ProjectLimits,
+    },
+    ProjectList,
+    /// A new access token for `project` (admin); replies `Token`.
+    TokenCreate {
+        project: String,
+    },
 }
 
 impl Request {
@@ -209,6 +231,49 @@ impl Request {
             Request::SetEgress { .. } => "set_egress",
             Request::Audit(_) => "audit",
             Request::SetQos { .. } => "set_qos",
+            Request::NodeHeartbeat(_) => "node_heartbeat",
+            Request::Route { .. } => "route",
+            Request::Routes { .. } => "routes",
+            Request::ClusterStatus => "cluster_status",
+            Request::ProjectPut { .. } => "project_put",
+            Request::ProjectList => "project_list",
+            Request::TokenCreate { .. } => "token_create",
+        }
+    }
+
+    /// The sandbox the request is about, if it names one (routing by the id's node).
+    pub fn sandbox(&self) -> Option<&str> {
+        use Request as R;
+        match self {
+            R::CallIn { sandbox, .. }
+            | R::Status { sandbox }
+            | R::Destroy { sandbox }
+            | R::FileList { sandbox, .. }
+            | R::FileStat { sandbox, .. }
+            | R::FileMkdir { sandbox, .. }
+            | R::FileRemove { sandbox, .. }
+            | R::ExecKill { sandbox, .. }
+            | R::SessionRun { sandbox, .. }
+            | R::SessionWait { sandbox, .. }
+            | R::SessionInput { sandbox, .. }
+            | R::SessionInterrupt { sandbox, .. }
+            | R::SessionClose { sandbox, .. }
+            | R::Fork { sandbox, .. }
+            | R::ExecAttach { sandbox, .. }
+            | R::ExecList { sandbox }
+            | R::SessionList { sandbox }
+            | R::SetEgress { sandbox, .. }
+            | R::SetQos { sandbox, .. }
+            | R::Route { sandbox } => Some(sandbox),
+            R::FileWrite(r) => Some(&r.sandbox),
+            R::FileRead(r) => Some(&r.sandbox),
+            R::Exec(r) => Some(&r.sandbox),
+            R::SessionOpen(r) => Some(&r.sandbox),
+            R::Checkpoint(r) => Some(&r.sandbox),
+            R::SetTtl(r) => Some(&r.sandbox),
+            R::Audit(r) => Some(&r.sandbox),
+            R::Pause(Target::Sandbox(s)) | R::Resume(Target::Sandbox(s)) => Some(s),
+            _ => None,
         }
     }
 
@@ -276,4 +341,17 @@ pub enum Reply {
     Execs(Vec<ExecInfo>),
     Sessions(Vec<String>),
     Audit(Vec<AuditEvent>),
+    ClusterKey(ClusterKey),
+    /// A create the control plane placed: the sandbox and how to reach its node.
+    Placed {
+        sandbox: SandboxInfo,
+        route: NodeRoute,
+    },
+    Route(NodeRoute),
+    Routes(Vec<NodeRoute>),
+    Cluster(Vec<NodeSummary>),
+    Projects(Vec<ProjectInfo>),
+    Token {
+        token: String,
+    },
 }

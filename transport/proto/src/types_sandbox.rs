@@ -36,6 +36,9 @@ pub struct CreateRequest {
     pub protected: Vec<ProtectedPath>,
     /// CPU QoS class; `None`: latency-sensitive.
     pub qos: Option<QosClass>,
+    /// The project the sandbox is charged to; set by the control plane (a node ignores it
+    /// from a project-scoped client, whose token names the project).
+    pub project: Option<String>,
 }
 
 /// How a sandbox's CPU work is scheduled against others' under overcommit.
@@ -138,4 +141,7 @@ pub struct SandboxUsage {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct ListRequest {
     pub labels: Vec<(String, String)>,
+    /// Only this project's sandboxes (and its sub-projects'); project-scoped clients always
+    /// see only their own.
+    pub project: Option<String>,
 }

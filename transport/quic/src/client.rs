@@ -21,6 +21,9 @@ pub struct ClientConnection {
     server_message: Arc<str>,
 }
 
+/// How long a QUIC handshake may take before the server counts as unreachable.
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
 impl ClientConnection {
     /// Connects to `addr`, trusting only the pinned certificate, and authenticates with `token`.
     pub async fn connect(
@@ -43,10 +46,12 @@ impl ClientConnection {
         )
         .map_err(|source| TransportError::Bind { addr: local, source })?;
         endpoint.set_default_client_config(pin.client_config()?);
-        let conn = endpoint
-            .connect(addr, "brigd")
-            .map_err(TransportError::Connect)?
+        let connecting = endpoint.connect(addr, "brigd").map_err(TransportError::Connect)?;
+        // A server that is gone never answers the handshake; without a bound the attempt would
+        // last the whole idle timeout.
+        let conn = tokio::time::timeout(HANDSHAKE_TIMEOUT, connecting)
             .await
+            .map_err(|_| TransportError::HandshakeTimeout { addr, after: HANDSHAKE_TIMEOUT })?
             .map_err(TransportError::Connection)?;
         let hello = ClientHello { version, token: token.to_string() };
         let reply = tokio::time::timeout(HELLO_TIMEOUT, say_hello(&conn, &hello))

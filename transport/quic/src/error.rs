@@ -33,6 +33,8 @@ pub enum TransportError {
     Hello(#[source] HelloError),
     #[error("no hello within {0:?}")]
     HelloTimeout(std::time::Duration),
+    #[error("no QUIC handshake with {addr} within {after:?} (is it running?)")]
+    HandshakeTimeout { addr: std::net::SocketAddr, after: std::time::Duration },
     #[error("stream write failed")]
     Write(#[source] quinn::WriteError),
     #[error("stream read failed")]
@@ -53,6 +55,7 @@ impl TransportError {
         matches!(
             self,
             TransportError::Connection(_)
+                | TransportError::HandshakeTimeout { .. }
                 | TransportError::Write(quinn::WriteError::ConnectionLost(_))
                 | TransportError::Read(quinn::ReadError::ConnectionLost(_))
         )

@@ -4,8 +4,8 @@
 //! ```text
 //! client                                         server
 //! connect (TLS 1.3, ALPN "brig", cert pinned) ─▶ accept
-//! stream 0: ClientHello{version, token}       ─▶ Service::authenticate → ServerHello
-//! stream n: frame(Request) [upload] FIN       ─▶ Service::serve(request, Exchange)
+//! stream 0: ClientHello{version, token}       ─▶ Service::authenticate → principal, ServerHello
+//! stream n: frame(Request) [upload] FIN       ─▶ Service::serve(principal, request, Exchange)
 //!           ◀─ frame(Reply) [download | frames] FIN
 //! ```
 //! Requests on a connection run concurrently; the stream limit is raised far above quinn's

@@ -24,11 +24,19 @@ pub mod close_code {
 
 /// What the transport calls into. Implemented by the node (and later the control plane).
 pub trait Service: Send + Sync + 'static {
-    /// Whether a hello token admits the connection.
-    fn authenticate(&self, token: &str) -> bool;
+    /// Who a connection acts for, decided once at its hello and handed to every request.
+    type Principal: Send + Sync + 'static;
+
+    /// The principal a hello token admits, or `None` to refuse the connection.
+    fn authenticate(&self, token: &str) -> impl Future<Output = Option<Self::Principal>> + Send;
 
     /// Serves one request. The service writes its reply (and any raw bytes) to `exchange`.
-    fn serve(&self, request: Request, exchange: Exchange) -> impl Future<Output = ()> + Send;
+    fn serve(
+        &self,
+        principal: &Self::Principal,
+        request: Request,
+        exchange: Exchange,
+    ) -> impl Future<Output = ()> + Send;
 
     /// Text sent in a successful hello reply (server name and version).
     fn hello_message(&self) -> String {
@@ -160,16 +168,17 @@ async fn serve_connection<S: Service>(
     service: Arc<S>,
 ) -> Result<(), TransportError> {
     let conn = incoming.await.map_err(TransportError::Connection)?;
-    let status = tokio::time::timeout(HELLO_TIMEOUT, hello(&conn, service.as_ref()))
+    let (status, principal) = tokio::time::timeout(HELLO_TIMEOUT, hello(&conn, service.as_ref()))
         .await
         .map_err(|_| TransportError::HelloTimeout(HELLO_TIMEOUT))??;
-    if status != HelloStatus::Ok {
+    let Some(principal) = principal.filter(|_| status == HelloStatus::Ok) else {
         tracing::info!(remote = %conn.remote_address(), ?status, "hello refused");
         // Give the client a moment to read the refusal, then close.
         let _ = tokio::time::timeout(Duration::from_secs(2), conn.closed()).await;
         conn.close(close_code::HELLO_REFUSED.into(), b"hello refused");
         return Ok(());
-    }
+    };
+    let principal = Arc::new(principal);
     loop {
         let (send, recv) = match conn.accept_bi().await {
             Ok(pair) => pair,
@@ -178,8 +187,9 @@ async fn serve_connection<S: Service>(
             Err(e) => return Err(TransportError::Connection(e)),
         };
         let service = service.clone();
+        let principal = principal.clone();
         tokio::spawn(async move {
-            serve_stream(send, recv, service).await;
+            serve_stream(send, recv, service, &principal).await;
         });
     }
 }
@@ -188,13 +198,14 @@ async fn serve_connection<S: Service>(
 async fn hello<S: Service>(
     conn: &quinn::Connection,
     service: &S,
-) -> Result<HelloStatus, TransportError> {
+) -> Result<(HelloStatus, Option<S::Principal>), TransportError> {
     let (mut send, mut recv) = conn.accept_bi().await.map_err(TransportError::Connection)?;
     let mut fixed = [0u8; CLIENT_FIXED_BYTES];
     let parsed = match recv.read_exact(&mut fixed).await {
         Ok(()) => ClientHello::parse_fixed(&fixed).ok(),
         Err(_) => None,
     };
+    let mut principal = None;
     let (status, message) = match parsed {
         None => (HelloStatus::Malformed, "not a Brig hello".to_string()),
         Some((version, token_len)) => {
@@ -209,27 +220,35 @@ async fn hello<S: Service>(
                          {version}; use a client of the same release as the server"
                     ),
                 ),
-                Ok(token) if service.authenticate(token) => {
-                    (HelloStatus::Ok, service.hello_message())
+                Ok(token) => {
+                    principal = service.authenticate(token).await;
+                    if principal.is_some() {
+                        (HelloStatus::Ok, service.hello_message())
+                    } else {
+                        (HelloStatus::Unauthenticated, "access token refused".to_string())
+                    }
                 }
-                _ => (HelloStatus::Unauthenticated, "access token refused".to_string()),
+                Err(_) => (HelloStatus::Unauthenticated, "access token refused".to_string()),
             }
         }
     };
     let reply = ServerHello { version: PROTOCOL_VERSION, status, message };
     write_raw(&mut send, Bytes::from(reply.encode())).await?;
     let _ = send.finish();
-    Ok(status)
+    Ok((status, principal))
 }
 
 async fn serve_stream<S: Service>(
     send: quinn::SendStream,
     recv: quinn::RecvStream,
     service: Arc<S>,
+    principal: &S::Principal,
 ) {
     let mut reader = FrameReader::new(recv);
     match reader.read_frame::<Request>().await {
-        Ok(Some(request)) => service.serve(request, Exchange { send, reader: Some(reader) }).await,
+        Ok(Some(request)) => {
+            service.serve(principal, request, Exchange { send, reader: Some(reader) }).await
+        }
         Ok(None) => {}
         Err(e) => {
             let mut exchange = Exchange { send, reader: Some(reader) };

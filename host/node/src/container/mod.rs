@@ -142,6 +142,17 @@ impl ContainerTier {
         Ok(layers)
     }
 
+    /// Names of the layer images in the local images directory.
+    pub fn local_images(&self) -> Vec<String> {
+        let Ok(dir) = std::fs::read_dir(&self.images_dir) else { return Vec::new() };
+        let mut names: Vec<String> = dir
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str()?.strip_suffix(".erofs").map(str::to_string))
+            .collect();
+        names.sort();
+        names
+    }
+
     pub async fn create(
         &self,
         id: &SandboxId,
