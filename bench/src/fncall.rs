@@ -17,26 +17,32 @@ use serde_json::json;
 
 use crate::stats::{round3, Latencies};
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct Options {
     /// Calls in flight at once.
     #[arg(long, default_value_t = 128)]
-    concurrency: usize,
+    pub concurrency: usize,
     /// Measured seconds (after warm-up).
     #[arg(long, default_value_t = 10)]
-    seconds: u64,
+    pub seconds: u64,
     /// QUIC connections the tasks share.
     #[arg(long, default_value_t = 2)]
-    connections: usize,
+    pub connections: usize,
     /// Warm-up seconds, not measured.
     #[arg(long, default_value_t = 2)]
-    warmup: u64,
+    pub warmup: u64,
     /// Seconds for the in-process measurement.
     #[arg(long, default_value_t = 5)]
     inproc_seconds: u64,
     /// Client runtime worker threads.
     #[arg(long, default_value_t = 1)]
     client_threads: usize,
+}
+
+impl Options {
+    pub fn client_threads_or_one(&self) -> usize {
+        self.client_threads.max(1)
+    }
 }
 
 const INPUT: &str = r#"{"query":"$.items[?@.ok == true].id","json":{"items":[{"id":1,"ok":true},{"id":2,"ok":false},{"id":3,"ok":true}]}}"#;
@@ -49,7 +55,13 @@ pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
         .worker_threads(opts.client_threads)
         .enable_all()
         .build()?;
-    let (e2e_rate, mut lat, errors) = rt.block_on(end_to_end(&daemon, &opts))?;
+    let (e2e_rate, mut lat, errors) = rt.block_on(async {
+        let mut clients = Vec::new();
+        for _ in 0..opts.connections.max(1) {
+            clients.push(daemon.client().await?);
+        }
+        end_to_end(&clients, &opts).await
+    })?;
     drop(daemon);
     let inproc_rate = rt.block_on(in_process(&opts))?;
     let p50 = lat.quantile_ms(0.50);
@@ -80,11 +92,12 @@ pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
     }))
 }
 
-async fn end_to_end(daemon: &Daemon, opts: &Options) -> anyhow::Result<(f64, Latencies, u64)> {
-    let mut clients = Vec::new();
-    for _ in 0..opts.connections.max(1) {
-        clients.push(daemon.client().await?);
-    }
+/// `opts.concurrency` tasks calling `jq` through `clients`: calls per second measured after the
+/// warm-up, their latencies, and failed calls.
+pub(crate) async fn end_to_end(
+    clients: &[Client],
+    opts: &Options,
+) -> anyhow::Result<(f64, Latencies, u64)> {
     let measuring = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let errors = Arc::new(AtomicU64::new(0));

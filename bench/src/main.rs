@@ -4,6 +4,7 @@
 //! take `tail -n1`. Benchmarks start real daemons (release build) on loopback; they build brigd
 //! first if needed.
 
+mod cluster;
 mod container;
 mod density;
 mod fncall;
@@ -36,6 +37,8 @@ enum Bench {
     Qos(qos::Options),
     /// Pause/resume latency, memory freed by pause, fork of 16 (container and fncall).
     Lifecycle(lifecycle::Options),
+    /// One-shot calls through the control plane with three nodes; share of extra hops.
+    Cluster(cluster::Options),
     /// Placement for a simulated 160-node unit: decisions/s and load spread, power-of-k vs random.
     Sim(sim::Options),
 }
@@ -50,6 +53,7 @@ fn main() -> anyhow::Result<()> {
         Bench::Density(opts) => density::run(opts)?,
         Bench::Qos(opts) => qos::run(opts)?,
         Bench::Sim(opts) => sim::run(opts)?,
+        Bench::Cluster(opts) => cluster::run(opts)?,
     };
     println!("{result}");
     Ok(())

@@ -33,6 +33,9 @@ pub struct ConnectOptions {
     pub replicas: Vec<(SocketAddr, Pin)>,
     /// With replicas: a control-plane request unanswered this long moves to the next replica.
     pub failover_after: Duration,
+    /// In a cluster, send one-shot calls straight to nodes on leased routes (default); when
+    /// off, every call goes through the control plane (one more hop, its quotas apply).
+    pub direct_calls: bool,
 }
 
 /// Default for [`ConnectOptions::failover_after`].
@@ -46,6 +49,7 @@ impl ConnectOptions {
             token: token.into(),
             replicas: Vec::new(),
             failover_after: FAILOVER_AFTER,
+            direct_calls: true,
         }
     }
 
@@ -319,7 +323,8 @@ impl Client {
     /// (refreshed in the background), and through the control plane while no route is known.
     pub async fn call_with(&self, call: CallRequest) -> Result<CallResult, Error> {
         let request = Request::Call(call);
-        if let Some(cluster) = &self.inner.cluster {
+        if let Some(cluster) = self.inner.cluster.as_ref().filter(|_| self.inner.opts.direct_calls)
+        {
             let (route, stale) = cluster.call_route();
             if stale && cluster.begin_refresh() {
                 let client = self.clone();
@@ -345,6 +350,8 @@ impl Client {
                     _ => cluster.drop_call_route(route.node),
                 }
             }
+        }
+        if let Some(cluster) = &self.inner.cluster {
             cluster.count(false);
         }
         match self.request(&request).await? {
