@@ -149,6 +149,27 @@ async fn placement_spreads_routes_go_direct_and_quotas_refuse() {
     let err = refused.expect("rate limit hit");
     assert_eq!(err.code(), Some(ErrorCode::QuotaExceeded), "{err}");
     assert!(err.to_string().contains("creates per second"), "{err}");
+
+    // The CLI speaks to the control plane too.
+    let brig = |args: &[&str]| {
+        let out = std::process::Command::new(brig_tests::binary("brig"))
+            .arg("--state-dir")
+            .arg(cluster.controls[1].state_dir())
+            .args(args)
+            .output()
+            .expect("brig");
+        assert!(out.status.success(), "brig {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let nodes: serde_json::Value =
+        serde_json::from_str(&brig(&["--json", "cluster"])).expect("cluster json");
+    assert_eq!(nodes.as_array().map(Vec::len), Some(3), "{nodes}");
+    brig(&["project", "set", "cli", "--max-live", "7"]);
+    let listed = brig(&["project", "list"]);
+    assert!(
+        listed.lines().any(|l| l.starts_with("cli ") && l.contains("max_live      7")),
+        "{listed}"
+    );
 }
 
 #[tokio::test]

@@ -1,5 +1,6 @@
 //! `brig`: the command line for Brig, over brig-sdk. See `brig --help`.
 
+mod cluster;
 mod images;
 mod lifecycle;
 mod output;
@@ -136,6 +137,8 @@ enum Command {
     Lifecycle(lifecycle::LifecycleCommand),
     #[command(flatten)]
     Security(security::SecurityCommand),
+    #[command(flatten)]
+    Cluster(cluster::ClusterCommand),
     /// Manage tool components.
     #[command(subcommand)]
     Tool(ToolCommand),
@@ -476,6 +479,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Lifecycle(cmd) => lifecycle::run(&client, cmd, json).await,
         Command::Security(cmd) => security::run(&client, cmd, json).await,
+        Command::Cluster(cmd) => cluster::run(&client, cmd, json).await,
         Command::Tool(cmd) => tool(&client, cmd, json).await,
         Command::Image(cmd) => images::image(&client, cmd, json).await,
         Command::Env(cmd) => images::env(&client, cmd, json).await,
