@@ -62,6 +62,8 @@ pub struct Daemon {
     pub state: tempfile::TempDir,
     extra_args: Vec<String>,
     log: PathBuf,
+    /// A configuration file's directory, dropped after the daemon (fields drop in order).
+    config_dir: Option<tempfile::TempDir>,
 }
 
 impl Daemon {
@@ -82,8 +84,22 @@ impl Daemon {
         if !extra_args.iter().any(|a| a == "--metrics") {
             extra_args.extend(["--metrics".to_string(), "127.0.0.1:0".to_string()]);
         }
-        let mut daemon = Daemon { child: None, state, extra_args, log };
+        let mut daemon = Daemon { child: None, state, extra_args, log, config_dir: None };
         daemon.spawn()?;
+        Ok(daemon)
+    }
+
+    /// Starts brigd with a node configuration file (TOML) kept in its state directory, so it
+    /// lives exactly as long as the daemon (a restart in `Drop` still finds it).
+    pub fn start_with_config(config: &str, extra_args: &[&str]) -> anyhow::Result<Daemon> {
+        let dir = tempfile::Builder::new().prefix("brigd-config-").tempdir()?;
+        let path = dir.path().join("brigd.toml");
+        std::fs::write(&path, config)?;
+        let path_text = path.to_str().context("config path is not UTF-8")?.to_string();
+        let mut args = vec!["--config", path_text.as_str()];
+        args.extend_from_slice(extra_args);
+        let mut daemon = Self::start_with(&args)?;
+        daemon.config_dir = Some(dir);
         Ok(daemon)
     }
 

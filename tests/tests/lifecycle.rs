@@ -9,12 +9,8 @@ use brig_sdk::{
 use brig_tests::{image, Daemon};
 
 /// brigd with a fast reaper, plus extra arguments.
-fn daemon_with(extra: &[&str]) -> (Daemon, tempfile::NamedTempFile) {
-    let config = tempfile::NamedTempFile::new().expect("config");
-    std::fs::write(config.path(), "reap_interval_ms = 100\n").expect("write config");
-    let mut args = vec!["--config", config.path().to_str().expect("utf8")];
-    args.extend_from_slice(extra);
-    (Daemon::start_with(&args).expect("brigd"), config)
+fn daemon_with(extra: &[&str]) -> Daemon {
+    Daemon::start_with_config("reap_interval_ms = 100\n", extra).expect("brigd")
 }
 
 async fn sh(sb: &Sandbox, script: &str) -> String {
@@ -39,7 +35,7 @@ async fn state(sb: &Sandbox) -> SandboxState {
 
 #[tokio::test]
 async fn pause_mid_session_then_an_exec_resumes_with_everything_intact() {
-    let (daemon, _config) = daemon_with(&[]);
+    let daemon = daemon_with(&[]);
     let client = daemon.client().await.expect("connect");
     let sb = client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
     let session = sb.open_session().await.expect("session");
@@ -89,7 +85,7 @@ async fn pause_mid_session_then_an_exec_resumes_with_everything_intact() {
 
 #[tokio::test]
 async fn a_group_of_100_pauses_by_label_in_seconds_and_stops_using_cpu() {
-    let (daemon, _config) = daemon_with(&[]);
+    let daemon = daemon_with(&[]);
     let client = daemon.client().await.expect("connect");
     let job = "job-preempted";
     let creates = (0..100).map(|i| {
@@ -154,7 +150,7 @@ async fn a_group_of_100_pauses_by_label_in_seconds_and_stops_using_cpu() {
 
 #[tokio::test]
 async fn idle_ttl_pauses_then_the_paused_ttl_destroys_and_max_lifetime_fires() {
-    let (daemon, _config) = daemon_with(&[]);
+    let daemon = daemon_with(&[]);
     let client = daemon.client().await.expect("connect");
     let sb = client
         .create(
@@ -235,7 +231,7 @@ async fn idle_ttl_pauses_then_the_paused_ttl_destroys_and_max_lifetime_fires() {
 
 #[tokio::test]
 async fn fork_children_start_from_the_parent_and_diverge() {
-    let (daemon, _config) = daemon_with(&[]);
+    let daemon = daemon_with(&[]);
     let client = daemon.client().await.expect("connect");
     let parent = client
         .create(
@@ -313,7 +309,7 @@ async fn fork_children_start_from_the_parent_and_diverge() {
 
 #[tokio::test]
 async fn a_crashed_client_reconnects_and_gets_the_whole_output() {
-    let (daemon, _config) = daemon_with(&[]);
+    let daemon = daemon_with(&[]);
     let (id, exec_id, session_id) = {
         let client = daemon.client().await.expect("connect");
         let sb = client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
@@ -356,7 +352,7 @@ async fn a_crashed_client_reconnects_and_gets_the_whole_output() {
 
 #[tokio::test]
 async fn sandboxes_survive_brigd_restarts_and_crashes() {
-    let (mut daemon, _config) = daemon_with(&["--on-exit", "keep"]);
+    let mut daemon = daemon_with(&["--on-exit", "keep"]);
     let client = daemon.client().await.expect("connect");
     let paused = client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
     sh(&paused, "echo before > /state").await;
