@@ -10,6 +10,7 @@ mod density;
 mod fncall;
 mod images;
 mod lifecycle;
+mod microvm;
 mod qos;
 mod sim;
 mod stats;
@@ -39,6 +40,8 @@ enum Bench {
     Lifecycle(lifecycle::Options),
     /// One-shot calls through the control plane with three nodes; share of extra hops.
     Cluster(cluster::Options),
+    /// microVM snapshot restore (fresh process, pre-created VM), VMM RSS, PSS per VM.
+    Microvm(microvm::Options),
     /// Placement for a simulated 160-node unit: decisions/s and load spread, power-of-k vs random.
     Sim(sim::Options),
 }
@@ -53,6 +56,7 @@ fn main() -> anyhow::Result<()> {
         Bench::Density(opts) => density::run(opts)?,
         Bench::Qos(opts) => qos::run(opts)?,
         Bench::Sim(opts) => sim::run(opts)?,
+        Bench::Microvm(opts) => microvm::run(opts)?,
         Bench::Cluster(opts) => cluster::run(opts)?,
     };
     println!("{result}");

@@ -1,0 +1,59 @@
+//! brig-vmm: one KVM VM per process. This first cut holds the mechanisms the microVM tier is
+//! built on, exercised natively with a purpose-built guest (a stock Linux kernel cannot boot on
+//! this machine's software hypervisor; see GUEST.md):
+//!
+//! - a VM with guest memory in one memory slot, anonymous or mapped from a snapshot file;
+//! - x86_64 long-mode setup (GDT, identity page tables) and a vCPU run loop that dispatches
+//!   port I/O exits to the VMM;
+//! - snapshot (vCPU state plus a memory file) and restore, either into a fresh VM or into a
+//!   pre-created one, with the memory file mapped `MAP_PRIVATE` so every VM restored from one
+//!   snapshot shares its clean pages copy-on-write.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod guest;
+pub mod memory;
+pub mod snapshot;
+pub mod vm;
+
+pub use snapshot::{Snapshot, SnapshotError};
+pub use vm::{Vm, VmError};
+
+/// The host's virtualization, as far as the microVM tier cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Virtualization {
+    /// VT-x or AMD-V: Linux guests boot.
+    Hardware,
+    /// The PVM software hypervisor: only purpose-built guests run.
+    Pvm,
+    /// No usable /dev/kvm.
+    None,
+}
+
+impl Virtualization {
+    pub fn detect() -> Virtualization {
+        if !std::path::Path::new("/dev/kvm").exists() {
+            return Virtualization::None;
+        }
+        if std::path::Path::new("/sys/module/kvm_pvm").exists() {
+            return Virtualization::Pvm;
+        }
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let hw = cpuinfo
+            .lines()
+            .filter(|l| l.starts_with("flags"))
+            .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"));
+        if hw {
+            Virtualization::Hardware
+        } else {
+            Virtualization::None
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Virtualization::Hardware => "hardware",
+            Virtualization::Pvm => "pvm",
+            Virtualization::None => "none",
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! `brig-vmm`: one VM per process. Commands:
+//!
+//! - `snapshot --out DIR`: boot the test guest, let it answer once, pause and save it.
+//! - `restore --snapshot DIR`: a fresh VM restored from DIR answers a first request, then
+//!   serves requests (one number per stdin line, one answer per stdout line) until EOF.
+//! - `pool --mem-mib N`: pre-create a VM, print `ready`, wait for `restore DIR` on stdin, then
+//!   as `restore`.
+//!
+//! The first stdout line of `restore` and `pool` is JSON: the first answer and timings.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use brig_vmm::{Snapshot, Vm};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "brig-vmm", version, about = "Brig VMM: one KVM VM per process")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Snapshot {
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 64)]
+        mem_mib: usize,
+        /// Memory the guest writes at boot (ends up in the snapshot).
+        #[arg(long, default_value_t = 16)]
+        touch_mib: u64,
+    },
+    Restore {
+        #[arg(long)]
+        snapshot: PathBuf,
+        /// Check the memory file's digest first (reads it whole).
+        #[arg(long)]
+        verify: bool,
+        /// After the first answer, read every guest page, as a guest that touches all its
+        /// memory would (for memory measurements).
+        #[arg(long)]
+        touch_all: bool,
+    },
+    Pool {
+        #[arg(long, default_value_t = 64)]
+        mem_mib: usize,
+    },
+}
+
+/// The request a restored VM answers first.
+const FIRST_REQUEST: u32 = 1000;
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Snapshot { out, mem_mib, touch_mib } => {
+            let started = Instant::now();
+            let mut vm = Vm::create(mem_mib << 20)?;
+            vm.boot_test_guest(touch_mib)?;
+            let reply = vm.request(1)?;
+            let boot_ms = started.elapsed().as_secs_f64() * 1000.0;
+            vm.pause()?;
+            Snapshot::save(&vm, &out)?;
+            println!(r#"{{"reply":{reply},"boot_ms":{boot_ms:.3}}}"#);
+            Ok(())
+        }
+        Command::Restore { snapshot, verify, touch_all } => {
+            let started = Instant::now();
+            let snap = Snapshot::load(&snapshot)?;
+            if verify {
+                snap.verify_memory()?;
+            }
+            let mut vm = Vm::create(snap.memory_size as usize)?;
+            first_answer(&mut vm, &snap, started)?;
+            if touch_all {
+                vm.memory().touch_all();
+            }
+            serve(&mut vm)
+        }
+        Command::Pool { mem_mib } => {
+            let mut vm = Vm::create(mem_mib << 20)?;
+            let mut stdout = std::io::stdout().lock();
+            writeln!(stdout, "ready")?;
+            stdout.flush()?;
+            drop(stdout);
+            let mut line = String::new();
+            std::io::stdin().lock().read_line(&mut line)?;
+            let started = Instant::now();
+            let dir = line.trim().strip_prefix("restore ").context("expected `restore DIR`")?;
+            let snap = Snapshot::load(std::path::Path::new(dir))?;
+            first_answer(&mut vm, &snap, started)?;
+            serve(&mut vm)
+        }
+    }
+}
+
+fn first_answer(vm: &mut Vm, snap: &Snapshot, started: Instant) -> anyhow::Result<()> {
+    snap.restore_into(vm)?;
+    let restored_us = started.elapsed().as_micros();
+    let reply = vm.request(FIRST_REQUEST)?;
+    let total_us = started.elapsed().as_micros();
+    let mut stdout = std::io::stdout().lock();
+    writeln!(
+        stdout,
+        r#"{{"reply":{reply},"create_us":{},"restored_us":{restored_us},"replied_us":{total_us}}}"#,
+        vm.create_micros
+    )?;
+    stdout.flush()?;
+    Ok(())
+}
+
+/// Answers one request per stdin line until EOF.
+fn serve(vm: &mut Vm) -> anyhow::Result<()> {
+    let stdin = std::io::stdin();
+    let mut stdout = std::io::stdout().lock();
+    for line in stdin.lock().lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let request: u32 = line.trim().parse().with_context(|| format!("bad request {line:?}"))?;
+        writeln!(stdout, "{}", vm.request(request)?)?;
+        stdout.flush()?;
+    }
+    Ok(())
+}
