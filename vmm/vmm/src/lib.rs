@@ -13,6 +13,7 @@
 pub mod guest;
 pub mod memory;
 pub mod snapshot;
+pub mod virtio;
 pub mod vm;
 
 pub use snapshot::{Snapshot, SnapshotError};

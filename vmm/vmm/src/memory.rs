@@ -124,6 +124,30 @@ impl GuestMemory {
         self.as_slice().iter().step_by(4096).fold(0u64, |acc, b| acc.wrapping_add(u64::from(*b)))
     }
 
+    /// A `vm-memory` view of the same mapping, for the virtio queue code (which bounds-checks
+    /// every guest address through it). Valid while `self` lives; a restore's MAP_FIXED remap
+    /// keeps the host addresses, so the view stays valid across it.
+    pub fn view(&self) -> Result<vm_memory::GuestMemoryMmap, MemoryError> {
+        let map_err = |e: &dyn std::fmt::Display| MemoryError::Map {
+            size: self.size,
+            source: std::io::Error::other(e.to_string()),
+        };
+        // SAFETY: [host, host+size) is a live read/write mapping owned by self; build_raw does
+        // not take ownership (it never unmaps), and callers keep the view no longer than self.
+        let region = unsafe {
+            vm_memory::MmapRegion::build_raw(
+                self.host,
+                self.size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE,
+            )
+        }
+        .map_err(|e| map_err(&e))?;
+        let region = vm_memory::GuestRegionMmap::new(region, vm_memory::GuestAddress(0))
+            .ok_or_else(|| map_err(&"guest region overflows"))?;
+        vm_memory::GuestMemoryMmap::from_regions(vec![region]).map_err(|e| map_err(&e))
+    }
+
     /// The whole guest memory as bytes (for saving a snapshot).
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: the mapping is `size` readable bytes for as long as self lives; the vCPU is

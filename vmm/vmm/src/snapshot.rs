@@ -40,6 +40,8 @@ pub enum SnapshotError {
     Malformed(PathBuf),
     #[error("snapshot memory is {snapshot} bytes; the VM has {vm}")]
     MemorySize { snapshot: u64, vm: usize },
+    #[error("the VM has virtio devices, whose state snapshots do not carry yet")]
+    DevicesAttached,
     #[error(transparent)]
     Vm(#[from] VmError),
 }
@@ -95,6 +97,9 @@ impl Snapshot {
             let path = path.to_owned();
             move |source| SnapshotError::Io { path, source }
         };
+        if vm.device(0).is_some() {
+            return Err(SnapshotError::DevicesAttached);
+        }
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         let (regs, sregs) = vm.regs()?;
         let memory = vm.memory().as_slice();

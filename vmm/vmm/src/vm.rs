@@ -8,6 +8,11 @@ use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
 
 use crate::guest;
 use crate::memory::{GuestMemory, MemoryError};
+use crate::virtio::mmio::{MmioTransport, WINDOW};
+
+/// Guest physical address of the first virtio-mmio window (inside the test guest's identity map,
+/// above its RAM); each further device takes the next [`WINDOW`].
+pub const MMIO_BASE: u64 = 0x3000_0000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
@@ -35,6 +40,9 @@ pub struct Vm {
     _vm: VmFd,
     vcpu: VcpuFd,
     memory: GuestMemory,
+    /// The `vm-memory` view of `memory` devices use.
+    view: vm_memory::GuestMemoryMmap,
+    devices: Vec<MmioTransport>,
     /// Time spent creating the VM (KVM objects and the memory slot).
     pub create_micros: u64,
 }
@@ -65,13 +73,45 @@ impl Vm {
         // only after the VmFd (declared earlier, dropped earlier) has gone.
         unsafe { vm.set_user_memory_region(region) }.map_err(kvm("set memory region"))?;
         let vcpu = vm.create_vcpu(0).map_err(kvm("create vCPU"))?;
+        let view = memory.view()?;
         Ok(Vm {
             _kvm: kvm_handle,
             _vm: vm,
             vcpu,
+            view,
+            devices: Vec::new(),
             memory,
             create_micros: started.elapsed().as_micros() as u64,
         })
+    }
+
+    /// Attaches a virtio device; returns the guest physical base of its MMIO window.
+    pub fn attach(&mut self, device: MmioTransport) -> u64 {
+        self.devices.push(device);
+        MMIO_BASE + (self.devices.len() as u64 - 1) * WINDOW
+    }
+
+    pub fn device(&self, index: usize) -> Option<&MmioTransport> {
+        self.devices.get(index)
+    }
+
+    fn window(&self, addr: u64) -> Option<(usize, u64)> {
+        window_of(addr, self.devices.len())
+    }
+
+    /// An MMIO write as the guest would do it (the exit handler's path); `false` when no
+    /// device is there.
+    pub fn mmio_write(&mut self, addr: u64, data: &[u8]) -> bool {
+        let Some((i, offset)) = self.window(addr) else { return false };
+        self.devices[i].write(offset, data, &self.view);
+        true
+    }
+
+    /// An MMIO read as the guest would do it; `false` when no device is there.
+    pub fn mmio_read(&self, addr: u64, data: &mut [u8]) -> bool {
+        let Some((i, offset)) = self.window(addr) else { return false };
+        self.devices[i].read(offset, data);
+        true
     }
 
     pub fn memory(&self) -> &GuestMemory {
@@ -121,6 +161,18 @@ impl Vm {
                 Ok(VcpuExit::IoOut(port, _)) | Ok(VcpuExit::IoIn(port, _)) => {
                     return Err(VmError::UnexpectedExit(format!("port I/O on {port:#x}")))
                 }
+                Ok(VcpuExit::MmioRead(addr, data)) => {
+                    let Some((i, offset)) = window_of(addr, self.devices.len()) else {
+                        return Err(VmError::UnexpectedExit(format!("MMIO read at {addr:#x}")));
+                    };
+                    self.devices[i].read(offset, data);
+                }
+                Ok(VcpuExit::MmioWrite(addr, data)) => {
+                    let Some((i, offset)) = window_of(addr, self.devices.len()) else {
+                        return Err(VmError::UnexpectedExit(format!("MMIO write at {addr:#x}")));
+                    };
+                    self.devices[i].write(offset, data, &self.view);
+                }
                 Ok(VcpuExit::Hlt) => return Err(VmError::GuestDied("hlt".into())),
                 Ok(VcpuExit::Shutdown) => return Err(VmError::GuestDied("shutdown".into())),
                 Ok(VcpuExit::InternalError) => {
@@ -149,4 +201,11 @@ impl Vm {
         self.vcpu.set_kvm_immediate_exit(0);
         result
     }
+}
+
+/// The device window holding `addr` among `count` devices, and the offset in it.
+fn window_of(addr: u64, count: usize) -> Option<(usize, u64)> {
+    let rel = addr.checked_sub(MMIO_BASE)?;
+    let index = usize::try_from(rel / WINDOW).ok()?;
+    (index < count).then_some((index, rel % WINDOW))
 }

@@ -1,0 +1,183 @@
+//! The virtio-mmio transport (virtio 1.x, register layout of spec 4.2.2): what a driver reads
+//! and writes at the device's MMIO window. Reads and writes of any offset or width are safe:
+//! unknown registers read as zero and ignore writes.
+
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestMemoryMmap;
+
+use super::{DeviceError, VirtioDevice};
+
+/// Size of one device's MMIO window.
+pub const WINDOW: u64 = 0x1000;
+const MAGIC: u32 = 0x7472_6976; // "virt"
+const VERSION: u32 = 2;
+const VENDOR: u32 = 0x4252_4947; // "BRIG"
+const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+/// Device status bit: the device hit an error and needs a reset.
+const STATUS_NEEDS_RESET: u32 = 0x40;
+
+pub struct MmioTransport {
+    device: Box<dyn VirtioDevice>,
+    queues: Vec<Queue>,
+    queue_sel: u32,
+    device_features_sel: u32,
+    driver_features_sel: u32,
+    driver_features: u64,
+    status: u32,
+    interrupt_status: u32,
+    /// Errors met while serving queues (the count, and the last one), for the VMM's log.
+    pub errors: u64,
+    pub last_error: Option<String>,
+}
+
+impl std::fmt::Debug for MmioTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MmioTransport")
+            .field("device_type", &self.device.device_type())
+            .field("status", &self.status)
+            .finish()
+    }
+}
+
+impl MmioTransport {
+    pub fn new(device: Box<dyn VirtioDevice>) -> MmioTransport {
+        let queues =
+            device.queue_max_sizes().iter().filter_map(|max| Queue::new(*max).ok()).collect();
+        MmioTransport {
+            device,
+            queues,
+            queue_sel: 0,
+            device_features_sel: 0,
+            driver_features_sel: 0,
+            driver_features: 0,
+            status: 0,
+            interrupt_status: 0,
+            errors: 0,
+            last_error: None,
+        }
+    }
+
+    fn features(&self) -> u64 {
+        self.device.features() | VIRTIO_F_VERSION_1
+    }
+
+    fn selected(&mut self) -> Option<&mut Queue> {
+        self.queues.get_mut(self.queue_sel as usize)
+    }
+
+    /// The driver reads `data.len()` bytes at `offset` in the window.
+    pub fn read(&self, offset: u64, data: &mut [u8]) {
+        let value: u32 = match offset {
+            0x000 => MAGIC,
+            0x004 => VERSION,
+            0x008 => self.device.device_type(),
+            0x00c => VENDOR,
+            0x010 => match self.device_features_sel {
+                0 => self.features() as u32,
+                1 => (self.features() >> 32) as u32,
+                _ => 0,
+            },
+            0x034 => {
+                self.queues.get(self.queue_sel as usize).map_or(0, |q| u32::from(q.max_size()))
+            }
+            0x044 => self.queues.get(self.queue_sel as usize).map_or(0, |q| u32::from(q.ready())),
+            0x060 => self.interrupt_status,
+            0x070 => self.status,
+            0x0fc => 0,
+            _ => 0,
+        };
+        let bytes = value.to_le_bytes();
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = bytes.get(i).copied().unwrap_or(0);
+        }
+    }
+
+    /// The driver writes `data` at `offset`; a queue notification serves that queue. Returns
+    /// whether the driver should be interrupted.
+    pub fn write(&mut self, offset: u64, data: &[u8], mem: &GuestMemoryMmap) -> bool {
+        let mut bytes = [0u8; 4];
+        for (dst, src) in bytes.iter_mut().zip(data) {
+            *dst = *src;
+        }
+        let v = u32::from_le_bytes(bytes);
+        match offset {
+            0x014 => self.device_features_sel = v,
+            0x020 => {
+                let shift = if self.driver_features_sel == 0 { 0 } else { 32 };
+                if self.driver_features_sel <= 1 {
+                    let mask = 0xffff_ffffu64 << shift;
+                    let offered = self.features();
+                    self.driver_features =
+                        (self.driver_features & !mask) | ((u64::from(v) << shift) & offered);
+                }
+            }
+            0x024 => self.driver_features_sel = v,
+            0x030 => self.queue_sel = v,
+            0x038 => {
+                if let Some(q) = self.selected() {
+                    q.set_size(v as u16);
+                }
+            }
+            0x044 => {
+                if let Some(q) = self.selected() {
+                    q.set_ready(v == 1);
+                }
+            }
+            0x050 => return self.notify(v as usize, mem),
+            0x064 => self.interrupt_status &= !v,
+            0x070 => {
+                self.status = v;
+                if v == 0 {
+                    self.reset();
+                }
+            }
+            0x080 | 0x084 | 0x090 | 0x094 | 0x0a0 | 0x0a4 => {
+                if let Some(q) = self.selected() {
+                    match offset {
+                        0x080 => q.set_desc_table_address(Some(v), None),
+                        0x084 => q.set_desc_table_address(None, Some(v)),
+                        0x090 => q.set_avail_ring_address(Some(v), None),
+                        0x094 => q.set_avail_ring_address(None, Some(v)),
+                        0x0a0 => q.set_used_ring_address(Some(v), None),
+                        _ => q.set_used_ring_address(None, Some(v)),
+                    }
+                }
+            }
+            _ => {}
+        }
+        false
+    }
+
+    fn reset(&mut self) {
+        for q in &mut self.queues {
+            q.reset();
+        }
+        self.driver_features = 0;
+        self.interrupt_status = 0;
+        self.queue_sel = 0;
+    }
+
+    fn notify(&mut self, index: usize, mem: &GuestMemoryMmap) -> bool {
+        let Some(queue) = self.queues.get_mut(index) else { return false };
+        if !queue.is_valid(mem) {
+            return false;
+        }
+        match self.device.process_queue(index, queue, mem) {
+            Ok(true) => {
+                self.interrupt_status |= 1;
+                true
+            }
+            Ok(false) => false,
+            Err(e) => {
+                self.errors += 1;
+                self.last_error = Some(e.to_string());
+                if matches!(e, DeviceError::Queue(_)) {
+                    // A queue the guest corrupted: mark the device broken (the driver must
+                    // reset it), as the spec's DEVICE_NEEDS_RESET would.
+                    self.status |= STATUS_NEEDS_RESET;
+                }
+                false
+            }
+        }
+    }
+}
