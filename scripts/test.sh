@@ -7,6 +7,7 @@ cd "$root"
 "$root/scripts/install-deps.sh"
 "$root/scripts/build-guests.sh"
 "$root/scripts/build-images.sh"
+"$root/scripts/build-vm-guests.sh"
 echo "[test] cargo fmt --check"
 cargo fmt --all --check
 echo "[test] cargo clippy"

@@ -11,7 +11,9 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod guest;
+pub mod linux;
 pub mod memory;
+pub mod serial;
 pub mod snapshot;
 pub mod virtio;
 pub mod vm;

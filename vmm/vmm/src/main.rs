@@ -49,6 +49,20 @@ enum Command {
         #[arg(long, default_value_t = 64)]
         mem_mib: usize,
     },
+    /// Boot a Linux bzImage; the console goes to stdout (bounded). Exit status 0 when the guest
+    /// shuts down, 2 when KVM cannot run it, 3 on timeout.
+    Boot {
+        #[arg(long)]
+        kernel: PathBuf,
+        #[arg(long)]
+        initrd: Option<PathBuf>,
+        #[arg(long, default_value = "console=ttyS0 reboot=t panic=-1 quiet")]
+        cmdline: String,
+        #[arg(long, default_value_t = 256)]
+        mem_mib: usize,
+        #[arg(long, default_value_t = 120)]
+        timeout_s: u64,
+    },
 }
 
 /// The request a restored VM answers first.
@@ -79,6 +93,35 @@ fn main() -> anyhow::Result<()> {
                 vm.memory().touch_all();
             }
             serve(&mut vm)
+        }
+        Command::Boot { kernel, initrd, cmdline, mem_mib, timeout_s } => {
+            let limit = std::time::Duration::from_secs(timeout_s);
+            std::thread::spawn(move || {
+                std::thread::sleep(limit);
+                eprintln!("brig-vmm: guest still running after {timeout_s} s; stopping it");
+                std::process::exit(3);
+            });
+            let started = Instant::now();
+            let mut vm = brig_vmm::linux::LinuxVm::boot(
+                mem_mib,
+                &kernel,
+                initrd.as_deref(),
+                &cmdline,
+                true,
+            )?;
+            let ending = vm.run(limit);
+            let log = vm.console.writer();
+            eprintln!(
+                "brig-vmm: {ending:?} after {:.2} s; console {} bytes kept, {} dropped",
+                started.elapsed().as_secs_f64(),
+                log.kept.len(),
+                log.dropped
+            );
+            std::process::exit(match ending {
+                brig_vmm::linux::Ending::Shutdown => 0,
+                brig_vmm::linux::Ending::Failed(_) => 2,
+                brig_vmm::linux::Ending::TimedOut => 3,
+            });
         }
         Command::Pool { mem_mib } => {
             let mut vm = Vm::create(mem_mib << 20)?;

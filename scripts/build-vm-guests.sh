@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Builds what the microVM tests boot, into artifacts/vm/:
+#   vmlinuz          Debian's linux-image-cloud-amd64 kernel (guest, and the emulated host's)
+#   l2-initrd.gz     the guest's initramfs: busybox, an /init that reports and reboots
+#   l1-initrd.gz     the emulated host's initramfs: busybox, the KVM modules (nested SVM), a
+#                    static (musl) brig-vmm and the guest above; /init boots the guest with
+#                    brig-vmm and reports how that ended
+# The kernel package is downloaded once (Debian's archive); the rest is rebuilt every run
+# (a few seconds), so the emulated host always carries the current brig-vmm.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+out="${BRIG_ARTIFACTS:-$root/artifacts}/vm"
+mkdir -p "$out"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+# 1. The kernel package.
+pkg_dir="$out/kernel-pkg"
+if [[ ! -f "$out/vmlinuz" ]]; then
+    version=$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+    [[ -n "$version" ]] || { echo "no linux-image-cloud-amd64 in the package index (apt-get update?)" >&2; exit 1; }
+    (cd "$work" && apt-get download -q "$version" 2>/dev/null)
+    rm -rf "$pkg_dir" && mkdir -p "$pkg_dir"
+    dpkg-deb -x "$work"/linux-image-*.deb "$pkg_dir"
+    cp "$pkg_dir"/boot/vmlinuz-* "$out/vmlinuz.tmp" && mv "$out/vmlinuz.tmp" "$out/vmlinuz"
+fi
+modules=$(ls -d "$pkg_dir"/lib/modules/*/kernel)
+
+# 2. brig-vmm, static.
+target_dir="${CARGO_TARGET_DIR:-$root/target}"
+cargo build --quiet --release --target x86_64-unknown-linux-musl -p brig-vmm --manifest-path "$root/Cargo.toml"
+vmm="$target_dir/x86_64-unknown-linux-musl/release/brig-vmm"
+
+# 3. The guest's initramfs.
+l2="$work/l2"
+mkdir -p "$l2/bin" "$l2/proc" "$l2/sys" "$l2/dev"
+cp /usr/bin/busybox "$l2/bin/busybox"
+for a in sh mount echo uname reboot cat; do ln -s busybox "$l2/bin/$a"; done
+cat > "$l2/init" <<'INIT'
+#!/bin/sh
+mount -t proc proc /proc
+echo "BRIG-L2-UP kernel=$(uname -r) cmdline=$(cat /proc/cmdline)"
+reboot -f
+INIT
+chmod +x "$l2/init"
+(cd "$l2" && find . | cpio -o -H newc --quiet | gzip -1 > "$out/l2-initrd.gz")
+
+# 4. The emulated host's initramfs.
+l1="$work/l1"
+mkdir -p "$l1/bin" "$l1/proc" "$l1/sys" "$l1/dev" "$l1/mod" "$l1/l2"
+cp /usr/bin/busybox "$l1/bin/busybox"
+for a in sh mount echo insmod reboot cat; do ln -s busybox "$l1/bin/$a"; done
+cp "$modules/virt/lib/irqbypass.ko" "$modules/arch/x86/kvm/kvm.ko" "$modules/arch/x86/kvm/kvm-amd.ko" "$l1/mod/"
+cp "$vmm" "$l1/bin/brig-vmm"
+cp "$out/vmlinuz" "$l1/l2/vmlinuz"
+cp "$out/l2-initrd.gz" "$l1/l2/initrd.gz"
+cat > "$l1/init" <<'INIT'
+#!/bin/sh
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+insmod /mod/irqbypass.ko && insmod /mod/kvm.ko && insmod /mod/kvm-amd.ko nested=1
+echo "BRIG-L1-UP kvm=$(test -c /dev/kvm && echo yes || echo no)"
+/bin/brig-vmm boot --kernel /l2/vmlinuz --initrd /l2/initrd.gz --mem-mib 256 --timeout-s 120 \
+    --cmdline "console=ttyS0 reboot=t panic=-1 quiet initcall_blacklist=i8042_init pci=off brig.test=1"
+echo "BRIG-L1-RESULT rc=$?"
+reboot -f
+INIT
+chmod +x "$l1/init"
+(cd "$l1" && find . | cpio -o -H newc --quiet | gzip -1 > "$out/l1-initrd.gz")
+echo "microVM test guests in $out"

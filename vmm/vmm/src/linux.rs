@@ -1,0 +1,246 @@
+//! Booting a Linux bzImage: an in-kernel interrupt controller and PIT, CPUID from KVM, the
+//! 64-bit boot protocol (zero page, command line, initramfs, e820 map) set up the way
+//! Firecracker does it, a 16550 console, and an exit loop that serves the legacy ports a kernel
+//! probes. One vCPU, run on the calling thread.
+#![allow(unsafe_code)]
+
+use std::fs::File;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use kvm_bindings::{
+    kvm_fpu, kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES,
+    KVM_PIT_SPEAKER_DUMMY,
+};
+use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
+use linux_loader::bootparam::boot_params;
+use linux_loader::cmdline::Cmdline;
+use linux_loader::configurator::linux::LinuxBootConfigurator;
+use linux_loader::configurator::{BootConfigurator, BootParams};
+use linux_loader::loader::{bzimage::BzImage, KernelLoader};
+use vm_memory::{Address, Bytes, GuestAddress};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::guest;
+use crate::memory::GuestMemory;
+use crate::serial::{console, Console, COM1};
+
+const ZERO_PAGE: u64 = 0x7000;
+const CMDLINE: u64 = 0x2_0000;
+const CMDLINE_MAX: usize = 4096;
+const HIMEM_START: u64 = 0x10_0000;
+const EBDA_START: u64 = 0x9_fc00;
+const TSS_ADDRESS: usize = 0xfffb_d000;
+const E820_RAM: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    #[error("KVM: {0}")]
+    Kvm(&'static str, #[source] kvm_ioctls::Error),
+    #[error("kernel {0}")]
+    Kernel(String),
+    #[error("initramfs {0}")]
+    Initrd(String),
+    #[error("command line: {0}")]
+    Cmdline(String),
+    #[error(transparent)]
+    Memory(#[from] crate::memory::MemoryError),
+    #[error("guest memory: {0}")]
+    GuestMemory(String),
+    #[error("eventfd: {0}")]
+    EventFd(#[source] std::io::Error),
+}
+
+fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> BootError {
+    move |e| BootError::Kvm(what, e)
+}
+
+/// How a boot ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// The guest reset or powered off (triple fault with `reboot=t`, or the i8042 reset line).
+    Shutdown,
+    /// The run was stopped after this long.
+    TimedOut,
+    /// KVM could not run the guest (e.g. PVM meeting an instruction it cannot emulate).
+    Failed(String),
+}
+
+pub struct LinuxVm {
+    _kvm: Kvm,
+    _vm: VmFd,
+    vcpu: VcpuFd,
+    memory: GuestMemory,
+    pub console: Console,
+}
+
+impl LinuxVm {
+    /// A VM with `mem_mib` of memory, the kernel at 1 MiB, `initrd` at the top of memory and
+    /// `cmdline` in the zero page.
+    pub fn boot(
+        mem_mib: usize,
+        kernel: &Path,
+        initrd: Option<&Path>,
+        cmdline: &str,
+        echo_console: bool,
+    ) -> Result<LinuxVm, BootError> {
+        let size = mem_mib << 20;
+        let kvm_handle = Kvm::new().map_err(kvm("open /dev/kvm"))?;
+        let vm = kvm_handle.create_vm().map_err(kvm("create VM"))?;
+        vm.set_tss_address(TSS_ADDRESS).map_err(kvm("TSS address"))?;
+        vm.create_irq_chip().map_err(kvm("irqchip"))?;
+        let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
+        vm.create_pit2(pit).map_err(kvm("PIT"))?;
+        let mut memory = GuestMemory::anonymous(size)?;
+        // SAFETY: the madvise covers exactly our own anonymous mapping; huge pages only change
+        // how the kernel backs it.
+        unsafe {
+            libc::madvise(memory.host_address() as *mut libc::c_void, size, libc::MADV_HUGEPAGE)
+        };
+        let region = kvm_userspace_memory_region {
+            slot: 0,
+            guest_phys_addr: 0,
+            memory_size: size as u64,
+            userspace_addr: memory.host_address(),
+            flags: 0,
+        };
+        // SAFETY: the region is exactly `memory`'s mapping, owned by the LinuxVm, which drops the
+        // VmFd before the memory.
+        unsafe { vm.set_user_memory_region(region) }.map_err(kvm("memory region"))?;
+        let view = memory.view()?;
+
+        let mut image = File::open(kernel)
+            .map_err(|e| BootError::Kernel(format!("{}: {e}", kernel.display())))?;
+        let loaded = BzImage::load(&view, None, &mut image, Some(GuestAddress(HIMEM_START)))
+            .map_err(|e| BootError::Kernel(format!("{}: {e}", kernel.display())))?;
+        let mut cl = Cmdline::new(CMDLINE_MAX).map_err(|e| BootError::Cmdline(e.to_string()))?;
+        cl.insert_str(cmdline).map_err(|e| BootError::Cmdline(e.to_string()))?;
+        linux_loader::loader::load_cmdline(&view, GuestAddress(CMDLINE), &cl)
+            .map_err(|e| BootError::Cmdline(e.to_string()))?;
+
+        let mut params = boot_params::default();
+        if let Some(hdr) = loaded.setup_header {
+            params.hdr = hdr;
+        }
+        params.hdr.type_of_loader = 0xff;
+        params.hdr.boot_flag = 0xaa55;
+        params.hdr.header = 0x5372_6448;
+        params.hdr.cmd_line_ptr = CMDLINE as u32;
+        params.hdr.cmdline_size = cmdline.len() as u32 + 1;
+        params.hdr.kernel_alignment = 0x0100_0000;
+        if let Some(path) = initrd {
+            let data = std::fs::read(path)
+                .map_err(|e| BootError::Initrd(format!("{}: {e}", path.display())))?;
+            let max = u64::from(params.hdr.initrd_addr_max).min(size as u64 - 1);
+            let addr = (max + 1 - data.len() as u64) & !0xfff;
+            if addr <= loaded.kernel_end {
+                return Err(BootError::Initrd("does not fit in guest memory".into()));
+            }
+            view.write_slice(&data, GuestAddress(addr))
+                .map_err(|e| BootError::GuestMemory(e.to_string()))?;
+            params.hdr.ramdisk_image = addr as u32;
+            params.hdr.ramdisk_size = data.len() as u32;
+        }
+        let e820 = [(0, EBDA_START), (HIMEM_START, size as u64 - HIMEM_START)];
+        for (i, (addr, len)) in e820.iter().enumerate() {
+            params.e820_table[i].addr = *addr;
+            params.e820_table[i].size = *len;
+            params.e820_table[i].r#type = E820_RAM;
+        }
+        params.e820_entries = e820.len() as u8;
+        LinuxBootConfigurator::write_bootparams::<vm_memory::GuestMemoryMmap>(
+            &BootParams::new::<boot_params>(&params, GuestAddress(ZERO_PAGE)),
+            &view,
+        )
+        .map_err(|e| BootError::GuestMemory(e.to_string()))?;
+        // Identity page tables and GDT, shared with the test guest's setup.
+        guest::load(&mut memory, 0)?;
+
+        let vcpu = vm.create_vcpu(0).map_err(kvm("vCPU"))?;
+        let cpuid = kvm_handle.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm("CPUID"))?;
+        vcpu.set_cpuid2(&cpuid).map_err(kvm("set CPUID"))?;
+        let fpu = kvm_fpu { fcw: 0x37f, mxcsr: 0x1f80, ..Default::default() };
+        vcpu.set_fpu(&fpu).map_err(kvm("FPU"))?;
+        set_lint(&vcpu)?;
+        let sregs = vcpu.get_sregs().map_err(kvm("get sregs"))?;
+        vcpu.set_sregs(&guest::sregs(sregs)).map_err(kvm("set sregs"))?;
+        let entry = loaded.kernel_load.raw_value() + 0x200;
+        let regs = kvm_bindings::kvm_regs {
+            rip: entry,
+            rsp: 0x8ff0,
+            rbp: 0x8ff0,
+            rsi: ZERO_PAGE,
+            rflags: 0x2,
+            ..Default::default()
+        };
+        vcpu.set_regs(&regs).map_err(kvm("set regs"))?;
+
+        let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(BootError::EventFd)?;
+        vm.register_irqfd(&irq, 4).map_err(kvm("irqfd for COM1"))?;
+        Ok(LinuxVm { _kvm: kvm_handle, _vm: vm, vcpu, memory, console: console(irq, echo_console) })
+    }
+
+    pub fn memory(&self) -> &GuestMemory {
+        &self.memory
+    }
+
+    /// Runs the guest until it shuts down or fails, or until an exit after `limit` (a guest
+    /// that never exits is stopped by the process's own watchdog, see `brig-vmm boot`).
+    pub fn run(&mut self, limit: Duration) -> Ending {
+        let started = Instant::now();
+        loop {
+            if started.elapsed() >= limit {
+                return Ending::TimedOut;
+            }
+            match self.vcpu.run() {
+                Ok(VcpuExit::IoOut(port, data)) => {
+                    if (COM1..COM1 + 8).contains(&port) {
+                        let _ = self.console.write((port - COM1) as u8, data[0]);
+                    } else if port == 0x64 && data.first() == Some(&0xfe) {
+                        return Ending::Shutdown; // i8042 reset line
+                    }
+                }
+                Ok(VcpuExit::IoIn(port, data)) => {
+                    let value = if (COM1..COM1 + 8).contains(&port) {
+                        self.console.read((port - COM1) as u8)
+                    } else {
+                        0xff
+                    };
+                    data.iter_mut().for_each(|b| *b = value);
+                }
+                Ok(VcpuExit::MmioRead(_, data)) => data.iter_mut().for_each(|b| *b = 0),
+                Ok(VcpuExit::MmioWrite(..)) | Ok(VcpuExit::Hlt) => {}
+                Ok(VcpuExit::Shutdown) => return Ending::Shutdown,
+                Ok(VcpuExit::InternalError) => return Ending::Failed("KVM internal error".into()),
+                Ok(VcpuExit::FailEntry(reason, _)) => {
+                    return Ending::Failed(format!("entry failed: {reason:#x}"))
+                }
+                Ok(VcpuExit::SystemEvent(kind, _)) => {
+                    return if kind == kvm_bindings::KVM_SYSTEM_EVENT_SHUTDOWN
+                        || kind == kvm_bindings::KVM_SYSTEM_EVENT_RESET
+                    {
+                        Ending::Shutdown
+                    } else {
+                        Ending::Failed(format!("system event {kind}"))
+                    };
+                }
+                Ok(other) => return Ending::Failed(format!("unexpected exit {other:?}")),
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
+                Err(e) => return Ending::Failed(format!("KVM_RUN: {e}")),
+            }
+        }
+    }
+}
+
+/// LINT0 as ExtINT, LINT1 as NMI (what a BIOS leaves), so the PIC's interrupts reach the CPU.
+fn set_lint(vcpu: &VcpuFd) -> Result<(), BootError> {
+    let mut lapic = vcpu.get_lapic().map_err(kvm("get LAPIC"))?;
+    for (offset, mode) in [(0x350usize, 7u32), (0x360, 4)] {
+        let bytes: [u8; 4] = std::array::from_fn(|i| lapic.regs[offset + i] as u8);
+        let value = (u32::from_le_bytes(bytes) & !0x700) | (mode << 8);
+        for (i, b) in value.to_le_bytes().iter().enumerate() {
+            lapic.regs[offset + i] = *b as libc::c_char;
+        }
+    }
+    vcpu.set_lapic(&lapic).map_err(kvm("set LAPIC"))
+}
