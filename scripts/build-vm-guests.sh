@@ -4,7 +4,8 @@
 #   l2-initrd.gz     the guest's initramfs: busybox, an /init that reports and reboots
 #   l1-initrd.gz     the emulated host's initramfs: busybox, the KVM modules (nested SVM), a
 #                    static (musl) brig-vmm and the guest above; /init boots the guest with
-#                    brig-vmm and reports how that ended
+#                    brig-vmm until it asks for a snapshot, resumes it from that snapshot in a
+#                    new brig-vmm process, and reports how each step ended
 # The kernel package is downloaded once (Debian's archive); the rest is rebuilt every run
 # (a few seconds), so the emulated host always carries the current brig-vmm.
 set -euo pipefail
@@ -35,11 +36,17 @@ vmm="$target_dir/x86_64-unknown-linux-musl/release/brig-vmm"
 l2="$work/l2"
 mkdir -p "$l2/bin" "$l2/proc" "$l2/sys" "$l2/dev"
 cp /usr/bin/busybox "$l2/bin/busybox"
-for a in sh mount echo uname reboot cat; do ln -s busybox "$l2/bin/$a"; done
+mkdir -p "$l2/tmp"
+for a in sh mount echo uname reboot cat devmem; do ln -s busybox "$l2/bin/$a"; done
+# The guest reports, keeps some state in its tmpfs, asks the VMM for a snapshot (a write to
+# the trigger address), and on resume shows that state again before rebooting.
 cat > "$l2/init" <<'INIT'
 #!/bin/sh
-mount -t proc proc /proc
+mount -t proc proc /proc; mount -t devtmpfs dev /dev; mount -t tmpfs tmp /tmp
 echo "BRIG-L2-UP kernel=$(uname -r) cmdline=$(cat /proc/cmdline)"
+echo "made-before-snapshot-$$" > /tmp/state
+devmem 0xd0000000 32 1
+echo "BRIG-L2-RESUMED state=$(cat /tmp/state)"
 reboot -f
 INIT
 chmod +x "$l2/init"
@@ -47,7 +54,7 @@ chmod +x "$l2/init"
 
 # 4. The emulated host's initramfs.
 l1="$work/l1"
-mkdir -p "$l1/bin" "$l1/proc" "$l1/sys" "$l1/dev" "$l1/mod" "$l1/l2"
+mkdir -p "$l1/bin" "$l1/proc" "$l1/sys" "$l1/dev" "$l1/mod" "$l1/l2" "$l1/tmp"
 cp /usr/bin/busybox "$l1/bin/busybox"
 for a in sh mount echo insmod reboot cat; do ln -s busybox "$l1/bin/$a"; done
 cp "$modules/virt/lib/irqbypass.ko" "$modules/arch/x86/kvm/kvm.ko" "$modules/arch/x86/kvm/kvm-amd.ko" "$l1/mod/"
@@ -60,7 +67,10 @@ mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 insmod /mod/irqbypass.ko && insmod /mod/kvm.ko && insmod /mod/kvm-amd.ko nested=1
 echo "BRIG-L1-UP kvm=$(test -c /dev/kvm && echo yes || echo no)"
 /bin/brig-vmm boot --kernel /l2/vmlinuz --initrd /l2/initrd.gz --mem-mib 256 --timeout-s 120 \
-    --cmdline "console=ttyS0 reboot=t panic=-1 quiet initcall_blacklist=i8042_init pci=off brig.test=1"
+    --cmdline "console=ttyS0 reboot=t panic=-1 quiet initcall_blacklist=i8042_init pci=off brig.test=1" \
+    --snapshot-to /tmp/snap
+echo "BRIG-L1-SNAPSHOT rc=$?"
+/bin/brig-vmm resume --snapshot /tmp/snap --timeout-s 120
 echo "BRIG-L1-RESULT rc=$?"
 reboot -f
 INIT

@@ -3,7 +3,8 @@
 //! This machine's KVM (PVM) cannot run a Linux kernel, so the end-to-end boot runs inside an
 //! emulated host (QEMU TCG with an emulated AMD-V CPU, GUEST.md section 2): its initramfs loads
 //! KVM with nested SVM and runs the static brig-vmm, which boots Debian's cloud kernel with an
-//! initramfs and command line, passes its console through, and reports how the guest ended.
+//! initramfs and command line and passes its console through; the guest asks for a snapshot,
+//! and a second brig-vmm process resumes it from the snapshot files.
 //! Emulated timings prove nothing about speed and are not asserted. Natively, the boot
 //! protocol's zero page is checked as the kernel will read it.
 
@@ -33,7 +34,7 @@ fn tsc_khz() -> u64 {
 }
 
 #[test]
-fn a_linux_guest_boots_on_brig_vmm_inside_an_emulated_host() {
+fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host() {
     let mut qemu = Command::new("qemu-system-x86_64")
         .args(["-accel", "tcg,thread=multi"])
         .args(["-M", "microvm,x-option-roms=off,isa-serial=on,rtc=on", "-cpu", "max", "-smp", "1"])
@@ -73,8 +74,12 @@ fn a_linux_guest_boots_on_brig_vmm_inside_an_emulated_host() {
     assert!(has("BRIG-L1-UP kvm=yes"), "the emulated host has no KVM (status {status}):\n{log}");
     assert!(has("BRIG-L2-UP kernel=6."), "the guest did not reach init:\n{log}");
     assert!(has("brig.test=1"), "the command line did not reach the guest:\n{log}");
+    // The guest asked for a snapshot; brig-vmm saved it and exited 4.
+    assert!(has("BRIG-L1-SNAPSHOT rc=4"), "no snapshot:\n{log}");
+    // A new brig-vmm process restored it; the guest went on with its tmpfs intact and rebooted.
+    assert!(has("BRIG-L2-RESUMED state=made-before-snapshot-"), "the guest did not resume:\n{log}");
     assert!(has("brig-vmm: Shutdown"), "brig-vmm did not see the guest shut down:\n{log}");
-    assert!(has("BRIG-L1-RESULT rc=0"), "brig-vmm failed:\n{log}");
+    assert!(has("BRIG-L1-RESULT rc=0"), "the restored VM failed:\n{log}");
 }
 
 #[test]

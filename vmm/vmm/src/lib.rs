@@ -12,6 +12,7 @@
 
 pub mod guest;
 pub mod linux;
+pub mod linux_snapshot;
 pub mod memory;
 pub mod serial;
 pub mod snapshot;

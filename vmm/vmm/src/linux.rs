@@ -64,26 +64,30 @@ pub enum Ending {
     TimedOut,
     /// KVM could not run the guest (e.g. PVM meeting an instruction it cannot emulate).
     Failed(String),
+    /// The guest wrote [`SNAPSHOT_TRIGGER`]; the vCPU is stopped after that write.
+    SnapshotRequested,
 }
 
 pub struct LinuxVm {
-    _kvm: Kvm,
-    _vm: VmFd,
-    vcpu: VcpuFd,
-    memory: GuestMemory,
+    pub(crate) kvm: Kvm,
+    pub(crate) vm: VmFd,
+    pub(crate) vcpu: VcpuFd,
+    pub(crate) memory: GuestMemory,
     pub console: Console,
+    /// The console's interrupt line (registered as an irqfd for GSI 4).
+    irq: EventFd,
+    /// Stop with [`Ending::SnapshotRequested`] when the guest writes [`SNAPSHOT_TRIGGER`].
+    pub snapshot_trigger: bool,
 }
 
+/// A guest physical address (not RAM) whose write asks the VMM to snapshot the VM: a test
+/// guest does `devmem 0xd0000000 32 1` at the point it wants to be resumed from.
+pub const SNAPSHOT_TRIGGER: u64 = 0xd000_0000;
+
 impl LinuxVm {
-    /// A VM with `mem_mib` of memory, the kernel at 1 MiB, `initrd` at the top of memory and
-    /// `cmdline` in the zero page.
-    pub fn boot(
-        mem_mib: usize,
-        kernel: &Path,
-        initrd: Option<&Path>,
-        cmdline: &str,
-        echo_console: bool,
-    ) -> Result<LinuxVm, BootError> {
+    /// The VM without a guest: KVM VM with TSS, in-kernel irqchip and PIT, `mem_mib` of
+    /// anonymous memory in slot 0, one vCPU, and the console on IRQ 4.
+    pub fn create(mem_mib: usize, echo_console: bool) -> Result<LinuxVm, BootError> {
         let size = mem_mib << 20;
         let kvm_handle = Kvm::new().map_err(kvm("open /dev/kvm"))?;
         let vm = kvm_handle.create_vm().map_err(kvm("create VM"))?;
@@ -91,7 +95,7 @@ impl LinuxVm {
         vm.create_irq_chip().map_err(kvm("irqchip"))?;
         let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
         vm.create_pit2(pit).map_err(kvm("PIT"))?;
-        let mut memory = GuestMemory::anonymous(size)?;
+        let memory = GuestMemory::anonymous(size)?;
         // SAFETY: the madvise covers exactly our own anonymous mapping; huge pages only change
         // how the kernel backs it.
         unsafe {
@@ -107,8 +111,33 @@ impl LinuxVm {
         // SAFETY: the region is exactly `memory`'s mapping, owned by the LinuxVm, which drops the
         // VmFd before the memory.
         unsafe { vm.set_user_memory_region(region) }.map_err(kvm("memory region"))?;
-        let view = memory.view()?;
+        let vcpu = vm.create_vcpu(0).map_err(kvm("vCPU"))?;
+        let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(BootError::EventFd)?;
+        vm.register_irqfd(&irq, 4).map_err(kvm("irqfd for COM1"))?;
+        let line = irq.try_clone().map_err(BootError::EventFd)?;
+        Ok(LinuxVm {
+            kvm: kvm_handle,
+            vm,
+            vcpu,
+            memory,
+            console: console(line, echo_console),
+            irq,
+            snapshot_trigger: false,
+        })
+    }
 
+    /// A VM with `mem_mib` of memory, the kernel at 1 MiB, `initrd` at the top of memory and
+    /// `cmdline` in the zero page.
+    pub fn boot(
+        mem_mib: usize,
+        kernel: &Path,
+        initrd: Option<&Path>,
+        cmdline: &str,
+        echo_console: bool,
+    ) -> Result<LinuxVm, BootError> {
+        let mut linux = LinuxVm::create(mem_mib, echo_console)?;
+        let size = mem_mib << 20;
+        let view = linux.memory.view()?;
         let mut image = File::open(kernel)
             .map_err(|e| BootError::Kernel(format!("{}: {e}", kernel.display())))?;
         let loaded = BzImage::load(&view, None, &mut image, Some(GuestAddress(HIMEM_START)))
@@ -154,14 +183,13 @@ impl LinuxVm {
         )
         .map_err(|e| BootError::GuestMemory(e.to_string()))?;
         // Identity page tables and GDT, shared with the test guest's setup.
-        guest::load(&mut memory, 0)?;
-
-        let vcpu = vm.create_vcpu(0).map_err(kvm("vCPU"))?;
-        let cpuid = kvm_handle.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm("CPUID"))?;
+        guest::load(&mut linux.memory, 0)?;
+        let vcpu = &linux.vcpu;
+        let cpuid = linux.kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm("CPUID"))?;
         vcpu.set_cpuid2(&cpuid).map_err(kvm("set CPUID"))?;
         let fpu = kvm_fpu { fcw: 0x37f, mxcsr: 0x1f80, ..Default::default() };
         vcpu.set_fpu(&fpu).map_err(kvm("FPU"))?;
-        set_lint(&vcpu)?;
+        set_lint(vcpu)?;
         let sregs = vcpu.get_sregs().map_err(kvm("get sregs"))?;
         vcpu.set_sregs(&guest::sregs(sregs)).map_err(kvm("set sregs"))?;
         let entry = loaded.kernel_load.raw_value() + 0x200;
@@ -174,14 +202,29 @@ impl LinuxVm {
             ..Default::default()
         };
         vcpu.set_regs(&regs).map_err(kvm("set regs"))?;
-
-        let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(BootError::EventFd)?;
-        vm.register_irqfd(&irq, 4).map_err(kvm("irqfd for COM1"))?;
-        Ok(LinuxVm { _kvm: kvm_handle, _vm: vm, vcpu, memory, console: console(irq, echo_console) })
+        Ok(linux)
     }
 
     pub fn memory(&self) -> &GuestMemory {
         &self.memory
+    }
+
+    /// Replaces the console with one in `state` (a restore), keeping its interrupt line.
+    pub fn restore_console(
+        &mut self,
+        state: &vm_superio::serial::SerialState,
+    ) -> Result<(), BootError> {
+        let line = self.irq.try_clone().map_err(BootError::EventFd)?;
+        let echo = self.console.writer().echo;
+        let log = crate::serial::ConsoleLog { echo, ..Default::default() };
+        self.console = vm_superio::Serial::from_state(
+            state,
+            crate::serial::IrqTrigger(line),
+            vm_superio::serial::NoEvents,
+            log,
+        )
+        .map_err(|e| BootError::EventFd(std::io::Error::other(format!("{e:?}"))))?;
+        Ok(())
     }
 
     /// Runs the guest until it shuts down or fails, or until an exit after `limit` (a guest
@@ -209,6 +252,11 @@ impl LinuxVm {
                     data.iter_mut().for_each(|b| *b = value);
                 }
                 Ok(VcpuExit::MmioRead(_, data)) => data.iter_mut().for_each(|b| *b = 0),
+                Ok(VcpuExit::MmioWrite(addr, _))
+                    if addr == SNAPSHOT_TRIGGER && self.snapshot_trigger =>
+                {
+                    return Ending::SnapshotRequested
+                }
                 Ok(VcpuExit::MmioWrite(..)) | Ok(VcpuExit::Hlt) => {}
                 Ok(VcpuExit::Shutdown) => return Ending::Shutdown,
                 Ok(VcpuExit::InternalError) => return Ending::Failed("KVM internal error".into()),

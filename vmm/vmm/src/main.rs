@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
+use brig_vmm::linux::{Ending, LinuxVm};
 use brig_vmm::{Snapshot, Vm};
 use clap::{Parser, Subcommand};
 
@@ -62,6 +63,16 @@ enum Command {
         mem_mib: usize,
         #[arg(long, default_value_t = 120)]
         timeout_s: u64,
+        /// When the guest writes the snapshot trigger address, save the VM here and exit 4.
+        #[arg(long)]
+        snapshot_to: Option<PathBuf>,
+    },
+    /// Resume a Linux VM from a snapshot taken by `boot --snapshot-to`; exits as `boot`.
+    Resume {
+        #[arg(long)]
+        snapshot: PathBuf,
+        #[arg(long, default_value_t = 120)]
+        timeout_s: u64,
     },
 }
 
@@ -94,34 +105,30 @@ fn main() -> anyhow::Result<()> {
             }
             serve(&mut vm)
         }
-        Command::Boot { kernel, initrd, cmdline, mem_mib, timeout_s } => {
-            let limit = std::time::Duration::from_secs(timeout_s);
-            std::thread::spawn(move || {
-                std::thread::sleep(limit);
-                eprintln!("brig-vmm: guest still running after {timeout_s} s; stopping it");
-                std::process::exit(3);
-            });
+        Command::Boot { kernel, initrd, cmdline, mem_mib, timeout_s, snapshot_to } => {
             let started = Instant::now();
-            let mut vm = brig_vmm::linux::LinuxVm::boot(
-                mem_mib,
-                &kernel,
-                initrd.as_deref(),
-                &cmdline,
-                true,
-            )?;
-            let ending = vm.run(limit);
-            let log = vm.console.writer();
-            eprintln!(
-                "brig-vmm: {ending:?} after {:.2} s; console {} bytes kept, {} dropped",
-                started.elapsed().as_secs_f64(),
-                log.kept.len(),
-                log.dropped
-            );
-            std::process::exit(match ending {
-                brig_vmm::linux::Ending::Shutdown => 0,
-                brig_vmm::linux::Ending::Failed(_) => 2,
-                brig_vmm::linux::Ending::TimedOut => 3,
-            });
+            watchdog(timeout_s);
+            let mut vm = LinuxVm::boot(mem_mib, &kernel, initrd.as_deref(), &cmdline, true)?;
+            vm.snapshot_trigger = snapshot_to.is_some();
+            let ending = vm.run(std::time::Duration::from_secs(timeout_s));
+            if let (Ending::SnapshotRequested, Some(dir)) = (&ending, &snapshot_to) {
+                brig_vmm::linux_snapshot::save(&mut vm, dir)?;
+                eprintln!(
+                    "brig-vmm: snapshot saved to {} after {:.2} s",
+                    dir.display(),
+                    started.elapsed().as_secs_f64()
+                );
+                std::process::exit(4);
+            }
+            finish(&vm, &ending, started)
+        }
+        Command::Resume { snapshot, timeout_s } => {
+            let started = Instant::now();
+            watchdog(timeout_s);
+            let mut vm = brig_vmm::linux_snapshot::restore(&snapshot, true)?;
+            eprintln!("brig-vmm: restored in {:.3} ms", started.elapsed().as_secs_f64() * 1000.0);
+            let ending = vm.run(std::time::Duration::from_secs(timeout_s));
+            finish(&vm, &ending, started)
         }
         Command::Pool { mem_mib } => {
             let mut vm = Vm::create(mem_mib << 20)?;
@@ -138,6 +145,31 @@ fn main() -> anyhow::Result<()> {
             serve(&mut vm)
         }
     }
+}
+
+/// Stops the process if the guest is still running after `secs`.
+fn watchdog(secs: u64) {
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(secs));
+        eprintln!("brig-vmm: guest still running after {secs} s; stopping it");
+        std::process::exit(3);
+    });
+}
+
+/// Reports how a Linux guest's run ended and exits with its status.
+fn finish(vm: &LinuxVm, ending: &Ending, started: Instant) -> ! {
+    let log = vm.console.writer();
+    eprintln!(
+        "brig-vmm: {ending:?} after {:.2} s; console {} bytes kept, {} dropped",
+        started.elapsed().as_secs_f64(),
+        log.kept.len(),
+        log.dropped
+    );
+    std::process::exit(match ending {
+        Ending::Shutdown => 0,
+        Ending::Failed(_) | Ending::SnapshotRequested => 2,
+        Ending::TimedOut => 3,
+    })
 }
 
 fn first_answer(vm: &mut Vm, snap: &Snapshot, started: Instant) -> anyhow::Result<()> {

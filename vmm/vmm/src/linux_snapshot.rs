@@ -1,0 +1,313 @@
+//! Snapshot and restore of a Linux VM: memory, the vCPU (registers, FPU/XSAVE, XCRs, debug
+//! registers, LAPIC, MSRs, MP state, pending events, CPUID, TSC rate), the in-kernel PIC pair,
+//! IOAPIC and PIT, the KVM clock, and the console UART.
+//!
+//! ```text
+//! vm.state  "BRIGLXSN" | version u32 | memory size u64 | sections… | sha256(all before)
+//!           section = tag u32 | len u32 | bytes (KVM structs as laid out by the kernel ABI)
+//! vm.mem    guest memory (restores map it MAP_PRIVATE: VMs from one snapshot share pages)
+//! ```
+//! Save follows Firecracker's order (pause so a pending I/O completes, then read); restore sets
+//! VM-wide state first, then the vCPU: LAPIC after sregs, MSRs after the LAPIC, events last.
+#![allow(unsafe_code)]
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use kvm_bindings::{
+    kvm_clock_data, kvm_debugregs, kvm_irqchip, kvm_lapic_state, kvm_mp_state, kvm_msr_entry,
+    kvm_pit_state2, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, CpuId, Msrs,
+    KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
+};
+use sha2::{Digest, Sha256};
+use vm_superio::serial::SerialState;
+
+use crate::linux::{BootError, LinuxVm};
+
+const MAGIC: &[u8; 8] = b"BRIGLXSN";
+pub const VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LinuxSnapshotError {
+    #[error("snapshot file {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0} is not a Brig Linux VM snapshot, or is truncated")]
+    Malformed(PathBuf),
+    #[error("snapshot version {0}; this VMM reads version {VERSION}")]
+    Version(u32),
+    #[error("snapshot {0} is corrupt (checksum mismatch)")]
+    Checksum(PathBuf),
+    #[error("KVM: {0}")]
+    Kvm(&'static str, #[source] kvm_ioctls::Error),
+    #[error(transparent)]
+    Boot(#[from] BootError),
+}
+
+fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> LinuxSnapshotError {
+    move |e| LinuxSnapshotError::Kvm(what, e)
+}
+
+/// Bytes of a plain KVM ABI struct.
+fn pod<T>(value: &T) -> Vec<u8> {
+    // SAFETY: T is one of the kvm_* ABI structs used below: repr(C), integers (and unions of
+    // integers) only, fully initialized since they come from KVM or Default; reading their
+    // bytes is valid.
+    unsafe {
+        std::slice::from_raw_parts((value as *const T).cast::<u8>(), std::mem::size_of::<T>())
+    }
+    .to_vec()
+}
+
+fn unpod<T: Default>(bytes: &[u8]) -> Option<T> {
+    if bytes.len() != std::mem::size_of::<T>() {
+        return None;
+    }
+    let mut value = T::default();
+    // SAFETY: the length matches and T is a kvm_* ABI struct of integers, for which every byte
+    // pattern is a value; KVM validates the contents when we hand them back.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            bytes.as_ptr(),
+            (&mut value as *mut T).cast::<u8>(),
+            bytes.len(),
+        )
+    };
+    Some(value)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u32)]
+enum Tag {
+    Regs = 1,
+    Sregs,
+    Xsave,
+    Xcrs,
+    DebugRegs,
+    Lapic,
+    Msrs,
+    MpState,
+    Events,
+    Cpuid,
+    TscKhz,
+    PicMaster,
+    PicSlave,
+    Ioapic,
+    Pit,
+    Clock,
+    Serial,
+}
+
+struct Sections(Vec<(u32, Vec<u8>)>);
+
+impl Sections {
+    fn get(&self, tag: Tag) -> Option<&[u8]> {
+        self.0.iter().find(|(t, _)| *t == tag as u32).map(|(_, b)| b.as_slice())
+    }
+}
+
+fn irqchip(vm: &LinuxVm, chip: u32) -> Result<kvm_irqchip, LinuxSnapshotError> {
+    let mut c = kvm_irqchip { chip_id: chip, ..Default::default() };
+    vm.vm.get_irqchip(&mut c).map_err(kvm("get irqchip"))?;
+    Ok(c)
+}
+
+fn serial_bytes(s: &SerialState) -> Vec<u8> {
+    let mut out = vec![
+        s.baud_divisor_low,
+        s.baud_divisor_high,
+        s.interrupt_enable,
+        s.interrupt_identification,
+        s.line_control,
+        s.line_status,
+        s.modem_control,
+        s.modem_status,
+        s.scratch,
+    ];
+    out.extend_from_slice(&s.in_buffer);
+    out
+}
+
+fn serial_state(b: &[u8]) -> Option<SerialState> {
+    let f = b.get(..9)?;
+    Some(SerialState {
+        baud_divisor_low: f[0],
+        baud_divisor_high: f[1],
+        interrupt_enable: f[2],
+        interrupt_identification: f[3],
+        line_control: f[4],
+        line_status: f[5],
+        modem_control: f[6],
+        modem_status: f[7],
+        scratch: f[8],
+        in_buffer: b[9..].to_vec(),
+    })
+}
+
+/// Saves a stopped VM (after [`LinuxVm::run`] returned) into `dir`.
+pub fn save(vm: &mut LinuxVm, dir: &Path) -> Result<(), LinuxSnapshotError> {
+    let io = |path: PathBuf| move |source| LinuxSnapshotError::Io { path, source };
+    // Let a pending I/O complete without running guest code further.
+    vm.vcpu.set_kvm_immediate_exit(1);
+    let _ = vm.vcpu.run();
+    vm.vcpu.set_kvm_immediate_exit(0);
+    let v = &vm.vcpu;
+    let index_list = vm.kvm.get_msr_index_list().map_err(kvm("MSR index list"))?;
+    let entries: Vec<kvm_msr_entry> = index_list
+        .as_slice()
+        .iter()
+        .map(|i| kvm_msr_entry { index: *i, ..Default::default() })
+        .collect();
+    let mut msrs =
+        Msrs::from_entries(&entries).map_err(|_| LinuxSnapshotError::Malformed(dir.into()))?;
+    let read = v.get_msrs(&mut msrs).map_err(kvm("get MSRs"))?;
+    let msr_bytes: Vec<u8> = msrs.as_slice()[..read]
+        .iter()
+        .flat_map(|e| e.index.to_le_bytes().into_iter().chain(e.data.to_le_bytes()))
+        .collect();
+    let cpuid = v.get_cpuid2(kvm_bindings::KVM_MAX_CPUID_ENTRIES).map_err(kvm("get CPUID"))?;
+    let cpuid_bytes: Vec<u8> = cpuid.as_slice().iter().flat_map(pod).collect();
+    let tsc = v.get_tsc_khz().unwrap_or(0);
+    let sections: Vec<(Tag, Vec<u8>)> = vec![
+        (Tag::Regs, pod(&v.get_regs().map_err(kvm("get regs"))?)),
+        (Tag::Sregs, pod(&v.get_sregs().map_err(kvm("get sregs"))?)),
+        (Tag::Xsave, pod(&v.get_xsave().map_err(kvm("get xsave"))?)),
+        (Tag::Xcrs, pod(&v.get_xcrs().map_err(kvm("get xcrs"))?)),
+        (Tag::DebugRegs, pod(&v.get_debug_regs().map_err(kvm("get debug regs"))?)),
+        (Tag::Lapic, pod(&v.get_lapic().map_err(kvm("get LAPIC"))?)),
+        (Tag::Msrs, msr_bytes),
+        (Tag::MpState, pod(&v.get_mp_state().map_err(kvm("get MP state"))?)),
+        (Tag::Events, pod(&v.get_vcpu_events().map_err(kvm("get events"))?)),
+        (Tag::Cpuid, cpuid_bytes),
+        (Tag::TscKhz, tsc.to_le_bytes().to_vec()),
+        (Tag::PicMaster, pod(&irqchip(vm, KVM_IRQCHIP_PIC_MASTER)?)),
+        (Tag::PicSlave, pod(&irqchip(vm, KVM_IRQCHIP_PIC_SLAVE)?)),
+        (Tag::Ioapic, pod(&irqchip(vm, KVM_IRQCHIP_IOAPIC)?)),
+        (Tag::Pit, pod(&vm.vm.get_pit2().map_err(kvm("get PIT"))?)),
+        (Tag::Clock, pod(&vm.vm.get_clock().map_err(kvm("get clock"))?)),
+        (Tag::Serial, serial_bytes(&vm.console.state())),
+    ];
+    std::fs::create_dir_all(dir).map_err(io(dir.into()))?;
+    let mem_path = dir.join("vm.mem");
+    let mut f = File::create(&mem_path).map_err(io(mem_path.clone()))?;
+    f.write_all(vm.memory.as_slice()).map_err(io(mem_path.clone()))?;
+    let mut out = Vec::new();
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&(vm.memory.size() as u64).to_le_bytes());
+    for (tag, bytes) in sections {
+        out.extend_from_slice(&(tag as u32).to_le_bytes());
+        out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        out.extend_from_slice(&bytes);
+    }
+    let digest = Sha256::digest(&out);
+    out.extend_from_slice(&digest);
+    let state = dir.join("vm.state");
+    std::fs::write(&state, out).map_err(io(state))
+}
+
+fn parse(path: &Path, bytes: &[u8]) -> Result<(u64, Sections), LinuxSnapshotError> {
+    let bad = || LinuxSnapshotError::Malformed(path.into());
+    if bytes.len() < 52 || &bytes[..8] != MAGIC {
+        return Err(bad());
+    }
+    let (body, digest) = bytes.split_at(bytes.len() - 32);
+    let version = u32::from_le_bytes(body[8..12].try_into().map_err(|_| bad())?);
+    if version != VERSION {
+        return Err(LinuxSnapshotError::Version(version));
+    }
+    if Sha256::digest(body).as_slice() != digest {
+        return Err(LinuxSnapshotError::Checksum(path.into()));
+    }
+    let mem = u64::from_le_bytes(body[12..20].try_into().map_err(|_| bad())?);
+    let mut sections = Vec::new();
+    let mut at = 20;
+    while at < body.len() {
+        let head = body.get(at..at + 8).ok_or_else(bad)?;
+        let tag = u32::from_le_bytes(head[..4].try_into().map_err(|_| bad())?);
+        let len = u32::from_le_bytes(head[4..].try_into().map_err(|_| bad())?) as usize;
+        let data = body.get(at + 8..at + 8 + len).ok_or_else(bad)?;
+        sections.push((tag, data.to_vec()));
+        at += 8 + len;
+    }
+    Ok((mem, Sections(sections)))
+}
+
+/// A fresh VM restored from `dir`, ready to [`LinuxVm::run`].
+pub fn restore(dir: &Path, echo_console: bool) -> Result<LinuxVm, LinuxSnapshotError> {
+    let state_path = dir.join("vm.state");
+    let bytes = std::fs::read(&state_path)
+        .map_err(|source| LinuxSnapshotError::Io { path: state_path.clone(), source })?;
+    let (mem, s) = parse(&state_path, &bytes)?;
+    let bad = || LinuxSnapshotError::Malformed(state_path.clone());
+    let get = |tag: Tag| s.get(tag).ok_or_else(bad);
+    let mut vm = LinuxVm::create((mem >> 20) as usize, echo_console)?;
+    let mem_path = dir.join("vm.mem");
+    let file = File::open(&mem_path)
+        .map_err(|source| LinuxSnapshotError::Io { path: mem_path.clone(), source })?;
+    vm.memory.map_private(&file).map_err(BootError::from)?;
+
+    // VM-wide state first.
+    for (tag, chip) in [
+        (Tag::PicMaster, KVM_IRQCHIP_PIC_MASTER),
+        (Tag::PicSlave, KVM_IRQCHIP_PIC_SLAVE),
+        (Tag::Ioapic, KVM_IRQCHIP_IOAPIC),
+    ] {
+        let mut c: kvm_irqchip = unpod(get(tag)?).ok_or_else(bad)?;
+        c.chip_id = chip;
+        vm.vm.set_irqchip(&c).map_err(kvm("set irqchip"))?;
+    }
+    let pit: kvm_pit_state2 = unpod(get(Tag::Pit)?).ok_or_else(bad)?;
+    vm.vm.set_pit2(&pit).map_err(kvm("set PIT"))?;
+    let mut clock: kvm_clock_data = unpod(get(Tag::Clock)?).ok_or_else(bad)?;
+    clock.flags = 0;
+    vm.vm.set_clock(&clock).map_err(kvm("set clock"))?;
+
+    // Then the vCPU.
+    let v = &vm.vcpu;
+    let entry_size = std::mem::size_of::<kvm_bindings::kvm_cpuid_entry2>();
+    let entries: Vec<kvm_bindings::kvm_cpuid_entry2> =
+        get(Tag::Cpuid)?.chunks(entry_size).filter_map(unpod).collect();
+    let cpuid = CpuId::from_entries(&entries).map_err(|_| bad())?;
+    v.set_cpuid2(&cpuid).map_err(kvm("set CPUID"))?;
+    let tsc = u32::from_le_bytes(get(Tag::TscKhz)?.try_into().map_err(|_| bad())?);
+    if tsc != 0 {
+        let _ = v.set_tsc_khz(tsc);
+    }
+    let mp: kvm_mp_state = unpod(get(Tag::MpState)?).ok_or_else(bad)?;
+    v.set_mp_state(mp).map_err(kvm("set MP state"))?;
+    let sregs: kvm_sregs = unpod(get(Tag::Sregs)?).ok_or_else(bad)?;
+    v.set_sregs(&sregs).map_err(kvm("set sregs"))?;
+    let regs: kvm_regs = unpod(get(Tag::Regs)?).ok_or_else(bad)?;
+    v.set_regs(&regs).map_err(kvm("set regs"))?;
+    let xsave: kvm_xsave = unpod(get(Tag::Xsave)?).ok_or_else(bad)?;
+    // SAFETY: the buffer is a whole kvm_xsave as KVM_GET_XSAVE produced it on this kind of
+    // host; KVM checks its contents.
+    unsafe { v.set_xsave(&xsave) }.map_err(kvm("set xsave"))?;
+    let xcrs: kvm_xcrs = unpod(get(Tag::Xcrs)?).ok_or_else(bad)?;
+    v.set_xcrs(&xcrs).map_err(kvm("set xcrs"))?;
+    let dregs: kvm_debugregs = unpod(get(Tag::DebugRegs)?).ok_or_else(bad)?;
+    v.set_debug_regs(&dregs).map_err(kvm("set debug regs"))?;
+    let lapic: kvm_lapic_state = unpod(get(Tag::Lapic)?).ok_or_else(bad)?;
+    v.set_lapic(&lapic).map_err(kvm("set LAPIC"))?;
+    let msr_entries: Vec<kvm_msr_entry> = get(Tag::Msrs)?
+        .chunks(12)
+        .filter(|c| c.len() == 12)
+        .map(|c| kvm_msr_entry {
+            index: u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+            data: u64::from_le_bytes([c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11]]),
+            ..Default::default()
+        })
+        .collect();
+    let msrs = Msrs::from_entries(&msr_entries).map_err(|_| bad())?;
+    v.set_msrs(&msrs).map_err(kvm("set MSRs"))?;
+    let events: kvm_vcpu_events = unpod(get(Tag::Events)?).ok_or_else(bad)?;
+    v.set_vcpu_events(&events).map_err(kvm("set events"))?;
+    let serial = serial_state(get(Tag::Serial)?).ok_or_else(bad)?;
+    vm.restore_console(&serial)?;
+    Ok(vm)
+}
