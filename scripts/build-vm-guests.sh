@@ -36,17 +36,23 @@ vmm="$target_dir/x86_64-unknown-linux-musl/release/brig-vmm"
 l2="$work/l2"
 mkdir -p "$l2/bin" "$l2/proc" "$l2/sys" "$l2/dev"
 cp /usr/bin/busybox "$l2/bin/busybox"
-mkdir -p "$l2/tmp"
-for a in sh mount echo uname reboot cat devmem; do ln -s busybox "$l2/bin/$a"; done
+mkdir -p "$l2/tmp" "$l2/mod"
+for a in sh mount echo uname reboot cat devmem insmod head od tr; do ln -s busybox "$l2/bin/$a"; done
+for m in drivers/virtio/virtio.ko drivers/virtio/virtio_ring.ko drivers/virtio/virtio_mmio.ko \
+    drivers/char/hw_random/virtio-rng.ko; do
+    cp "$modules/$m" "$l2/mod/"
+done
 # The guest reports, keeps some state in its tmpfs, asks the VMM for a snapshot (a write to
 # the trigger address), and on resume shows that state again before rebooting.
 cat > "$l2/init" <<'INIT'
 #!/bin/sh
-mount -t proc proc /proc; mount -t devtmpfs dev /dev; mount -t tmpfs tmp /tmp
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev; mount -t tmpfs tmp /tmp
 echo "BRIG-L2-UP kernel=$(uname -r) cmdline=$(cat /proc/cmdline)"
+insmod /mod/virtio_ring.ko; insmod /mod/virtio.ko; insmod /mod/virtio_mmio.ko; insmod /mod/virtio-rng.ko
+echo "BRIG-L2-RNG current=$(cat /sys/devices/virtual/misc/hw_random/rng_current) bytes=$(head -c 16 /dev/hwrng | od -An -tx1 | tr -d ' \n')"
 echo "made-before-snapshot-$$" > /tmp/state
 devmem 0xd0000000 32 1
-echo "BRIG-L2-RESUMED state=$(cat /tmp/state)"
+echo "BRIG-L2-RESUMED state=$(cat /tmp/state) rng=$(head -c 16 /dev/hwrng | od -An -tx1 | tr -d ' \n')"
 reboot -f
 INIT
 chmod +x "$l2/init"
@@ -68,7 +74,7 @@ insmod /mod/irqbypass.ko && insmod /mod/kvm.ko && insmod /mod/kvm-amd.ko nested=
 echo "BRIG-L1-UP kvm=$(test -c /dev/kvm && echo yes || echo no)"
 /bin/brig-vmm boot --kernel /l2/vmlinuz --initrd /l2/initrd.gz --mem-mib 256 --timeout-s 120 \
     --cmdline "console=ttyS0 reboot=t panic=-1 quiet initcall_blacklist=i8042_init pci=off brig.test=1" \
-    --snapshot-to /tmp/snap
+    --snapshot-to /tmp/snap --rng
 echo "BRIG-L1-SNAPSHOT rc=$?"
 /bin/brig-vmm resume --snapshot /tmp/snap --timeout-s 120
 echo "BRIG-L1-RESULT rc=$?"

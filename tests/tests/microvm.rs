@@ -3,8 +3,9 @@
 //! This machine's KVM (PVM) cannot run a Linux kernel, so the end-to-end boot runs inside an
 //! emulated host (QEMU TCG with an emulated AMD-V CPU, GUEST.md section 2): its initramfs loads
 //! KVM with nested SVM and runs the static brig-vmm, which boots Debian's cloud kernel with an
-//! initramfs and command line and passes its console through; the guest asks for a snapshot,
-//! and a second brig-vmm process resumes it from the snapshot files.
+//! initramfs and command line, passes its console through and gives it a virtio-rng described
+//! in ACPI; the guest asks for a snapshot, and a second brig-vmm process resumes it (device and
+//! queue state included) from the snapshot files.
 //! Emulated timings prove nothing about speed and are not asserted. Natively, the boot
 //! protocol's zero page is checked as the kernel will read it.
 
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use brig_tests::artifacts;
 use brig_vmm::linux::LinuxVm;
+use brig_vmm::virtio::{mmio::MmioTransport, rng::Rng};
 
 fn vm_artifact(name: &str) -> std::path::PathBuf {
     let path = artifacts().join("vm").join(name);
@@ -74,10 +76,15 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
     assert!(has("BRIG-L1-UP kvm=yes"), "the emulated host has no KVM (status {status}):\n{log}");
     assert!(has("BRIG-L2-UP kernel=6."), "the guest did not reach init:\n{log}");
     assert!(has("brig.test=1"), "the command line did not reach the guest:\n{log}");
+    // Linux found the virtio-mmio device in our ACPI tables and reads entropy from it.
+    assert!(has("BRIG-L2-RNG current=virtio_rng.0 bytes="), "virtio-rng not in use:\n{log}");
     // The guest asked for a snapshot; brig-vmm saved it and exited 4.
     assert!(has("BRIG-L1-SNAPSHOT rc=4"), "no snapshot:\n{log}");
     // A new brig-vmm process restored it; the guest went on with its tmpfs intact and rebooted.
     assert!(has("BRIG-L2-RESUMED state=made-before-snapshot-"), "the guest did not resume:\n{log}");
+    // The restored virtio-rng (transport and queue state from the snapshot) keeps serving.
+    let after = log.split("BRIG-L1-SNAPSHOT").nth(1).unwrap_or("");
+    assert!(after.contains(" rng=") && after.contains("requests served) [(4, "), "{log}");
     assert!(has("brig-vmm: Shutdown"), "brig-vmm did not see the guest shut down:\n{log}");
     assert!(has("BRIG-L1-RESULT rc=0"), "the restored VM failed:\n{log}");
 }
@@ -91,6 +98,7 @@ fn the_zero_page_says_what_the_kernel_needs() {
         Some(&vm_artifact("l2-initrd.gz")),
         cmdline,
         false,
+        vec![MmioTransport::new(Box::new(Rng::default()))],
     )
     .expect("set up the boot");
     let mem = vm.memory();
@@ -123,6 +131,11 @@ fn the_zero_page_says_what_the_kernel_needs() {
     };
     assert_eq!(entry(0), (0, 0x9_fc00, 1));
     assert_eq!(entry(1), (0x10_0000, (128 << 20) - 0x10_0000, 1));
+    // The RSDP is where the zero page says, and the DSDT names the virtio-mmio device.
+    let rsdp = u64::from_le_bytes(read(ZERO_PAGE + 0x070, 8).try_into().expect("8"));
+    assert_eq!(&read(rsdp, 8), b"RSD PTR ");
+    let tables = read(rsdp, 0x2000);
+    assert!(tables.windows(8).any(|w| w == b"LNRO0005"), "no virtio-mmio device described");
     // The protected-mode kernel is loaded at 1 MiB.
     assert!(read(0x10_0000, 4096).iter().any(|b| *b != 0), "kernel not loaded");
 }

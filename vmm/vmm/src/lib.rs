@@ -10,6 +10,7 @@
 //!   snapshot shares its clean pages copy-on-write.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod acpi;
 pub mod guest;
 pub mod linux;
 pub mod linux_snapshot;

@@ -21,9 +21,11 @@ use linux_loader::loader::{bzimage::BzImage, KernelLoader};
 use vm_memory::{Address, Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::acpi::MmioDevice;
 use crate::guest;
 use crate::memory::GuestMemory;
 use crate::serial::{console, Console, COM1};
+use crate::virtio::mmio::{window_of, MmioTransport, WINDOW};
 
 const ZERO_PAGE: u64 = 0x7000;
 const CMDLINE: u64 = 0x2_0000;
@@ -78,7 +80,15 @@ pub struct LinuxVm {
     irq: EventFd,
     /// Stop with [`Ending::SnapshotRequested`] when the guest writes [`SNAPSHOT_TRIGGER`].
     pub snapshot_trigger: bool,
+    /// virtio-mmio devices with their interrupt lines, windows from [`MMIO_BASE`].
+    pub(crate) devices: Vec<(MmioTransport, EventFd)>,
+    view: vm_memory::GuestMemoryMmap,
 }
+
+/// Guest physical base of the first virtio-mmio window (above RAM, below 4 GiB); device `i`
+/// is at `MMIO_BASE + i * WINDOW` on GSI `FIRST_GSI + i`.
+pub const MMIO_BASE: u64 = 0xd100_0000;
+pub const FIRST_GSI: u32 = 5;
 
 /// A guest physical address (not RAM) whose write asks the VMM to snapshot the VM: a test
 /// guest does `devmem 0xd0000000 32 1` at the point it wants to be resumed from.
@@ -115,6 +125,7 @@ impl LinuxVm {
         let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(BootError::EventFd)?;
         vm.register_irqfd(&irq, 4).map_err(kvm("irqfd for COM1"))?;
         let line = irq.try_clone().map_err(BootError::EventFd)?;
+        let view = memory.view()?;
         Ok(LinuxVm {
             kvm: kvm_handle,
             vm,
@@ -123,7 +134,30 @@ impl LinuxVm {
             console: console(line, echo_console),
             irq,
             snapshot_trigger: false,
+            devices: Vec::new(),
+            view,
         })
+    }
+
+    /// Attaches a virtio-mmio device with its own interrupt line; returns where the guest
+    /// finds it. Attach before [`LinuxVm::describe_devices`].
+    pub fn attach(&mut self, device: MmioTransport) -> Result<MmioDevice, BootError> {
+        let i = self.devices.len() as u32;
+        let gsi = FIRST_GSI + i;
+        let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(BootError::EventFd)?;
+        self.vm.register_irqfd(&irq, gsi).map_err(kvm("irqfd for a virtio device"))?;
+        self.devices.push((device, irq));
+        Ok(MmioDevice { base: MMIO_BASE + u64::from(i) * WINDOW, size: WINDOW, gsi })
+    }
+
+    fn device_descriptions(&self) -> Vec<MmioDevice> {
+        (0..self.devices.len() as u32)
+            .map(|i| MmioDevice {
+                base: MMIO_BASE + u64::from(i) * WINDOW,
+                size: WINDOW,
+                gsi: FIRST_GSI + i,
+            })
+            .collect()
     }
 
     /// A VM with `mem_mib` of memory, the kernel at 1 MiB, `initrd` at the top of memory and
@@ -134,8 +168,15 @@ impl LinuxVm {
         initrd: Option<&Path>,
         cmdline: &str,
         echo_console: bool,
+        devices: Vec<MmioTransport>,
     ) -> Result<LinuxVm, BootError> {
         let mut linux = LinuxVm::create(mem_mib, echo_console)?;
+        for device in devices {
+            linux.attach(device)?;
+        }
+        let described = linux.device_descriptions();
+        let rsdp = crate::acpi::write_tables(&mut linux.memory, &described)
+            .map_err(|e| BootError::GuestMemory(e.to_string()))?;
         let size = mem_mib << 20;
         let view = linux.memory.view()?;
         let mut image = File::open(kernel)
@@ -177,6 +218,7 @@ impl LinuxVm {
             params.e820_table[i].r#type = E820_RAM;
         }
         params.e820_entries = e820.len() as u8;
+        params.acpi_rsdp_addr = rsdp;
         LinuxBootConfigurator::write_bootparams::<vm_memory::GuestMemoryMmap>(
             &BootParams::new::<boot_params>(&params, GuestAddress(ZERO_PAGE)),
             &view,
@@ -185,7 +227,15 @@ impl LinuxVm {
         // Identity page tables and GDT, shared with the test guest's setup.
         guest::load(&mut linux.memory, 0)?;
         let vcpu = &linux.vcpu;
-        let cpuid = linux.kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm("CPUID"))?;
+        let mut cpuid =
+            linux.kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm("CPUID"))?;
+        // Say "running under a hypervisor" (leaf 1, ECX bit 31), so the guest reads KVM's leaves
+        // and uses kvmclock instead of calibrating against the PIT.
+        for entry in cpuid.as_mut_slice() {
+            if entry.function == 1 {
+                entry.ecx |= 1 << 31;
+            }
+        }
         vcpu.set_cpuid2(&cpuid).map_err(kvm("set CPUID"))?;
         let fpu = kvm_fpu { fcw: 0x37f, mxcsr: 0x1f80, ..Default::default() };
         vcpu.set_fpu(&fpu).map_err(kvm("FPU"))?;
@@ -207,6 +257,11 @@ impl LinuxVm {
 
     pub fn memory(&self) -> &GuestMemory {
         &self.memory
+    }
+
+    /// Per device: its type and how many queue notifications it served.
+    pub fn device_stats(&self) -> Vec<(u32, u64)> {
+        self.devices.iter().map(|(d, _)| (d.device_type(), d.served)).collect()
     }
 
     /// Replaces the console with one in `state` (a restore), keeping its interrupt line.
@@ -251,7 +306,22 @@ impl LinuxVm {
                     };
                     data.iter_mut().for_each(|b| *b = value);
                 }
-                Ok(VcpuExit::MmioRead(_, data)) => data.iter_mut().for_each(|b| *b = 0),
+                Ok(VcpuExit::MmioRead(addr, data)) => {
+                    match window_of(MMIO_BASE, addr, self.devices.len()) {
+                        Some((i, offset)) => self.devices[i].0.read(offset, data),
+                        None => data.iter_mut().for_each(|b| *b = 0),
+                    }
+                }
+                Ok(VcpuExit::MmioWrite(addr, data))
+                    if window_of(MMIO_BASE, addr, self.devices.len()).is_some() =>
+                {
+                    if let Some((i, offset)) = window_of(MMIO_BASE, addr, self.devices.len()) {
+                        let (device, irq) = &mut self.devices[i];
+                        if device.write(offset, data, &self.view) {
+                            let _ = irq.write(1);
+                        }
+                    }
+                }
                 Ok(VcpuExit::MmioWrite(addr, _))
                     if addr == SNAPSHOT_TRIGGER && self.snapshot_trigger =>
                 {

@@ -100,6 +100,8 @@ enum Tag {
     Pit,
     Clock,
     Serial,
+    /// One per virtio device, in attach order.
+    Device,
 }
 
 struct Sections(Vec<(u32, Vec<u8>)>);
@@ -107,6 +109,18 @@ struct Sections(Vec<(u32, Vec<u8>)>);
 impl Sections {
     fn get(&self, tag: Tag) -> Option<&[u8]> {
         self.0.iter().find(|(t, _)| *t == tag as u32).map(|(_, b)| b.as_slice())
+    }
+
+    fn all(&self, tag: Tag) -> impl Iterator<Item = &[u8]> {
+        self.0.iter().filter(move |(t, _)| *t == tag as u32).map(|(_, b)| b.as_slice())
+    }
+}
+
+/// A device of `device_type` in its power-on state, to restore saved transport state into.
+fn new_device(device_type: u32) -> Option<Box<dyn crate::virtio::VirtioDevice>> {
+    match device_type {
+        4 => Some(Box::new(crate::virtio::rng::Rng::default())),
+        _ => None,
     }
 }
 
@@ -172,7 +186,7 @@ pub fn save(vm: &mut LinuxVm, dir: &Path) -> Result<(), LinuxSnapshotError> {
     let cpuid = v.get_cpuid2(kvm_bindings::KVM_MAX_CPUID_ENTRIES).map_err(kvm("get CPUID"))?;
     let cpuid_bytes: Vec<u8> = cpuid.as_slice().iter().flat_map(pod).collect();
     let tsc = v.get_tsc_khz().unwrap_or(0);
-    let sections: Vec<(Tag, Vec<u8>)> = vec![
+    let mut sections: Vec<(Tag, Vec<u8>)> = vec![
         (Tag::Regs, pod(&v.get_regs().map_err(kvm("get regs"))?)),
         (Tag::Sregs, pod(&v.get_sregs().map_err(kvm("get sregs"))?)),
         (Tag::Xsave, pod(&v.get_xsave().map_err(kvm("get xsave"))?)),
@@ -191,6 +205,7 @@ pub fn save(vm: &mut LinuxVm, dir: &Path) -> Result<(), LinuxSnapshotError> {
         (Tag::Clock, pod(&vm.vm.get_clock().map_err(kvm("get clock"))?)),
         (Tag::Serial, serial_bytes(&vm.console.state())),
     ];
+    sections.extend(vm.devices.iter().map(|(d, _)| (Tag::Device, d.save_state())));
     std::fs::create_dir_all(dir).map_err(io(dir.into()))?;
     let mem_path = dir.join("vm.mem");
     let mut f = File::create(&mem_path).map_err(io(mem_path.clone()))?;
@@ -250,6 +265,14 @@ pub fn restore(dir: &Path, echo_console: bool) -> Result<LinuxVm, LinuxSnapshotE
     let file = File::open(&mem_path)
         .map_err(|source| LinuxSnapshotError::Io { path: mem_path.clone(), source })?;
     vm.memory.map_private(&file).map_err(BootError::from)?;
+    for saved in s.all(Tag::Device) {
+        let device = crate::virtio::mmio::MmioTransport::saved_device_type(saved)
+            .and_then(new_device)
+            .ok_or_else(bad)?;
+        let transport =
+            crate::virtio::mmio::MmioTransport::restore(device, saved).ok_or_else(bad)?;
+        vm.attach(transport)?;
+    }
 
     // VM-wide state first.
     for (tag, chip) in [

@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use brig_vmm::linux::{Ending, LinuxVm};
+use brig_vmm::virtio::{mmio::MmioTransport, rng::Rng};
 use brig_vmm::{Snapshot, Vm};
 use clap::{Parser, Subcommand};
 
@@ -66,6 +67,9 @@ enum Command {
         /// When the guest writes the snapshot trigger address, save the VM here and exit 4.
         #[arg(long)]
         snapshot_to: Option<PathBuf>,
+        /// Give the guest a virtio-rng device (virtio-mmio, described in ACPI).
+        #[arg(long)]
+        rng: bool,
     },
     /// Resume a Linux VM from a snapshot taken by `boot --snapshot-to`; exits as `boot`.
     Resume {
@@ -105,18 +109,24 @@ fn main() -> anyhow::Result<()> {
             }
             serve(&mut vm)
         }
-        Command::Boot { kernel, initrd, cmdline, mem_mib, timeout_s, snapshot_to } => {
+        Command::Boot { kernel, initrd, cmdline, mem_mib, timeout_s, snapshot_to, rng } => {
             let started = Instant::now();
             watchdog(timeout_s);
-            let mut vm = LinuxVm::boot(mem_mib, &kernel, initrd.as_deref(), &cmdline, true)?;
+            let mut devices = Vec::new();
+            if rng {
+                devices.push(MmioTransport::new(Box::new(Rng::default())));
+            }
+            let mut vm =
+                LinuxVm::boot(mem_mib, &kernel, initrd.as_deref(), &cmdline, true, devices)?;
             vm.snapshot_trigger = snapshot_to.is_some();
             let ending = vm.run(std::time::Duration::from_secs(timeout_s));
             if let (Ending::SnapshotRequested, Some(dir)) = (&ending, &snapshot_to) {
                 brig_vmm::linux_snapshot::save(&mut vm, dir)?;
                 eprintln!(
-                    "brig-vmm: snapshot saved to {} after {:.2} s",
+                    "brig-vmm: snapshot saved to {} after {:.2} s; devices (type, requests served) {:?}",
                     dir.display(),
-                    started.elapsed().as_secs_f64()
+                    started.elapsed().as_secs_f64(),
+                    vm.device_stats()
                 );
                 std::process::exit(4);
             }
@@ -160,10 +170,11 @@ fn watchdog(secs: u64) {
 fn finish(vm: &LinuxVm, ending: &Ending, started: Instant) -> ! {
     let log = vm.console.writer();
     eprintln!(
-        "brig-vmm: {ending:?} after {:.2} s; console {} bytes kept, {} dropped",
+        "brig-vmm: {ending:?} after {:.2} s; console {} bytes kept, {} dropped; devices (type, requests served) {:?}",
         started.elapsed().as_secs_f64(),
         log.kept.len(),
-        log.dropped
+        log.dropped,
+        vm.device_stats()
     );
     std::process::exit(match ending {
         Ending::Shutdown => 0,

@@ -8,7 +8,7 @@ use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
 
 use crate::guest;
 use crate::memory::{GuestMemory, MemoryError};
-use crate::virtio::mmio::{MmioTransport, WINDOW};
+use crate::virtio::mmio::{window_of, MmioTransport, WINDOW};
 
 /// Guest physical address of the first virtio-mmio window (inside the test guest's identity map,
 /// above its RAM); each further device takes the next [`WINDOW`].
@@ -96,7 +96,7 @@ impl Vm {
     }
 
     fn window(&self, addr: u64) -> Option<(usize, u64)> {
-        window_of(addr, self.devices.len())
+        window_of(MMIO_BASE, addr, self.devices.len())
     }
 
     /// An MMIO write as the guest would do it (the exit handler's path); `false` when no
@@ -162,13 +162,13 @@ impl Vm {
                     return Err(VmError::UnexpectedExit(format!("port I/O on {port:#x}")))
                 }
                 Ok(VcpuExit::MmioRead(addr, data)) => {
-                    let Some((i, offset)) = window_of(addr, self.devices.len()) else {
+                    let Some((i, offset)) = window_of(MMIO_BASE, addr, self.devices.len()) else {
                         return Err(VmError::UnexpectedExit(format!("MMIO read at {addr:#x}")));
                     };
                     self.devices[i].read(offset, data);
                 }
                 Ok(VcpuExit::MmioWrite(addr, data)) => {
-                    let Some((i, offset)) = window_of(addr, self.devices.len()) else {
+                    let Some((i, offset)) = window_of(MMIO_BASE, addr, self.devices.len()) else {
                         return Err(VmError::UnexpectedExit(format!("MMIO write at {addr:#x}")));
                     };
                     self.devices[i].write(offset, data, &self.view);
@@ -201,11 +201,4 @@ impl Vm {
         self.vcpu.set_kvm_immediate_exit(0);
         result
     }
-}
-
-/// The device window holding `addr` among `count` devices, and the offset in it.
-fn window_of(addr: u64, count: usize) -> Option<(usize, u64)> {
-    let rel = addr.checked_sub(MMIO_BASE)?;
-    let index = usize::try_from(rel / WINDOW).ok()?;
-    (index < count).then_some((index, rel % WINDOW))
 }

@@ -16,6 +16,13 @@ const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 /// Device status bit: the device hit an error and needs a reset.
 const STATUS_NEEDS_RESET: u32 = 0x40;
 
+/// The device window holding `addr` among `count` windows from `base`, and the offset in it.
+pub fn window_of(base: u64, addr: u64, count: usize) -> Option<(usize, u64)> {
+    let rel = addr.checked_sub(base)?;
+    let index = usize::try_from(rel / WINDOW).ok()?;
+    (index < count).then_some((index, rel % WINDOW))
+}
+
 pub struct MmioTransport {
     device: Box<dyn VirtioDevice>,
     queues: Vec<Queue>,
@@ -25,6 +32,8 @@ pub struct MmioTransport {
     driver_features: u64,
     status: u32,
     interrupt_status: u32,
+    /// Queue notifications that used buffers.
+    pub served: u64,
     /// Errors met while serving queues (the count, and the last one), for the VMM's log.
     pub errors: u64,
     pub last_error: Option<String>,
@@ -52,9 +61,105 @@ impl MmioTransport {
             driver_features: 0,
             status: 0,
             interrupt_status: 0,
+            served: 0,
             errors: 0,
             last_error: None,
         }
+    }
+
+    /// The transport's and its queues' state, as bytes (for snapshots; the device itself
+    /// must be stateless between requests, as virtio-rng is).
+    pub fn save_state(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for v in [
+            self.device.device_type(),
+            self.status,
+            self.interrupt_status,
+            self.queue_sel,
+            self.device_features_sel,
+            self.driver_features_sel,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&self.driver_features.to_le_bytes());
+        out.extend_from_slice(&(self.queues.len() as u32).to_le_bytes());
+        for q in &self.queues {
+            let st = q.state();
+            for v in [st.max_size, st.next_avail, st.next_used, st.size] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            out.push(u8::from(st.event_idx_enabled));
+            out.push(u8::from(st.ready));
+            for v in [st.desc_table, st.avail_ring, st.used_ring] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// The device type a saved state is for (to build the device before restoring).
+    pub fn saved_device_type(bytes: &[u8]) -> Option<u32> {
+        Some(u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?))
+    }
+
+    /// A transport for `device` in the saved state; `None` when the bytes are malformed or
+    /// describe impossible queues.
+    pub fn restore(device: Box<dyn VirtioDevice>, bytes: &[u8]) -> Option<MmioTransport> {
+        let mut at = 0usize;
+        let mut take = |n: usize| -> Option<&[u8]> {
+            let b = bytes.get(at..at + n)?;
+            at += n;
+            Some(b)
+        };
+        let mut u32s = [0u32; 6];
+        for v in &mut u32s {
+            *v = u32::from_le_bytes(take(4)?.try_into().ok()?);
+        }
+        if u32s[0] != device.device_type() {
+            return None;
+        }
+        let driver_features = u64::from_le_bytes(take(8)?.try_into().ok()?);
+        let count = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+        if count != device.queue_max_sizes().len() {
+            return None;
+        }
+        let mut queues = Vec::with_capacity(count);
+        for _ in 0..count {
+            let mut u16s = [0u16; 4];
+            for v in &mut u16s {
+                *v = u16::from_le_bytes(take(2)?.try_into().ok()?);
+            }
+            let flags = take(2)?;
+            let mut u64s = [0u64; 3];
+            for v in &mut u64s {
+                *v = u64::from_le_bytes(take(8)?.try_into().ok()?);
+            }
+            let state = virtio_queue::QueueState {
+                max_size: u16s[0],
+                next_avail: u16s[1],
+                next_used: u16s[2],
+                size: u16s[3],
+                event_idx_enabled: flags[0] != 0,
+                ready: flags[1] != 0,
+                desc_table: u64s[0],
+                avail_ring: u64s[1],
+                used_ring: u64s[2],
+            };
+            queues.push(Queue::try_from(state).ok()?);
+        }
+        let mut t = MmioTransport::new(device);
+        t.queues = queues;
+        t.status = u32s[1];
+        t.interrupt_status = u32s[2];
+        t.queue_sel = u32s[3];
+        t.device_features_sel = u32s[4];
+        t.driver_features_sel = u32s[5];
+        t.driver_features = driver_features;
+        Some(t)
+    }
+
+    pub fn device_type(&self) -> u32 {
+        self.device.device_type()
     }
 
     fn features(&self) -> u64 {
@@ -165,6 +270,7 @@ impl MmioTransport {
         match self.device.process_queue(index, queue, mem) {
             Ok(true) => {
                 self.interrupt_status |= 1;
+                self.served += 1;
                 true
             }
             Ok(false) => false,
