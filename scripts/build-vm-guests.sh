@@ -29,19 +29,23 @@ modules=$(ls -d "$pkg_dir"/lib/modules/*/kernel)
 
 # 2. brig-vmm, static.
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
-cargo build --quiet --release --target x86_64-unknown-linux-musl -p brig-vmm --manifest-path "$root/Cargo.toml"
+cargo build --quiet --release --target x86_64-unknown-linux-musl -p brig-vmm -p brig-agent \
+    --manifest-path "$root/Cargo.toml"
 vmm="$target_dir/x86_64-unknown-linux-musl/release/brig-vmm"
+agent="$target_dir/x86_64-unknown-linux-musl/release/brig-agent"
 
 # 3. The guest's initramfs.
 l2="$work/l2"
 mkdir -p "$l2/bin" "$l2/proc" "$l2/sys" "$l2/dev"
 cp /usr/bin/busybox "$l2/bin/busybox"
 mkdir -p "$l2/tmp" "$l2/mod"
-for a in sh mount echo uname reboot cat devmem insmod head od tr; do ln -s busybox "$l2/bin/$a"; done
+for a in sh mount echo uname reboot cat devmem insmod head od tr sleep; do ln -s busybox "$l2/bin/$a"; done
 for m in drivers/virtio/virtio.ko drivers/virtio/virtio_ring.ko drivers/virtio/virtio_mmio.ko \
-    drivers/char/hw_random/virtio-rng.ko; do
+    drivers/char/hw_random/virtio-rng.ko net/vmw_vsock/vsock.ko \
+    net/vmw_vsock/vmw_vsock_virtio_transport_common.ko net/vmw_vsock/vmw_vsock_virtio_transport.ko; do
     cp "$modules/$m" "$l2/mod/"
 done
+cp "$agent" "$l2/bin/brig-agent"
 # The guest reports, keeps some state in its tmpfs, asks the VMM for a snapshot (a write to
 # the trigger address), and on resume shows that state again before rebooting.
 cat > "$l2/init" <<'INIT'
@@ -49,11 +53,14 @@ cat > "$l2/init" <<'INIT'
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev; mount -t tmpfs tmp /tmp
 echo "BRIG-L2-UP kernel=$(uname -r) cmdline=$(cat /proc/cmdline)"
 insmod /mod/virtio_ring.ko; insmod /mod/virtio.ko; insmod /mod/virtio_mmio.ko; insmod /mod/virtio-rng.ko
+insmod /mod/vsock.ko; insmod /mod/vmw_vsock_virtio_transport_common.ko; insmod /mod/vmw_vsock_virtio_transport.ko
+/bin/brig-agent &
 echo "BRIG-L2-RNG current=$(cat /sys/devices/virtual/misc/hw_random/rng_current) bytes=$(head -c 16 /dev/hwrng | od -An -tx1 | tr -d ' \n')"
 echo "made-before-snapshot-$$" > /tmp/state
 devmem 0xd0000000 32 1
 echo "BRIG-L2-RESUMED state=$(cat /tmp/state) rng=$(head -c 16 /dev/hwrng | od -An -tx1 | tr -d ' \n')"
-reboot -f
+# The host drives the rest through the agent (and ends with `reboot -f`).
+while true; do sleep 1; done
 INIT
 chmod +x "$l2/init"
 (cd "$l2" && find . | cpio -o -H newc --quiet | gzip -1 > "$out/l2-initrd.gz")
@@ -62,7 +69,7 @@ chmod +x "$l2/init"
 l1="$work/l1"
 mkdir -p "$l1/bin" "$l1/proc" "$l1/sys" "$l1/dev" "$l1/mod" "$l1/l2" "$l1/tmp"
 cp /usr/bin/busybox "$l1/bin/busybox"
-for a in sh mount echo insmod reboot cat; do ln -s busybox "$l1/bin/$a"; done
+for a in sh mount echo insmod reboot cat sleep [ test; do ln -s busybox "$l1/bin/$a"; done
 cp "$modules/virt/lib/irqbypass.ko" "$modules/arch/x86/kvm/kvm.ko" "$modules/arch/x86/kvm/kvm-amd.ko" "$l1/mod/"
 cp "$vmm" "$l1/bin/brig-vmm"
 cp "$out/vmlinuz" "$l1/l2/vmlinuz"
@@ -74,9 +81,20 @@ insmod /mod/irqbypass.ko && insmod /mod/kvm.ko && insmod /mod/kvm-amd.ko nested=
 echo "BRIG-L1-UP kvm=$(test -c /dev/kvm && echo yes || echo no)"
 /bin/brig-vmm boot --kernel /l2/vmlinuz --initrd /l2/initrd.gz --mem-mib 256 --timeout-s 120 \
     --cmdline "console=ttyS0 reboot=t panic=-1 quiet initcall_blacklist=i8042_init pci=off brig.test=1" \
-    --snapshot-to /tmp/snap --rng
+    --snapshot-to /tmp/snap --rng --vsock-uds /tmp/v0.sock
 echo "BRIG-L1-SNAPSHOT rc=$?"
-/bin/brig-vmm resume --snapshot /tmp/snap --timeout-s 120
+/bin/brig-vmm resume --snapshot /tmp/snap --timeout-s 120 --vsock-uds /tmp/v1.sock &
+vmm=$!
+i=0
+until /bin/brig-vmm exec --uds /tmp/v1.sock -- 'echo "hello from $(uname -n)"; cat /tmp/state; echo oops >&2; exit 7'; do
+    rc=$?
+    [ $rc -eq 7 ] && break
+    i=$((i + 1)); [ $i -ge 100 ] && break
+    sleep 0.2
+done
+echo "BRIG-L1-EXEC rc=$rc"
+/bin/brig-vmm exec --uds /tmp/v1.sock -- 'reboot -f' >/dev/null 2>&1
+wait $vmm
 echo "BRIG-L1-RESULT rc=$?"
 reboot -f
 INIT

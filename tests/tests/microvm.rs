@@ -4,8 +4,9 @@
 //! emulated host (QEMU TCG with an emulated AMD-V CPU, GUEST.md section 2): its initramfs loads
 //! KVM with nested SVM and runs the static brig-vmm, which boots Debian's cloud kernel with an
 //! initramfs and command line, passes its console through and gives it a virtio-rng described
-//! in ACPI; the guest asks for a snapshot, and a second brig-vmm process resumes it (device and
-//! queue state included) from the snapshot files.
+//! in ACPI and a virtio-vsock; the guest starts brig-agent and asks for a snapshot; a second
+//! brig-vmm process resumes it (device and queue state included) from the snapshot files, and
+//! the host runs a command in it through the agent over vsock.
 //! Emulated timings prove nothing about speed and are not asserted. Natively, the boot
 //! protocol's zero page is checked as the kernel will read it.
 
@@ -85,6 +86,12 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
     // The restored virtio-rng (transport and queue state from the snapshot) keeps serving.
     let after = log.split("BRIG-L1-SNAPSHOT").nth(1).unwrap_or("");
     assert!(after.contains(" rng=") && after.contains("requests served) [(4, "), "{log}");
+    // The host ran a command in the restored guest through brig-agent over our userspace
+    // virtio-vsock: output, stderr and exit status came back.
+    assert!(after.contains("hello from "), "no command output over vsock:\n{log}");
+    assert!(after.contains("made-before-snapshot-") && after.contains("oops"), "{log}");
+    assert!(has("BRIG-L1-EXEC rc=7"), "the exit status did not come back:\n{log}");
+    assert!(after.contains("(19, "), "the vsock device served nothing:\n{log}");
     assert!(has("brig-vmm: Shutdown"), "brig-vmm did not see the guest shut down:\n{log}");
     assert!(has("BRIG-L1-RESULT rc=0"), "the restored VM failed:\n{log}");
 }

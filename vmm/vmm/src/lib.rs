@@ -11,6 +11,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod acpi;
+pub mod agent_client;
 pub mod guest;
 pub mod linux;
 pub mod linux_snapshot;

@@ -6,6 +6,7 @@
 
 use std::fs::File;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvm_bindings::{
@@ -81,13 +82,20 @@ pub struct LinuxVm {
     /// Stop with [`Ending::SnapshotRequested`] when the guest writes [`SNAPSHOT_TRIGGER`].
     pub snapshot_trigger: bool,
     /// virtio-mmio devices with their interrupt lines, windows from [`MMIO_BASE`].
-    pub(crate) devices: Vec<(MmioTransport, EventFd)>,
+    pub(crate) devices: Devices,
     view: vm_memory::GuestMemoryMmap,
 }
 
 /// Guest physical base of the first virtio-mmio window (above RAM, below 4 GiB); device `i`
 /// is at `MMIO_BASE + i * WINDOW` on GSI `FIRST_GSI + i`.
 pub const MMIO_BASE: u64 = 0xd100_0000;
+
+/// The VM's virtio devices with their interrupt lines; shared with device backend threads.
+pub type Devices = Arc<Mutex<Vec<(MmioTransport, EventFd)>>>;
+
+fn lock(devices: &Devices) -> std::sync::MutexGuard<'_, Vec<(MmioTransport, EventFd)>> {
+    devices.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 pub const FIRST_GSI: u32 = 5;
 
 /// A guest physical address (not RAM) whose write asks the VMM to snapshot the VM: a test
@@ -134,7 +142,7 @@ impl LinuxVm {
             console: console(line, echo_console),
             irq,
             snapshot_trigger: false,
-            devices: Vec::new(),
+            devices: Arc::new(Mutex::new(Vec::new())),
             view,
         })
     }
@@ -142,16 +150,17 @@ impl LinuxVm {
     /// Attaches a virtio-mmio device with its own interrupt line; returns where the guest
     /// finds it. Attach before [`LinuxVm::describe_devices`].
     pub fn attach(&mut self, device: MmioTransport) -> Result<MmioDevice, BootError> {
-        let i = self.devices.len() as u32;
+        let mut devices = lock(&self.devices);
+        let i = devices.len() as u32;
         let gsi = FIRST_GSI + i;
         let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(BootError::EventFd)?;
         self.vm.register_irqfd(&irq, gsi).map_err(kvm("irqfd for a virtio device"))?;
-        self.devices.push((device, irq));
+        devices.push((device, irq));
         Ok(MmioDevice { base: MMIO_BASE + u64::from(i) * WINDOW, size: WINDOW, gsi })
     }
 
     fn device_descriptions(&self) -> Vec<MmioDevice> {
-        (0..self.devices.len() as u32)
+        (0..lock(&self.devices).len() as u32)
             .map(|i| MmioDevice {
                 base: MMIO_BASE + u64::from(i) * WINDOW,
                 size: WINDOW,
@@ -259,9 +268,28 @@ impl LinuxVm {
         &self.memory
     }
 
+    /// Runs a vsock backend on its own thread for the device at `index`: host connections
+    /// and data reach the guest through the transport, with an interrupt when buffers were
+    /// used. The thread ends with the process.
+    pub fn start_vsock_backend(&self, backend: crate::virtio::vsock::VsockBackend, index: usize) {
+        let devices = self.devices.clone();
+        let view = self.view.clone();
+        std::thread::spawn(move || loop {
+            if backend.step() {
+                let mut devices = lock(&devices);
+                if let Some((transport, irq)) = devices.get_mut(index) {
+                    if transport.poll(&view) {
+                        let _ = irq.write(1);
+                    }
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        });
+    }
+
     /// Per device: its type and how many queue notifications it served.
     pub fn device_stats(&self) -> Vec<(u32, u64)> {
-        self.devices.iter().map(|(d, _)| (d.device_type(), d.served)).collect()
+        lock(&self.devices).iter().map(|(d, _)| (d.device_type(), d.served)).collect()
     }
 
     /// Replaces the console with one in `state` (a restore), keeping its interrupt line.
@@ -307,16 +335,16 @@ impl LinuxVm {
                     data.iter_mut().for_each(|b| *b = value);
                 }
                 Ok(VcpuExit::MmioRead(addr, data)) => {
-                    match window_of(MMIO_BASE, addr, self.devices.len()) {
-                        Some((i, offset)) => self.devices[i].0.read(offset, data),
+                    let devices = lock(&self.devices);
+                    match window_of(MMIO_BASE, addr, devices.len()) {
+                        Some((i, offset)) => devices[i].0.read(offset, data),
                         None => data.iter_mut().for_each(|b| *b = 0),
                     }
                 }
-                Ok(VcpuExit::MmioWrite(addr, data))
-                    if window_of(MMIO_BASE, addr, self.devices.len()).is_some() =>
-                {
-                    if let Some((i, offset)) = window_of(MMIO_BASE, addr, self.devices.len()) {
-                        let (device, irq) = &mut self.devices[i];
+                Ok(VcpuExit::MmioWrite(addr, data)) if addr >= MMIO_BASE => {
+                    let mut devices = lock(&self.devices);
+                    if let Some((i, offset)) = window_of(MMIO_BASE, addr, devices.len()) {
+                        let (device, irq) = &mut devices[i];
                         if device.write(offset, data, &self.view) {
                             let _ = irq.write(1);
                         }

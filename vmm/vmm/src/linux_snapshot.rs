@@ -116,10 +116,28 @@ impl Sections {
     }
 }
 
-/// A device of `device_type` in its power-on state, to restore saved transport state into.
-fn new_device(device_type: u32) -> Option<Box<dyn crate::virtio::VirtioDevice>> {
+/// Host-side settings a restored VM's devices need (they are not part of the snapshot).
+#[derive(Debug, Clone, Default)]
+pub struct HostSide {
+    /// The Unix socket host processes reach the guest's vsock through.
+    pub vsock_uds: Option<PathBuf>,
+    pub guest_cid: u64,
+}
+
+/// A device of `device_type` in its power-on state, to restore saved transport state into;
+/// a vsock device comes with its backend.
+fn new_device(
+    device_type: u32,
+    host: &HostSide,
+) -> Option<(Box<dyn crate::virtio::VirtioDevice>, Option<crate::virtio::vsock::VsockBackend>)> {
     match device_type {
-        4 => Some(Box::new(crate::virtio::rng::Rng::default())),
+        4 => Some((Box::new(crate::virtio::rng::Rng::default()), None)),
+        19 => {
+            let (dev, backend) =
+                crate::virtio::vsock::Vsock::new(host.guest_cid, host.vsock_uds.as_deref()?)
+                    .ok()?;
+            Some((Box::new(dev), Some(backend)))
+        }
         _ => None,
     }
 }
@@ -205,7 +223,14 @@ pub fn save(vm: &mut LinuxVm, dir: &Path) -> Result<(), LinuxSnapshotError> {
         (Tag::Clock, pod(&vm.vm.get_clock().map_err(kvm("get clock"))?)),
         (Tag::Serial, serial_bytes(&vm.console.state())),
     ];
-    sections.extend(vm.devices.iter().map(|(d, _)| (Tag::Device, d.save_state())));
+    let saved: Vec<Vec<u8>> = vm
+        .devices
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .map(|(d, _)| d.save_state())
+        .collect();
+    sections.extend(saved.into_iter().map(|b| (Tag::Device, b)));
     std::fs::create_dir_all(dir).map_err(io(dir.into()))?;
     let mem_path = dir.join("vm.mem");
     let mut f = File::create(&mem_path).map_err(io(mem_path.clone()))?;
@@ -253,7 +278,11 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<(u64, Sections), LinuxSnapshotErro
 }
 
 /// A fresh VM restored from `dir`, ready to [`LinuxVm::run`].
-pub fn restore(dir: &Path, echo_console: bool) -> Result<LinuxVm, LinuxSnapshotError> {
+pub fn restore(
+    dir: &Path,
+    echo_console: bool,
+    host: &HostSide,
+) -> Result<LinuxVm, LinuxSnapshotError> {
     let state_path = dir.join("vm.state");
     let bytes = std::fs::read(&state_path)
         .map_err(|source| LinuxSnapshotError::Io { path: state_path.clone(), source })?;
@@ -265,13 +294,15 @@ pub fn restore(dir: &Path, echo_console: bool) -> Result<LinuxVm, LinuxSnapshotE
     let file = File::open(&mem_path)
         .map_err(|source| LinuxSnapshotError::Io { path: mem_path.clone(), source })?;
     vm.memory.map_private(&file).map_err(BootError::from)?;
-    for saved in s.all(Tag::Device) {
-        let device = crate::virtio::mmio::MmioTransport::saved_device_type(saved)
-            .and_then(new_device)
+    let mut backends = Vec::new();
+    for (index, saved) in s.all(Tag::Device).enumerate() {
+        let (device, backend) = crate::virtio::mmio::MmioTransport::saved_device_type(saved)
+            .and_then(|t| new_device(t, host))
             .ok_or_else(bad)?;
         let transport =
             crate::virtio::mmio::MmioTransport::restore(device, saved).ok_or_else(bad)?;
         vm.attach(transport)?;
+        backends.extend(backend.map(|b| (b, index)));
     }
 
     // VM-wide state first.
@@ -332,5 +363,8 @@ pub fn restore(dir: &Path, echo_console: bool) -> Result<LinuxVm, LinuxSnapshotE
     v.set_vcpu_events(&events).map_err(kvm("set events"))?;
     let serial = serial_state(get(Tag::Serial)?).ok_or_else(bad)?;
     vm.restore_console(&serial)?;
+    for (backend, index) in backends {
+        vm.start_vsock_backend(backend, index);
+    }
     Ok(vm)
 }

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use brig_vmm::linux::{Ending, LinuxVm};
-use brig_vmm::virtio::{mmio::MmioTransport, rng::Rng};
+use brig_vmm::virtio::{mmio::MmioTransport, rng::Rng, vsock::Vsock};
 use brig_vmm::{Snapshot, Vm};
 use clap::{Parser, Subcommand};
 
@@ -70,6 +70,9 @@ enum Command {
         /// Give the guest a virtio-rng device (virtio-mmio, described in ACPI).
         #[arg(long)]
         rng: bool,
+        /// Give the guest a virtio-vsock device (CID 3) reached through this Unix socket.
+        #[arg(long)]
+        vsock_uds: Option<PathBuf>,
     },
     /// Resume a Linux VM from a snapshot taken by `boot --snapshot-to`; exits as `boot`.
     Resume {
@@ -77,8 +80,25 @@ enum Command {
         snapshot: PathBuf,
         #[arg(long, default_value_t = 120)]
         timeout_s: u64,
+        /// The Unix socket for the restored guest's vsock device, if it has one.
+        #[arg(long)]
+        vsock_uds: Option<PathBuf>,
+    },
+    /// Run a shell command in a guest through its agent (vsock port 1024 by default); prints
+    /// its output and exits with its status.
+    Exec {
+        #[arg(long)]
+        uds: PathBuf,
+        #[arg(long, default_value_t = 1024)]
+        port: u32,
+        /// The command (joined with spaces, run by /bin/sh -c in the guest).
+        #[arg(trailing_var_arg = true, required = true)]
+        command: Vec<String>,
     },
 }
+
+/// The guest's vsock context id.
+const GUEST_CID: u64 = 3;
 
 /// The request a restored VM answers first.
 const FIRST_REQUEST: u32 = 1000;
@@ -109,15 +129,33 @@ fn main() -> anyhow::Result<()> {
             }
             serve(&mut vm)
         }
-        Command::Boot { kernel, initrd, cmdline, mem_mib, timeout_s, snapshot_to, rng } => {
+        Command::Boot {
+            kernel,
+            initrd,
+            cmdline,
+            mem_mib,
+            timeout_s,
+            snapshot_to,
+            rng,
+            vsock_uds,
+        } => {
             let started = Instant::now();
             watchdog(timeout_s);
             let mut devices = Vec::new();
             if rng {
                 devices.push(MmioTransport::new(Box::new(Rng::default())));
             }
+            let mut backend = None;
+            if let Some(path) = &vsock_uds {
+                let (dev, b) = Vsock::new(GUEST_CID, path)?;
+                backend = Some((b, devices.len()));
+                devices.push(MmioTransport::new(Box::new(dev)));
+            }
             let mut vm =
                 LinuxVm::boot(mem_mib, &kernel, initrd.as_deref(), &cmdline, true, devices)?;
+            if let Some((b, index)) = backend {
+                vm.start_vsock_backend(b, index);
+            }
             vm.snapshot_trigger = snapshot_to.is_some();
             let ending = vm.run(std::time::Duration::from_secs(timeout_s));
             if let (Ending::SnapshotRequested, Some(dir)) = (&ending, &snapshot_to) {
@@ -132,13 +170,18 @@ fn main() -> anyhow::Result<()> {
             }
             finish(&vm, &ending, started)
         }
-        Command::Resume { snapshot, timeout_s } => {
+        Command::Resume { snapshot, timeout_s, vsock_uds } => {
             let started = Instant::now();
             watchdog(timeout_s);
-            let mut vm = brig_vmm::linux_snapshot::restore(&snapshot, true)?;
+            let host = brig_vmm::linux_snapshot::HostSide { vsock_uds, guest_cid: GUEST_CID };
+            let mut vm = brig_vmm::linux_snapshot::restore(&snapshot, true, &host)?;
             eprintln!("brig-vmm: restored in {:.3} ms", started.elapsed().as_secs_f64() * 1000.0);
             let ending = vm.run(std::time::Duration::from_secs(timeout_s));
             finish(&vm, &ending, started)
+        }
+        Command::Exec { uds, port, command } => {
+            let code = brig_vmm::agent_client::exec(&uds, port, &command.join(" "))?;
+            std::process::exit(code);
         }
         Command::Pool { mem_mib } => {
             let mut vm = Vm::create(mem_mib << 20)?;

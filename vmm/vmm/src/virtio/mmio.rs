@@ -189,6 +189,10 @@ impl MmioTransport {
             0x060 => self.interrupt_status,
             0x070 => self.status,
             0x0fc => 0,
+            0x100.. => {
+                self.device.read_config(offset - 0x100, data);
+                return;
+            }
             _ => 0,
         };
         let bytes = value.to_le_bytes();
@@ -263,11 +267,27 @@ impl MmioTransport {
     }
 
     fn notify(&mut self, index: usize, mem: &GuestMemoryMmap) -> bool {
-        let Some(queue) = self.queues.get_mut(index) else { return false };
+        let Some(queue) = self.queues.get(index) else { return false };
         if !queue.is_valid(mem) {
             return false;
         }
-        match self.device.process_queue(index, queue, mem) {
+        let result = self.device.process_queue(index, &mut self.queues, mem);
+        self.settle(result)
+    }
+
+    /// Lets the device deliver what its backend has (from the backend's thread); `true` when
+    /// the driver should be interrupted. Nothing happens before the driver is ready.
+    pub fn poll(&mut self, mem: &GuestMemoryMmap) -> bool {
+        const DRIVER_OK: u32 = 4;
+        if self.status & DRIVER_OK == 0 || !self.queues.iter().all(|q| q.is_valid(mem)) {
+            return false;
+        }
+        let result = self.device.poll(&mut self.queues, mem);
+        self.settle(result)
+    }
+
+    fn settle(&mut self, result: Result<bool, DeviceError>) -> bool {
+        match result {
             Ok(true) => {
                 self.interrupt_status |= 1;
                 self.served += 1;

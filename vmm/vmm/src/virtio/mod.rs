@@ -4,6 +4,7 @@
 
 pub mod mmio;
 pub mod rng;
+pub mod vsock;
 
 use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
@@ -30,12 +31,23 @@ pub trait VirtioDevice: Send {
     }
     /// Largest size of each queue.
     fn queue_max_sizes(&self) -> &[u16];
-    /// Serves the available buffers of queue `index`; `true` when any was used (the driver
-    /// should be interrupted).
+    /// Serves the driver's notification of queue `index` (the device may use any of its
+    /// queues in answer); `true` when any buffer was used (the driver should be interrupted).
     fn process_queue(
         &mut self,
         index: usize,
-        queue: &mut Queue,
+        queues: &mut [Queue],
         mem: &GuestMemoryMmap,
     ) -> Result<bool, DeviceError>;
+
+    /// Delivers what the device's backend has for the driver (called from the backend's own
+    /// thread when it has news); `true` when any buffer was used.
+    fn poll(&mut self, _queues: &mut [Queue], _mem: &GuestMemoryMmap) -> Result<bool, DeviceError> {
+        Ok(false)
+    }
+
+    /// Reads the device-specific configuration space (offset from its start).
+    fn read_config(&self, _offset: u64, data: &mut [u8]) {
+        data.fill(0);
+    }
 }

@@ -29,10 +29,11 @@ impl VirtioDevice for Rng {
 
     fn process_queue(
         &mut self,
-        _index: usize,
-        queue: &mut Queue,
+        index: usize,
+        queues: &mut [Queue],
         mem: &GuestMemoryMmap,
     ) -> Result<bool, DeviceError> {
+        let Some(queue) = queues.get_mut(index) else { return Ok(false) };
         let mut used_any = false;
         let mut random = std::fs::File::open("/dev/urandom").map_err(DeviceError::Entropy)?;
         let mut buf = vec![0u8; MAX_BYTES_PER_REQUEST];

@@ -1,0 +1,117 @@
+//! `brig-agent`: runs inside a microVM guest and serves the host over virtio-vsock.
+//!
+//! This first cut serves one request per connection on port 1024 (or `BRIG_AGENT_PORT`):
+//!
+//! ```text
+//! host → agent   EXEC <shell command>\n
+//! agent → host   frames: kind u8 | len u32 LE | bytes
+//!                kind 1 stdout, 2 stderr (as produced), 3 exit status (i32 LE), last
+//! ```
+//! The command runs under `/bin/sh -c`; a command killed by a signal reports 128 + signal.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use nix::sys::socket::{
+    accept, bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, VsockAddr,
+};
+
+const DEFAULT_PORT: u32 = 1024;
+const VMADDR_CID_ANY: u32 = u32::MAX;
+
+fn main() {
+    let port =
+        std::env::var("BRIG_AGENT_PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(DEFAULT_PORT);
+    if let Err(e) = serve(port) {
+        eprintln!("brig-agent: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn serve(port: u32) -> Result<(), nix::Error> {
+    let listener = socket(AddressFamily::Vsock, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+    bind(std::os::fd::AsRawFd::as_raw_fd(&listener), &VsockAddr::new(VMADDR_CID_ANY, port))?;
+    listen(&listener, Backlog::new(64)?)?;
+    eprintln!("brig-agent: listening on vsock port {port}");
+    loop {
+        let fd = match accept(std::os::fd::AsRawFd::as_raw_fd(&listener)) {
+            Ok(fd) => fd,
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(e),
+        };
+        let stream = std::fs::File::from(owned(fd));
+        std::thread::spawn(move || {
+            if let Err(e) = handle(stream) {
+                eprintln!("brig-agent: connection: {e}");
+            }
+        });
+    }
+}
+
+/// Takes ownership of a descriptor `accept` returned.
+#[allow(unsafe_code)]
+fn owned(fd: std::os::fd::RawFd) -> OwnedFd {
+    // SAFETY: `accept` just returned this descriptor; nothing else in the process holds or
+    // closes it, so the OwnedFd is its only owner.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+fn frame(out: &Mutex<std::fs::File>, kind: u8, data: &[u8]) -> std::io::Result<()> {
+    let mut head = [0u8; 5];
+    head[0] = kind;
+    head[1..].copy_from_slice(&(data.len() as u32).to_le_bytes());
+    let mut w = out.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    w.write_all(&head)?;
+    w.write_all(data)
+}
+
+fn handle(stream: std::fs::File) -> std::io::Result<()> {
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let out = Arc::new(Mutex::new(stream));
+    let Some(command) = line.trim_end_matches('\n').strip_prefix("EXEC ") else {
+        frame(&out, 2, b"brig-agent: expected EXEC <command>\n")?;
+        return frame(&out, 3, &2i32.to_le_bytes());
+    };
+    let mut child = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(command)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let pipes: Vec<(u8, Box<dyn Read + Send>)> = vec![
+        (1, Box::new(child.stdout.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),
+        (2, Box::new(child.stderr.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),
+    ];
+    let pumps: Vec<_> = pipes
+        .into_iter()
+        .map(|(kind, mut pipe)| {
+            let out = out.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 << 10];
+                loop {
+                    match pipe.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if frame(&out, kind, &buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for p in pumps {
+        let _ = p.join();
+    }
+    let status = child.wait()?;
+    let code = status.code().unwrap_or_else(|| {
+        128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0)
+    });
+    frame(&out, 3, &code.to_le_bytes())
+}

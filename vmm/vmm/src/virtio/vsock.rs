@@ -1,0 +1,442 @@
+//! virtio-vsock in userspace (there is no vhost here), host side over Unix sockets the way
+//! Firecracker does it: a host process connects to the VM's socket and writes
+//! `CONNECT <port>\n`; the device opens a stream to that guest port and answers `OK <port>\n`;
+//! then bytes flow both ways under vsock's credit accounting. Streams only; connections the
+//! guest opens towards the host are refused (RST) in this cut.
+//!
+//! Threads: the vCPU thread serves the driver's notifications (TX packets go to host sockets);
+//! a backend thread polls the host sockets and, holding the device's lock, queues packets for
+//! the guest and asks the transport to deliver them (see [`VsockBackend`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::{Bytes, GuestMemoryMmap};
+
+use super::{DeviceError, VirtioDevice};
+
+const HOST_CID: u64 = 2;
+const HEADER: usize = 44;
+const TYPE_STREAM: u16 = 1;
+const OP_REQUEST: u16 = 1;
+const OP_RESPONSE: u16 = 2;
+const OP_RST: u16 = 3;
+const OP_SHUTDOWN: u16 = 4;
+const OP_RW: u16 = 5;
+const OP_CREDIT_UPDATE: u16 = 6;
+const OP_CREDIT_REQUEST: u16 = 7;
+/// Receive buffer we advertise per connection.
+const BUF_ALLOC: u32 = 256 << 10;
+/// Largest payload we put in one packet to the guest.
+const MAX_PAYLOAD: usize = 4096;
+/// Largest TX chain we read (header + payload); longer ones are refused.
+const MAX_TX: usize = HEADER + (64 << 10);
+const QUEUE_SIZES: [u16; 3] = [256, 256, 256];
+const RX: usize = 0;
+const TX: usize = 1;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Header {
+    src_cid: u64,
+    dst_cid: u64,
+    src_port: u32,
+    dst_port: u32,
+    len: u32,
+    type_: u16,
+    op: u16,
+    flags: u32,
+    buf_alloc: u32,
+    fwd_cnt: u32,
+}
+
+impl Header {
+    fn parse(b: &[u8]) -> Option<Header> {
+        let u64_at = |i: usize| Some(u64::from_le_bytes(b.get(i..i + 8)?.try_into().ok()?));
+        let u32_at = |i: usize| Some(u32::from_le_bytes(b.get(i..i + 4)?.try_into().ok()?));
+        let u16_at = |i: usize| Some(u16::from_le_bytes(b.get(i..i + 2)?.try_into().ok()?));
+        Some(Header {
+            src_cid: u64_at(0)?,
+            dst_cid: u64_at(8)?,
+            src_port: u32_at(16)?,
+            dst_port: u32_at(20)?,
+            len: u32_at(24)?,
+            type_: u16_at(28)?,
+            op: u16_at(30)?,
+            flags: u32_at(32)?,
+            buf_alloc: u32_at(36)?,
+            fwd_cnt: u32_at(40)?,
+        })
+    }
+
+    fn bytes(&self) -> [u8; HEADER] {
+        let mut b = [0u8; HEADER];
+        b[0..8].copy_from_slice(&self.src_cid.to_le_bytes());
+        b[8..16].copy_from_slice(&self.dst_cid.to_le_bytes());
+        b[16..20].copy_from_slice(&self.src_port.to_le_bytes());
+        b[20..24].copy_from_slice(&self.dst_port.to_le_bytes());
+        b[24..28].copy_from_slice(&self.len.to_le_bytes());
+        b[28..30].copy_from_slice(&self.type_.to_le_bytes());
+        b[30..32].copy_from_slice(&self.op.to_le_bytes());
+        b[32..36].copy_from_slice(&self.flags.to_le_bytes());
+        b[36..40].copy_from_slice(&self.buf_alloc.to_le_bytes());
+        b[40..44].copy_from_slice(&self.fwd_cnt.to_le_bytes());
+        b
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum ConnState {
+    /// REQUEST sent to the guest, no answer yet.
+    Connecting,
+    Established,
+}
+
+#[derive(Debug)]
+struct Conn {
+    stream: UnixStream,
+    state: ConnState,
+    /// Bytes of guest data written to the host socket (our fwd_cnt).
+    fwd_cnt: u32,
+    /// Bytes we sent to the guest.
+    tx_cnt: u32,
+    peer_buf_alloc: u32,
+    peer_fwd_cnt: u32,
+}
+
+impl Conn {
+    /// How much the guest can take now.
+    fn peer_credit(&self) -> u32 {
+        self.peer_buf_alloc.saturating_sub(self.tx_cnt.wrapping_sub(self.peer_fwd_cnt))
+    }
+}
+
+/// Connections and packets waiting for the guest; shared by the device and its backend.
+#[derive(Debug, Default)]
+pub struct VsockShared {
+    /// By (host port, guest port).
+    conns: HashMap<(u32, u32), Conn>,
+    /// Host streams that have not finished their `CONNECT` line.
+    pending: Vec<(UnixStream, Vec<u8>)>,
+    to_guest: VecDeque<(Header, Vec<u8>)>,
+    next_host_port: u32,
+}
+
+/// The device (lives in the transport, driven by the vCPU thread).
+#[derive(Debug)]
+pub struct Vsock {
+    guest_cid: u64,
+    shared: Arc<Mutex<VsockShared>>,
+}
+
+impl Vsock {
+    /// A device for guest `guest_cid`, accepting host connections on the Unix socket `uds`.
+    /// Returns the device and the backend to run on its own thread.
+    pub fn new(guest_cid: u64, uds: &Path) -> std::io::Result<(Vsock, VsockBackend)> {
+        let _ = std::fs::remove_file(uds);
+        let listener = UnixListener::bind(uds)?;
+        listener.set_nonblocking(true)?;
+        let shared =
+            Arc::new(Mutex::new(VsockShared { next_host_port: 1 << 30, ..Default::default() }));
+        let backend =
+            VsockBackend { listener, shared: shared.clone(), guest_cid, path: uds.to_owned() };
+        Ok((Vsock { guest_cid, shared }, backend))
+    }
+
+    fn reply(&self, to: &Header, op: u16, fwd_cnt: u32) -> Header {
+        Header {
+            src_cid: HOST_CID,
+            dst_cid: self.guest_cid,
+            src_port: to.dst_port,
+            dst_port: to.src_port,
+            type_: TYPE_STREAM,
+            op,
+            buf_alloc: BUF_ALLOC,
+            fwd_cnt,
+            ..Header::default()
+        }
+    }
+
+    /// Handles one packet from the guest.
+    fn handle_guest_packet(&self, shared: &mut VsockShared, h: Header, payload: &[u8]) {
+        let key = (h.dst_port, h.src_port);
+        if h.type_ != TYPE_STREAM || h.dst_cid != HOST_CID {
+            shared.to_guest.push_back((self.reply(&h, OP_RST, 0), Vec::new()));
+            return;
+        }
+        let Some(conn) = shared.conns.get_mut(&key) else {
+            if h.op != OP_RST {
+                shared.to_guest.push_back((self.reply(&h, OP_RST, 0), Vec::new()));
+            }
+            return;
+        };
+        conn.peer_buf_alloc = h.buf_alloc;
+        conn.peer_fwd_cnt = h.fwd_cnt;
+        match h.op {
+            OP_RESPONSE if conn.state == ConnState::Connecting => {
+                conn.state = ConnState::Established;
+                let _ = conn.stream.write_all(format!("OK {}\n", h.dst_port).as_bytes());
+            }
+            OP_RW if conn.state == ConnState::Established => {
+                if write_fully(&mut conn.stream, payload).is_err() {
+                    shared.conns.remove(&key);
+                    shared.to_guest.push_back((self.reply(&h, OP_RST, 0), Vec::new()));
+                    return;
+                }
+                conn.fwd_cnt = conn.fwd_cnt.wrapping_add(payload.len() as u32);
+                // Tell the guest about freed space once a quarter of the window has gone by.
+                if conn.fwd_cnt % (BUF_ALLOC / 4) < payload.len() as u32 {
+                    let update = self.reply(&h, OP_CREDIT_UPDATE, conn.fwd_cnt);
+                    shared.to_guest.push_back((update, Vec::new()));
+                }
+            }
+            OP_CREDIT_REQUEST => {
+                let update = self.reply(&h, OP_CREDIT_UPDATE, conn.fwd_cnt);
+                shared.to_guest.push_back((update, Vec::new()));
+            }
+            OP_CREDIT_UPDATE => {}
+            OP_SHUTDOWN | OP_RST => {
+                let _ = conn.stream.shutdown(std::net::Shutdown::Both);
+                shared.conns.remove(&key);
+                if h.op == OP_SHUTDOWN {
+                    shared.to_guest.push_back((self.reply(&h, OP_RST, 0), Vec::new()));
+                }
+            }
+            _ => {
+                shared.conns.remove(&key);
+                shared.to_guest.push_back((self.reply(&h, OP_RST, 0), Vec::new()));
+            }
+        }
+    }
+
+    /// Moves queued packets into the guest's RX buffers.
+    fn deliver(
+        &self,
+        shared: &mut VsockShared,
+        rx: &mut Queue,
+        mem: &GuestMemoryMmap,
+    ) -> Result<bool, DeviceError> {
+        let mut used = false;
+        while !shared.to_guest.is_empty() {
+            let Some(chain) = rx.iter(mem)?.next() else { break };
+            let head = chain.head_index();
+            let Some((h, data)) = shared.to_guest.pop_front() else { break };
+            let mut packet = h.bytes().to_vec();
+            packet.extend_from_slice(&data);
+            let mut written = 0usize;
+            for desc in chain.filter(|d| d.is_write_only()) {
+                if written == packet.len() {
+                    break;
+                }
+                let n = (desc.len() as usize).min(packet.len() - written);
+                if mem.write_slice(&packet[written..written + n], desc.addr()).is_err() {
+                    break;
+                }
+                written += n;
+            }
+            rx.add_used(mem, head, written as u32)?;
+            used = true;
+        }
+        Ok(used)
+    }
+}
+
+/// Writes all of `data` to a nonblocking stream, waiting out short stalls.
+fn write_fully(stream: &mut UnixStream, mut data: &[u8]) -> std::io::Result<()> {
+    let mut stalls = 0;
+    while !data.is_empty() {
+        match stream.write(data) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && stalls < 5000 => {
+                stalls += 1;
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+impl VirtioDevice for Vsock {
+    fn device_type(&self) -> u32 {
+        19
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &QUEUE_SIZES
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        let cid = self.guest_cid.to_le_bytes();
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = usize::try_from(offset).ok().and_then(|o| cid.get(o + i)).copied().unwrap_or(0);
+        }
+    }
+
+    fn process_queue(
+        &mut self,
+        index: usize,
+        queues: &mut [Queue],
+        mem: &GuestMemoryMmap,
+    ) -> Result<bool, DeviceError> {
+        let Ok(mut shared) = self.shared.lock() else { return Ok(false) };
+        let mut used = false;
+        if index == TX {
+            let Some(tx) = queues.get_mut(TX) else { return Ok(false) };
+            while let Some(chain) = tx.iter(mem)?.next() {
+                let head = chain.head_index();
+                let mut bytes = Vec::new();
+                for desc in chain.filter(|d| !d.is_write_only()) {
+                    let n = (desc.len() as usize).min(MAX_TX.saturating_sub(bytes.len()));
+                    let start = bytes.len();
+                    bytes.resize(start + n, 0);
+                    if mem.read_slice(&mut bytes[start..], desc.addr()).is_err() {
+                        bytes.truncate(start);
+                        break;
+                    }
+                }
+                tx.add_used(mem, head, 0)?;
+                used = true;
+                if let Some(h) = Header::parse(&bytes) {
+                    let end = (HEADER + h.len as usize).min(bytes.len());
+                    self.handle_guest_packet(&mut shared, h, &bytes[HEADER..end]);
+                }
+            }
+        }
+        if let Some(rx) = queues.get_mut(RX) {
+            used |= self.deliver(&mut shared, rx, mem)?;
+        }
+        Ok(used)
+    }
+
+    fn poll(&mut self, queues: &mut [Queue], mem: &GuestMemoryMmap) -> Result<bool, DeviceError> {
+        let Ok(mut shared) = self.shared.lock() else { return Ok(false) };
+        match queues.get_mut(RX) {
+            Some(rx) => self.deliver(&mut shared, rx, mem),
+            None => Ok(false),
+        }
+    }
+}
+
+/// The host side: accepts connections on the Unix socket and reads host streams. Call
+/// [`VsockBackend::step`] in a loop on its own thread; it returns whether the guest has
+/// packets waiting (then poll the transport).
+#[derive(Debug)]
+pub struct VsockBackend {
+    listener: UnixListener,
+    shared: Arc<Mutex<VsockShared>>,
+    guest_cid: u64,
+    pub path: PathBuf,
+}
+
+impl VsockBackend {
+    /// One round: accept, read `CONNECT` lines, read host data within the guest's credit.
+    pub fn step(&self) -> bool {
+        let Ok(mut guard) = self.shared.lock() else { return false };
+        let shared = &mut *guard;
+        while let Ok((stream, _)) = self.listener.accept() {
+            if stream.set_nonblocking(true).is_ok() {
+                shared.pending.push((stream, Vec::new()));
+            }
+        }
+        let mut still = Vec::new();
+        for (mut stream, mut line) in std::mem::take(&mut shared.pending) {
+            let mut byte = [0u8; 1];
+            let mut done = false;
+            while line.len() < 64 {
+                match stream.read(&mut byte) {
+                    Ok(1) if byte[0] == b'\n' => {
+                        done = true;
+                        break;
+                    }
+                    Ok(1) => line.push(byte[0]),
+                    _ => break,
+                }
+            }
+            if !done {
+                if line.len() < 64 {
+                    still.push((stream, line));
+                }
+                continue;
+            }
+            let port = String::from_utf8_lossy(&line)
+                .strip_prefix("CONNECT ")
+                .and_then(|p| p.trim().parse::<u32>().ok());
+            let Some(port) = port else { continue };
+            let host_port = shared.next_host_port;
+            shared.next_host_port = shared.next_host_port.wrapping_add(1).max(1 << 30);
+            let request = Header {
+                src_cid: HOST_CID,
+                dst_cid: self.guest_cid,
+                src_port: host_port,
+                dst_port: port,
+                type_: TYPE_STREAM,
+                op: OP_REQUEST,
+                buf_alloc: BUF_ALLOC,
+                ..Header::default()
+            };
+            shared.to_guest.push_back((request, Vec::new()));
+            shared.conns.insert(
+                (host_port, port),
+                Conn {
+                    stream,
+                    state: ConnState::Connecting,
+                    fwd_cnt: 0,
+                    tx_cnt: 0,
+                    peer_buf_alloc: 0,
+                    peer_fwd_cnt: 0,
+                },
+            );
+        }
+        shared.pending = still;
+        let mut closed = Vec::new();
+        let mut out = Vec::new();
+        for (&(host_port, guest_port), conn) in shared.conns.iter_mut() {
+            if conn.state != ConnState::Established {
+                continue;
+            }
+            let room = (conn.peer_credit() as usize).min(MAX_PAYLOAD);
+            if room == 0 {
+                continue;
+            }
+            let mut buf = vec![0u8; room];
+            let header = |op, len: usize, fwd_cnt| Header {
+                src_cid: HOST_CID,
+                dst_cid: self.guest_cid,
+                src_port: host_port,
+                dst_port: guest_port,
+                len: len as u32,
+                type_: TYPE_STREAM,
+                op,
+                buf_alloc: BUF_ALLOC,
+                fwd_cnt,
+                ..Header::default()
+            };
+            match conn.stream.read(&mut buf) {
+                Ok(0) => {
+                    out.push((header(OP_SHUTDOWN, 0, conn.fwd_cnt), Vec::new()));
+                    closed.push((host_port, guest_port));
+                }
+                Ok(n) => {
+                    buf.truncate(n);
+                    conn.tx_cnt = conn.tx_cnt.wrapping_add(n as u32);
+                    out.push((header(OP_RW, n, conn.fwd_cnt), buf));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => {
+                    out.push((header(OP_RST, 0, conn.fwd_cnt), Vec::new()));
+                    closed.push((host_port, guest_port));
+                }
+            }
+        }
+        for key in closed {
+            shared.conns.remove(&key);
+        }
+        shared.to_guest.extend(out);
+        !shared.to_guest.is_empty()
+    }
+}
