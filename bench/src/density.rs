@@ -16,10 +16,12 @@ use crate::stats::{round3, Latencies};
 
 #[derive(clap::Args, Debug)]
 pub struct Options {
-    /// `container` or `fncall`.
+    /// `container`, `fncall` or `microvm` (brig-vmm processes from one snapshot, started
+    /// directly).
     #[arg(long, default_value = "container")]
     tier: String,
-    /// Stop after this many live sandboxes (default: 4,000 containers, 100,000 fncall).
+    /// Stop after this many live sandboxes (default: 4,000 containers, 100,000 fncall, 2,000
+    /// microVMs).
     #[arg(long)]
     max: Option<usize>,
     /// Memory limit each container asks for, MiB (admission bounds the sum).
@@ -69,6 +71,10 @@ fn node_pss_kib(brigd: u32) -> u64 {
 }
 
 pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
+    if opts.tier == "microvm" {
+        let max = opts.max.unwrap_or(2_000);
+        return crate::microvm::density(max, opts.sample, opts.deadline_ms, 1024);
+    }
     // Tearing thousands of containers down takes a while; the daemon does it on drop.
     let (daemon, rt) = crate::start_daemon(&["--log", "warn"])?;
     rt.block_on(measure(&daemon, &opts))

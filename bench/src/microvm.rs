@@ -207,6 +207,105 @@ pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
     }))
 }
 
+/// `density --tier microvm`: brig-vmm processes restored from one snapshot of the
+/// purpose-built guest, started until `max` are alive or the host's available memory drops
+/// under `min_free_mib`; random ones must keep answering within `deadline_ms`. These are
+/// started directly: brigd does not serve the microvm tier yet.
+pub fn density(
+    max: usize,
+    sample: usize,
+    deadline_ms: u64,
+    min_free_mib: u64,
+) -> anyhow::Result<serde_json::Value> {
+    crate::build_daemon()?;
+    let virtualization = Virtualization::detect();
+    anyhow::ensure!(virtualization != Virtualization::None, "no /dev/kvm here");
+    let dir = tempfile::tempdir()?;
+    let snap = dir.path().join("snap");
+    let snap_text = snap.to_str().ok_or_else(|| anyhow::anyhow!("path"))?.to_string();
+    let out = Command::new(brig_tests::binary("brig-vmm"))
+        .args(["snapshot", "--out", &snap_text, "--mem-mib", "64", "--touch-mib", "16"])
+        .output()?;
+    anyhow::ensure!(out.status.success(), "snapshot: {}", String::from_utf8_lossy(&out.stderr));
+    warm(&snap)?;
+    let avail0 = crate::meminfo_kib("MemAvailable:");
+    let started = Instant::now();
+    let mut alive: Vec<VmProcess> = Vec::new();
+    let mut samples = Latencies::default();
+    let (mut slow, mut stopped_by) = (0usize, format!("limit of {max}"));
+    'fill: while alive.len() < max {
+        for _ in 0..100.min(max - alive.len()) {
+            if crate::meminfo_kib("MemAvailable:") < min_free_mib * 1024 {
+                stopped_by = format!("host memory below {min_free_mib} MiB free");
+                break 'fill;
+            }
+            let mut vm = match VmProcess::spawn(&["restore", "--snapshot", &snap_text]) {
+                Ok(vm) => vm,
+                Err(e) => {
+                    stopped_by = format!("spawn failed: {e}");
+                    break 'fill;
+                }
+            };
+            if let Err(e) = vm.first_answer() {
+                stopped_by = format!("a restore failed: {e}");
+                break 'fill;
+            }
+            alive.push(vm);
+        }
+        for i in 0..sample.min(alive.len()) {
+            let n = alive.len();
+            let vm = &mut alive[(i * 7919 + n * 31) % n];
+            let t = Instant::now();
+            writeln!(vm.stdin, "{i}")?;
+            vm.stdin.flush()?;
+            vm.line()?;
+            let took = t.elapsed();
+            samples.record(took);
+            slow += usize::from(took > std::time::Duration::from_millis(deadline_ms));
+        }
+        println!(
+            "  {} VMs after {:.1} s; sample p99 {:.2} ms",
+            alive.len(),
+            started.elapsed().as_secs_f64(),
+            samples.quantile_ms(0.99)
+        );
+    }
+    let n = alive.len().max(1) as f64;
+    let pss: u64 =
+        alive.iter().map(|vm| memory_kib(vm.child.id()).map_or(0, |((_, p), _)| p)).sum();
+    let host_mib = avail0.saturating_sub(crate::meminfo_kib("MemAvailable:")) as f64 / 1024.0 / n;
+    let live = alive.len();
+    let elapsed = started.elapsed().as_secs_f64();
+    for vm in alive {
+        vm.finish();
+    }
+    let pss_mib = pss as f64 / 1024.0 / n;
+    let (p50, p99) = (samples.quantile_ms(0.5), samples.quantile_ms(0.99));
+    println!(
+        "density (microvm tier: brig-vmm processes from one snapshot, {})",
+        virtualization.as_str()
+    );
+    println!(
+        "  live at once {live}; PSS per VM {pss_mib:.3} MiB; host memory per VM {host_mib:.3} MiB"
+    );
+    println!("  sampled answer p50 {p50:.2} ms, p99 {p99:.2} ms ({slow} over {deadline_ms} ms); {:.0} VMs/s", live as f64 / elapsed);
+    println!("  stopped by: {stopped_by}");
+    Ok(json!({
+        "bench": "density",
+        "tier": "microvm",
+        "virtualization": virtualization.as_str(),
+        "guest": "purpose-built",
+        "live": live,
+        "pss_per_sandbox_mib": round3(pss_mib),
+        "host_mem_per_sandbox_mib": round3(host_mib),
+        "stopped_by": stopped_by,
+        "sample_p50_ms": round3(p50),
+        "sample_p99_ms": round3(p99),
+        "slow_samples": slow,
+        "fill_seconds": round3(elapsed),
+    }))
+}
+
 /// Reads the snapshot files once so restores measure the page cache, not the disk.
 fn warm(snap: &Path) -> anyhow::Result<()> {
     for name in ["vm.state", "vm.mem"] {
