@@ -30,7 +30,7 @@ modules=$(ls -d "$pkg_dir"/lib/modules/*/kernel)
 # 2. brig-vmm, static.
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 cargo build --quiet --release --target x86_64-unknown-linux-musl -p brig-vmm -p brig-agent \
-    --manifest-path "$root/Cargo.toml"
+    -p brig-vmtier --manifest-path "$root/Cargo.toml"
 vmm="$target_dir/x86_64-unknown-linux-musl/release/brig-vmm"
 agent="$target_dir/x86_64-unknown-linux-musl/release/brig-agent"
 
@@ -39,7 +39,7 @@ l2="$work/l2"
 mkdir -p "$l2/bin" "$l2/proc" "$l2/sys" "$l2/dev"
 cp /usr/bin/busybox "$l2/bin/busybox"
 mkdir -p "$l2/tmp" "$l2/mod"
-for a in sh mount echo uname reboot cat devmem insmod head od tr sleep; do ln -s busybox "$l2/bin/$a"; done
+for a in sh mount echo uname reboot cat devmem insmod head od tr sleep [; do ln -s busybox "$l2/bin/$a"; done
 for m in drivers/virtio/virtio.ko drivers/virtio/virtio_ring.ko drivers/virtio/virtio_mmio.ko \
     drivers/char/hw_random/virtio-rng.ko net/vmw_vsock/vsock.ko \
     net/vmw_vsock/vmw_vsock_virtio_transport_common.ko net/vmw_vsock/vmw_vsock_virtio_transport.ko; do
@@ -59,6 +59,7 @@ echo "BRIG-L2-RNG current=$(cat /sys/devices/virtual/misc/hw_random/rng_current)
 echo "made-before-snapshot-$$" > /tmp/state
 devmem 0xd0000000 32 1
 echo "BRIG-L2-RESUMED state=$(cat /tmp/state) rng=$(head -c 16 /dev/hwrng | od -An -tx1 | tr -d ' \n')"
+echo done > /tmp/resumed
 # The host drives the rest through the agent (and ends with `reboot -f`).
 while true; do sleep 1; done
 INIT
@@ -72,6 +73,7 @@ cp /usr/bin/busybox "$l1/bin/busybox"
 for a in sh mount echo insmod reboot cat sleep [ test; do ln -s busybox "$l1/bin/$a"; done
 cp "$modules/virt/lib/irqbypass.ko" "$modules/arch/x86/kvm/kvm.ko" "$modules/arch/x86/kvm/kvm-amd.ko" "$l1/mod/"
 cp "$vmm" "$l1/bin/brig-vmm"
+cp "$target_dir/x86_64-unknown-linux-musl/release/brig-vmtier-check" "$l1/bin/brig-vmtier-check"
 cp "$out/vmlinuz" "$l1/l2/vmlinuz"
 cp "$out/l2-initrd.gz" "$l1/l2/initrd.gz"
 cat > "$l1/init" <<'INIT'
@@ -93,9 +95,14 @@ until /bin/brig-vmm exec --uds /tmp/v1.sock -- 'echo "hello from $(uname -n)"; c
     sleep 0.2
 done
 echo "BRIG-L1-EXEC rc=$rc"
-/bin/brig-vmm exec --uds /tmp/v1.sock -- 'reboot -f' >/dev/null 2>&1
+/bin/brig-vmm exec --uds /tmp/v1.sock -- \
+    'while [ ! -e /tmp/resumed ]; do sleep 0.1; done; reboot -f' >/dev/null 2>&1
 wait $vmm
 echo "BRIG-L1-RESULT rc=$?"
+# The node's microVM tier (brig-vmtier) on the same guest: snapshot, two VMs, commands, destroy.
+/bin/brig-vmtier-check /l2/vmlinuz /l2/initrd.gz \
+    "console=ttyS0 reboot=t panic=-1 quiet initcall_blacklist=i8042_init pci=off" /tmp/tier
+echo "BRIG-L1-VMTIER rc=$?"
 reboot -f
 INIT
 chmod +x "$l1/init"

@@ -6,7 +6,8 @@
 //! initramfs and command line, passes its console through and gives it a virtio-rng described
 //! in ACPI and a virtio-vsock; the guest starts brig-agent and asks for a snapshot; a second
 //! brig-vmm process resumes it (device and queue state included) from the snapshot files, and
-//! the host runs a command in it through the agent over vsock.
+//! the host runs a command in it through the agent over vsock. Then the node's tier library
+//! (brig-vmtier) makes its own snapshot and runs two isolated VMs from it.
 //! Emulated timings prove nothing about speed and are not asserted. Natively, the boot
 //! protocol's zero page is checked as the kernel will read it.
 
@@ -94,6 +95,12 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
     assert!(after.contains("(19, "), "the vsock device served nothing:\n{log}");
     assert!(has("brig-vmm: Shutdown"), "brig-vmm did not see the guest shut down:\n{log}");
     assert!(has("BRIG-L1-RESULT rc=0"), "the restored VM failed:\n{log}");
+    // The node's tier library on the same guest: snapshot spawn of two VMs, isolated commands,
+    // destroy with cleanup.
+    for step in ["created vm-b from the snapshot", "isolated guests", "destroy reaps the VMM"] {
+        assert!(has(&format!("BRIG-VMTIER-OK {step}")), "vmtier step {step:?} missing:\n{log}");
+    }
+    assert!(has("BRIG-L1-VMTIER rc=0"), "brig-vmtier failed:\n{log}");
 }
 
 #[test]

@@ -1,24 +1,20 @@
 //! `brig-agent`: runs inside a microVM guest and serves the host over virtio-vsock.
 //!
-//! This first cut serves one request per connection on port 1024 (or `BRIG_AGENT_PORT`):
-//!
-//! ```text
-//! host → agent   EXEC <shell command>\n
-//! agent → host   frames: kind u8 | len u32 LE | bytes
-//!                kind 1 stdout, 2 stderr (as produced), 3 exit status (i32 LE), last
-//! ```
-//! The command runs under `/bin/sh -c`; a command killed by a signal reports 128 + signal.
+//! This first cut serves one request per connection on port 1024 (or `BRIG_AGENT_PORT`), in
+//! the protocol of `brig_vmm_api::agent`. The command runs under `/bin/sh -c`; a command killed
+//! by a signal reports 128 + signal.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
+use brig_vmm_api::agent;
 use nix::sys::socket::{
     accept, bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, VsockAddr,
 };
 
-const DEFAULT_PORT: u32 = 1024;
+const DEFAULT_PORT: u32 = agent::PORT;
 const VMADDR_CID_ANY: u32 = u32::MAX;
 
 fn main() {
@@ -59,12 +55,8 @@ fn owned(fd: std::os::fd::RawFd) -> OwnedFd {
 }
 
 fn frame(out: &Mutex<std::fs::File>, kind: u8, data: &[u8]) -> std::io::Result<()> {
-    let mut head = [0u8; 5];
-    head[0] = kind;
-    head[1..].copy_from_slice(&(data.len() as u32).to_le_bytes());
     let mut w = out.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    w.write_all(&head)?;
-    w.write_all(data)
+    agent::write_frame(&mut *w, kind, data)
 }
 
 fn handle(stream: std::fs::File) -> std::io::Result<()> {
@@ -72,9 +64,9 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
     let mut line = String::new();
     reader.read_line(&mut line)?;
     let out = Arc::new(Mutex::new(stream));
-    let Some(command) = line.trim_end_matches('\n').strip_prefix("EXEC ") else {
-        frame(&out, 2, b"brig-agent: expected EXEC <command>\n")?;
-        return frame(&out, 3, &2i32.to_le_bytes());
+    let Some(command) = agent::parse_exec_line(&line) else {
+        frame(&out, agent::STDERR, b"brig-agent: expected EXEC <command>\n")?;
+        return frame(&out, agent::EXIT, &2i32.to_le_bytes());
     };
     let mut child = Command::new("/bin/sh")
         .arg("-c")
@@ -84,8 +76,8 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
         .stderr(Stdio::piped())
         .spawn()?;
     let pipes: Vec<(u8, Box<dyn Read + Send>)> = vec![
-        (1, Box::new(child.stdout.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),
-        (2, Box::new(child.stderr.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),
+        (agent::STDOUT, Box::new(child.stdout.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),
+        (agent::STDERR, Box::new(child.stderr.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),
     ];
     let pumps: Vec<_> = pipes
         .into_iter()
@@ -113,5 +105,5 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
     let code = status.code().unwrap_or_else(|| {
         128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0)
     });
-    frame(&out, 3, &code.to_le_bytes())
+    frame(&out, agent::EXIT, &code.to_le_bytes())
 }

@@ -1,7 +1,9 @@
 //! The host's end of the agent protocol (see `brig-agent`): connect through the VM's vsock
 //! Unix socket, ask for a command, relay its output.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
+
+use brig_vmm_api::agent;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
@@ -30,19 +32,15 @@ pub fn exec(uds: &Path, port: u32, command: &str) -> Result<i32, AgentError> {
     if !line.starts_with("OK ") {
         return Err(AgentError::Refused(port));
     }
-    stream.write_all(format!("EXEC {}\n", command.replace('\n', " ")).as_bytes())?;
+    stream.write_all(agent::exec_line(command).as_bytes())?;
     loop {
-        let mut head = [0u8; 5];
-        if reader.read_exact(&mut head).is_err() {
+        let Ok((kind, data)) = agent::read_frame(&mut reader) else {
             return Err(AgentError::Refused(port));
-        }
-        let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
-        let mut data = vec![0u8; len.min(1 << 20)];
-        reader.read_exact(&mut data)?;
-        match head[0] {
-            1 => std::io::stdout().write_all(&data)?,
-            2 => std::io::stderr().write_all(&data)?,
-            3 => {
+        };
+        match kind {
+            agent::STDOUT => std::io::stdout().write_all(&data)?,
+            agent::STDERR => std::io::stderr().write_all(&data)?,
+            agent::EXIT => {
                 let code =
                     data.get(..4).and_then(|b| b.try_into().ok()).map_or(1, i32::from_le_bytes);
                 std::io::stdout().flush()?;

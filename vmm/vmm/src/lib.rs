@@ -24,42 +24,4 @@ pub mod vm;
 pub use snapshot::{Snapshot, SnapshotError};
 pub use vm::{Vm, VmError};
 
-/// The host's virtualization, as far as the microVM tier cares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Virtualization {
-    /// VT-x or AMD-V: Linux guests boot.
-    Hardware,
-    /// The PVM software hypervisor: only purpose-built guests run.
-    Pvm,
-    /// No usable /dev/kvm.
-    None,
-}
-
-impl Virtualization {
-    pub fn detect() -> Virtualization {
-        if !std::path::Path::new("/dev/kvm").exists() {
-            return Virtualization::None;
-        }
-        if std::path::Path::new("/sys/module/kvm_pvm").exists() {
-            return Virtualization::Pvm;
-        }
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let hw = cpuinfo
-            .lines()
-            .filter(|l| l.starts_with("flags"))
-            .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"));
-        if hw {
-            Virtualization::Hardware
-        } else {
-            Virtualization::None
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Virtualization::Hardware => "hardware",
-            Virtualization::Pvm => "pvm",
-            Virtualization::None => "none",
-        }
-    }
-}
+pub use brig_vmm_api::Virtualization;

@@ -1,0 +1,252 @@
+//! The node's side of the microVM tier: each sandbox is a `brig-vmm` process resumed from the
+//! environment's snapshot (so every VM shares the snapshot's memory pages copy-on-write), and
+//! commands reach the guest's `brig-agent` over the VMM's vsock Unix socket.
+//!
+//! The snapshot is made once per node: a VM boots the guest kernel and initramfs, whose init
+//! starts the agent and asks for its snapshot. A VMM that dies is reaped and its socket and log
+//! removed; dropping the tier kills its VMMs (each runs in its own process group).
+//!
+//! The tier is offered only where Linux guests run: hardware virtualization.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use brig_vmm_api::{agent, Virtualization};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio::sync::Mutex;
+
+/// Where the guest and the VMM are, and how big a VM is.
+#[derive(Debug, Clone)]
+pub struct VmTierConfig {
+    /// The `brig-vmm` binary.
+    pub vmm: PathBuf,
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+    pub cmdline: String,
+    pub mem_mib: usize,
+    /// The tier's directory: the snapshot and each VM's socket and log.
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmTierError {
+    #[error("the microvm tier is not available here: {0}")]
+    Unavailable(String),
+    #[error("{what}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("making the environment snapshot failed (brig-vmm exit {code:?}); log: {log}")]
+    Snapshot { code: Option<i32>, log: String },
+    #[error("the VM did not come up within {0:?} (its agent never answered)")]
+    StartTimeout(Duration),
+    #[error("agent: {0}")]
+    Agent(String),
+    #[error("the command ran past {0:?}")]
+    ExecTimeout(Duration),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmTierError {
+    let what = what.into();
+    move |source| VmTierError::Io { what, source }
+}
+
+/// What a command in a guest produced.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecOutput {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub exit_code: i32,
+}
+
+/// One microVM: its VMM process and the socket to its guest.
+#[derive(Debug)]
+pub struct MicroVm {
+    pub id: String,
+    child: tokio::process::Child,
+    pub uds: PathBuf,
+    log: PathBuf,
+}
+
+impl MicroVm {
+    /// The VMM's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+}
+
+#[derive(Debug)]
+pub struct VmTier {
+    cfg: VmTierConfig,
+    virtualization: Virtualization,
+    snapshot: Mutex<Option<PathBuf>>,
+}
+
+impl VmTier {
+    /// The tier, if this host can run it.
+    pub fn open(cfg: VmTierConfig) -> Result<VmTier, VmTierError> {
+        let virtualization = Virtualization::detect();
+        if !virtualization.runs_linux() {
+            return Err(VmTierError::Unavailable(format!(
+                "Linux guests need hardware virtualization; this host has {}",
+                virtualization.as_str()
+            )));
+        }
+        for (what, path) in [
+            ("brig-vmm", &cfg.vmm),
+            ("guest kernel", &cfg.kernel),
+            ("guest initramfs", &cfg.initrd),
+        ] {
+            if !path.exists() {
+                return Err(VmTierError::Unavailable(format!(
+                    "{what} {} is missing",
+                    path.display()
+                )));
+            }
+        }
+        std::fs::create_dir_all(&cfg.dir).map_err(io(format!("creating {}", cfg.dir.display())))?;
+        Ok(VmTier { cfg, virtualization, snapshot: Mutex::new(None) })
+    }
+
+    pub fn virtualization(&self) -> Virtualization {
+        self.virtualization
+    }
+
+    /// The environment snapshot, made on first use.
+    async fn snapshot(&self) -> Result<PathBuf, VmTierError> {
+        let mut guard = self.snapshot.lock().await;
+        if let Some(path) = guard.as_ref() {
+            return Ok(path.clone());
+        }
+        let dir = self.cfg.dir.join("snapshot");
+        let _ = std::fs::remove_dir_all(&dir);
+        let log = self.cfg.dir.join("snapshot.log");
+        let log_file = std::fs::File::create(&log).map_err(io("snapshot log"))?;
+        let status = tokio::process::Command::new(&self.cfg.vmm)
+            .arg("boot")
+            .arg("--kernel")
+            .arg(&self.cfg.kernel)
+            .arg("--initrd")
+            .arg(&self.cfg.initrd)
+            .args(["--cmdline", &self.cfg.cmdline, "--mem-mib", &self.cfg.mem_mib.to_string()])
+            .arg("--rng")
+            .arg("--vsock-uds")
+            .arg(self.cfg.dir.join("snapshot.sock"))
+            .arg("--snapshot-to")
+            .arg(&dir)
+            .stdout(log_file.try_clone().map_err(io("snapshot log"))?)
+            .stderr(log_file)
+            .status()
+            .await
+            .map_err(io(format!("starting {}", self.cfg.vmm.display())))?;
+        if status.code() != Some(4) {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: String =
+                text.chars().rev().take(2000).collect::<Vec<_>>().into_iter().rev().collect();
+            return Err(VmTierError::Snapshot { code: status.code(), log: tail });
+        }
+        tracing::info!(dir = %dir.display(), "microvm environment snapshot made");
+        *guard = Some(dir.clone());
+        Ok(dir)
+    }
+
+    /// A new microVM resumed from the environment snapshot, its agent answering.
+    pub async fn create(&self, id: &str) -> Result<MicroVm, VmTierError> {
+        let snapshot = self.snapshot().await?;
+        let uds = self.cfg.dir.join(format!("{id}.sock"));
+        let log = self.cfg.dir.join(format!("{id}.log"));
+        let log_file = std::fs::File::create(&log).map_err(io("VM log"))?;
+        let child = tokio::process::Command::new(&self.cfg.vmm)
+            .arg("resume")
+            .arg("--snapshot")
+            .arg(&snapshot)
+            .arg("--vsock-uds")
+            .arg(&uds)
+            .args(["--timeout-s", "31536000"])
+            .stdin(std::process::Stdio::null())
+            .stdout(log_file.try_clone().map_err(io("VM log"))?)
+            .stderr(log_file)
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(io(format!("starting {}", self.cfg.vmm.display())))?;
+        let mut vm = MicroVm { id: id.to_string(), child, uds, log };
+        let limit = Duration::from_secs(60);
+        let started = std::time::Instant::now();
+        loop {
+            match self.exec(&vm, "true", Duration::from_secs(10)).await {
+                Ok(out) if out.exit_code == 0 => return Ok(vm),
+                _ if started.elapsed() > limit => {
+                    self.destroy(vm).await;
+                    return Err(VmTierError::StartTimeout(limit));
+                }
+                _ => {
+                    if let Ok(Some(status)) = vm.child.try_wait() {
+                        let text = std::fs::read_to_string(&vm.log).unwrap_or_default();
+                        self.destroy(vm).await;
+                        return Err(VmTierError::Agent(format!("VMM exited ({status}): {text}")));
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    /// Runs `command` in the guest (`/bin/sh -c`), collecting its output.
+    pub async fn exec(
+        &self,
+        vm: &MicroVm,
+        command: &str,
+        timeout: Duration,
+    ) -> Result<ExecOutput, VmTierError> {
+        tokio::time::timeout(timeout, exec_inner(&vm.uds, command))
+            .await
+            .map_err(|_| VmTierError::ExecTimeout(timeout))?
+    }
+
+    /// Stops the VM and removes what it left.
+    pub async fn destroy(&self, mut vm: MicroVm) {
+        let _ = vm.child.start_kill();
+        let _ = vm.child.wait().await;
+        let _ = std::fs::remove_file(&vm.uds);
+        let _ = std::fs::remove_file(&vm.log);
+    }
+}
+
+async fn exec_inner(uds: &Path, command: &str) -> Result<ExecOutput, VmTierError> {
+    let stream =
+        UnixStream::connect(uds).await.map_err(io(format!("connecting to {}", uds.display())))?;
+    let (read, mut write) = stream.into_split();
+    let mut reader = BufReader::new(read);
+    write
+        .write_all(format!("CONNECT {}\n", agent::PORT).as_bytes())
+        .await
+        .map_err(io("vsock connect"))?;
+    let mut line = String::new();
+    reader.read_line(&mut line).await.map_err(io("vsock connect"))?;
+    if !line.starts_with("OK ") {
+        return Err(VmTierError::Agent("the guest's agent is not listening".into()));
+    }
+    write.write_all(agent::exec_line(command).as_bytes()).await.map_err(io("agent request"))?;
+    let mut out = ExecOutput::default();
+    loop {
+        let mut head = [0u8; 5];
+        reader.read_exact(&mut head).await.map_err(io("agent reply"))?;
+        let (kind, len) = agent::parse_header(head).map_err(VmTierError::Agent)?;
+        let mut data = vec![0u8; len];
+        reader.read_exact(&mut data).await.map_err(io("agent reply"))?;
+        match kind {
+            agent::STDOUT => out.stdout.extend_from_slice(&data),
+            agent::STDERR => out.stderr.extend_from_slice(&data),
+            agent::EXIT => {
+                out.exit_code =
+                    data.get(..4).and_then(|b| b.try_into().ok()).map_or(-1, i32::from_le_bytes);
+                return Ok(out);
+            }
+            other => return Err(VmTierError::Agent(format!("unknown frame kind {other}"))),
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! The agent protocol, over a vsock stream to [`PORT`] (through the VMM's Unix socket:
+//! `CONNECT <port>\n` → `OK <port>\n` first):
+//!
+//! ```text
+//! host → agent   EXEC <shell command>\n
+//! agent → host   frames: kind u8 | len u32 LE | bytes
+//!                STDOUT / STDERR as produced, then EXIT (i32 LE status), last
+//! ```
+
+use std::io::{Read, Write};
+
+/// The agent's vsock port.
+pub const PORT: u32 = 1024;
+pub const STDOUT: u8 = 1;
+pub const STDERR: u8 = 2;
+pub const EXIT: u8 = 3;
+/// Largest frame a reader accepts.
+pub const MAX_FRAME: usize = 1 << 20;
+
+/// The request line for `command` (newlines become spaces: one line per request).
+pub fn exec_line(command: &str) -> String {
+    format!("EXEC {}\n", command.replace('\n', " "))
+}
+
+/// The command in a request line, if it is one.
+pub fn parse_exec_line(line: &str) -> Option<&str> {
+    line.trim_end_matches('\n').strip_prefix("EXEC ")
+}
+
+pub fn frame_header(kind: u8, len: usize) -> [u8; 5] {
+    let mut head = [0u8; 5];
+    head[0] = kind;
+    head[1..].copy_from_slice(&(len as u32).to_le_bytes());
+    head
+}
+
+pub fn write_frame(w: &mut impl Write, kind: u8, data: &[u8]) -> std::io::Result<()> {
+    w.write_all(&frame_header(kind, data.len()))?;
+    w.write_all(data)
+}
+
+/// Parses a frame header: kind and length, refusing frames over [`MAX_FRAME`].
+pub fn parse_header(head: [u8; 5]) -> Result<(u8, usize), String> {
+    let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if len > MAX_FRAME {
+        return Err(format!("agent frame of {len} bytes"));
+    }
+    Ok((head[0], len))
+}
+
+pub fn read_frame(r: &mut impl Read) -> std::io::Result<(u8, Vec<u8>)> {
+    let mut head = [0u8; 5];
+    r.read_exact(&mut head)?;
+    let (kind, len) = parse_header(head).map_err(std::io::Error::other)?;
+    let mut data = vec![0u8; len];
+    r.read_exact(&mut data)?;
+    Ok((kind, data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_oversized_ones_are_refused() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, STDOUT, b"hello").expect("write");
+        write_frame(&mut buf, EXIT, &7i32.to_le_bytes()).expect("write");
+        let mut r = &buf[..];
+        assert_eq!(read_frame(&mut r).expect("1"), (STDOUT, b"hello".to_vec()));
+        assert_eq!(read_frame(&mut r).expect("2"), (EXIT, 7i32.to_le_bytes().to_vec()));
+        let huge = frame_header(STDOUT, MAX_FRAME + 1);
+        assert!(parse_header(huge).is_err());
+        assert_eq!(parse_exec_line(&exec_line("echo a\necho b")), Some("echo a echo b"));
+        assert_eq!(parse_exec_line("RUN x\n"), None);
+    }
+}
