@@ -153,3 +153,28 @@ fn the_zero_page_says_what_the_kernel_needs() {
     // The protected-mode kernel is loaded at 1 MiB.
     assert!(read(0x10_0000, 4096).iter().any(|b| *b != 0), "kernel not loaded");
 }
+
+#[tokio::test]
+async fn brigd_offers_microvm_only_where_linux_guests_run() {
+    let config = format!(
+        "[microvm]\nkernel = {:?}\ninitrd = {:?}\n",
+        vm_artifact("vmlinuz"),
+        vm_artifact("l2-initrd.gz")
+    );
+    let daemon = brig_tests::Daemon::start_with_config(&config, &[]).expect("brigd");
+    let client = daemon.client().await.expect("client");
+    let status = client.node_status().await.expect("status");
+    let virtualization = brig_vmm::Virtualization::detect();
+    let offered = status.tiers.contains(&brig_sdk::Tier::Microvm);
+    assert_eq!(offered, virtualization.runs_linux(), "{status:?} on {virtualization:?}");
+    if !offered {
+        // Asking anyway gets a typed answer that says why, and the daemon goes on.
+        let err = client
+            .create(brig_sdk::SandboxOptions::tier(brig_sdk::Tier::Microvm))
+            .await
+            .expect_err("no microvm tier here");
+        assert_eq!(err.code(), Some(brig_sdk::ErrorCode::Unavailable), "{err}");
+        assert!(err.to_string().contains(virtualization.as_str()), "{err}");
+        client.create(brig_sdk::SandboxOptions::fncall()).await.expect("fncall still works");
+    }
+}

@@ -31,6 +31,7 @@ pub struct NodeConfig {
     /// stands for on this node.
     pub egress_services: Vec<(String, Vec<brig_core::Destination>)>,
     pub admission: crate::admission::AdmissionConfig,
+    pub microvm: crate::microvm::MicrovmConfig,
 }
 
 /// What a stopping daemon does with its containers.
@@ -160,6 +161,7 @@ impl Default for NodeConfig {
             images: ImagesConfig::default(),
             egress_services: Vec::new(),
             admission: Default::default(),
+            microvm: Default::default(),
         }
     }
 }

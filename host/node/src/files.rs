@@ -99,8 +99,12 @@ pub(crate) async fn write(
     exchange: &mut Exchange,
 ) -> Result<Option<Reply>, NodeError> {
     let opened = node.live(&req.sandbox).await.and_then(|entry| {
-        let file =
-            entry.handle.file_root().open_write(&req.path, req.append, req.parents, req.mode)?;
+        let file = entry.handle.file_root(&entry)?.open_write(
+            &req.path,
+            req.append,
+            req.parents,
+            req.mode,
+        )?;
         Ok((entry, file))
     });
     let (entry, file) = match opened {
@@ -132,7 +136,7 @@ pub(crate) async fn read(
     exchange: &mut Exchange,
 ) -> Result<Option<Reply>, NodeError> {
     let entry = node.live(&req.sandbox).await?;
-    let file = entry.handle.file_root().open_read(&req.path)?;
+    let file = entry.handle.file_root(&entry)?.open_read(&req.path)?;
     let mut file = tokio::fs::File::from_std(file);
     let meta = file.metadata().await.map_err(io(&req.path))?;
     if meta.is_dir() {

@@ -22,6 +22,7 @@ mod files;
 mod images;
 mod lifecycle;
 pub mod metrics;
+mod microvm;
 mod sandboxes;
 mod scope;
 
@@ -55,6 +56,8 @@ struct Inner {
     fncall: FncallBackend,
     /// `Err` says why this node offers no containers.
     containers: Result<ContainerTier, String>,
+    /// The microVM tier, or why this node does not offer it.
+    vmtier: Result<Arc<brig_vmtier::VmTier>, String>,
     /// `Err` says why this node has no layer store.
     store: Result<Arc<brig_images::LayerStore>, String>,
     sandboxes: SandboxTable,
@@ -94,6 +97,7 @@ impl Node {
             Ok(s) => tracing::info!(backend = s.backend().kind(), "layer store ready"),
             Err(why) => tracing::warn!(%why, "layer store not available"),
         }
+        let vmtier = microvm::open(&config.microvm, state_dir);
         let sandboxes = SandboxTable::new(&state_dir.join("sandboxes"))?;
         let audit = Arc::new(AuditLog::open(&state_dir.join("audit"))?);
         let node = Node {
@@ -101,6 +105,7 @@ impl Node {
                 config,
                 fncall,
                 containers,
+                vmtier,
                 store,
                 sandboxes,
                 tag,
@@ -120,6 +125,9 @@ impl Node {
         let mut tiers = vec![Tier::Fncall];
         if self.inner.containers.is_ok() {
             tiers.push(Tier::Container);
+        }
+        if self.inner.vmtier.is_ok() {
+            tiers.push(Tier::Microvm);
         }
         tiers
     }
@@ -266,7 +274,7 @@ impl Node {
         let entry = self.live(sandbox).await?;
         match &entry.handle {
             TierHandle::Container(_) => Ok(entry),
-            TierHandle::Fncall(_) => {
+            TierHandle::Fncall(_) | TierHandle::Microvm(_) => {
                 Err(NodeError::WrongTier { id: sandbox.to_string(), tier: entry.tier, op })
             }
         }
@@ -299,6 +307,10 @@ impl Node {
         req: brig_proto::ExecRequest,
         exchange: &mut Exchange,
     ) -> Result<Option<Reply>, NodeError> {
+        let entry = self.live(&req.sandbox).await?;
+        if let TierHandle::Microvm(_) = &entry.handle {
+            return self.exec_microvm(&entry, req, exchange).await;
+        }
         let entry = self.container(&req.sandbox, "exec").await?;
         let TierHandle::Container(c) = &entry.handle else { return Ok(None) };
         let recorder = self.recorder(&entry);
@@ -476,7 +488,7 @@ impl Node {
                 let entry = self.inner.sandboxes.get(&sandbox)?;
                 match &entry.handle {
                     TierHandle::Container(c) => Reply::Execs(c.execs()),
-                    TierHandle::Fncall(_) => Reply::Execs(Vec::new()),
+                    TierHandle::Fncall(_) | TierHandle::Microvm(_) => Reply::Execs(Vec::new()),
                 }
             }
             Request::SetQos { sandbox, class } => {
@@ -489,7 +501,7 @@ impl Node {
                 let entry = self.inner.sandboxes.get(&sandbox)?;
                 match &entry.handle {
                     TierHandle::Container(c) => Reply::Sessions(c.session_ids()),
-                    TierHandle::Fncall(_) => Reply::Sessions(Vec::new()),
+                    TierHandle::Fncall(_) | TierHandle::Microvm(_) => Reply::Sessions(Vec::new()),
                 }
             }
             Request::FileWrite(_)
@@ -523,7 +535,7 @@ impl Node {
         op: impl FnOnce(&files::FileRoot<'_>) -> Result<T, NodeError>,
     ) -> Result<T, NodeError> {
         let entry = self.live(sandbox).await?;
-        let root = entry.handle.file_root();
+        let root = entry.handle.file_root(&entry)?;
         op(&root)
     }
 

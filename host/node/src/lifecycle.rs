@@ -74,10 +74,11 @@ impl Node {
                     self.container_tier()?.create(&id, &req, store).await?,
                 ))
             }
-            Tier::Microvm | Tier::Fullvm => {
+            Tier::Microvm => TierHandle::Microvm(Box::new(self.create_microvm(&id).await?)),
+            Tier::Fullvm => {
                 return Err(NodeError::TierUnavailable {
                     tier,
-                    why: "no VM tier on this node yet".into(),
+                    why: "no full-VM tier on this node yet".into(),
                 })
             }
         };
@@ -223,6 +224,13 @@ impl Node {
         let freed = match &entry.handle {
             TierHandle::Fncall(_) => 0,
             TierHandle::Container(c) => c.pause().await?,
+            TierHandle::Microvm(_) => {
+                return Err(NodeError::WrongTier {
+                    id: entry.id.to_string(),
+                    tier: entry.tier,
+                    op: "pause (not in the microvm tier yet)",
+                })
+            }
         };
         entry.set_paused(true);
         self.inner.sandboxes.save(entry)?;
@@ -321,6 +329,13 @@ impl Node {
         let (memory, cpu) = match &parent.handle {
             TierHandle::Container(c) => c.requested(),
             TierHandle::Fncall(_) => (0, 0),
+            TierHandle::Microvm(_) => {
+                return Err(NodeError::WrongTier {
+                    id: id.to_string(),
+                    tier: parent.tier,
+                    op: "fork (not in the microvm tier yet)",
+                })
+            }
         };
         self.admit(parent.tier, memory * u64::from(count), cpu * u64::from(count))?;
         if self.inner.sandboxes.len() + count as usize > self.inner.config.max_sandboxes {
@@ -368,6 +383,13 @@ impl Node {
                         TierHandle::Container(Box::new(
                             self.container_tier()?.fork(c, child, store, evaluation).await?,
                         ))
+                    }
+                    TierHandle::Microvm(_) => {
+                        return Err(NodeError::WrongTier {
+                            id: child.to_string(),
+                            tier: parent.tier,
+                            op: "fork",
+                        })
                     }
                 };
                 Ok::<_, NodeError>(handle)
@@ -430,6 +452,12 @@ impl Node {
                     store.release(&c.layer_digests);
                 }
                 result
+            }
+            TierHandle::Microvm(vm) => {
+                if let Ok(tier) = &self.inner.vmtier {
+                    tier.destroy(vm).await;
+                }
+                Ok(())
             }
         };
         if let Err(e) = result {

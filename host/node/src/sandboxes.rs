@@ -24,17 +24,26 @@ const TOMBSTONES: usize = 65_536;
 pub(crate) enum TierHandle {
     Fncall(Workspace),
     Container(Box<crate::container::ContainerSandbox>),
+    /// A brig-vmm process with the guest's agent behind its vsock socket.
+    Microvm(Box<brig_vmtier::MicroVm>),
 }
 
 impl TierHandle {
     /// Where the sandbox's files are, for the file API.
-    pub fn file_root(&self) -> crate::files::FileRoot<'_> {
-        match self {
+    pub fn file_root(&self, entry: &SandboxEntry) -> Result<crate::files::FileRoot<'_>, NodeError> {
+        Ok(match self {
             TierHandle::Fncall(ws) => crate::files::FileRoot::Workspace(ws),
             TierHandle::Container(c) => crate::files::FileRoot::Container(
                 brig_container::files::RootDir::new(c.container.root(), c.container.id_base()),
             ),
-        }
+            TierHandle::Microvm(_) => {
+                return Err(NodeError::WrongTier {
+                    id: entry.id.to_string(),
+                    tier: entry.tier,
+                    op: "file transfer (not in the microvm tier yet)",
+                })
+            }
+        })
     }
 }
 
@@ -224,6 +233,8 @@ impl SandboxTable {
         let container = match &entry.handle {
             TierHandle::Container(c) => Some(c.record()),
             TierHandle::Fncall(_) => None,
+            // A microVM's VMM dies with the daemon (it is not adopted back yet): no record.
+            TierHandle::Microvm(_) => return Ok(()),
         };
         let record = SandboxRecord {
             id: entry.id,

@@ -66,15 +66,21 @@ pub struct ExecOutput {
 #[derive(Debug)]
 pub struct MicroVm {
     pub id: String,
-    child: tokio::process::Child,
+    child: Mutex<tokio::process::Child>,
+    pid: Option<u32>,
     pub uds: PathBuf,
     log: PathBuf,
 }
 
 impl MicroVm {
-    /// The VMM's pid, while it runs.
+    /// The VMM's pid.
     pub fn pid(&self) -> Option<u32> {
-        self.child.id()
+        self.pid
+    }
+
+    /// Whether the VMM process still runs.
+    pub async fn is_alive(&self) -> bool {
+        matches!(self.child.lock().await.try_wait(), Ok(None))
     }
 }
 
@@ -173,20 +179,22 @@ impl VmTier {
             .kill_on_drop(true)
             .spawn()
             .map_err(io(format!("starting {}", self.cfg.vmm.display())))?;
-        let mut vm = MicroVm { id: id.to_string(), child, uds, log };
+        let pid = child.id();
+        let vm = MicroVm { id: id.to_string(), child: Mutex::new(child), pid, uds, log };
         let limit = Duration::from_secs(60);
         let started = std::time::Instant::now();
         loop {
             match self.exec(&vm, "true", Duration::from_secs(10)).await {
                 Ok(out) if out.exit_code == 0 => return Ok(vm),
                 _ if started.elapsed() > limit => {
-                    self.destroy(vm).await;
+                    self.destroy(&vm).await;
                     return Err(VmTierError::StartTimeout(limit));
                 }
                 _ => {
-                    if let Ok(Some(status)) = vm.child.try_wait() {
+                    let exited = vm.child.lock().await.try_wait();
+                    if let Ok(Some(status)) = exited {
                         let text = std::fs::read_to_string(&vm.log).unwrap_or_default();
-                        self.destroy(vm).await;
+                        self.destroy(&vm).await;
                         return Err(VmTierError::Agent(format!("VMM exited ({status}): {text}")));
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -208,9 +216,10 @@ impl VmTier {
     }
 
     /// Stops the VM and removes what it left.
-    pub async fn destroy(&self, mut vm: MicroVm) {
-        let _ = vm.child.start_kill();
-        let _ = vm.child.wait().await;
+    pub async fn destroy(&self, vm: &MicroVm) {
+        let mut child = vm.child.lock().await;
+        let _ = child.start_kill();
+        let _ = child.wait().await;
         let _ = std::fs::remove_file(&vm.uds);
         let _ = std::fs::remove_file(&vm.log);
     }

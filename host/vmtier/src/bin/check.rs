@@ -46,12 +46,12 @@ fn main() -> anyhow::Result<()> {
         println!("BRIG-VMTIER-OK isolated guests, stdout/stderr/exit status through the agent");
         let pid = a.pid();
         let uds = a.uds.clone();
-        tier.destroy(a).await;
+        tier.destroy(&a).await;
         let gone = pid.is_none_or(|p| !std::path::Path::new(&format!("/proc/{p}")).exists());
         anyhow::ensure!(gone && !uds.exists(), "vm-a's VMM or socket survived destroy");
         let out = tier.exec(&b, "echo still-here", limit).await?;
         anyhow::ensure!(out.stdout == b"still-here\n", "vm-b after vm-a's destroy: {out:?}");
-        tier.destroy(b).await;
+        tier.destroy(&b).await;
         println!("BRIG-VMTIER-OK destroy reaps the VMM and removes its socket");
         anyhow::Ok(())
     })

@@ -1,0 +1,148 @@
+//! The microVM tier in the node: configuration, create, and exec through the guest's agent.
+//! Each sandbox is a brig-vmm process resumed from the node's environment snapshot
+//! (brig-vmtier). Offered only where Linux guests run (hardware virtualization) and a guest
+//! kernel and initramfs are configured.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use brig_core::{SandboxId, Tier};
+use brig_proto::{ExecResult, OutputStream, Reply};
+use brig_transport::Exchange;
+use brig_vmtier::{MicroVm, VmTier, VmTierConfig, VmTierError};
+use serde::{Deserialize, Serialize};
+
+use crate::sandboxes::{SandboxEntry, TierHandle};
+use crate::{Node, NodeError};
+
+/// `[microvm]` in the node configuration.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MicrovmConfig {
+    /// Guest kernel (bzImage); without it the tier is not offered.
+    pub kernel: Option<PathBuf>,
+    /// Guest initramfs: its init starts brig-agent and asks for the environment snapshot.
+    pub initrd: Option<PathBuf>,
+    pub cmdline: String,
+    pub mem_mib: usize,
+    /// The brig-vmm binary; default: beside the running daemon.
+    pub vmm: Option<PathBuf>,
+}
+
+impl Default for MicrovmConfig {
+    fn default() -> Self {
+        MicrovmConfig {
+            kernel: None,
+            initrd: None,
+            cmdline: "console=ttyS0 reboot=t panic=-1 quiet initcall_blacklist=i8042_init pci=off"
+                .into(),
+            mem_mib: 256,
+            vmm: None,
+        }
+    }
+}
+
+/// The tier, or why the node does not offer it.
+pub(crate) fn open(cfg: &MicrovmConfig, state_dir: &Path) -> Result<Arc<VmTier>, String> {
+    let (Some(kernel), Some(initrd)) = (&cfg.kernel, &cfg.initrd) else {
+        return Err("no guest kernel and initramfs configured ([microvm] kernel, initrd)".into());
+    };
+    let vmm = cfg.vmm.clone().unwrap_or_else(|| {
+        std::env::current_exe()
+            .map(|exe| exe.with_file_name("brig-vmm"))
+            .unwrap_or_else(|_| PathBuf::from("brig-vmm"))
+    });
+    let tier = VmTier::open(VmTierConfig {
+        vmm,
+        kernel: kernel.clone(),
+        initrd: initrd.clone(),
+        cmdline: cfg.cmdline.clone(),
+        mem_mib: cfg.mem_mib,
+        dir: state_dir.join("microvm"),
+    });
+    match tier {
+        Ok(t) => {
+            tracing::info!(virtualization = t.virtualization().as_str(), "microvm tier ready");
+            Ok(Arc::new(t))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "microvm tier not offered");
+            Err(e.to_string())
+        }
+    }
+}
+
+fn vm_error(e: VmTierError) -> NodeError {
+    match e {
+        VmTierError::Unavailable(why) => NodeError::TierUnavailable { tier: Tier::Microvm, why },
+        other => NodeError::Io {
+            what: "microvm".into(),
+            source: std::io::Error::other(other.to_string()),
+        },
+    }
+}
+
+/// Quotes `arg` for /bin/sh.
+fn quote(arg: &str) -> String {
+    format!("'{}'", arg.replace('\'', "'\\''"))
+}
+
+impl Node {
+    fn vmtier(&self) -> Result<&Arc<VmTier>, NodeError> {
+        self.inner
+            .vmtier
+            .as_ref()
+            .map_err(|why| NodeError::TierUnavailable { tier: Tier::Microvm, why: why.clone() })
+    }
+
+    pub(crate) async fn create_microvm(&self, id: &SandboxId) -> Result<MicroVm, NodeError> {
+        self.vmtier()?.create(&id.to_string()).await.map_err(vm_error)
+    }
+
+    /// Runs an exec request in a microVM: `ExecStarted`, the output, `Exited`.
+    pub(crate) async fn exec_microvm(
+        &self,
+        entry: &SandboxEntry,
+        req: brig_proto::ExecRequest,
+        exchange: &mut Exchange,
+    ) -> Result<Option<Reply>, NodeError> {
+        let TierHandle::Microvm(vm) = &entry.handle else { return Ok(None) };
+        let mut command = String::new();
+        if !req.cwd.is_empty() {
+            command.push_str(&format!("cd {} && ", quote(&req.cwd)));
+        }
+        for (k, v) in &req.env {
+            command.push_str(&format!("{}={} ", k, quote(v)));
+        }
+        let argv: Vec<String> = req.argv.iter().map(|a| quote(a)).collect();
+        command.push_str(&format!("exec {}", argv.join(" ")));
+        let cfg = &self.inner.config.container;
+        let timeout = Duration::from_millis(
+            req.timeout_ms.unwrap_or(cfg.default_exec_timeout_ms).min(cfg.max_exec_timeout_ms),
+        );
+        exchange.reply(&Reply::ExecStarted { exec_id: 1 }).await?;
+        let started = Instant::now();
+        let (out, timed_out) = match self.vmtier()?.exec(vm, &command, timeout).await {
+            Ok(out) => (out, false),
+            Err(VmTierError::ExecTimeout(_)) => (Default::default(), true),
+            Err(e) => return Err(vm_error(e)),
+        };
+        for (stream, data) in
+            [(OutputStream::Stdout, &out.stdout), (OutputStream::Stderr, &out.stderr)]
+        {
+            if !data.is_empty() {
+                exchange.reply(&Reply::Output { stream, data: data.clone() }).await?;
+            }
+        }
+        entry.touch();
+        Ok(Some(Reply::Exited(ExecResult {
+            exit_code: (!timed_out).then_some(out.exit_code),
+            timed_out,
+            duration_us: started.elapsed().as_micros() as u64,
+            stdout_bytes: out.stdout.len() as u64,
+            stderr_bytes: out.stderr.len() as u64,
+            ..Default::default()
+        })))
+    }
+}
