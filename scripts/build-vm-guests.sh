@@ -34,6 +34,11 @@ cargo build --quiet --release --target x86_64-unknown-linux-musl -p brig-vmm -p 
 vmm="$target_dir/x86_64-unknown-linux-musl/release/brig-vmm"
 agent="$target_dir/x86_64-unknown-linux-musl/release/brig-agent"
 
+# brigd and the brig CLI (this build's debug binaries, stripped) with the C libraries they need,
+# so the emulated host can serve the microvm tier to the SDK.
+cargo build --quiet -p brigd -p brig-cli --manifest-path "$root/Cargo.toml"
+debug_bins="$target_dir/debug"
+
 # 3. The guest's initramfs.
 l2="$work/l2"
 mkdir -p "$l2/bin" "$l2/proc" "$l2/sys" "$l2/dev"
@@ -68,9 +73,14 @@ chmod +x "$l2/init"
 
 # 4. The emulated host's initramfs.
 l1="$work/l1"
-mkdir -p "$l1/bin" "$l1/proc" "$l1/sys" "$l1/dev" "$l1/mod" "$l1/l2" "$l1/tmp"
+mkdir -p "$l1/bin" "$l1/proc" "$l1/sys" "$l1/dev" "$l1/mod" "$l1/l2" "$l1/tmp" "$l1/etc" \
+    "$l1/lib/x86_64-linux-gnu" "$l1/lib64"
+strip -o "$l1/bin/brigd" "$debug_bins/brigd"
+strip -o "$l1/bin/brig" "$debug_bins/brig"
+for lib in libc.so.6 libm.so.6 libgcc_s.so.1; do cp -L "/lib/x86_64-linux-gnu/$lib" "$l1/lib/x86_64-linux-gnu/"; done
+cp -L /lib64/ld-linux-x86-64.so.2 "$l1/lib64/"
 cp /usr/bin/busybox "$l1/bin/busybox"
-for a in sh mount echo insmod reboot cat sleep [ test; do ln -s busybox "$l1/bin/$a"; done
+for a in sh mount echo insmod reboot cat sleep [ test ip; do ln -s busybox "$l1/bin/$a"; done
 cp "$modules/virt/lib/irqbypass.ko" "$modules/arch/x86/kvm/kvm.ko" "$modules/arch/x86/kvm/kvm-amd.ko" "$l1/mod/"
 cp "$vmm" "$l1/bin/brig-vmm"
 cp "$target_dir/x86_64-unknown-linux-musl/release/brig-vmtier-check" "$l1/bin/brig-vmtier-check"
@@ -103,6 +113,17 @@ echo "BRIG-L1-RESULT rc=$?"
 /bin/brig-vmtier-check /l2/vmlinuz /l2/initrd.gz \
     "console=ttyS0 reboot=t panic=-1 quiet initcall_blacklist=i8042_init pci=off" /tmp/tier
 echo "BRIG-L1-VMTIER rc=$?"
+# brigd serving the microvm tier; the brig CLI (over the SDK and QUIC) drives it.
+ip link set lo up
+printf '[microvm]\nkernel = "/l2/vmlinuz"\ninitrd = "/l2/initrd.gz"\nvmm = "/bin/brig-vmm"\n' > /etc/brigd.toml
+export BRIG_STATE_DIR=/tmp/brig
+/bin/brigd --config /etc/brigd.toml --metrics off --on-exit destroy --log warn &
+i=0; until [ -e /tmp/brig/endpoint.json ] || [ $i -ge 300 ]; do sleep 0.2; i=$((i + 1)); done
+id=$(/bin/brig create --tier microvm)
+echo "BRIG-L1-BRIG-CREATE id=$id"
+/bin/brig exec "$id" -- sh -c 'echo "hello from a microvm sandbox"; echo to-stderr >&2; exit 5'
+echo "BRIG-L1-BRIG-EXEC rc=$?"
+/bin/brig rm "$id" && echo "BRIG-L1-BRIG-RM ok"
 reboot -f
 INIT
 chmod +x "$l1/init"

@@ -7,7 +7,8 @@
 //! in ACPI and a virtio-vsock; the guest starts brig-agent and asks for a snapshot; a second
 //! brig-vmm process resumes it (device and queue state included) from the snapshot files, and
 //! the host runs a command in it through the agent over vsock. Then the node's tier library
-//! (brig-vmtier) makes its own snapshot and runs two isolated VMs from it.
+//! (brig-vmtier) makes its own snapshot and runs two isolated VMs from it; last, brigd serves
+//! the microvm tier and the `brig` CLI creates a sandbox, runs a command and removes it.
 //! Emulated timings prove nothing about speed and are not asserted. Natively, the boot
 //! protocol's zero page is checked as the kernel will read it.
 
@@ -101,6 +102,13 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
         assert!(has(&format!("BRIG-VMTIER-OK {step}")), "vmtier step {step:?} missing:\n{log}");
     }
     assert!(has("BRIG-L1-VMTIER rc=0"), "brig-vmtier failed:\n{log}");
+    // brigd serves the tier; the brig CLI (SDK over QUIC) creates a microVM sandbox, runs a
+    // command in it with stdout, stderr and exit status, and removes it.
+    let served = log.split("BRIG-L1-VMTIER").nth(1).unwrap_or("");
+    assert!(served.contains("BRIG-L1-BRIG-CREATE id=sb-"), "create --tier microvm failed:\n{log}");
+    assert!(served.contains("hello from a microvm sandbox") && served.contains("to-stderr"), "{log}");
+    assert!(served.contains("BRIG-L1-BRIG-EXEC rc=5"), "exit status lost:\n{log}");
+    assert!(served.contains("BRIG-L1-BRIG-RM ok"), "rm failed:\n{log}");
 }
 
 #[test]
