@@ -106,7 +106,10 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
     // command in it with stdout, stderr and exit status, and removes it.
     let served = log.split("BRIG-L1-VMTIER").nth(1).unwrap_or("");
     assert!(served.contains("BRIG-L1-BRIG-CREATE id=sb-"), "create --tier microvm failed:\n{log}");
-    assert!(served.contains("hello from a microvm sandbox") && served.contains("to-stderr"), "{log}");
+    assert!(
+        served.contains("hello from a microvm sandbox") && served.contains("to-stderr"),
+        "{log}"
+    );
     assert!(served.contains("BRIG-L1-BRIG-EXEC rc=5"), "exit status lost:\n{log}");
     assert!(served.contains("BRIG-L1-BRIG-RM ok"), "rm failed:\n{log}");
 }
