@@ -98,7 +98,13 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
     assert!(has("BRIG-L1-RESULT rc=0"), "the restored VM failed:\n{log}");
     // The node's tier library on the same guest: snapshot spawn of two VMs, isolated commands,
     // destroy with cleanup.
-    for step in ["created vm-b from the snapshot", "isolated guests", "destroy reaps the VMM"] {
+    for step in [
+        "created vm-b from the snapshot",
+        "isolated guests",
+        "each VM has its own hostname and random stream",
+        "a timed-out command is killed in the guest",
+        "destroy reaps the VMM",
+    ] {
         assert!(has(&format!("BRIG-VMTIER-OK {step}")), "vmtier step {step:?} missing:\n{log}");
     }
     assert!(has("BRIG-L1-VMTIER rc=0"), "brig-vmtier failed:\n{log}");

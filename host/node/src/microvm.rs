@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use brig_core::{SandboxId, Tier};
 use brig_proto::{ExecResult, OutputStream, Reply};
 use brig_transport::Exchange;
-use brig_vmtier::{MicroVm, VmTier, VmTierConfig, VmTierError};
+use brig_vmtier::{ExecEvent, MicroVm, VmTier, VmTierConfig, VmTierError};
 use serde::{Deserialize, Serialize};
 
 use crate::sandboxes::{SandboxEntry, TierHandle};
@@ -123,25 +123,38 @@ impl Node {
         );
         exchange.reply(&Reply::ExecStarted { exec_id: 1 }).await?;
         let started = Instant::now();
-        let (out, timed_out) = match self.vmtier()?.exec(vm, &command, timeout).await {
-            Ok(out) => (out, false),
-            Err(VmTierError::ExecTimeout(_)) => (Default::default(), true),
-            Err(e) => return Err(vm_error(e)),
+        let mut stream = brig_vmtier::exec_stream(&vm.uds, &command).await.map_err(vm_error)?;
+        let (mut stdout_bytes, mut stderr_bytes) = (0u64, 0u64);
+        // Output is forwarded as the agent sends it.
+        let status = loop {
+            let next = tokio::time::timeout_at(
+                tokio::time::Instant::from_std(started + timeout),
+                stream.next(),
+            );
+            let event = match next.await {
+                Err(_) => break None,
+                Ok(event) => event.map_err(vm_error)?,
+            };
+            let (stream_kind, data) = match event {
+                ExecEvent::Stdout(d) => {
+                    stdout_bytes += d.len() as u64;
+                    (OutputStream::Stdout, d)
+                }
+                ExecEvent::Stderr(d) => {
+                    stderr_bytes += d.len() as u64;
+                    (OutputStream::Stderr, d)
+                }
+                ExecEvent::Exit(code) => break Some(code),
+            };
+            exchange.reply(&Reply::Output { stream: stream_kind, data }).await?;
         };
-        for (stream, data) in
-            [(OutputStream::Stdout, &out.stdout), (OutputStream::Stderr, &out.stderr)]
-        {
-            if !data.is_empty() {
-                exchange.reply(&Reply::Output { stream, data: data.clone() }).await?;
-            }
-        }
         entry.touch();
         Ok(Some(Reply::Exited(ExecResult {
-            exit_code: (!timed_out).then_some(out.exit_code),
-            timed_out,
+            exit_code: status,
+            timed_out: status.is_none(),
             duration_us: started.elapsed().as_micros() as u64,
-            stdout_bytes: out.stdout.len() as u64,
-            stderr_bytes: out.stderr.len() as u64,
+            stdout_bytes,
+            stderr_bytes,
             ..Default::default()
         })))
     }

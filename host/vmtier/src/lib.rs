@@ -185,7 +185,10 @@ impl VmTier {
         let started = std::time::Instant::now();
         loop {
             match self.exec(&vm, "true", Duration::from_secs(10)).await {
-                Ok(out) if out.exit_code == 0 => return Ok(vm),
+                Ok(out) if out.exit_code == 0 => {
+                    self.give_identity(&vm).await?;
+                    return Ok(vm);
+                }
                 _ if started.elapsed() > limit => {
                     self.destroy(&vm).await;
                     return Err(VmTierError::StartTimeout(limit));
@@ -201,6 +204,37 @@ impl VmTier {
                 }
             }
         }
+    }
+
+    /// Every VM resumed from one snapshot starts as the same machine: give this one its own
+    /// hostname and stir fresh host entropy into its random pool.
+    async fn give_identity(&self, vm: &MicroVm) -> Result<(), VmTierError> {
+        let mut seed = [0u8; 32];
+        std::io::Read::read_exact(
+            &mut std::fs::File::open("/dev/urandom").map_err(io("entropy"))?,
+            &mut seed,
+        )
+        .map_err(io("entropy"))?;
+        let hex: String = seed.iter().map(|b| format!("{b:02x}")).collect();
+        let name: String =
+            vm.id.chars().rev().take(12).collect::<Vec<_>>().into_iter().rev().collect();
+        let limit = Duration::from_secs(10);
+        let named = self.exec(vm, &format!("hostname brig-{name}"), limit).await?;
+        let reseed = tokio::time::timeout(limit, async {
+            let mut s = request_stream(&vm.uds, &agent::seed_line(&hex)).await?;
+            collect(&mut s).await
+        })
+        .await
+        .map_err(|_| VmTierError::ExecTimeout(limit))??;
+        for out in [named, reseed] {
+            if out.exit_code != 0 {
+                return Err(VmTierError::Agent(format!(
+                    "setting the VM's identity failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Runs `command` in the guest (`/bin/sh -c`), collecting its output.
@@ -225,7 +259,46 @@ impl VmTier {
     }
 }
 
-async fn exec_inner(uds: &Path, command: &str) -> Result<ExecOutput, VmTierError> {
+/// A piece of a running command's result, as the agent sends it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecEvent {
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+    Exit(i32),
+}
+
+/// An exec in progress: its output as it is produced, then its status.
+pub struct ExecStream {
+    reader: BufReader<tokio::net::unix::OwnedReadHalf>,
+    _write: tokio::net::unix::OwnedWriteHalf,
+}
+
+impl ExecStream {
+    /// The next event; `Exit` is the last.
+    pub async fn next(&mut self) -> Result<ExecEvent, VmTierError> {
+        let mut head = [0u8; 5];
+        self.reader.read_exact(&mut head).await.map_err(io("agent reply"))?;
+        let (kind, len) = agent::parse_header(head).map_err(VmTierError::Agent)?;
+        let mut data = vec![0u8; len];
+        self.reader.read_exact(&mut data).await.map_err(io("agent reply"))?;
+        match kind {
+            agent::STDOUT => Ok(ExecEvent::Stdout(data)),
+            agent::STDERR => Ok(ExecEvent::Stderr(data)),
+            agent::EXIT => Ok(ExecEvent::Exit(
+                data.get(..4).and_then(|b| b.try_into().ok()).map_or(-1, i32::from_le_bytes),
+            )),
+            other => Err(VmTierError::Agent(format!("unknown frame kind {other}"))),
+        }
+    }
+}
+
+/// Starts `command` in the guest behind `uds`.
+pub async fn exec_stream(uds: &Path, command: &str) -> Result<ExecStream, VmTierError> {
+    request_stream(uds, &agent::exec_line(command)).await
+}
+
+/// Sends one agent request line and returns the reply stream.
+async fn request_stream(uds: &Path, request: &str) -> Result<ExecStream, VmTierError> {
     let stream =
         UnixStream::connect(uds).await.map_err(io(format!("connecting to {}", uds.display())))?;
     let (read, mut write) = stream.into_split();
@@ -239,23 +312,25 @@ async fn exec_inner(uds: &Path, command: &str) -> Result<ExecOutput, VmTierError
     if !line.starts_with("OK ") {
         return Err(VmTierError::Agent("the guest's agent is not listening".into()));
     }
-    write.write_all(agent::exec_line(command).as_bytes()).await.map_err(io("agent request"))?;
+    write.write_all(request.as_bytes()).await.map_err(io("agent request"))?;
+    Ok(ExecStream { reader, _write: write })
+}
+
+async fn exec_inner(uds: &Path, command: &str) -> Result<ExecOutput, VmTierError> {
+    collect(&mut exec_stream(uds, command).await?).await
+}
+
+/// Reads a reply stream to its end.
+async fn collect(stream: &mut ExecStream) -> Result<ExecOutput, VmTierError> {
     let mut out = ExecOutput::default();
     loop {
-        let mut head = [0u8; 5];
-        reader.read_exact(&mut head).await.map_err(io("agent reply"))?;
-        let (kind, len) = agent::parse_header(head).map_err(VmTierError::Agent)?;
-        let mut data = vec![0u8; len];
-        reader.read_exact(&mut data).await.map_err(io("agent reply"))?;
-        match kind {
-            agent::STDOUT => out.stdout.extend_from_slice(&data),
-            agent::STDERR => out.stderr.extend_from_slice(&data),
-            agent::EXIT => {
-                out.exit_code =
-                    data.get(..4).and_then(|b| b.try_into().ok()).map_or(-1, i32::from_le_bytes);
+        match stream.next().await? {
+            ExecEvent::Stdout(d) => out.stdout.extend_from_slice(&d),
+            ExecEvent::Stderr(d) => out.stderr.extend_from_slice(&d),
+            ExecEvent::Exit(code) => {
+                out.exit_code = code;
                 return Ok(out);
             }
-            other => return Err(VmTierError::Agent(format!("unknown frame kind {other}"))),
         }
     }
 }

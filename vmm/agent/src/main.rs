@@ -6,6 +6,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
@@ -54,6 +55,23 @@ fn owned(fd: std::os::fd::RawFd) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(fd) }
 }
 
+nix::ioctl_none!(rnd_reseed_crng, b'R', 0x07);
+
+/// Mixes `seed_hex` into the random pool and makes the CRNG reseed from it now.
+fn reseed(seed_hex: &str) -> std::io::Result<()> {
+    let bytes: Vec<u8> = (0..seed_hex.len() / 2)
+        .filter_map(|i| u8::from_str_radix(seed_hex.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect();
+    let mut random = std::fs::OpenOptions::new().write(true).open("/dev/urandom")?;
+    std::io::Write::write_all(&mut random, &bytes)?;
+    #[allow(unsafe_code)]
+    // SAFETY: RNDRESEEDCRNG takes no argument; the descriptor is an open /dev/urandom that
+    // lives across the call.
+    unsafe { rnd_reseed_crng(std::os::fd::AsRawFd::as_raw_fd(&random)) }
+        .map(|_| ())
+        .map_err(std::io::Error::from)
+}
+
 fn frame(out: &Mutex<std::fs::File>, kind: u8, data: &[u8]) -> std::io::Result<()> {
     let mut w = out.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     agent::write_frame(&mut *w, kind, data)
@@ -64,6 +82,15 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
     let mut line = String::new();
     reader.read_line(&mut line)?;
     let out = Arc::new(Mutex::new(stream));
+    if let Some(seed) = agent::parse_seed_line(&line) {
+        return match reseed(seed) {
+            Ok(()) => frame(&out, agent::EXIT, &0i32.to_le_bytes()),
+            Err(e) => {
+                frame(&out, agent::STDERR, format!("brig-agent: reseed: {e}\n").as_bytes())?;
+                frame(&out, agent::EXIT, &1i32.to_le_bytes())
+            }
+        };
+    }
     let Some(command) = agent::parse_exec_line(&line) else {
         frame(&out, agent::STDERR, b"brig-agent: expected EXEC <command>\n")?;
         return frame(&out, agent::EXIT, &2i32.to_le_bytes());
@@ -74,7 +101,17 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .spawn()?;
+    // When the host hangs up (its timeout, or it went away), the command and everything it
+    // started are killed.
+    let group = nix::unistd::Pid::from_raw(-(child.id() as i32));
+    let mut hangup = reader.get_ref().try_clone()?;
+    std::thread::spawn(move || {
+        let mut byte = [0u8; 1];
+        while matches!(hangup.read(&mut byte), Ok(n) if n > 0) {}
+        let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
+    });
     let pipes: Vec<(u8, Box<dyn Read + Send>)> = vec![
         (agent::STDOUT, Box::new(child.stdout.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),
         (agent::STDERR, Box::new(child.stderr.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),

@@ -17,6 +17,17 @@ pub const EXIT: u8 = 3;
 /// Largest frame a reader accepts.
 pub const MAX_FRAME: usize = 1 << 20;
 
+/// The request line that stirs `seed` (hex) into the guest's random pool and forces the
+/// kernel's CRNG to reseed, so VMs resumed from one snapshot stop sharing a random stream.
+pub fn seed_line(seed_hex: &str) -> String {
+    format!("SEED {seed_hex}\n")
+}
+
+/// The seed in a seed request line, if it is one.
+pub fn parse_seed_line(line: &str) -> Option<&str> {
+    line.trim_end_matches('\n').strip_prefix("SEED ")
+}
+
 /// The request line for `command` (newlines become spaces: one line per request).
 pub fn exec_line(command: &str) -> String {
     format!("EXEC {}\n", command.replace('\n', " "))

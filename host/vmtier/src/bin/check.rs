@@ -44,6 +44,27 @@ fn main() -> anyhow::Result<()> {
             "vm-b saw vm-a's file or lost stderr: {out:?}"
         );
         println!("BRIG-VMTIER-OK isolated guests, stdout/stderr/exit status through the agent");
+        let name_a = tier.exec(&a, "hostname", limit).await?.stdout;
+        let name_b = tier.exec(&b, "hostname", limit).await?.stdout;
+        anyhow::ensure!(
+            name_a != name_b && name_a.starts_with(b"brig-"),
+            "identities: {name_a:?} {name_b:?}"
+        );
+        let uuid = "cat /proc/sys/kernel/random/uuid";
+        let (ua, ub) =
+            (tier.exec(&a, uuid, limit).await?.stdout, tier.exec(&b, uuid, limit).await?.stdout);
+        anyhow::ensure!(ua != ub, "both VMs drew the same random uuid");
+        println!("BRIG-VMTIER-OK each VM has its own hostname and random stream");
+        // A command past its timeout is stopped, and the VM keeps serving.
+        let slow = tier.exec(&a, "sleep 30", Duration::from_secs(2)).await;
+        anyhow::ensure!(matches!(slow, Err(brig_vmtier::VmTierError::ExecTimeout(_))), "{slow:?}");
+        let procs =
+            tier.exec(&a, "sleep 1; ps 2>/dev/null | grep -c '[s]leep 30' || true", limit).await?;
+        anyhow::ensure!(
+            String::from_utf8_lossy(&procs.stdout).trim() == "0",
+            "sleep survived: {procs:?}"
+        );
+        println!("BRIG-VMTIER-OK a timed-out command is killed in the guest");
         let pid = a.pid();
         let uds = a.uds.clone();
         tier.destroy(&a).await;

@@ -29,6 +29,8 @@ const OP_SHUTDOWN: u16 = 4;
 const OP_RW: u16 = 5;
 const OP_CREDIT_UPDATE: u16 = 6;
 const OP_CREDIT_REQUEST: u16 = 7;
+const SHUTDOWN_RCV: u32 = 1;
+const SHUTDOWN_SEND: u32 = 2;
 /// Receive buffer we advertise per connection.
 const BUF_ALLOC: u32 = 256 << 10;
 /// Largest payload we put in one packet to the guest.
@@ -418,7 +420,10 @@ impl VsockBackend {
             };
             match conn.stream.read(&mut buf) {
                 Ok(0) => {
-                    out.push((header(OP_SHUTDOWN, 0, conn.fwd_cnt), Vec::new()));
+                    // The host hung up: no more sending or receiving on this stream.
+                    let mut shutdown = header(OP_SHUTDOWN, 0, conn.fwd_cnt);
+                    shutdown.flags = SHUTDOWN_RCV | SHUTDOWN_SEND;
+                    out.push((shutdown, Vec::new()));
                     closed.push((host_port, guest_port));
                 }
                 Ok(n) => {
