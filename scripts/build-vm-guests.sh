@@ -44,7 +44,7 @@ l2="$work/l2"
 mkdir -p "$l2/bin" "$l2/proc" "$l2/sys" "$l2/dev"
 cp /usr/bin/busybox "$l2/bin/busybox"
 mkdir -p "$l2/tmp" "$l2/mod"
-for a in sh mount echo uname reboot cat devmem insmod head od tr sleep [ hostname ps grep; do ln -s busybox "$l2/bin/$a"; done
+for a in sh mount echo uname reboot cat devmem insmod head od tr sleep [ hostname ps grep wc; do ln -s busybox "$l2/bin/$a"; done
 for m in drivers/virtio/virtio.ko drivers/virtio/virtio_ring.ko drivers/virtio/virtio_mmio.ko \
     drivers/char/hw_random/virtio-rng.ko net/vmw_vsock/vsock.ko \
     net/vmw_vsock/vmw_vsock_virtio_transport_common.ko net/vmw_vsock/vmw_vsock_virtio_transport.ko; do
@@ -80,7 +80,7 @@ strip -o "$l1/bin/brig" "$debug_bins/brig"
 for lib in libc.so.6 libm.so.6 libgcc_s.so.1; do cp -L "/lib/x86_64-linux-gnu/$lib" "$l1/lib/x86_64-linux-gnu/"; done
 cp -L /lib64/ld-linux-x86-64.so.2 "$l1/lib64/"
 cp /usr/bin/busybox "$l1/bin/busybox"
-for a in sh mount echo insmod reboot cat sleep [ test ip; do ln -s busybox "$l1/bin/$a"; done
+for a in sh mount echo insmod reboot cat sleep [ test ip tr; do ln -s busybox "$l1/bin/$a"; done
 cp "$modules/virt/lib/irqbypass.ko" "$modules/arch/x86/kvm/kvm.ko" "$modules/arch/x86/kvm/kvm-amd.ko" "$l1/mod/"
 cp "$vmm" "$l1/bin/brig-vmm"
 cp "$target_dir/x86_64-unknown-linux-musl/release/brig-vmtier-check" "$l1/bin/brig-vmtier-check"
@@ -123,6 +123,10 @@ id=$(/bin/brig create --tier microvm)
 echo "BRIG-L1-BRIG-CREATE id=$id"
 /bin/brig exec "$id" -- sh -c 'echo "hello from a microvm sandbox"; echo to-stderr >&2; exit 5'
 echo "BRIG-L1-BRIG-EXEC rc=$?"
+echo "a file from the host" > /tmp/host-file
+/bin/brig file put "$id" /tmp/host-file /work/notes.txt && \
+    /bin/brig exec "$id" -- sh -c 'echo "and a line from the guest" >> /work/notes.txt' && \
+    echo "BRIG-L1-BRIG-FILE $(/bin/brig file get "$id" /work/notes.txt | tr '\n' '|')"
 /bin/brig rm "$id" && echo "BRIG-L1-BRIG-RM ok"
 reboot -f
 INIT

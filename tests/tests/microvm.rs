@@ -8,7 +8,8 @@
 //! brig-vmm process resumes it (device and queue state included) from the snapshot files, and
 //! the host runs a command in it through the agent over vsock. Then the node's tier library
 //! (brig-vmtier) makes its own snapshot and runs two isolated VMs from it; last, brigd serves
-//! the microvm tier and the `brig` CLI creates a sandbox, runs a command and removes it.
+//! the microvm tier and the `brig` CLI creates a sandbox, runs a command, moves a file in and
+//! out, and removes it.
 //! Emulated timings prove nothing about speed and are not asserted. Natively, the boot
 //! protocol's zero page is checked as the kernel will read it.
 
@@ -101,6 +102,7 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
     for step in [
         "created vm-b from the snapshot",
         "isolated guests",
+        "files move in and out of the guest intact",
         "each VM has its own hostname and random stream",
         "a timed-out command is killed in the guest",
         "destroy reaps the VMM",
@@ -117,6 +119,10 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
         "{log}"
     );
     assert!(served.contains("BRIG-L1-BRIG-EXEC rc=5"), "exit status lost:\n{log}");
+    assert!(
+        served.contains("BRIG-L1-BRIG-FILE a file from the host|and a line from the guest|"),
+        "files did not move in and out:\n{log}"
+    );
     assert!(served.contains("BRIG-L1-BRIG-RM ok"), "rm failed:\n{log}");
 }
 

@@ -12,6 +12,7 @@ use brig_transport::Exchange;
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
+use crate::sandboxes::TierHandle;
 use crate::{Node, NodeError};
 
 /// Download piece size.
@@ -98,6 +99,11 @@ pub(crate) async fn write(
     req: FileWriteRequest,
     exchange: &mut Exchange,
 ) -> Result<Option<Reply>, NodeError> {
+    if let Ok(entry) = node.live(&req.sandbox).await {
+        if let TierHandle::Microvm(_) = &entry.handle {
+            return node.write_microvm_file(&entry, req, exchange).await;
+        }
+    }
     let opened = node.live(&req.sandbox).await.and_then(|entry| {
         let file = entry.handle.file_root(&entry)?.open_write(
             &req.path,
@@ -136,6 +142,9 @@ pub(crate) async fn read(
     exchange: &mut Exchange,
 ) -> Result<Option<Reply>, NodeError> {
     let entry = node.live(&req.sandbox).await?;
+    if let TierHandle::Microvm(_) = &entry.handle {
+        return node.read_microvm_file(&entry, req, exchange).await;
+    }
     let file = entry.handle.file_root(&entry)?.open_read(&req.path)?;
     let mut file = tokio::fs::File::from_std(file);
     let meta = file.metadata().await.map_err(io(&req.path))?;

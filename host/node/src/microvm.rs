@@ -83,6 +83,18 @@ fn vm_error(e: VmTierError) -> NodeError {
     }
 }
 
+/// Largest file moved in or out of a microVM in one request (it is held in memory).
+const MAX_VM_FILE: u64 = 256 << 20;
+
+/// A sandbox path as the guest sees it (absolute; relative paths start at /).
+fn guest_path(path: &str) -> String {
+    if path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("/{path}")
+    }
+}
+
 /// Quotes `arg` for /bin/sh.
 fn quote(arg: &str) -> String {
     format!("'{}'", arg.replace('\'', "'\\''"))
@@ -98,6 +110,52 @@ impl Node {
 
     pub(crate) async fn create_microvm(&self, id: &SandboxId) -> Result<MicroVm, NodeError> {
         self.vmtier()?.create(&id.to_string()).await.map_err(vm_error)
+    }
+
+    /// Uploads into a microVM through its agent.
+    pub(crate) async fn write_microvm_file(
+        &self,
+        entry: &SandboxEntry,
+        req: brig_proto::FileWriteRequest,
+        exchange: &mut Exchange,
+    ) -> Result<Option<Reply>, NodeError> {
+        let TierHandle::Microvm(vm) = &entry.handle else { return Ok(None) };
+        if req.append {
+            exchange.refuse_upload();
+            return Err(NodeError::WrongTier {
+                id: entry.id.to_string(),
+                tier: entry.tier,
+                op: "appending to a file (not in the microvm tier yet)",
+            });
+        }
+        let limit = MAX_VM_FILE.min(self.inner.config.max_upload_bytes);
+        let data = exchange
+            .read_upload_to_end(usize::try_from(limit).unwrap_or(usize::MAX))
+            .await
+            .map_err(|_| NodeError::UploadTooLarge(limit))?;
+        self.vmtier()?.write_file(vm, &guest_path(&req.path), &data).await.map_err(vm_error)?;
+        entry.touch();
+        Ok(Some(Reply::Written { bytes: data.len() as u64 }))
+    }
+
+    /// Downloads from a microVM through its agent.
+    pub(crate) async fn read_microvm_file(
+        &self,
+        entry: &SandboxEntry,
+        req: brig_proto::FileReadRequest,
+        exchange: &mut Exchange,
+    ) -> Result<Option<Reply>, NodeError> {
+        let TierHandle::Microvm(vm) = &entry.handle else { return Ok(None) };
+        let data = self.vmtier()?.read_file(vm, &guest_path(&req.path)).await.map_err(vm_error)?;
+        let start = usize::try_from(req.offset).unwrap_or(usize::MAX).min(data.len());
+        let end = req
+            .len
+            .and_then(|len| usize::try_from(len).ok())
+            .map_or(data.len(), |len| start.saturating_add(len).min(data.len()));
+        exchange.reply(&Reply::FileData { size: (end - start) as u64 }).await?;
+        exchange.send_raw(bytes::Bytes::copy_from_slice(&data[start..end])).await?;
+        entry.touch();
+        Ok(None)
     }
 
     /// Runs an exec request in a microVM: `ExecStarted`, the output, `Exited`.

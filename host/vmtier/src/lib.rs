@@ -249,6 +249,34 @@ impl VmTier {
             .map_err(|_| VmTierError::ExecTimeout(timeout))?
     }
 
+    /// Writes `data` to the absolute guest `path` (parents created).
+    pub async fn write_file(
+        &self,
+        vm: &MicroVm,
+        path: &str,
+        data: &[u8],
+    ) -> Result<(), VmTierError> {
+        let line = agent::put_line(path, data.len() as u64);
+        let out = collect(&mut request_with_body(&vm.uds, &line, data).await?).await?;
+        if out.exit_code != 0 {
+            return Err(VmTierError::Agent(
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The bytes of the absolute guest `path`.
+    pub async fn read_file(&self, vm: &MicroVm, path: &str) -> Result<Vec<u8>, VmTierError> {
+        let out = collect(&mut request_stream(&vm.uds, &agent::get_line(path)).await?).await?;
+        if out.exit_code != 0 {
+            return Err(VmTierError::Agent(
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            ));
+        }
+        Ok(out.stdout)
+    }
+
     /// Stops the VM and removes what it left.
     pub async fn destroy(&self, vm: &MicroVm) {
         let mut child = vm.child.lock().await;
@@ -299,6 +327,15 @@ pub async fn exec_stream(uds: &Path, command: &str) -> Result<ExecStream, VmTier
 
 /// Sends one agent request line and returns the reply stream.
 async fn request_stream(uds: &Path, request: &str) -> Result<ExecStream, VmTierError> {
+    request_with_body(uds, request, &[]).await
+}
+
+/// Sends a request line and `body` right after it.
+async fn request_with_body(
+    uds: &Path,
+    request: &str,
+    body: &[u8],
+) -> Result<ExecStream, VmTierError> {
     let stream =
         UnixStream::connect(uds).await.map_err(io(format!("connecting to {}", uds.display())))?;
     let (read, mut write) = stream.into_split();
@@ -313,6 +350,7 @@ async fn request_stream(uds: &Path, request: &str) -> Result<ExecStream, VmTierE
         return Err(VmTierError::Agent("the guest's agent is not listening".into()));
     }
     write.write_all(request.as_bytes()).await.map_err(io("agent request"))?;
+    write.write_all(body).await.map_err(io("agent request"))?;
     Ok(ExecStream { reader, _write: write })
 }
 

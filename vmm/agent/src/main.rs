@@ -10,7 +10,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
-use brig_vmm_api::agent;
+use brig_vmm_api::agent::{self, AgentRequest};
 use nix::sys::socket::{
     accept, bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, VsockAddr,
 };
@@ -57,6 +57,32 @@ fn owned(fd: std::os::fd::RawFd) -> OwnedFd {
 
 nix::ioctl_none!(rnd_reseed_crng, b'R', 0x07);
 
+/// Writes the next `len` bytes of the connection to `path` (parents created).
+fn put(reader: &mut impl Read, path: &str, len: u64) -> std::io::Result<()> {
+    if let Some(parent) = std::path::Path::new(path).parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let mut file = std::fs::File::create(path)?;
+    let copied = std::io::copy(&mut reader.take(len), &mut file)?;
+    if copied != len {
+        return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "upload cut short"));
+    }
+    file.sync_all()
+}
+
+/// Sends `path`'s bytes as STDOUT frames.
+fn get(out: &Mutex<std::fs::File>, path: &str) -> std::io::Result<()> {
+    let mut file = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        frame(out, agent::STDOUT, &buf[..n])?;
+    }
+}
+
 /// Mixes `seed_hex` into the random pool and makes the CRNG reseed from it now.
 fn reseed(seed_hex: &str) -> std::io::Result<()> {
     let bytes: Vec<u8> = (0..seed_hex.len() / 2)
@@ -82,18 +108,27 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
     let mut line = String::new();
     reader.read_line(&mut line)?;
     let out = Arc::new(Mutex::new(stream));
-    if let Some(seed) = agent::parse_seed_line(&line) {
-        return match reseed(seed) {
-            Ok(()) => frame(&out, agent::EXIT, &0i32.to_le_bytes()),
-            Err(e) => {
-                frame(&out, agent::STDERR, format!("brig-agent: reseed: {e}\n").as_bytes())?;
-                frame(&out, agent::EXIT, &1i32.to_le_bytes())
-            }
-        };
-    }
-    let Some(command) = agent::parse_exec_line(&line) else {
-        frame(&out, agent::STDERR, b"brig-agent: expected EXEC <command>\n")?;
-        return frame(&out, agent::EXIT, &2i32.to_le_bytes());
+    let command = match agent::parse_request(&line) {
+        Some(AgentRequest::Exec(command)) => command,
+        Some(other) => {
+            let result = match other {
+                AgentRequest::Seed(seed) => reseed(seed),
+                AgentRequest::Put { path, len } => put(&mut reader, path, len),
+                AgentRequest::Get(path) => get(&out, path),
+                AgentRequest::Exec(_) => Ok(()),
+            };
+            return match result {
+                Ok(()) => frame(&out, agent::EXIT, &0i32.to_le_bytes()),
+                Err(e) => {
+                    frame(&out, agent::STDERR, format!("brig-agent: {e}\n").as_bytes())?;
+                    frame(&out, agent::EXIT, &1i32.to_le_bytes())
+                }
+            };
+        }
+        None => {
+            frame(&out, agent::STDERR, b"brig-agent: expected EXEC, PUT, GET or SEED\n")?;
+            return frame(&out, agent::EXIT, &2i32.to_le_bytes());
+        }
     };
     let mut child = Command::new("/bin/sh")
         .arg("-c")

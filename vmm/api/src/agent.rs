@@ -28,6 +28,43 @@ pub fn parse_seed_line(line: &str) -> Option<&str> {
     line.trim_end_matches('\n').strip_prefix("SEED ")
 }
 
+/// Writes a file: the line, then exactly `len` raw bytes; the agent answers `EXIT` 0 (or
+/// `STDERR` and a non-zero `EXIT`). Paths are the guest's, absolute.
+pub fn put_line(path: &str, len: u64) -> String {
+    format!("PUT {len} {path}\n")
+}
+
+/// Reads a file: the agent answers `STDOUT` frames with its bytes, then `EXIT`.
+pub fn get_line(path: &str) -> String {
+    format!("GET {path}\n")
+}
+
+/// A parsed agent request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentRequest<'a> {
+    Exec(&'a str),
+    Seed(&'a str),
+    Put { path: &'a str, len: u64 },
+    Get(&'a str),
+}
+
+/// Parses a request line (without or with its newline).
+pub fn parse_request(line: &str) -> Option<AgentRequest<'_>> {
+    let line = line.trim_end_matches('\n');
+    let (verb, rest) = line.split_once(' ')?;
+    match verb {
+        "EXEC" => Some(AgentRequest::Exec(rest)),
+        "SEED" => Some(AgentRequest::Seed(rest)),
+        "GET" if rest.starts_with('/') => Some(AgentRequest::Get(rest)),
+        "PUT" => {
+            let (len, path) = rest.split_once(' ')?;
+            path.starts_with('/').then_some(())?;
+            Some(AgentRequest::Put { path, len: len.parse().ok()? })
+        }
+        _ => None,
+    }
+}
+
 /// The request line for `command` (newlines become spaces: one line per request).
 pub fn exec_line(command: &str) -> String {
     format!("EXEC {}\n", command.replace('\n', " "))
@@ -84,5 +121,12 @@ mod tests {
         assert!(parse_header(huge).is_err());
         assert_eq!(parse_exec_line(&exec_line("echo a\necho b")), Some("echo a echo b"));
         assert_eq!(parse_exec_line("RUN x\n"), None);
+        assert_eq!(
+            parse_request(&put_line("/a b", 5)),
+            Some(AgentRequest::Put { path: "/a b", len: 5 })
+        );
+        assert_eq!(parse_request(&get_line("/etc/x")), Some(AgentRequest::Get("/etc/x")));
+        assert_eq!(parse_request("GET relative\n"), None);
+        assert_eq!(parse_request("PUT x /a\n"), None);
     }
 }

@@ -65,6 +65,19 @@ fn main() -> anyhow::Result<()> {
             "sleep survived: {procs:?}"
         );
         println!("BRIG-VMTIER-OK a timed-out command is killed in the guest");
+        let blob: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        tier.write_file(&a, "/tmp/in/blob.bin", &blob).await?;
+        let size = tier.exec(&a, "wc -c < /tmp/in/blob.bin", limit).await?.stdout;
+        anyhow::ensure!(
+            String::from_utf8_lossy(&size).trim() == "300000",
+            "size in guest: {size:?}"
+        );
+        anyhow::ensure!(
+            tier.read_file(&a, "/tmp/in/blob.bin").await? == blob,
+            "file changed in transit"
+        );
+        anyhow::ensure!(tier.read_file(&a, "/nonexistent").await.is_err(), "missing file read");
+        println!("BRIG-VMTIER-OK files move in and out of the guest intact");
         let pid = a.pid();
         let uds = a.uds.clone();
         tier.destroy(&a).await;

@@ -225,7 +225,26 @@ impl Vsock {
         while !shared.to_guest.is_empty() {
             let Some(chain) = rx.iter(mem)?.next() else { break };
             let head = chain.head_index();
-            let Some((h, data)) = shared.to_guest.pop_front() else { break };
+            let capacity: usize = chain
+                .clone()
+                .filter(|d| d.is_write_only())
+                .map(|d| d.len() as usize)
+                .fold(0usize, usize::saturating_add);
+            if capacity < HEADER {
+                // A buffer too small for a header: hand it back unused.
+                rx.add_used(mem, head, 0)?;
+                used = true;
+                continue;
+            }
+            let Some((mut h, mut data)) = shared.to_guest.pop_front() else { break };
+            if HEADER + data.len() > capacity {
+                // Split what does not fit into the next packet, so no byte is lost.
+                let rest = data.split_off(capacity - HEADER);
+                let mut tail = h;
+                tail.len = rest.len() as u32;
+                h.len = data.len() as u32;
+                shared.to_guest.push_front((tail, rest));
+            }
             let mut packet = h.bytes().to_vec();
             packet.extend_from_slice(&data);
             let mut written = 0usize;
