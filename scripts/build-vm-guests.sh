@@ -44,10 +44,11 @@ l2="$work/l2"
 mkdir -p "$l2/bin" "$l2/proc" "$l2/sys" "$l2/dev"
 cp /usr/bin/busybox "$l2/bin/busybox"
 mkdir -p "$l2/tmp" "$l2/mod"
-for a in sh mount echo uname reboot cat devmem insmod head od tr sleep [ hostname ps grep wc; do ln -s busybox "$l2/bin/$a"; done
+for a in sh mount echo uname reboot cat devmem insmod head od tr sleep [ hostname ps grep wc mkdir ls sync; do ln -s busybox "$l2/bin/$a"; done
 for m in drivers/virtio/virtio.ko drivers/virtio/virtio_ring.ko drivers/virtio/virtio_mmio.ko \
     drivers/char/hw_random/virtio-rng.ko net/vmw_vsock/vsock.ko \
-    net/vmw_vsock/vmw_vsock_virtio_transport_common.ko net/vmw_vsock/vmw_vsock_virtio_transport.ko; do
+    net/vmw_vsock/vmw_vsock_virtio_transport_common.ko net/vmw_vsock/vmw_vsock_virtio_transport.ko \
+    drivers/block/virtio_blk.ko lib/libcrc32c.ko fs/erofs/erofs.ko fs/overlayfs/overlay.ko; do
     cp "$modules/$m" "$l2/mod/"
 done
 cp "$agent" "$l2/bin/brig-agent"
@@ -59,6 +60,17 @@ mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev; m
 echo "BRIG-L2-UP kernel=$(uname -r) cmdline=$(cat /proc/cmdline)"
 insmod /mod/virtio_ring.ko; insmod /mod/virtio.ko; insmod /mod/virtio_mmio.ko; insmod /mod/virtio-rng.ko
 insmod /mod/vsock.ko; insmod /mod/vmw_vsock_virtio_transport_common.ko; insmod /mod/vmw_vsock_virtio_transport.ko
+insmod /mod/virtio_blk.ko; insmod /mod/libcrc32c.ko; insmod /mod/erofs.ko; insmod /mod/overlay.ko
+# With disks (vda: a read-only EROFS layer, vdb: a writable ext4 disk), the sandbox's tree is
+# the layer under an overlay whose upper half lives on the writable disk.
+if [ -e /dev/vda ] && [ -e /dev/vdb ]; then
+    mkdir -p /layer /scratch /merged
+    mount -t erofs -o ro /dev/vda /layer && mount -t ext4 /dev/vdb /scratch &&
+        mkdir -p /scratch/upper /scratch/work &&
+        mount -t overlay overlay -o lowerdir=/layer,upperdir=/scratch/upper,workdir=/scratch/work /merged &&
+        echo "written in the guest" > /merged/from-guest.txt && sync &&
+        echo "BRIG-L2-DISKS layer-files=$(ls /layer/bin | wc -l) merged=$(cat /merged/from-guest.txt)"
+fi
 /bin/brig-agent &
 echo "BRIG-L2-RNG current=$(cat /sys/devices/virtual/misc/hw_random/rng_current) bytes=$(head -c 16 /dev/hwrng | od -An -tx1 | tr -d ' \n')"
 echo "made-before-snapshot-$$" > /tmp/state
@@ -86,6 +98,9 @@ cp "$vmm" "$l1/bin/brig-vmm"
 cp "$target_dir/x86_64-unknown-linux-musl/release/brig-vmtier-check" "$l1/bin/brig-vmtier-check"
 cp "$out/vmlinuz" "$l1/l2/vmlinuz"
 cp "$out/l2-initrd.gz" "$l1/l2/initrd.gz"
+# The guest's disks for the snapshot flow: the busybox layer image and an empty ext4 disk.
+cp "${BRIG_ARTIFACTS:-$root/artifacts}/images/busybox.erofs" "$l1/l2/busybox.erofs"
+truncate -s 32M "$l1/l2/scratch.img" && mkfs.ext4 -q -F "$l1/l2/scratch.img"
 cat > "$l1/init" <<'INIT'
 #!/bin/sh
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
@@ -93,12 +108,14 @@ insmod /mod/irqbypass.ko && insmod /mod/kvm.ko && insmod /mod/kvm-amd.ko nested=
 echo "BRIG-L1-UP kvm=$(test -c /dev/kvm && echo yes || echo no)"
 /bin/brig-vmm boot --kernel /l2/vmlinuz --initrd /l2/initrd.gz --mem-mib 256 --timeout-s 120 \
     --cmdline "console=ttyS0 reboot=t panic=-1 quiet initcall_blacklist=i8042_init pci=off brig.test=1" \
-    --snapshot-to /tmp/snap --rng --vsock-uds /tmp/v0.sock
+    --snapshot-to /tmp/snap --rng --vsock-uds /tmp/v0.sock \
+    --disk /l2/busybox.erofs:ro --disk /l2/scratch.img
 echo "BRIG-L1-SNAPSHOT rc=$?"
-/bin/brig-vmm resume --snapshot /tmp/snap --timeout-s 120 --vsock-uds /tmp/v1.sock &
+/bin/brig-vmm resume --snapshot /tmp/snap --timeout-s 120 --vsock-uds /tmp/v1.sock \
+    --disk /l2/busybox.erofs:ro --disk /l2/scratch.img &
 vmm=$!
 i=0
-until /bin/brig-vmm exec --uds /tmp/v1.sock -- 'echo "hello from $(uname -n)"; cat /tmp/state; echo oops >&2; exit 7'; do
+until /bin/brig-vmm exec --uds /tmp/v1.sock -- 'echo "hello from $(uname -n)"; cat /tmp/state; echo "disk after resume: $(cat /merged/from-guest.txt)"; echo oops >&2; exit 7'; do
     rc=$?
     [ $rc -eq 7 ] && break
     i=$((i + 1)); [ $i -ge 100 ] && break

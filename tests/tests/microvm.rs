@@ -82,6 +82,9 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
     assert!(has("brig.test=1"), "the command line did not reach the guest:\n{log}");
     // Linux found the virtio-mmio device in our ACPI tables and reads entropy from it.
     assert!(has("BRIG-L2-RNG current=virtio_rng.0 bytes="), "virtio-rng not in use:\n{log}");
+    // virtio-blk: the busybox EROFS layer (read-only) under an overlay whose upper half is on
+    // a writable ext4 disk.
+    assert!(has("BRIG-L2-DISKS layer-files=") && has("merged=written in the guest"), "{log}");
     // The guest asked for a snapshot; brig-vmm saved it and exited 4.
     assert!(has("BRIG-L1-SNAPSHOT rc=4"), "no snapshot:\n{log}");
     // A new brig-vmm process restored it; the guest went on with its tmpfs intact and rebooted.
@@ -93,6 +96,7 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
     // virtio-vsock: output, stderr and exit status came back.
     assert!(after.contains("hello from "), "no command output over vsock:\n{log}");
     assert!(after.contains("made-before-snapshot-") && after.contains("oops"), "{log}");
+    assert!(after.contains("disk after resume: written in the guest"), "disks lost:\n{log}");
     assert!(has("BRIG-L1-EXEC rc=7"), "the exit status did not come back:\n{log}");
     assert!(after.contains("(19, "), "the vsock device served nothing:\n{log}");
     assert!(has("brig-vmm: Shutdown"), "brig-vmm did not see the guest shut down:\n{log}");

@@ -122,6 +122,8 @@ pub struct HostSide {
     /// The Unix socket host processes reach the guest's vsock through.
     pub vsock_uds: Option<PathBuf>,
     pub guest_cid: u64,
+    /// The VM's disks in attach order: backing file and read-only flag.
+    pub disks: Vec<(PathBuf, bool)>,
 }
 
 /// A device of `device_type` in its power-on state, to restore saved transport state into;
@@ -129,8 +131,15 @@ pub struct HostSide {
 fn new_device(
     device_type: u32,
     host: &HostSide,
+    disks: &mut std::slice::Iter<'_, (PathBuf, bool)>,
 ) -> Option<(Box<dyn crate::virtio::VirtioDevice>, Option<crate::virtio::vsock::VsockBackend>)> {
     match device_type {
+        2 => {
+            let (path, read_only) = disks.next()?;
+            let id = path.file_name()?.to_string_lossy().into_owned();
+            let disk = crate::virtio::blk::Block::open(path, *read_only, &id).ok()?;
+            Some((Box::new(disk), None))
+        }
         4 => Some((Box::new(crate::virtio::rng::Rng::default()), None)),
         19 => {
             let (dev, backend) =
@@ -295,9 +304,10 @@ pub fn restore(
         .map_err(|source| LinuxSnapshotError::Io { path: mem_path.clone(), source })?;
     vm.memory.map_private(&file).map_err(BootError::from)?;
     let mut backends = Vec::new();
+    let mut disks = host.disks.iter();
     for (index, saved) in s.all(Tag::Device).enumerate() {
         let (device, backend) = crate::virtio::mmio::MmioTransport::saved_device_type(saved)
-            .and_then(|t| new_device(t, host))
+            .and_then(|t| new_device(t, host, &mut disks))
             .ok_or_else(bad)?;
         let transport =
             crate::virtio::mmio::MmioTransport::restore(device, saved).ok_or_else(bad)?;

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use brig_vmm::linux::{Ending, LinuxVm};
-use brig_vmm::virtio::{mmio::MmioTransport, rng::Rng, vsock::Vsock};
+use brig_vmm::virtio::{blk::Block, mmio::MmioTransport, rng::Rng, vsock::Vsock};
 use brig_vmm::{Snapshot, Vm};
 use clap::{Parser, Subcommand};
 
@@ -73,6 +73,10 @@ enum Command {
         /// Give the guest a virtio-vsock device (CID 3) reached through this Unix socket.
         #[arg(long)]
         vsock_uds: Option<PathBuf>,
+        /// A virtio-blk disk: `PATH` (writable) or `PATH:ro` (repeatable; /dev/vda, vdb… in
+        /// this order).
+        #[arg(long = "disk", value_parser = parse_disk)]
+        disks: Vec<(PathBuf, bool)>,
     },
     /// Resume a Linux VM from a snapshot taken by `boot --snapshot-to`; exits as `boot`.
     Resume {
@@ -83,6 +87,9 @@ enum Command {
         /// The Unix socket for the restored guest's vsock device, if it has one.
         #[arg(long)]
         vsock_uds: Option<PathBuf>,
+        /// The disks the snapshot's VM had, in the same order as at boot.
+        #[arg(long = "disk", value_parser = parse_disk)]
+        disks: Vec<(PathBuf, bool)>,
     },
     /// Run a shell command in a guest through its agent (vsock port 1024 by default); prints
     /// its output and exits with its status.
@@ -138,12 +145,20 @@ fn main() -> anyhow::Result<()> {
             snapshot_to,
             rng,
             vsock_uds,
+            disks,
         } => {
             let started = Instant::now();
             watchdog(timeout_s);
             let mut devices = Vec::new();
             if rng {
                 devices.push(MmioTransport::new(Box::new(Rng::default())));
+            }
+            for (path, read_only) in &disks {
+                let id =
+                    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let disk = Block::open(path, *read_only, &id)
+                    .with_context(|| format!("disk {}", path.display()))?;
+                devices.push(MmioTransport::new(Box::new(disk)));
             }
             let mut backend = None;
             if let Some(path) = &vsock_uds {
@@ -170,10 +185,11 @@ fn main() -> anyhow::Result<()> {
             }
             finish(&vm, &ending, started)
         }
-        Command::Resume { snapshot, timeout_s, vsock_uds } => {
+        Command::Resume { snapshot, timeout_s, vsock_uds, disks } => {
             let started = Instant::now();
             watchdog(timeout_s);
-            let host = brig_vmm::linux_snapshot::HostSide { vsock_uds, guest_cid: GUEST_CID };
+            let host =
+                brig_vmm::linux_snapshot::HostSide { vsock_uds, guest_cid: GUEST_CID, disks };
             let mut vm = brig_vmm::linux_snapshot::restore(&snapshot, true, &host)?;
             eprintln!("brig-vmm: restored in {:.3} ms", started.elapsed().as_secs_f64() * 1000.0);
             let ending = vm.run(std::time::Duration::from_secs(timeout_s));
@@ -197,6 +213,14 @@ fn main() -> anyhow::Result<()> {
             first_answer(&mut vm, &snap, started)?;
             serve(&mut vm)
         }
+    }
+}
+
+/// `PATH` or `PATH:ro`.
+fn parse_disk(s: &str) -> Result<(PathBuf, bool), String> {
+    match s.strip_suffix(":ro") {
+        Some(path) => Ok((PathBuf::from(path), true)),
+        None => Ok((PathBuf::from(s), false)),
     }
 }
 

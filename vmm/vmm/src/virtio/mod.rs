@@ -2,6 +2,7 @@
 //! ([`rng`]). Queues are split virtqueues from the `virtio-queue` crate over `vm-memory`, which
 //! bounds-check every descriptor a guest hands us: a malicious guest can only hurt itself.
 
+pub mod blk;
 pub mod mmio;
 pub mod rng;
 pub mod vsock;
