@@ -44,7 +44,8 @@ l2="$work/l2"
 mkdir -p "$l2/bin" "$l2/proc" "$l2/sys" "$l2/dev"
 cp /usr/bin/busybox "$l2/bin/busybox"
 mkdir -p "$l2/tmp" "$l2/mod"
-for a in sh mount echo uname reboot cat devmem insmod head od tr sleep [ hostname ps grep wc mkdir ls sync; do ln -s busybox "$l2/bin/$a"; done
+for a in sh mount echo uname reboot cat devmem insmod head od tr sleep [ hostname ps grep wc mkdir ls sync \
+    mke2fs chroot; do ln -s busybox "$l2/bin/$a"; done
 for m in drivers/virtio/virtio.ko drivers/virtio/virtio_ring.ko drivers/virtio/virtio_mmio.ko \
     drivers/char/hw_random/virtio-rng.ko net/vmw_vsock/vsock.ko \
     net/vmw_vsock/vmw_vsock_virtio_transport_common.ko net/vmw_vsock/vmw_vsock_virtio_transport.ko \
@@ -61,22 +62,26 @@ echo "BRIG-L2-UP kernel=$(uname -r) cmdline=$(cat /proc/cmdline)"
 insmod /mod/virtio_ring.ko; insmod /mod/virtio.ko; insmod /mod/virtio_mmio.ko; insmod /mod/virtio-rng.ko
 insmod /mod/vsock.ko; insmod /mod/vmw_vsock_virtio_transport_common.ko; insmod /mod/vmw_vsock_virtio_transport.ko
 insmod /mod/virtio_blk.ko; insmod /mod/libcrc32c.ko; insmod /mod/erofs.ko; insmod /mod/overlay.ko
-# With disks (vda: a read-only EROFS layer, vdb: a writable ext4 disk), the sandbox's tree is
-# the layer under an overlay whose upper half lives on the writable disk.
+# With disks (vda: a read-only EROFS layer, vdb: a writable disk, formatted on first use), the
+# sandbox's tree is the layer under an overlay whose upper half lives on the writable disk,
+# and the agent runs commands chrooted into it.
 if [ -e /dev/vda ] && [ -e /dev/vdb ]; then
     mkdir -p /layer /scratch /merged
-    mount -t erofs -o ro /dev/vda /layer && mount -t ext4 /dev/vdb /scratch &&
+    mount -t erofs -o ro /dev/vda /layer &&
+        { mount /dev/vdb /scratch 2>/dev/null || { mke2fs -q /dev/vdb && mount /dev/vdb /scratch; }; } &&
         mkdir -p /scratch/upper /scratch/work &&
         mount -t overlay overlay -o lowerdir=/layer,upperdir=/scratch/upper,workdir=/scratch/work /merged &&
         echo "written in the guest" > /merged/from-guest.txt && sync &&
-        echo "BRIG-L2-DISKS layer-files=$(ls /layer/bin | wc -l) merged=$(cat /merged/from-guest.txt)"
+        echo "BRIG-L2-DISKS layer-files=$(ls /layer/bin | wc -l) merged=$(cat /merged/from-guest.txt)" &&
+        export BRIG_AGENT_ROOT=/merged
 fi
 /bin/brig-agent &
 echo "BRIG-L2-RNG current=$(cat /sys/devices/virtual/misc/hw_random/rng_current) bytes=$(head -c 16 /dev/hwrng | od -An -tx1 | tr -d ' \n')"
 echo "made-before-snapshot-$$" > /tmp/state
 devmem 0xd0000000 32 1
 echo "BRIG-L2-RESUMED state=$(cat /tmp/state) rng=$(head -c 16 /dev/hwrng | od -An -tx1 | tr -d ' \n')"
-echo done > /tmp/resumed
+echo done > /resumed
+[ -n "$BRIG_AGENT_ROOT" ] && echo done > "$BRIG_AGENT_ROOT/resumed"
 # The host drives the rest through the agent (and ends with `reboot -f`).
 while true; do sleep 1; done
 INIT
@@ -115,7 +120,7 @@ echo "BRIG-L1-SNAPSHOT rc=$?"
     --disk /l2/busybox.erofs:ro --disk /l2/scratch.img &
 vmm=$!
 i=0
-until /bin/brig-vmm exec --uds /tmp/v1.sock -- 'echo "hello from $(uname -n)"; cat /tmp/state; echo "disk after resume: $(cat /merged/from-guest.txt)"; echo oops >&2; exit 7'; do
+until /bin/brig-vmm exec --uds /tmp/v1.sock -- 'echo "hello from $(uname -n)"; echo "disk after resume: $(cat /from-guest.txt)"; echo oops >&2; exit 7'; do
     rc=$?
     [ $rc -eq 7 ] && break
     i=$((i + 1)); [ $i -ge 100 ] && break
@@ -123,7 +128,7 @@ until /bin/brig-vmm exec --uds /tmp/v1.sock -- 'echo "hello from $(uname -n)"; c
 done
 echo "BRIG-L1-EXEC rc=$rc"
 /bin/brig-vmm exec --uds /tmp/v1.sock -- \
-    'while [ ! -e /tmp/resumed ]; do sleep 0.1; done; reboot -f' >/dev/null 2>&1
+    'while [ ! -e /resumed ]; do sleep 0.1; done; reboot -f' >/dev/null 2>&1
 wait $vmm
 echo "BRIG-L1-RESULT rc=$?"
 # The node's microVM tier (brig-vmtier) on the same guest: snapshot, two VMs, commands, destroy.
@@ -132,7 +137,7 @@ echo "BRIG-L1-RESULT rc=$?"
 echo "BRIG-L1-VMTIER rc=$?"
 # brigd serving the microvm tier; the brig CLI (over the SDK and QUIC) drives it.
 ip link set lo up
-printf '[microvm]\nkernel = "/l2/vmlinuz"\ninitrd = "/l2/initrd.gz"\nvmm = "/bin/brig-vmm"\n' > /etc/brigd.toml
+printf '[microvm]\nkernel = "/l2/vmlinuz"\ninitrd = "/l2/initrd.gz"\nvmm = "/bin/brig-vmm"\nimages_dir = "/l2"\n' > /etc/brigd.toml
 export BRIG_STATE_DIR=/tmp/brig
 /bin/brigd --config /etc/brigd.toml --metrics off --on-exit destroy --log warn &
 i=0; until [ -e /tmp/brig/endpoint.json ] || [ $i -ge 300 ]; do sleep 0.2; i=$((i + 1)); done
@@ -145,6 +150,10 @@ echo "a file from the host" > /tmp/host-file
     /bin/brig exec "$id" -- sh -c 'echo "and a line from the guest" >> /work/notes.txt' && \
     echo "BRIG-L1-BRIG-FILE $(/bin/brig file get "$id" /work/notes.txt | tr '\n' '|')"
 /bin/brig rm "$id" && echo "BRIG-L1-BRIG-RM ok"
+# A microVM sandbox from an image: its layer on a read-only disk, its own writable disk.
+img=$(/bin/brig create --tier microvm --image busybox)
+/bin/brig exec "$img" -- sh -c 'echo "BRIG-L1-BRIG-IMAGE busybox=$(test -x /bin/busybox && echo yes) entries=$(ls /bin | wc -l) $(cat /from-guest.txt)"'
+/bin/brig rm "$img" >/dev/null
 reboot -f
 INIT
 chmod +x "$l1/init"

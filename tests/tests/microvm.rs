@@ -128,6 +128,12 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
         "files did not move in and out:\n{log}"
     );
     assert!(served.contains("BRIG-L1-BRIG-RM ok"), "rm failed:\n{log}");
+    // A sandbox from an image runs chrooted into its layer, over its own writable disk.
+    assert!(
+        served.contains("BRIG-L1-BRIG-IMAGE busybox=yes entries=")
+            && served.contains("written in the guest"),
+        "image sandbox:\n{log}"
+    );
 }
 
 #[test]

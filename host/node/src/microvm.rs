@@ -28,6 +28,9 @@ pub struct MicrovmConfig {
     pub mem_mib: usize,
     /// The brig-vmm binary; default: beside the running daemon.
     pub vmm: Option<PathBuf>,
+    /// Where `<image>.erofs` layer files for microVMs are; default: the container tier's
+    /// images directory.
+    pub images_dir: Option<PathBuf>,
 }
 
 impl Default for MicrovmConfig {
@@ -39,6 +42,7 @@ impl Default for MicrovmConfig {
                 .into(),
             mem_mib: 256,
             vmm: None,
+            images_dir: None,
         }
     }
 }
@@ -108,8 +112,40 @@ impl Node {
             .map_err(|why| NodeError::TierUnavailable { tier: Tier::Microvm, why: why.clone() })
     }
 
-    pub(crate) async fn create_microvm(&self, id: &SandboxId) -> Result<MicroVm, NodeError> {
-        self.vmtier()?.create(&id.to_string()).await.map_err(vm_error)
+    pub(crate) async fn create_microvm(
+        &self,
+        id: &SandboxId,
+        image: Option<&str>,
+    ) -> Result<MicroVm, NodeError> {
+        let layer = match image {
+            None => None,
+            Some(name) => Some(self.microvm_image(name)?),
+        };
+        self.vmtier()?.create(&id.to_string(), layer.as_deref()).await.map_err(vm_error)
+    }
+
+    /// The EROFS file of a single-layer image, for a microVM's read-only disk.
+    fn microvm_image(&self, name: &str) -> Result<PathBuf, NodeError> {
+        let bad = |why: &str| NodeError::BadImage(name.to_string(), why.to_string());
+        let ok = !name.is_empty()
+            && name.len() <= 128
+            && !name.starts_with('.')
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._@-".contains(&b));
+        if !ok {
+            return Err(bad("microVMs take one local layer by name (no `+` stacks yet)"));
+        }
+        let cfg = &self.inner.config;
+        let dir = cfg
+            .microvm
+            .images_dir
+            .clone()
+            .or_else(|| cfg.container.images_dir.clone())
+            .ok_or_else(|| bad("no images directory configured for microVMs"))?;
+        let path = dir.join(format!("{name}.erofs"));
+        if !path.is_file() {
+            return Err(bad(&format!("no layer file {}", path.display())));
+        }
+        Ok(path)
     }
 
     /// Uploads into a microVM through its agent.

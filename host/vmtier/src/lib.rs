@@ -70,7 +70,20 @@ pub struct MicroVm {
     pid: Option<u32>,
     pub uds: PathBuf,
     log: PathBuf,
+    /// The VM's own writable disk, when it runs an image.
+    disk: Option<PathBuf>,
 }
+
+/// A snapshot to resume VMs from: the bare guest, or the guest with an image mounted.
+#[derive(Debug, Clone)]
+struct Environment {
+    dir: PathBuf,
+    /// The image layer (read-only disk) and the writable disk as it was at the snapshot.
+    disks: Option<(PathBuf, PathBuf)>,
+}
+
+/// Size of each VM's writable disk (sparse).
+const SCRATCH_BYTES: u64 = 256 << 20;
 
 impl MicroVm {
     /// The VMM's pid.
@@ -88,7 +101,7 @@ impl MicroVm {
 pub struct VmTier {
     cfg: VmTierConfig,
     virtualization: Virtualization,
-    snapshot: Mutex<Option<PathBuf>>,
+    environments: Mutex<std::collections::HashMap<String, Environment>>,
 }
 
 impl VmTier {
@@ -114,33 +127,49 @@ impl VmTier {
             }
         }
         std::fs::create_dir_all(&cfg.dir).map_err(io(format!("creating {}", cfg.dir.display())))?;
-        Ok(VmTier { cfg, virtualization, snapshot: Mutex::new(None) })
+        Ok(VmTier { cfg, virtualization, environments: Mutex::new(Default::default()) })
     }
 
     pub fn virtualization(&self) -> Virtualization {
         self.virtualization
     }
 
-    /// The environment snapshot, made on first use.
-    async fn snapshot(&self) -> Result<PathBuf, VmTierError> {
-        let mut guard = self.snapshot.lock().await;
-        if let Some(path) = guard.as_ref() {
-            return Ok(path.clone());
+    /// The snapshot for `image` (an EROFS layer file) or the bare guest, made on first use:
+    /// a VM boots with the image as a read-only disk and an empty writable disk, its init
+    /// mounts them under an overlay and starts the agent, and it asks to be snapshotted.
+    async fn environment(&self, image: Option<&Path>) -> Result<Environment, VmTierError> {
+        let key = image.map(|p| p.display().to_string()).unwrap_or_default();
+        let mut envs = self.environments.lock().await;
+        if let Some(env) = envs.get(&key) {
+            return Ok(env.clone());
         }
-        let dir = self.cfg.dir.join("snapshot");
+        let name = format!("env-{}", envs.len());
+        let dir = self.cfg.dir.join(&name);
         let _ = std::fs::remove_dir_all(&dir);
-        let log = self.cfg.dir.join("snapshot.log");
+        let log = self.cfg.dir.join(format!("{name}.log"));
         let log_file = std::fs::File::create(&log).map_err(io("snapshot log"))?;
-        let status = tokio::process::Command::new(&self.cfg.vmm)
-            .arg("boot")
+        let mut cmd = tokio::process::Command::new(&self.cfg.vmm);
+        cmd.arg("boot")
             .arg("--kernel")
             .arg(&self.cfg.kernel)
             .arg("--initrd")
             .arg(&self.cfg.initrd)
             .args(["--cmdline", &self.cfg.cmdline, "--mem-mib", &self.cfg.mem_mib.to_string()])
-            .arg("--rng")
+            .arg("--rng");
+        let disks = match image {
+            Some(layer) => {
+                let scratch = self.cfg.dir.join(format!("{name}.disk"));
+                let f = std::fs::File::create(&scratch).map_err(io("writable disk"))?;
+                f.set_len(SCRATCH_BYTES).map_err(io("writable disk"))?;
+                cmd.arg("--disk").arg(format!("{}:ro", layer.display()));
+                cmd.arg("--disk").arg(&scratch);
+                Some((layer.to_owned(), scratch))
+            }
+            None => None,
+        };
+        let status = cmd
             .arg("--vsock-uds")
-            .arg(self.cfg.dir.join("snapshot.sock"))
+            .arg(self.cfg.dir.join(format!("{name}.sock")))
             .arg("--snapshot-to")
             .arg(&dir)
             .stdout(log_file.try_clone().map_err(io("snapshot log"))?)
@@ -154,21 +183,32 @@ impl VmTier {
                 text.chars().rev().take(2000).collect::<Vec<_>>().into_iter().rev().collect();
             return Err(VmTierError::Snapshot { code: status.code(), log: tail });
         }
-        tracing::info!(dir = %dir.display(), "microvm environment snapshot made");
-        *guard = Some(dir.clone());
-        Ok(dir)
+        tracing::info!(dir = %dir.display(), image = %key, "microvm environment snapshot made");
+        let env = Environment { dir, disks };
+        envs.insert(key, env.clone());
+        Ok(env)
     }
 
-    /// A new microVM resumed from the environment snapshot, its agent answering.
-    pub async fn create(&self, id: &str) -> Result<MicroVm, VmTierError> {
-        let snapshot = self.snapshot().await?;
+    /// A new microVM resumed from the environment snapshot for `image` (an EROFS layer file;
+    /// `None`: the bare guest), with its own copy of the writable disk, its agent answering.
+    pub async fn create(&self, id: &str, image: Option<&Path>) -> Result<MicroVm, VmTierError> {
+        let env = self.environment(image).await?;
         let uds = self.cfg.dir.join(format!("{id}.sock"));
         let log = self.cfg.dir.join(format!("{id}.log"));
         let log_file = std::fs::File::create(&log).map_err(io("VM log"))?;
-        let child = tokio::process::Command::new(&self.cfg.vmm)
-            .arg("resume")
-            .arg("--snapshot")
-            .arg(&snapshot)
+        let mut cmd = tokio::process::Command::new(&self.cfg.vmm);
+        cmd.arg("resume").arg("--snapshot").arg(&env.dir);
+        let mut disk = None;
+        if let Some((layer, scratch)) = &env.disks {
+            // The guest's mounted file system is in the snapshot: each VM starts from the disk
+            // exactly as it was then.
+            let own = self.cfg.dir.join(format!("{id}.disk"));
+            std::fs::copy(scratch, &own).map_err(io("copying the writable disk"))?;
+            cmd.arg("--disk").arg(format!("{}:ro", layer.display()));
+            cmd.arg("--disk").arg(&own);
+            disk = Some(own);
+        }
+        let child = cmd
             .arg("--vsock-uds")
             .arg(&uds)
             .args(["--timeout-s", "31536000"])
@@ -180,7 +220,7 @@ impl VmTier {
             .spawn()
             .map_err(io(format!("starting {}", self.cfg.vmm.display())))?;
         let pid = child.id();
-        let vm = MicroVm { id: id.to_string(), child: Mutex::new(child), pid, uds, log };
+        let vm = MicroVm { id: id.to_string(), child: Mutex::new(child), pid, uds, log, disk };
         let limit = Duration::from_secs(60);
         let started = std::time::Instant::now();
         loop {
@@ -284,6 +324,9 @@ impl VmTier {
         let _ = child.wait().await;
         let _ = std::fs::remove_file(&vm.uds);
         let _ = std::fs::remove_file(&vm.log);
+        if let Some(disk) = &vm.disk {
+            let _ = std::fs::remove_file(disk);
+        }
     }
 }
 

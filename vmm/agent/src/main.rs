@@ -57,6 +57,24 @@ fn owned(fd: std::os::fd::RawFd) -> OwnedFd {
 
 nix::ioctl_none!(rnd_reseed_crng, b'R', 0x07);
 
+/// The sandbox's root, when the guest's init mounted one (`BRIG_AGENT_ROOT`): commands run
+/// chrooted into it and file paths are inside it.
+fn root() -> Option<String> {
+    std::env::var("BRIG_AGENT_ROOT").ok().filter(|r| !r.is_empty() && r != "/")
+}
+
+/// `path` (absolute, in the sandbox) as the guest sees it; `..` is refused so a path stays
+/// inside the sandbox's root.
+fn rooted(path: &str) -> std::io::Result<String> {
+    if path.split('/').any(|c| c == "..") {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "`..` in a path"));
+    }
+    Ok(match root() {
+        Some(root) => format!("{}{}", root.trim_end_matches('/'), path),
+        None => path.to_string(),
+    })
+}
+
 /// Writes the next `len` bytes of the connection to `path` (parents created).
 fn put(reader: &mut impl Read, path: &str, len: u64) -> std::io::Result<()> {
     if let Some(parent) = std::path::Path::new(path).parent() {
@@ -113,8 +131,10 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
         Some(other) => {
             let result = match other {
                 AgentRequest::Seed(seed) => reseed(seed),
-                AgentRequest::Put { path, len } => put(&mut reader, path, len),
-                AgentRequest::Get(path) => get(&out, path),
+                AgentRequest::Put { path, len } => {
+                    rooted(path).and_then(|p| put(&mut reader, &p, len))
+                }
+                AgentRequest::Get(path) => rooted(path).and_then(|p| get(&out, &p)),
                 AgentRequest::Exec(_) => Ok(()),
             };
             return match result {
@@ -130,7 +150,15 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
             return frame(&out, agent::EXIT, &2i32.to_le_bytes());
         }
     };
-    let mut child = Command::new("/bin/sh")
+    let mut shell = match root() {
+        Some(root) => {
+            let mut c = Command::new("/bin/chroot");
+            c.arg(root).arg("/bin/sh");
+            c
+        }
+        None => Command::new("/bin/sh"),
+    };
+    let mut child = shell
         .arg("-c")
         .arg(command)
         .stdin(Stdio::null())

@@ -24,13 +24,13 @@ fn main() -> anyhow::Result<()> {
         let tier = VmTier::open(cfg)?;
         println!("BRIG-VMTIER-OK tier open on {}", tier.virtualization().as_str());
         let t = std::time::Instant::now();
-        let a = tier.create("vm-a").await?;
+        let a = tier.create("vm-a", None).await?;
         println!(
             "BRIG-VMTIER-OK created vm-a (snapshot made) in {:.1} s",
             t.elapsed().as_secs_f64()
         );
         let t = std::time::Instant::now();
-        let b = tier.create("vm-b").await?;
+        let b = tier.create("vm-b", None).await?;
         println!(
             "BRIG-VMTIER-OK created vm-b from the snapshot in {:.2} s",
             t.elapsed().as_secs_f64()
