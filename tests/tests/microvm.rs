@@ -110,6 +110,7 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
         "each VM has its own hostname and random stream",
         "a timed-out command is killed in the guest",
         "destroy reaps the VMM",
+        "a restarted tier stops VMMs its predecessor left",
     ] {
         assert!(has(&format!("BRIG-VMTIER-OK {step}")), "vmtier step {step:?} missing:\n{log}");
     }

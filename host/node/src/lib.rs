@@ -575,6 +575,7 @@ fn info(node: &Node, entry: &SandboxEntry) -> SandboxInfo {
     let paused = entry.paused_unix_ms();
     let state = match &entry.handle {
         TierHandle::Container(c) if !c.is_alive() => SandboxState::Failed,
+        TierHandle::Microvm(vm) if !vm.is_running() => SandboxState::Failed,
         _ if paused.is_some() => SandboxState::Paused,
         _ => SandboxState::Running,
     };

@@ -91,9 +91,13 @@ impl MicroVm {
         self.pid
     }
 
-    /// Whether the VMM process still runs.
-    pub async fn is_alive(&self) -> bool {
-        matches!(self.child.lock().await.try_wait(), Ok(None))
+    /// Whether the VMM process still runs (it may have died on its own: a guest crash, an
+    /// out-of-memory kill).
+    pub fn is_running(&self) -> bool {
+        let Some(pid) = self.pid else { return false };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // The state follows the command name's closing parenthesis; Z is a zombie.
+        stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X']))
     }
 }
 
@@ -127,6 +131,7 @@ impl VmTier {
             }
         }
         std::fs::create_dir_all(&cfg.dir).map_err(io(format!("creating {}", cfg.dir.display())))?;
+        reap_orphans(&cfg.dir);
         Ok(VmTier { cfg, virtualization, environments: Mutex::new(Default::default()) })
     }
 
@@ -220,6 +225,10 @@ impl VmTier {
             .spawn()
             .map_err(io(format!("starting {}", self.cfg.vmm.display())))?;
         let pid = child.id();
+        if let Some(pid) = pid {
+            // Recorded so a later daemon can stop this VMM if this one dies without doing so.
+            let _ = std::fs::write(self.cfg.dir.join(format!("{id}.pid")), pid.to_string());
+        }
         let vm = MicroVm { id: id.to_string(), child: Mutex::new(child), pid, uds, log, disk };
         let limit = Duration::from_secs(60);
         let started = std::time::Instant::now();
@@ -326,6 +335,37 @@ impl VmTier {
         let _ = std::fs::remove_file(&vm.log);
         if let Some(disk) = &vm.disk {
             let _ = std::fs::remove_file(disk);
+        }
+        let _ = std::fs::remove_file(self.cfg.dir.join(format!("{}.pid", vm.id)));
+    }
+}
+
+/// Stops VMMs a previous daemon left running (it crashed before destroying them) and removes
+/// their files: VMs are not adopted back yet, and a stray VMM must not hold memory forever.
+fn reap_orphans(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "pid") {
+            continue;
+        }
+        let Some(id) = path.file_stem().map(|s| s.to_string_lossy().into_owned()) else { continue };
+        let pid: Option<i32> =
+            std::fs::read_to_string(&path).ok().and_then(|t| t.trim().parse().ok());
+        if let Some(pid) = pid {
+            // Only a brig-vmm serving this VM's socket: a reused pid is left alone.
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let text = String::from_utf8_lossy(&cmdline);
+            if text.contains("brig-vmm") && text.contains(&format!("{id}.sock")) {
+                tracing::warn!(vm = %id, pid, "stopping a VMM left by a previous daemon");
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        for ext in ["pid", "sock", "log", "disk"] {
+            let _ = std::fs::remove_file(dir.join(format!("{id}.{ext}")));
         }
     }
 }

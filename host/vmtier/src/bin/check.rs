@@ -7,6 +7,15 @@ use std::time::Duration;
 
 use brig_vmtier::{VmTier, VmTierConfig};
 
+/// Whether `dir` holds a file of VM `id`.
+fn dir_has(dir: &str, id: &str) -> bool {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten().any(|e| e.file_name().to_string_lossy().starts_with(&format!("{id}.")))
+        })
+        .unwrap_or(false)
+}
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     anyhow::ensure!(args.len() == 5, "usage: brig-vmtier-check KERNEL INITRD CMDLINE DIR");
@@ -87,6 +96,29 @@ fn main() -> anyhow::Result<()> {
         anyhow::ensure!(out.stdout == b"still-here\n", "vm-b after vm-a's destroy: {out:?}");
         tier.destroy(&b).await;
         println!("BRIG-VMTIER-OK destroy reaps the VMM and removes its socket");
+        // A daemon that dies without destroying its VMs: the next one stops the strays.
+        let stray = tier.create("vm-stray", None).await?;
+        let stray_pid = stray.pid().ok_or_else(|| anyhow::anyhow!("no pid"))?;
+        std::mem::forget(stray);
+        drop(tier);
+        anyhow::ensure!(
+            std::path::Path::new(&format!("/proc/{stray_pid}")).exists(),
+            "stray gone too early"
+        );
+        let _next = VmTier::open(VmTierConfig {
+            vmm: std::env::current_exe()?.with_file_name("brig-vmm"),
+            kernel: args[1].clone().into(),
+            initrd: args[2].clone().into(),
+            cmdline: args[3].clone(),
+            mem_mib: 256,
+            dir: args[4].clone().into(),
+        })?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let status = std::fs::read_to_string(format!("/proc/{stray_pid}/stat")).unwrap_or_default();
+        let gone = status.is_empty() || status.contains(") Z ");
+        anyhow::ensure!(gone, "the stray VMM {stray_pid} still runs: {status}");
+        anyhow::ensure!(!dir_has(&args[4], "vm-stray"), "the stray's files were left behind");
+        println!("BRIG-VMTIER-OK a restarted tier stops VMMs its predecessor left");
         anyhow::Ok(())
     })
 }
