@@ -283,7 +283,9 @@ impl LinuxVm {
                     }
                 }
             }
-            std::thread::sleep(std::time::Duration::from_millis(2));
+            // Sleep until a host socket is ready (at most 20 ms, so credit the guest grants
+            // is noticed soon), instead of spinning.
+            backend.wait(std::time::Duration::from_millis(20));
         });
     }
 

@@ -355,6 +355,32 @@ pub struct VsockBackend {
 }
 
 impl VsockBackend {
+    /// Sleeps until a host socket has something for us (a connection, a `CONNECT` line, data
+    /// the guest has credit for) or `limit` passes. Streams the guest has no credit for are not
+    /// watched; the limit bounds how late a credit update is noticed.
+    pub fn wait(&self, limit: std::time::Duration) {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::os::fd::{AsFd, OwnedFd};
+        // Copies of the descriptors, so the device's lock is not held while we sleep.
+        let watched: Vec<OwnedFd> = {
+            let Ok(shared) = self.shared.lock() else { return };
+            let mut fds = vec![self.listener.as_fd().try_clone_to_owned()];
+            fds.extend(shared.pending.iter().map(|(s, _)| s.as_fd().try_clone_to_owned()));
+            fds.extend(
+                shared
+                    .conns
+                    .values()
+                    .filter(|c| c.state == ConnState::Established && c.peer_credit() > 0)
+                    .map(|c| c.stream.as_fd().try_clone_to_owned()),
+            );
+            fds.into_iter().flatten().collect()
+        };
+        let mut fds: Vec<PollFd<'_>> =
+            watched.iter().map(|fd| PollFd::new(fd.as_fd(), PollFlags::POLLIN)).collect();
+        let timeout = PollTimeout::try_from(limit).unwrap_or(PollTimeout::MAX);
+        let _ = poll(&mut fds, timeout);
+    }
+
     /// One round: accept, read `CONNECT` lines, read host data within the guest's credit.
     pub fn step(&self) -> bool {
         let Ok(mut guard) = self.shared.lock() else { return false };
