@@ -108,18 +108,7 @@ fn memory_kib(pid: u32) -> anyhow::Result<((u64, u64), (u64, u64))> {
 }
 
 pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
-    crate::build_daemon()?;
-    let virtualization = Virtualization::detect();
-    anyhow::ensure!(virtualization != Virtualization::None, "no /dev/kvm here");
-    let dir = tempfile::tempdir()?;
-    let snap = dir.path().join("snap");
-    let snap_text = snap.to_str().ok_or_else(|| anyhow::anyhow!("path"))?.to_string();
-    let out = Command::new(brig_tests::binary("brig-vmm"))
-        .args(["snapshot", "--out", &snap_text])
-        .args(["--mem-mib", &opts.mem_mib.to_string(), "--touch-mib", &opts.touch_mib.to_string()])
-        .output()?;
-    anyhow::ensure!(out.status.success(), "snapshot: {}", String::from_utf8_lossy(&out.stderr));
-    warm(&snap)?;
+    let (virtualization, _dir, snap_text) = snapshot(opts.mem_mib, opts.touch_mib)?;
 
     let mut fresh = Latencies::default();
     for _ in 0..opts.restores {
@@ -217,17 +206,7 @@ pub fn density(
     deadline_ms: u64,
     min_free_mib: u64,
 ) -> anyhow::Result<serde_json::Value> {
-    crate::build_daemon()?;
-    let virtualization = Virtualization::detect();
-    anyhow::ensure!(virtualization != Virtualization::None, "no /dev/kvm here");
-    let dir = tempfile::tempdir()?;
-    let snap = dir.path().join("snap");
-    let snap_text = snap.to_str().ok_or_else(|| anyhow::anyhow!("path"))?.to_string();
-    let out = Command::new(brig_tests::binary("brig-vmm"))
-        .args(["snapshot", "--out", &snap_text, "--mem-mib", "64", "--touch-mib", "16"])
-        .output()?;
-    anyhow::ensure!(out.status.success(), "snapshot: {}", String::from_utf8_lossy(&out.stderr));
-    warm(&snap)?;
+    let (virtualization, _dir, snap_text) = snapshot(64, 16)?;
     let avail0 = crate::meminfo_kib("MemAvailable:");
     let started = Instant::now();
     let mut alive: Vec<VmProcess> = Vec::new();
@@ -304,6 +283,28 @@ pub fn density(
         "slow_samples": slow,
         "fill_seconds": round3(elapsed),
     }))
+}
+
+/// Builds brig-vmm, checks for KVM, and snapshots the purpose-built guest (`mem_mib` of memory,
+/// `touch_mib` of it written) into a temporary directory, read once so restores measure the
+/// page cache. Returns the virtualization, the directory (kept alive) and the snapshot path.
+fn snapshot(
+    mem_mib: usize,
+    touch_mib: u64,
+) -> anyhow::Result<(Virtualization, tempfile::TempDir, String)> {
+    crate::build_daemon()?;
+    let virtualization = Virtualization::detect();
+    anyhow::ensure!(virtualization != Virtualization::None, "no /dev/kvm here");
+    let dir = tempfile::tempdir()?;
+    let snap = dir.path().join("snap");
+    let snap_text = snap.to_str().ok_or_else(|| anyhow::anyhow!("path"))?.to_string();
+    let out = Command::new(brig_tests::binary("brig-vmm"))
+        .args(["snapshot", "--out", &snap_text])
+        .args(["--mem-mib", &mem_mib.to_string(), "--touch-mib", &touch_mib.to_string()])
+        .output()?;
+    anyhow::ensure!(out.status.success(), "snapshot: {}", String::from_utf8_lossy(&out.stderr));
+    warm(&snap)?;
+    Ok((virtualization, dir, snap_text))
 }
 
 /// Reads the snapshot files once so restores measure the page cache, not the disk.

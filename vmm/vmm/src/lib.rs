@@ -13,6 +13,7 @@
 pub mod acpi;
 pub mod agent_client;
 pub mod guest;
+mod kvm_abi;
 pub mod linux;
 pub mod linux_snapshot;
 pub mod memory;

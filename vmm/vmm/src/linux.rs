@@ -9,10 +9,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvm_bindings::{
-    kvm_fpu, kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES,
-    KVM_PIT_SPEAKER_DUMMY,
-};
+use kvm_bindings::{kvm_fpu, kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
 use linux_loader::bootparam::boot_params;
 use linux_loader::cmdline::Cmdline;
@@ -119,13 +116,7 @@ impl LinuxVm {
         unsafe {
             libc::madvise(memory.host_address() as *mut libc::c_void, size, libc::MADV_HUGEPAGE)
         };
-        let region = kvm_userspace_memory_region {
-            slot: 0,
-            guest_phys_addr: 0,
-            memory_size: size as u64,
-            userspace_addr: memory.host_address(),
-            flags: 0,
-        };
+        let region = memory.slot();
         // SAFETY: the region is exactly `memory`'s mapping, owned by the LinuxVm, which drops the
         // VmFd before the memory.
         unsafe { vm.set_user_memory_region(region) }.map_err(kvm("memory region"))?;

@@ -52,32 +52,10 @@ fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> LinuxSnapshotErr
     move |e| LinuxSnapshotError::Kvm(what, e)
 }
 
-/// Bytes of a plain KVM ABI struct.
-fn pod<T>(value: &T) -> Vec<u8> {
-    // SAFETY: T is one of the kvm_* ABI structs used below: repr(C), integers (and unions of
-    // integers) only, fully initialized since they come from KVM or Default; reading their
-    // bytes is valid.
-    unsafe {
-        std::slice::from_raw_parts((value as *const T).cast::<u8>(), std::mem::size_of::<T>())
-    }
-    .to_vec()
-}
+use crate::kvm_abi::from_bytes as unpod;
 
-fn unpod<T: Default>(bytes: &[u8]) -> Option<T> {
-    if bytes.len() != std::mem::size_of::<T>() {
-        return None;
-    }
-    let mut value = T::default();
-    // SAFETY: the length matches and T is a kvm_* ABI struct of integers, for which every byte
-    // pattern is a value; KVM validates the contents when we hand them back.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            bytes.as_ptr(),
-            (&mut value as *mut T).cast::<u8>(),
-            bytes.len(),
-        )
-    };
-    Some(value)
+fn pod<T: crate::kvm_abi::KvmAbi>(value: &T) -> Vec<u8> {
+    crate::kvm_abi::bytes_of(value).to_vec()
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

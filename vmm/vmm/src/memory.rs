@@ -89,6 +89,17 @@ impl GuestMemory {
         self.size
     }
 
+    /// KVM memory slot 0 over this mapping, at guest physical 0.
+    pub fn slot(&self) -> kvm_bindings::kvm_userspace_memory_region {
+        kvm_bindings::kvm_userspace_memory_region {
+            slot: 0,
+            guest_phys_addr: 0,
+            memory_size: self.size as u64,
+            userspace_addr: self.host as u64,
+            flags: 0,
+        }
+    }
+
     /// Host address of guest physical 0 (for the memory slot).
     pub fn host_address(&self) -> u64 {
         self.host as u64

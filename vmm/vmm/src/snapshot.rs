@@ -46,31 +46,7 @@ pub enum SnapshotError {
     Vm(#[from] VmError),
 }
 
-/// POD bytes of a KVM register struct.
-fn bytes_of<T: Copy>(value: &T) -> &[u8] {
-    // SAFETY: T is kvm_regs or kvm_sregs: repr(C) structs of integers only, so every byte is
-    // initialized and reading them as u8 is valid for the value's lifetime.
-    unsafe {
-        std::slice::from_raw_parts((value as *const T).cast::<u8>(), std::mem::size_of::<T>())
-    }
-}
-
-fn from_bytes<T: Copy + Default>(bytes: &[u8]) -> Option<T> {
-    if bytes.len() != std::mem::size_of::<T>() {
-        return None;
-    }
-    let mut value = T::default();
-    // SAFETY: the length matches size_of::<T>() and T (kvm_regs, kvm_sregs) is plain integers,
-    // so any byte pattern is a valid value.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            bytes.as_ptr(),
-            (&mut value as *mut T).cast::<u8>(),
-            bytes.len(),
-        )
-    };
-    Some(value)
-}
+use crate::kvm_abi::{bytes_of, from_bytes};
 
 /// A loaded snapshot, ready to restore from.
 #[derive(Debug, Clone)]

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use kvm_bindings::{kvm_regs, kvm_sregs, kvm_userspace_memory_region};
+use kvm_bindings::{kvm_regs, kvm_sregs};
 use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
 
 use crate::guest;
@@ -62,13 +62,7 @@ impl Vm {
         let kvm_handle = Kvm::new().map_err(kvm("open /dev/kvm"))?;
         let vm = kvm_handle.create_vm().map_err(kvm("create VM"))?;
         let memory = GuestMemory::anonymous(mem_bytes)?;
-        let region = kvm_userspace_memory_region {
-            slot: 0,
-            guest_phys_addr: 0,
-            memory_size: mem_bytes as u64,
-            userspace_addr: memory.host_address(),
-            flags: 0,
-        };
+        let region = memory.slot();
         // SAFETY: the region covers exactly `memory`'s mapping, which the Vm owns and unmaps
         // only after the VmFd (declared earlier, dropped earlier) has gone.
         unsafe { vm.set_user_memory_region(region) }.map_err(kvm("set memory region"))?;
