@@ -18,7 +18,10 @@ trap 'rm -rf "$work"' EXIT
 # 1. The kernel package.
 pkg_dir="$out/kernel-pkg"
 if [[ ! -f "$out/vmlinuz" ]]; then
-    version=$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+    kernel_pkg() { apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}'; }
+    version=$(kernel_pkg)
+    # A machine whose package lists were never fetched knows no kernel package yet.
+    [[ -n "$version" ]] || { apt-get update -qq && version=$(kernel_pkg); }
     [[ -n "$version" ]] || { echo "no linux-image-cloud-amd64 in the package index (apt-get update?)" >&2; exit 1; }
     (cd "$work" && apt-get download -q "$version" 2>/dev/null)
     rm -rf "$pkg_dir" && mkdir -p "$pkg_dir"
