@@ -48,11 +48,12 @@ mkdir -p "$l2/bin" "$l2/proc" "$l2/sys" "$l2/dev"
 cp /usr/bin/busybox "$l2/bin/busybox"
 mkdir -p "$l2/tmp" "$l2/mod"
 for a in sh mount echo uname reboot cat devmem insmod head od tr sleep [ hostname ps grep wc mkdir ls sync \
-    mke2fs chroot; do ln -s busybox "$l2/bin/$a"; done
+    mke2fs chroot dd rm sed; do ln -s busybox "$l2/bin/$a"; done
 for m in drivers/virtio/virtio.ko drivers/virtio/virtio_ring.ko drivers/virtio/virtio_mmio.ko \
     drivers/char/hw_random/virtio-rng.ko net/vmw_vsock/vsock.ko \
     net/vmw_vsock/vmw_vsock_virtio_transport_common.ko net/vmw_vsock/vmw_vsock_virtio_transport.ko \
-    drivers/block/virtio_blk.ko lib/libcrc32c.ko fs/erofs/erofs.ko fs/overlayfs/overlay.ko; do
+    drivers/block/virtio_blk.ko lib/libcrc32c.ko fs/erofs/erofs.ko fs/overlayfs/overlay.ko \
+    drivers/virtio/virtio_balloon.ko; do
     cp "$modules/$m" "$l2/mod/"
 done
 cp "$agent" "$l2/bin/brig-agent"
@@ -65,6 +66,7 @@ echo "BRIG-L2-UP kernel=$(uname -r) cmdline=$(cat /proc/cmdline)"
 insmod /mod/virtio_ring.ko; insmod /mod/virtio.ko; insmod /mod/virtio_mmio.ko; insmod /mod/virtio-rng.ko
 insmod /mod/vsock.ko; insmod /mod/vmw_vsock_virtio_transport_common.ko; insmod /mod/vmw_vsock_virtio_transport.ko
 insmod /mod/virtio_blk.ko; insmod /mod/libcrc32c.ko; insmod /mod/erofs.ko; insmod /mod/overlay.ko
+insmod /mod/virtio_balloon.ko
 # With disks (vda: a read-only EROFS layer, vdb: a writable disk, formatted on first use), the
 # sandbox's tree is the layer under an overlay whose upper half lives on the writable disk,
 # and the agent runs commands chrooted into it.

@@ -7,7 +7,8 @@
 //! in ACPI and a virtio-vsock; the guest starts brig-agent and asks for a snapshot; a second
 //! brig-vmm process resumes it (device and queue state included) from the snapshot files, and
 //! the host runs a command in it through the agent over vsock. Then the node's tier library
-//! (brig-vmtier) makes its own snapshot and runs two isolated VMs from it; last, brigd serves
+//! (brig-vmtier) makes its own snapshot and runs two isolated VMs from it, gets memory back from
+//! a guest (free-page reporting, the balloon), pauses and resumes one and forks it; last, brigd serves
 //! the microvm tier and the `brig` CLI creates a sandbox, runs a command, moves a file in and
 //! out, and removes it.
 //! Emulated timings prove nothing about speed and are not asserted. Natively, the boot
@@ -109,6 +110,10 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
         "files move in and out of the guest intact",
         "each VM has its own hostname and random stream",
         "a timed-out command is killed in the guest",
+        "free-page reporting: the VMM held",
+        "the balloon takes",
+        "pause stops the VMM",
+        "fork: two children start from the running VM's state and diverge",
         "destroy reaps the VMM",
         "a restarted tier stops VMMs its predecessor left",
     ] {

@@ -7,7 +7,8 @@
 //!  any request / resume ──┘   └──idle TTL (destroy), max lifetime, destroy ─────▶ destroyed
 //! ```
 //! A paused container is frozen (its processes keep their state) with its reclaimable memory
-//! pushed out; a paused fncall sandbox just runs nothing. Transitions of one sandbox are
+//! pushed out; a paused microVM is saved to disk and its VMM stopped (it holds no memory); a
+//! paused fncall sandbox just runs nothing. Transitions of one sandbox are
 //! serialized by its `transition` lock.
 
 use std::sync::Arc;
@@ -226,13 +227,7 @@ impl Node {
         let freed = match &entry.handle {
             TierHandle::Fncall(_) => 0,
             TierHandle::Container(c) => c.pause().await?,
-            TierHandle::Microvm(_) => {
-                return Err(NodeError::WrongTier {
-                    id: entry.id.to_string(),
-                    tier: entry.tier,
-                    op: "pause (not in the microvm tier yet)",
-                })
-            }
+            TierHandle::Microvm(vm) => self.pause_microvm(vm).await?,
         };
         entry.set_paused(true);
         self.inner.sandboxes.save(entry)?;
@@ -247,8 +242,10 @@ impl Node {
         if entry.paused_unix_ms().is_none() {
             return Ok(());
         }
-        if let TierHandle::Container(c) = &entry.handle {
-            c.resume().await?;
+        match &entry.handle {
+            TierHandle::Container(c) => c.resume().await?,
+            TierHandle::Microvm(vm) => self.resume_microvm(vm).await?,
+            TierHandle::Fncall(_) => {}
         }
         entry.set_paused(false);
         entry.touch();
@@ -317,8 +314,9 @@ impl Node {
     }
 
     /// Clones a sandbox into `count` children that start from its exact files and then
-    /// diverge. Processes are not cloned: each child starts with none running. The parent is
-    /// frozen while its writable layer is copied (unless it is paused already).
+    /// diverge. A container's processes are not cloned (each child starts with none running;
+    /// the parent is frozen while its writable layer is copied); a microVM's children resume
+    /// from one snapshot of the whole running machine, processes included.
     pub(crate) async fn fork(
         &self,
         id: &str,
@@ -330,14 +328,7 @@ impl Node {
         let count = count.clamp(1, 256);
         let (memory, cpu) = match &parent.handle {
             TierHandle::Container(c) => c.requested(),
-            TierHandle::Fncall(_) => (0, 0),
-            TierHandle::Microvm(_) => {
-                return Err(NodeError::WrongTier {
-                    id: id.to_string(),
-                    tier: parent.tier,
-                    op: "fork (not in the microvm tier yet)",
-                })
-            }
+            TierHandle::Fncall(_) | TierHandle::Microvm(_) => (0, 0),
         };
         self.admit(parent.tier, memory * u64::from(count), cpu * u64::from(count))?;
         if self.inner.sandboxes.len() + count as usize > self.inner.config.max_sandboxes {
@@ -364,40 +355,12 @@ impl Node {
         }
         let ids: Vec<SandboxId> =
             (0..count).map(|_| SandboxId::generate(self.inner.config.node_id())).collect();
-        let made = join_all(ids.iter().map(|child| {
-            let parent = parent.clone();
-            async move {
-                let handle = match &parent.handle {
-                    TierHandle::Fncall(ws) => {
-                        let (fncall, from) = (self.inner.fncall.clone(), ws.path().to_owned());
-                        let key = child.to_string();
-                        let forked =
-                            tokio::task::spawn_blocking(move || fncall.fork_workspace(&from, &key))
-                                .await
-                                .map_err(|e| NodeError::Io {
-                                    what: "forking a workspace".into(),
-                                    source: std::io::Error::other(e),
-                                })??;
-                        TierHandle::Fncall(forked)
-                    }
-                    TierHandle::Container(c) => {
-                        let store = self.inner.store.as_ref().ok().map(Arc::as_ref);
-                        TierHandle::Container(Box::new(
-                            self.container_tier()?.fork(c, child, store, evaluation).await?,
-                        ))
-                    }
-                    TierHandle::Microvm(_) => {
-                        return Err(NodeError::WrongTier {
-                            id: child.to_string(),
-                            tier: parent.tier,
-                            op: "fork",
-                        })
-                    }
-                };
-                Ok::<_, NodeError>(handle)
-            }
-        }))
-        .await;
+        let made = if let TierHandle::Microvm(vm) = &parent.handle {
+            // One snapshot of the parent, then every child resumes from it.
+            self.fork_microvm(vm, &ids).await?
+        } else {
+            self.fork_handles(&parent, &ids, evaluation).await
+        };
         if let (TierHandle::Container(c), false) = (&parent.handle, was_paused) {
             c.set_frozen(false).await?;
         }
@@ -430,6 +393,49 @@ impl Node {
             (true, Some(e)) => Err(e),
             _ => Ok(out),
         }
+    }
+
+    /// Children of a fncall or container sandbox, made side by side from its files.
+    async fn fork_handles(
+        &self,
+        parent: &Arc<SandboxEntry>,
+        ids: &[SandboxId],
+        evaluation: bool,
+    ) -> Vec<Result<TierHandle, NodeError>> {
+        join_all(ids.iter().map(|child| {
+            let parent = parent.clone();
+            async move {
+                let handle = match &parent.handle {
+                    TierHandle::Fncall(ws) => {
+                        let (fncall, from) = (self.inner.fncall.clone(), ws.path().to_owned());
+                        let key = child.to_string();
+                        let forked =
+                            tokio::task::spawn_blocking(move || fncall.fork_workspace(&from, &key))
+                                .await
+                                .map_err(|e| NodeError::Io {
+                                    what: "forking a workspace".into(),
+                                    source: std::io::Error::other(e),
+                                })??;
+                        TierHandle::Fncall(forked)
+                    }
+                    TierHandle::Container(c) => {
+                        let store = self.inner.store.as_ref().ok().map(Arc::as_ref);
+                        TierHandle::Container(Box::new(
+                            self.container_tier()?.fork(c, child, store, evaluation).await?,
+                        ))
+                    }
+                    TierHandle::Microvm(_) => {
+                        return Err(NodeError::WrongTier {
+                            id: child.to_string(),
+                            tier: parent.tier,
+                            op: "fork",
+                        })
+                    }
+                };
+                Ok::<_, NodeError>(handle)
+            }
+        }))
+        .await
     }
 
     /// Removes a sandbox and frees its resources.

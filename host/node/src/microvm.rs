@@ -31,6 +31,9 @@ pub struct MicrovmConfig {
     /// Where `<image>.erofs` layer files for microVMs are; default: the container tier's
     /// images directory.
     pub images_dir: Option<PathBuf>,
+    /// Let KSM merge identical pages across VMs (`MADV_MERGEABLE`; ksmd must run, and it
+    /// costs CPU: see `brig-bench ksm`).
+    pub ksm: bool,
 }
 
 impl Default for MicrovmConfig {
@@ -43,6 +46,7 @@ impl Default for MicrovmConfig {
             mem_mib: 256,
             vmm: None,
             images_dir: None,
+            ksm: false,
         }
     }
 }
@@ -64,6 +68,7 @@ pub(crate) fn open(cfg: &MicrovmConfig, state_dir: &Path) -> Result<Arc<VmTier>,
         cmdline: cfg.cmdline.clone(),
         mem_mib: cfg.mem_mib,
         dir: state_dir.join("microvm"),
+        ksm: cfg.ksm,
     });
     match tier {
         Ok(t) => {
@@ -122,6 +127,29 @@ impl Node {
             Some(name) => Some(self.microvm_image(name)?),
         };
         self.vmtier()?.create(&id.to_string(), layer.as_deref()).await.map_err(vm_error)
+    }
+
+    /// Saves a microVM to disk and stops its VMM; the bytes that frees.
+    pub(crate) async fn pause_microvm(&self, vm: &MicroVm) -> Result<u64, NodeError> {
+        self.vmtier()?.pause(vm).await.map_err(vm_error)
+    }
+
+    pub(crate) async fn resume_microvm(&self, vm: &MicroVm) -> Result<(), NodeError> {
+        self.vmtier()?.resume(vm).await.map_err(vm_error)
+    }
+
+    /// Children of a microVM, one per id, from one snapshot of it.
+    pub(crate) async fn fork_microvm(
+        &self,
+        vm: &MicroVm,
+        ids: &[SandboxId],
+    ) -> Result<Vec<Result<TierHandle, NodeError>>, NodeError> {
+        let names: Vec<String> = ids.iter().map(ToString::to_string).collect();
+        let made = self.vmtier()?.fork(vm, &names).await.map_err(vm_error)?;
+        Ok(made
+            .into_iter()
+            .map(|child| child.map(|c| TierHandle::Microvm(Box::new(c))).map_err(vm_error))
+            .collect())
     }
 
     /// The EROFS file of a single-layer image, for a microVM's read-only disk.

@@ -6,15 +6,25 @@
 //! starts the agent and asks for its snapshot. A VMM that dies is reaped and its socket and log
 //! removed; dropping the tier kills its VMMs (each runs in its own process group).
 //!
+//! Each VMM also serves a control socket (`<id>.ctl`): memory statistics, the balloon, and
+//! snapshots of the running VM, which pause ([`VmTier::pause`]: the VM is saved and its VMM
+//! exits) and fork ([`VmTier::fork`]) are built on (see [`lifecycle`]).
+//!
 //! The tier is offered only where Linux guests run: hardware virtualization.
 
+mod agent_link;
+pub mod lifecycle;
+
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use brig_vmm_api::{agent, Virtualization};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::UnixStream;
 use tokio::sync::Mutex;
+
+use agent_link::{collect, exec_inner, request_stream, request_with_body};
+pub use agent_link::{exec_stream, ExecEvent, ExecStream};
+pub use lifecycle::VmStats;
 
 /// Where the guest and the VMM are, and how big a VM is.
 #[derive(Debug, Clone)]
@@ -27,6 +37,8 @@ pub struct VmTierConfig {
     pub mem_mib: usize,
     /// The tier's directory: the snapshot and each VM's socket and log.
     pub dir: PathBuf,
+    /// Let KSM merge identical pages across VMs (costs ksmd CPU time; off by default).
+    pub ksm: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -47,9 +59,13 @@ pub enum VmTierError {
     Agent(String),
     #[error("the command ran past {0:?}")]
     ExecTimeout(Duration),
+    #[error("the VMM's control socket: {0}")]
+    Control(String),
+    #[error("the VM is paused")]
+    Paused,
 }
 
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmTierError {
+pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmTierError {
     let what = what.into();
     move |source| VmTierError::Io { what, source }
 }
@@ -62,16 +78,23 @@ pub struct ExecOutput {
     pub exit_code: i32,
 }
 
-/// One microVM: its VMM process and the socket to its guest.
+/// One microVM: its VMM process (none while paused) and the sockets to its guest and VMM.
 #[derive(Debug)]
 pub struct MicroVm {
     pub id: String,
-    child: Mutex<tokio::process::Child>,
-    pid: Option<u32>,
+    child: Mutex<Option<tokio::process::Child>>,
+    pid: std::sync::Mutex<Option<u32>>,
     pub uds: PathBuf,
+    /// The VMM's control socket.
+    control: PathBuf,
     log: PathBuf,
-    /// The VM's own writable disk, when it runs an image.
-    disk: Option<PathBuf>,
+    /// The image layer (read-only disk) and the VM's own writable disk, when it runs an image.
+    disks: Option<(PathBuf, PathBuf)>,
+    /// The snapshot directory the VM's memory is mapped from (its environment's, or a saved
+    /// one after a pause or for a fork's child).
+    memory_from: std::sync::Mutex<PathBuf>,
+    /// Saved to `memory_from` with no VMM running.
+    paused: std::sync::atomic::AtomicBool,
 }
 
 /// A snapshot to resume VMs from: the bare guest, or the guest with an image mounted.
@@ -85,16 +108,28 @@ struct Environment {
 /// Size of each VM's writable disk (sparse).
 const SCRATCH_BYTES: u64 = 256 << 20;
 
+fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl MicroVm {
-    /// The VMM's pid.
+    /// The VMM's pid (none while paused).
     pub fn pid(&self) -> Option<u32> {
-        self.pid
+        *locked(&self.pid)
     }
 
-    /// Whether the VMM process still runs (it may have died on its own: a guest crash, an
-    /// out-of-memory kill).
+    /// Whether the VM is paused: saved to disk, no VMM running.
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Whether the VM is in order: paused, or its VMM still runs (it may have died on its own:
+    /// a guest crash, an out-of-memory kill).
     pub fn is_running(&self) -> bool {
-        let Some(pid) = self.pid else { return false };
+        if self.is_paused() {
+            return true;
+        }
+        let Some(pid) = self.pid() else { return false };
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         // The state follows the command name's closing parenthesis; Z is a zombie.
         stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X']))
@@ -105,7 +140,10 @@ impl MicroVm {
 pub struct VmTier {
     cfg: VmTierConfig,
     virtualization: Virtualization,
-    environments: Mutex<std::collections::HashMap<String, Environment>>,
+    environments: Mutex<HashMap<String, Environment>>,
+    /// Saved snapshots (pauses, fork points) and how many VMs map their memory.
+    saved: std::sync::Mutex<HashMap<PathBuf, usize>>,
+    next_saved: std::sync::atomic::AtomicU64,
 }
 
 impl VmTier {
@@ -132,7 +170,15 @@ impl VmTier {
         }
         std::fs::create_dir_all(&cfg.dir).map_err(io(format!("creating {}", cfg.dir.display())))?;
         reap_orphans(&cfg.dir);
-        Ok(VmTier { cfg, virtualization, environments: Mutex::new(Default::default()) })
+        // Saved snapshots belong to VMs of a previous daemon, which are gone.
+        let _ = std::fs::remove_dir_all(cfg.dir.join(lifecycle::SAVED_DIR));
+        Ok(VmTier {
+            cfg,
+            virtualization,
+            environments: Mutex::new(Default::default()),
+            saved: Default::default(),
+            next_saved: Default::default(),
+        })
     }
 
     pub fn virtualization(&self) -> Virtualization {
@@ -160,7 +206,7 @@ impl VmTier {
             .arg("--initrd")
             .arg(&self.cfg.initrd)
             .args(["--cmdline", &self.cfg.cmdline, "--mem-mib", &self.cfg.mem_mib.to_string()])
-            .arg("--rng");
+            .args(["--rng", "--balloon"]);
         let disks = match image {
             Some(layer) => {
                 let scratch = self.cfg.dir.join(format!("{name}.disk"));
@@ -198,24 +244,68 @@ impl VmTier {
     /// `None`: the bare guest), with its own copy of the writable disk, its agent answering.
     pub async fn create(&self, id: &str, image: Option<&Path>) -> Result<MicroVm, VmTierError> {
         let env = self.environment(image).await?;
-        let uds = self.cfg.dir.join(format!("{id}.sock"));
-        let log = self.cfg.dir.join(format!("{id}.log"));
-        let log_file = std::fs::File::create(&log).map_err(io("VM log"))?;
+        // The guest's mounted file system is in the snapshot: each VM starts from the disk
+        // exactly as it was then.
+        let disks = env.disks.as_ref().map(|(layer, scratch)| (layer.clone(), scratch.clone()));
+        self.start_from(id, &env.dir, disks).await
+    }
+
+    /// A VM resumed from snapshot `dir`, its writable disk a copy of `disks`' second file,
+    /// given its own identity once its agent answers.
+    pub(crate) async fn start_from(
+        &self,
+        id: &str,
+        dir: &Path,
+        disks: Option<(PathBuf, PathBuf)>,
+    ) -> Result<MicroVm, VmTierError> {
+        let disks = match disks {
+            Some((layer, from)) => {
+                let own = self.cfg.dir.join(format!("{id}.disk"));
+                std::fs::copy(&from, &own).map_err(io("copying the writable disk"))?;
+                Some((layer, own))
+            }
+            None => None,
+        };
+        let vm = MicroVm {
+            id: id.to_string(),
+            child: Mutex::new(None),
+            pid: std::sync::Mutex::new(None),
+            uds: self.cfg.dir.join(format!("{id}.sock")),
+            control: self.cfg.dir.join(format!("{id}.ctl")),
+            log: self.cfg.dir.join(format!("{id}.log")),
+            disks,
+            memory_from: std::sync::Mutex::new(dir.to_owned()),
+            paused: Default::default(),
+        };
+        if let Err(e) = self.spawn_vmm(&vm).await {
+            self.destroy(&vm).await;
+            return Err(e);
+        }
+        if let Err(e) = self.give_identity(&vm).await {
+            self.destroy(&vm).await;
+            return Err(e);
+        }
+        Ok(vm)
+    }
+
+    /// Starts `vm`'s VMM, resuming it from its `memory_from` snapshot, and waits for its agent.
+    pub(crate) async fn spawn_vmm(&self, vm: &MicroVm) -> Result<(), VmTierError> {
+        let dir = locked(&vm.memory_from).clone();
+        let log_file = std::fs::File::create(&vm.log).map_err(io("VM log"))?;
         let mut cmd = tokio::process::Command::new(&self.cfg.vmm);
-        cmd.arg("resume").arg("--snapshot").arg(&env.dir);
-        let mut disk = None;
-        if let Some((layer, scratch)) = &env.disks {
-            // The guest's mounted file system is in the snapshot: each VM starts from the disk
-            // exactly as it was then.
-            let own = self.cfg.dir.join(format!("{id}.disk"));
-            std::fs::copy(scratch, &own).map_err(io("copying the writable disk"))?;
+        cmd.arg("resume").arg("--snapshot").arg(&dir);
+        if let Some((layer, own)) = &vm.disks {
             cmd.arg("--disk").arg(format!("{}:ro", layer.display()));
-            cmd.arg("--disk").arg(&own);
-            disk = Some(own);
+            cmd.arg("--disk").arg(own);
+        }
+        if self.cfg.ksm {
+            cmd.arg("--ksm");
         }
         let child = cmd
             .arg("--vsock-uds")
-            .arg(&uds)
+            .arg(&vm.uds)
+            .arg("--control-uds")
+            .arg(&vm.control)
             .args(["--timeout-s", "31536000"])
             .stdin(std::process::Stdio::null())
             .stdout(log_file.try_clone().map_err(io("VM log"))?)
@@ -227,26 +317,23 @@ impl VmTier {
         let pid = child.id();
         if let Some(pid) = pid {
             // Recorded so a later daemon can stop this VMM if this one dies without doing so.
-            let _ = std::fs::write(self.cfg.dir.join(format!("{id}.pid")), pid.to_string());
+            let _ = std::fs::write(self.cfg.dir.join(format!("{}.pid", vm.id)), pid.to_string());
         }
-        let vm = MicroVm { id: id.to_string(), child: Mutex::new(child), pid, uds, log, disk };
+        *vm.child.lock().await = Some(child);
+        *locked(&vm.pid) = pid;
         let limit = Duration::from_secs(60);
         let started = std::time::Instant::now();
         loop {
-            match self.exec(&vm, "true", Duration::from_secs(10)).await {
-                Ok(out) if out.exit_code == 0 => {
-                    self.give_identity(&vm).await?;
-                    return Ok(vm);
-                }
-                _ if started.elapsed() > limit => {
-                    self.destroy(&vm).await;
-                    return Err(VmTierError::StartTimeout(limit));
-                }
+            match self.exec(vm, "true", Duration::from_secs(10)).await {
+                Ok(out) if out.exit_code == 0 => return Ok(()),
+                _ if started.elapsed() > limit => return Err(VmTierError::StartTimeout(limit)),
                 _ => {
-                    let exited = vm.child.lock().await.try_wait();
+                    let exited = match vm.child.lock().await.as_mut() {
+                        Some(child) => child.try_wait(),
+                        None => Ok(None),
+                    };
                     if let Ok(Some(status)) = exited {
                         let text = std::fs::read_to_string(&vm.log).unwrap_or_default();
-                        self.destroy(&vm).await;
                         return Err(VmTierError::Agent(format!("VMM exited ({status}): {text}")));
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -293,6 +380,9 @@ impl VmTier {
         command: &str,
         timeout: Duration,
     ) -> Result<ExecOutput, VmTierError> {
+        if vm.is_paused() {
+            return Err(VmTierError::Paused);
+        }
         tokio::time::timeout(timeout, exec_inner(&vm.uds, command))
             .await
             .map_err(|_| VmTierError::ExecTimeout(timeout))?
@@ -328,14 +418,23 @@ impl VmTier {
 
     /// Stops the VM and removes what it left.
     pub async fn destroy(&self, vm: &MicroVm) {
-        let mut child = vm.child.lock().await;
-        let _ = child.start_kill();
-        let _ = child.wait().await;
-        let _ = std::fs::remove_file(&vm.uds);
-        let _ = std::fs::remove_file(&vm.log);
-        if let Some(disk) = &vm.disk {
+        self.stop_vmm(vm).await;
+        for path in [&vm.uds, &vm.control, &vm.log] {
+            let _ = std::fs::remove_file(path);
+        }
+        if let Some((_, disk)) = &vm.disks {
             let _ = std::fs::remove_file(disk);
         }
+        self.release(&locked(&vm.memory_from));
+    }
+
+    /// Kills `vm`'s VMM (if it runs) and forgets its pid.
+    pub(crate) async fn stop_vmm(&self, vm: &MicroVm) {
+        if let Some(mut child) = vm.child.lock().await.take() {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+        *locked(&vm.pid) = None;
         let _ = std::fs::remove_file(self.cfg.dir.join(format!("{}.pid", vm.id)));
     }
 }
@@ -364,94 +463,8 @@ fn reap_orphans(dir: &Path) {
                 );
             }
         }
-        for ext in ["pid", "sock", "log", "disk"] {
+        for ext in ["pid", "sock", "ctl", "log", "disk"] {
             let _ = std::fs::remove_file(dir.join(format!("{id}.{ext}")));
-        }
-    }
-}
-
-/// A piece of a running command's result, as the agent sends it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ExecEvent {
-    Stdout(Vec<u8>),
-    Stderr(Vec<u8>),
-    Exit(i32),
-}
-
-/// An exec in progress: its output as it is produced, then its status.
-pub struct ExecStream {
-    reader: BufReader<tokio::net::unix::OwnedReadHalf>,
-    _write: tokio::net::unix::OwnedWriteHalf,
-}
-
-impl ExecStream {
-    /// The next event; `Exit` is the last.
-    pub async fn next(&mut self) -> Result<ExecEvent, VmTierError> {
-        let mut head = [0u8; 5];
-        self.reader.read_exact(&mut head).await.map_err(io("agent reply"))?;
-        let (kind, len) = agent::parse_header(head).map_err(VmTierError::Agent)?;
-        let mut data = vec![0u8; len];
-        self.reader.read_exact(&mut data).await.map_err(io("agent reply"))?;
-        match kind {
-            agent::STDOUT => Ok(ExecEvent::Stdout(data)),
-            agent::STDERR => Ok(ExecEvent::Stderr(data)),
-            agent::EXIT => Ok(ExecEvent::Exit(
-                data.get(..4).and_then(|b| b.try_into().ok()).map_or(-1, i32::from_le_bytes),
-            )),
-            other => Err(VmTierError::Agent(format!("unknown frame kind {other}"))),
-        }
-    }
-}
-
-/// Starts `command` in the guest behind `uds`.
-pub async fn exec_stream(uds: &Path, command: &str) -> Result<ExecStream, VmTierError> {
-    request_stream(uds, &agent::exec_line(command)).await
-}
-
-/// Sends one agent request line and returns the reply stream.
-async fn request_stream(uds: &Path, request: &str) -> Result<ExecStream, VmTierError> {
-    request_with_body(uds, request, &[]).await
-}
-
-/// Sends a request line and `body` right after it.
-async fn request_with_body(
-    uds: &Path,
-    request: &str,
-    body: &[u8],
-) -> Result<ExecStream, VmTierError> {
-    let stream =
-        UnixStream::connect(uds).await.map_err(io(format!("connecting to {}", uds.display())))?;
-    let (read, mut write) = stream.into_split();
-    let mut reader = BufReader::new(read);
-    write
-        .write_all(format!("CONNECT {}\n", agent::PORT).as_bytes())
-        .await
-        .map_err(io("vsock connect"))?;
-    let mut line = String::new();
-    reader.read_line(&mut line).await.map_err(io("vsock connect"))?;
-    if !line.starts_with("OK ") {
-        return Err(VmTierError::Agent("the guest's agent is not listening".into()));
-    }
-    write.write_all(request.as_bytes()).await.map_err(io("agent request"))?;
-    write.write_all(body).await.map_err(io("agent request"))?;
-    Ok(ExecStream { reader, _write: write })
-}
-
-async fn exec_inner(uds: &Path, command: &str) -> Result<ExecOutput, VmTierError> {
-    collect(&mut exec_stream(uds, command).await?).await
-}
-
-/// Reads a reply stream to its end.
-async fn collect(stream: &mut ExecStream) -> Result<ExecOutput, VmTierError> {
-    let mut out = ExecOutput::default();
-    loop {
-        match stream.next().await? {
-            ExecEvent::Stdout(d) => out.stdout.extend_from_slice(&d),
-            ExecEvent::Stderr(d) => out.stderr.extend_from_slice(&d),
-            ExecEvent::Exit(code) => {
-                out.exit_code = code;
-                return Ok(out);
-            }
         }
     }
 }

@@ -12,6 +12,7 @@
 
 pub mod acpi;
 pub mod agent_client;
+pub mod control;
 pub mod guest;
 mod kvm_abi;
 pub mod linux;

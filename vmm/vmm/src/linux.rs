@@ -66,6 +66,8 @@ pub enum Ending {
     Failed(String),
     /// The guest wrote [`SNAPSHOT_TRIGGER`]; the vCPU is stopped after that write.
     SnapshotRequested,
+    /// The control socket asked the vCPU to stop (see [`crate::control::VcpuRequests`]).
+    ControlRequest,
 }
 
 pub struct LinuxVm {
@@ -81,6 +83,10 @@ pub struct LinuxVm {
     /// virtio-mmio devices with their interrupt lines, windows from [`MMIO_BASE`].
     pub(crate) devices: Devices,
     view: vm_memory::GuestMemoryMmap,
+    /// The balloon device's index and handle, when the VM has one.
+    pub balloon: Option<(usize, Arc<crate::virtio::balloon::BalloonShared>)>,
+    /// Requests from the control socket for the vCPU thread.
+    pub requests: Arc<crate::control::VcpuRequests>,
 }
 
 /// Guest physical base of the first virtio-mmio window (above RAM, below 4 GiB); device `i`
@@ -135,6 +141,8 @@ impl LinuxVm {
             snapshot_trigger: false,
             devices: Arc::new(Mutex::new(Vec::new())),
             view,
+            balloon: None,
+            requests: Arc::default(),
         })
     }
 
@@ -280,6 +288,15 @@ impl LinuxVm {
         });
     }
 
+    /// What the control socket's thread needs to steer this VM.
+    pub fn control_handles(&self) -> crate::control::ControlHandles {
+        crate::control::ControlHandles {
+            devices: self.devices.clone(),
+            balloon: self.balloon.clone(),
+            requests: self.requests.clone(),
+        }
+    }
+
     /// Per device: its type and how many queue notifications it served.
     pub fn device_stats(&self) -> Vec<(u32, u64)> {
         lock(&self.devices).iter().map(|(d, _)| (d.device_type(), d.served)).collect()
@@ -310,6 +327,9 @@ impl LinuxVm {
         loop {
             if started.elapsed() >= limit {
                 return Ending::TimedOut;
+            }
+            if self.requests.pending() {
+                return Ending::ControlRequest;
             }
             match self.vcpu.run() {
                 Ok(VcpuExit::IoOut(port, data)) => {

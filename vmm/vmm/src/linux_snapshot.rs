@@ -14,6 +14,7 @@
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use kvm_bindings::{
     kvm_clock_data, kvm_debugregs, kvm_irqchip, kvm_lapic_state, kvm_mp_state, kvm_msr_entry,
@@ -104,26 +105,37 @@ pub struct HostSide {
     pub disks: Vec<(PathBuf, bool)>,
 }
 
-/// A device of `device_type` in its power-on state, to restore saved transport state into;
-/// a vsock device comes with its backend.
+/// What a restored device needs beside its transport: a vsock device's backend thread, a
+/// balloon's host handle.
+enum DeviceHostPart {
+    None,
+    Vsock(crate::virtio::vsock::VsockBackend),
+    Balloon(Arc<crate::virtio::balloon::BalloonShared>),
+}
+
+/// A device of `device_type` in its power-on state, to restore saved transport state into.
 fn new_device(
     device_type: u32,
     host: &HostSide,
     disks: &mut std::slice::Iter<'_, (PathBuf, bool)>,
-) -> Option<(Box<dyn crate::virtio::VirtioDevice>, Option<crate::virtio::vsock::VsockBackend>)> {
+) -> Option<(Box<dyn crate::virtio::VirtioDevice>, DeviceHostPart)> {
     match device_type {
         2 => {
             let (path, read_only) = disks.next()?;
             let id = path.file_name()?.to_string_lossy().into_owned();
             let disk = crate::virtio::blk::Block::open(path, *read_only, &id).ok()?;
-            Some((Box::new(disk), None))
+            Some((Box::new(disk), DeviceHostPart::None))
         }
-        4 => Some((Box::new(crate::virtio::rng::Rng::default()), None)),
+        4 => Some((Box::new(crate::virtio::rng::Rng::default()), DeviceHostPart::None)),
+        crate::virtio::balloon::DEVICE_TYPE => {
+            let (balloon, shared) = crate::virtio::balloon::Balloon::new();
+            Some((Box::new(balloon), DeviceHostPart::Balloon(shared)))
+        }
         19 => {
             let (dev, backend) =
                 crate::virtio::vsock::Vsock::new(host.guest_cid, host.vsock_uds.as_deref()?)
                     .ok()?;
-            Some((Box::new(dev), Some(backend)))
+            Some((Box::new(dev), DeviceHostPart::Vsock(backend)))
         }
         _ => None,
     }
@@ -290,7 +302,11 @@ pub fn restore(
         let transport =
             crate::virtio::mmio::MmioTransport::restore(device, saved).ok_or_else(bad)?;
         vm.attach(transport)?;
-        backends.extend(backend.map(|b| (b, index)));
+        match backend {
+            DeviceHostPart::Vsock(b) => backends.push((b, index)),
+            DeviceHostPart::Balloon(shared) => vm.balloon = Some((index, shared)),
+            DeviceHostPart::None => {}
+        }
     }
 
     // VM-wide state first.

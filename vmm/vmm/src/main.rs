@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use brig_vmm::linux::{Ending, LinuxVm};
-use brig_vmm::virtio::{blk::Block, mmio::MmioTransport, rng::Rng, vsock::Vsock};
+use brig_vmm::virtio::{balloon::Balloon, blk::Block, mmio::MmioTransport, rng::Rng, vsock::Vsock};
 use brig_vmm::{Snapshot, Vm};
 use clap::{Parser, Subcommand};
 
@@ -77,6 +77,11 @@ enum Command {
         /// this order).
         #[arg(long = "disk", value_parser = parse_disk)]
         disks: Vec<(PathBuf, bool)>,
+        /// Give the guest a virtio-balloon device with free-page reporting.
+        #[arg(long)]
+        balloon: bool,
+        #[command(flatten)]
+        host: HostOptions,
     },
     /// Resume a Linux VM from a snapshot taken by `boot --snapshot-to`; exits as `boot`.
     Resume {
@@ -90,6 +95,8 @@ enum Command {
         /// The disks the snapshot's VM had, in the same order as at boot.
         #[arg(long = "disk", value_parser = parse_disk)]
         disks: Vec<(PathBuf, bool)>,
+        #[command(flatten)]
+        host: HostOptions,
     },
     /// Run a shell command in a guest through its agent (vsock port 1024 by default); prints
     /// its output and exits with its status.
@@ -102,6 +109,36 @@ enum Command {
         #[arg(trailing_var_arg = true, required = true)]
         command: Vec<String>,
     },
+}
+
+/// How the host steers a running Linux VM.
+#[derive(clap::Args)]
+struct HostOptions {
+    /// Serve the control socket here (stats, balloon, snapshot, pause; see `control`).
+    #[arg(long)]
+    control_uds: Option<PathBuf>,
+    /// Let the kernel's same-page merging (KSM) scan this VM's memory (MADV_MERGEABLE).
+    #[arg(long)]
+    ksm: bool,
+}
+
+impl HostOptions {
+    /// Applies the options to a VM about to run.
+    fn apply(&self, vm: &LinuxVm) -> anyhow::Result<()> {
+        if self.ksm {
+            vm.memory().set_mergeable().context("MADV_MERGEABLE")?;
+        }
+        if let Some(path) = &self.control_uds {
+            brig_vmm::control::serve(path, vm.control_handles())
+                .with_context(|| format!("control socket {}", path.display()))?;
+        }
+        Ok(())
+    }
+}
+
+/// The writable disks among `disks`, in order (what a snapshot copies).
+fn writable(disks: &[(PathBuf, bool)]) -> Vec<PathBuf> {
+    disks.iter().filter(|(_, ro)| !ro).map(|(p, _)| p.clone()).collect()
 }
 
 /// The guest's vsock context id.
@@ -146,6 +183,8 @@ fn main() -> anyhow::Result<()> {
             rng,
             vsock_uds,
             disks,
+            balloon,
+            host,
         } => {
             let started = Instant::now();
             watchdog(timeout_s);
@@ -160,6 +199,12 @@ fn main() -> anyhow::Result<()> {
                     .with_context(|| format!("disk {}", path.display()))?;
                 devices.push(MmioTransport::new(Box::new(disk)));
             }
+            let mut balloon_handle = None;
+            if balloon {
+                let (dev, shared) = Balloon::new();
+                balloon_handle = Some((devices.len(), shared));
+                devices.push(MmioTransport::new(Box::new(dev)));
+            }
             let mut backend = None;
             if let Some(path) = &vsock_uds {
                 let (dev, b) = Vsock::new(GUEST_CID, path)?;
@@ -171,8 +216,14 @@ fn main() -> anyhow::Result<()> {
             if let Some((b, index)) = backend {
                 vm.start_vsock_backend(b, index);
             }
+            vm.balloon = balloon_handle;
+            host.apply(&vm)?;
             vm.snapshot_trigger = snapshot_to.is_some();
-            let ending = vm.run(std::time::Duration::from_secs(timeout_s));
+            let ending = brig_vmm::control::run(
+                &mut vm,
+                std::time::Duration::from_secs(timeout_s),
+                &writable(&disks),
+            );
             if let (Ending::SnapshotRequested, Some(dir)) = (&ending, &snapshot_to) {
                 brig_vmm::linux_snapshot::save(&mut vm, dir)?;
                 eprintln!(
@@ -185,14 +236,20 @@ fn main() -> anyhow::Result<()> {
             }
             finish(&vm, &ending, started)
         }
-        Command::Resume { snapshot, timeout_s, vsock_uds, disks } => {
+        Command::Resume { snapshot, timeout_s, vsock_uds, disks, host } => {
             let started = Instant::now();
             watchdog(timeout_s);
-            let host =
+            let writable_disks = writable(&disks);
+            let side =
                 brig_vmm::linux_snapshot::HostSide { vsock_uds, guest_cid: GUEST_CID, disks };
-            let mut vm = brig_vmm::linux_snapshot::restore(&snapshot, true, &host)?;
+            let mut vm = brig_vmm::linux_snapshot::restore(&snapshot, true, &side)?;
+            host.apply(&vm)?;
             eprintln!("brig-vmm: restored in {:.3} ms", started.elapsed().as_secs_f64() * 1000.0);
-            let ending = vm.run(std::time::Duration::from_secs(timeout_s));
+            let ending = brig_vmm::control::run(
+                &mut vm,
+                std::time::Duration::from_secs(timeout_s),
+                &writable_disks,
+            );
             finish(&vm, &ending, started)
         }
         Command::Exec { uds, port, command } => {
@@ -245,7 +302,7 @@ fn finish(vm: &LinuxVm, ending: &Ending, started: Instant) -> ! {
     );
     std::process::exit(match ending {
         Ending::Shutdown => 0,
-        Ending::Failed(_) | Ending::SnapshotRequested => 2,
+        Ending::Failed(_) | Ending::SnapshotRequested | Ending::ControlRequest => 2,
         Ending::TimedOut => 3,
     })
 }

@@ -89,6 +89,19 @@ impl GuestMemory {
         self.size
     }
 
+    /// Lets KSM merge identical pages of this memory with other mergeable memory (the
+    /// kernel's ksmd must be running: /sys/kernel/mm/ksm/run).
+    pub fn set_mergeable(&self) -> std::io::Result<()> {
+        // SAFETY: advises exactly our own mapping; MADV_MERGEABLE changes only how the kernel
+        // backs the pages (merged pages are copied again on write), never their contents.
+        let rc = unsafe { libc::madvise(self.host.cast(), self.size, libc::MADV_MERGEABLE) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+
     /// KVM memory slot 0 over this mapping, at guest physical 0.
     pub fn slot(&self) -> kvm_bindings::kvm_userspace_memory_region {
         kvm_bindings::kvm_userspace_memory_region {

@@ -1,11 +1,12 @@
 //! `brig-vmtier-check KERNEL INITRD CMDLINE DIR`: drives the microVM tier end to end where
 //! Linux guests run (the emulated host in the tests): two VMs from one snapshot, commands in
-//! each, isolation between them, exit statuses, destroy and cleanup. Prints `BRIG-VMTIER-OK`
+//! each, isolation between them, exit statuses, memory reclaim (free-page reporting and the
+//! balloon), pause and resume, fork, destroy and cleanup. Prints `BRIG-VMTIER-OK`
 //! lines, or an error and exit status 1.
 
 use std::time::Duration;
 
-use brig_vmtier::{VmTier, VmTierConfig};
+use brig_vmtier::{MicroVm, VmStats, VmTier, VmTierConfig, VmTierError};
 
 /// Whether `dir` holds a file of VM `id`.
 fn dir_has(dir: &str, id: &str) -> bool {
@@ -14,6 +15,123 @@ fn dir_has(dir: &str, id: &str) -> bool {
             d.flatten().any(|e| e.file_name().to_string_lossy().starts_with(&format!("{id}.")))
         })
         .unwrap_or(false)
+}
+
+/// Polls `vm`'s memory figures until `done` holds them (60 s at most).
+async fn stats_until(
+    tier: &VmTier,
+    vm: &MicroVm,
+    what: &str,
+    done: impl Fn(&VmStats) -> bool,
+) -> anyhow::Result<VmStats> {
+    let started = std::time::Instant::now();
+    loop {
+        let stats = tier.stats(vm).await?;
+        if done(&stats) {
+            return Ok(stats);
+        }
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(60), "{what}: {stats:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Memory a guest frees comes back to the host (free-page reporting), and the balloon takes
+/// more on request and gives it back.
+async fn memory_steps(tier: &VmTier, vm: &MicroVm) -> anyhow::Result<()> {
+    let limit = Duration::from_secs(60);
+    let before = tier.stats(vm).await?;
+    let fill = "dd if=/dev/zero of=/tmp/fill bs=1M count=96 2>&1";
+    anyhow::ensure!(tier.exec(vm, fill, limit).await?.exit_code == 0, "filling the guest");
+    let full = tier.stats(vm).await?;
+    anyhow::ensure!(tier.exec(vm, "rm /tmp/fill", limit).await?.exit_code == 0, "rm");
+    let reported = stats_until(tier, vm, "free-page reporting", |s| {
+        s.reported_mib >= before.reported_mib + 32 && s.rss_kib + (32 << 10) <= full.rss_kib
+    })
+    .await;
+    let back = match reported {
+        Ok(back) => back,
+        Err(e) => {
+            let diag = "for d in /sys/bus/virtio/devices/*; do echo $d $(cat $d/device) \
+                $(cat $d/features) $(ls $d/driver -l 2>/dev/null | sed 's/.*drivers//'); done; \
+                grep -i -E 'MemFree|report' /proc/meminfo /proc/vmstat; cat /proc/buddyinfo";
+            let out = tier.exec(vm, diag, limit).await?;
+            anyhow::bail!(
+                "{e:#} (full: {full:?}); guest: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    };
+    println!(
+        "BRIG-VMTIER-OK free-page reporting: the VMM held {} MiB with 96 MiB filled, {} MiB \
+         after the guest freed it ({} MiB reported)",
+        full.rss_kib >> 10,
+        back.rss_kib >> 10,
+        back.reported_mib - before.reported_mib
+    );
+    tier.set_balloon(vm, 64).await?;
+    let inflated =
+        stats_until(tier, vm, "balloon inflation", |s| s.balloon_actual_mib >= 64).await?;
+    tier.set_balloon(vm, 0).await?;
+    stats_until(tier, vm, "balloon deflation", |s| s.balloon_actual_mib == 0).await?;
+    let out = tier.exec(vm, "echo alive", limit).await?;
+    anyhow::ensure!(out.stdout == b"alive\n", "after the balloon: {out:?}");
+    println!(
+        "BRIG-VMTIER-OK the balloon takes {} MiB on request and gives it back",
+        inflated.balloon_actual_mib
+    );
+    Ok(())
+}
+
+/// Pause (the VM saved, its VMM gone) and resume with its state; fork of a running VM into
+/// two children that start from its state and diverge; saved snapshots removed with their VMs.
+async fn lifecycle_steps(tier: &VmTier, vm: &MicroVm, dir: &str) -> anyhow::Result<()> {
+    let limit = Duration::from_secs(30);
+    let state = tier.exec(vm, "echo before-pause-$$ > /tmp/state; cat /tmp/state", limit).await?;
+    let pid = vm.pid().ok_or_else(|| anyhow::anyhow!("no VMM pid"))?;
+    let freed = tier.pause(vm).await?;
+    anyhow::ensure!(vm.is_paused() && vm.pid().is_none(), "not paused");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    anyhow::ensure!(stat.is_empty() || stat.contains(") Z "), "the paused VM's VMM runs on");
+    let refused = tier.exec(vm, "true", limit).await;
+    anyhow::ensure!(matches!(refused, Err(VmTierError::Paused)), "{refused:?}");
+    tier.resume(vm).await?;
+    let again = tier.exec(vm, "cat /tmp/state", limit).await?;
+    anyhow::ensure!(again.stdout == state.stdout, "state after resume: {again:?} vs {state:?}");
+    anyhow::ensure!(vm.pid().is_some_and(|p| p != pid), "no new VMM");
+    println!(
+        "BRIG-VMTIER-OK pause stops the VMM ({} MiB freed) and resume brings the guest back",
+        freed >> 20
+    );
+    tier.exec(vm, "echo fork-point > /tmp/fork-mark", limit).await?;
+    let names = ["vm-c".to_string(), "vm-d".to_string()];
+    let mut kids = Vec::new();
+    for kid in tier.fork(vm, &names).await? {
+        kids.push(kid?);
+    }
+    let mut hostnames = vec![tier.exec(vm, "hostname", limit).await?.stdout];
+    for kid in &kids {
+        let mark = tier.exec(kid, "cat /tmp/fork-mark", limit).await?;
+        anyhow::ensure!(mark.stdout == b"fork-point\n", "{}: {mark:?}", kid.id);
+        hostnames.push(tier.exec(kid, "hostname", limit).await?.stdout);
+    }
+    hostnames.sort();
+    hostnames.dedup();
+    anyhow::ensure!(hostnames.len() == 3, "forks share a hostname: {hostnames:?}");
+    tier.exec(&kids[0], "echo only-in-c > /tmp/kid", limit).await?;
+    for other in [vm, &kids[1]] {
+        let out = tier.exec(other, "cat /tmp/kid 2>/dev/null || echo none", limit).await?;
+        anyhow::ensure!(out.stdout == b"none\n", "{} saw its sibling's file", other.id);
+    }
+    for kid in &kids {
+        tier.destroy(kid).await;
+    }
+    let saved = std::path::Path::new(dir).join("saved");
+    let left: Vec<_> = std::fs::read_dir(&saved).map(|d| d.flatten().count()).into_iter().collect();
+    // Only the parent's own pause snapshot (its memory source since the resume) remains.
+    anyhow::ensure!(left == [1], "saved snapshots left: {left:?}");
+    println!("BRIG-VMTIER-OK fork: two children start from the running VM's state and diverge");
+    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -27,6 +145,7 @@ fn main() -> anyhow::Result<()> {
         cmdline: args[3].clone(),
         mem_mib: 256,
         dir: args[4].clone().into(),
+        ksm: false,
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
@@ -87,6 +206,8 @@ fn main() -> anyhow::Result<()> {
         );
         anyhow::ensure!(tier.read_file(&a, "/nonexistent").await.is_err(), "missing file read");
         println!("BRIG-VMTIER-OK files move in and out of the guest intact");
+        memory_steps(&tier, &b).await?;
+        lifecycle_steps(&tier, &b, &args[4]).await?;
         let pid = a.pid();
         let uds = a.uds.clone();
         tier.destroy(&a).await;
@@ -112,6 +233,7 @@ fn main() -> anyhow::Result<()> {
             cmdline: args[3].clone(),
             mem_mib: 256,
             dir: args[4].clone().into(),
+            ksm: false,
         })?;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let status = std::fs::read_to_string(format!("/proc/{stray_pid}/stat")).unwrap_or_default();

@@ -15,6 +15,8 @@ const VENDOR: u32 = 0x4252_4947; // "BRIG"
 const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 /// Device status bit: the device hit an error and needs a reset.
 const STATUS_NEEDS_RESET: u32 = 0x40;
+/// Device status bit: the driver is set up and running.
+const DRIVER_OK: u32 = 4;
 
 /// The device window holding `addr` among `count` windows from `base`, and the offset in it.
 pub fn window_of(base: u64, addr: u64, count: usize) -> Option<(usize, u64)> {
@@ -32,6 +34,8 @@ pub struct MmioTransport {
     driver_features: u64,
     status: u32,
     interrupt_status: u32,
+    /// Bumped on every configuration change the device announces.
+    config_generation: u32,
     /// Queue notifications that used buffers.
     pub served: u64,
     /// Errors met while serving queues (the count, and the last one), for the VMM's log.
@@ -61,6 +65,7 @@ impl MmioTransport {
             driver_features: 0,
             status: 0,
             interrupt_status: 0,
+            config_generation: 0,
             served: 0,
             errors: 0,
             last_error: None,
@@ -188,7 +193,7 @@ impl MmioTransport {
             0x044 => self.queues.get(self.queue_sel as usize).map_or(0, |q| u32::from(q.ready())),
             0x060 => self.interrupt_status,
             0x070 => self.status,
-            0x0fc => 0,
+            0x0fc => self.config_generation,
             0x100.. => {
                 self.device.read_config(offset - 0x100, data);
                 return;
@@ -234,6 +239,7 @@ impl MmioTransport {
             }
             0x050 => return self.notify(v as usize, mem),
             0x064 => self.interrupt_status &= !v,
+            0x100.. => self.device.write_config(offset - 0x100, data),
             0x070 => {
                 self.status = v;
                 if v == 0 {
@@ -257,6 +263,17 @@ impl MmioTransport {
         false
     }
 
+    /// The device's configuration changed (e.g. a new balloon target): the driver must re-read
+    /// it. Returns whether to interrupt the driver (only once it is running).
+    pub fn config_changed(&mut self) -> bool {
+        self.config_generation = self.config_generation.wrapping_add(1);
+        if self.status & DRIVER_OK == 0 {
+            return false;
+        }
+        self.interrupt_status |= 2;
+        true
+    }
+
     fn reset(&mut self) {
         for q in &mut self.queues {
             q.reset();
@@ -278,7 +295,6 @@ impl MmioTransport {
     /// Lets the device deliver what its backend has (from the backend's thread); `true` when
     /// the driver should be interrupted. Nothing happens before the driver is ready.
     pub fn poll(&mut self, mem: &GuestMemoryMmap) -> bool {
-        const DRIVER_OK: u32 = 4;
         if self.status & DRIVER_OK == 0 || !self.queues.iter().all(|q| q.is_valid(mem)) {
             return false;
         }

@@ -1,7 +1,8 @@
 //! virtio over MMIO: the transport's register file ([`mmio`]) and devices behind it
-//! ([`rng`]). Queues are split virtqueues from the `virtio-queue` crate over `vm-memory`, which
+//! ([`rng`], [`blk`], [`vsock`], [`balloon`]). Queues are split virtqueues from the `virtio-queue` crate over `vm-memory`, which
 //! bounds-check every descriptor a guest hands us: a malicious guest can only hurt itself.
 
+pub mod balloon;
 pub mod blk;
 pub mod mmio;
 pub mod rng;
@@ -51,4 +52,8 @@ pub trait VirtioDevice: Send {
     fn read_config(&self, _offset: u64, data: &mut [u8]) {
         data.fill(0);
     }
+
+    /// The driver writes the device-specific configuration space (ignored unless the device
+    /// has writable fields).
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
 }

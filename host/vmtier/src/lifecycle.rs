@@ -1,0 +1,202 @@
+//! A microVM's life beyond create and destroy, through its VMM's control socket:
+//!
+//! - **pause**: the VMM saves the VM (memory, vCPU and device state) under
+//!   `saved/<id>-<n>/` and exits, so a paused VM holds no memory at all; its writable disk
+//!   stays where it is. **resume** starts a VMM from that snapshot (memory mapped
+//!   copy-on-write, as any spawn) and waits for the agent; the guest goes on where it stopped,
+//!   processes and all.
+//! - **fork**: the VMM saves the running VM and copies its writable disk while the vCPU is
+//!   stopped, then lets it run on; each child resumes from that snapshot with its own copy of
+//!   the disk and a fresh identity. The children share the snapshot's memory pages until they
+//!   write them.
+//! - **stats** and **reclaim**: memory the VMM holds, and the balloon (free-page reporting
+//!   returns what the guest frees by itself; a target inflates the balloon to take more).
+//!
+//! Saved snapshots are counted by the VMs mapping them and removed when the last one goes.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+
+use crate::{io, locked, MicroVm, VmTier, VmTierError};
+
+/// Under the tier's directory: snapshots saved by pauses and forks.
+pub(crate) const SAVED_DIR: &str = "saved";
+
+/// How long a VMM may take to save a VM.
+const SAVE_LIMIT: Duration = Duration::from_secs(120);
+
+/// What a VMM reports about its memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VmStats {
+    /// The VMM process's resident memory (guest memory it touched plus its own).
+    pub rss_kib: u64,
+    /// The balloon's target and what the guest says it holds.
+    pub balloon_target_mib: u64,
+    pub balloon_actual_mib: u64,
+    /// Memory the guest reported free and the VMM discarded, in all.
+    pub reported_mib: u64,
+}
+
+/// Sends one request line to a VMM's control socket; its JSON answer, or the error it gave.
+async fn control(
+    path: &Path,
+    request: &str,
+    limit: Duration,
+) -> Result<serde_json::Value, VmTierError> {
+    let exchange = async {
+        let stream = UnixStream::connect(path)
+            .await
+            .map_err(io(format!("connecting to {}", path.display())))?;
+        let (read, mut write) = stream.into_split();
+        write.write_all(format!("{request}\n").as_bytes()).await.map_err(io("control request"))?;
+        let mut line = String::new();
+        BufReader::new(read).read_line(&mut line).await.map_err(io("control reply"))?;
+        Ok::<_, VmTierError>(line)
+    };
+    let line = tokio::time::timeout(limit, exchange)
+        .await
+        .map_err(|_| VmTierError::Control(format!("no answer to {request:?} in {limit:?}")))??;
+    if line.is_empty() {
+        return Err(VmTierError::Control(format!("the VMM closed the socket on {request:?}")));
+    }
+    let answer: serde_json::Value = serde_json::from_str(&line)
+        .map_err(|e| VmTierError::Control(format!("unreadable answer {line:?}: {e}")))?;
+    match answer.get("error").and_then(|e| e.as_str()) {
+        Some(error) => Err(VmTierError::Control(error.to_string())),
+        None => Ok(answer),
+    }
+}
+
+impl VmTier {
+    /// A new saved-snapshot directory for `id`.
+    fn saved_dir(&self, id: &str) -> PathBuf {
+        let n = self.next_saved.fetch_add(1, Ordering::Relaxed);
+        self.cfg.dir.join(SAVED_DIR).join(format!("{id}-{n}"))
+    }
+
+    /// Counts `count` more VMs mapping saved snapshot `dir`.
+    fn hold(&self, dir: &Path, count: usize) {
+        *locked(&self.saved).entry(dir.to_owned()).or_default() += count;
+    }
+
+    /// One VM fewer maps `dir`; a saved snapshot nobody maps is removed (environment
+    /// snapshots are not counted and stay).
+    pub(crate) fn release(&self, dir: &Path) {
+        let mut saved = locked(&self.saved);
+        let Some(count) = saved.get_mut(dir) else { return };
+        *count = count.saturating_sub(1);
+        if *count == 0 {
+            saved.remove(dir);
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+
+    /// Memory figures from `vm`'s VMM.
+    pub async fn stats(&self, vm: &MicroVm) -> Result<VmStats, VmTierError> {
+        if vm.is_paused() {
+            return Ok(VmStats::default());
+        }
+        let json = control(&vm.control, "stats", Duration::from_secs(5)).await?;
+        let balloon = |key: &str| json["balloon"][key].as_u64().unwrap_or(0);
+        Ok(VmStats {
+            rss_kib: json["rss_kib"].as_u64().unwrap_or(0),
+            balloon_target_mib: balloon("target_mib"),
+            balloon_actual_mib: balloon("actual_mib"),
+            reported_mib: balloon("reported_mib"),
+        })
+    }
+
+    /// Asks `vm`'s guest to give up `mib` of memory into its balloon (0 gives it all back);
+    /// the guest does so in its own time (see [`VmTier::stats`]).
+    pub async fn set_balloon(&self, vm: &MicroVm, mib: u64) -> Result<(), VmTierError> {
+        if vm.is_paused() {
+            return Err(VmTierError::Paused);
+        }
+        control(&vm.control, &format!("balloon {mib}"), Duration::from_secs(5)).await.map(drop)
+    }
+
+    /// Saves `vm` and stops its VMM; returns the bytes of memory that frees.
+    pub async fn pause(&self, vm: &MicroVm) -> Result<u64, VmTierError> {
+        if vm.is_paused() {
+            return Ok(0);
+        }
+        let freed = self.stats(vm).await.map(|s| s.rss_kib << 10).unwrap_or(0);
+        let dir = self.saved_dir(&vm.id);
+        if let Some(parent) = dir.parent() {
+            std::fs::create_dir_all(parent).map_err(io("saved snapshots"))?;
+        }
+        let saved = control(&vm.control, &format!("pause {}", dir.display()), SAVE_LIMIT).await;
+        if let Err(e) = saved {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+        vm.paused.store(true, Ordering::SeqCst);
+        // The VMM exits on its own once it answered.
+        if let Some(mut child) = vm.child.lock().await.take() {
+            if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_err() {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+            }
+        }
+        *locked(&vm.pid) = None;
+        let _ = std::fs::remove_file(self.cfg.dir.join(format!("{}.pid", vm.id)));
+        self.hold(&dir, 1);
+        let before = std::mem::replace(&mut *locked(&vm.memory_from), dir);
+        self.release(&before);
+        tracing::debug!(vm = %vm.id, freed, "microvm paused");
+        Ok(freed)
+    }
+
+    /// Starts a paused `vm` again from where it stopped.
+    pub async fn resume(&self, vm: &MicroVm) -> Result<(), VmTierError> {
+        if !vm.is_paused() {
+            return Ok(());
+        }
+        vm.paused.store(false, Ordering::SeqCst);
+        if let Err(e) = self.spawn_vmm(vm).await {
+            self.stop_vmm(vm).await;
+            vm.paused.store(true, Ordering::SeqCst);
+            return Err(e);
+        }
+        tracing::debug!(vm = %vm.id, "microvm resumed");
+        Ok(())
+    }
+
+    /// Clones `vm` into one new VM per id in `children`: same memory, processes and files at
+    /// the moment of the fork, then each its own. A running parent goes on running.
+    pub async fn fork(
+        &self,
+        vm: &MicroVm,
+        children: &[String],
+    ) -> Result<Vec<Result<MicroVm, VmTierError>>, VmTierError> {
+        let (dir, disk) = if vm.is_paused() {
+            // The saved snapshot and the disk as the pause left them.
+            let dir = locked(&vm.memory_from).clone();
+            (dir, vm.disks.as_ref().map(|(layer, own)| (layer.clone(), own.clone())))
+        } else {
+            let dir = self.saved_dir(&vm.id);
+            if let Some(parent) = dir.parent() {
+                std::fs::create_dir_all(parent).map_err(io("saved snapshots"))?;
+            }
+            control(&vm.control, &format!("snapshot {}", dir.display()), SAVE_LIMIT).await?;
+            // The VMM copied the writable disk (`disk-0`) while the vCPU stood still.
+            let disk = vm.disks.as_ref().map(|(layer, _)| (layer.clone(), dir.join("disk-0")));
+            (dir, disk)
+        };
+        self.hold(&dir, children.len());
+        let mut made = Vec::with_capacity(children.len());
+        for child in children {
+            // start_from takes over one hold; a failed start gives it back through destroy.
+            made.push(self.start_from(child, &dir, disk.clone()).await);
+        }
+        if !vm.is_paused() {
+            // The fork point's own disk copy is not needed once every child has its copy.
+            let _ = std::fs::remove_file(dir.join("disk-0"));
+        }
+        Ok(made)
+    }
+}

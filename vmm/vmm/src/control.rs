@@ -1,0 +1,272 @@
+//! The VMM's control socket: how the host (brig-vmtier) steers a running Linux VM. One Unix
+//! socket per VMM; each connection sends request lines and gets one JSON line back per request:
+//!
+//! - `stats`: `{"rss_kib":…,"balloon":{"target_mib":…,"actual_mib":…,"reported_mib":…,
+//!   "reports":…,"inflated_mib":…}}` (`balloon` is null without a balloon device);
+//! - `balloon MIB`: sets the balloon's target (0 gives everything back) → `{"ok":true}`;
+//! - `snapshot DIR`: stops the vCPU at its next exit, saves the VM to DIR, then lets it run on
+//!   (a fork point) → `{"ok":true,"ms":…}`;
+//! - `pause DIR`: as `snapshot`, then the VMM exits (the sandbox lives on in DIR).
+//!
+//! Errors come back as `{"error":"…"}`; a malformed line never stops the VMM.
+#![allow(unsafe_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::linux::Devices;
+use crate::virtio::balloon::BalloonShared;
+
+/// The signal that kicks the vCPU thread out of KVM_RUN (its handler does nothing; the
+/// interrupted ioctl returns EINTR and the run loop looks at [`VcpuRequests`]).
+fn kick_signal() -> libc::c_int {
+    libc::SIGRTMIN()
+}
+
+/// What the vCPU thread does when it stops for a control request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VcpuRequest {
+    /// Save the VM to this directory and run on.
+    Snapshot(PathBuf),
+    /// Save the VM to this directory and exit.
+    Pause(PathBuf),
+}
+
+/// Where the vCPU thread sends a request's outcome.
+pub type Answer = SyncSender<Result<(), String>>;
+
+/// Requests for the vCPU thread, with the channel its answer goes back on.
+#[derive(Debug, Default)]
+pub struct VcpuRequests {
+    pending: AtomicBool,
+    slot: Mutex<Option<(VcpuRequest, Answer)>>,
+    /// The vCPU thread's pthread id (0 until the run loop starts).
+    vcpu_thread: AtomicU64,
+}
+
+extern "C" fn on_kick(_: libc::c_int) {}
+
+impl VcpuRequests {
+    /// Called by the run loop's thread before it enters the guest: installs the kick handler
+    /// and records where to send it.
+    pub fn register_vcpu_thread(&self) {
+        // SAFETY: the handler does nothing (async-signal-safe); installing it without
+        // SA_RESTART makes a blocked KVM_RUN return EINTR, which the run loop handles.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_kick as *const () as usize;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(kick_signal(), &action, std::ptr::null_mut());
+        }
+        // SAFETY: pthread_self has no preconditions.
+        let me = unsafe { libc::pthread_self() };
+        self.vcpu_thread.store(me as u64, Ordering::SeqCst);
+    }
+
+    /// Whether a request waits (checked by the run loop after every exit).
+    pub fn pending(&self) -> bool {
+        self.pending.load(Ordering::SeqCst)
+    }
+
+    /// Takes the waiting request (on the vCPU thread).
+    pub fn take(&self) -> Option<(VcpuRequest, Answer)> {
+        let taken = self.slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        self.pending.store(false, Ordering::SeqCst);
+        taken
+    }
+
+    /// Hands `request` to the vCPU thread and waits for its answer (`timeout` in all).
+    fn submit(&self, request: VcpuRequest, timeout: Duration) -> Result<(), String> {
+        let (tx, rx): (_, Receiver<Result<(), String>>) = sync_channel(1);
+        {
+            let mut slot = self.slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if slot.is_some() {
+                return Err("another request is in progress".into());
+            }
+            *slot = Some((request, tx));
+        }
+        self.pending.store(true, Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            // A kick that lands just before the vCPU enters the guest is lost, so kick again
+            // until the answer comes.
+            let thread = self.vcpu_thread.load(Ordering::SeqCst);
+            if thread != 0 {
+                // SAFETY: `thread` is the live vCPU thread of this process (it runs until the
+                // process exits), and the signal has a handler installed by that thread.
+                unsafe { libc::pthread_kill(thread as libc::pthread_t, kick_signal()) };
+            }
+            match rx.recv_timeout(Duration::from_millis(5)) {
+                Ok(answer) => return answer,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+                    if std::time::Instant::now() < deadline => {}
+                Err(_) => {
+                    self.slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+                    self.pending.store(false, Ordering::SeqCst);
+                    return Err("the vCPU did not stop in time".into());
+                }
+            }
+        }
+    }
+}
+
+/// What the control thread reaches: the devices (to signal a balloon change), the balloon's
+/// handle and its device index, and the vCPU request slot.
+#[derive(Clone)]
+pub struct ControlHandles {
+    pub devices: Devices,
+    pub balloon: Option<(usize, Arc<BalloonShared>)>,
+    pub requests: Arc<VcpuRequests>,
+}
+
+/// Serves the control socket at `path` on its own thread (for the life of the process).
+pub fn serve(path: &Path, handles: ControlHandles) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path)?;
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let handles = handles.clone();
+            std::thread::spawn(move || connection(stream, &handles));
+        }
+    });
+    Ok(())
+}
+
+fn connection(stream: UnixStream, handles: &ControlHandles) {
+    let Ok(mut out) = stream.try_clone() else { return };
+    let mut lines = BufReader::new(stream).lines();
+    while let Some(Ok(line)) = lines.next() {
+        let line = line.trim();
+        let reply = answer(line, handles);
+        if writeln!(out, "{reply}").is_err() {
+            return;
+        }
+        if line.starts_with("pause ") && !reply.starts_with(r#"{"error""#) {
+            // The VM is saved and its vCPU parked for good: the sandbox lives on in the
+            // snapshot, this process ends.
+            let _ = out.flush();
+            std::process::exit(0);
+        }
+    }
+}
+
+fn error(message: impl std::fmt::Display) -> String {
+    serde_json::json!({ "error": message.to_string() }).to_string()
+}
+
+fn answer(line: &str, handles: &ControlHandles) -> String {
+    let (verb, arg) = line.split_once(' ').unwrap_or((line, ""));
+    match verb {
+        "stats" => stats(handles),
+        "balloon" => {
+            let Ok(mib) = arg.trim().parse::<u64>() else {
+                return error("usage: balloon MIB");
+            };
+            let Some((index, shared)) = &handles.balloon else {
+                return error("this VM has no balloon device");
+            };
+            shared.set_target_mib(mib);
+            let mut devices =
+                handles.devices.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some((transport, irq)) = devices.get_mut(*index) {
+                if transport.config_changed() {
+                    let _ = irq.write(1);
+                }
+            }
+            serde_json::json!({ "ok": true }).to_string()
+        }
+        "snapshot" | "pause" if !arg.trim().is_empty() => {
+            let dir = PathBuf::from(arg.trim());
+            let request =
+                if verb == "pause" { VcpuRequest::Pause(dir) } else { VcpuRequest::Snapshot(dir) };
+            let started = std::time::Instant::now();
+            match handles.requests.submit(request, Duration::from_secs(30)) {
+                Ok(()) => serde_json::json!({
+                    "ok": true,
+                    "ms": started.elapsed().as_secs_f64() * 1000.0
+                })
+                .to_string(),
+                Err(e) => error(e),
+            }
+        }
+        _ => {
+            error(format!("unknown request {line:?} (stats, balloon MIB, snapshot DIR, pause DIR)"))
+        }
+    }
+}
+
+/// Resident memory of this process in KiB (from /proc/self/statm).
+pub fn rss_kib() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0);
+    pages * 4
+}
+
+fn stats(handles: &ControlHandles) -> String {
+    let balloon = handles.balloon.as_ref().map(|(_, b)| {
+        serde_json::json!({
+            "target_mib": b.target_mib(),
+            "actual_mib": b.actual_mib(),
+            "reported_mib": b.reported_bytes.load(Ordering::Relaxed) >> 20,
+            "reports": b.reports.load(Ordering::Relaxed),
+            "inflated_mib": b.inflated_bytes.load(Ordering::Relaxed) >> 20,
+        })
+    });
+    serde_json::json!({ "rss_kib": rss_kib(), "balloon": balloon }).to_string()
+}
+
+/// Runs the VM's vCPU on this thread until the guest ends, serving control requests on the way:
+/// a snapshot saves the VM and copies its writable disks (`disk-N` in the snapshot directory,
+/// in attach order among the writable ones) while the vCPU is stopped, so memory and disks
+/// match; a pause saves the VM and never runs the guest again (its disks stay as they are; the
+/// control thread exits the process once its answer is written).
+pub fn run(
+    vm: &mut crate::linux::LinuxVm,
+    limit: Duration,
+    writable_disks: &[PathBuf],
+) -> crate::linux::Ending {
+    use crate::linux::Ending;
+    vm.requests.register_vcpu_thread();
+    let started = std::time::Instant::now();
+    loop {
+        match vm.run(limit.saturating_sub(started.elapsed())) {
+            Ending::ControlRequest => {
+                let Some((request, answer)) = vm.requests.take() else { continue };
+                let (dir, pause) = match request {
+                    VcpuRequest::Snapshot(dir) => (dir, false),
+                    VcpuRequest::Pause(dir) => (dir, true),
+                };
+                // A paused VM never runs again, so its disks stay as they are; a snapshot's
+                // VM runs on and changes them, so they are copied while it stands still.
+                let disks = if pause { &[][..] } else { writable_disks };
+                let result = save_with_disks(vm, &dir, disks);
+                let saved = result.is_ok();
+                let _ = answer.send(result);
+                if pause && saved {
+                    loop {
+                        std::thread::park();
+                    }
+                }
+            }
+            other => return other,
+        }
+    }
+}
+
+fn save_with_disks(
+    vm: &mut crate::linux::LinuxVm,
+    dir: &Path,
+    writable_disks: &[PathBuf],
+) -> Result<(), String> {
+    crate::linux_snapshot::save(vm, dir).map_err(|e| e.to_string())?;
+    for (i, disk) in writable_disks.iter().enumerate() {
+        let to = dir.join(format!("disk-{i}"));
+        std::fs::copy(disk, &to).map_err(|e| format!("copying {}: {e}", disk.display()))?;
+    }
+    Ok(())
+}
