@@ -9,6 +9,7 @@ mod container;
 mod density;
 mod fncall;
 mod images;
+mod ksm;
 mod lifecycle;
 mod microvm;
 mod qos;
@@ -42,6 +43,8 @@ enum Bench {
     Cluster(cluster::Options),
     /// microVM snapshot restore (fresh process, pre-created VM), VMM RSS, PSS per VM.
     Microvm(microvm::Options),
+    /// KSM on microVM memory: memory merged, PSS per VM off and on, ksmd's CPU cost.
+    Ksm(ksm::Options),
     /// Placement for a simulated 160-node unit: decisions/s and load spread, power-of-k vs random.
     Sim(sim::Options),
 }
@@ -57,6 +60,7 @@ fn main() -> anyhow::Result<()> {
         Bench::Qos(opts) => qos::run(opts)?,
         Bench::Sim(opts) => sim::run(opts)?,
         Bench::Microvm(opts) => microvm::run(opts)?,
+        Bench::Ksm(opts) => ksm::run(opts)?,
         Bench::Cluster(opts) => cluster::run(opts)?,
     };
     println!("{result}");

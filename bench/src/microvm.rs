@@ -36,14 +36,14 @@ pub struct Options {
     touch_mib: u64,
 }
 
-struct VmProcess {
-    child: Child,
-    stdin: ChildStdin,
+pub(crate) struct VmProcess {
+    pub(crate) child: Child,
+    pub(crate) stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
 }
 
 impl VmProcess {
-    fn spawn(args: &[&str]) -> anyhow::Result<VmProcess> {
+    pub(crate) fn spawn(args: &[&str]) -> anyhow::Result<VmProcess> {
         let mut child = Command::new(brig_tests::binary("brig-vmm"))
             .args(args)
             .stdin(Stdio::piped())
@@ -55,7 +55,7 @@ impl VmProcess {
         Ok(VmProcess { child, stdin, stdout })
     }
 
-    fn line(&mut self) -> anyhow::Result<String> {
+    pub(crate) fn line(&mut self) -> anyhow::Result<String> {
         let mut line = String::new();
         self.stdout.read_line(&mut line)?;
         anyhow::ensure!(!line.is_empty(), "brig-vmm exited early");
@@ -63,21 +63,21 @@ impl VmProcess {
     }
 
     /// The first answer line, checked.
-    fn first_answer(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn first_answer(&mut self) -> anyhow::Result<()> {
         let line = self.line()?;
         let v: serde_json::Value = serde_json::from_str(&line)?;
         anyhow::ensure!(v["reply"] == 1002, "restored guest answered {line}");
         Ok(())
     }
 
-    fn finish(mut self) {
+    pub(crate) fn finish(mut self) {
         drop(self.stdin);
         let _ = self.child.wait();
     }
 }
 
 /// (Rss, Pss) in KiB of `pid`: all mappings, and those of the snapshot memory file.
-fn memory_kib(pid: u32) -> anyhow::Result<((u64, u64), (u64, u64))> {
+pub(crate) fn memory_kib(pid: u32) -> anyhow::Result<((u64, u64), (u64, u64))> {
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps"))?;
     let (mut all, mut guest) = ((0, 0), (0, 0));
     let mut in_guest = false;
@@ -288,7 +288,7 @@ pub fn density(
 /// Builds brig-vmm, checks for KVM, and snapshots the purpose-built guest (`mem_mib` of memory,
 /// `touch_mib` of it written) into a temporary directory, read once so restores measure the
 /// page cache. Returns the virtualization, the directory (kept alive) and the snapshot path.
-fn snapshot(
+pub(crate) fn snapshot(
     mem_mib: usize,
     touch_mib: u64,
 ) -> anyhow::Result<(Virtualization, tempfile::TempDir, String)> {

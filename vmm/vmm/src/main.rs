@@ -46,6 +46,14 @@ enum Command {
         /// memory would (for memory measurements).
         #[arg(long)]
         touch_all: bool,
+        /// After the first answer, write this much of the top of guest memory with contents
+        /// that are the same in every VM (as guests running the same program would), making
+        /// those pages the VM's own copies.
+        #[arg(long, default_value_t = 0)]
+        dirty_mib: usize,
+        /// Let KSM merge identical pages of this VM's memory (MADV_MERGEABLE).
+        #[arg(long)]
+        ksm: bool,
     },
     Pool {
         #[arg(long, default_value_t = 64)]
@@ -160,7 +168,7 @@ fn main() -> anyhow::Result<()> {
             println!(r#"{{"reply":{reply},"boot_ms":{boot_ms:.3}}}"#);
             Ok(())
         }
-        Command::Restore { snapshot, verify, touch_all } => {
+        Command::Restore { snapshot, verify, touch_all, dirty_mib, ksm } => {
             let started = Instant::now();
             let snap = Snapshot::load(&snapshot)?;
             if verify {
@@ -168,9 +176,13 @@ fn main() -> anyhow::Result<()> {
             }
             let mut vm = Vm::create(snap.memory_size as usize)?;
             first_answer(&mut vm, &snap, started)?;
+            if ksm {
+                vm.memory().set_mergeable().context("MADV_MERGEABLE")?;
+            }
             if touch_all {
                 vm.memory().touch_all();
             }
+            dirty_same_everywhere(vm.memory_mut(), dirty_mib << 20)?;
             serve(&mut vm)
         }
         Command::Boot {
@@ -271,6 +283,27 @@ fn main() -> anyhow::Result<()> {
             serve(&mut vm)
         }
     }
+}
+
+/// Writes the top `bytes` of guest memory page by page with contents that depend only on the
+/// page's address, so every VM doing this holds identical private pages (what KSM can merge).
+fn dirty_same_everywhere(
+    memory: &mut brig_vmm::memory::GuestMemory,
+    bytes: usize,
+) -> anyhow::Result<()> {
+    let size = memory.size();
+    let start = size.saturating_sub(bytes) / 4096 * 4096;
+    let mut page = [0u8; 4096];
+    for addr in (start..size).step_by(4096) {
+        let seed = (addr / 4096) as u64;
+        for (i, chunk) in page.chunks_mut(8).enumerate() {
+            chunk.copy_from_slice(
+                &(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ i as u64).to_le_bytes(),
+            );
+        }
+        memory.write(addr as u64, &page)?;
+    }
+    Ok(())
 }
 
 /// `PATH` or `PATH:ro`.
