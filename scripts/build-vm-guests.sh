@@ -102,8 +102,13 @@ strip -o "$l1/bin/brig" "$debug_bins/brig"
 for lib in libc.so.6 libm.so.6 libgcc_s.so.1; do cp -L "/lib/x86_64-linux-gnu/$lib" "$l1/lib/x86_64-linux-gnu/"; done
 cp -L /lib64/ld-linux-x86-64.so.2 "$l1/lib64/"
 cp /usr/bin/busybox "$l1/bin/busybox"
-for a in sh mount echo insmod reboot cat sleep [ test ip tr; do ln -s busybox "$l1/bin/$a"; done
+for a in sh mount echo insmod reboot cat sleep [ test ip tr sed grep; do ln -s busybox "$l1/bin/$a"; done
 cp "$modules/virt/lib/irqbypass.ko" "$modules/arch/x86/kvm/kvm.ko" "$modules/arch/x86/kvm/kvm-amd.ko" "$l1/mod/"
+# Its network (QEMU's virtio-net over virtio-mmio): the test outside reaches brigd through it.
+for m in drivers/virtio/virtio_ring.ko drivers/virtio/virtio.ko drivers/virtio/virtio_mmio.ko \
+    net/core/failover.ko drivers/net/net_failover.ko drivers/net/virtio_net.ko; do
+    cp "$modules/$m" "$l1/mod/"
+done
 cp "$vmm" "$l1/bin/brig-vmm"
 cp "$target_dir/x86_64-unknown-linux-musl/release/brig-vmtier-check" "$l1/bin/brig-vmtier-check"
 cp "$out/vmlinuz" "$l1/l2/vmlinuz"
@@ -140,11 +145,14 @@ echo "BRIG-L1-RESULT rc=$?"
 /bin/brig-vmtier-check /l2/vmlinuz /l2/initrd.gz \
     "console=ttyS0 reboot=t panic=-1 quiet initcall_blacklist=i8042_init pci=off" /tmp/tier
 echo "BRIG-L1-VMTIER rc=$?"
-# brigd serving the microvm tier; the brig CLI (over the SDK and QUIC) drives it.
+# brigd serving the microvm tier on the emulated host's network; the brig CLI (over the SDK and
+# QUIC) drives it here, then the test outside drives it through QEMU's port forward.
 ip link set lo up
+for m in virtio_ring virtio virtio_mmio failover net_failover virtio_net; do insmod /mod/$m.ko; done
+ip addr add 10.0.2.15/24 dev eth0; ip link set eth0 up
 printf '[microvm]\nkernel = "/l2/vmlinuz"\ninitrd = "/l2/initrd.gz"\nvmm = "/bin/brig-vmm"\nimages_dir = "/l2"\n' > /etc/brigd.toml
 export BRIG_STATE_DIR=/tmp/brig
-/bin/brigd --config /etc/brigd.toml --metrics off --on-exit destroy --log warn &
+/bin/brigd --config /etc/brigd.toml --listen 10.0.2.15:7070 --metrics off --on-exit destroy --log warn &
 i=0; until [ -e /tmp/brig/endpoint.json ] || [ $i -ge 300 ]; do sleep 0.2; i=$((i + 1)); done
 id=$(/bin/brig create --tier microvm)
 echo "BRIG-L1-BRIG-CREATE id=$id"
@@ -159,6 +167,12 @@ echo "a file from the host" > /tmp/host-file
 img=$(/bin/brig create --tier microvm --image busybox)
 /bin/brig exec "$img" -- sh -c 'echo "BRIG-L1-BRIG-IMAGE busybox=$(test -x /bin/busybox && echo yes) entries=$(ls /bin | wc -l) $(cat /from-guest.txt)"'
 /bin/brig rm "$img" >/dev/null
+# The outside's turn: it learns the certificate pin and token here, and says it is done with a
+# sandbox labelled phase=done (4 minutes at most).
+pin=$(sed -n 's/.*"cert_sha256": *"\([0-9a-f]*\)".*/\1/p' /tmp/brig/endpoint.json)
+echo "BRIG-L1-ENDPOINT pin=$pin token=$(cat /tmp/brig/access-token)"
+i=0; until /bin/brig ls --label phase=done 2>/dev/null | grep -q sb- || [ $i -ge 1200 ]; do sleep 0.2; i=$((i + 1)); done
+echo "BRIG-L1-OUTSIDE-DONE"
 reboot -f
 INIT
 chmod +x "$l1/init"

@@ -14,10 +14,11 @@
 //! Emulated timings prove nothing about speed and are not asserted. Natively, the boot
 //! protocol's zero page is checked as the kernel will read it.
 
-use std::io::Read;
+use std::io::BufRead;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use brig_sdk::{Client, Cmd, ConnectOptions, ExecEvent, Pin, SandboxOptions, SandboxState, Tier};
 use brig_tests::artifacts;
 use brig_vmm::linux::LinuxVm;
 use brig_vmm::virtio::{mmio::MmioTransport, rng::Rng};
@@ -40,13 +41,24 @@ fn tsc_khz() -> u64 {
         .map_or(2_000_000, |mhz| (mhz * 1000.0) as u64)
 }
 
+/// A free UDP port on the host's loopback (for QEMU's forward to brigd in the emulated host).
+fn free_udp_port() -> u16 {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+    socket.local_addr().expect("addr").port()
+}
+
 #[test]
 fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host() {
+    let port = free_udp_port();
     let mut qemu = Command::new("qemu-system-x86_64")
         .args(["-accel", "tcg,thread=multi"])
         .args(["-M", "microvm,x-option-roms=off,isa-serial=on,rtc=on", "-cpu", "max", "-smp", "1"])
         .args(["-m", "4G", "-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio"])
         .arg("-no-reboot")
+        // brigd in the emulated host listens on 10.0.2.15:7070; QEMU forwards a host port there.
+        .arg("-netdev")
+        .arg(format!("user,id=n0,hostfwd=udp:127.0.0.1:{port}-10.0.2.15:7070"))
+        .args(["-device", "virtio-net-device,netdev=n0"])
         .arg("-kernel")
         .arg(vm_artifact("vmlinuz"))
         .arg("-initrd")
@@ -62,7 +74,7 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
     let pid = qemu.id();
     let started = Instant::now();
     let watchdog = std::thread::spawn(move || {
-        while started.elapsed() < Duration::from_secs(300) {
+        while started.elapsed() < Duration::from_secs(420) {
             std::thread::sleep(Duration::from_millis(500));
             if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
                 return;
@@ -70,8 +82,26 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
         }
         let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
     });
-    let mut log = String::new();
-    qemu.stdout.take().expect("stdout").read_to_string(&mut log).expect("serial");
+    // The console, line by line: the emulated host announces brigd's pin and token, then the
+    // SDK on this side drives it; the rest is checked once the emulated host has shut down.
+    let stdout = qemu.stdout.take().expect("stdout");
+    let (endpoint_tx, endpoint_rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut log = String::new();
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.trim().strip_prefix("BRIG-L1-ENDPOINT ") {
+                let _ = endpoint_tx.send(rest.to_string());
+            }
+            log.push_str(&line);
+            log.push('\n');
+        }
+        log
+    });
+    let outside = match endpoint_rx.recv_timeout(Duration::from_secs(400)) {
+        Ok(endpoint) => drive_from_outside(port, &endpoint),
+        Err(_) => Err("the emulated host never announced brigd".to_string()),
+    };
+    let log = reader.join().expect("console reader");
     let status = qemu.wait().expect("wait");
     let _ = watchdog.join();
     let reports = artifacts().join("reports");
@@ -134,12 +164,101 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
         "files did not move in and out:\n{log}"
     );
     assert!(served.contains("BRIG-L1-BRIG-RM ok"), "rm failed:\n{log}");
+    // The SDK on this side of the emulated host: create, streamed exec, files, pause and
+    // implicit resume, fork.
+    if let Err(e) = &outside {
+        panic!("driving the emulated host's brigd from outside failed: {e}\n{log}");
+    }
+    assert!(has("BRIG-L1-OUTSIDE-DONE"), "the emulated host did not see the end:\n{log}");
     // A sandbox from an image runs chrooted into its layer, over its own writable disk.
     assert!(
         served.contains("BRIG-L1-BRIG-IMAGE busybox=yes entries=")
             && served.contains("written in the guest"),
         "image sandbox:\n{log}"
     );
+}
+
+/// The SDK against brigd in the emulated host (through QEMU's UDP forward): a microvm sandbox
+/// is created, runs commands with streamed output, moves files, pauses and resumes on the next
+/// request, forks into two children that start from its state; then a sandbox labelled
+/// `phase=done` tells the emulated host to finish.
+fn drive_from_outside(port: u16, endpoint: &str) -> Result<(), String> {
+    let field = |key: &str| {
+        endpoint
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+            .map(str::to_string)
+            .ok_or_else(|| format!("no {key} in {endpoint:?}"))
+    };
+    let (pin, token) = (field("pin")?, field("token")?);
+    let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let opts = ConnectOptions::new(addr, Pin::Sha256(pin), token);
+        let client = Client::connect(opts).await.map_err(|e| format!("connect: {e}"))?;
+        let e = |what: &'static str| move |err: brig_sdk::Error| format!("{what}: {err}");
+        let sb = client.create(SandboxOptions::tier(Tier::Microvm)).await.map_err(e("create"))?;
+        let out =
+            sb.exec(["sh", "-c", "echo out; echo err >&2; exit 3"]).await.map_err(e("exec"))?;
+        if out.stdout != b"out\n" || out.stderr != b"err\n" || out.result.exit_code != Some(3) {
+            return Err(format!("exec: {out:?}"));
+        }
+        // Output arrives as it is produced: three lines, a pause between them.
+        let mut stream = sb
+            .exec_stream(Cmd::shell("for i in 1 2 3; do echo line-$i; sleep 0.3; done"))
+            .await
+            .map_err(e("exec_stream"))?;
+        let mut chunks = 0;
+        while let Some(event) = stream.next().await {
+            match event.map_err(e("stream"))? {
+                ExecEvent::Stdout(_) => chunks += 1,
+                ExecEvent::Stderr(_) => {}
+                ExecEvent::Exited(result) if result.exit_code == Some(0) => break,
+                ExecEvent::Exited(result) => return Err(format!("stream: {result:?}")),
+            }
+        }
+        if chunks < 2 {
+            return Err(format!("output came in {chunks} piece(s), not as produced"));
+        }
+        let blob: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        sb.write_file("/work/blob", &blob).await.map_err(e("write_file"))?;
+        if sb.read_file("/work/blob").await.map_err(e("read_file"))? != blob {
+            return Err("the file changed in transit".into());
+        }
+        sb.exec(["sh", "-c", "echo kept-in-memory > /tmp/state"]).await.map_err(e("exec"))?;
+        sb.pause().await.map_err(e("pause"))?;
+        let state = sb.status().await.map_err(e("status"))?.state;
+        if state != SandboxState::Paused {
+            return Err(format!("after pause: {state:?}"));
+        }
+        // Any request resumes it, with its memory as it was.
+        let out = sb.exec(["cat", "/tmp/state", "/work/blob"]).await.map_err(e("exec"))?;
+        if !out.stdout.starts_with(b"kept-in-memory\n") || out.stdout.len() != 15 + blob.len() {
+            return Err(format!("after resume: {} bytes, {:?}", out.stdout.len(), out.stderr));
+        }
+        let kids = sb.fork(2).await.map_err(e("fork"))?;
+        let mut names = vec![sb.exec(["hostname"]).await.map_err(e("exec"))?.stdout];
+        for kid in &kids {
+            let out = kid.exec(["cat", "/tmp/state"]).await.map_err(e("exec in a child"))?;
+            if out.stdout != b"kept-in-memory\n" {
+                return Err(format!("child {}: {out:?}", kid.id()));
+            }
+            names.push(kid.exec(["hostname"]).await.map_err(e("exec"))?.stdout);
+        }
+        names.sort();
+        names.dedup();
+        if names.len() != 3 {
+            return Err(format!("children share a hostname: {names:?}"));
+        }
+        for s in kids.iter().chain(std::iter::once(&sb)) {
+            s.destroy().await.map_err(e("destroy"))?;
+        }
+        client
+            .create(SandboxOptions::tier(Tier::Microvm).label("phase", "done"))
+            .await
+            .map_err(e("create the done marker"))?;
+        Ok(())
+    })
 }
 
 #[test]
