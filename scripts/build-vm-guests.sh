@@ -142,6 +142,8 @@ echo "BRIG-L1-EXEC rc=$rc"
 wait $vmm
 echo "BRIG-L1-RESULT rc=$?"
 # The node's microVM tier (brig-vmtier) on the same guest: snapshot, two VMs, commands, destroy.
+# Each VMM gets a cgroup of its own (cgroup v2 here, with the controllers it needs).
+mount -t cgroup2 cgroup2 /sys/fs/cgroup && echo "+memory +pids +cpu" > /sys/fs/cgroup/cgroup.subtree_control
 /bin/brig-vmtier-check /l2/vmlinuz /l2/initrd.gz \
     "console=ttyS0 reboot=t panic=-1 quiet initcall_blacklist=i8042_init pci=off" /tmp/tier
 echo "BRIG-L1-VMTIER rc=$?"

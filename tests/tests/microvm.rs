@@ -137,6 +137,7 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
     for step in [
         "created vm-b from the snapshot",
         "isolated guests",
+        "each VMM runs jailed",
         "files move in and out of the guest intact",
         "each VM has its own hostname and random stream",
         "a timed-out command is killed in the guest",

@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use brig_container::cgroup::{CgroupLimits, CgroupManager};
 use brig_vmm_api::{agent, Virtualization};
 use tokio::sync::Mutex;
 
@@ -105,6 +106,21 @@ struct Environment {
     disks: Option<(PathBuf, PathBuf)>,
 }
 
+/// The cgroup every VMM of the tier in `dir` sits under: `brig-vm-<hash of dir>`, so two
+/// daemons on one host never reap each other's VMMs.
+fn cgroup_parent(dir: &Path) -> String {
+    // FNV-1a: stable across builds, which a restarted daemon needs to find its predecessor's.
+    let hash = dir
+        .to_string_lossy()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    format!("brig-vm-{:08x}", hash as u32)
+}
+/// Memory a VMM may use beyond its guest's (its own code, device buffers, snapshot copies).
+const VMM_MEMORY_SLACK: u64 = 256 << 20;
+/// Threads a VMM may have (vCPU, device backends, control connections).
+const VMM_PIDS: u64 = 256;
+
 /// Size of each VM's writable disk (sparse).
 const SCRATCH_BYTES: u64 = 256 << 20;
 
@@ -139,6 +155,8 @@ impl MicroVm {
 #[derive(Debug)]
 pub struct VmTier {
     cfg: VmTierConfig,
+    /// Where each VMM's cgroup goes (`brig-vm/<id>`); none where the host has no cgroups.
+    cgroups: Option<CgroupManager>,
     virtualization: Virtualization,
     environments: Mutex<HashMap<String, Environment>>,
     /// Saved snapshots (pauses, fork points) and how many VMs map their memory.
@@ -172,8 +190,20 @@ impl VmTier {
         reap_orphans(&cfg.dir);
         // Saved snapshots belong to VMs of a previous daemon, which are gone.
         let _ = std::fs::remove_dir_all(cfg.dir.join(lifecycle::SAVED_DIR));
+        let parent = cgroup_parent(&cfg.dir);
+        let cgroups = match CgroupManager::detect(Path::new("/sys/fs/cgroup"), &parent) {
+            Ok(manager) => {
+                manager.remove_all_except(&[]);
+                Some(manager)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "VMMs run without cgroups of their own");
+                None
+            }
+        };
         Ok(VmTier {
             cfg,
+            cgroups,
             virtualization,
             environments: Mutex::new(Default::default()),
             saved: Default::default(),
@@ -219,6 +249,9 @@ impl VmTier {
             None => None,
         };
         let status = cmd
+            .arg("--jail")
+            .arg("--jail-writable")
+            .arg(&self.cfg.dir)
             .arg("--vsock-uds")
             .arg(self.cfg.dir.join(format!("{name}.sock")))
             .arg("--snapshot-to")
@@ -300,6 +333,22 @@ impl VmTier {
         }
         if self.cfg.ksm {
             cmd.arg("--ksm");
+        }
+        // The jail: only the tier's directory is writable, and the VMM joins its own cgroup.
+        cmd.arg("--jail").arg("--jail-writable").arg(&self.cfg.dir);
+        if let Some(cgroups) = &self.cgroups {
+            let limits = CgroupLimits {
+                memory_bytes: Some(((self.cfg.mem_mib as u64) << 20) + VMM_MEMORY_SLACK),
+                pids: Some(VMM_PIDS),
+                cpu_millis: None,
+            };
+            let cgroup = cgroups.create(&vm.id, &limits, 0).map_err(|e| VmTierError::Io {
+                what: "VMM cgroup".into(),
+                source: std::io::Error::other(e),
+            })?;
+            for procs in cgroup.join_files() {
+                cmd.arg("--jail-cgroup").arg(procs);
+            }
         }
         let child = cmd
             .arg("--vsock-uds")
@@ -428,7 +477,7 @@ impl VmTier {
         self.release(&locked(&vm.memory_from));
     }
 
-    /// Kills `vm`'s VMM (if it runs) and forgets its pid.
+    /// Kills `vm`'s VMM (if it runs) and forgets its pid and cgroup.
     pub(crate) async fn stop_vmm(&self, vm: &MicroVm) {
         if let Some(mut child) = vm.child.lock().await.take() {
             let _ = child.start_kill();
@@ -436,6 +485,16 @@ impl VmTier {
         }
         *locked(&vm.pid) = None;
         let _ = std::fs::remove_file(self.cfg.dir.join(format!("{}.pid", vm.id)));
+        self.remove_cgroup(&vm.id);
+    }
+
+    /// Removes VM `id`'s cgroup (its VMM has exited).
+    pub(crate) fn remove_cgroup(&self, id: &str) {
+        if let Some(cgroups) = &self.cgroups {
+            if let Err(e) = cgroups.attach(id).remove() {
+                tracing::warn!(vm = %id, error = %e, "VMM cgroup left behind");
+            }
+        }
     }
 }
 

@@ -144,6 +144,7 @@ impl VmTier {
         }
         *locked(&vm.pid) = None;
         let _ = std::fs::remove_file(self.cfg.dir.join(format!("{}.pid", vm.id)));
+        self.remove_cgroup(&vm.id);
         self.hold(&dir, 1);
         let before = std::mem::replace(&mut *locked(&vm.memory_from), dir);
         self.release(&before);

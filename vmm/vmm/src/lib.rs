@@ -14,6 +14,7 @@ pub mod acpi;
 pub mod agent_client;
 pub mod control;
 pub mod guest;
+pub mod jail;
 mod kvm_abi;
 pub mod linux;
 pub mod linux_snapshot;

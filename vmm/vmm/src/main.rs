@@ -54,6 +54,8 @@ enum Command {
         /// Let KSM merge identical pages of this VM's memory (MADV_MERGEABLE).
         #[arg(long)]
         ksm: bool,
+        #[command(flatten)]
+        jail: JailOptions,
     },
     Pool {
         #[arg(long, default_value_t = 64)]
@@ -90,6 +92,8 @@ enum Command {
         balloon: bool,
         #[command(flatten)]
         host: HostOptions,
+        #[command(flatten)]
+        jail: JailOptions,
     },
     /// Resume a Linux VM from a snapshot taken by `boot --snapshot-to`; exits as `boot`.
     Resume {
@@ -105,6 +109,8 @@ enum Command {
         disks: Vec<(PathBuf, bool)>,
         #[command(flatten)]
         host: HostOptions,
+        #[command(flatten)]
+        jail: JailOptions,
     },
     /// Run a shell command in a guest through its agent (vsock port 1024 by default); prints
     /// its output and exits with its status.
@@ -144,6 +150,34 @@ impl HostOptions {
     }
 }
 
+/// The jail (see `brig_vmm::jail`): entered before anything else when `--jail` is given.
+#[derive(clap::Args)]
+struct JailOptions {
+    /// Confine this process: own mount namespace with everything read-only but
+    /// `--jail-writable`, no capabilities, a seccomp filter.
+    #[arg(long)]
+    jail: bool,
+    /// A directory left writable in the jail (repeatable).
+    #[arg(long = "jail-writable")]
+    writable: Vec<PathBuf>,
+    /// A `cgroup.procs` file to join first (repeatable).
+    #[arg(long = "jail-cgroup")]
+    cgroup_procs: Vec<PathBuf>,
+}
+
+impl JailOptions {
+    fn enter(self) -> anyhow::Result<()> {
+        if self.jail {
+            let cfg = brig_vmm::jail::JailConfig {
+                cgroup_procs: self.cgroup_procs,
+                writable: self.writable,
+            };
+            brig_vmm::jail::enter(&cfg).context("entering the jail")?;
+        }
+        Ok(())
+    }
+}
+
 /// The writable disks among `disks`, in order (what a snapshot copies).
 fn writable(disks: &[(PathBuf, bool)]) -> Vec<PathBuf> {
     disks.iter().filter(|(_, ro)| !ro).map(|(p, _)| p.clone()).collect()
@@ -168,8 +202,9 @@ fn main() -> anyhow::Result<()> {
             println!(r#"{{"reply":{reply},"boot_ms":{boot_ms:.3}}}"#);
             Ok(())
         }
-        Command::Restore { snapshot, verify, touch_all, dirty_mib, ksm } => {
+        Command::Restore { snapshot, verify, touch_all, dirty_mib, ksm, jail } => {
             let started = Instant::now();
+            jail.enter()?;
             let snap = Snapshot::load(&snapshot)?;
             if verify {
                 snap.verify_memory()?;
@@ -197,8 +232,10 @@ fn main() -> anyhow::Result<()> {
             disks,
             balloon,
             host,
+            jail,
         } => {
             let started = Instant::now();
+            jail.enter()?;
             watchdog(timeout_s);
             let mut devices = Vec::new();
             if rng {
@@ -248,8 +285,9 @@ fn main() -> anyhow::Result<()> {
             }
             finish(&vm, &ending, started)
         }
-        Command::Resume { snapshot, timeout_s, vsock_uds, disks, host } => {
+        Command::Resume { snapshot, timeout_s, vsock_uds, disks, host, jail } => {
             let started = Instant::now();
+            jail.enter()?;
             watchdog(timeout_s);
             let writable_disks = writable(&disks);
             let side =

@@ -56,13 +56,13 @@ pub fn loopback_up() -> Result<(), ShimError> {
     use std::os::fd::AsRawFd;
     // SAFETY: SIOCGIFFLAGS reads into `req`, a properly sized ifreq that outlives the call;
     // `sock` is an open socket.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS as libc::Ioctl, &mut req) } < 0 {
         return Err(ShimError::Sys("SIOCGIFFLAGS lo", nix::Error::last()));
     }
     // SAFETY: the union member ifru_flags is the one SIOCGIFFLAGS just filled.
     unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
     // SAFETY: as above; SIOCSIFFLAGS only reads `req`.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS as libc::Ioctl, &req) } < 0 {
         return Err(ShimError::Sys("SIOCSIFFLAGS lo", nix::Error::last()));
     }
     Ok(())

@@ -17,6 +17,26 @@ fn dir_has(dir: &str, id: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// A VMM runs jailed: no capabilities, no_new_privs, seccomp, its own mount namespace, and
+/// its own cgroup where the host has cgroups.
+fn check_jail(vm: &MicroVm) -> anyhow::Result<()> {
+    let pid = vm.pid().ok_or_else(|| anyhow::anyhow!("no VMM pid"))?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field =
+        |key: &str| status.lines().find_map(|l| l.strip_prefix(&format!("{key}:"))).map(str::trim);
+    for (key, want) in [("CapEff", "0000000000000000"), ("NoNewPrivs", "1"), ("Seccomp", "2")] {
+        anyhow::ensure!(field(key) == Some(want), "VMM {key}: {:?}", field(key));
+    }
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).ok();
+    anyhow::ensure!(ns(&pid.to_string()) != ns("self"), "the VMM shares our mount namespace");
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+    anyhow::ensure!(cgroup.contains(&format!("/{}", vm.id)), "the VMM's cgroup: {cgroup}");
+    println!(
+        "BRIG-VMTIER-OK each VMM runs jailed (no capabilities, seccomp, own mounts, own cgroup)"
+    );
+    Ok(())
+}
+
 /// Polls `vm`'s memory figures until `done` holds them (60 s at most).
 async fn stats_until(
     tier: &VmTier,
@@ -163,6 +183,7 @@ fn main() -> anyhow::Result<()> {
             "BRIG-VMTIER-OK created vm-b from the snapshot in {:.2} s",
             t.elapsed().as_secs_f64()
         );
+        check_jail(&b)?;
         let limit = Duration::from_secs(30);
         let out = tier.exec(&a, "echo only-in-a > /tmp/mark; cat /tmp/mark; exit 3", limit).await?;
         anyhow::ensure!(out.stdout == b"only-in-a\n" && out.exit_code == 3, "vm-a: {out:?}");
