@@ -38,6 +38,8 @@ const MAX_PAYLOAD: usize = 4096;
 /// Largest TX chain we read (header + payload); longer ones are refused.
 const MAX_TX: usize = HEADER + (64 << 10);
 const QUEUE_SIZES: [u16; 3] = [256, 256, 256];
+/// Control packets waiting for the guest, at most (see `Vsock::reply_later`).
+const MAX_QUEUED_REPLIES: usize = 1024;
 const RX: usize = 0;
 const TX: usize = 1;
 
@@ -162,16 +164,25 @@ impl Vsock {
         }
     }
 
+    /// Queues a control packet (reset, credit update) for the guest. A guest that floods us
+    /// with bad packets and never takes the answers finds further answers dropped, so the
+    /// queue (host memory) stays bounded; the answers are advisory.
+    fn reply_later(&self, shared: &mut VsockShared, header: Header) {
+        if shared.to_guest.len() < MAX_QUEUED_REPLIES {
+            shared.to_guest.push_back((header, Vec::new()));
+        }
+    }
+
     /// Handles one packet from the guest.
     fn handle_guest_packet(&self, shared: &mut VsockShared, h: Header, payload: &[u8]) {
         let key = (h.dst_port, h.src_port);
         if h.type_ != TYPE_STREAM || h.dst_cid != HOST_CID {
-            shared.to_guest.push_back((self.reply(&h, OP_RST, 0), Vec::new()));
+            self.reply_later(shared, self.reply(&h, OP_RST, 0));
             return;
         }
         let Some(conn) = shared.conns.get_mut(&key) else {
             if h.op != OP_RST {
-                shared.to_guest.push_back((self.reply(&h, OP_RST, 0), Vec::new()));
+                self.reply_later(shared, self.reply(&h, OP_RST, 0));
             }
             return;
         };
@@ -185,31 +196,31 @@ impl Vsock {
             OP_RW if conn.state == ConnState::Established => {
                 if write_fully(&mut conn.stream, payload).is_err() {
                     shared.conns.remove(&key);
-                    shared.to_guest.push_back((self.reply(&h, OP_RST, 0), Vec::new()));
+                    self.reply_later(shared, self.reply(&h, OP_RST, 0));
                     return;
                 }
                 conn.fwd_cnt = conn.fwd_cnt.wrapping_add(payload.len() as u32);
                 // Tell the guest about freed space once a quarter of the window has gone by.
                 if conn.fwd_cnt % (BUF_ALLOC / 4) < payload.len() as u32 {
                     let update = self.reply(&h, OP_CREDIT_UPDATE, conn.fwd_cnt);
-                    shared.to_guest.push_back((update, Vec::new()));
+                    self.reply_later(shared, update);
                 }
             }
             OP_CREDIT_REQUEST => {
                 let update = self.reply(&h, OP_CREDIT_UPDATE, conn.fwd_cnt);
-                shared.to_guest.push_back((update, Vec::new()));
+                self.reply_later(shared, update);
             }
             OP_CREDIT_UPDATE => {}
             OP_SHUTDOWN | OP_RST => {
                 let _ = conn.stream.shutdown(std::net::Shutdown::Both);
                 shared.conns.remove(&key);
                 if h.op == OP_SHUTDOWN {
-                    shared.to_guest.push_back((self.reply(&h, OP_RST, 0), Vec::new()));
+                    self.reply_later(shared, self.reply(&h, OP_RST, 0));
                 }
             }
             _ => {
                 shared.conns.remove(&key);
-                shared.to_guest.push_back((self.reply(&h, OP_RST, 0), Vec::new()));
+                self.reply_later(shared, self.reply(&h, OP_RST, 0));
             }
         }
     }
