@@ -161,7 +161,7 @@ impl Driver {
     fn connect(&mut self, port: u32) -> (BufReader<UnixStream>, u32) {
         let mut host = UnixStream::connect(self.uds()).expect("connect");
         host.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-        write!(host, "CONNECT {port}\n").expect("connect line");
+        writeln!(host, "CONNECT {port}").expect("connect line");
         let got = self.receive();
         let request =
             got.iter().find(|p| p.0 == 1).unwrap_or_else(|| panic!("no REQUEST: {got:?}"));
