@@ -67,17 +67,30 @@ insmod /mod/virtio_ring.ko; insmod /mod/virtio.ko; insmod /mod/virtio_mmio.ko; i
 insmod /mod/vsock.ko; insmod /mod/vmw_vsock_virtio_transport_common.ko; insmod /mod/vmw_vsock_virtio_transport.ko
 insmod /mod/virtio_blk.ko; insmod /mod/libcrc32c.ko; insmod /mod/erofs.ko; insmod /mod/overlay.ko
 insmod /mod/virtio_balloon.ko
-# With disks (vda: a read-only EROFS layer, vdb: a writable disk, formatted on first use), the
-# sandbox's tree is the layer under an overlay whose upper half lives on the writable disk,
-# and the agent runs commands chrooted into it.
-if [ -e /dev/vda ] && [ -e /dev/vdb ]; then
-    mkdir -p /layer /scratch /merged
-    mount -t erofs -o ro /dev/vda /layer &&
-        { mount /dev/vdb /scratch 2>/dev/null || { mke2fs -q /dev/vdb && mount /dev/vdb /scratch; }; } &&
+# With disks (`brig.layers=N` read-only EROFS layers, base first, on vda, vdb, ..., then a
+# writable disk, formatted on first use; without the parameter vda and vdb mean one layer),
+# the sandbox's tree is the layers under an overlay whose upper half lives on the writable
+# disk, and the agent runs commands chrooted into it.
+layers=$(sed -n 's/.*brig\.layers=\([0-9]*\).*/\1/p' /proc/cmdline)
+[ -z "$layers" ] && [ -e /dev/vda ] && [ -e /dev/vdb ] && layers=1
+if [ -n "$layers" ] && [ "$layers" -gt 0 ]; then
+    i=0; lower=""; scratch=""; ok=yes
+    for d in a b c d e f g h i j k l m n o p q; do
+        if [ $i -lt $layers ]; then
+            mkdir -p /layers/$i && mount -t erofs -o ro /dev/vd$d /layers/$i || ok=no
+            lower="/layers/$i${lower:+:$lower}"
+        elif [ $i -eq $layers ]; then
+            scratch=/dev/vd$d
+        fi
+        i=$((i + 1))
+    done
+    mkdir -p /scratch /merged
+    [ $ok = yes ] &&
+        { mount $scratch /scratch 2>/dev/null || { mke2fs -q $scratch && mount $scratch /scratch; }; } &&
         mkdir -p /scratch/upper /scratch/work &&
-        mount -t overlay overlay -o lowerdir=/layer,upperdir=/scratch/upper,workdir=/scratch/work /merged &&
+        mount -t overlay overlay -o lowerdir=$lower,upperdir=/scratch/upper,workdir=/scratch/work /merged &&
         echo "written in the guest" > /merged/from-guest.txt && sync &&
-        echo "BRIG-L2-DISKS layer-files=$(ls /layer/bin | wc -l) merged=$(cat /merged/from-guest.txt)" &&
+        echo "BRIG-L2-DISKS layers=$layers layer-files=$(ls /layers/0/bin | wc -l) merged=$(cat /merged/from-guest.txt)" &&
         export BRIG_AGENT_ROOT=/merged
 fi
 /bin/brig-agent &
@@ -116,6 +129,11 @@ cp "$out/l2-initrd.gz" "$l1/l2/initrd.gz"
 # The guest's disks for the snapshot flow: the busybox layer image and an empty ext4 disk.
 cp "${BRIG_ARTIFACTS:-$root/artifacts}/images/busybox.erofs" "$l1/l2/busybox.erofs"
 truncate -s 32M "$l1/l2/scratch.img" && mkfs.ext4 -q -F "$l1/l2/scratch.img"
+# A second layer to stack over busybox (`--image busybox+extra`), with one file of its own.
+extra="$work/extra-layer"
+mkdir -p "$extra/etc"
+echo "from the extra layer" > "$extra/etc/extra-layer.txt"
+mkfs.erofs --quiet "$l1/l2/extra.erofs" "$extra"
 cat > "$l1/init" <<'INIT'
 #!/bin/sh
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev

@@ -115,7 +115,10 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
     assert!(has("BRIG-L2-RNG current=virtio_rng.0 bytes="), "virtio-rng not in use:\n{log}");
     // virtio-blk: the busybox EROFS layer (read-only) under an overlay whose upper half is on
     // a writable ext4 disk.
-    assert!(has("BRIG-L2-DISKS layer-files=") && has("merged=written in the guest"), "{log}");
+    assert!(
+        has("BRIG-L2-DISKS layers=1 layer-files=") && has("merged=written in the guest"),
+        "{log}"
+    );
     // The guest asked for a snapshot; brig-vmm saved it and exited 4.
     assert!(has("BRIG-L1-SNAPSHOT rc=4"), "no snapshot:\n{log}");
     // A new brig-vmm process restored it; the guest went on with its tmpfs intact and rebooted.
@@ -138,6 +141,7 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
         "created vm-b from the snapshot",
         "isolated guests",
         "each VMM runs jailed",
+        "vm-b resumed into a warm VMM",
         "files move in and out of the guest intact",
         "each VM has its own hostname and random stream",
         "a timed-out command is killed in the guest",
@@ -181,7 +185,8 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
 
 /// The SDK against brigd in the emulated host (through QEMU's UDP forward): a microvm sandbox
 /// is created, runs commands with streamed output, moves files, pauses and resumes on the next
-/// request, forks into two children that start from its state; then a sandbox labelled
+/// request, forks into two children that start from its state; a sandbox of two stacked
+/// layers sees both; then a sandbox labelled
 /// `phase=done` tells the emulated host to finish.
 fn drive_from_outside(port: u16, endpoint: &str) -> Result<(), String> {
     let field = |key: &str| {
@@ -254,6 +259,23 @@ fn drive_from_outside(port: u16, endpoint: &str) -> Result<(), String> {
         for s in kids.iter().chain(std::iter::once(&sb)) {
             s.destroy().await.map_err(e("destroy"))?;
         }
+        // An image of two layers stacked (base first), each a read-only disk of the VM.
+        let stacked = client
+            .create(SandboxOptions::tier(Tier::Microvm).image("busybox+extra"))
+            .await
+            .map_err(e("create busybox+extra"))?;
+        let out = stacked
+            .exec([
+                "sh",
+                "-c",
+                "cat /etc/extra-layer.txt; test -x /bin/busybox && echo busybox-too",
+            ])
+            .await
+            .map_err(e("exec in busybox+extra"))?;
+        if out.stdout != b"from the extra layer\nbusybox-too\n" {
+            return Err(format!("layers not stacked: {out:?}"));
+        }
+        stacked.destroy().await.map_err(e("destroy"))?;
         client
             .create(SandboxOptions::tier(Tier::Microvm).label("phase", "done"))
             .await

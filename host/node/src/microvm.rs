@@ -34,6 +34,8 @@ pub struct MicrovmConfig {
     /// Let KSM merge identical pages across VMs (`MADV_MERGEABLE`; ksmd must run, and it
     /// costs CPU: see `brig-bench ksm`).
     pub ksm: bool,
+    /// VMMs started ahead and waiting for a VM (jailed, KVM VM and memory created).
+    pub warm_vmms: usize,
 }
 
 impl Default for MicrovmConfig {
@@ -47,6 +49,7 @@ impl Default for MicrovmConfig {
             vmm: None,
             images_dir: None,
             ksm: false,
+            warm_vmms: 2,
         }
     }
 }
@@ -69,6 +72,7 @@ pub(crate) fn open(cfg: &MicrovmConfig, state_dir: &Path) -> Result<Arc<VmTier>,
         mem_mib: cfg.mem_mib,
         dir: state_dir.join("microvm"),
         ksm: cfg.ksm,
+        warm: cfg.warm_vmms,
     });
     match tier {
         Ok(t) => {
@@ -122,11 +126,45 @@ impl Node {
         id: &SandboxId,
         image: Option<&str>,
     ) -> Result<MicroVm, NodeError> {
-        let layer = match image {
-            None => None,
-            Some(name) => Some(self.microvm_image(name)?),
+        let layers = match image {
+            None => Vec::new(),
+            Some(name) => self.microvm_layers(name)?,
         };
-        self.vmtier()?.create(&id.to_string(), layer.as_deref()).await.map_err(vm_error)
+        self.vmtier()?.create(&id.to_string(), &layers).await.map_err(vm_error)
+    }
+
+    /// The EROFS files of an image's layers (`base+workspace+toolkit`, base first), each a
+    /// read-only disk of the microVM.
+    fn microvm_layers(&self, image: &str) -> Result<Vec<PathBuf>, NodeError> {
+        let bad = |why: &str| NodeError::BadImage(image.to_string(), why.to_string());
+        let cfg = &self.inner.config;
+        let dir = cfg
+            .microvm
+            .images_dir
+            .clone()
+            .or_else(|| cfg.container.images_dir.clone())
+            .ok_or_else(|| bad("no images directory configured for microVMs"))?;
+        let parts: Vec<&str> = image.split('+').collect();
+        if parts.len() > brig_vmtier::MAX_LAYERS {
+            return Err(bad(&format!("more than {} layers", brig_vmtier::MAX_LAYERS)));
+        }
+        parts
+            .into_iter()
+            .map(|name| {
+                let ok = !name.is_empty()
+                    && name.len() <= 128
+                    && !name.starts_with('.')
+                    && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._@-".contains(&b));
+                if !ok {
+                    return Err(bad("microVM layers are local layer files named by `+` (no store references yet)"));
+                }
+                let path = dir.join(format!("{name}.erofs"));
+                if !path.is_file() {
+                    return Err(bad(&format!("no layer file {}", path.display())));
+                }
+                Ok(path)
+            })
+            .collect()
     }
 
     /// Saves a microVM to disk and stops its VMM; the bytes that frees.
@@ -150,30 +188,6 @@ impl Node {
             .into_iter()
             .map(|child| child.map(|c| TierHandle::Microvm(Box::new(c))).map_err(vm_error))
             .collect())
-    }
-
-    /// The EROFS file of a single-layer image, for a microVM's read-only disk.
-    fn microvm_image(&self, name: &str) -> Result<PathBuf, NodeError> {
-        let bad = |why: &str| NodeError::BadImage(name.to_string(), why.to_string());
-        let ok = !name.is_empty()
-            && name.len() <= 128
-            && !name.starts_with('.')
-            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._@-".contains(&b));
-        if !ok {
-            return Err(bad("microVMs take one local layer by name (no `+` stacks yet)"));
-        }
-        let cfg = &self.inner.config;
-        let dir = cfg
-            .microvm
-            .images_dir
-            .clone()
-            .or_else(|| cfg.container.images_dir.clone())
-            .ok_or_else(|| bad("no images directory configured for microVMs"))?;
-        let path = dir.join(format!("{name}.erofs"));
-        if !path.is_file() {
-            return Err(bad(&format!("no layer file {}", path.display())));
-        }
-        Ok(path)
     }
 
     /// Uploads into a microVM through its agent.

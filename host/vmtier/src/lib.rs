@@ -14,6 +14,7 @@
 
 mod agent_link;
 pub mod lifecycle;
+mod pool;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -40,6 +41,8 @@ pub struct VmTierConfig {
     pub dir: PathBuf,
     /// Let KSM merge identical pages across VMs (costs ksmd CPU time; off by default).
     pub ksm: bool,
+    /// VMMs kept started ahead, waiting for a VM to resume (see `pool`).
+    pub warm: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,8 +92,8 @@ pub struct MicroVm {
     /// The VMM's control socket.
     control: PathBuf,
     log: PathBuf,
-    /// The image layer (read-only disk) and the VM's own writable disk, when it runs an image.
-    disks: Option<(PathBuf, PathBuf)>,
+    /// The image's layers and the VM's own writable disk, when it runs an image.
+    disks: Option<Disks>,
     /// The snapshot directory the VM's memory is mapped from (its environment's, or a saved
     /// one after a pause or for a fork's child).
     memory_from: std::sync::Mutex<PathBuf>,
@@ -102,9 +105,34 @@ pub struct MicroVm {
 #[derive(Debug, Clone)]
 struct Environment {
     dir: PathBuf,
-    /// The image layer (read-only disk) and the writable disk as it was at the snapshot.
-    disks: Option<(PathBuf, PathBuf)>,
+    /// The image's layers and the writable disk as it was at the snapshot.
+    disks: Option<Disks>,
 }
+
+/// A VM's disks: its image's read-only layers (EROFS files, base first: /dev/vda, vdb, …)
+/// and a writable disk after them, which the guest's init stacks into one overlay.
+#[derive(Debug, Clone)]
+pub(crate) struct Disks {
+    pub layers: Vec<PathBuf>,
+    pub writable: PathBuf,
+}
+
+impl Disks {
+    /// The VMM's `--disk` arguments.
+    fn args(&self) -> Vec<std::ffi::OsString> {
+        let mut args = Vec::new();
+        for layer in &self.layers {
+            args.push("--disk".into());
+            args.push(format!("{}:ro", layer.display()).into());
+        }
+        args.push("--disk".into());
+        args.push(self.writable.clone().into_os_string());
+        args
+    }
+}
+
+/// Layers an image may stack in a microVM (each is a virtio-blk disk).
+pub const MAX_LAYERS: usize = 16;
 
 /// The cgroup every VMM of the tier in `dir` sits under: `brig-vm-<hash of dir>`, so two
 /// daemons on one host never reap each other's VMMs.
@@ -129,6 +157,11 @@ fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl MicroVm {
+    /// The VMM's console log.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
     /// The VMM's pid (none while paused).
     pub fn pid(&self) -> Option<u32> {
         *locked(&self.pid)
@@ -162,6 +195,9 @@ pub struct VmTier {
     /// Saved snapshots (pauses, fork points) and how many VMs map their memory.
     saved: std::sync::Mutex<HashMap<PathBuf, usize>>,
     next_saved: std::sync::atomic::AtomicU64,
+    /// Warm VMMs waiting for a VM.
+    pool: std::sync::Mutex<Vec<pool::Standby>>,
+    next_standby: std::sync::atomic::AtomicU64,
 }
 
 impl VmTier {
@@ -208,6 +244,8 @@ impl VmTier {
             environments: Mutex::new(Default::default()),
             saved: Default::default(),
             next_saved: Default::default(),
+            pool: Default::default(),
+            next_standby: Default::default(),
         })
     }
 
@@ -215,11 +253,15 @@ impl VmTier {
         self.virtualization
     }
 
-    /// The snapshot for `image` (an EROFS layer file) or the bare guest, made on first use:
-    /// a VM boots with the image as a read-only disk and an empty writable disk, its init
-    /// mounts them under an overlay and starts the agent, and it asks to be snapshotted.
-    async fn environment(&self, image: Option<&Path>) -> Result<Environment, VmTierError> {
-        let key = image.map(|p| p.display().to_string()).unwrap_or_default();
+    /// The snapshot for an image (its EROFS layer files, base first; none: the bare guest),
+    /// made on first use: a VM boots with the layers as read-only disks and an empty writable
+    /// disk, its init stacks them under an overlay (`brig.layers=N` on its command line) and
+    /// starts the agent, and it asks to be snapshotted.
+    async fn environment(&self, layers: &[PathBuf]) -> Result<Environment, VmTierError> {
+        if layers.len() > MAX_LAYERS {
+            return Err(VmTierError::Agent(format!("more than {MAX_LAYERS} layers")));
+        }
+        let key = layers.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join("+");
         let mut envs = self.environments.lock().await;
         if let Some(env) = envs.get(&key) {
             return Ok(env.clone());
@@ -235,18 +277,20 @@ impl VmTier {
             .arg(&self.cfg.kernel)
             .arg("--initrd")
             .arg(&self.cfg.initrd)
-            .args(["--cmdline", &self.cfg.cmdline, "--mem-mib", &self.cfg.mem_mib.to_string()])
+            .args(["--mem-mib", &self.cfg.mem_mib.to_string()])
             .args(["--rng", "--balloon"]);
-        let disks = match image {
-            Some(layer) => {
-                let scratch = self.cfg.dir.join(format!("{name}.disk"));
-                let f = std::fs::File::create(&scratch).map_err(io("writable disk"))?;
-                f.set_len(SCRATCH_BYTES).map_err(io("writable disk"))?;
-                cmd.arg("--disk").arg(format!("{}:ro", layer.display()));
-                cmd.arg("--disk").arg(&scratch);
-                Some((layer.to_owned(), scratch))
-            }
-            None => None,
+        let disks = if layers.is_empty() {
+            cmd.args(["--cmdline", &self.cfg.cmdline]);
+            None
+        } else {
+            let cmdline = format!("{} brig.layers={}", self.cfg.cmdline, layers.len());
+            cmd.args(["--cmdline", &cmdline]);
+            let writable = self.cfg.dir.join(format!("{name}.disk"));
+            let f = std::fs::File::create(&writable).map_err(io("writable disk"))?;
+            f.set_len(SCRATCH_BYTES).map_err(io("writable disk"))?;
+            let disks = Disks { layers: layers.to_vec(), writable };
+            cmd.args(disks.args());
+            Some(disks)
         };
         let status = cmd
             .arg("--jail")
@@ -268,34 +312,36 @@ impl VmTier {
             return Err(VmTierError::Snapshot { code: status.code(), log: tail });
         }
         tracing::info!(dir = %dir.display(), image = %key, "microvm environment snapshot made");
+        // The first use of the tier starts its warm VMMs.
+        self.refill();
         let env = Environment { dir, disks };
         envs.insert(key, env.clone());
         Ok(env)
     }
 
-    /// A new microVM resumed from the environment snapshot for `image` (an EROFS layer file;
-    /// `None`: the bare guest), with its own copy of the writable disk, its agent answering.
-    pub async fn create(&self, id: &str, image: Option<&Path>) -> Result<MicroVm, VmTierError> {
-        let env = self.environment(image).await?;
+    /// A new microVM resumed from the environment snapshot for an image (its EROFS layer
+    /// files, base first; none: the bare guest), with its own copy of the writable disk, its
+    /// agent answering.
+    pub async fn create(&self, id: &str, layers: &[PathBuf]) -> Result<MicroVm, VmTierError> {
+        let env = self.environment(layers).await?;
         // The guest's mounted file system is in the snapshot: each VM starts from the disk
         // exactly as it was then.
-        let disks = env.disks.as_ref().map(|(layer, scratch)| (layer.clone(), scratch.clone()));
-        self.start_from(id, &env.dir, disks).await
+        self.start_from(id, &env.dir, env.disks.clone()).await
     }
 
-    /// A VM resumed from snapshot `dir`, its writable disk a copy of `disks`' second file,
+    /// A VM resumed from snapshot `dir`, its writable disk a copy of `disks`' writable one,
     /// given its own identity once its agent answers.
     pub(crate) async fn start_from(
         &self,
         id: &str,
         dir: &Path,
-        disks: Option<(PathBuf, PathBuf)>,
+        disks: Option<Disks>,
     ) -> Result<MicroVm, VmTierError> {
         let disks = match disks {
-            Some((layer, from)) => {
+            Some(Disks { layers, writable }) => {
                 let own = self.cfg.dir.join(format!("{id}.disk"));
-                std::fs::copy(&from, &own).map_err(io("copying the writable disk"))?;
-                Some((layer, own))
+                std::fs::copy(&writable, &own).map_err(io("copying the writable disk"))?;
+                Some(Disks { layers, writable: own })
             }
             None => None,
         };
@@ -324,50 +370,74 @@ impl VmTier {
     /// Starts `vm`'s VMM, resuming it from its `memory_from` snapshot, and waits for its agent.
     pub(crate) async fn spawn_vmm(&self, vm: &MicroVm) -> Result<(), VmTierError> {
         let dir = locked(&vm.memory_from).clone();
-        let log_file = std::fs::File::create(&vm.log).map_err(io("VM log"))?;
-        let mut cmd = tokio::process::Command::new(&self.cfg.vmm);
-        cmd.arg("resume").arg("--snapshot").arg(&dir);
-        if let Some((layer, own)) = &vm.disks {
-            cmd.arg("--disk").arg(format!("{}:ro", layer.display()));
-            cmd.arg("--disk").arg(own);
+        let mut args: Vec<std::ffi::OsString> =
+            vec!["resume".into(), "--snapshot".into(), dir.into_os_string()];
+        if let Some(disks) = &vm.disks {
+            args.extend(disks.args());
         }
         if self.cfg.ksm {
-            cmd.arg("--ksm");
+            args.push("--ksm".into());
         }
-        // The jail: only the tier's directory is writable, and the VMM joins its own cgroup.
-        cmd.arg("--jail").arg("--jail-writable").arg(&self.cfg.dir);
-        if let Some(cgroups) = &self.cgroups {
-            let limits = CgroupLimits {
-                memory_bytes: Some(((self.cfg.mem_mib as u64) << 20) + VMM_MEMORY_SLACK),
-                pids: Some(VMM_PIDS),
-                cpu_millis: None,
-            };
-            let cgroup = cgroups.create(&vm.id, &limits, 0).map_err(|e| VmTierError::Io {
-                what: "VMM cgroup".into(),
-                source: std::io::Error::other(e),
-            })?;
-            for procs in cgroup.join_files() {
-                cmd.arg("--jail-cgroup").arg(procs);
+        for (flag, path) in [("--vsock-uds", &vm.uds), ("--control-uds", &vm.control)] {
+            args.push(flag.into());
+            args.push(path.clone().into_os_string());
+        }
+        args.extend(["--timeout-s".into(), "31536000".into()]);
+        let cgroup = match &self.cgroups {
+            Some(cgroups) => {
+                let limits = CgroupLimits {
+                    memory_bytes: Some(((self.cfg.mem_mib as u64) << 20) + VMM_MEMORY_SLACK),
+                    pids: Some(VMM_PIDS),
+                    cpu_millis: None,
+                };
+                let cgroup = cgroups.create(&vm.id, &limits, 0).map_err(|e| VmTierError::Io {
+                    what: "VMM cgroup".into(),
+                    source: std::io::Error::other(e),
+                })?;
+                cgroup.join_files()
             }
-        }
-        let child = cmd
-            .arg("--vsock-uds")
-            .arg(&vm.uds)
-            .arg("--control-uds")
-            .arg(&vm.control)
-            .args(["--timeout-s", "31536000"])
-            .stdin(std::process::Stdio::null())
-            .stdout(log_file.try_clone().map_err(io("VM log"))?)
-            .stderr(log_file)
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(io(format!("starting {}", self.cfg.vmm.display())))?;
+            None => Vec::new(),
+        };
+        let pid_file = self.cfg.dir.join(format!("{}.pid", vm.id));
+        let child = match self.take_standby() {
+            Some(standby) => {
+                // A warm VMM: already jailed; it joins the VM's cgroup from here.
+                if let Some(pid) = standby.child.id() {
+                    for procs in &cgroup {
+                        std::fs::write(procs, pid.to_string()).map_err(io("VMM cgroup"))?;
+                    }
+                }
+                std::fs::rename(&standby.log, &vm.log).map_err(io("VM log"))?;
+                std::fs::rename(&standby.pid_file, &pid_file).map_err(io("VMM pid file"))?;
+                let child = standby.resume(&args).await?;
+                self.refill();
+                child
+            }
+            None => {
+                let log_file = std::fs::File::create(&vm.log).map_err(io("VM log"))?;
+                // The jail: only the tier's directory is writable; the VMM joins its cgroup.
+                args.extend(["--jail".into(), "--jail-writable".into()]);
+                args.push(self.cfg.dir.clone().into_os_string());
+                for procs in cgroup {
+                    args.extend(["--jail-cgroup".into(), procs.into_os_string()]);
+                }
+                let child = tokio::process::Command::new(&self.cfg.vmm)
+                    .args(&args)
+                    .stdin(std::process::Stdio::null())
+                    .stdout(log_file.try_clone().map_err(io("VM log"))?)
+                    .stderr(log_file)
+                    .process_group(0)
+                    .kill_on_drop(true)
+                    .spawn()
+                    .map_err(io(format!("starting {}", self.cfg.vmm.display())))?;
+                if let Some(pid) = child.id() {
+                    // Recorded so a later daemon can stop this VMM if this one dies first.
+                    let _ = std::fs::write(&pid_file, pid.to_string());
+                }
+                child
+            }
+        };
         let pid = child.id();
-        if let Some(pid) = pid {
-            // Recorded so a later daemon can stop this VMM if this one dies without doing so.
-            let _ = std::fs::write(self.cfg.dir.join(format!("{}.pid", vm.id)), pid.to_string());
-        }
         *vm.child.lock().await = Some(child);
         *locked(&vm.pid) = pid;
         let limit = Duration::from_secs(60);
@@ -471,8 +541,8 @@ impl VmTier {
         for path in [&vm.uds, &vm.control, &vm.log] {
             let _ = std::fs::remove_file(path);
         }
-        if let Some((_, disk)) = &vm.disks {
-            let _ = std::fs::remove_file(disk);
+        if let Some(disks) = &vm.disks {
+            let _ = std::fs::remove_file(&disks.writable);
         }
         self.release(&locked(&vm.memory_from));
     }
@@ -502,6 +572,7 @@ impl VmTier {
 /// their files: VMs are not adopted back yet, and a stray VMM must not hold memory forever.
 fn reap_orphans(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let dir_text = dir.to_string_lossy().into_owned();
     for entry in entries.flatten() {
         let path = entry.path();
         if path.extension().is_none_or(|e| e != "pid") {
@@ -511,10 +582,13 @@ fn reap_orphans(dir: &Path) {
         let pid: Option<i32> =
             std::fs::read_to_string(&path).ok().and_then(|t| t.trim().parse().ok());
         if let Some(pid) = pid {
-            // Only a brig-vmm serving this VM's socket: a reused pid is left alone.
+            // Only a brig-vmm serving this VM's socket, or a warm one of this tier (its
+            // command line names the tier's directory): a reused pid is left alone.
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let text = String::from_utf8_lossy(&cmdline);
-            if text.contains("brig-vmm") && text.contains(&format!("{id}.sock")) {
+            let ours = text.contains(&format!("{id}.sock"))
+                || (text.contains("standby") && text.contains(&dir_text));
+            if text.contains("brig-vmm") && ours {
                 tracing::warn!(vm = %id, pid, "stopping a VMM left by a previous daemon");
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(pid),

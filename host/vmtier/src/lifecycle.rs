@@ -21,7 +21,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
-use crate::{io, locked, MicroVm, VmTier, VmTierError};
+use crate::{io, locked, Disks, MicroVm, VmTier, VmTierError};
 
 /// Under the tier's directory: snapshots saved by pauses and forks.
 pub(crate) const SAVED_DIR: &str = "saved";
@@ -177,7 +177,7 @@ impl VmTier {
         let (dir, disk) = if vm.is_paused() {
             // The saved snapshot and the disk as the pause left them.
             let dir = locked(&vm.memory_from).clone();
-            (dir, vm.disks.as_ref().map(|(layer, own)| (layer.clone(), own.clone())))
+            (dir, vm.disks.clone())
         } else {
             let dir = self.saved_dir(&vm.id);
             if let Some(parent) = dir.parent() {
@@ -185,7 +185,10 @@ impl VmTier {
             }
             control(&vm.control, &format!("snapshot {}", dir.display()), SAVE_LIMIT).await?;
             // The VMM copied the writable disk (`disk-0`) while the vCPU stood still.
-            let disk = vm.disks.as_ref().map(|(layer, _)| (layer.clone(), dir.join("disk-0")));
+            let disk = vm
+                .disks
+                .as_ref()
+                .map(|d| Disks { layers: d.layers.clone(), writable: dir.join("disk-0") });
             (dir, disk)
         };
         self.hold(&dir, children.len());

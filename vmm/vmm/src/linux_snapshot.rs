@@ -47,6 +47,8 @@ pub enum LinuxSnapshotError {
     Kvm(&'static str, #[source] kvm_ioctls::Error),
     #[error(transparent)]
     Boot(#[from] BootError),
+    #[error("the snapshot has {snapshot} bytes of guest memory, the waiting VM {vm}")]
+    MemorySize { snapshot: u64, vm: u64 },
 }
 
 fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> LinuxSnapshotError {
@@ -276,19 +278,49 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<(u64, Sections), LinuxSnapshotErro
     Ok((mem, Sections(sections)))
 }
 
+/// The guest memory size a snapshot in `dir` needs, and its parsed state.
+fn read_state(dir: &Path) -> Result<(PathBuf, u64, Sections), LinuxSnapshotError> {
+    let state_path = dir.join("vm.state");
+    let bytes = std::fs::read(&state_path)
+        .map_err(|source| LinuxSnapshotError::Io { path: state_path.clone(), source })?;
+    let (mem, sections) = parse(&state_path, &bytes)?;
+    Ok((state_path, mem, sections))
+}
+
 /// A fresh VM restored from `dir`, ready to [`LinuxVm::run`].
 pub fn restore(
     dir: &Path,
     echo_console: bool,
     host: &HostSide,
 ) -> Result<LinuxVm, LinuxSnapshotError> {
-    let state_path = dir.join("vm.state");
-    let bytes = std::fs::read(&state_path)
-        .map_err(|source| LinuxSnapshotError::Io { path: state_path.clone(), source })?;
-    let (mem, s) = parse(&state_path, &bytes)?;
-    let bad = || LinuxSnapshotError::Malformed(state_path.clone());
+    let (state_path, mem, sections) = read_state(dir)?;
+    let vm = LinuxVm::create((mem >> 20) as usize, echo_console)?;
+    restore_state(vm, dir, &state_path, &sections, host)
+}
+
+/// `vm`, created ahead (a warm VMM's), restored from `dir`: saves creating the KVM VM and its
+/// memory on the path to a running sandbox. Its memory size must be the snapshot's.
+pub fn restore_into(
+    vm: LinuxVm,
+    dir: &Path,
+    host: &HostSide,
+) -> Result<LinuxVm, LinuxSnapshotError> {
+    let (state_path, mem, sections) = read_state(dir)?;
+    if vm.memory.size() as u64 != mem {
+        return Err(LinuxSnapshotError::MemorySize { snapshot: mem, vm: vm.memory.size() as u64 });
+    }
+    restore_state(vm, dir, &state_path, &sections, host)
+}
+
+fn restore_state(
+    mut vm: LinuxVm,
+    dir: &Path,
+    state_path: &Path,
+    s: &Sections,
+    host: &HostSide,
+) -> Result<LinuxVm, LinuxSnapshotError> {
+    let bad = || LinuxSnapshotError::Malformed(state_path.to_owned());
     let get = |tag: Tag| s.get(tag).ok_or_else(bad);
-    let mut vm = LinuxVm::create((mem >> 20) as usize, echo_console)?;
     let mem_path = dir.join("vm.mem");
     let file = File::open(&mem_path)
         .map_err(|source| LinuxSnapshotError::Io { path: mem_path.clone(), source })?;

@@ -112,6 +112,15 @@ enum Command {
         #[command(flatten)]
         jail: JailOptions,
     },
+    /// Wait as a warm VMM: enter the jail and create the KVM VM ahead, then read one line on
+    /// stdin, a JSON array of `resume` arguments (`["resume", "--snapshot", …]`), and resume
+    /// that snapshot into the waiting VM.
+    Standby {
+        #[arg(long, default_value_t = 256)]
+        mem_mib: usize,
+        #[command(flatten)]
+        jail: JailOptions,
+    },
     /// Run a shell command in a guest through its agent (vsock port 1024 by default); prints
     /// its output and exits with its status.
     Exec {
@@ -175,6 +184,41 @@ impl JailOptions {
             brig_vmm::jail::enter(&cfg).context("entering the jail")?;
         }
         Ok(())
+    }
+}
+
+/// What `resume` needs once the process is jailed.
+struct ResumeArgs {
+    snapshot: PathBuf,
+    timeout_s: u64,
+    vsock_uds: Option<PathBuf>,
+    disks: Vec<(PathBuf, bool)>,
+    host: HostOptions,
+}
+
+impl ResumeArgs {
+    /// Restores the snapshot (into `waiting`, a VM created ahead, if given) and runs it.
+    fn run(self, waiting: Option<LinuxVm>, started: Instant) -> anyhow::Result<()> {
+        watchdog(self.timeout_s);
+        let writable_disks = writable(&self.disks);
+        let side = brig_vmm::linux_snapshot::HostSide {
+            vsock_uds: self.vsock_uds,
+            guest_cid: GUEST_CID,
+            disks: self.disks,
+        };
+        let (mut vm, into) = match waiting {
+            Some(vm) => (
+                brig_vmm::linux_snapshot::restore_into(vm, &self.snapshot, &side)?,
+                " into a waiting VM",
+            ),
+            None => (brig_vmm::linux_snapshot::restore(&self.snapshot, true, &side)?, ""),
+        };
+        self.host.apply(&vm)?;
+        let ms = started.elapsed().as_secs_f64() * 1000.0;
+        eprintln!("brig-vmm: restored{into} in {ms:.3} ms");
+        let limit = std::time::Duration::from_secs(self.timeout_s);
+        let ending = brig_vmm::control::run(&mut vm, limit, &writable_disks);
+        finish(&vm, &ending, started)
     }
 }
 
@@ -288,19 +332,26 @@ fn main() -> anyhow::Result<()> {
         Command::Resume { snapshot, timeout_s, vsock_uds, disks, host, jail } => {
             let started = Instant::now();
             jail.enter()?;
-            watchdog(timeout_s);
-            let writable_disks = writable(&disks);
-            let side =
-                brig_vmm::linux_snapshot::HostSide { vsock_uds, guest_cid: GUEST_CID, disks };
-            let mut vm = brig_vmm::linux_snapshot::restore(&snapshot, true, &side)?;
-            host.apply(&vm)?;
-            eprintln!("brig-vmm: restored in {:.3} ms", started.elapsed().as_secs_f64() * 1000.0);
-            let ending = brig_vmm::control::run(
-                &mut vm,
-                std::time::Duration::from_secs(timeout_s),
-                &writable_disks,
-            );
-            finish(&vm, &ending, started)
+            let resume = ResumeArgs { snapshot, timeout_s, vsock_uds, disks, host };
+            resume.run(None, started)
+        }
+        Command::Standby { mem_mib, jail } => {
+            jail.enter()?;
+            let vm = LinuxVm::create(mem_mib, true)?;
+            let mut line = String::new();
+            std::io::stdin().lock().read_line(&mut line)?;
+            let started = Instant::now();
+            let args: Vec<String> = serde_json::from_str(&line)
+                .with_context(|| format!("expected a JSON array of resume arguments: {line:?}"))?;
+            let cli = Cli::try_parse_from(std::iter::once("brig-vmm".to_string()).chain(args))?;
+            // Already jailed: the resume's own jail options are not applied again.
+            let Command::Resume { snapshot, timeout_s, vsock_uds, disks, host, jail: _ } =
+                cli.command
+            else {
+                anyhow::bail!("a standby VMM takes `resume` arguments");
+            };
+            let resume = ResumeArgs { snapshot, timeout_s, vsock_uds, disks, host };
+            resume.run(Some(vm), started)
         }
         Command::Exec { uds, port, command } => {
             let code = brig_vmm::agent_client::exec(&uds, port, &command.join(" "))?;

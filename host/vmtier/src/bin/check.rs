@@ -166,24 +166,29 @@ fn main() -> anyhow::Result<()> {
         mem_mib: 256,
         dir: args[4].clone().into(),
         ksm: false,
+        warm: 1,
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
         let tier = VmTier::open(cfg)?;
         println!("BRIG-VMTIER-OK tier open on {}", tier.virtualization().as_str());
         let t = std::time::Instant::now();
-        let a = tier.create("vm-a", None).await?;
+        let a = tier.create("vm-a", &[]).await?;
         println!(
             "BRIG-VMTIER-OK created vm-a (snapshot made) in {:.1} s",
             t.elapsed().as_secs_f64()
         );
         let t = std::time::Instant::now();
-        let b = tier.create("vm-b", None).await?;
+        let b = tier.create("vm-b", &[]).await?;
         println!(
             "BRIG-VMTIER-OK created vm-b from the snapshot in {:.2} s",
             t.elapsed().as_secs_f64()
         );
         check_jail(&b)?;
+        // vm-b was resumed into a warm VMM the pool started after vm-a's snapshot.
+        let log = std::fs::read_to_string(b.log()).unwrap_or_default();
+        anyhow::ensure!(log.contains("into a waiting VM"), "vm-b's VMM was not a warm one: {log}");
+        println!("BRIG-VMTIER-OK vm-b resumed into a warm VMM (jailed, VM created ahead)");
         let limit = Duration::from_secs(30);
         let out = tier.exec(&a, "echo only-in-a > /tmp/mark; cat /tmp/mark; exit 3", limit).await?;
         anyhow::ensure!(out.stdout == b"only-in-a\n" && out.exit_code == 3, "vm-a: {out:?}");
@@ -239,7 +244,7 @@ fn main() -> anyhow::Result<()> {
         tier.destroy(&b).await;
         println!("BRIG-VMTIER-OK destroy reaps the VMM and removes its socket");
         // A daemon that dies without destroying its VMs: the next one stops the strays.
-        let stray = tier.create("vm-stray", None).await?;
+        let stray = tier.create("vm-stray", &[]).await?;
         let stray_pid = stray.pid().ok_or_else(|| anyhow::anyhow!("no pid"))?;
         std::mem::forget(stray);
         drop(tier);
@@ -255,6 +260,7 @@ fn main() -> anyhow::Result<()> {
             mem_mib: 256,
             dir: args[4].clone().into(),
             ksm: false,
+            warm: 0,
         })?;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let status = std::fs::read_to_string(format!("/proc/{stray_pid}/stat")).unwrap_or_default();
