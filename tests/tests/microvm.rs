@@ -143,6 +143,7 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
         "each VMM runs jailed",
         "vm-b resumed into a warm VMM",
         "files move in and out of the guest intact",
+        "a shell session keeps its state",
         "each VM has its own hostname and random stream",
         "a timed-out command is killed in the guest",
         "free-page reporting: the VMM held",
@@ -184,7 +185,7 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
 }
 
 /// The SDK against brigd in the emulated host (through QEMU's UDP forward): a microvm sandbox
-/// is created, runs commands with streamed output, moves files, pauses and resumes on the next
+/// is created, runs commands with streamed output, keeps a shell session, moves files, pauses and resumes on the next
 /// request, forks into two children that start from its state; a sandbox of two stacked
 /// layers sees both; then a sandbox labelled
 /// `phase=done` tells the emulated host to finish.
@@ -226,6 +227,17 @@ fn drive_from_outside(port: u16, endpoint: &str) -> Result<(), String> {
         if chunks < 2 {
             return Err(format!("output came in {chunks} piece(s), not as produced"));
         }
+        // A shell session: state kept between commands.
+        let shell = sb.open_session().await.map_err(e("open_session"))?;
+        shell
+            .run("mkdir -p /work && cd /work && X=kept", Duration::from_secs(30))
+            .await
+            .map_err(e("session run"))?;
+        let out = shell.run("echo $X", Duration::from_secs(30)).await.map_err(e("session run"))?;
+        if out.stdout != b"kept\n" || out.cwd != "/work" || out.exit_code != Some(0) {
+            return Err(format!("session: {out:?}"));
+        }
+        shell.close().await.map_err(e("session close"))?;
         let blob: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
         sb.write_file("/work/blob", &blob).await.map_err(e("write_file"))?;
         if sb.read_file("/work/blob").await.map_err(e("read_file"))? != blob {

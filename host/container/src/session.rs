@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, Mutex};
 
@@ -73,17 +73,73 @@ pub enum SessionEvent {
     },
 }
 
-/// One shell session in a container.
+/// One shell session (in a container, or in a microVM through its agent).
 pub struct Session {
     state: Mutex<State>,
     control: mpsc::Sender<Control>,
-    process: Mutex<Process>,
+    process: Mutex<Box<dyn SessionProcess>>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").finish_non_exhaustive()
+    }
 }
 
 struct State {
-    commands: pipe::Sender,
-    stdin: pipe::Sender,
+    commands: Writer,
+    stdin: Writer,
     running: Option<String>,
+}
+
+type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+
+/// The shell a session drives, wherever it runs.
+pub trait SessionProcess: Send {
+    /// SIGINT to the running command (the shell's process group); the shell survives.
+    fn interrupt(&mut self) -> Result<(), SessionError>;
+    /// Ends the shell and everything it started.
+    fn close(&mut self);
+}
+
+impl SessionProcess for Process {
+    fn interrupt(&mut self) -> Result<(), SessionError> {
+        nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(self.pid),
+            nix::sys::signal::Signal::SIGINT,
+        )
+        .map_err(|e| SessionError::Io(e.into()))
+    }
+
+    fn close(&mut self) {
+        self.kill_tree();
+    }
+}
+
+/// A running session shell's descriptors (the driver's protocol, see the module docs) and the
+/// handle that interrupts or ends it.
+pub struct SessionParts {
+    /// fd 3: the next command.
+    pub commands: Writer,
+    /// fd 0: input for the running command.
+    pub stdin: Writer,
+    pub stdout: ReadHalf,
+    pub stderr: ReadHalf,
+    /// fd 4: completion reports.
+    pub done: ReadHalf,
+    pub process: Box<dyn SessionProcess>,
+}
+
+/// The environment a session shell starts with: the caller's, plus settings that keep tools
+/// from paging or prompting.
+pub fn session_env(mut env: Vec<(String, String)>) -> Vec<(String, String)> {
+    for (k, v) in [("TERM", "dumb"), ("PAGER", "cat"), ("GIT_PAGER", "cat"), ("PS1", "")] {
+        if !env.iter().any(|(key, _)| key == k) {
+            env.push((k.to_string(), v.to_string()));
+        }
+    }
+    env
 }
 
 enum Control {
@@ -114,15 +170,9 @@ impl Session {
         let (err_r, err_w) = pipe()?;
         let (cmd_r, cmd_w) = pipe()?;
         let (done_r, done_w) = pipe()?;
-        let mut env = env;
-        for (k, v) in [("TERM", "dumb"), ("PAGER", "cat"), ("GIT_PAGER", "cat"), ("PS1", "")] {
-            if !env.iter().any(|(key, _)| key == k) {
-                env.push((k.to_string(), v.to_string()));
-            }
-        }
         let request = SpawnRequest {
             argv: vec![shell.to_string(), "-c".to_string(), DRIVER.to_string()],
-            env,
+            env: session_env(env),
             cwd: cwd.to_string(),
             user,
         };
@@ -136,23 +186,35 @@ impl Session {
         drop((in_r, out_w, err_w, cmd_r, done_w));
         let sender = |fd| pipe::Sender::from_owned_fd(fd).map_err(io);
         let receiver = |fd| pipe::Receiver::from_owned_fd(fd).map_err(io);
+        Ok(Session::from_parts(SessionParts {
+            commands: Box::new(sender(cmd_w)?),
+            stdin: Box::new(sender(in_w)?),
+            stdout: Box::new(receiver(out_r)?),
+            stderr: Box::new(receiver(err_r)?),
+            done: Box::new(receiver(done_r)?),
+            process: Box::new(process),
+        }))
+    }
+
+    /// A session over a shell that already runs [`DRIVER`] with these descriptors.
+    pub fn from_parts(parts: SessionParts) -> Session {
         let (control, control_rx) = mpsc::channel(16);
         let reader = Reader {
-            stdout: receiver(out_r)?,
-            stderr: receiver(err_r)?,
-            done: receiver(done_r)?,
+            stdout: parts.stdout,
+            stderr: parts.stderr,
+            done: parts.done,
             control: control_rx,
         };
         tokio::spawn(reader.run());
-        Ok(Session {
+        Session {
             state: Mutex::new(State {
-                commands: sender(cmd_w)?,
-                stdin: sender(in_w)?,
+                commands: parts.commands,
+                stdin: parts.stdin,
                 running: None,
             }),
             control,
-            process: Mutex::new(process),
-        })
+            process: Mutex::new(parts.process),
+        }
     }
 
     /// Runs `command`; events stream into `sink` until it finishes or `timeout` passes
@@ -241,22 +303,20 @@ impl Session {
     /// Interrupts the running command (SIGINT to the session's process group); the shell
     /// survives and reports the command's status.
     pub async fn interrupt(&self) -> Result<(), SessionError> {
-        let pid = self.process.lock().await.pid;
-        nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGINT)
-            .map_err(|e| SessionError::Io(e.into()))
+        self.process.lock().await.interrupt()
     }
 
     /// Ends the session: the shell and everything it started.
     pub async fn close(&self) {
-        self.process.lock().await.kill_tree();
+        self.process.lock().await.close();
     }
 }
 
 /// Reads the shell's output and completion reports; routes them to the attached waiter.
 struct Reader {
-    stdout: pipe::Receiver,
-    stderr: pipe::Receiver,
-    done: pipe::Receiver,
+    stdout: ReadHalf,
+    stderr: ReadHalf,
+    done: ReadHalf,
     control: mpsc::Receiver<Control>,
 }
 

@@ -25,6 +25,7 @@ pub mod metrics;
 mod microvm;
 mod sandboxes;
 mod scope;
+mod sessions;
 
 pub use admission::AdmissionConfig;
 pub use config::{BlobBackendConfig, ContainerConfig, ImagesConfig, NodeConfig, OnExit};
@@ -332,30 +333,6 @@ impl Node {
         reply
     }
 
-    async fn session_stream(
-        &self,
-        sandbox: &str,
-        session: &str,
-        command: Option<&str>,
-        timeout_ms: u64,
-        exchange: &mut Exchange,
-    ) -> Result<Option<Reply>, NodeError> {
-        let entry = self.container(sandbox, "sessions").await?;
-        let TierHandle::Container(c) = &entry.handle else { return Ok(None) };
-        let timeout = Duration::from_millis(
-            timeout_ms.clamp(1, self.inner.config.container.max_exec_timeout_ms),
-        );
-        if let Some(command) = command {
-            self.inner.audit.record(
-                sandbox,
-                AuditKind::SessionCommand { session: session.into(), command: command.into() },
-            );
-        }
-        let reply = c.session_run(session, command, timeout, exchange).await;
-        entry.touch();
-        reply
-    }
-
     /// Requests with no streaming.
     async fn handle(&self, request: Request) -> Result<Option<Reply>, NodeError> {
         let fncall = &self.inner.fncall;
@@ -431,30 +408,17 @@ impl Node {
                 }
                 Reply::Done
             }
-            Request::SessionOpen(req) => {
-                let entry = self.container(&req.sandbox, "sessions").await?;
-                let TierHandle::Container(c) = &entry.handle else { return Ok(None) };
-                Reply::Session { session: c.open_session(req).await? }
-            }
+            Request::SessionOpen(req) => Reply::Session { session: self.session_open(req).await? },
             Request::SessionInput { sandbox, session, data } => {
-                let entry = self.container(&sandbox, "sessions").await?;
-                if let TierHandle::Container(c) = &entry.handle {
-                    c.session_input(&session, &data).await?;
-                }
+                self.session_input(&sandbox, &session, &data).await?;
                 Reply::Done
             }
             Request::SessionInterrupt { sandbox, session } => {
-                let entry = self.container(&sandbox, "sessions").await?;
-                if let TierHandle::Container(c) = &entry.handle {
-                    c.session_interrupt(&session).await?;
-                }
+                self.session_interrupt(&sandbox, &session).await?;
                 Reply::Done
             }
             Request::SessionClose { sandbox, session } => {
-                let entry = self.container(&sandbox, "sessions").await?;
-                if let TierHandle::Container(c) = &entry.handle {
-                    c.session_close(&session).await?;
-                }
+                self.session_close(&sandbox, &session).await?;
                 Reply::Done
             }
             Request::ImageList
@@ -497,13 +461,7 @@ impl Node {
             Request::SetEgress { sandbox, rules } => {
                 Reply::Sandbox(self.set_egress(&sandbox, rules).await?)
             }
-            Request::SessionList { sandbox } => {
-                let entry = self.inner.sandboxes.get(&sandbox)?;
-                match &entry.handle {
-                    TierHandle::Container(c) => Reply::Sessions(c.session_ids()),
-                    TierHandle::Fncall(_) | TierHandle::Microvm(_) => Reply::Sessions(Vec::new()),
-                }
-            }
+            Request::SessionList { sandbox } => Reply::Sessions(self.session_ids(&sandbox)?),
             Request::FileWrite(_)
             | Request::FileRead(_)
             | Request::ToolAdd { .. }

@@ -86,7 +86,7 @@ pub(crate) fn open(cfg: &MicrovmConfig, state_dir: &Path) -> Result<Arc<VmTier>,
     }
 }
 
-fn vm_error(e: VmTierError) -> NodeError {
+pub(crate) fn vm_error(e: VmTierError) -> NodeError {
     match e {
         VmTierError::Unavailable(why) => NodeError::TierUnavailable { tier: Tier::Microvm, why },
         other => NodeError::Io {
@@ -114,6 +114,10 @@ fn quote(arg: &str) -> String {
 }
 
 impl Node {
+    pub(crate) fn microvm_tier(&self) -> Result<&Arc<VmTier>, NodeError> {
+        self.vmtier()
+    }
+
     fn vmtier(&self) -> Result<&Arc<VmTier>, NodeError> {
         self.inner
             .vmtier

@@ -24,6 +24,13 @@ pub struct ExecStream {
 }
 
 impl ExecStream {
+    /// The connection's two halves, for a request that keeps talking (a session).
+    pub(crate) fn into_parts(
+        self,
+    ) -> (BufReader<tokio::net::unix::OwnedReadHalf>, tokio::net::unix::OwnedWriteHalf) {
+        (self.reader, self._write)
+    }
+
     /// The next event; `Exit` is the last.
     pub async fn next(&mut self) -> Result<ExecEvent, VmTierError> {
         let mut head = [0u8; 5];

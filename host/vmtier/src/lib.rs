@@ -15,6 +15,7 @@
 mod agent_link;
 pub mod lifecycle;
 mod pool;
+mod session;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -99,6 +100,9 @@ pub struct MicroVm {
     memory_from: std::sync::Mutex<PathBuf>,
     /// Saved to `memory_from` with no VMM running.
     paused: std::sync::atomic::AtomicBool,
+    /// Open shell sessions, by id.
+    sessions: std::sync::Mutex<HashMap<String, std::sync::Arc<brig_container::session::Session>>>,
+    next_session: std::sync::atomic::AtomicU64,
 }
 
 /// A snapshot to resume VMs from: the bare guest, or the guest with an image mounted.
@@ -157,6 +161,40 @@ fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl MicroVm {
+    /// Keeps an open session; returns its id.
+    pub fn add_session(&self, session: brig_container::session::Session) -> String {
+        let n = self.next_session.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = format!("s{n}");
+        locked(&self.sessions).insert(id.clone(), std::sync::Arc::new(session));
+        id
+    }
+
+    pub fn session(&self, id: &str) -> Option<std::sync::Arc<brig_container::session::Session>> {
+        locked(&self.sessions).get(id).cloned()
+    }
+
+    /// Forgets session `id` (the caller closes it).
+    pub fn remove_session(
+        &self,
+        id: &str,
+    ) -> Option<std::sync::Arc<brig_container::session::Session>> {
+        locked(&self.sessions).remove(id)
+    }
+
+    pub fn session_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = locked(&self.sessions).keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    /// Ends every session (their shells go with the connection to the agent).
+    pub(crate) async fn close_sessions(&self) {
+        let sessions: Vec<_> = locked(&self.sessions).drain().map(|(_, s)| s).collect();
+        for s in sessions {
+            s.close().await;
+        }
+    }
+
     /// The VMM's console log.
     pub fn log(&self) -> &Path {
         &self.log
@@ -355,6 +393,8 @@ impl VmTier {
             disks,
             memory_from: std::sync::Mutex::new(dir.to_owned()),
             paused: Default::default(),
+            sessions: Default::default(),
+            next_session: Default::default(),
         };
         if let Err(e) = self.spawn_vmm(&vm).await {
             self.destroy(&vm).await;
@@ -537,6 +577,7 @@ impl VmTier {
 
     /// Stops the VM and removes what it left.
     pub async fn destroy(&self, vm: &MicroVm) {
+        vm.close_sessions().await;
         self.stop_vmm(vm).await;
         for path in [&vm.uds, &vm.control, &vm.log] {
             let _ = std::fs::remove_file(path);

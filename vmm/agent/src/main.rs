@@ -10,6 +10,8 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
+mod session;
+
 use brig_vmm_api::agent::{self, AgentRequest};
 use nix::sys::socket::{
     accept, bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, VsockAddr,
@@ -18,7 +20,19 @@ use nix::sys::socket::{
 const DEFAULT_PORT: u32 = agent::PORT;
 const VMADDR_CID_ANY: u32 = u32::MAX;
 
+/// An init script that starts us in the background leaves SIGINT and SIGQUIT ignored, and
+/// every command we start would inherit that: a session's interrupt must reach them.
+#[allow(unsafe_code)]
+fn default_signals() {
+    for signal in [nix::sys::signal::Signal::SIGINT, nix::sys::signal::Signal::SIGQUIT] {
+        // SAFETY: restoring the default disposition installs no handler; nothing else in the
+        // process relies on these signals being ignored, and no threads run yet.
+        let _ = unsafe { nix::sys::signal::signal(signal, nix::sys::signal::SigHandler::SigDfl) };
+    }
+}
+
 fn main() {
+    default_signals();
     let port =
         std::env::var("BRIG_AGENT_PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(DEFAULT_PORT);
     if let Err(e) = serve(port) {
@@ -128,6 +142,15 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
     let out = Arc::new(Mutex::new(stream));
     let command = match agent::parse_request(&line) {
         Some(AgentRequest::Exec(command)) => command,
+        Some(AgentRequest::Session { shell, len }) => {
+            return match session::serve(reader, out.clone(), shell, len) {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    frame(&out, agent::STDERR, format!("brig-agent: session: {e}\n").as_bytes())?;
+                    frame(&out, agent::EXIT, &1i32.to_le_bytes())
+                }
+            };
+        }
         Some(other) => {
             let result = match other {
                 AgentRequest::Seed(seed) => reseed(seed),
@@ -135,7 +158,7 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
                     rooted(path).and_then(|p| put(&mut reader, &p, len))
                 }
                 AgentRequest::Get(path) => rooted(path).and_then(|p| get(&out, &p)),
-                AgentRequest::Exec(_) => Ok(()),
+                AgentRequest::Exec(_) | AgentRequest::Session { .. } => Ok(()),
             };
             return match result {
                 Ok(()) => frame(&out, agent::EXIT, &0i32.to_le_bytes()),
@@ -150,14 +173,7 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
             return frame(&out, agent::EXIT, &2i32.to_le_bytes());
         }
     };
-    let mut shell = match root() {
-        Some(root) => {
-            let mut c = Command::new("/bin/chroot");
-            c.arg(root).arg("/bin/sh");
-            c
-        }
-        None => Command::new("/bin/sh"),
-    };
+    let mut shell = shell("/bin/sh");
     let mut child = shell
         .arg("-c")
         .arg(command)
@@ -179,6 +195,25 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
         (agent::STDOUT, Box::new(child.stdout.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),
         (agent::STDERR, Box::new(child.stderr.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),
     ];
+    pump(pipes, &out);
+    let status = child.wait()?;
+    frame(&out, agent::EXIT, &exit_code(status).to_le_bytes())
+}
+
+/// `shell` (an absolute path), chrooted into the sandbox's root when there is one.
+fn shell(shell: &str) -> Command {
+    match root() {
+        Some(root) => {
+            let mut c = Command::new("/bin/chroot");
+            c.arg(root).arg(shell);
+            c
+        }
+        None => Command::new(shell),
+    }
+}
+
+/// Sends what each pipe produces as frames of its kind until every pipe is closed.
+fn pump(pipes: Vec<(u8, Box<dyn Read + Send>)>, out: &Arc<Mutex<std::fs::File>>) {
     let pumps: Vec<_> = pipes
         .into_iter()
         .map(|(kind, mut pipe)| {
@@ -201,9 +236,11 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
     for p in pumps {
         let _ = p.join();
     }
-    let status = child.wait()?;
-    let code = status.code().unwrap_or_else(|| {
+}
+
+/// A process's exit status as the protocol reports it: its code, or 128 + the signal.
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    status.code().unwrap_or_else(|| {
         128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0)
-    });
-    frame(&out, agent::EXIT, &code.to_le_bytes())
+    })
 }

@@ -5,6 +5,12 @@
 //! host → agent   EXEC <shell command>\n
 //! agent → host   frames: kind u8 | len u32 LE | bytes
 //!                STDOUT / STDERR as produced, then EXIT (i32 LE status), last
+//!
+//! host → agent   SESSION <len> <shell>\n, then <len> bytes: a script `<shell> -c` runs with
+//!                fds 3 and 4 wired to the connection; then frames IN_STDIN (to fd 0),
+//!                IN_COMMAND (to fd 3), IN_INTERRUPT (SIGINT to its process group)
+//! agent → host   frames STDOUT, STDERR, SESSION_DONE (from fd 4), then EXIT when it ends;
+//!                a host hang-up kills the script and everything it started
 //! ```
 
 use std::io::{Read, Write};
@@ -14,6 +20,12 @@ pub const PORT: u32 = 1024;
 pub const STDOUT: u8 = 1;
 pub const STDERR: u8 = 2;
 pub const EXIT: u8 = 3;
+/// A session shell's completion reports (its fd 4).
+pub const SESSION_DONE: u8 = 4;
+/// Host → agent in a session: bytes for the shell's stdin, for its fd 3, and an interrupt.
+pub const IN_STDIN: u8 = 16;
+pub const IN_COMMAND: u8 = 17;
+pub const IN_INTERRUPT: u8 = 18;
 /// Largest frame a reader accepts.
 pub const MAX_FRAME: usize = 1 << 20;
 
@@ -39,6 +51,11 @@ pub fn get_line(path: &str) -> String {
     format!("GET {path}\n")
 }
 
+/// Starts a session: the line, then exactly `len` bytes of script for `shell -c`.
+pub fn session_line(shell: &str, len: usize) -> String {
+    format!("SESSION {len} {}\n", shell.replace('\n', " "))
+}
+
 /// A parsed agent request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AgentRequest<'a> {
@@ -46,6 +63,7 @@ pub enum AgentRequest<'a> {
     Seed(&'a str),
     Put { path: &'a str, len: u64 },
     Get(&'a str),
+    Session { shell: &'a str, len: usize },
 }
 
 /// Parses a request line (without or with its newline).
@@ -56,6 +74,11 @@ pub fn parse_request(line: &str) -> Option<AgentRequest<'_>> {
         "EXEC" => Some(AgentRequest::Exec(rest)),
         "SEED" => Some(AgentRequest::Seed(rest)),
         "GET" if rest.starts_with('/') => Some(AgentRequest::Get(rest)),
+        "SESSION" => {
+            let (len, shell) = rest.split_once(' ')?;
+            shell.starts_with('/').then_some(())?;
+            Some(AgentRequest::Session { shell, len: len.parse().ok()? })
+        }
         "PUT" => {
             let (len, path) = rest.split_once(' ')?;
             path.starts_with('/').then_some(())?;
@@ -128,5 +151,10 @@ mod tests {
         assert_eq!(parse_request(&get_line("/etc/x")), Some(AgentRequest::Get("/etc/x")));
         assert_eq!(parse_request("GET relative\n"), None);
         assert_eq!(parse_request("PUT x /a\n"), None);
+        assert_eq!(
+            parse_request(&session_line("/bin/sh", 12)),
+            Some(AgentRequest::Session { shell: "/bin/sh", len: 12 })
+        );
+        assert_eq!(parse_request("SESSION 5 sh\n"), None);
     }
 }

@@ -1,13 +1,10 @@
-//! Shell sessions in container sandboxes, with their output streamed to the client.
+//! The shell sessions a container sandbox keeps (requests are served in `crate::sessions`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
-use brig_container::session::{Session, SessionEvent};
-use brig_proto::{OutputStream, Reply, SessionOpenRequest};
-use brig_transport::Exchange;
-use tokio::sync::mpsc;
+use brig_container::session::Session;
+use brig_proto::SessionOpenRequest;
 
 use super::{merged_env, ContainerSandbox};
 use crate::NodeError;
@@ -24,7 +21,7 @@ impl ContainerSandbox {
         Ok(id)
     }
 
-    fn session(&self, id: &str) -> Result<Arc<Session>, NodeError> {
+    pub fn session(&self, id: &str) -> Result<Arc<Session>, NodeError> {
         self.sessions
             .lock()
             .get(id)
@@ -32,73 +29,9 @@ impl ContainerSandbox {
             .ok_or_else(|| NodeError::NoSuchSession(id.to_string()))
     }
 
-    /// Runs (`Some(command)`) or waits on (`None`) a session command, streaming its output.
-    pub async fn session_run(
-        &self,
-        session: &str,
-        command: Option<&str>,
-        timeout: Duration,
-        exchange: &mut Exchange,
-    ) -> Result<Option<Reply>, NodeError> {
-        let session = self.session(session)?;
-        let (tx, mut rx) = mpsc::channel(64);
-        let run = async {
-            match command {
-                Some(c) => session.run(c, timeout, tx).await,
-                None => session.wait(timeout, tx).await,
-            }
-        };
-        let forward = async {
-            let mut last = None;
-            let mut delivered = true;
-            while let Some(event) = rx.recv().await {
-                let reply = match event {
-                    SessionEvent::Stdout(b) => {
-                        Reply::Output { stream: OutputStream::Stdout, data: b.to_vec() }
-                    }
-                    SessionEvent::Stderr(b) => {
-                        Reply::Output { stream: OutputStream::Stderr, data: b.to_vec() }
-                    }
-                    SessionEvent::Dropped { bytes } => Reply::Output {
-                        stream: OutputStream::Stderr,
-                        data: format!(
-                            "[brig: {bytes} bytes of output dropped while nobody waited]\n"
-                        )
-                        .into_bytes(),
-                    },
-                    SessionEvent::Done { exit_code, cwd } => {
-                        last = Some(Reply::SessionDone { exit_code, cwd });
-                        continue;
-                    }
-                    SessionEvent::Pending => {
-                        last = Some(Reply::SessionPending);
-                        continue;
-                    }
-                };
-                if delivered {
-                    delivered = exchange.reply(&reply).await.is_ok();
-                }
-            }
-            last
-        };
-        let (ran, last) = tokio::join!(run, forward);
-        ran?;
-        Ok(Some(last.unwrap_or(Reply::SessionPending)))
-    }
-
-    pub async fn session_input(&self, session: &str, data: &[u8]) -> Result<(), NodeError> {
-        Ok(self.session(session)?.input(data).await?)
-    }
-
-    pub async fn session_interrupt(&self, session: &str) -> Result<(), NodeError> {
-        Ok(self.session(session)?.interrupt().await?)
-    }
-
-    pub async fn session_close(&self, session: &str) -> Result<(), NodeError> {
-        let removed = self.sessions.lock().remove(session);
-        let session = removed.ok_or_else(|| NodeError::NoSuchSession(session.to_string()))?;
-        session.close().await;
-        Ok(())
+    /// Forgets session `id` (the caller closes it).
+    pub fn remove_session(&self, id: &str) -> Option<Arc<Session>> {
+        self.sessions.lock().remove(id)
     }
 
     /// Ids of the open sessions (for a client that reconnects).

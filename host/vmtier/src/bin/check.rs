@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use brig_container::session::{Session, SessionEvent};
 use brig_vmtier::{MicroVm, VmStats, VmTier, VmTierConfig, VmTierError};
 
 /// Whether `dir` holds a file of VM `id`.
@@ -33,6 +34,79 @@ fn check_jail(vm: &MicroVm) -> anyhow::Result<()> {
     anyhow::ensure!(cgroup.contains(&format!("/{}", vm.id)), "the VMM's cgroup: {cgroup}");
     println!(
         "BRIG-VMTIER-OK each VMM runs jailed (no capabilities, seccomp, own mounts, own cgroup)"
+    );
+    Ok(())
+}
+
+/// Runs `command` in `session` and collects its events until it is done or pending.
+async fn session_run(
+    session: &Session,
+    command: Option<&str>,
+    timeout: Duration,
+) -> anyhow::Result<(Vec<u8>, Option<SessionEvent>)> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    let run = async {
+        match command {
+            Some(c) => session.run(c, timeout, tx).await,
+            None => session.wait(timeout, tx).await,
+        }
+    };
+    let collect = async {
+        let (mut out, mut last) = (Vec::new(), None);
+        while let Some(event) = rx.recv().await {
+            match event {
+                SessionEvent::Stdout(b) | SessionEvent::Stderr(b) => out.extend_from_slice(&b),
+                other => last = Some(other),
+            }
+        }
+        (out, last)
+    };
+    let (ran, collected) = tokio::join!(run, collect);
+    ran?;
+    Ok(collected)
+}
+
+/// A shell session in the guest: state kept between commands, input to a running command,
+/// an interrupt that stops the command and not the shell.
+async fn session_steps(tier: &VmTier, vm: &MicroVm) -> anyhow::Result<()> {
+    let limit = Duration::from_secs(30);
+    let session =
+        tier.open_session(vm, "/bin/sh", vec![("GREETING".into(), "hi".into())], "/").await?;
+    session_run(&session, Some("cd /tmp && export STEP=two"), limit).await?;
+    let (out, last) = session_run(&session, Some("echo $GREETING $STEP $(pwd)"), limit).await?;
+    anyhow::ensure!(out == b"hi two /tmp\n", "session state: {out:?} {last:?}");
+    anyhow::ensure!(
+        matches!(&last, Some(SessionEvent::Done { exit_code: 0, cwd }) if cwd == "/tmp"),
+        "{last:?}"
+    );
+    // A command reading its input: it waits, gets a line, answers.
+    let (_, pending) =
+        session_run(&session, Some("read line; echo got-$line"), Duration::from_millis(500))
+            .await?;
+    anyhow::ensure!(matches!(pending, Some(SessionEvent::Pending)), "{pending:?}");
+    session.input(b"hello\n").await?;
+    let (out, _) = session_run(&session, None, limit).await?;
+    anyhow::ensure!(out == b"got-hello\n", "input: {out:?}");
+    // (A child shell: busybox may run `sleep` inside the session's shell itself, which
+    // ignores SIGINT by design.)
+    let (_, pending) = session_run(
+        &session,
+        Some("sh -c 'sleep 60; echo not-interrupted'"),
+        Duration::from_millis(500),
+    )
+    .await?;
+    anyhow::ensure!(matches!(pending, Some(SessionEvent::Pending)), "{pending:?}");
+    session.interrupt().await?;
+    let (_, done) = session_run(&session, None, limit).await?;
+    anyhow::ensure!(
+        matches!(done, Some(SessionEvent::Done { exit_code, .. }) if exit_code != 0),
+        "interrupt: {done:?}"
+    );
+    let (out, _) = session_run(&session, Some("echo $STEP"), limit).await?;
+    anyhow::ensure!(out == b"two\n", "the shell did not survive the interrupt: {out:?}");
+    session.close().await;
+    println!(
+        "BRIG-VMTIER-OK a shell session keeps its state, takes input and survives an interrupt"
     );
     Ok(())
 }
@@ -232,6 +306,7 @@ fn main() -> anyhow::Result<()> {
         );
         anyhow::ensure!(tier.read_file(&a, "/nonexistent").await.is_err(), "missing file read");
         println!("BRIG-VMTIER-OK files move in and out of the guest intact");
+        session_steps(&tier, &b).await?;
         memory_steps(&tier, &b).await?;
         lifecycle_steps(&tier, &b, &args[4]).await?;
         let pid = a.pid();

@@ -1,0 +1,102 @@
+//! Sessions: a shell script (the host's session driver) run with its descriptors 0-4 carried
+//! over one connection, in the protocol of `brig_vmm_api::agent`: the host's IN_STDIN and
+//! IN_COMMAND frames become the script's fd 0 and fd 3, its stdout, stderr and fd 4 come back
+//! as STDOUT, STDERR and SESSION_DONE frames, IN_INTERRUPT sends SIGINT to its process group,
+//! and EXIT ends the connection when the script ends. A host hang-up kills the script and
+//! everything it started.
+#![allow(unsafe_code)]
+
+use std::fs::File;
+use std::io::{BufReader, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use brig_vmm_api::agent;
+
+/// Largest session script the agent takes.
+const MAX_SCRIPT: usize = 1 << 20;
+
+/// Makes `fd` the child's descriptor `target` (in the forked child, before exec). Copies it
+/// above the low numbers first, so wiring one descriptor never clobbers the other.
+fn wire(fd: i32, target: i32) -> std::io::Result<()> {
+    // SAFETY: fcntl(F_DUPFD) and dup2 are async-signal-safe and only create descriptors in
+    // this (forked, single-threaded) child; `fd` is open, the parent keeps it until spawn
+    // returns.
+    let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) };
+    if high < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: as above; dup2 onto `target` clears close-on-exec for the copy the script keeps
+    // (the high copy closes at exec).
+    if unsafe { libc::dup2(high, target) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+pub fn serve(
+    mut reader: BufReader<File>,
+    out: Arc<Mutex<File>>,
+    shell: &str,
+    len: usize,
+) -> std::io::Result<()> {
+    if len > MAX_SCRIPT {
+        return Err(std::io::Error::other(format!("a session script of {len} bytes")));
+    }
+    let mut script = vec![0u8; len];
+    reader.read_exact(&mut script)?;
+    let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from);
+    let (cmd_r, cmd_w) = pipe()?;
+    let (done_r, done_w) = pipe()?;
+    let (cmd_fd, done_fd) = (cmd_r.as_raw_fd(), done_w.as_raw_fd());
+    let mut command = crate::shell(shell);
+    command
+        .arg("-c")
+        .arg(std::ffi::OsStr::from_bytes(&script))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    // SAFETY: the closure runs in the forked child before exec and calls only `wire`
+    // (async-signal-safe fcntl and dup2) on descriptors that stay open until spawn returns.
+    unsafe {
+        command.pre_exec(move || {
+            wire(cmd_fd, 3)?;
+            wire(done_fd, 4)
+        })
+    };
+    let mut child = command.spawn()?;
+    drop((cmd_r, done_w));
+    let group = nix::unistd::Pid::from_raw(-(child.id() as i32));
+    let mut stdin = child.stdin.take().ok_or(std::io::ErrorKind::BrokenPipe)?;
+    let mut commands = File::from(cmd_w);
+    // Host frames: input, commands, interrupts; a hang-up kills the whole group.
+    std::thread::spawn(move || {
+        while let Ok((kind, data)) = agent::read_frame(&mut reader) {
+            let written = match kind {
+                agent::IN_STDIN => stdin.write_all(&data),
+                agent::IN_COMMAND => commands.write_all(&data),
+                agent::IN_INTERRUPT => {
+                    let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGINT);
+                    Ok(())
+                }
+                _ => Ok(()),
+            };
+            if written.is_err() {
+                break;
+            }
+        }
+        let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
+    });
+    let pipes: Vec<(u8, Box<dyn Read + Send>)> = vec![
+        (agent::STDOUT, Box::new(child.stdout.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),
+        (agent::STDERR, Box::new(child.stderr.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),
+        (agent::SESSION_DONE, Box::new(File::from(done_r))),
+    ];
+    crate::pump(pipes, &out);
+    let status = child.wait()?;
+    crate::frame(&out, agent::EXIT, &crate::exit_code(status).to_le_bytes())
+}
