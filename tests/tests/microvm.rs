@@ -227,6 +227,31 @@ fn drive_from_outside(port: u16, endpoint: &str) -> Result<(), String> {
         if chunks < 2 {
             return Err(format!("output came in {chunks} piece(s), not as produced"));
         }
+        // Stdin from the request; output past the cap stops the command.
+        let out = sb
+            .exec_with(
+                Cmd::new(["sh", "-c", "cat; echo; cd /tmp && pwd"])
+                    .stdin(b"to-stdin".to_vec())
+                    .cwd("/"),
+            )
+            .await
+            .map_err(e("exec with stdin"))?;
+        if out.stdout != b"to-stdin\n/tmp\n" {
+            return Err(format!("stdin: {out:?}"));
+        }
+        let out = sb
+            .exec_with(
+                Cmd::new(["sh", "-c", "while true; do echo yyyyyyyy; done"]).output_limit(10_000),
+            )
+            .await
+            .map_err(e("exec past its cap"))?;
+        if !out.result.truncated || out.stdout.len() != 10_000 {
+            return Err(format!(
+                "cap: truncated {} with {} bytes",
+                out.result.truncated,
+                out.stdout.len()
+            ));
+        }
         // A shell session: state kept between commands.
         let shell = sb.open_session().await.map_err(e("open_session"))?;
         shell

@@ -23,6 +23,7 @@ mod images;
 mod lifecycle;
 pub mod metrics;
 mod microvm;
+mod microvm_exec;
 mod sandboxes;
 mod scope;
 mod sessions;

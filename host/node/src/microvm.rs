@@ -5,12 +5,11 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use brig_core::{SandboxId, Tier};
-use brig_proto::{ExecResult, OutputStream, Reply};
+use brig_proto::Reply;
 use brig_transport::Exchange;
-use brig_vmtier::{ExecEvent, MicroVm, VmTier, VmTierConfig, VmTierError};
+use brig_vmtier::{MicroVm, VmTier, VmTierConfig, VmTierError};
 use serde::{Deserialize, Serialize};
 
 use crate::sandboxes::{SandboxEntry, TierHandle};
@@ -109,16 +108,12 @@ fn guest_path(path: &str) -> String {
 }
 
 /// Quotes `arg` for /bin/sh.
-fn quote(arg: &str) -> String {
+pub(crate) fn quote(arg: &str) -> String {
     format!("'{}'", arg.replace('\'', "'\\''"))
 }
 
 impl Node {
-    pub(crate) fn microvm_tier(&self) -> Result<&Arc<VmTier>, NodeError> {
-        self.vmtier()
-    }
-
-    fn vmtier(&self) -> Result<&Arc<VmTier>, NodeError> {
+    pub(crate) fn vmtier(&self) -> Result<&Arc<VmTier>, NodeError> {
         self.inner
             .vmtier
             .as_ref()
@@ -238,64 +233,5 @@ impl Node {
         exchange.send_raw(bytes::Bytes::copy_from_slice(&data[start..end])).await?;
         entry.touch();
         Ok(None)
-    }
-
-    /// Runs an exec request in a microVM: `ExecStarted`, the output, `Exited`.
-    pub(crate) async fn exec_microvm(
-        &self,
-        entry: &SandboxEntry,
-        req: brig_proto::ExecRequest,
-        exchange: &mut Exchange,
-    ) -> Result<Option<Reply>, NodeError> {
-        let TierHandle::Microvm(vm) = &entry.handle else { return Ok(None) };
-        let mut command = String::new();
-        if !req.cwd.is_empty() {
-            command.push_str(&format!("cd {} && ", quote(&req.cwd)));
-        }
-        for (k, v) in &req.env {
-            command.push_str(&format!("{}={} ", k, quote(v)));
-        }
-        let argv: Vec<String> = req.argv.iter().map(|a| quote(a)).collect();
-        command.push_str(&format!("exec {}", argv.join(" ")));
-        let cfg = &self.inner.config.container;
-        let timeout = Duration::from_millis(
-            req.timeout_ms.unwrap_or(cfg.default_exec_timeout_ms).min(cfg.max_exec_timeout_ms),
-        );
-        exchange.reply(&Reply::ExecStarted { exec_id: 1 }).await?;
-        let started = Instant::now();
-        let mut stream = brig_vmtier::exec_stream(&vm.uds, &command).await.map_err(vm_error)?;
-        let (mut stdout_bytes, mut stderr_bytes) = (0u64, 0u64);
-        // Output is forwarded as the agent sends it.
-        let status = loop {
-            let next = tokio::time::timeout_at(
-                tokio::time::Instant::from_std(started + timeout),
-                stream.next(),
-            );
-            let event = match next.await {
-                Err(_) => break None,
-                Ok(event) => event.map_err(vm_error)?,
-            };
-            let (stream_kind, data) = match event {
-                ExecEvent::Stdout(d) => {
-                    stdout_bytes += d.len() as u64;
-                    (OutputStream::Stdout, d)
-                }
-                ExecEvent::Stderr(d) => {
-                    stderr_bytes += d.len() as u64;
-                    (OutputStream::Stderr, d)
-                }
-                ExecEvent::Exit(code) => break Some(code),
-            };
-            exchange.reply(&Reply::Output { stream: stream_kind, data }).await?;
-        };
-        entry.touch();
-        Ok(Some(Reply::Exited(ExecResult {
-            exit_code: status,
-            timed_out: status.is_none(),
-            duration_us: started.elapsed().as_micros() as u64,
-            stdout_bytes,
-            stderr_bytes,
-            ..Default::default()
-        })))
     }
 }

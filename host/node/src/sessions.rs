@@ -51,7 +51,7 @@ impl Node {
                 let shell = req.shell.unwrap_or_else(|| "/bin/sh".to_string());
                 let cwd = if req.cwd.is_empty() { "/".to_string() } else { req.cwd };
                 let session = self
-                    .microvm_tier()?
+                    .vmtier()?
                     .open_session(vm, &shell, req.env, &cwd)
                     .await
                     .map_err(crate::microvm::vm_error)?;

@@ -1,0 +1,109 @@
+//! Commands in a microVM: the request becomes one shell line for the guest's agent (working
+//! directory, environment, stdin from a file the agent was handed first), and the output is
+//! forwarded as the agent sends it, up to the request's output cap and timeout.
+
+use std::time::{Duration, Instant};
+
+use brig_proto::{ExecResult, OutputStream, Reply, StdinMode};
+use brig_transport::Exchange;
+use brig_vmtier::ExecEvent;
+
+use crate::microvm::{quote, vm_error};
+use crate::sandboxes::{SandboxEntry, TierHandle};
+use crate::{Node, NodeError};
+
+impl Node {
+    /// Runs an exec request in a microVM: `ExecStarted`, the output, `Exited`.
+    pub(crate) async fn exec_microvm(
+        &self,
+        entry: &SandboxEntry,
+        req: brig_proto::ExecRequest,
+        exchange: &mut Exchange,
+    ) -> Result<Option<Reply>, NodeError> {
+        let TierHandle::Microvm(vm) = &entry.handle else { return Ok(None) };
+        let refuse = |op| NodeError::WrongTier { id: entry.id.to_string(), tier: entry.tier, op };
+        if req.user.is_some() {
+            return Err(refuse("a command as another user (microVM commands run as root)"));
+        }
+        let tier = self.vmtier()?;
+        let mut command = String::new();
+        match &req.stdin {
+            StdinMode::Empty => {}
+            StdinMode::Bytes(data) => {
+                // Handed over as a file first; the command reads it as stdin, and it is gone
+                // before the command starts.
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos());
+                let path = format!("/tmp/.brig-stdin-{nanos}");
+                tier.write_file(vm, &path, data).await.map_err(vm_error)?;
+                command.push_str(&format!("exec 0<{p}; rm -f {p}; ", p = quote(&path)));
+            }
+            StdinMode::Stream => {
+                return Err(refuse("streamed stdin (not in the microvm tier yet)"))
+            }
+        }
+        if !req.cwd.is_empty() {
+            command.push_str(&format!("cd {} && ", quote(&req.cwd)));
+        }
+        for (k, v) in &req.env {
+            command.push_str(&format!("{}={} ", k, quote(v)));
+        }
+        let argv: Vec<String> = req.argv.iter().map(|a| quote(a)).collect();
+        command.push_str(&format!("exec {}", argv.join(" ")));
+        let cfg = &self.inner.config.container;
+        let timeout = Duration::from_millis(
+            req.timeout_ms.unwrap_or(cfg.default_exec_timeout_ms).min(cfg.max_exec_timeout_ms),
+        );
+        let limit = req
+            .output_limit_bytes
+            .unwrap_or(cfg.default_output_limit_bytes)
+            .min(cfg.max_output_limit_bytes);
+        exchange.reply(&Reply::ExecStarted { exec_id: 1 }).await?;
+        let started = Instant::now();
+        let mut stream = brig_vmtier::exec_stream(&vm.uds, &command).await.map_err(vm_error)?;
+        let mut result = ExecResult::default();
+        // Output is forwarded as the agent sends it. Past the timeout or the cap, the stream
+        // is dropped: the agent sees the hang-up and kills the command's process group.
+        loop {
+            let next = tokio::time::timeout_at(
+                tokio::time::Instant::from_std(started + timeout),
+                stream.next(),
+            );
+            let event = match next.await {
+                Err(_) => {
+                    result.timed_out = true;
+                    break;
+                }
+                Ok(event) => event.map_err(vm_error)?,
+            };
+            let (kind, mut data) = match event {
+                ExecEvent::Stdout(d) => (OutputStream::Stdout, d),
+                ExecEvent::Stderr(d) => (OutputStream::Stderr, d),
+                ExecEvent::Exit(code) => {
+                    result.exit_code = Some(code);
+                    break;
+                }
+            };
+            let room = limit.saturating_sub(result.stdout_bytes + result.stderr_bytes);
+            if data.len() as u64 > room {
+                data.truncate(room as usize);
+                result.truncated = true;
+            }
+            match kind {
+                OutputStream::Stdout => result.stdout_bytes += data.len() as u64,
+                OutputStream::Stderr => result.stderr_bytes += data.len() as u64,
+            }
+            if !data.is_empty() {
+                exchange.reply(&Reply::Output { stream: kind, data }).await?;
+            }
+            if result.truncated {
+                result.signal = Some(9);
+                break;
+            }
+        }
+        entry.touch();
+        result.duration_us = started.elapsed().as_micros() as u64;
+        Ok(Some(Reply::Exited(result)))
+    }
+}
