@@ -101,6 +101,10 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
         Ok(endpoint) => drive_from_outside(port, &endpoint),
         Err(_) => Err("the emulated host never announced brigd".to_string()),
     };
+    if outside.is_err() {
+        // The emulated host would wait minutes for a done marker that never comes.
+        let _ = qemu.kill();
+    }
     let log = reader.join().expect("console reader");
     let status = qemu.wait().expect("wait");
     let _ = watchdog.join();
@@ -251,6 +255,19 @@ fn drive_from_outside(port: u16, endpoint: &str) -> Result<(), String> {
                 out.result.truncated,
                 out.stdout.len()
             ));
+        }
+        // Stdin streamed as the client sends it.
+        let mut piped = sb
+            .exec_stream(Cmd::new(["sh", "-c", "wc -c"]).stdin_stream())
+            .await
+            .map_err(e("exec with streamed stdin"))?;
+        for _ in 0..4 {
+            piped.write_stdin(vec![b'x'; 50_000]).await.map_err(e("write_stdin"))?;
+        }
+        piped.close_stdin().map_err(e("close_stdin"))?;
+        let out = piped.collect().await.map_err(e("collect"))?;
+        if String::from_utf8_lossy(&out.stdout).trim() != "200000" {
+            return Err(format!("streamed stdin: {out:?}"));
         }
         // A shell session: state kept between commands.
         let shell = sb.open_session().await.map_err(e("open_session"))?;

@@ -1,6 +1,7 @@
 //! Commands in a microVM: the request becomes one shell line for the guest's agent (working
-//! directory, environment, stdin from a file the agent was handed first), and the output is
-//! forwarded as the agent sends it, up to the request's output cap and timeout.
+//! directory, environment, stdin from a file the agent was handed first or streamed as the
+//! client sends it), and the output is forwarded as the agent sends it, up to the request's
+//! output cap and timeout.
 
 use std::time::{Duration, Instant};
 
@@ -39,9 +40,8 @@ impl Node {
                 tier.write_file(vm, &path, data).await.map_err(vm_error)?;
                 command.push_str(&format!("exec 0<{p}; rm -f {p}; ", p = quote(&path)));
             }
-            StdinMode::Stream => {
-                return Err(refuse("streamed stdin (not in the microvm tier yet)"))
-            }
+            // Fed below, as the client sends it.
+            StdinMode::Stream => {}
         }
         if !req.cwd.is_empty() {
             command.push_str(&format!("cd {} && ", quote(&req.cwd)));
@@ -61,7 +61,25 @@ impl Node {
             .min(cfg.max_output_limit_bytes);
         exchange.reply(&Reply::ExecStarted { exec_id: 1 }).await?;
         let started = Instant::now();
-        let mut stream = brig_vmtier::exec_stream(&vm.uds, &command).await.map_err(vm_error)?;
+        let (mut stream, feeder) = match exchange.take_upload() {
+            Some(mut upload) if req.stdin == StdinMode::Stream => {
+                // The client's raw bytes after the request become the command's stdin; the
+                // feeder keeps the agent connection's write half until the command is done.
+                let (stream, mut stdin) =
+                    brig_vmtier::exec_stream_input(&vm.uds, &command).await.map_err(vm_error)?;
+                let feeder = tokio::spawn(async move {
+                    while let Ok(Some(chunk)) = upload.read().await {
+                        if stdin.write(&chunk).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = stdin.finish().await;
+                    std::future::pending::<()>().await;
+                });
+                (stream, Some(feeder))
+            }
+            _ => (brig_vmtier::exec_stream(&vm.uds, &command).await.map_err(vm_error)?, None),
+        };
         let mut result = ExecResult::default();
         // Output is forwarded as the agent sends it. Past the timeout or the cap, the stream
         // is dropped: the agent sees the hang-up and kills the command's process group.
@@ -101,6 +119,9 @@ impl Node {
                 result.signal = Some(9);
                 break;
             }
+        }
+        if let Some(feeder) = feeder {
+            feeder.abort();
         }
         entry.touch();
         result.duration_us = started.elapsed().as_micros() as u64;

@@ -20,15 +20,41 @@ pub enum ExecEvent {
 /// An exec in progress: its output as it is produced, then its status.
 pub struct ExecStream {
     reader: BufReader<tokio::net::unix::OwnedReadHalf>,
-    _write: tokio::net::unix::OwnedWriteHalf,
+    /// Kept open while the command runs: closing it hangs up, which kills the command.
+    write: Option<tokio::net::unix::OwnedWriteHalf>,
+}
+
+/// A command's stdin, sent to the agent as frames (see `exec_stream_input`). Keep it until
+/// the command is done: dropping it hangs up, which kills the command.
+pub struct GuestStdin {
+    write: tokio::net::unix::OwnedWriteHalf,
+}
+
+impl GuestStdin {
+    /// Sends `data` to the command's stdin.
+    pub async fn write(&mut self, data: &[u8]) -> Result<(), VmTierError> {
+        for chunk in data.chunks(64 << 10) {
+            let mut frame = agent::frame_header(agent::IN_STDIN, chunk.len()).to_vec();
+            frame.extend_from_slice(chunk);
+            self.write.write_all(&frame).await.map_err(io("command stdin"))?;
+        }
+        Ok(())
+    }
+
+    /// Ends the command's input (it reads end of file).
+    pub async fn finish(&mut self) -> Result<(), VmTierError> {
+        let frame = agent::frame_header(agent::IN_STDIN, 0);
+        self.write.write_all(&frame).await.map_err(io("command stdin"))
+    }
 }
 
 impl ExecStream {
     /// The connection's two halves, for a request that keeps talking (a session).
     pub(crate) fn into_parts(
         self,
-    ) -> (BufReader<tokio::net::unix::OwnedReadHalf>, tokio::net::unix::OwnedWriteHalf) {
-        (self.reader, self._write)
+    ) -> (BufReader<tokio::net::unix::OwnedReadHalf>, Option<tokio::net::unix::OwnedWriteHalf>)
+    {
+        (self.reader, self.write)
     }
 
     /// The next event; `Exit` is the last.
@@ -47,6 +73,17 @@ impl ExecStream {
             other => Err(VmTierError::Agent(format!("unknown frame kind {other}"))),
         }
     }
+}
+
+/// Starts `command` in the guest behind `uds` with its stdin streamed through the returned
+/// [`GuestStdin`].
+pub async fn exec_stream_input(
+    uds: &Path,
+    command: &str,
+) -> Result<(ExecStream, GuestStdin), VmTierError> {
+    let (reader, write) = request_stream(uds, &agent::exec_input_line(command)).await?.into_parts();
+    let write = write.ok_or_else(|| VmTierError::Agent("no connection to write to".into()))?;
+    Ok((ExecStream { reader, write: None }, GuestStdin { write }))
 }
 
 /// Starts `command` in the guest behind `uds`.
@@ -80,7 +117,7 @@ pub(crate) async fn request_with_body(
     }
     write.write_all(request.as_bytes()).await.map_err(io("agent request"))?;
     write.write_all(body).await.map_err(io("agent request"))?;
-    Ok(ExecStream { reader, _write: write })
+    Ok(ExecStream { reader, write: Some(write) })
 }
 
 pub(crate) async fn exec_inner(uds: &Path, command: &str) -> Result<ExecOutput, VmTierError> {

@@ -26,7 +26,7 @@ use brig_vmm_api::{agent, Virtualization};
 use tokio::sync::Mutex;
 
 use agent_link::{collect, exec_inner, request_stream, request_with_body};
-pub use agent_link::{exec_stream, ExecEvent, ExecStream};
+pub use agent_link::{exec_stream, exec_stream_input, ExecEvent, ExecStream, GuestStdin};
 pub use lifecycle::VmStats;
 
 /// Where the guest and the VMM are, and how big a VM is.

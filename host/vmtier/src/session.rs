@@ -96,8 +96,10 @@ impl VmTier {
         }
         let script = script(env, cwd);
         let line = agent::session_line(shell, script.len());
-        let (mut reader, mut writer) =
+        let (mut reader, writer) =
             request_with_body(&vm.uds, &line, script.as_bytes()).await?.into_parts();
+        let mut writer =
+            writer.ok_or_else(|| VmTierError::Agent("no connection to write to".into()))?;
         let (frames_tx, mut frames_rx) = mpsc::unbounded_channel::<(u8, Vec<u8>)>();
         let (mut out_w, out_r) = tokio::io::duplex(PIPE_BYTES);
         let (mut err_w, err_r) = tokio::io::duplex(PIPE_BYTES);

@@ -140,8 +140,9 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
     let mut line = String::new();
     reader.read_line(&mut line)?;
     let out = Arc::new(Mutex::new(stream));
-    let command = match agent::parse_request(&line) {
-        Some(AgentRequest::Exec(command)) => command,
+    let (command, stdin_frames) = match agent::parse_request(&line) {
+        Some(AgentRequest::Exec(command)) => (command, false),
+        Some(AgentRequest::ExecInput(command)) => (command, true),
         Some(AgentRequest::Session { shell, len }) => {
             return match session::serve(reader, out.clone(), shell, len) {
                 Ok(()) => Ok(()),
@@ -158,7 +159,9 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
                     rooted(path).and_then(|p| put(&mut reader, &p, len))
                 }
                 AgentRequest::Get(path) => rooted(path).and_then(|p| get(&out, &p)),
-                AgentRequest::Exec(_) | AgentRequest::Session { .. } => Ok(()),
+                AgentRequest::Exec(_)
+                | AgentRequest::ExecInput(_)
+                | AgentRequest::Session { .. } => Ok(()),
             };
             return match result {
                 Ok(()) => frame(&out, agent::EXIT, &0i32.to_le_bytes()),
@@ -177,18 +180,31 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
     let mut child = shell
         .arg("-c")
         .arg(command)
-        .stdin(Stdio::null())
+        .stdin(if stdin_frames { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .spawn()?;
     // When the host hangs up (its timeout, or it went away), the command and everything it
-    // started are killed.
+    // started are killed. With streamed stdin, the same reader feeds it first.
     let group = nix::unistd::Pid::from_raw(-(child.id() as i32));
-    let mut hangup = reader.get_ref().try_clone()?;
+    let mut stdin = child.stdin.take();
     std::thread::spawn(move || {
-        let mut byte = [0u8; 1];
-        while matches!(hangup.read(&mut byte), Ok(n) if n > 0) {}
+        if stdin.is_some() {
+            while let Ok((kind, data)) = agent::read_frame(&mut reader) {
+                let Some(pipe) = stdin.as_mut().filter(|_| kind == agent::IN_STDIN) else {
+                    continue;
+                };
+                // An empty frame ends the input (the command sees end of file); a failed
+                // write means the command stopped reading.
+                if data.is_empty() || std::io::Write::write_all(pipe, &data).is_err() {
+                    stdin = None;
+                }
+            }
+        } else {
+            let mut byte = [0u8; 1];
+            while matches!(reader.read(&mut byte), Ok(n) if n > 0) {}
+        }
         let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
     });
     let pipes: Vec<(u8, Box<dyn Read + Send>)> = vec![

@@ -6,6 +6,9 @@
 //! agent → host   frames: kind u8 | len u32 LE | bytes
 //!                STDOUT / STDERR as produced, then EXIT (i32 LE status), last
 //!
+//! host → agent   EXECIN <shell command>\n, then IN_STDIN frames for its stdin (an empty one
+//!                ends it); answered as EXEC
+//!
 //! host → agent   SESSION <len> <shell>\n, then <len> bytes: a script `<shell> -c` runs with
 //!                fds 3 and 4 wired to the connection; then frames IN_STDIN (to fd 0),
 //!                IN_COMMAND (to fd 3), IN_INTERRUPT (SIGINT to its process group)
@@ -60,10 +63,18 @@ pub fn session_line(shell: &str, len: usize) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AgentRequest<'a> {
     Exec(&'a str),
+    /// A command whose stdin follows as IN_STDIN frames.
+    ExecInput(&'a str),
     Seed(&'a str),
-    Put { path: &'a str, len: u64 },
+    Put {
+        path: &'a str,
+        len: u64,
+    },
     Get(&'a str),
-    Session { shell: &'a str, len: usize },
+    Session {
+        shell: &'a str,
+        len: usize,
+    },
 }
 
 /// Parses a request line (without or with its newline).
@@ -72,6 +83,7 @@ pub fn parse_request(line: &str) -> Option<AgentRequest<'_>> {
     let (verb, rest) = line.split_once(' ')?;
     match verb {
         "EXEC" => Some(AgentRequest::Exec(rest)),
+        "EXECIN" => Some(AgentRequest::ExecInput(rest)),
         "SEED" => Some(AgentRequest::Seed(rest)),
         "GET" if rest.starts_with('/') => Some(AgentRequest::Get(rest)),
         "SESSION" => {
@@ -91,6 +103,11 @@ pub fn parse_request(line: &str) -> Option<AgentRequest<'_>> {
 /// The request line for `command` (newlines become spaces: one line per request).
 pub fn exec_line(command: &str) -> String {
     format!("EXEC {}\n", command.replace('\n', " "))
+}
+
+/// The request line for `command` with its stdin streamed after it as IN_STDIN frames.
+pub fn exec_input_line(command: &str) -> String {
+    format!("EXECIN {}\n", command.replace('\n', " "))
 }
 
 /// The command in a request line, if it is one.
@@ -156,5 +173,6 @@ mod tests {
             Some(AgentRequest::Session { shell: "/bin/sh", len: 12 })
         );
         assert_eq!(parse_request("SESSION 5 sh\n"), None);
+        assert_eq!(parse_request(&exec_input_line("cat")), Some(AgentRequest::ExecInput("cat")));
     }
 }
