@@ -74,7 +74,7 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
     let pid = qemu.id();
     let started = Instant::now();
     let watchdog = std::thread::spawn(move || {
-        while started.elapsed() < Duration::from_secs(420) {
+        while started.elapsed() < Duration::from_secs(720) {
             std::thread::sleep(Duration::from_millis(500));
             if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
                 return;
@@ -97,7 +97,7 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
         }
         log
     });
-    let outside = match endpoint_rx.recv_timeout(Duration::from_secs(400)) {
+    let outside = match endpoint_rx.recv_timeout(Duration::from_secs(660)) {
         Ok(endpoint) => drive_from_outside(port, &endpoint),
         Err(_) => Err("the emulated host never announced brigd".to_string()),
     };
