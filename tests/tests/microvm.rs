@@ -269,6 +269,27 @@ fn drive_from_outside(port: u16, endpoint: &str) -> Result<(), String> {
         if String::from_utf8_lossy(&out.stdout).trim() != "200000" {
             return Err(format!("streamed stdin: {out:?}"));
         }
+        // A command outlives its client: listed, attached again by id, killed.
+        let running = sb
+            .exec_stream(Cmd::new(["sh", "-c", "echo started; sleep 60; echo never"]))
+            .await
+            .map_err(e("exec_stream"))?;
+        let id = running.exec_id();
+        drop(running);
+        let listed = sb.execs().await.map_err(e("execs"))?;
+        if !listed.iter().any(|x| x.exec_id == id && x.result.is_none()) {
+            return Err(format!("exec {id} not listed as running: {listed:?}"));
+        }
+        let mut again = sb.attach(id).await.map_err(e("attach"))?;
+        match again.next().await {
+            Some(Ok(ExecEvent::Stdout(b))) if &b[..] == b"started\n" => {}
+            other => return Err(format!("attached, first event: {other:?}")),
+        }
+        sb.kill(id).await.map_err(e("kill"))?;
+        let out = again.collect().await.map_err(e("collect after kill"))?;
+        if !out.stdout.is_empty() || !out.result.killed {
+            return Err(format!("after kill: {out:?}"));
+        }
         // A shell session: state kept between commands.
         let shell = sb.open_session().await.map_err(e("open_session"))?;
         shell

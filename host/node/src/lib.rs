@@ -18,6 +18,7 @@ mod container;
 mod convert;
 mod egress;
 mod error;
+mod exec_hub;
 mod files;
 mod images;
 mod lifecycle;
@@ -327,11 +328,24 @@ impl Node {
         exec_id: u64,
         exchange: &mut Exchange,
     ) -> Result<Option<Reply>, NodeError> {
-        let entry = self.container(sandbox, "exec").await?;
-        let TierHandle::Container(c) = &entry.handle else { return Ok(None) };
-        let reply = c.attach(exec_id, exchange).await;
+        let entry = self.live(sandbox).await?;
+        let reply = self.exec_table(&entry)?.attach(exec_id, exchange).await;
         entry.touch();
         reply
+    }
+
+    /// The exec table of a container or microVM sandbox.
+    fn exec_table<'a>(
+        &self,
+        entry: &'a SandboxEntry,
+    ) -> Result<&'a crate::exec_hub::ExecTable, NodeError> {
+        match &entry.handle {
+            TierHandle::Container(c) => Ok(&c.execs),
+            TierHandle::Microvm(vm) => Ok(&vm.execs),
+            TierHandle::Fncall(_) => {
+                Err(NodeError::WrongTier { id: entry.id.to_string(), tier: entry.tier, op: "exec" })
+            }
+        }
     }
 
     /// Requests with no streaming.
@@ -403,10 +417,8 @@ impl Node {
                 Reply::Done
             }
             Request::ExecKill { sandbox, exec_id } => {
-                let entry = self.container(&sandbox, "exec").await?;
-                if let TierHandle::Container(c) = &entry.handle {
-                    c.kill(exec_id)?;
-                }
+                let entry = self.inner.sandboxes.get(&sandbox)?;
+                self.exec_table(&entry)?.kill(exec_id)?;
                 Reply::Done
             }
             Request::SessionOpen(req) => Reply::Session { session: self.session_open(req).await? },
@@ -452,8 +464,9 @@ impl Node {
             Request::ExecList { sandbox } => {
                 let entry = self.inner.sandboxes.get(&sandbox)?;
                 match &entry.handle {
-                    TierHandle::Container(c) => Reply::Execs(c.execs()),
-                    TierHandle::Fncall(_) | TierHandle::Microvm(_) => Reply::Execs(Vec::new()),
+                    TierHandle::Container(c) => Reply::Execs(c.execs.list()),
+                    TierHandle::Microvm(vm) => Reply::Execs(vm.execs.list()),
+                    TierHandle::Fncall(_) => Reply::Execs(Vec::new()),
                 }
             }
             Request::SetQos { sandbox, class } => {

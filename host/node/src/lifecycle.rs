@@ -75,9 +75,9 @@ impl Node {
                     self.container_tier()?.create(&id, &req, store).await?,
                 ))
             }
-            Tier::Microvm => {
-                TierHandle::Microvm(Box::new(self.create_microvm(&id, req.image.as_deref()).await?))
-            }
+            Tier::Microvm => TierHandle::Microvm(crate::microvm::MicrovmSandbox::new(
+                self.create_microvm(&id, req.image.as_deref()).await?,
+            )),
             Tier::Fullvm => {
                 return Err(NodeError::TierUnavailable {
                     tier,

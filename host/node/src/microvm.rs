@@ -15,6 +15,26 @@ use serde::{Deserialize, Serialize};
 use crate::sandboxes::{SandboxEntry, TierHandle};
 use crate::{Node, NodeError};
 
+/// A microVM sandbox: the VM, and the node's table of the commands it runs.
+pub(crate) struct MicrovmSandbox {
+    pub vm: MicroVm,
+    pub execs: crate::exec_hub::ExecTable,
+}
+
+impl MicrovmSandbox {
+    pub fn new(vm: MicroVm) -> Box<MicrovmSandbox> {
+        Box::new(MicrovmSandbox { vm, execs: Default::default() })
+    }
+}
+
+impl std::ops::Deref for MicrovmSandbox {
+    type Target = MicroVm;
+
+    fn deref(&self) -> &MicroVm {
+        &self.vm
+    }
+}
+
 /// `[microvm]` in the node configuration.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
@@ -185,7 +205,9 @@ impl Node {
         let made = self.vmtier()?.fork(vm, &names).await.map_err(vm_error)?;
         Ok(made
             .into_iter()
-            .map(|child| child.map(|c| TierHandle::Microvm(Box::new(c))).map_err(vm_error))
+            .map(|child| {
+                child.map(|c| TierHandle::Microvm(MicrovmSandbox::new(c))).map_err(vm_error)
+            })
             .collect())
     }
 

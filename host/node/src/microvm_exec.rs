@@ -1,14 +1,18 @@
 //! Commands in a microVM: the request becomes one shell line for the guest's agent (working
 //! directory, environment, stdin from a file the agent was handed first or streamed as the
-//! client sends it), and the output is forwarded as the agent sends it, up to the request's
-//! output cap and timeout.
+//! client sends it). The output goes into the command's hub (`crate::exec_hub`) as the agent
+//! sends it, up to the request's output cap and timeout, so a client that goes away can
+//! attach again by exec id, and the command can be listed and killed, as in a container.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use brig_proto::{ExecResult, OutputStream, Reply, StdinMode};
 use brig_transport::Exchange;
 use brig_vmtier::ExecEvent;
+use tokio::sync::Notify;
 
+use crate::exec_hub::ExecHub;
 use crate::microvm::{quote, vm_error};
 use crate::sandboxes::{SandboxEntry, TierHandle};
 use crate::{Node, NodeError};
@@ -59,9 +63,8 @@ impl Node {
             .output_limit_bytes
             .unwrap_or(cfg.default_output_limit_bytes)
             .min(cfg.max_output_limit_bytes);
-        exchange.reply(&Reply::ExecStarted { exec_id: 1 }).await?;
         let started = Instant::now();
-        let (mut stream, feeder) = match exchange.take_upload() {
+        let (stream, feeder) = match exchange.take_upload() {
             Some(mut upload) if req.stdin == StdinMode::Stream => {
                 // The client's raw bytes after the request become the command's stdin; the
                 // feeder keeps the agent connection's write half until the command is done.
@@ -80,30 +83,80 @@ impl Node {
             }
             _ => (brig_vmtier::exec_stream(&vm.uds, &command).await.map_err(vm_error)?, None),
         };
+        // The command runs on, and its output is kept in its hub, whatever the client does;
+        // the client (or a later one, by id) reads from the hub.
+        let exec_id = vm.execs.next_id();
+        let kill = Arc::new(Notify::new());
+        let killer = kill.clone();
+        let hub = vm.execs.insert(exec_id, req.argv.clone(), Box::new(move || killer.notify_one()));
+        let run = Run { stream, hub: hub.clone(), kill, deadline: started + timeout, limit };
+        tokio::spawn(async move {
+            let mut result = run.pump().await;
+            if let Some(feeder) = feeder {
+                feeder.abort();
+            }
+            result.duration_us = started.elapsed().as_micros() as u64;
+            hub.finish(result);
+        });
+        exchange.reply(&Reply::ExecStarted { exec_id }).await?;
+        let reply = vm.execs.attach_streaming(exec_id, exchange).await;
+        entry.touch();
+        reply
+    }
+}
+
+/// One command in a guest, pumped from the agent into its hub.
+struct Run {
+    stream: brig_vmtier::ExecStream,
+    hub: Arc<ExecHub>,
+    kill: Arc<Notify>,
+    deadline: Instant,
+    limit: u64,
+}
+
+impl Run {
+    /// Moves the agent's output into the hub until the command exits, runs past its deadline
+    /// or its cap, or is killed. Then the stream is dropped: the agent sees the hang-up and
+    /// kills the command's process group.
+    async fn pump(mut self) -> ExecResult {
         let mut result = ExecResult::default();
-        // Output is forwarded as the agent sends it. Past the timeout or the cap, the stream
-        // is dropped: the agent sees the hang-up and kills the command's process group.
         loop {
             let next = tokio::time::timeout_at(
-                tokio::time::Instant::from_std(started + timeout),
-                stream.next(),
+                tokio::time::Instant::from_std(self.deadline),
+                self.stream.next(),
             );
-            let event = match next.await {
+            let event = tokio::select! {
+                event = next => event,
+                () = self.kill.notified() => {
+                    result.killed = true;
+                    result.signal = Some(9);
+                    return result;
+                }
+            };
+            let event = match event {
                 Err(_) => {
                     result.timed_out = true;
-                    break;
+                    return result;
                 }
-                Ok(event) => event.map_err(vm_error)?,
+                Ok(Err(e)) => {
+                    let note = format!("[brig: the guest's agent went away: {e}]\n");
+                    self.hub.push(Reply::Output {
+                        stream: OutputStream::Stderr,
+                        data: note.into_bytes(),
+                    });
+                    return result;
+                }
+                Ok(Ok(event)) => event,
             };
             let (kind, mut data) = match event {
                 ExecEvent::Stdout(d) => (OutputStream::Stdout, d),
                 ExecEvent::Stderr(d) => (OutputStream::Stderr, d),
                 ExecEvent::Exit(code) => {
                     result.exit_code = Some(code);
-                    break;
+                    return result;
                 }
             };
-            let room = limit.saturating_sub(result.stdout_bytes + result.stderr_bytes);
+            let room = self.limit.saturating_sub(result.stdout_bytes + result.stderr_bytes);
             if data.len() as u64 > room {
                 data.truncate(room as usize);
                 result.truncated = true;
@@ -113,18 +166,12 @@ impl Node {
                 OutputStream::Stderr => result.stderr_bytes += data.len() as u64,
             }
             if !data.is_empty() {
-                exchange.reply(&Reply::Output { stream: kind, data }).await?;
+                self.hub.push(Reply::Output { stream: kind, data });
             }
             if result.truncated {
                 result.signal = Some(9);
-                break;
+                return result;
             }
         }
-        if let Some(feeder) = feeder {
-            feeder.abort();
-        }
-        entry.touch();
-        result.duration_us = started.elapsed().as_micros() as u64;
-        Ok(Some(Reply::Exited(result)))
     }
 }

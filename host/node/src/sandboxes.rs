@@ -25,7 +25,7 @@ pub(crate) enum TierHandle {
     Fncall(Workspace),
     Container(Box<crate::container::ContainerSandbox>),
     /// A brig-vmm process with the guest's agent behind its vsock socket.
-    Microvm(Box<brig_vmtier::MicroVm>),
+    Microvm(Box<crate::microvm::MicrovmSandbox>),
 }
 
 impl TierHandle {

@@ -23,6 +23,7 @@ use brig_proto::{CreateRequest, ExecResult};
 use parking_lot::Mutex;
 
 use crate::config::ContainerConfig;
+use crate::exec_hub::ExecTable;
 use crate::sandboxes::ContainerRecord;
 use crate::NodeError;
 
@@ -205,8 +206,7 @@ impl ContainerTier {
             layers: spec.layers,
             limits: spec.limits,
             disk_bytes: spec.disk_bytes,
-            execs: Mutex::new(HashMap::new()),
-            next_exec: AtomicU64::new(1),
+            execs: ExecTable::default(),
             sessions: Mutex::new(HashMap::new()),
             next_session: AtomicU64::new(1),
             layer_digests: digests,
@@ -251,8 +251,7 @@ impl ContainerTier {
                 cpu_millis: Some(record.cpu_millis),
             },
             disk_bytes: record.disk_bytes,
-            execs: Mutex::new(HashMap::new()),
-            next_exec: AtomicU64::new(1),
+            execs: ExecTable::default(),
             sessions: Mutex::new(HashMap::new()),
             next_session: AtomicU64::new(1),
             layer_digests: record.layer_digests.clone(),
@@ -309,8 +308,7 @@ impl ContainerTier {
             layers: parent.layers.clone(),
             limits: parent.limits,
             disk_bytes: parent.disk_bytes,
-            execs: Mutex::new(HashMap::new()),
-            next_exec: AtomicU64::new(1),
+            execs: ExecTable::default(),
             sessions: Mutex::new(HashMap::new()),
             next_session: AtomicU64::new(1),
             layer_digests: parent.layer_digests.clone(),
@@ -341,8 +339,7 @@ pub(crate) struct ContainerSandbox {
     layers: Vec<LayerSource>,
     limits: CgroupLimits,
     disk_bytes: u64,
-    execs: Mutex<HashMap<u64, Arc<exec::ExecHub>>>,
-    next_exec: AtomicU64,
+    pub(crate) execs: ExecTable,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     next_session: AtomicU64,
     /// Store layers this container uses (released when it is destroyed).

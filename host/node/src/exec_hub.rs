@@ -1,0 +1,200 @@
+//! Execs decoupled from the client's stream: output goes to a bounded per-exec buffer (the
+//! hub) that any number of client streams read from, so a rollout worker that crashes
+//! mid-command reconnects (`ExecAttach`) and gets everything kept, then the rest. Container and
+//! microVM sandboxes each keep a table of them.
+//!
+//! ```text
+//! tier events ─▶ pump task ─▶ ExecHub { events (≤ HUB_BYTES, oldest dropped), result }
+//!                                 ▲ notify
+//! client stream(s) ─ cursor ──────┘  replay from the start, then follow, then Exited
+//! ```
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use brig_proto::{ExecInfo, ExecResult, OutputStream, Reply};
+use brig_transport::Exchange;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::NodeError;
+
+/// Output kept per exec for reattaching clients.
+const HUB_BYTES: usize = 8 << 20;
+/// How long a finished exec stays attachable.
+const FINISHED_KEEP: Duration = Duration::from_secs(600);
+
+/// One exec's output and outcome, shared by its pump and its readers.
+pub(crate) struct ExecHub {
+    argv: Vec<String>,
+    killer: Box<dyn Fn() + Send + Sync>,
+    state: Mutex<HubState>,
+    changed: Notify,
+}
+
+#[derive(Default)]
+struct HubState {
+    /// Output replies; `first` is the absolute index of `events[0]`.
+    events: VecDeque<Reply>,
+    first: u64,
+    bytes: usize,
+    dropped_bytes: u64,
+    result: Option<ExecResult>,
+    finished: Option<Instant>,
+}
+
+fn output_len(reply: &Reply) -> usize {
+    match reply {
+        Reply::Output { data, .. } => data.len(),
+        _ => 0,
+    }
+}
+
+impl ExecHub {
+    pub(crate) fn push(&self, reply: Reply) {
+        let mut st = self.state.lock();
+        st.bytes += output_len(&reply);
+        st.events.push_back(reply);
+        while st.bytes > HUB_BYTES {
+            let Some(old) = st.events.pop_front() else { break };
+            let n = output_len(&old);
+            st.bytes -= n;
+            st.dropped_bytes += n as u64;
+            st.first += 1;
+        }
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    pub(crate) fn finish(&self, result: ExecResult) {
+        let mut st = self.state.lock();
+        st.result = Some(result);
+        st.finished = Some(Instant::now());
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    fn info(&self, exec_id: u64) -> ExecInfo {
+        let st = self.state.lock();
+        ExecInfo {
+            exec_id,
+            argv: self.argv.clone(),
+            result: st.result.clone(),
+            buffered_bytes: st.bytes as u64,
+        }
+    }
+
+    /// Streams everything kept and then what follows, until the exec ends.
+    pub(crate) async fn stream(&self, exchange: &mut Exchange) -> Result<Option<Reply>, NodeError> {
+        let mut next = 0u64;
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let (batch, result) = {
+                let st = self.state.lock();
+                let mut batch = Vec::new();
+                if next < st.first {
+                    let note = format!(
+                        "[brig: {} bytes of earlier output were not kept]\n",
+                        st.dropped_bytes
+                    );
+                    batch.push(Reply::Output {
+                        stream: OutputStream::Stderr,
+                        data: note.into_bytes(),
+                    });
+                    next = st.first;
+                }
+                let skip = (next - st.first) as usize;
+                batch.extend(st.events.iter().skip(skip).cloned());
+                next = st.first + st.events.len() as u64;
+                (batch, st.result.clone())
+            };
+            for reply in &batch {
+                exchange.reply(reply).await?;
+            }
+            if let Some(result) = result {
+                return Ok(Some(Reply::Exited(result)));
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A sandbox's execs: running and recently finished, by id.
+#[derive(Default)]
+pub(crate) struct ExecTable {
+    execs: Mutex<HashMap<u64, Arc<ExecHub>>>,
+    next: AtomicU64,
+}
+
+impl ExecTable {
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// A hub for exec `exec_id` running `argv`; `kill` stops it.
+    pub(crate) fn insert(
+        &self,
+        exec_id: u64,
+        argv: Vec<String>,
+        kill: Box<dyn Fn() + Send + Sync>,
+    ) -> Arc<ExecHub> {
+        let hub = Arc::new(ExecHub {
+            argv,
+            killer: kill,
+            state: Mutex::default(),
+            changed: Notify::new(),
+        });
+        self.prune();
+        self.execs.lock().insert(exec_id, hub.clone());
+        hub
+    }
+
+    fn get(&self, exec_id: u64) -> Result<Arc<ExecHub>, NodeError> {
+        self.execs.lock().get(&exec_id).cloned().ok_or(NodeError::NoSuchExec(exec_id))
+    }
+
+    /// Streams an exec again: everything kept from its start, then the rest.
+    pub(crate) async fn attach(
+        &self,
+        exec_id: u64,
+        exchange: &mut Exchange,
+    ) -> Result<Option<Reply>, NodeError> {
+        let hub = self.get(exec_id)?;
+        exchange.reply(&Reply::ExecStarted { exec_id }).await?;
+        hub.stream(exchange).await
+    }
+
+    /// Streams an exec the caller just started (its `ExecStarted` is sent already).
+    pub(crate) async fn attach_streaming(
+        &self,
+        exec_id: u64,
+        exchange: &mut Exchange,
+    ) -> Result<Option<Reply>, NodeError> {
+        self.get(exec_id)?.stream(exchange).await
+    }
+
+    pub(crate) fn kill(&self, exec_id: u64) -> Result<(), NodeError> {
+        (self.get(exec_id)?.killer)();
+        Ok(())
+    }
+
+    /// Running and recently finished execs.
+    pub(crate) fn list(&self) -> Vec<ExecInfo> {
+        self.prune();
+        let mut out: Vec<ExecInfo> =
+            self.execs.lock().iter().map(|(id, hub)| hub.info(*id)).collect();
+        out.sort_by_key(|e| e.exec_id);
+        out
+    }
+
+    /// Forgets execs that finished long ago.
+    fn prune(&self) {
+        self.execs
+            .lock()
+            .retain(|_, hub| hub.state.lock().finished.is_none_or(|t| t.elapsed() < FINISHED_KEEP));
+    }
+}
