@@ -94,9 +94,10 @@ impl VcpuRequests {
         let deadline = std::time::Instant::now() + timeout;
         loop {
             // A kick that lands just before the vCPU enters the guest is lost, so kick again
-            // until the answer comes.
+            // until the vCPU takes the request (not after: the save it then runs is better
+            // left uninterrupted).
             let thread = self.vcpu_thread.load(Ordering::SeqCst);
-            if thread != 0 {
+            if thread != 0 && self.pending.load(Ordering::SeqCst) {
                 // SAFETY: `thread` is the live vCPU thread of this process (it runs until the
                 // process exits), and the signal has a handler installed by that thread.
                 unsafe { libc::pthread_kill(thread as libc::pthread_t, kick_signal()) };
