@@ -165,6 +165,8 @@ mount -t cgroup2 cgroup2 /sys/fs/cgroup && echo "+memory +pids +cpu" > /sys/fs/c
 /bin/brig-vmtier-check /l2/vmlinuz /l2/initrd.gz \
     "console=ttyS0 reboot=t panic=-1 quiet initcall_blacklist=i8042_init pci=off" /tmp/tier
 echo "BRIG-L1-VMTIER rc=$?"
+# Snapshots take room in this RAM-backed root (at most half the emulated host's memory).
+rm -rf /tmp/tier /tmp/snap
 # brigd serving the microvm tier on the emulated host's network; the brig CLI (over the SDK and
 # QUIC) drives it here, then the test outside drives it through QEMU's port forward.
 ip link set lo up

@@ -350,6 +350,19 @@ fn drive_from_outside(port: u16, endpoint: &str) -> Result<(), String> {
         if out.stdout != b"from the extra layer\nbusybox-too\n" {
             return Err(format!("layers not stacked: {out:?}"));
         }
+        // Its files live on its writable disk, which a fork copies while the parent stands still.
+        stacked
+            .exec(["sh", "-c", "echo on-the-disk > /data.txt && sync"])
+            .await
+            .map_err(e("write on the disk"))?;
+        let kid = stacked.fork(1).await.map_err(e("fork of an image sandbox"))?;
+        let kid = kid.first().ok_or("fork made no child")?;
+        let out =
+            kid.exec(["cat", "/data.txt", "/etc/extra-layer.txt"]).await.map_err(e("exec"))?;
+        if out.stdout != b"on-the-disk\nfrom the extra layer\n" {
+            return Err(format!("forked image sandbox: {out:?}"));
+        }
+        kid.destroy().await.map_err(e("destroy"))?;
         stacked.destroy().await.map_err(e("destroy"))?;
         client
             .create(SandboxOptions::tier(Tier::Microvm).label("phase", "done"))

@@ -148,7 +148,9 @@ fn cgroup_parent(dir: &Path) -> String {
         .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
     format!("brig-vm-{:08x}", hash as u32)
 }
-/// Memory a VMM may use beyond its guest's (its own code, device buffers, snapshot copies).
+/// Memory a VMM may use beyond its guest's (its own code and device buffers, and the page
+/// cache of the snapshots it writes, which on a tmpfs cannot be reclaimed: as much again as the
+/// guest, plus this).
 const VMM_MEMORY_SLACK: u64 = 256 << 20;
 /// Threads a VMM may have (vCPU, device backends, control connections).
 const VMM_PIDS: u64 = 256;
@@ -426,7 +428,7 @@ impl VmTier {
         let cgroup = match &self.cgroups {
             Some(cgroups) => {
                 let limits = CgroupLimits {
-                    memory_bytes: Some(((self.cfg.mem_mib as u64) << 20) + VMM_MEMORY_SLACK),
+                    memory_bytes: Some(2 * ((self.cfg.mem_mib as u64) << 20) + VMM_MEMORY_SLACK),
                     pids: Some(VMM_PIDS),
                     cpu_millis: None,
                 };

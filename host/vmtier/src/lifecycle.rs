@@ -185,7 +185,15 @@ impl VmTier {
             if let Some(parent) = dir.parent() {
                 std::fs::create_dir_all(parent).map_err(io("saved snapshots"))?;
             }
-            control(&vm.control, &format!("snapshot {}", dir.display()), SAVE_LIMIT).await?;
+            let saved =
+                control(&vm.control, &format!("snapshot {}", dir.display()), SAVE_LIMIT).await;
+            if let Err(e) = saved {
+                // The VMM's own account of what went wrong, if it died.
+                let log = std::fs::read_to_string(&vm.log).unwrap_or_default();
+                let tail: String =
+                    log.chars().rev().take(600).collect::<Vec<_>>().into_iter().rev().collect();
+                return Err(VmTierError::Control(format!("{e}; VMM log: {tail}")));
+            }
             // The VMM copied the writable disk (`disk-0`) while the vCPU stood still.
             let disk = vm
                 .disks

@@ -267,7 +267,8 @@ fn save_with_disks(
     crate::linux_snapshot::save(vm, dir).map_err(|e| e.to_string())?;
     for (i, disk) in writable_disks.iter().enumerate() {
         let to = dir.join(format!("disk-{i}"));
-        std::fs::copy(disk, &to).map_err(|e| format!("copying {}: {e}", disk.display()))?;
+        crate::sparse::copy_sparse(disk, &to)
+            .map_err(|e| format!("copying {}: {e}", disk.display()))?;
     }
     Ok(())
 }

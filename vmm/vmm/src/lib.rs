@@ -21,6 +21,7 @@ pub mod linux_snapshot;
 pub mod memory;
 pub mod serial;
 pub mod snapshot;
+pub mod sparse;
 pub mod virtio;
 pub mod vm;
 

@@ -12,7 +12,6 @@
 #![allow(unsafe_code)]
 
 use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -31,7 +30,7 @@ pub const VERSION: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LinuxSnapshotError {
-    #[error("snapshot file {path}")]
+    #[error("snapshot file {path}: {source}")]
     Io {
         path: PathBuf,
         #[source]
@@ -234,8 +233,8 @@ pub fn save(vm: &mut LinuxVm, dir: &Path) -> Result<(), LinuxSnapshotError> {
     sections.extend(saved.into_iter().map(|b| (Tag::Device, b)));
     std::fs::create_dir_all(dir).map_err(io(dir.into()))?;
     let mem_path = dir.join("vm.mem");
-    let mut f = File::create(&mem_path).map_err(io(mem_path.clone()))?;
-    f.write_all(vm.memory.as_slice()).map_err(io(mem_path.clone()))?;
+    let f = File::create(&mem_path).map_err(io(mem_path.clone()))?;
+    crate::sparse::write_sparse(&f, vm.memory.as_slice()).map_err(io(mem_path.clone()))?;
     let mut out = Vec::new();
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
