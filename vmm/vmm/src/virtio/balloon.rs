@@ -20,13 +20,13 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::Queue;
 use vm_memory::{
     Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
     MemoryRegionAddress,
 };
 
-use super::{DeviceError, VirtioDevice};
+use super::{serve_chains, DeviceError, VirtioDevice};
 
 pub const DEVICE_TYPE: u32 = 5;
 const F_DEFLATE_ON_OOM: u64 = 1 << 2;
@@ -111,10 +111,10 @@ pub fn discard(mem: &GuestMemoryMmap, addr: u64, len: u64) -> u64 {
         return 0;
     };
     let host = slice.ptr_guard_mut().as_ptr();
-    // SAFETY: `host..host+span` is inside the guest-memory mapping (get_slice checked it against
-    // the region, which lives as long as `mem`), and is page-aligned since the region starts
-    // page-aligned and start/end are page multiples. Discarding guest RAM only changes what
-    // the guest reads there next, which the guest asked for by giving the pages away.
+    // `host..host+span` is inside the guest-memory mapping (get_slice checked it against the
+    // region, which lives as long as `mem`), and page-aligned (the region starts page-aligned,
+    // start and end are page multiples).
+    // SAFETY: guest RAM only (checked above); discarding it is what the guest asked for.
     let rc = unsafe { libc::madvise(host.cast(), span, libc::MADV_DONTNEED) };
     if rc == 0 {
         span as u64
@@ -142,10 +142,8 @@ impl VirtioDevice for Balloon {
         queues: &mut [Queue],
         mem: &GuestMemoryMmap,
     ) -> Result<bool, DeviceError> {
-        let Some(queue) = queues.get_mut(index) else { return Ok(false) };
-        let mut used_any = false;
-        while let Some(chain) = queue.iter(mem)?.next() {
-            let head = chain.head_index();
+        let shared = &self.shared;
+        serve_chains(queues, index, mem, |chain| {
             for desc in chain {
                 // Linux hands reports over as device-writable buffers and frame-number
                 // arrays as device-readable ones; a descriptor in the wrong direction for its
@@ -156,7 +154,7 @@ impl VirtioDevice for Balloon {
                 match index {
                     REPORTING => {
                         let freed = discard(mem, desc.addr().0, u64::from(desc.len()));
-                        self.shared.reported_bytes.fetch_add(freed, Ordering::Relaxed);
+                        shared.reported_bytes.fetch_add(freed, Ordering::Relaxed);
                     }
                     INFLATE | DEFLATE => {
                         // An array of little-endian u32 frame numbers.
@@ -169,9 +167,9 @@ impl VirtioDevice for Balloon {
                             let addr = u64::from(pfn) << PFN_SHIFT;
                             if index == INFLATE {
                                 let freed = discard(mem, addr, PAGE);
-                                self.shared.inflated_bytes.fetch_add(freed, Ordering::Relaxed);
+                                shared.inflated_bytes.fetch_add(freed, Ordering::Relaxed);
                             } else {
-                                self.shared.deflated_bytes.fetch_add(PAGE, Ordering::Relaxed);
+                                shared.deflated_bytes.fetch_add(PAGE, Ordering::Relaxed);
                             }
                         }
                     }
@@ -179,12 +177,10 @@ impl VirtioDevice for Balloon {
                 }
             }
             if index == REPORTING {
-                self.shared.reports.fetch_add(1, Ordering::Relaxed);
+                shared.reports.fetch_add(1, Ordering::Relaxed);
             }
-            queue.add_used(mem, head, 0)?;
-            used_any = true;
-        }
-        Ok(used_any)
+            Ok(0)
+        })
     }
 
     /// `num_pages` at 0, `actual` at 4 (both little-endian u32).

@@ -6,10 +6,10 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::Queue;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::{DeviceError, VirtioDevice};
+use super::{serve_chains, DeviceError, VirtioDevice};
 
 const SECTOR: u64 = 512;
 const T_IN: u32 = 0;
@@ -136,10 +136,7 @@ impl VirtioDevice for Block {
         queues: &mut [Queue],
         mem: &GuestMemoryMmap,
     ) -> Result<bool, DeviceError> {
-        let Some(queue) = queues.get_mut(index) else { return Ok(false) };
-        let mut used = false;
-        while let Some(chain) = queue.iter(mem)?.next() {
-            let head = chain.head_index();
+        serve_chains(queues, index, mem, |chain| {
             let descs: Vec<(GuestAddress, u32, bool)> =
                 chain.map(|d| (d.addr(), d.len(), d.is_write_only())).collect();
             let written = match (descs.first(), descs.last()) {
@@ -163,9 +160,7 @@ impl VirtioDevice for Block {
                 // Not a well-formed request: give the chain back unused.
                 _ => 0,
             };
-            queue.add_used(mem, head, written)?;
-            used = true;
-        }
-        Ok(used)
+            Ok(written)
+        })
     }
 }

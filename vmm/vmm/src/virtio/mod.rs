@@ -8,7 +8,7 @@ pub mod mmio;
 pub mod rng;
 pub mod vsock;
 
-use virtio_queue::Queue;
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestMemoryMmap;
 
 /// Errors a device hits while serving a queue; the device stops serving that request, the VM
@@ -56,4 +56,24 @@ pub trait VirtioDevice: Send {
     /// The driver writes the device-specific configuration space (ignored unless the device
     /// has writable fields).
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
+}
+
+/// Serves every chain the driver made available on `queues[index]`: `serve` handles one chain
+/// and says how many bytes it wrote into it; the chain then goes back to the driver. Returns
+/// whether any chain was used (the driver should be interrupted).
+pub(crate) fn serve_chains<'m>(
+    queues: &mut [Queue],
+    index: usize,
+    mem: &'m GuestMemoryMmap,
+    mut serve: impl FnMut(DescriptorChain<&'m GuestMemoryMmap>) -> Result<u32, DeviceError>,
+) -> Result<bool, DeviceError> {
+    let Some(queue) = queues.get_mut(index) else { return Ok(false) };
+    let mut used = false;
+    while let Some(chain) = queue.iter(mem)?.next() {
+        let head = chain.head_index();
+        let written = serve(chain)?;
+        queue.add_used(mem, head, written)?;
+        used = true;
+    }
+    Ok(used)
 }

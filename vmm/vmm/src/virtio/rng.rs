@@ -4,10 +4,10 @@
 
 use std::io::Read;
 
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::Queue;
 use vm_memory::{Bytes, GuestMemoryMmap};
 
-use super::{DeviceError, VirtioDevice};
+use super::{serve_chains, DeviceError, VirtioDevice};
 
 pub const MAX_BYTES_PER_REQUEST: usize = 64 << 10;
 const QUEUE_SIZES: [u16; 1] = [256];
@@ -33,12 +33,10 @@ impl VirtioDevice for Rng {
         queues: &mut [Queue],
         mem: &GuestMemoryMmap,
     ) -> Result<bool, DeviceError> {
-        let Some(queue) = queues.get_mut(index) else { return Ok(false) };
-        let mut used_any = false;
         let mut random = std::fs::File::open("/dev/urandom").map_err(DeviceError::Entropy)?;
         let mut buf = vec![0u8; MAX_BYTES_PER_REQUEST];
-        while let Some(chain) = queue.iter(mem)?.next() {
-            let head = chain.head_index();
+        let served = &mut self.served;
+        serve_chains(queues, index, mem, |chain| {
             let mut written = 0usize;
             for desc in chain {
                 if !desc.is_write_only() || written >= MAX_BYTES_PER_REQUEST {
@@ -53,10 +51,8 @@ impl VirtioDevice for Rng {
                 }
                 written += len;
             }
-            queue.add_used(mem, head, written as u32)?;
-            self.served += written as u64;
-            used_any = true;
-        }
-        Ok(used_any)
+            *served += written as u64;
+            Ok(written as u32)
+        })
     }
 }
