@@ -146,6 +146,7 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
         "isolated guests",
         "each VMM runs jailed",
         "vm-b resumed into a warm VMM",
+        "two vCPUs online after restore",
         "files move in and out of the guest intact",
         "a shell session keeps its state",
         "each VM has its own hostname and random stream",
@@ -377,6 +378,7 @@ fn the_zero_page_says_what_the_kernel_needs() {
     let cmdline = "console=ttyS0 reboot=t panic=-1 brig.check=zero-page";
     let vm = LinuxVm::boot(
         128,
+        2,
         &vm_artifact("vmlinuz"),
         Some(&vm_artifact("l2-initrd.gz")),
         cmdline,

@@ -45,6 +45,8 @@ pub struct MicrovmConfig {
     pub initrd: Option<PathBuf>,
     pub cmdline: String,
     pub mem_mib: usize,
+    /// vCPUs per microVM.
+    pub vcpus: usize,
     /// The brig-vmm binary; default: beside the running daemon.
     pub vmm: Option<PathBuf>,
     /// Where `<image>.erofs` layer files for microVMs are; default: the container tier's
@@ -65,6 +67,7 @@ impl Default for MicrovmConfig {
             cmdline: "console=ttyS0 reboot=t panic=-1 quiet initcall_blacklist=i8042_init pci=off"
                 .into(),
             mem_mib: 256,
+            vcpus: 1,
             vmm: None,
             images_dir: None,
             ksm: false,
@@ -89,6 +92,7 @@ pub(crate) fn open(cfg: &MicrovmConfig, state_dir: &Path) -> Result<Arc<VmTier>,
         initrd: initrd.clone(),
         cmdline: cfg.cmdline.clone(),
         mem_mib: cfg.mem_mib,
+        vcpus: cfg.vcpus.clamp(1, 64),
         dir: state_dir.join("microvm"),
         ksm: cfg.ksm,
         warm: cfg.warm_vmms,

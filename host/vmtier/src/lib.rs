@@ -38,6 +38,8 @@ pub struct VmTierConfig {
     pub initrd: PathBuf,
     pub cmdline: String,
     pub mem_mib: usize,
+    /// vCPUs per VM (each a thread of its VMM).
+    pub vcpus: usize,
     /// The tier's directory: the snapshot and each VM's socket and log.
     pub dir: PathBuf,
     /// Let KSM merge identical pages across VMs (costs ksmd CPU time; off by default).
@@ -318,6 +320,7 @@ impl VmTier {
             .arg("--initrd")
             .arg(&self.cfg.initrd)
             .args(["--mem-mib", &self.cfg.mem_mib.to_string()])
+            .args(["--vcpus", &self.cfg.vcpus.to_string()])
             .args(["--rng", "--balloon"]);
         let disks = if layers.is_empty() {
             cmd.args(["--cmdline", &self.cfg.cmdline]);

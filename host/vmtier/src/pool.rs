@@ -46,6 +46,7 @@ impl VmTier {
         let mut child = tokio::process::Command::new(&self.cfg.vmm)
             .arg("standby")
             .args(["--mem-mib", &self.cfg.mem_mib.to_string()])
+            .args(["--vcpus", &self.cfg.vcpus.to_string()])
             .arg("--jail")
             .arg("--jail-writable")
             .arg(&self.cfg.dir)

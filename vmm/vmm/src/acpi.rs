@@ -99,8 +99,13 @@ fn dsdt(devices: &[MmioDevice]) -> Vec<u8> {
     table.as_slice().to_vec()
 }
 
-/// Writes the tables for `devices` into guest memory; returns the RSDP's address.
-pub fn write_tables(mem: &mut GuestMemory, devices: &[MmioDevice]) -> Result<u64, AcpiError> {
+/// Writes the tables for `devices` and `vcpus` processors (APIC ids 0..) into guest memory;
+/// returns the RSDP's address.
+pub fn write_tables(
+    mem: &mut GuestMemory,
+    devices: &[MmioDevice],
+    vcpus: usize,
+) -> Result<u64, AcpiError> {
     let fadt = FADTBuilder::new(OEM_ID, *b"BRIGFADT", 1)
         .dsdt_64(DSDT_ADDR)
         .flag(Flags::HwReducedAcpi)
@@ -109,7 +114,9 @@ pub fn write_tables(mem: &mut GuestMemory, devices: &[MmioDevice]) -> Result<u64
         .finalize();
     let mut madt =
         MADT::new(OEM_ID, *b"BRIGMADT", 1, LocalInterruptController::Address(LAPIC_ADDR));
-    madt.add_structure(ProcessorLocalApic::new(0, 0, EnabledStatus::Enabled));
+    for id in 0..vcpus.min(255) as u8 {
+        madt.add_structure(ProcessorLocalApic::new(id, id, EnabledStatus::Enabled));
+    }
     madt.add_structure(IoApic::new(0, IOAPIC_ADDR, 0));
     let mut xsdt = XSDT::new(OEM_ID, *b"BRIGXSDT", 1);
     xsdt.add_entry(FADT_ADDR);
@@ -139,7 +146,7 @@ mod tests {
     fn tables_checksum_to_zero_and_name_the_devices() {
         let mut mem = GuestMemory::anonymous(2 << 20).expect("memory");
         let devices = [MmioDevice { base: 0xd100_0000, size: 0x1000, gsi: 5 }];
-        assert_eq!(write_tables(&mut mem, &devices).expect("tables"), RSDP_ADDR);
+        assert_eq!(write_tables(&mut mem, &devices, 2).expect("tables"), RSDP_ADDR);
         let read = |addr: u64, len: usize| {
             let mut b = vec![0u8; len];
             mem.read(addr, &mut b).expect("read");
@@ -161,5 +168,18 @@ mod tests {
         let dsdt_len = u32::from_le_bytes(read(DSDT_ADDR + 4, 4).try_into().expect("4")) as usize;
         let dsdt = read(DSDT_ADDR, dsdt_len);
         assert!(dsdt.windows(8).any(|w| w == b"LNRO0005"), "no virtio-mmio device in the DSDT");
+        // Two processor local APIC entries (type 0, length 8), ids 0 and 1, both enabled.
+        let madt_len = u32::from_le_bytes(read(MADT_ADDR + 4, 4).try_into().expect("4")) as usize;
+        let madt = read(MADT_ADDR, madt_len);
+        let mut at = 44;
+        let mut apics = Vec::new();
+        while at + 2 <= madt.len() {
+            let (kind, len) = (madt[at], madt[at + 1] as usize);
+            if kind == 0 {
+                apics.push((madt[at + 3], madt[at + 4] & 1));
+            }
+            at += len.max(2);
+        }
+        assert_eq!(apics, vec![(0, 1), (1, 1)]);
     }
 }

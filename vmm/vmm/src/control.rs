@@ -24,8 +24,22 @@ use crate::virtio::balloon::BalloonShared;
 
 /// The signal that kicks the vCPU thread out of KVM_RUN (its handler does nothing; the
 /// interrupted ioctl returns EINTR and the run loop looks at [`VcpuRequests`]).
-fn kick_signal() -> libc::c_int {
+pub(crate) fn kick_signal() -> libc::c_int {
     libc::SIGRTMIN()
+}
+
+extern "C" fn on_kick(_: libc::c_int) {}
+
+/// Installs the kick signal's handler (process-wide; idempotent).
+pub(crate) fn install_kick_handler() {
+    // SAFETY: the handler does nothing (async-signal-safe); installing it without SA_RESTART
+    // makes a blocked KVM_RUN return EINTR, which every run loop handles.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_kick as *const () as usize;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(kick_signal(), &action, std::ptr::null_mut());
+    }
 }
 
 /// What the vCPU thread does when it stops for a control request.
@@ -49,20 +63,11 @@ pub struct VcpuRequests {
     vcpu_thread: AtomicU64,
 }
 
-extern "C" fn on_kick(_: libc::c_int) {}
-
 impl VcpuRequests {
     /// Called by the run loop's thread before it enters the guest: installs the kick handler
     /// and records where to send it.
     pub fn register_vcpu_thread(&self) {
-        // SAFETY: the handler does nothing (async-signal-safe); installing it without
-        // SA_RESTART makes a blocked KVM_RUN return EINTR, which the run loop handles.
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_kick as *const () as usize;
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(kick_signal(), &action, std::ptr::null_mut());
-        }
+        install_kick_handler();
         // SAFETY: pthread_self has no preconditions.
         let me = unsafe { libc::pthread_self() };
         self.vcpu_thread.store(me as u64, Ordering::SeqCst);

@@ -22,6 +22,7 @@ pub mod memory;
 pub mod serial;
 pub mod snapshot;
 pub mod sparse;
+pub mod vcpus;
 pub mod virtio;
 pub mod vm;
 

@@ -1,7 +1,8 @@
 //! Booting a Linux bzImage: an in-kernel interrupt controller and PIT, CPUID from KVM, the
 //! 64-bit boot protocol (zero page, command line, initramfs, e820 map) set up the way
 //! Firecracker does it, a 16550 console, and an exit loop that serves the legacy ports a kernel
-//! probes. One vCPU, run on the calling thread.
+//! probes. vCPU 0 runs on the calling thread, any further vCPU on its own (see
+//! [`crate::vcpus`]).
 #![allow(unsafe_code)]
 
 use std::fs::File;
@@ -10,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvm_bindings::{kvm_fpu, kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
-use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+
+use crate::vcpus::{ExitHandler, Secondaries, SharedVcpu};
 use linux_loader::bootparam::boot_params;
 use linux_loader::cmdline::Cmdline;
 use linux_loader::configurator::linux::LinuxBootConfigurator;
@@ -22,8 +25,8 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::acpi::MmioDevice;
 use crate::guest;
 use crate::memory::GuestMemory;
-use crate::serial::{console, Console, COM1};
-use crate::virtio::mmio::{window_of, MmioTransport, WINDOW};
+use crate::serial::{console, Console};
+use crate::virtio::mmio::{MmioTransport, WINDOW};
 
 const ZERO_PAGE: u64 = 0x7000;
 const CMDLINE: u64 = 0x2_0000;
@@ -73,9 +76,12 @@ pub enum Ending {
 pub struct LinuxVm {
     pub(crate) kvm: Kvm,
     pub(crate) vm: VmFd,
-    pub(crate) vcpu: VcpuFd,
+    /// vCPU 0 first; each is locked by the thread running it.
+    pub(crate) vcpus: Vec<SharedVcpu>,
+    /// The threads of vCPUs 1.., started by the first [`LinuxVm::run`].
+    secondaries: Option<Secondaries>,
     pub(crate) memory: GuestMemory,
-    pub console: Console,
+    pub console: Arc<Mutex<Console>>,
     /// The console's interrupt line (registered as an irqfd for GSI 4).
     irq: EventFd,
     /// Stop with [`Ending::SnapshotRequested`] when the guest writes [`SNAPSHOT_TRIGGER`].
@@ -107,8 +113,8 @@ pub const SNAPSHOT_TRIGGER: u64 = 0xd000_0000;
 
 impl LinuxVm {
     /// The VM without a guest: KVM VM with TSS, in-kernel irqchip and PIT, `mem_mib` of
-    /// anonymous memory in slot 0, one vCPU, and the console on IRQ 4.
-    pub fn create(mem_mib: usize, echo_console: bool) -> Result<LinuxVm, BootError> {
+    /// anonymous memory in slot 0, `vcpus` vCPUs (at least one), and the console on IRQ 4.
+    pub fn create(mem_mib: usize, vcpus: usize, echo_console: bool) -> Result<LinuxVm, BootError> {
         let size = mem_mib << 20;
         let kvm_handle = Kvm::new().map_err(kvm("open /dev/kvm"))?;
         let vm = kvm_handle.create_vm().map_err(kvm("create VM"))?;
@@ -126,24 +132,42 @@ impl LinuxVm {
         // SAFETY: the region is exactly `memory`'s mapping, owned by the LinuxVm, which drops the
         // VmFd before the memory.
         unsafe { vm.set_user_memory_region(region) }.map_err(kvm("memory region"))?;
-        let vcpu = vm.create_vcpu(0).map_err(kvm("vCPU"))?;
         let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(BootError::EventFd)?;
         vm.register_irqfd(&irq, 4).map_err(kvm("irqfd for COM1"))?;
         let line = irq.try_clone().map_err(BootError::EventFd)?;
         let view = memory.view()?;
-        Ok(LinuxVm {
+        let mut linux = LinuxVm {
             kvm: kvm_handle,
             vm,
-            vcpu,
+            vcpus: Vec::new(),
+            secondaries: None,
             memory,
-            console: console(line, echo_console),
+            console: Arc::new(Mutex::new(console(line, echo_console))),
             irq,
             snapshot_trigger: false,
             devices: Arc::new(Mutex::new(Vec::new())),
             view,
             balloon: None,
             requests: Arc::default(),
-        })
+        };
+        linux.add_vcpus(vcpus.max(1))?;
+        Ok(linux)
+    }
+
+    /// Creates vCPUs until the VM has `count` (a restore of a snapshot with more vCPUs than a
+    /// waiting VM was made with); with more than `count`, the extra ones are left unused.
+    pub(crate) fn add_vcpus(&mut self, count: usize) -> Result<(), BootError> {
+        while self.vcpus.len() < count {
+            let fd = self.vm.create_vcpu(self.vcpus.len() as u64).map_err(kvm("vCPU"))?;
+            self.vcpus.push(Arc::new(Mutex::new(fd)));
+        }
+        self.vcpus.truncate(count);
+        Ok(())
+    }
+
+    /// How many vCPUs the VM runs.
+    pub fn vcpu_count(&self) -> usize {
+        self.vcpus.len()
     }
 
     /// Attaches a virtio-mmio device with its own interrupt line; returns where the guest
@@ -168,22 +192,24 @@ impl LinuxVm {
             .collect()
     }
 
-    /// A VM with `mem_mib` of memory, the kernel at 1 MiB, `initrd` at the top of memory and
-    /// `cmdline` in the zero page.
+    /// A VM with `mem_mib` of memory and `vcpus` vCPUs, the kernel at 1 MiB, `initrd` at the
+    /// top of memory and `cmdline` in the zero page. vCPU 0 starts at the kernel's 64-bit
+    /// entry; the others wait for the guest to start them (INIT/SIPI, served by KVM's LAPIC).
     pub fn boot(
         mem_mib: usize,
+        vcpus: usize,
         kernel: &Path,
         initrd: Option<&Path>,
         cmdline: &str,
         echo_console: bool,
         devices: Vec<MmioTransport>,
     ) -> Result<LinuxVm, BootError> {
-        let mut linux = LinuxVm::create(mem_mib, echo_console)?;
+        let mut linux = LinuxVm::create(mem_mib, vcpus, echo_console)?;
         for device in devices {
             linux.attach(device)?;
         }
         let described = linux.device_descriptions();
-        let rsdp = crate::acpi::write_tables(&mut linux.memory, &described)
+        let rsdp = crate::acpi::write_tables(&mut linux.memory, &described, linux.vcpus.len())
             .map_err(|e| BootError::GuestMemory(e.to_string()))?;
         let size = mem_mib << 20;
         let view = linux.memory.view()?;
@@ -234,20 +260,19 @@ impl LinuxVm {
         .map_err(|e| BootError::GuestMemory(e.to_string()))?;
         // Identity page tables and GDT, shared with the test guest's setup.
         guest::load(&mut linux.memory, 0)?;
-        let vcpu = &linux.vcpu;
-        let mut cpuid =
+        let supported =
             linux.kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm("CPUID"))?;
-        // Say "running under a hypervisor" (leaf 1, ECX bit 31), so the guest reads KVM's leaves
-        // and uses kvmclock instead of calibrating against the PIT.
-        for entry in cpuid.as_mut_slice() {
-            if entry.function == 1 {
-                entry.ecx |= 1 << 31;
-            }
+        let count = linux.vcpus.len();
+        for (index, vcpu) in linux.vcpus.iter().enumerate() {
+            let vcpu = crate::vcpus::lock(vcpu);
+            let mut cpuid = supported.clone();
+            cpuid_for(&mut cpuid, index, count);
+            vcpu.set_cpuid2(&cpuid).map_err(kvm("set CPUID"))?;
+            let fpu = kvm_fpu { fcw: 0x37f, mxcsr: 0x1f80, ..Default::default() };
+            vcpu.set_fpu(&fpu).map_err(kvm("FPU"))?;
+            set_lint(&vcpu)?;
         }
-        vcpu.set_cpuid2(&cpuid).map_err(kvm("set CPUID"))?;
-        let fpu = kvm_fpu { fcw: 0x37f, mxcsr: 0x1f80, ..Default::default() };
-        vcpu.set_fpu(&fpu).map_err(kvm("FPU"))?;
-        set_lint(vcpu)?;
+        let vcpu = crate::vcpus::lock(&linux.vcpus[0]);
         let sregs = vcpu.get_sregs().map_err(kvm("get sregs"))?;
         vcpu.set_sregs(&guest::sregs(sregs)).map_err(kvm("set sregs"))?;
         let entry = loaded.kernel_load.raw_value() + 0x200;
@@ -260,11 +285,22 @@ impl LinuxVm {
             ..Default::default()
         };
         vcpu.set_regs(&regs).map_err(kvm("set regs"))?;
+        drop(vcpu);
         Ok(linux)
     }
 
     pub fn memory(&self) -> &GuestMemory {
         &self.memory
+    }
+
+    pub fn memory_mut(&mut self) -> &mut GuestMemory {
+        &mut self.memory
+    }
+
+    /// Calls `f` with vCPU `index` (none past the last), locked against its run loop: for
+    /// reading or setting its state while the VM is stopped.
+    pub fn with_vcpu<R>(&self, index: usize, f: impl FnOnce(&VcpuFd) -> R) -> Option<R> {
+        self.vcpus.get(index).map(|v| f(&crate::vcpus::lock(v)))
     }
 
     /// Runs a vsock backend on its own thread for the device at `index`: host connections
@@ -308,9 +344,9 @@ impl LinuxVm {
         state: &vm_superio::serial::SerialState,
     ) -> Result<(), BootError> {
         let line = self.irq.try_clone().map_err(BootError::EventFd)?;
-        let echo = self.console.writer().echo;
+        let echo = crate::vcpus::lock(&self.console).writer().echo;
         let log = crate::serial::ConsoleLog { echo, ..Default::default() };
-        self.console = vm_superio::Serial::from_state(
+        *crate::vcpus::lock(&self.console) = vm_superio::Serial::from_state(
             state,
             crate::serial::IrqTrigger(line),
             vm_superio::serial::NoEvents,
@@ -321,72 +357,74 @@ impl LinuxVm {
     }
 
     /// Runs the guest until it shuts down or fails, or until an exit after `limit` (a guest
-    /// that never exits is stopped by the process's own watchdog, see `brig-vmm boot`).
+    /// that never exits is stopped by the process's own watchdog, see `brig-vmm boot`). vCPU 0
+    /// runs on this thread; when this returns, every other vCPU is parked, so the VM's state
+    /// can be read or saved, and the next call lets them go on.
     pub fn run(&mut self, limit: Duration) -> Ending {
-        let started = Instant::now();
-        loop {
-            if started.elapsed() >= limit {
-                return Ending::TimedOut;
+        let handler = ExitHandler {
+            console: self.console.clone(),
+            devices: self.devices.clone(),
+            view: self.view.clone(),
+            snapshot_trigger: self.snapshot_trigger,
+        };
+        let secondaries =
+            self.secondaries.get_or_insert_with(|| Secondaries::start(&self.vcpus[1..], &handler));
+        secondaries.release();
+        let ending = run_first(&self.vcpus[0], &handler, secondaries, &self.requests, limit);
+        secondaries.park();
+        ending
+    }
+}
+
+/// vCPU 0's loop (see [`LinuxVm::run`]).
+fn run_first(
+    vcpu: &SharedVcpu,
+    handler: &ExitHandler,
+    secondaries: &Secondaries,
+    requests: &crate::control::VcpuRequests,
+    limit: Duration,
+) -> Ending {
+    let started = Instant::now();
+    let mut vcpu = crate::vcpus::lock(vcpu);
+    loop {
+        if started.elapsed() >= limit {
+            return Ending::TimedOut;
+        }
+        if requests.pending() {
+            return Ending::ControlRequest;
+        }
+        if let Some(ending) = secondaries.ending() {
+            return ending;
+        }
+        match vcpu.run() {
+            Ok(exit) => {
+                if let Some(ending) = handler.handle(exit) {
+                    return ending;
+                }
             }
-            if self.requests.pending() {
-                return Ending::ControlRequest;
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
+            Err(e) => return Ending::Failed(format!("KVM_RUN: {e}")),
+        }
+    }
+}
+
+/// CPUID for vCPU `index` of `count`: its APIC id (leaf 1 EBX[31:24], leaves 0xB and 0x1F
+/// EDX), the logical processor count (leaf 1 EBX[23:16], with HTT when more than one), and
+/// "running under a hypervisor" (leaf 1 ECX bit 31), so the guest reads KVM's leaves and uses
+/// kvmclock instead of calibrating against the PIT.
+fn cpuid_for(cpuid: &mut kvm_bindings::CpuId, index: usize, count: usize) {
+    let id = index as u32;
+    for entry in cpuid.as_mut_slice() {
+        match entry.function {
+            1 => {
+                entry.ecx |= 1 << 31;
+                entry.ebx = (entry.ebx & 0xffff) | (id << 24) | ((count as u32 & 0xff) << 16);
+                if count > 1 {
+                    entry.edx |= 1 << 28;
+                }
             }
-            match self.vcpu.run() {
-                Ok(VcpuExit::IoOut(port, data)) => {
-                    if (COM1..COM1 + 8).contains(&port) {
-                        let _ = self.console.write((port - COM1) as u8, data[0]);
-                    } else if port == 0x64 && data.first() == Some(&0xfe) {
-                        return Ending::Shutdown; // i8042 reset line
-                    }
-                }
-                Ok(VcpuExit::IoIn(port, data)) => {
-                    let value = if (COM1..COM1 + 8).contains(&port) {
-                        self.console.read((port - COM1) as u8)
-                    } else {
-                        0xff
-                    };
-                    data.iter_mut().for_each(|b| *b = value);
-                }
-                Ok(VcpuExit::MmioRead(addr, data)) => {
-                    let devices = lock(&self.devices);
-                    match window_of(MMIO_BASE, addr, devices.len()) {
-                        Some((i, offset)) => devices[i].0.read(offset, data),
-                        None => data.iter_mut().for_each(|b| *b = 0),
-                    }
-                }
-                Ok(VcpuExit::MmioWrite(addr, data)) if addr >= MMIO_BASE => {
-                    let mut devices = lock(&self.devices);
-                    if let Some((i, offset)) = window_of(MMIO_BASE, addr, devices.len()) {
-                        let (device, irq) = &mut devices[i];
-                        if device.write(offset, data, &self.view) {
-                            let _ = irq.write(1);
-                        }
-                    }
-                }
-                Ok(VcpuExit::MmioWrite(addr, _))
-                    if addr == SNAPSHOT_TRIGGER && self.snapshot_trigger =>
-                {
-                    return Ending::SnapshotRequested
-                }
-                Ok(VcpuExit::MmioWrite(..)) | Ok(VcpuExit::Hlt) => {}
-                Ok(VcpuExit::Shutdown) => return Ending::Shutdown,
-                Ok(VcpuExit::InternalError) => return Ending::Failed("KVM internal error".into()),
-                Ok(VcpuExit::FailEntry(reason, _)) => {
-                    return Ending::Failed(format!("entry failed: {reason:#x}"))
-                }
-                Ok(VcpuExit::SystemEvent(kind, _)) => {
-                    return if kind == kvm_bindings::KVM_SYSTEM_EVENT_SHUTDOWN
-                        || kind == kvm_bindings::KVM_SYSTEM_EVENT_RESET
-                    {
-                        Ending::Shutdown
-                    } else {
-                        Ending::Failed(format!("system event {kind}"))
-                    };
-                }
-                Ok(other) => return Ending::Failed(format!("unexpected exit {other:?}")),
-                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
-                Err(e) => return Ending::Failed(format!("KVM_RUN: {e}")),
-            }
+            0xb | 0x1f => entry.edx = id,
+            _ => {}
         }
     }
 }

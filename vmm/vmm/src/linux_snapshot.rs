@@ -1,14 +1,15 @@
-//! Snapshot and restore of a Linux VM: memory, the vCPU (registers, FPU/XSAVE, XCRs, debug
+//! Snapshot and restore of a Linux VM: memory, every vCPU (registers, FPU/XSAVE, XCRs, debug
 //! registers, LAPIC, MSRs, MP state, pending events, CPUID, TSC rate), the in-kernel PIC pair,
 //! IOAPIC and PIT, the KVM clock, and the console UART.
 //!
 //! ```text
 //! vm.state  "BRIGLXSN" | version u32 | memory size u64 | sections… | sha256(all before)
 //!           section = tag u32 | len u32 | bytes (KVM structs as laid out by the kernel ABI)
+//!           per-vCPU sections come once per vCPU, in vCPU order (version 1: one vCPU)
 //! vm.mem    guest memory (restores map it MAP_PRIVATE: VMs from one snapshot share pages)
 //! ```
 //! Save follows Firecracker's order (pause so a pending I/O completes, then read); restore sets
-//! VM-wide state first, then the vCPU: LAPIC after sregs, MSRs after the LAPIC, events last.
+//! VM-wide state first, then each vCPU: LAPIC after sregs, MSRs after the LAPIC, events last.
 #![allow(unsafe_code)]
 
 use std::fs::File;
@@ -26,7 +27,7 @@ use vm_superio::serial::SerialState;
 use crate::linux::{BootError, LinuxVm};
 
 const MAGIC: &[u8; 8] = b"BRIGLXSN";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LinuxSnapshotError {
@@ -38,7 +39,7 @@ pub enum LinuxSnapshotError {
     },
     #[error("{0} is not a Brig Linux VM snapshot, or is truncated")]
     Malformed(PathBuf),
-    #[error("snapshot version {0}; this VMM reads version {VERSION}")]
+    #[error("snapshot version {0}; this VMM reads versions 1 to {VERSION}")]
     Version(u32),
     #[error("snapshot {0} is corrupt (checksum mismatch)")]
     Checksum(PathBuf),
@@ -180,14 +181,12 @@ fn serial_state(b: &[u8]) -> Option<SerialState> {
     })
 }
 
-/// Saves a stopped VM (after [`LinuxVm::run`] returned) into `dir`.
-pub fn save(vm: &mut LinuxVm, dir: &Path) -> Result<(), LinuxSnapshotError> {
-    let io = |path: PathBuf| move |source| LinuxSnapshotError::Io { path, source };
-    // Let a pending I/O complete without running guest code further.
-    vm.vcpu.set_kvm_immediate_exit(1);
-    let _ = vm.vcpu.run();
-    vm.vcpu.set_kvm_immediate_exit(0);
-    let v = &vm.vcpu;
+/// The sections of one stopped vCPU.
+fn save_vcpu(
+    vm: &LinuxVm,
+    v: &kvm_ioctls::VcpuFd,
+    dir: &Path,
+) -> Result<Vec<(Tag, Vec<u8>)>, LinuxSnapshotError> {
     let index_list = vm.kvm.get_msr_index_list().map_err(kvm("MSR index list"))?;
     let entries: Vec<kvm_msr_entry> = index_list
         .as_slice()
@@ -204,7 +203,7 @@ pub fn save(vm: &mut LinuxVm, dir: &Path) -> Result<(), LinuxSnapshotError> {
     let cpuid = v.get_cpuid2(kvm_bindings::KVM_MAX_CPUID_ENTRIES).map_err(kvm("get CPUID"))?;
     let cpuid_bytes: Vec<u8> = cpuid.as_slice().iter().flat_map(pod).collect();
     let tsc = v.get_tsc_khz().unwrap_or(0);
-    let mut sections: Vec<(Tag, Vec<u8>)> = vec![
+    Ok(vec![
         (Tag::Regs, pod(&v.get_regs().map_err(kvm("get regs"))?)),
         (Tag::Sregs, pod(&v.get_sregs().map_err(kvm("get sregs"))?)),
         (Tag::Xsave, pod(&v.get_xsave().map_err(kvm("get xsave"))?)),
@@ -216,13 +215,31 @@ pub fn save(vm: &mut LinuxVm, dir: &Path) -> Result<(), LinuxSnapshotError> {
         (Tag::Events, pod(&v.get_vcpu_events().map_err(kvm("get events"))?)),
         (Tag::Cpuid, cpuid_bytes),
         (Tag::TscKhz, tsc.to_le_bytes().to_vec()),
+    ])
+}
+
+/// Saves a stopped VM (after [`LinuxVm::run`] returned, which parks every vCPU but the
+/// first) into `dir`.
+pub fn save(vm: &mut LinuxVm, dir: &Path) -> Result<(), LinuxSnapshotError> {
+    let io = |path: PathBuf| move |source| LinuxSnapshotError::Io { path, source };
+    let mut sections = Vec::new();
+    for (index, vcpu) in vm.vcpus.iter().enumerate() {
+        let mut v = crate::vcpus::lock(vcpu);
+        if index == 0 {
+            // The others completed theirs as they parked.
+            crate::vcpus::complete_pending_io(&mut v);
+        }
+        sections.extend(save_vcpu(vm, &v, dir)?);
+    }
+    let console = crate::vcpus::lock(&vm.console).state();
+    sections.extend([
         (Tag::PicMaster, pod(&irqchip(vm, KVM_IRQCHIP_PIC_MASTER)?)),
         (Tag::PicSlave, pod(&irqchip(vm, KVM_IRQCHIP_PIC_SLAVE)?)),
         (Tag::Ioapic, pod(&irqchip(vm, KVM_IRQCHIP_IOAPIC)?)),
         (Tag::Pit, pod(&vm.vm.get_pit2().map_err(kvm("get PIT"))?)),
         (Tag::Clock, pod(&vm.vm.get_clock().map_err(kvm("get clock"))?)),
-        (Tag::Serial, serial_bytes(&vm.console.state())),
-    ];
+        (Tag::Serial, serial_bytes(&console)),
+    ]);
     let saved: Vec<Vec<u8>> = vm
         .devices
         .lock()
@@ -257,7 +274,7 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<(u64, Sections), LinuxSnapshotErro
     }
     let (body, digest) = bytes.split_at(bytes.len() - 32);
     let version = u32::from_le_bytes(body[8..12].try_into().map_err(|_| bad())?);
-    if version != VERSION {
+    if !(1..=VERSION).contains(&version) {
         return Err(LinuxSnapshotError::Version(version));
     }
     if Sha256::digest(body).as_slice() != digest {
@@ -293,7 +310,7 @@ pub fn restore(
     host: &HostSide,
 ) -> Result<LinuxVm, LinuxSnapshotError> {
     let (state_path, mem, sections) = read_state(dir)?;
-    let vm = LinuxVm::create((mem >> 20) as usize, echo_console)?;
+    let vm = LinuxVm::create((mem >> 20) as usize, 1, echo_console)?;
     restore_state(vm, dir, &state_path, &sections, host)
 }
 
@@ -309,6 +326,52 @@ pub fn restore_into(
         return Err(LinuxSnapshotError::MemorySize { snapshot: mem, vm: vm.memory.size() as u64 });
     }
     restore_state(vm, dir, &state_path, &sections, host)
+}
+
+/// Sets one vCPU's saved state; `nth` finds its section of a kind.
+fn restore_vcpu<'a>(
+    v: &kvm_ioctls::VcpuFd,
+    nth: &dyn Fn(Tag) -> Result<&'a [u8], LinuxSnapshotError>,
+    bad: &dyn Fn() -> LinuxSnapshotError,
+) -> Result<(), LinuxSnapshotError> {
+    let entry_size = std::mem::size_of::<kvm_bindings::kvm_cpuid_entry2>();
+    let entries: Vec<kvm_bindings::kvm_cpuid_entry2> =
+        nth(Tag::Cpuid)?.chunks(entry_size).filter_map(unpod).collect();
+    let cpuid = CpuId::from_entries(&entries).map_err(|_| bad())?;
+    v.set_cpuid2(&cpuid).map_err(kvm("set CPUID"))?;
+    let tsc = u32::from_le_bytes(nth(Tag::TscKhz)?.try_into().map_err(|_| bad())?);
+    if tsc != 0 {
+        let _ = v.set_tsc_khz(tsc);
+    }
+    let mp: kvm_mp_state = unpod(nth(Tag::MpState)?).ok_or_else(bad)?;
+    v.set_mp_state(mp).map_err(kvm("set MP state"))?;
+    let sregs: kvm_sregs = unpod(nth(Tag::Sregs)?).ok_or_else(bad)?;
+    v.set_sregs(&sregs).map_err(kvm("set sregs"))?;
+    let regs: kvm_regs = unpod(nth(Tag::Regs)?).ok_or_else(bad)?;
+    v.set_regs(&regs).map_err(kvm("set regs"))?;
+    let xsave: kvm_xsave = unpod(nth(Tag::Xsave)?).ok_or_else(bad)?;
+    // SAFETY: the buffer is a whole kvm_xsave as KVM_GET_XSAVE produced it on this kind of
+    // host; KVM checks its contents.
+    unsafe { v.set_xsave(&xsave) }.map_err(kvm("set xsave"))?;
+    let xcrs: kvm_xcrs = unpod(nth(Tag::Xcrs)?).ok_or_else(bad)?;
+    v.set_xcrs(&xcrs).map_err(kvm("set xcrs"))?;
+    let dregs: kvm_debugregs = unpod(nth(Tag::DebugRegs)?).ok_or_else(bad)?;
+    v.set_debug_regs(&dregs).map_err(kvm("set debug regs"))?;
+    let lapic: kvm_lapic_state = unpod(nth(Tag::Lapic)?).ok_or_else(bad)?;
+    v.set_lapic(&lapic).map_err(kvm("set LAPIC"))?;
+    let msr_entries: Vec<kvm_msr_entry> = nth(Tag::Msrs)?
+        .chunks(12)
+        .filter(|c| c.len() == 12)
+        .map(|c| kvm_msr_entry {
+            index: u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+            data: u64::from_le_bytes([c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11]]),
+            ..Default::default()
+        })
+        .collect();
+    let msrs = Msrs::from_entries(&msr_entries).map_err(|_| bad())?;
+    v.set_msrs(&msrs).map_err(kvm("set MSRs"))?;
+    let events: kvm_vcpu_events = unpod(nth(Tag::Events)?).ok_or_else(bad)?;
+    v.set_vcpu_events(&events).map_err(kvm("set events"))
 }
 
 fn restore_state(
@@ -356,46 +419,16 @@ fn restore_state(
     clock.flags = 0;
     vm.vm.set_clock(&clock).map_err(kvm("set clock"))?;
 
-    // Then the vCPU.
-    let v = &vm.vcpu;
-    let entry_size = std::mem::size_of::<kvm_bindings::kvm_cpuid_entry2>();
-    let entries: Vec<kvm_bindings::kvm_cpuid_entry2> =
-        get(Tag::Cpuid)?.chunks(entry_size).filter_map(unpod).collect();
-    let cpuid = CpuId::from_entries(&entries).map_err(|_| bad())?;
-    v.set_cpuid2(&cpuid).map_err(kvm("set CPUID"))?;
-    let tsc = u32::from_le_bytes(get(Tag::TscKhz)?.try_into().map_err(|_| bad())?);
-    if tsc != 0 {
-        let _ = v.set_tsc_khz(tsc);
+    // Then each vCPU.
+    let count = s.all(Tag::Regs).count();
+    if count == 0 {
+        return Err(bad());
     }
-    let mp: kvm_mp_state = unpod(get(Tag::MpState)?).ok_or_else(bad)?;
-    v.set_mp_state(mp).map_err(kvm("set MP state"))?;
-    let sregs: kvm_sregs = unpod(get(Tag::Sregs)?).ok_or_else(bad)?;
-    v.set_sregs(&sregs).map_err(kvm("set sregs"))?;
-    let regs: kvm_regs = unpod(get(Tag::Regs)?).ok_or_else(bad)?;
-    v.set_regs(&regs).map_err(kvm("set regs"))?;
-    let xsave: kvm_xsave = unpod(get(Tag::Xsave)?).ok_or_else(bad)?;
-    // SAFETY: the buffer is a whole kvm_xsave as KVM_GET_XSAVE produced it on this kind of
-    // host; KVM checks its contents.
-    unsafe { v.set_xsave(&xsave) }.map_err(kvm("set xsave"))?;
-    let xcrs: kvm_xcrs = unpod(get(Tag::Xcrs)?).ok_or_else(bad)?;
-    v.set_xcrs(&xcrs).map_err(kvm("set xcrs"))?;
-    let dregs: kvm_debugregs = unpod(get(Tag::DebugRegs)?).ok_or_else(bad)?;
-    v.set_debug_regs(&dregs).map_err(kvm("set debug regs"))?;
-    let lapic: kvm_lapic_state = unpod(get(Tag::Lapic)?).ok_or_else(bad)?;
-    v.set_lapic(&lapic).map_err(kvm("set LAPIC"))?;
-    let msr_entries: Vec<kvm_msr_entry> = get(Tag::Msrs)?
-        .chunks(12)
-        .filter(|c| c.len() == 12)
-        .map(|c| kvm_msr_entry {
-            index: u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
-            data: u64::from_le_bytes([c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11]]),
-            ..Default::default()
-        })
-        .collect();
-    let msrs = Msrs::from_entries(&msr_entries).map_err(|_| bad())?;
-    v.set_msrs(&msrs).map_err(kvm("set MSRs"))?;
-    let events: kvm_vcpu_events = unpod(get(Tag::Events)?).ok_or_else(bad)?;
-    v.set_vcpu_events(&events).map_err(kvm("set events"))?;
+    vm.add_vcpus(count)?;
+    for (index, vcpu) in vm.vcpus.iter().enumerate() {
+        let nth = |tag: Tag| s.all(tag).nth(index).ok_or_else(bad);
+        restore_vcpu(&crate::vcpus::lock(vcpu), &nth, &bad)?;
+    }
     let serial = serial_state(get(Tag::Serial)?).ok_or_else(bad)?;
     vm.restore_console(&serial)?;
     for (backend, index) in backends {

@@ -72,6 +72,9 @@ enum Command {
         cmdline: String,
         #[arg(long, default_value_t = 256)]
         mem_mib: usize,
+        /// vCPUs (each on its own thread; the guest starts the others itself).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
+        vcpus: u8,
         #[arg(long, default_value_t = 120)]
         timeout_s: u64,
         /// When the guest writes the snapshot trigger address, save the VM here and exit 4.
@@ -118,6 +121,9 @@ enum Command {
     Standby {
         #[arg(long, default_value_t = 256)]
         mem_mib: usize,
+        /// vCPUs to create ahead (a snapshot with more gets the rest at restore).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
+        vcpus: u8,
         #[command(flatten)]
         jail: JailOptions,
     },
@@ -269,6 +275,7 @@ fn main() -> anyhow::Result<()> {
             initrd,
             cmdline,
             mem_mib,
+            vcpus,
             timeout_s,
             snapshot_to,
             rng,
@@ -304,8 +311,15 @@ fn main() -> anyhow::Result<()> {
                 backend = Some((b, devices.len()));
                 devices.push(MmioTransport::new(Box::new(dev)));
             }
-            let mut vm =
-                LinuxVm::boot(mem_mib, &kernel, initrd.as_deref(), &cmdline, true, devices)?;
+            let mut vm = LinuxVm::boot(
+                mem_mib,
+                usize::from(vcpus),
+                &kernel,
+                initrd.as_deref(),
+                &cmdline,
+                true,
+                devices,
+            )?;
             if let Some((b, index)) = backend {
                 vm.start_vsock_backend(b, index);
             }
@@ -335,9 +349,9 @@ fn main() -> anyhow::Result<()> {
             let resume = ResumeArgs { snapshot, timeout_s, vsock_uds, disks, host };
             resume.run(None, started)
         }
-        Command::Standby { mem_mib, jail } => {
+        Command::Standby { mem_mib, vcpus, jail } => {
             jail.enter()?;
-            let vm = LinuxVm::create(mem_mib, true)?;
+            let vm = LinuxVm::create(mem_mib, usize::from(vcpus), true)?;
             let mut line = String::new();
             std::io::stdin().lock().read_line(&mut line)?;
             let started = Instant::now();
@@ -414,7 +428,8 @@ fn watchdog(secs: u64) {
 
 /// Reports how a Linux guest's run ended and exits with its status.
 fn finish(vm: &LinuxVm, ending: &Ending, started: Instant) -> ! {
-    let log = vm.console.writer();
+    let console = vm.console.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let log = console.writer();
     eprintln!(
         "brig-vmm: {ending:?} after {:.2} s; console {} bytes kept, {} dropped; devices (type, requests served) {:?}",
         started.elapsed().as_secs_f64(),

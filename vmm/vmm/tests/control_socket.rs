@@ -22,7 +22,7 @@ fn ask(
 #[test]
 fn the_control_socket_reports_memory_and_steers_the_balloon() {
     let dir = tempfile::tempdir().expect("tmp");
-    let mut vm = LinuxVm::create(64, false).expect("VM (needs /dev/kvm)");
+    let mut vm = LinuxVm::create(64, 1, false).expect("VM (needs /dev/kvm)");
     let (balloon, shared) = Balloon::new();
     vm.attach(MmioTransport::new(Box::new(balloon))).expect("attach");
     vm.balloon = Some((0, shared.clone()));
@@ -54,7 +54,7 @@ fn the_control_socket_reports_memory_and_steers_the_balloon() {
 #[test]
 fn a_vm_without_a_balloon_says_so() {
     let dir = tempfile::tempdir().expect("tmp");
-    let vm = LinuxVm::create(32, false).expect("VM (needs /dev/kvm)");
+    let vm = LinuxVm::create(32, 1, false).expect("VM (needs /dev/kvm)");
     let path = dir.path().join("vm.ctl");
     brig_vmm::control::serve(&path, vm.control_handles()).expect("serve");
     let mut stream = UnixStream::connect(&path).expect("connect");

@@ -238,6 +238,7 @@ fn main() -> anyhow::Result<()> {
         initrd: args[2].clone().into(),
         cmdline: args[3].clone(),
         mem_mib: 256,
+        vcpus: 2,
         dir: args[4].clone().into(),
         ksm: false,
         warm: 1,
@@ -264,6 +265,15 @@ fn main() -> anyhow::Result<()> {
         anyhow::ensure!(log.contains("into a waiting VM"), "vm-b's VMM was not a warm one: {log}");
         println!("BRIG-VMTIER-OK vm-b resumed into a warm VMM (jailed, VM created ahead)");
         let limit = Duration::from_secs(30);
+        // Both vCPUs came back from the snapshot, and the second one runs guest work.
+        let smp = "cat /sys/devices/system/cpu/online; busybox taskset -c 1 cat /proc/self/stat";
+        let out = tier.exec(&b, smp, limit).await?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut lines = text.lines();
+        let online = lines.next().unwrap_or_default().trim().to_owned();
+        let ran_on = lines.next().and_then(|l| l.split_whitespace().nth(38)).unwrap_or_default();
+        anyhow::ensure!(online == "0-1" && ran_on == "1", "vCPUs after restore: {out:?}");
+        println!("BRIG-VMTIER-OK two vCPUs online after restore, work pinned to vCPU 1 runs there");
         let out = tier.exec(&a, "echo only-in-a > /tmp/mark; cat /tmp/mark; exit 3", limit).await?;
         anyhow::ensure!(out.stdout == b"only-in-a\n" && out.exit_code == 3, "vm-a: {out:?}");
         let out = tier.exec(&b, "cat /tmp/mark 2>&1; echo err >&2; exit 0", limit).await?;
@@ -333,6 +343,7 @@ fn main() -> anyhow::Result<()> {
             initrd: args[2].clone().into(),
             cmdline: args[3].clone(),
             mem_mib: 256,
+            vcpus: 2,
             dir: args[4].clone().into(),
             ksm: false,
             warm: 0,
