@@ -303,10 +303,10 @@ impl LinuxVm {
         self.vcpus.get(index).map(|v| f(&crate::vcpus::lock(v)))
     }
 
-    /// Runs a vsock backend on its own thread for the device at `index`: host connections
-    /// and data reach the guest through the transport, with an interrupt when buffers were
-    /// used. The thread ends with the process.
-    pub fn start_vsock_backend(&self, backend: crate::virtio::vsock::VsockBackend, index: usize) {
+    /// Runs a device's backend (vsock's sockets, net's tap) on its own thread for the device
+    /// at `index`: outside input reaches the guest through the transport, with an interrupt
+    /// when buffers were used. The thread ends with the process.
+    pub fn start_backend(&self, backend: Box<dyn crate::virtio::Backend>, index: usize) {
         let devices = self.devices.clone();
         let view = self.view.clone();
         std::thread::spawn(move || loop {

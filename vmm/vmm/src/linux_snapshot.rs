@@ -105,13 +105,15 @@ pub struct HostSide {
     pub guest_cid: u64,
     /// The VM's disks in attach order: backing file and read-only flag.
     pub disks: Vec<(PathBuf, bool)>,
+    /// The tap a network device is attached to (opened before the jail) and its MAC.
+    pub net: Option<(Arc<File>, [u8; 6])>,
 }
 
-/// What a restored device needs beside its transport: a vsock device's backend thread, a
+/// What a restored device needs beside its transport: a backend thread (vsock, net), a
 /// balloon's host handle.
 enum DeviceHostPart {
     None,
-    Vsock(crate::virtio::vsock::VsockBackend),
+    Backend(Box<dyn crate::virtio::Backend>),
     Balloon(Arc<crate::virtio::balloon::BalloonShared>),
 }
 
@@ -137,7 +139,12 @@ fn new_device(
             let (dev, backend) =
                 crate::virtio::vsock::Vsock::new(host.guest_cid, host.vsock_uds.as_deref()?)
                     .ok()?;
-            Some((Box::new(dev), DeviceHostPart::Vsock(backend)))
+            Some((Box::new(dev), DeviceHostPart::Backend(Box::new(backend))))
+        }
+        crate::virtio::net::DEVICE_TYPE => {
+            let (tap, mac) = host.net.clone()?;
+            let (dev, backend) = crate::virtio::net::Net::new(mac, tap);
+            Some((Box::new(dev), DeviceHostPart::Backend(Box::new(backend))))
         }
         _ => None,
     }
@@ -397,7 +404,7 @@ fn restore_state(
             crate::virtio::mmio::MmioTransport::restore(device, saved).ok_or_else(bad)?;
         vm.attach(transport)?;
         match backend {
-            DeviceHostPart::Vsock(b) => backends.push((b, index)),
+            DeviceHostPart::Backend(b) => backends.push((b, index)),
             DeviceHostPart::Balloon(shared) => vm.balloon = Some((index, shared)),
             DeviceHostPart::None => {}
         }
@@ -432,7 +439,7 @@ fn restore_state(
     let serial = serial_state(get(Tag::Serial)?).ok_or_else(bad)?;
     vm.restore_console(&serial)?;
     for (backend, index) in backends {
-        vm.start_vsock_backend(backend, index);
+        vm.start_backend(backend, index);
     }
     Ok(vm)
 }

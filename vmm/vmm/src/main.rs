@@ -94,6 +94,8 @@ enum Command {
         #[arg(long)]
         balloon: bool,
         #[command(flatten)]
+        net: NetOptions,
+        #[command(flatten)]
         host: HostOptions,
         #[command(flatten)]
         jail: JailOptions,
@@ -110,6 +112,9 @@ enum Command {
         /// The disks the snapshot's VM had, in the same order as at boot.
         #[arg(long = "disk", value_parser = parse_disk)]
         disks: Vec<(PathBuf, bool)>,
+        /// The tap the snapshot's network device goes on (as at boot).
+        #[command(flatten)]
+        net: NetOptions,
         #[command(flatten)]
         host: HostOptions,
         #[command(flatten)]
@@ -165,6 +170,34 @@ impl HostOptions {
     }
 }
 
+/// A virtio-net device on a tap the host made (in the sandbox's network namespace).
+#[derive(clap::Args)]
+struct NetOptions {
+    /// Attach a virtio-net device to this existing tap (opened before the jail).
+    #[arg(long)]
+    tap: Option<String>,
+    /// The device's MAC address.
+    #[arg(long, default_value = "06:b7:16:00:00:02", value_parser = parse_mac)]
+    mac: [u8; 6],
+}
+
+impl NetOptions {
+    /// Opens the tap, if one is asked for (needs CAP_NET_ADMIN: before the jail).
+    fn open(&self) -> anyhow::Result<Option<(std::sync::Arc<std::fs::File>, [u8; 6])>> {
+        let Some(name) = &self.tap else { return Ok(None) };
+        let tap = brig_vmm::virtio::net::open_tap(name)?;
+        Ok(Some((std::sync::Arc::new(tap), self.mac)))
+    }
+}
+
+fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let parts: Vec<u8> = s
+        .split(':')
+        .map(|p| u8::from_str_radix(p, 16).map_err(|_| format!("bad MAC {s:?}")))
+        .collect::<Result<_, _>>()?;
+    parts.try_into().map_err(|_| format!("a MAC has six parts: {s:?}"))
+}
+
 /// The jail (see `brig_vmm::jail`): entered before anything else when `--jail` is given.
 #[derive(clap::Args)]
 struct JailOptions {
@@ -200,6 +233,8 @@ struct ResumeArgs {
     vsock_uds: Option<PathBuf>,
     disks: Vec<(PathBuf, bool)>,
     host: HostOptions,
+    /// The opened tap and MAC, for a VM with a network device.
+    net: Option<(std::sync::Arc<std::fs::File>, [u8; 6])>,
 }
 
 impl ResumeArgs {
@@ -211,6 +246,7 @@ impl ResumeArgs {
             vsock_uds: self.vsock_uds,
             guest_cid: GUEST_CID,
             disks: self.disks,
+            net: self.net,
         };
         let (mut vm, into) = match waiting {
             Some(vm) => (
@@ -282,10 +318,12 @@ fn main() -> anyhow::Result<()> {
             vsock_uds,
             disks,
             balloon,
+            net,
             host,
             jail,
         } => {
             let started = Instant::now();
+            let net = net.open()?;
             jail.enter()?;
             watchdog(timeout_s);
             let mut devices = Vec::new();
@@ -305,10 +343,15 @@ fn main() -> anyhow::Result<()> {
                 balloon_handle = Some((devices.len(), shared));
                 devices.push(MmioTransport::new(Box::new(dev)));
             }
-            let mut backend = None;
+            let mut backends: Vec<(Box<dyn brig_vmm::virtio::Backend>, usize)> = Vec::new();
             if let Some(path) = &vsock_uds {
                 let (dev, b) = Vsock::new(GUEST_CID, path)?;
-                backend = Some((b, devices.len()));
+                backends.push((Box::new(b), devices.len()));
+                devices.push(MmioTransport::new(Box::new(dev)));
+            }
+            if let Some((tap, mac)) = net {
+                let (dev, b) = brig_vmm::virtio::net::Net::new(mac, tap);
+                backends.push((Box::new(b), devices.len()));
                 devices.push(MmioTransport::new(Box::new(dev)));
             }
             let mut vm = LinuxVm::boot(
@@ -320,8 +363,8 @@ fn main() -> anyhow::Result<()> {
                 true,
                 devices,
             )?;
-            if let Some((b, index)) = backend {
-                vm.start_vsock_backend(b, index);
+            for (b, index) in backends {
+                vm.start_backend(b, index);
             }
             vm.balloon = balloon_handle;
             host.apply(&vm)?;
@@ -343,10 +386,11 @@ fn main() -> anyhow::Result<()> {
             }
             finish(&vm, &ending, started)
         }
-        Command::Resume { snapshot, timeout_s, vsock_uds, disks, host, jail } => {
+        Command::Resume { snapshot, timeout_s, vsock_uds, disks, net, host, jail } => {
             let started = Instant::now();
+            let net = net.open()?;
             jail.enter()?;
-            let resume = ResumeArgs { snapshot, timeout_s, vsock_uds, disks, host };
+            let resume = ResumeArgs { snapshot, timeout_s, vsock_uds, disks, host, net };
             resume.run(None, started)
         }
         Command::Standby { mem_mib, vcpus, jail } => {
@@ -359,12 +403,14 @@ fn main() -> anyhow::Result<()> {
                 .with_context(|| format!("expected a JSON array of resume arguments: {line:?}"))?;
             let cli = Cli::try_parse_from(std::iter::once("brig-vmm".to_string()).chain(args))?;
             // Already jailed: the resume's own jail options are not applied again.
-            let Command::Resume { snapshot, timeout_s, vsock_uds, disks, host, jail: _ } =
+            let Command::Resume { snapshot, timeout_s, vsock_uds, disks, net, host, jail: _ } =
                 cli.command
             else {
                 anyhow::bail!("a standby VMM takes `resume` arguments");
             };
-            let resume = ResumeArgs { snapshot, timeout_s, vsock_uds, disks, host };
+            // Attaching a tap needs a capability the jail has dropped.
+            anyhow::ensure!(net.tap.is_none(), "a warm VMM cannot attach a tap; resume afresh");
+            let resume = ResumeArgs { snapshot, timeout_s, vsock_uds, disks, host, net: None };
             resume.run(Some(vm), started)
         }
         Command::Exec { uds, port, command } => {

@@ -7,30 +7,22 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use brig_vmm::memory::GuestMemory;
 use brig_vmm::virtio::mmio::MmioTransport;
 use brig_vmm::virtio::vsock::{Vsock, VsockBackend};
 use rand::{Rng as _, SeedableRng};
 
+mod common;
+
+use common::{Rings, QUEUE_SIZE};
+
 const GUEST_CID: u64 = 3;
 const HEADER: usize = 44;
-const QUEUE_SIZE: u16 = 16;
-/// Ring addresses of queues 0 (RX), 1 (TX) and 2 (events): descriptors, avail, used.
-const RINGS: [(u64, u64, u64); 3] =
-    [(0x4000, 0x5000, 0x6000), (0x7000, 0x8000, 0x9000), (0xa000, 0xb000, 0xc000)];
-const RX_BUFS: u64 = 0x2_0000;
 const RX_BUF_LEN: u32 = 0x2000;
-const TX_BUF: u64 = 0x8_0000;
-const WRITE: u16 = 2;
 
 /// The test's stand-in for the guest driver.
 struct Driver {
-    mem: GuestMemory,
-    view: vm_memory::GuestMemoryMmap,
-    dev: MmioTransport,
+    rings: Rings,
     backend: VsockBackend,
-    tx_next: u16,
-    rx_seen: u16,
     _dir: tempfile::TempDir,
 }
 
@@ -56,69 +48,17 @@ type Received = (u16, u32, u32, Vec<u8>);
 impl Driver {
     fn new() -> Driver {
         let dir = tempfile::tempdir().expect("tmp");
-        let mem = GuestMemory::anonymous(1 << 20).expect("memory");
-        let view = mem.view().expect("view");
         let (dev, backend) = Vsock::new(GUEST_CID, &dir.path().join("v.sock")).expect("vsock");
-        let mut dev = MmioTransport::new(Box::new(dev));
-        let reg =
-            |dev: &mut MmioTransport, off: u64, v: u32| dev.write(off, &v.to_le_bytes(), &view);
-        reg(&mut dev, 0x070, 0x3);
-        for (i, (desc, avail, used)) in RINGS.iter().enumerate() {
-            reg(&mut dev, 0x030, i as u32);
-            reg(&mut dev, 0x038, u32::from(QUEUE_SIZE));
-            reg(&mut dev, 0x080, *desc as u32);
-            reg(&mut dev, 0x090, *avail as u32);
-            reg(&mut dev, 0x0a0, *used as u32);
-            reg(&mut dev, 0x044, 1);
-        }
-        reg(&mut dev, 0x070, 0xf);
-        let mut d = Driver { mem, view, dev, backend, tx_next: 0, rx_seen: 0, _dir: dir };
-        // Every RX descriptor is a device-writable buffer, all offered at once.
-        for i in 0..QUEUE_SIZE {
-            d.desc(0, i, RX_BUFS + u64::from(i) * u64::from(RX_BUF_LEN), RX_BUF_LEN, WRITE, 0);
-            d.put_avail(0, i, i);
-        }
-        d.set_avail_idx(0, QUEUE_SIZE);
-        d
+        let rings = Rings::new(MmioTransport::new(Box::new(dev)), 3, RX_BUF_LEN);
+        Driver { rings, backend, _dir: dir }
     }
 
     fn uds(&self) -> std::path::PathBuf {
         self.backend.path.clone()
     }
 
-    fn desc(&mut self, queue: usize, index: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let mut d = Vec::new();
-        d.extend_from_slice(&addr.to_le_bytes());
-        d.extend_from_slice(&len.to_le_bytes());
-        d.extend_from_slice(&flags.to_le_bytes());
-        d.extend_from_slice(&next.to_le_bytes());
-        self.mem.write(RINGS[queue].0 + u64::from(index) * 16, &d).expect("descriptor");
-    }
-
-    fn put_avail(&mut self, queue: usize, slot: u16, head: u16) {
-        let at = RINGS[queue].1 + 4 + u64::from(slot % QUEUE_SIZE) * 2;
-        self.mem.write(at, &head.to_le_bytes()).expect("avail slot");
-    }
-
-    fn set_avail_idx(&mut self, queue: usize, idx: u16) {
-        self.mem.write(RINGS[queue].1 + 2, &idx.to_le_bytes()).expect("avail idx");
-    }
-
-    fn used_idx(&self, queue: usize) -> u16 {
-        let mut b = [0u8; 2];
-        self.mem.read(RINGS[queue].2 + 2, &mut b).expect("used idx");
-        u16::from_le_bytes(b)
-    }
-
-    /// The guest sends one packet on TX (one device-readable descriptor) and notifies.
     fn send(&mut self, bytes: &[u8]) {
-        self.mem.write(TX_BUF, bytes).expect("tx buffer");
-        let slot = self.tx_next;
-        self.desc(1, slot % QUEUE_SIZE, TX_BUF, bytes.len() as u32, 0, 0);
-        self.put_avail(1, slot, slot % QUEUE_SIZE);
-        self.tx_next = slot.wrapping_add(1);
-        self.set_avail_idx(1, self.tx_next);
-        self.dev.write(0x050, &1u32.to_le_bytes(), &self.view);
+        self.rings.send(bytes);
     }
 
     /// Lets the backend read the host sockets and deliver to the guest; then the packets the
@@ -126,32 +66,20 @@ impl Driver {
     fn receive(&mut self) -> Vec<Received> {
         for _ in 0..50 {
             if self.backend.step() {
-                self.dev.poll(&self.view);
+                self.rings.dev.poll(&self.rings.view);
             }
-            if self.used_idx(0) != self.rx_seen {
+            if self.rings.used_idx(0) != self.rings.rx_seen {
                 break;
             }
             std::thread::sleep(Duration::from_millis(2));
         }
         let mut out = Vec::new();
-        while self.rx_seen != self.used_idx(0) {
-            let at = RINGS[0].2 + 4 + u64::from(self.rx_seen % QUEUE_SIZE) * 8;
-            let mut elem = [0u8; 8];
-            self.mem.read(at, &mut elem).expect("used elem");
-            let id = u32::from_le_bytes(elem[..4].try_into().expect("4")) as u16;
-            let len = u32::from_le_bytes(elem[4..].try_into().expect("4")) as usize;
-            let mut buf = vec![0u8; len];
-            self.mem.read(RX_BUFS + u64::from(id) * u64::from(RX_BUF_LEN), &mut buf).expect("rx");
-            if len >= HEADER {
+        for buf in self.rings.take_received() {
+            if buf.len() >= HEADER {
                 let u32_at = |i: usize| u32::from_le_bytes(buf[i..i + 4].try_into().expect("4"));
                 let op = u16::from_le_bytes(buf[30..32].try_into().expect("2"));
                 out.push((op, u32_at(16), u32_at(20), buf[HEADER..].to_vec()));
             }
-            // Offer the buffer again.
-            let avail = self.rx_seen.wrapping_add(QUEUE_SIZE);
-            self.put_avail(0, avail, id);
-            self.set_avail_idx(0, avail.wrapping_add(1));
-            self.rx_seen = self.rx_seen.wrapping_add(1);
         }
         out
     }
@@ -230,9 +158,8 @@ fn random_packets_and_chains_never_break_the_device() {
         }
         if rng.random_bool(0.2) {
             // A chain with a random descriptor: anywhere, any length, maybe a loop.
-            let slot = d.tx_next;
-            let head = slot % QUEUE_SIZE;
-            d.desc(
+            let head = d.rings.tx_next % QUEUE_SIZE;
+            d.rings.desc(
                 1,
                 head,
                 rng.random(),
@@ -240,10 +167,7 @@ fn random_packets_and_chains_never_break_the_device() {
                 rng.random::<u16>() & 7,
                 rng.random_range(0..QUEUE_SIZE),
             );
-            d.put_avail(1, slot, head);
-            d.tx_next = slot.wrapping_add(1);
-            d.set_avail_idx(1, d.tx_next);
-            d.dev.write(0x050, &1u32.to_le_bytes(), &d.view);
+            d.rings.offer_tx(head);
         } else {
             d.send(&bytes);
         }

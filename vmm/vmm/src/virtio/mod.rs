@@ -1,10 +1,11 @@
 //! virtio over MMIO: the transport's register file ([`mmio`]) and devices behind it
-//! ([`rng`], [`blk`], [`vsock`], [`balloon`]). Queues are split virtqueues from the `virtio-queue` crate over `vm-memory`, which
+//! ([`rng`], [`blk`], [`vsock`], [`balloon`], [`net`]). Queues are split virtqueues from the `virtio-queue` crate over `vm-memory`, which
 //! bounds-check every descriptor a guest hands us: a malicious guest can only hurt itself.
 
 pub mod balloon;
 pub mod blk;
 pub mod mmio;
+pub mod net;
 pub mod rng;
 pub mod vsock;
 
@@ -56,6 +57,14 @@ pub trait VirtioDevice: Send {
     /// The driver writes the device-specific configuration space (ignored unless the device
     /// has writable fields).
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
+}
+
+/// The host side of a device with outside input (vsock's Unix sockets, net's tap), run on a
+/// thread of its own: `wait` sleeps until there may be input (at most `limit`), `step` takes
+/// it and says whether the guest has something waiting (then the transport delivers it).
+pub trait Backend: Send {
+    fn wait(&self, limit: std::time::Duration);
+    fn step(&self) -> bool;
 }
 
 /// Serves every chain the driver made available on `queues[index]`: `serve` handles one chain

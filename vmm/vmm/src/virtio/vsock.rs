@@ -365,6 +365,16 @@ pub struct VsockBackend {
     pub path: PathBuf,
 }
 
+impl super::Backend for VsockBackend {
+    fn wait(&self, limit: std::time::Duration) {
+        VsockBackend::wait(self, limit)
+    }
+
+    fn step(&self) -> bool {
+        VsockBackend::step(self)
+    }
+}
+
 impl VsockBackend {
     /// Sleeps until a host socket has something for us (a connection, a `CONNECT` line, data
     /// the guest has credit for) or `limit` passes. Streams the guest has no credit for are not
