@@ -103,8 +103,8 @@ pub struct HostSide {
     /// The Unix socket host processes reach the guest's vsock through.
     pub vsock_uds: Option<PathBuf>,
     pub guest_cid: u64,
-    /// The VM's disks in attach order: backing file and read-only flag.
-    pub disks: Vec<(PathBuf, bool)>,
+    /// The VM's disks in attach order.
+    pub disks: Vec<crate::virtio::cow::DiskSpec>,
     /// The tap a network device is attached to (opened before the jail) and its MAC.
     pub net: Option<(Arc<File>, [u8; 6])>,
 }
@@ -121,13 +121,13 @@ enum DeviceHostPart {
 fn new_device(
     device_type: u32,
     host: &HostSide,
-    disks: &mut std::slice::Iter<'_, (PathBuf, bool)>,
+    disks: &mut std::slice::Iter<'_, crate::virtio::cow::DiskSpec>,
 ) -> Option<(Box<dyn crate::virtio::VirtioDevice>, DeviceHostPart)> {
     match device_type {
         2 => {
-            let (path, read_only) = disks.next()?;
-            let id = path.file_name()?.to_string_lossy().into_owned();
-            let disk = crate::virtio::blk::Block::open(path, *read_only, &id).ok()?;
+            let spec = disks.next()?;
+            let id = spec.path.file_name()?.to_string_lossy().into_owned();
+            let disk = crate::virtio::blk::Block::from_spec(spec, &id).ok()?;
             Some((Box::new(disk), DeviceHostPart::None))
         }
         4 => Some((Box::new(crate::virtio::rng::Rng::default()), DeviceHostPart::None)),

@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use brig_vmm::linux::{Ending, LinuxVm};
+use brig_vmm::virtio::cow::DiskSpec;
 use brig_vmm::virtio::{balloon::Balloon, blk::Block, mmio::MmioTransport, rng::Rng, vsock::Vsock};
 use brig_vmm::{Snapshot, Vm};
 use clap::{Parser, Subcommand};
@@ -86,10 +87,10 @@ enum Command {
         /// Give the guest a virtio-vsock device (CID 3) reached through this Unix socket.
         #[arg(long)]
         vsock_uds: Option<PathBuf>,
-        /// A virtio-blk disk: `PATH` (writable) or `PATH:ro` (repeatable; /dev/vda, vdb… in
-        /// this order).
-        #[arg(long = "disk", value_parser = parse_disk)]
-        disks: Vec<(PathBuf, bool)>,
+        /// A virtio-blk disk: `PATH` (writable), `PATH:ro`, or `BASE:cow:OVERLAY` (a
+        /// copy-on-write disk over a read-only base; repeatable; /dev/vda, vdb… in this order).
+        #[arg(long = "disk", value_parser = DiskSpec::parse)]
+        disks: Vec<DiskSpec>,
         /// Give the guest a virtio-balloon device with free-page reporting.
         #[arg(long)]
         balloon: bool,
@@ -110,8 +111,8 @@ enum Command {
         #[arg(long)]
         vsock_uds: Option<PathBuf>,
         /// The disks the snapshot's VM had, in the same order as at boot.
-        #[arg(long = "disk", value_parser = parse_disk)]
-        disks: Vec<(PathBuf, bool)>,
+        #[arg(long = "disk", value_parser = DiskSpec::parse)]
+        disks: Vec<DiskSpec>,
         /// The tap the snapshot's network device goes on (as at boot).
         #[command(flatten)]
         net: NetOptions,
@@ -231,7 +232,7 @@ struct ResumeArgs {
     snapshot: PathBuf,
     timeout_s: u64,
     vsock_uds: Option<PathBuf>,
-    disks: Vec<(PathBuf, bool)>,
+    disks: Vec<DiskSpec>,
     host: HostOptions,
     /// The opened tap and MAC, for a VM with a network device.
     net: Option<(std::sync::Arc<std::fs::File>, [u8; 6])>,
@@ -265,8 +266,8 @@ impl ResumeArgs {
 }
 
 /// The writable disks among `disks`, in order (what a snapshot copies).
-fn writable(disks: &[(PathBuf, bool)]) -> Vec<PathBuf> {
-    disks.iter().filter(|(_, ro)| !ro).map(|(p, _)| p.clone()).collect()
+fn writable(disks: &[DiskSpec]) -> Vec<PathBuf> {
+    disks.iter().filter_map(|d| d.writable_file().map(PathBuf::from)).collect()
 }
 
 /// The guest's vsock context id.
@@ -330,11 +331,14 @@ fn main() -> anyhow::Result<()> {
             if rng {
                 devices.push(MmioTransport::new(Box::new(Rng::default())));
             }
-            for (path, read_only) in &disks {
-                let id =
-                    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                let disk = Block::open(path, *read_only, &id)
-                    .with_context(|| format!("disk {}", path.display()))?;
+            for spec in &disks {
+                let id = spec
+                    .path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let disk =
+                    Block::from_spec(spec, &id).with_context(|| format!("disk {}", spec.arg()))?;
                 devices.push(MmioTransport::new(Box::new(disk)));
             }
             let mut balloon_handle = None;
@@ -453,14 +457,6 @@ fn dirty_same_everywhere(
         memory.write(addr as u64, &page)?;
     }
     Ok(())
-}
-
-/// `PATH` or `PATH:ro`.
-fn parse_disk(s: &str) -> Result<(PathBuf, bool), String> {
-    match s.strip_suffix(":ro") {
-        Some(path) => Ok((PathBuf::from(path), true)),
-        None => Ok((PathBuf::from(s), false)),
-    }
 }
 
 /// Stops the process if the guest is still running after `secs`.

@@ -1,14 +1,14 @@
-//! virtio-blk over a host file: read-only layer images and writable disks. Every request is
+//! virtio-blk over a host file or block device: read-only layer images, writable disks, and
+//! copy-on-write disks over a shared base image (see [`super::cow`]). Every request is
 //! checked against the disk's size and the guest's descriptors; a bad request gets an error
 //! status, never a host-side read or write out of bounds.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use virtio_queue::Queue;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
+use super::cow::{DiskSpec, Storage};
 use super::{serve_chains, DeviceError, VirtioDevice};
 
 const SECTOR: u64 = 512;
@@ -27,7 +27,7 @@ const MAX_REQUEST: u64 = 4 << 20;
 
 #[derive(Debug)]
 pub struct Block {
-    file: File,
+    storage: Storage,
     size: u64,
     read_only: bool,
     id: [u8; 20],
@@ -36,18 +36,23 @@ pub struct Block {
 impl Block {
     /// A disk backed by `path`; `read_only` opens it for reading and tells the guest so.
     pub fn open(path: &Path, read_only: bool, id: &str) -> std::io::Result<Block> {
-        let file = std::fs::OpenOptions::new().read(true).write(!read_only).open(path)?;
-        let size = file.metadata()?.len() / SECTOR * SECTOR;
+        Block::from_spec(&DiskSpec { path: path.into(), read_only, overlay: None }, id)
+    }
+
+    /// The disk `spec` describes, with `id` as its serial.
+    pub fn from_spec(spec: &DiskSpec, id: &str) -> std::io::Result<Block> {
+        let storage = spec.open()?;
+        let size = storage.size() / SECTOR * SECTOR;
         let mut serial = [0u8; 20];
         for (d, s) in serial.iter_mut().zip(id.bytes()) {
             *d = s;
         }
-        Ok(Block { file, size, read_only, id: serial })
+        Ok(Block { storage, size, read_only: spec.read_only, id: serial })
     }
 
     /// Serves one request; returns the status and the bytes written into guest memory.
     fn serve(
-        &self,
+        &mut self,
         kind: u32,
         sector: u64,
         data: &[(GuestAddress, u32, bool)],
@@ -70,12 +75,12 @@ impl Block {
                     let mut buf = vec![0u8; *len as usize];
                     let ok = if kind == T_IN {
                         *device_writes
-                            && self.file.read_exact_at(&mut buf, offset).is_ok()
+                            && self.storage.read_at(&mut buf, offset).is_ok()
                             && mem.write_slice(&buf, *addr).is_ok()
                     } else {
                         !*device_writes
                             && mem.read_slice(&mut buf, *addr).is_ok()
-                            && self.file.write_all_at(&buf, offset).is_ok()
+                            && self.storage.write_at(&buf, offset).is_ok()
                     };
                     if !ok {
                         return (S_IOERR, written);
@@ -87,7 +92,7 @@ impl Block {
                 }
                 (S_OK, written)
             }
-            T_FLUSH => match self.read_only || self.file.sync_data().is_ok() {
+            T_FLUSH => match self.read_only || self.storage.sync().is_ok() {
                 true => (S_OK, 0),
                 false => (S_IOERR, 0),
             },

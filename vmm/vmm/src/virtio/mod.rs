@@ -4,6 +4,7 @@
 
 pub mod balloon;
 pub mod blk;
+pub mod cow;
 pub mod mmio;
 pub mod net;
 pub mod rng;
