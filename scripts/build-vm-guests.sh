@@ -119,7 +119,8 @@ for a in sh mount echo insmod reboot cat sleep [ test ip tr sed grep; do ln -s b
 cp "$modules/virt/lib/irqbypass.ko" "$modules/arch/x86/kvm/kvm.ko" "$modules/arch/x86/kvm/kvm-amd.ko" "$l1/mod/"
 # Its network (QEMU's virtio-net over virtio-mmio): the test outside reaches brigd through it.
 for m in drivers/virtio/virtio_ring.ko drivers/virtio/virtio.ko drivers/virtio/virtio_mmio.ko \
-    net/core/failover.ko drivers/net/net_failover.ko drivers/net/virtio_net.ko; do
+    net/core/failover.ko drivers/net/net_failover.ko drivers/net/virtio_net.ko \
+    drivers/block/virtio_blk.ko; do
     cp "$modules/$m" "$l1/mod/"
 done
 cp "$vmm" "$l1/bin/brig-vmm"
@@ -139,6 +140,8 @@ cat > "$l1/init" <<'INIT'
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 insmod /mod/irqbypass.ko && insmod /mod/kvm.ko && insmod /mod/kvm-amd.ko nested=1
 echo "BRIG-L1-UP kvm=$(test -c /dev/kvm && echo yes || echo no)"
+# The full-VM tier's run (brig.l1=fullvm): the OS image is QEMU's first disk.
+grep -q brig.l1=fullvm /proc/cmdline && exec /bin/sh /fullvm.sh
 /bin/brig-vmm boot --kernel /l2/vmlinuz --initrd /l2/initrd.gz --mem-mib 256 --timeout-s 120 \
     --cmdline "console=ttyS0 reboot=t panic=-1 quiet initcall_blacklist=i8042_init pci=off brig.test=1" \
     --snapshot-to /tmp/snap --rng --vsock-uds /tmp/v0.sock \
@@ -198,5 +201,35 @@ echo "BRIG-L1-OUTSIDE-DONE"
 reboot -f
 INIT
 chmod +x "$l1/init"
+cat > "$l1/fullvm.sh" <<'FULLVM'
+# The full-VM tier in the emulated host: brigd boots the Debian image (QEMU's first disk) for
+# each fullvm sandbox, and the brig CLI drives it.
+for m in virtio_ring virtio virtio_mmio virtio_blk failover net_failover virtio_net; do insmod /mod/$m.ko; done
+mount -t cgroup2 cgroup2 /sys/fs/cgroup && echo "+memory +pids +cpu" > /sys/fs/cgroup/cgroup.subtree_control
+mkdir -p /fullvm && mount -t ext4 -o ro,noload /dev/vda /fullvm
+k=$(ls /fullvm/boot/vmlinuz-* | head -1); i=$(ls /fullvm/boot/initrd.img-* | head -1)
+echo "BRIG-L1-FULLVM image kernel=$k"
+ip link set lo up; ip addr add 10.0.2.15/24 dev eth0; ip link set eth0 up
+printf '[fullvm]\nimage = "/dev/vda"\nkernel = "%s"\ninitrd = "%s"\nvmm = "/bin/brig-vmm"\n' "$k" "$i" > /etc/brigd.toml
+export BRIG_STATE_DIR=/tmp/brig
+/bin/brigd --config /etc/brigd.toml --listen 10.0.2.15:7070 --metrics off --on-exit destroy --log warn &
+n=0; until [ -e /tmp/brig/endpoint.json ] || [ $n -ge 300 ]; do sleep 0.2; n=$((n + 1)); done
+/bin/brig node | grep fullvm >/dev/null && echo "BRIG-L1-FULLVM offered"
+id=$(/bin/brig create --tier fullvm)
+echo "BRIG-L1-FULLVM created id=$id"
+/bin/brig exec "$id" -- sh -c 'echo "BRIG-L1-FULLVM booted init=$(cat /proc/1/comm) state=$(systemctl is-system-running --wait) cpus=$(nproc) root=$(findmnt -no SOURCE /)"'
+# A service: PostgreSQL starts under systemd and answers a client inside the VM, over TCP.
+/bin/brig exec "$id" -- sh -c 'systemctl start postgresql && pg_isready -q -h 127.0.0.1 && echo "BRIG-L1-FULLVM postgres answer=$(su postgres -c "psql -h /var/run/postgresql -tAc \"select 40 + 2\"")"'
+/bin/brig exec "$id" -- sh -c 'echo kept-across-pause > /root/mark'
+/bin/brig pause "$id" >/dev/null && echo "BRIG-L1-FULLVM paused"
+/bin/brig exec "$id" -- sh -c 'echo "BRIG-L1-FULLVM resumed mark=$(cat /root/mark) postgres=$(pg_isready -h 127.0.0.1 >/dev/null && echo up)"'
+child=$(/bin/brig fork "$id" -n 1)
+/bin/brig exec "$child" -- sh -c 'echo child-only > /root/child; echo "BRIG-L1-FULLVM fork mark=$(cat /root/mark) postgres=$(pg_isready -h 127.0.0.1 >/dev/null && echo up) host=$(hostname)"'
+/bin/brig exec "$id" -- sh -c 'echo "BRIG-L1-FULLVM parent sees-child-file=$(test -e /root/child && echo yes || echo no) host=$(hostname)"'
+/bin/brig rm "$id" "$child" >/dev/null && echo "BRIG-L1-FULLVM removed"
+left=$(ls /tmp/brig/fullvm 2>/dev/null | grep -c -e '\.disk$' -e '\.sock$')
+echo "BRIG-L1-FULLVM leftovers=$left"
+reboot -f
+FULLVM
 (cd "$l1" && find . | cpio -o -H newc --quiet | gzip -1 > "$out/l1-initrd.gz")
 echo "microVM test guests in $out"

@@ -8,6 +8,7 @@ cd "$root"
 "$root/scripts/build-guests.sh"
 "$root/scripts/build-images.sh"
 "$root/scripts/build-vm-guests.sh"
+"$root/scripts/build-fullvm-image.sh"
 echo "[test] cargo fmt --check"
 cargo fmt --all --check
 echo "[test] cargo clippy"

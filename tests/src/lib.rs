@@ -13,6 +13,7 @@ use anyhow::{bail, Context};
 use brig_sdk::{Client, ConnectOptions};
 
 pub mod cluster;
+pub mod emulated;
 pub mod net;
 
 /// Repository root.

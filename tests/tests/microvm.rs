@@ -15,73 +15,20 @@
 //! protocol's zero page is checked as the kernel will read it.
 
 use std::io::BufRead;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use brig_sdk::{Client, Cmd, ConnectOptions, ExecEvent, Pin, SandboxOptions, SandboxState, Tier};
-use brig_tests::artifacts;
+use brig_tests::emulated::{self, free_udp_port, vm_artifact};
 use brig_vmm::linux::LinuxVm;
 use brig_vmm::virtio::{mmio::MmioTransport, rng::Rng};
-
-fn vm_artifact(name: &str) -> std::path::PathBuf {
-    let path = artifacts().join("vm").join(name);
-    assert!(path.exists(), "{} is missing: run scripts/build-vm-guests.sh", path.display());
-    path
-}
-
-/// The host's TSC in kHz, which the emulated host needs to skip its (flaky under TCG)
-/// calibration.
-fn tsc_khz() -> u64 {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    cpuinfo
-        .lines()
-        .find(|l| l.starts_with("cpu MHz"))
-        .and_then(|l| l.split(':').nth(1))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map_or(2_000_000, |mhz| (mhz * 1000.0) as u64)
-}
-
-/// A free UDP port on the host's loopback (for QEMU's forward to brigd in the emulated host).
-fn free_udp_port() -> u16 {
-    let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
-    socket.local_addr().expect("addr").port()
-}
 
 #[test]
 fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host() {
     let port = free_udp_port();
-    let mut qemu = Command::new("qemu-system-x86_64")
-        .args(["-accel", "tcg,thread=multi"])
-        .args(["-M", "microvm,x-option-roms=off,isa-serial=on,rtc=on", "-cpu", "max", "-smp", "1"])
-        .args(["-m", "4G", "-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio"])
-        .arg("-no-reboot")
-        // brigd in the emulated host listens on 10.0.2.15:7070; QEMU forwards a host port there.
-        .arg("-netdev")
-        .arg(format!("user,id=n0,hostfwd=udp:127.0.0.1:{port}-10.0.2.15:7070"))
-        .args(["-device", "virtio-net-device,netdev=n0"])
-        .arg("-kernel")
-        .arg(vm_artifact("vmlinuz"))
-        .arg("-initrd")
-        .arg(vm_artifact("l1-initrd.gz"))
-        .arg("-append")
-        .arg(format!("console=ttyS0 reboot=t panic=-1 quiet tsc_early_khz={}", tsc_khz()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+    let mut qemu = emulated::qemu(Some(port), None, "")
         .spawn()
         .expect("qemu-system-x86_64 (scripts/install-deps.sh installs it)");
-    // Outer watchdog: an emulated run that hangs is killed and fails the test with its log.
-    let pid = qemu.id();
-    let started = Instant::now();
-    let watchdog = std::thread::spawn(move || {
-        while started.elapsed() < Duration::from_secs(720) {
-            std::thread::sleep(Duration::from_millis(500));
-            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                return;
-            }
-        }
-        let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
-    });
+    let watchdog = emulated::watchdog(qemu.id(), Duration::from_secs(720));
     // The console, line by line: the emulated host announces brigd's pin and token, then the
     // SDK on this side drives it; the rest is checked once the emulated host has shut down.
     let stdout = qemu.stdout.take().expect("stdout");
@@ -108,9 +55,7 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
     let log = reader.join().expect("console reader");
     let status = qemu.wait().expect("wait");
     let _ = watchdog.join();
-    let reports = artifacts().join("reports");
-    let _ = std::fs::create_dir_all(&reports);
-    let _ = std::fs::write(reports.join("microvm-linux-boot.log"), &log);
+    emulated::keep_report("microvm-linux-boot.log", &log);
     let has = |marker: &str| log.contains(marker);
     assert!(has("BRIG-L1-UP kvm=yes"), "the emulated host has no KVM (status {status}):\n{log}");
     assert!(has("BRIG-L2-UP kernel=6."), "the guest did not reach init:\n{log}");

@@ -32,6 +32,7 @@ pub struct NodeConfig {
     pub egress_services: Vec<(String, Vec<brig_core::Destination>)>,
     pub admission: crate::admission::AdmissionConfig,
     pub microvm: crate::microvm::MicrovmConfig,
+    pub fullvm: crate::fullvm::FullvmConfig,
 }
 
 /// What a stopping daemon does with its containers.
@@ -162,6 +163,7 @@ impl Default for NodeConfig {
             egress_services: Vec::new(),
             admission: Default::default(),
             microvm: Default::default(),
+            fullvm: Default::default(),
         }
     }
 }

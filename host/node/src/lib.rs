@@ -20,6 +20,7 @@ mod egress;
 mod error;
 mod exec_hub;
 mod files;
+mod fullvm;
 mod images;
 mod lifecycle;
 pub mod metrics;
@@ -61,6 +62,8 @@ struct Inner {
     containers: Result<ContainerTier, String>,
     /// The microVM tier, or why this node does not offer it.
     vmtier: Result<Arc<brig_vmtier::VmTier>, String>,
+    /// The full-VM tier, or why this node does not offer it.
+    fullvm: Result<Arc<brig_vmtier::VmTier>, String>,
     /// `Err` says why this node has no layer store.
     store: Result<Arc<brig_images::LayerStore>, String>,
     sandboxes: SandboxTable,
@@ -101,6 +104,7 @@ impl Node {
             Err(why) => tracing::warn!(%why, "layer store not available"),
         }
         let vmtier = microvm::open(&config.microvm, state_dir);
+        let fullvm = fullvm::open(&config.fullvm, state_dir);
         let sandboxes = SandboxTable::new(&state_dir.join("sandboxes"))?;
         let audit = Arc::new(AuditLog::open(&state_dir.join("audit"))?);
         let node = Node {
@@ -109,6 +113,7 @@ impl Node {
                 fncall,
                 containers,
                 vmtier,
+                fullvm,
                 store,
                 sandboxes,
                 tag,
@@ -131,6 +136,9 @@ impl Node {
         }
         if self.inner.vmtier.is_ok() {
             tiers.push(Tier::Microvm);
+        }
+        if self.inner.fullvm.is_ok() {
+            tiers.push(Tier::Fullvm);
         }
         tiers
     }

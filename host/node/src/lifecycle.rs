@@ -77,13 +77,12 @@ impl Node {
             }
             Tier::Microvm => TierHandle::Microvm(crate::microvm::MicrovmSandbox::new(
                 self.create_microvm(&id, req.image.as_deref()).await?,
+                self.vmtier()?.clone(),
             )),
-            Tier::Fullvm => {
-                return Err(NodeError::TierUnavailable {
-                    tier,
-                    why: "no full-VM tier on this node yet".into(),
-                })
-            }
+            Tier::Fullvm => TierHandle::Microvm(crate::microvm::MicrovmSandbox::new(
+                self.create_fullvm(&id).await?,
+                self.fullvm_tier()?.clone(),
+            )),
         };
         let spec = SandboxSpec {
             tier,
@@ -462,9 +461,7 @@ impl Node {
                 result
             }
             TierHandle::Microvm(vm) => {
-                if let Ok(tier) = &self.inner.vmtier {
-                    tier.destroy(vm).await;
-                }
+                vm.tier.destroy(vm).await;
                 Ok(())
             }
         };

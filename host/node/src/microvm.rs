@@ -15,16 +15,27 @@ use serde::{Deserialize, Serialize};
 use crate::sandboxes::{SandboxEntry, TierHandle};
 use crate::{Node, NodeError};
 
-/// A microVM sandbox: the VM, and the node's table of the commands it runs.
+/// A microVM or full-VM sandbox: the VM, the tier it belongs to, and the node's table of the
+/// commands it runs.
 pub(crate) struct MicrovmSandbox {
     pub vm: MicroVm,
+    pub tier: Arc<VmTier>,
     pub execs: crate::exec_hub::ExecTable,
 }
 
 impl MicrovmSandbox {
-    pub fn new(vm: MicroVm) -> Box<MicrovmSandbox> {
-        Box::new(MicrovmSandbox { vm, execs: Default::default() })
+    pub fn new(vm: MicroVm, tier: Arc<VmTier>) -> Box<MicrovmSandbox> {
+        Box::new(MicrovmSandbox { vm, tier, execs: Default::default() })
     }
+}
+
+/// The brig-vmm binary: `configured`, or the one beside the running daemon.
+pub(crate) fn vmm_binary(configured: Option<&PathBuf>) -> PathBuf {
+    configured.cloned().unwrap_or_else(|| {
+        std::env::current_exe()
+            .map(|exe| exe.with_file_name("brig-vmm"))
+            .unwrap_or_else(|_| PathBuf::from("brig-vmm"))
+    })
 }
 
 impl std::ops::Deref for MicrovmSandbox {
@@ -81,11 +92,7 @@ pub(crate) fn open(cfg: &MicrovmConfig, state_dir: &Path) -> Result<Arc<VmTier>,
     let (Some(kernel), Some(initrd)) = (&cfg.kernel, &cfg.initrd) else {
         return Err("no guest kernel and initramfs configured ([microvm] kernel, initrd)".into());
     };
-    let vmm = cfg.vmm.clone().unwrap_or_else(|| {
-        std::env::current_exe()
-            .map(|exe| exe.with_file_name("brig-vmm"))
-            .unwrap_or_else(|_| PathBuf::from("brig-vmm"))
-    });
+    let vmm = vmm_binary(cfg.vmm.as_ref());
     let tier = VmTier::open(VmTierConfig {
         vmm,
         kernel: kernel.clone(),
@@ -96,6 +103,7 @@ pub(crate) fn open(cfg: &MicrovmConfig, state_dir: &Path) -> Result<Arc<VmTier>,
         dir: state_dir.join("microvm"),
         ksm: cfg.ksm,
         warm: cfg.warm_vmms,
+        root_image: None,
     });
     match tier {
         Ok(t) => {
@@ -191,26 +199,28 @@ impl Node {
     }
 
     /// Saves a microVM to disk and stops its VMM; the bytes that frees.
-    pub(crate) async fn pause_microvm(&self, vm: &MicroVm) -> Result<u64, NodeError> {
-        self.vmtier()?.pause(vm).await.map_err(vm_error)
+    pub(crate) async fn pause_microvm(&self, vm: &MicrovmSandbox) -> Result<u64, NodeError> {
+        vm.tier.pause(vm).await.map_err(vm_error)
     }
 
-    pub(crate) async fn resume_microvm(&self, vm: &MicroVm) -> Result<(), NodeError> {
-        self.vmtier()?.resume(vm).await.map_err(vm_error)
+    pub(crate) async fn resume_microvm(&self, vm: &MicrovmSandbox) -> Result<(), NodeError> {
+        vm.tier.resume(vm).await.map_err(vm_error)
     }
 
     /// Children of a microVM, one per id, from one snapshot of it.
     pub(crate) async fn fork_microvm(
         &self,
-        vm: &MicroVm,
+        vm: &MicrovmSandbox,
         ids: &[SandboxId],
     ) -> Result<Vec<Result<TierHandle, NodeError>>, NodeError> {
         let names: Vec<String> = ids.iter().map(ToString::to_string).collect();
-        let made = self.vmtier()?.fork(vm, &names).await.map_err(vm_error)?;
+        let made = vm.tier.fork(vm, &names).await.map_err(vm_error)?;
         Ok(made
             .into_iter()
             .map(|child| {
-                child.map(|c| TierHandle::Microvm(MicrovmSandbox::new(c))).map_err(vm_error)
+                child
+                    .map(|c| TierHandle::Microvm(MicrovmSandbox::new(c, vm.tier.clone())))
+                    .map_err(vm_error)
             })
             .collect())
     }
@@ -236,7 +246,7 @@ impl Node {
             .read_upload_to_end(usize::try_from(limit).unwrap_or(usize::MAX))
             .await
             .map_err(|_| NodeError::UploadTooLarge(limit))?;
-        self.vmtier()?.write_file(vm, &guest_path(&req.path), &data).await.map_err(vm_error)?;
+        vm.tier.write_file(vm, &guest_path(&req.path), &data).await.map_err(vm_error)?;
         entry.touch();
         Ok(Some(Reply::Written { bytes: data.len() as u64 }))
     }
@@ -249,7 +259,7 @@ impl Node {
         exchange: &mut Exchange,
     ) -> Result<Option<Reply>, NodeError> {
         let TierHandle::Microvm(vm) = &entry.handle else { return Ok(None) };
-        let data = self.vmtier()?.read_file(vm, &guest_path(&req.path)).await.map_err(vm_error)?;
+        let data = vm.tier.read_file(vm, &guest_path(&req.path)).await.map_err(vm_error)?;
         let start = usize::try_from(req.offset).unwrap_or(usize::MAX).min(data.len());
         let end = req
             .len

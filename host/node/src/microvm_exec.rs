@@ -30,7 +30,7 @@ impl Node {
         if req.user.is_some() {
             return Err(refuse("a command as another user (microVM commands run as root)"));
         }
-        let tier = self.vmtier()?;
+        let tier = vm.tier.clone();
         let mut command = String::new();
         match &req.stdin {
             StdinMode::Empty => {}

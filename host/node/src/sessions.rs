@@ -50,8 +50,8 @@ impl Node {
                 }
                 let shell = req.shell.unwrap_or_else(|| "/bin/sh".to_string());
                 let cwd = if req.cwd.is_empty() { "/".to_string() } else { req.cwd };
-                let session = self
-                    .vmtier()?
+                let session = vm
+                    .tier
                     .open_session(vm, &shell, req.env, &cwd)
                     .await
                     .map_err(crate::microvm::vm_error)?;

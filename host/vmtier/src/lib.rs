@@ -13,6 +13,7 @@
 //! The tier is offered only where Linux guests run: hardware virtualization.
 
 mod agent_link;
+mod fullvm;
 pub mod lifecycle;
 mod pool;
 mod session;
@@ -46,6 +47,10 @@ pub struct VmTierConfig {
     pub ksm: bool,
     /// VMMs kept started ahead, waiting for a VM to resume (see `pool`).
     pub warm: usize,
+    /// A full-VM tier: every VM boots this operating system image (its own init, kernel and
+    /// initramfs from `kernel`/`initrd`) through a copy-on-write overlay of its own, instead
+    /// of resuming an environment snapshot (see `fullvm`).
+    pub root_image: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +112,26 @@ pub struct MicroVm {
     next_session: std::sync::atomic::AtomicU64,
 }
 
+impl MicroVm {
+    /// A VM named `id` with its sockets and log in `dir`, not started; `memory_from` is the
+    /// snapshot it will resume from (empty: it boots).
+    pub(crate) fn new(dir: &Path, id: &str, disks: Option<Disks>, memory_from: PathBuf) -> MicroVm {
+        MicroVm {
+            id: id.to_string(),
+            child: Mutex::new(None),
+            pid: std::sync::Mutex::new(None),
+            uds: dir.join(format!("{id}.sock")),
+            control: dir.join(format!("{id}.ctl")),
+            log: dir.join(format!("{id}.log")),
+            disks,
+            memory_from: std::sync::Mutex::new(memory_from),
+            paused: Default::default(),
+            sessions: Default::default(),
+            next_session: Default::default(),
+        }
+    }
+}
+
 /// A snapshot to resume VMs from: the bare guest, or the guest with an image mounted.
 #[derive(Debug, Clone)]
 struct Environment {
@@ -116,11 +141,14 @@ struct Environment {
 }
 
 /// A VM's disks: its image's read-only layers (EROFS files, base first: /dev/vda, vdb, …)
-/// and a writable disk after them, which the guest's init stacks into one overlay.
+/// and a writable disk after them, which the guest's init stacks into one overlay; or, for a
+/// full VM, one root disk: the OS image as a base, `writable` the VM's sparse overlay of it.
 #[derive(Debug, Clone)]
 pub(crate) struct Disks {
     pub layers: Vec<PathBuf>,
     pub writable: PathBuf,
+    /// The read-only base `writable` is a copy-on-write overlay of.
+    pub cow_base: Option<PathBuf>,
 }
 
 impl Disks {
@@ -132,7 +160,10 @@ impl Disks {
             args.push(format!("{}:ro", layer.display()).into());
         }
         args.push("--disk".into());
-        args.push(self.writable.clone().into_os_string());
+        args.push(match &self.cow_base {
+            Some(base) => format!("{}:cow:{}", base.display(), self.writable.display()).into(),
+            None => self.writable.clone().into_os_string(),
+        });
         args
     }
 }
@@ -264,6 +295,9 @@ impl VmTier {
                 )));
             }
         }
+        if let Some(image) = &cfg.root_image {
+            VmTier::check_image(image)?;
+        }
         std::fs::create_dir_all(&cfg.dir).map_err(io(format!("creating {}", cfg.dir.display())))?;
         reap_orphans(&cfg.dir);
         // Saved snapshots belong to VMs of a previous daemon, which are gone.
@@ -331,7 +365,7 @@ impl VmTier {
             let writable = self.cfg.dir.join(format!("{name}.disk"));
             let f = std::fs::File::create(&writable).map_err(io("writable disk"))?;
             f.set_len(SCRATCH_BYTES).map_err(io("writable disk"))?;
-            let disks = Disks { layers: layers.to_vec(), writable };
+            let disks = Disks { layers: layers.to_vec(), writable, cow_base: None };
             cmd.args(disks.args());
             Some(disks)
         };
@@ -366,6 +400,9 @@ impl VmTier {
     /// files, base first; none: the bare guest), with its own copy of the writable disk, its
     /// agent answering.
     pub async fn create(&self, id: &str, layers: &[PathBuf]) -> Result<MicroVm, VmTierError> {
+        if let Some(image) = &self.cfg.root_image {
+            return self.boot_full(id, image).await;
+        }
         let env = self.environment(layers).await?;
         // The guest's mounted file system is in the snapshot: each VM starts from the disk
         // exactly as it was then.
@@ -381,26 +418,16 @@ impl VmTier {
         disks: Option<Disks>,
     ) -> Result<MicroVm, VmTierError> {
         let disks = match disks {
-            Some(Disks { layers, writable }) => {
+            Some(Disks { layers, writable, cow_base }) => {
                 let own = self.cfg.dir.join(format!("{id}.disk"));
-                std::fs::copy(&writable, &own).map_err(io("copying the writable disk"))?;
-                Some(Disks { layers, writable: own })
+                // Hole by hole: a copy-on-write overlay's holes mean "as in the base".
+                brig_vmm_api::sparse::copy_sparse(&writable, &own)
+                    .map_err(io("copying the writable disk"))?;
+                Some(Disks { layers, writable: own, cow_base })
             }
             None => None,
         };
-        let vm = MicroVm {
-            id: id.to_string(),
-            child: Mutex::new(None),
-            pid: std::sync::Mutex::new(None),
-            uds: self.cfg.dir.join(format!("{id}.sock")),
-            control: self.cfg.dir.join(format!("{id}.ctl")),
-            log: self.cfg.dir.join(format!("{id}.log")),
-            disks,
-            memory_from: std::sync::Mutex::new(dir.to_owned()),
-            paused: Default::default(),
-            sessions: Default::default(),
-            next_session: Default::default(),
-        };
+        let vm = MicroVm::new(&self.cfg.dir, id, disks, dir.to_owned());
         if let Err(e) = self.spawn_vmm(&vm).await {
             self.destroy(&vm).await;
             return Err(e);
@@ -413,10 +440,15 @@ impl VmTier {
     }
 
     /// Starts `vm`'s VMM, resuming it from its `memory_from` snapshot, and waits for its agent.
+    /// A VM with no snapshot yet (a full VM's first start) boots instead.
     pub(crate) async fn spawn_vmm(&self, vm: &MicroVm) -> Result<(), VmTierError> {
         let dir = locked(&vm.memory_from).clone();
-        let mut args: Vec<std::ffi::OsString> =
-            vec!["resume".into(), "--snapshot".into(), dir.into_os_string()];
+        let boots = dir.as_os_str().is_empty();
+        let mut args: Vec<std::ffi::OsString> = if boots {
+            self.boot_args()
+        } else {
+            vec!["resume".into(), "--snapshot".into(), dir.into_os_string()]
+        };
         if let Some(disks) = &vm.disks {
             args.extend(disks.args());
         }
@@ -444,7 +476,8 @@ impl VmTier {
             None => Vec::new(),
         };
         let pid_file = self.cfg.dir.join(format!("{}.pid", vm.id));
-        let child = match self.take_standby() {
+        let standby = if boots { None } else { self.take_standby() };
+        let child = match standby {
             Some(standby) => {
                 // A warm VMM: already jailed; it joins the VM's cgroup from here.
                 if let Some(pid) = standby.child.id() {
@@ -485,7 +518,7 @@ impl VmTier {
         let pid = child.id();
         *vm.child.lock().await = Some(child);
         *locked(&vm.pid) = pid;
-        let limit = Duration::from_secs(60);
+        let limit = Duration::from_secs(if boots { fullvm::BOOT_LIMIT_S } else { 60 });
         let started = std::time::Instant::now();
         loop {
             match self.exec(vm, "true", Duration::from_secs(10)).await {

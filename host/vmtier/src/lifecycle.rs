@@ -195,10 +195,8 @@ impl VmTier {
                 return Err(VmTierError::Control(format!("{e}; VMM log: {tail}")));
             }
             // The VMM copied the writable disk (`disk-0`) while the vCPU stood still.
-            let disk = vm
-                .disks
-                .as_ref()
-                .map(|d| Disks { layers: d.layers.clone(), writable: dir.join("disk-0") });
+            let disk =
+                vm.disks.as_ref().map(|d| Disks { writable: dir.join("disk-0"), ..d.clone() });
             (dir, disk)
         };
         self.hold(&dir, children.len());

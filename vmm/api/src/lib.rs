@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod sparse;
 
 /// The host's virtualization, as far as the VM tiers care.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

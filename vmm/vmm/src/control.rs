@@ -85,7 +85,8 @@ impl VcpuRequests {
         taken
     }
 
-    /// Hands `request` to the vCPU thread and waits for its answer (`timeout` in all).
+    /// Hands `request` to the vCPU thread and waits for its answer: the vCPU must stop within
+    /// `timeout`; the save it then runs (guest memory, disk copies) may take longer.
     fn submit(&self, request: VcpuRequest, timeout: Duration) -> Result<(), String> {
         let (tx, rx): (_, Receiver<Result<(), String>>) = sync_channel(1);
         {
@@ -97,27 +98,26 @@ impl VcpuRequests {
         }
         self.pending.store(true, Ordering::SeqCst);
         let deadline = std::time::Instant::now() + timeout;
-        loop {
+        while self.pending.load(Ordering::SeqCst) {
+            if std::time::Instant::now() >= deadline {
+                self.slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+                self.pending.store(false, Ordering::SeqCst);
+                return Err("the vCPU did not stop in time".into());
+            }
             // A kick that lands just before the vCPU enters the guest is lost, so kick again
             // until the vCPU takes the request (not after: the save it then runs is better
             // left uninterrupted).
             let thread = self.vcpu_thread.load(Ordering::SeqCst);
-            if thread != 0 && self.pending.load(Ordering::SeqCst) {
+            if thread != 0 {
                 // SAFETY: `thread` is the live vCPU thread of this process (it runs until the
                 // process exits), and the signal has a handler installed by that thread.
                 unsafe { libc::pthread_kill(thread as libc::pthread_t, kick_signal()) };
             }
-            match rx.recv_timeout(Duration::from_millis(5)) {
-                Ok(answer) => return answer,
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout)
-                    if std::time::Instant::now() < deadline => {}
-                Err(_) => {
-                    self.slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
-                    self.pending.store(false, Ordering::SeqCst);
-                    return Err("the vCPU did not stop in time".into());
-                }
-            }
+            std::thread::sleep(Duration::from_millis(5));
         }
+        // Taken: the vCPU thread answers once the save is done (it always answers; if it
+        // died, so did this process).
+        rx.recv().unwrap_or_else(|_| Err("the vCPU thread went away".into()))
     }
 }
 

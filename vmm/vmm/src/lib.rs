@@ -21,7 +21,7 @@ pub mod linux_snapshot;
 pub mod memory;
 pub mod serial;
 pub mod snapshot;
-pub mod sparse;
+pub use brig_vmm_api::sparse;
 pub mod vcpus;
 pub mod virtio;
 pub mod vm;

@@ -242,6 +242,7 @@ fn main() -> anyhow::Result<()> {
         dir: args[4].clone().into(),
         ksm: false,
         warm: 1,
+        root_image: None,
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
@@ -347,6 +348,7 @@ fn main() -> anyhow::Result<()> {
             dir: args[4].clone().into(),
             ksm: false,
             warm: 0,
+            root_image: None,
         })?;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let status = std::fs::read_to_string(format!("/proc/{stray_pid}/stat")).unwrap_or_default();
