@@ -116,6 +116,23 @@ for lib in libc.so.6 libm.so.6 libgcc_s.so.1; do cp -L "/lib/x86_64-linux-gnu/$l
 cp -L /lib64/ld-linux-x86-64.so.2 "$l1/lib64/"
 cp /usr/bin/busybox "$l1/bin/busybox"
 for a in sh mount echo insmod reboot cat sleep [ test ip tr sed grep; do ln -s busybox "$l1/bin/$a"; done
+# The full-VM tier's networking: iproute2, nftables and nsenter with their libraries, and the
+# kernel modules they need (tun, veth, nf_tables…), loaded on demand by busybox modprobe.
+rm -f "$l1/bin/ip"
+for bin in /usr/sbin/ip /usr/sbin/nft /usr/bin/nsenter; do
+    cp "$bin" "$l1/bin/"
+    for lib in $(ldd "$bin" | awk '$3 ~ /^\// {print $3}'); do
+        cp -Ln "$lib" "$l1/lib/x86_64-linux-gnu/" 2>/dev/null || true
+    done
+done
+mkdir -p "$l1/sbin" && ln -s ../bin/busybox "$l1/sbin/modprobe"
+kver=$(basename "$(dirname "$modules")")
+for d in net/netfilter net/ipv4/netfilter net/ipv6/netfilter drivers/net/tun.ko drivers/net/veth.ko \
+    lib/libcrc32c.ko; do
+    mkdir -p "$l1/lib/modules/$kver/kernel/$(dirname "$d")"
+    cp -r "$modules/$d" "$l1/lib/modules/$kver/kernel/$d"
+done
+depmod -b "$l1" "$kver"
 cp "$modules/virt/lib/irqbypass.ko" "$modules/arch/x86/kvm/kvm.ko" "$modules/arch/x86/kvm/kvm-amd.ko" "$l1/mod/"
 # Its network (QEMU's virtio-net over virtio-mmio): the test outside reaches brigd through it.
 for m in drivers/virtio/virtio_ring.ko drivers/virtio/virtio.ko drivers/virtio/virtio_mmio.ko \
@@ -205,6 +222,7 @@ cat > "$l1/fullvm.sh" <<'FULLVM'
 # The full-VM tier in the emulated host: brigd boots the Debian image (QEMU's first disk) for
 # each fullvm sandbox, and the brig CLI drives it.
 for m in virtio_ring virtio virtio_mmio virtio_blk failover net_failover virtio_net; do insmod /mod/$m.ko; done
+modprobe tun && modprobe veth || echo "BRIG-L1-FULLVM no tun or veth"
 mount -t cgroup2 cgroup2 /sys/fs/cgroup && echo "+memory +pids +cpu" > /sys/fs/cgroup/cgroup.subtree_control
 mkdir -p /fullvm && mount -t ext4 -o ro,noload /dev/vda /fullvm
 k=$(ls /fullvm/boot/vmlinuz-* | head -1); i=$(ls /fullvm/boot/initrd.img-* | head -1)

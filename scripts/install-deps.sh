@@ -19,10 +19,11 @@ done
 # debootstrap (Debian base image), e2fsprogs (writable-layer disks), iproute2 + nftables (sandbox
 # networks and egress rules), fuse3 (on-demand layer data), etcd-server (durable cluster state
 # for the control-plane replicas), protobuf-compiler (the etcd client's gRPC code is generated at
-# build time), qemu-system-x86 + cpio (the emulated host that runs Linux guests on brig-vmm in
-# the tests, GUEST.md section 2).
+# build time), qemu-system-x86 + cpio + kmod (the emulated host that runs Linux guests on
+# brig-vmm in the tests, GUEST.md section 2; kmod's depmod indexes its kernel modules), util-linux
+# (nsenter).
 packages=(erofs-utils busybox-static debootstrap e2fsprogs iproute2 nftables fuse3 procps psmisc curl
-    etcd-server protobuf-compiler qemu-system-x86 cpio)
+    etcd-server protobuf-compiler qemu-system-x86 cpio kmod util-linux)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

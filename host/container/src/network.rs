@@ -180,13 +180,19 @@ impl Network {
 
     /// Gives the sandbox whose init is `pid` a link with `rules`; returns its slot.
     pub fn attach(&self, pid: i32, rules: &[Destination]) -> Result<u32, NetError> {
+        self.attach_in(Netns::Pid(pid), rules)
+    }
+
+    /// Gives the sandbox whose network namespace is `netns` a link (`eth0` there) with
+    /// `rules`; returns its slot.
+    pub fn attach_in(&self, netns: Netns<'_>, rules: &[Destination]) -> Result<u32, NetError> {
         let slot = {
             let mut slots = self.slots.lock();
             let slot = (0..MAX_SLOTS).find(|s| !slots.contains(s)).ok_or(NetError::NoSlot)?;
             slots.insert(slot);
             slot
         };
-        match self.attach_slot(pid, slot, rules) {
+        match self.attach_slot(netns, slot, rules) {
             Ok(()) => Ok(slot),
             Err(e) => {
                 self.detach(slot);
@@ -195,7 +201,12 @@ impl Network {
         }
     }
 
-    fn attach_slot(&self, pid: i32, slot: u32, rules: &[Destination]) -> Result<(), NetError> {
+    fn attach_slot(
+        &self,
+        netns: Netns<'_>,
+        slot: u32,
+        rules: &[Destination],
+    ) -> Result<(), NetError> {
         let (t, ifname) = (&self.table, self.ifname(slot));
         let (gw, addr) = (self.gateway(slot), self.sandbox_addr(slot));
         // Chain and sets first, so no packet ever passes before the rules exist.
@@ -218,20 +229,17 @@ impl Network {
             "ip",
             &["-batch", "-"],
             &format!(
-                "link add {ifname} type veth peer name eth0 netns {pid}\n\
+                "link add {ifname} type veth peer name eth0 netns {}\n\
                  addr add {gw}/30 dev {ifname}\n\
-                 link set {ifname} up\n"
+                 link set {ifname} up\n",
+                netns.ip_name()
             ),
         )?;
-        run(
-            "nsenter",
-            &["-t", &pid.to_string(), "-n", "ip", "-batch", "-"],
-            &format!(
-                "addr add {addr}/30 dev eth0\n\
+        netns.run_ip(&format!(
+            "addr add {addr}/30 dev eth0\n\
                  link set eth0 up\n\
                  route add default via {gw}\n"
-            ),
-        )
+        ))
     }
 
     fn rules_script(&self, slot: u32, rules: &[Destination]) -> String {
@@ -281,6 +289,84 @@ impl Network {
         let _ = run("nft", &["delete", "table", "inet", &self.table], "");
         let _ = std::fs::remove_dir_all(&self.claim);
     }
+}
+
+/// A sandbox's network namespace: a container's (by a process in it) or a named one (`ip
+/// netns`, as a VM sandbox's).
+#[derive(Debug, Clone, Copy)]
+pub enum Netns<'a> {
+    Pid(i32),
+    Named(&'a str),
+}
+
+impl Netns<'_> {
+    /// How `ip link … netns X` names it.
+    fn ip_name(&self) -> String {
+        match self {
+            Netns::Pid(pid) => pid.to_string(),
+            Netns::Named(name) => (*name).to_string(),
+        }
+    }
+
+    /// Runs an `ip -batch` script inside it.
+    fn run_ip(&self, script: &str) -> Result<(), NetError> {
+        match self {
+            Netns::Pid(pid) => {
+                run("nsenter", &["-t", &pid.to_string(), "-n", "ip", "-batch", "-"], script)
+            }
+            Netns::Named(name) => run("ip", &["-n", name, "-batch", "-"], script),
+        }
+    }
+}
+
+/// The guest side of a VM sandbox's network: its address behind the tap, and the tap's.
+pub const VM_GUEST_ADDR: &str = "172.16.0.2";
+pub const VM_GATEWAY: &str = "172.16.0.1";
+/// The tap a VM sandbox's virtio-net attaches to, in its network namespace.
+pub const VM_TAP: &str = "tap0";
+
+/// Makes the named network namespace of a VM sandbox: loopback up, the tap its VMM attaches
+/// to ([`VM_TAP`], [`VM_GATEWAY`]/30, the guest at [`VM_GUEST_ADDR`]), forwarding on, and the
+/// guest's traffic masqueraded out of `eth0`, the sandbox's link that [`Network::attach_in`]
+/// adds (where the node's egress rules judge it, as a container's).
+pub fn create_vm_netns(name: &str) -> Result<(), NetError> {
+    let _ = run("ip", &["netns", "del", name], "");
+    run("ip", &["netns", "add", name], "")?;
+    let made = (|| {
+        run(
+            "ip",
+            &["-n", name, "-batch", "-"],
+            &format!(
+                "link set lo up
+                 tuntap add dev {VM_TAP} mode tap
+                 addr add {VM_GATEWAY}/30 dev {VM_TAP}
+                 link set {VM_TAP} up
+"
+            ),
+        )?;
+        run(
+            "ip",
+            &["netns", "exec", name, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"],
+            "",
+        )?;
+        run(
+            "ip",
+            &["netns", "exec", name, "nft", "-f", "-"],
+            "add table ip brig_vm
+             add chain ip brig_vm post { type nat hook postrouting priority 100; }
+             add rule ip brig_vm post oifname \"eth0\" masquerade
+",
+        )
+    })();
+    if made.is_err() {
+        remove_vm_netns(name);
+    }
+    made
+}
+
+/// Removes a VM sandbox's network namespace (its tap and link go with it).
+pub fn remove_vm_netns(name: &str) {
+    let _ = run("ip", &["netns", "del", name], "");
 }
 
 /// One new connection a sandbox tried, from the kernel log.

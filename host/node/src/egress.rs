@@ -23,6 +23,12 @@ pub(crate) struct EgressState {
     owners: Arc<Mutex<HashMap<u32, String>>>,
 }
 
+/// A sandbox's network namespace, owned (see `brig_container::network::Netns`).
+pub(crate) enum NetnsRef {
+    Pid(i32),
+    Named(String),
+}
+
 impl Node {
     /// Parses rule texts and resolves services through the node's configuration.
     pub(crate) fn resolve_egress(
@@ -97,10 +103,23 @@ impl Node {
         pid: i32,
         dests: Vec<Destination>,
     ) -> Result<u32, NodeError> {
+        self.attach_network_to(id, NetnsRef::Pid(pid), dests).await
+    }
+
+    /// Gives a sandbox whose network namespace is `netns` its link; returns the slot.
+    pub(crate) async fn attach_network_to(
+        &self,
+        id: &str,
+        netns: NetnsRef,
+        dests: Vec<Destination>,
+    ) -> Result<u32, NodeError> {
         let net = self.network()?;
-        let slot = tokio::task::spawn_blocking(move || net.attach(pid, &dests))
-            .await
-            .map_err(|e| NodeError::Io { what: "network setup".into(), source: e.into() })??;
+        let slot = tokio::task::spawn_blocking(move || match &netns {
+            NetnsRef::Pid(pid) => net.attach(*pid, &dests),
+            NetnsRef::Named(name) => net.attach_in(network::Netns::Named(name), &dests),
+        })
+        .await
+        .map_err(|e| NodeError::Io { what: "network setup".into(), source: e.into() })??;
         self.inner.egress.owners.lock().insert(slot, id.to_string());
         Ok(slot)
     }
@@ -137,23 +156,25 @@ impl Node {
         let (rules, dests) = self.resolve_egress(&texts)?;
         let entry = self.live(sandbox).await?;
         let _t = entry.transition.lock().await;
-        let TierHandle::Container(c) = &entry.handle else {
-            return Err(NodeError::WrongTier {
-                id: sandbox.to_string(),
-                tier: entry.tier,
-                op: "egress rules",
-            });
-        };
-        match entry.spec().net_slot {
-            Some(slot) => {
+        match (entry.spec().net_slot, &entry.handle) {
+            // A container or a networked full VM: new rules on its link.
+            (Some(slot), _) => {
                 let net = self.network()?;
                 tokio::task::spawn_blocking(move || net.set_rules(slot, &dests)).await.map_err(
                     |e| NodeError::Io { what: "egress rules".into(), source: e.into() },
                 )??
             }
-            None => {
+            (None, TierHandle::Container(c)) => {
                 let slot = self.attach_network(sandbox, c.container.init_pid(), dests).await?;
                 entry.update_spec(|s| s.net_slot = Some(slot));
+            }
+            // A VM's network device is made with it.
+            (None, _) => {
+                return Err(NodeError::WrongTier {
+                    id: sandbox.to_string(),
+                    tier: entry.tier,
+                    op: "egress rules for a sandbox created without a network",
+                })
             }
         }
         entry.update_spec(|s| s.egress = Some(rules));

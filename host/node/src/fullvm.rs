@@ -6,10 +6,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use brig_core::{SandboxId, Tier};
-use brig_vmtier::{MicroVm, VmTier, VmTierConfig};
+use brig_container::network::{self, VM_GATEWAY, VM_GUEST_ADDR, VM_TAP};
+use brig_core::{Destination, SandboxId, Tier};
+use brig_vmtier::{GuestAddress, MicroVm, VmNet, VmTier, VmTierConfig};
 use serde::{Deserialize, Serialize};
 
+use crate::egress::NetnsRef;
 use crate::{Node, NodeError};
 
 /// `[fullvm]` in the node configuration.
@@ -82,8 +84,54 @@ impl Node {
             .map_err(|why| NodeError::TierUnavailable { tier: Tier::Fullvm, why: why.clone() })
     }
 
-    /// A new full VM (the image names no layers: the OS image is the node's).
-    pub(crate) async fn create_fullvm(&self, id: &SandboxId) -> Result<MicroVm, NodeError> {
-        self.fullvm_tier()?.create(&id.to_string(), &[]).await.map_err(crate::microvm::vm_error)
+    /// A new full VM (the image names no layers: the OS image is the node's). With `egress`,
+    /// it gets a network device: a tap in a network namespace of its own, whose link to the
+    /// node carries the egress rules as a container's does; returns the link's slot too.
+    pub(crate) async fn create_fullvm(
+        &self,
+        id: &SandboxId,
+        egress: Option<Vec<Destination>>,
+    ) -> Result<(MicroVm, Option<u32>), NodeError> {
+        let tier = self.fullvm_tier()?.clone();
+        let name = id.to_string();
+        let Some(dests) = egress else {
+            let vm = tier.create_full(&name, None).await.map_err(crate::microvm::vm_error)?;
+            return Ok((vm, None));
+        };
+        let ns = netns_name(id);
+        let made = {
+            let ns = ns.clone();
+            tokio::task::spawn_blocking(move || network::create_vm_netns(&ns)).await
+        };
+        made.map_err(|e| NodeError::Io { what: "network setup".into(), source: e.into() })??;
+        let slot = match self.attach_network_to(&name, NetnsRef::Named(ns.clone()), dests).await {
+            Ok(slot) => slot,
+            Err(e) => {
+                network::remove_vm_netns(&ns);
+                return Err(e);
+            }
+        };
+        let net = VmNet { netns: Path::new("/run/netns").join(&ns), tap: VM_TAP.into() };
+        let guest = GuestAddress { addr: VM_GUEST_ADDR.into(), gateway: VM_GATEWAY.into() };
+        match tier.create_full(&name, Some((net, guest))).await {
+            Ok(vm) => Ok((vm, Some(slot))),
+            Err(e) => {
+                self.detach_network(slot);
+                network::remove_vm_netns(&ns);
+                Err(crate::microvm::vm_error(e))
+            }
+        }
+    }
+}
+
+/// The network namespace of a full-VM sandbox (`ip netns` name).
+pub(crate) fn netns_name(id: &SandboxId) -> String {
+    format!("brig-{id}")
+}
+
+/// Removes a destroyed VM sandbox's network namespace, if it had one.
+pub(crate) fn remove_netns(vm: &MicroVm) {
+    if let Some(name) = vm.net().and_then(|n| n.netns.file_name()) {
+        network::remove_vm_netns(&name.to_string_lossy());
     }
 }

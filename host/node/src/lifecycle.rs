@@ -53,7 +53,9 @@ impl Node {
         labels.dedup();
         let id = SandboxId::generate(cfg.node_id());
         let egress = match &req.egress {
-            Some(texts) if tier == Tier::Container => Some(self.resolve_egress(texts)?),
+            Some(texts) if matches!(tier, Tier::Container | Tier::Fullvm) => {
+                Some(self.resolve_egress(texts)?)
+            }
             Some(_) => {
                 return Err(NodeError::WrongTier { id: id.to_string(), tier, op: "egress rules" })
             }
@@ -65,6 +67,8 @@ impl Node {
         };
         self.admit(tier, memory, cpu)?;
         let qos = req.qos.map(convert::qos_from_wire).unwrap_or_default();
+        // A full VM's link is made with it (its VMM attaches to the tap at start).
+        let mut vm_slot = None;
         let handle = match tier {
             Tier::Fncall => {
                 TierHandle::Fncall(self.inner.fncall.create_workspace(&id.to_string())?)
@@ -79,10 +83,15 @@ impl Node {
                 self.create_microvm(&id, req.image.as_deref()).await?,
                 self.vmtier()?.clone(),
             )),
-            Tier::Fullvm => TierHandle::Microvm(crate::microvm::MicrovmSandbox::new(
-                self.create_fullvm(&id).await?,
-                self.fullvm_tier()?.clone(),
-            )),
+            Tier::Fullvm => {
+                let dests = egress.as_ref().map(|(_, d)| d.clone());
+                let (vm, slot) = self.create_fullvm(&id, dests).await?;
+                vm_slot = slot;
+                TierHandle::Microvm(crate::microvm::MicrovmSandbox::new(
+                    vm,
+                    self.fullvm_tier()?.clone(),
+                ))
+            }
         };
         let spec = SandboxSpec {
             tier,
@@ -93,7 +102,7 @@ impl Node {
             paused_ttl: req.paused_ttl_ms.map(Duration::from_millis),
             max_lifetime: req.max_lifetime_ms.map(Duration::from_millis),
             egress: egress.as_ref().map(|(rules, _)| rules.clone()),
-            net_slot: None,
+            net_slot: vm_slot,
             qos,
         };
         if let (TierHandle::Container(c), QosClass::BestEffort) = (&handle, qos) {
@@ -103,6 +112,9 @@ impl Node {
         }
         self.audit_lifecycle(&id.to_string(), "created", spec.image.clone().unwrap_or_default());
         let entry = self.adopt(SandboxEntry::new(id, spec, now_unix_ms(), handle)).await?;
+        if vm_slot.is_some() {
+            self.audit_policy(&entry);
+        }
         if let (Some((_, dests)), TierHandle::Container(c)) = (egress, &entry.handle) {
             match self.attach_network(&id.to_string(), c.container.init_pid(), dests).await {
                 Ok(slot) => {
@@ -462,6 +474,7 @@ impl Node {
             }
             TierHandle::Microvm(vm) => {
                 vm.tier.destroy(vm).await;
+                crate::fullvm::remove_netns(vm);
                 Ok(())
             }
         };

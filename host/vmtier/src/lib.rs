@@ -14,6 +14,7 @@
 
 mod agent_link;
 mod fullvm;
+pub use fullvm::GuestAddress;
 pub mod lifecycle;
 mod pool;
 mod session;
@@ -75,6 +76,8 @@ pub enum VmTierError {
     Control(String),
     #[error("the VM is paused")]
     Paused,
+    #[error("not supported: {0}")]
+    Unsupported(&'static str),
 }
 
 pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmTierError {
@@ -102,6 +105,8 @@ pub struct MicroVm {
     log: PathBuf,
     /// The image's layers and the VM's own writable disk, when it runs an image.
     disks: Option<Disks>,
+    /// Its network device's tap and namespace, when it has one.
+    net: Option<VmNet>,
     /// The snapshot directory the VM's memory is mapped from (its environment's, or a saved
     /// one after a pause or for a fork's child).
     memory_from: std::sync::Mutex<PathBuf>,
@@ -113,9 +118,24 @@ pub struct MicroVm {
 }
 
 impl MicroVm {
+    /// Its network device's tap and namespace, if it has one.
+    pub fn net(&self) -> Option<&VmNet> {
+        self.net.as_ref()
+    }
+
     /// A VM named `id` with its sockets and log in `dir`, not started; `memory_from` is the
     /// snapshot it will resume from (empty: it boots).
     pub(crate) fn new(dir: &Path, id: &str, disks: Option<Disks>, memory_from: PathBuf) -> MicroVm {
+        MicroVm::with_net(dir, id, disks, memory_from, None)
+    }
+
+    pub(crate) fn with_net(
+        dir: &Path,
+        id: &str,
+        disks: Option<Disks>,
+        memory_from: PathBuf,
+        net: Option<VmNet>,
+    ) -> MicroVm {
         MicroVm {
             id: id.to_string(),
             child: Mutex::new(None),
@@ -124,12 +144,22 @@ impl MicroVm {
             control: dir.join(format!("{id}.ctl")),
             log: dir.join(format!("{id}.log")),
             disks,
+            net,
             memory_from: std::sync::Mutex::new(memory_from),
             paused: Default::default(),
             sessions: Default::default(),
             next_session: Default::default(),
         }
     }
+}
+
+/// A VM's network device: a tap the host made in a network namespace of the VM's own; the
+/// VMM joins the namespace and attaches to the tap before it jails itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmNet {
+    /// The namespace (e.g. `/run/netns/<name>`).
+    pub netns: PathBuf,
+    pub tap: String,
 }
 
 /// A snapshot to resume VMs from: the bare guest, or the guest with an image mounted.
@@ -400,8 +430,8 @@ impl VmTier {
     /// files, base first; none: the bare guest), with its own copy of the writable disk, its
     /// agent answering.
     pub async fn create(&self, id: &str, layers: &[PathBuf]) -> Result<MicroVm, VmTierError> {
-        if let Some(image) = &self.cfg.root_image {
-            return self.boot_full(id, image).await;
+        if self.cfg.root_image.is_some() {
+            return self.create_full(id, None).await;
         }
         let env = self.environment(layers).await?;
         // The guest's mounted file system is in the snapshot: each VM starts from the disk
@@ -455,6 +485,10 @@ impl VmTier {
         if self.cfg.ksm {
             args.push("--ksm".into());
         }
+        if let Some(net) = &vm.net {
+            args.extend(["--tap".into(), net.tap.clone().into(), "--netns".into()]);
+            args.push(net.netns.clone().into_os_string());
+        }
         for (flag, path) in [("--vsock-uds", &vm.uds), ("--control-uds", &vm.control)] {
             args.push(flag.into());
             args.push(path.clone().into_os_string());
@@ -476,7 +510,8 @@ impl VmTier {
             None => Vec::new(),
         };
         let pid_file = self.cfg.dir.join(format!("{}.pid", vm.id));
-        let standby = if boots { None } else { self.take_standby() };
+        // A warm VMM is jailed already: it cannot join a network namespace or attach a tap.
+        let standby = if boots || vm.net.is_some() { None } else { self.take_standby() };
         let child = match standby {
             Some(standby) => {
                 // A warm VMM: already jailed; it joins the VM's cgroup from here.

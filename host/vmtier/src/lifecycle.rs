@@ -176,6 +176,10 @@ impl VmTier {
         vm: &MicroVm,
         children: &[String],
     ) -> Result<Vec<Result<MicroVm, VmTierError>>, VmTierError> {
+        if vm.net.is_some() {
+            // Each child would need a network namespace and tap of its own first.
+            return Err(VmTierError::Unsupported("forking a VM with a network device"));
+        }
         let (dir, disk) = if vm.is_paused() {
             // The saved snapshot and the disk as the pause left them.
             let dir = locked(&vm.memory_from).clone();

@@ -177,6 +177,9 @@ struct NetOptions {
     /// Attach a virtio-net device to this existing tap (opened before the jail).
     #[arg(long)]
     tap: Option<String>,
+    /// Join this network namespace first (where the tap is), e.g. `/run/netns/NAME`.
+    #[arg(long)]
+    netns: Option<PathBuf>,
     /// The device's MAC address.
     #[arg(long, default_value = "06:b7:16:00:00:02", value_parser = parse_mac)]
     mac: [u8; 6],
@@ -185,6 +188,12 @@ struct NetOptions {
 impl NetOptions {
     /// Opens the tap, if one is asked for (needs CAP_NET_ADMIN: before the jail).
     fn open(&self) -> anyhow::Result<Option<(std::sync::Arc<std::fs::File>, [u8; 6])>> {
+        if let Some(path) = &self.netns {
+            let ns = std::fs::File::open(path)
+                .with_context(|| format!("network namespace {}", path.display()))?;
+            nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .with_context(|| format!("joining the network namespace {}", path.display()))?;
+        }
         let Some(name) = &self.tap else { return Ok(None) };
         let tap = brig_vmm::virtio::net::open_tap(name)?;
         Ok(Some((std::sync::Arc::new(tap), self.mac)))
