@@ -64,16 +64,7 @@ pub(crate) fn open(cfg: &FullvmConfig, state_dir: &Path) -> Result<Arc<VmTier>, 
         warm: 0,
         root_image: Some(image.clone()),
     });
-    match tier {
-        Ok(t) => {
-            tracing::info!(virtualization = t.virtualization().as_str(), "fullvm tier ready");
-            Ok(Arc::new(t))
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "fullvm tier not offered");
-            Err(e.to_string())
-        }
-    }
+    crate::microvm::offered(Tier::Fullvm, tier)
 }
 
 impl Node {

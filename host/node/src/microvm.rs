@@ -105,13 +105,21 @@ pub(crate) fn open(cfg: &MicrovmConfig, state_dir: &Path) -> Result<Arc<VmTier>,
         warm: cfg.warm_vmms,
         root_image: None,
     });
-    match tier {
+    offered(Tier::Microvm, tier)
+}
+
+/// A VM tier as the node keeps it, or why it is not offered (logged either way).
+pub(crate) fn offered(
+    tier: Tier,
+    opened: Result<VmTier, VmTierError>,
+) -> Result<Arc<VmTier>, String> {
+    match opened {
         Ok(t) => {
-            tracing::info!(virtualization = t.virtualization().as_str(), "microvm tier ready");
+            tracing::info!(%tier, virtualization = t.virtualization().as_str(), "VM tier ready");
             Ok(Arc::new(t))
         }
         Err(e) => {
-            tracing::warn!(error = %e, "microvm tier not offered");
+            tracing::warn!(%tier, error = %e, "VM tier not offered");
             Err(e.to_string())
         }
     }

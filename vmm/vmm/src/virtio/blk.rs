@@ -125,14 +125,7 @@ impl VirtioDevice for Block {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        let capacity = (self.size / SECTOR).to_le_bytes();
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = usize::try_from(offset)
-                .ok()
-                .and_then(|o| capacity.get(o + i))
-                .copied()
-                .unwrap_or(0);
-        }
+        super::read_config_bytes(&(self.size / SECTOR).to_le_bytes(), offset, data);
     }
 
     fn process_queue(

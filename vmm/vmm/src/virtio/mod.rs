@@ -68,6 +68,40 @@ pub trait Backend: Send {
     fn step(&self) -> bool;
 }
 
+/// Writes `bytes` into the device-writable descriptors of `chain`, in order, as far as they
+/// reach; returns how many bytes went in (a descriptor outside guest memory ends the write).
+pub(crate) fn write_chain(
+    chain: DescriptorChain<&GuestMemoryMmap>,
+    mem: &GuestMemoryMmap,
+    bytes: &[u8],
+) -> usize {
+    use vm_memory::Bytes;
+    let mut written = 0usize;
+    for desc in chain.filter(|d| d.is_write_only()) {
+        if written == bytes.len() {
+            break;
+        }
+        let n = (desc.len() as usize).min(bytes.len() - written);
+        if mem.write_slice(&bytes[written..written + n], desc.addr()).is_err() {
+            break;
+        }
+        written += n;
+    }
+    written
+}
+
+/// Answers a read of a device's configuration space laid out as `config`: bytes past its end
+/// read as zero.
+pub(crate) fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = usize::try_from(offset)
+            .ok()
+            .and_then(|o| config.get(o.checked_add(i)?))
+            .copied()
+            .unwrap_or(0);
+    }
+}
+
 /// Serves every chain the driver made available on `queues[index]`: `serve` handles one chain
 /// and says how many bytes it wrote into it; the chain then goes back to the driver. Returns
 /// whether any chain was used (the driver should be interrupted).

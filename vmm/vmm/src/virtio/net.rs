@@ -130,17 +130,7 @@ impl Net {
             let mut packet = vec![0u8; HEADER];
             packet[10] = 1; // num_buffers
             packet.extend_from_slice(&frame);
-            let mut written = 0usize;
-            for desc in chain.filter(|d| d.is_write_only()) {
-                if written == packet.len() {
-                    break;
-                }
-                let n = (desc.len() as usize).min(packet.len() - written);
-                if mem.write_slice(&packet[written..written + n], desc.addr()).is_err() {
-                    break;
-                }
-                written += n;
-            }
+            let written = super::write_chain(chain, mem, &packet);
             shared.rx_frames += 1;
             rx.add_used(mem, head, written as u32)?;
             used = true;
@@ -167,13 +157,7 @@ impl VirtioDevice for Net {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = usize::try_from(offset)
-                .ok()
-                .and_then(|o| self.mac.get(o.checked_add(i)?))
-                .copied()
-                .unwrap_or(0);
-        }
+        super::read_config_bytes(&self.mac, offset, data);
     }
 
     fn process_queue(

@@ -258,17 +258,7 @@ impl Vsock {
             }
             let mut packet = h.bytes().to_vec();
             packet.extend_from_slice(&data);
-            let mut written = 0usize;
-            for desc in chain.filter(|d| d.is_write_only()) {
-                if written == packet.len() {
-                    break;
-                }
-                let n = (desc.len() as usize).min(packet.len() - written);
-                if mem.write_slice(&packet[written..written + n], desc.addr()).is_err() {
-                    break;
-                }
-                written += n;
-            }
+            let written = super::write_chain(chain, mem, &packet);
             rx.add_used(mem, head, written as u32)?;
             used = true;
         }
@@ -303,10 +293,7 @@ impl VirtioDevice for Vsock {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        let cid = self.guest_cid.to_le_bytes();
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = usize::try_from(offset).ok().and_then(|o| cid.get(o + i)).copied().unwrap_or(0);
-        }
+        super::read_config_bytes(&self.guest_cid.to_le_bytes(), offset, data);
     }
 
     fn process_queue(
