@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use brig_sdk::{Client, ConnectOptions};
 
+pub mod behaviour;
 pub mod cluster;
 pub mod emulated;
 pub mod net;

@@ -344,6 +344,40 @@ impl tokio::io::AsyncWrite for HashingWriter {
     }
 }
 
+/// The checks a container in a container-host VM passes too (`tests/container_host.rs`).
+#[tokio::test]
+async fn a_host_kernel_container_passes_the_shared_container_checks() {
+    let daemon = Daemon::start().expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    let options = SandboxOptions::container(&image("busybox"));
+    let pace = brig_tests::behaviour::Pace { slow: 1 };
+    let (placement, passed) =
+        brig_tests::behaviour::check_container(&client, options, pace).await.expect("checks");
+    assert_eq!(placement, "host-kernel");
+    assert!(passed.len() >= 15, "{passed:?}");
+}
+
+/// This host has no hardware virtualization: a container asked for in a VM is refused with
+/// the reason, and the node keeps serving host-kernel containers.
+#[tokio::test]
+async fn a_container_in_a_vm_is_refused_where_no_container_host_vm_can_run() {
+    let config = format!(
+        "[container_host]\nkernel = \"{0}\"\ninitrd = \"{0}\"\n",
+        brig_tests::binary("brigd").display()
+    );
+    let daemon = Daemon::start_with_config(&config, &[]).expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    let vm = SandboxOptions::container(&image("busybox")).placement(brig_sdk::Placement::Vm);
+    let err = client.create(vm).await.expect_err("no container-host VMs on this host");
+    assert_eq!(err.code(), Some(ErrorCode::Unavailable), "{err}");
+    assert!(err.to_string().contains("container-host"), "{err}");
+    let host =
+        SandboxOptions::container(&image("busybox")).placement(brig_sdk::Placement::HostKernel);
+    let sb = client.create(host).await.expect("on the node's kernel");
+    assert_eq!(sb.status().await.expect("status").placement.as_deref(), Some("host-kernel"));
+    sb.destroy().await.expect("destroy");
+}
+
 #[tokio::test]
 async fn wrong_tier_and_bad_images_get_typed_errors() {
     let daemon = Daemon::start().expect("brigd");

@@ -6,7 +6,11 @@
 //! copy-on-write overlay of its own; runs commands in it; starts PostgreSQL and queries it from
 //! inside; pauses it and resumes it implicitly with its files and running service intact;
 //! forks it (the child carries the running database, the parent does not see the child's
-//! files); and removes both, leaving no disks or sockets behind.
+//! files); and removes both, leaving no disks, sockets or network namespaces behind. The
+//! sandbox has egress rules: its virtio-net is a tap in a network namespace of its own, and
+//! it reaches the one service they allow (a web server in another namespace of the emulated
+//! host) but not that server's other port, which the audit trail records as denied; after the
+//! resume and in the fork's child (a network of its own) the service still answers.
 //! Emulated timings prove nothing about speed and are not asserted.
 
 use std::io::BufRead;
@@ -41,16 +45,29 @@ fn a_debian_vm_boots_systemd_serves_postgres_and_forks_inside_an_emulated_host()
         has("BRIG-L1-FULLVM booted init=systemd state=running cpus=2 root=/dev/vda"),
         "the image did not boot under systemd:\n{log}"
     );
+    assert!(!has("BRIG-L1-FULLVM no remote service"), "no web service to reach:\n{log}");
+    let web = "hello from the allowed service";
+    assert!(has(&format!("BRIG-L1-FULLVM egress allowed={web}")), "no egress:\n{log}");
+    assert!(has("BRIG-L1-FULLVM egress denied-done"), "{log}");
+    assert!(!has("BRIG-L1-FULLVM egress reached"), "a denied port answered:\n{log}");
+    let denied: u32 = log
+        .lines()
+        .find_map(|l| l.split("BRIG-L1-FULLVM audit denied=").nth(1))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(denied >= 1, "the denied connection is not in the audit trail:\n{log}");
     assert!(has("BRIG-L1-FULLVM postgres answer=42"), "PostgreSQL did not answer:\n{log}");
     assert!(has("BRIG-L1-FULLVM paused"), "pause failed:\n{log}");
     assert!(
         has("BRIG-L1-FULLVM resumed mark=kept-across-pause postgres=up"),
         "the resumed VM lost its files or its service:\n{log}"
     );
+    assert!(has(&format!("BRIG-L1-FULLVM resumed egress={web}")), "no egress after resume:\n{log}");
     assert!(
         has("BRIG-L1-FULLVM fork mark=kept-across-pause postgres=up host=brig-"),
         "the fork did not carry the parent's state:\n{log}"
     );
+    assert!(has(&format!("BRIG-L1-FULLVM fork egress={web}")), "the child has no egress:\n{log}");
     assert!(has("BRIG-L1-FULLVM parent sees-child-file=no"), "fork children share disks:\n{log}");
     let hosts: Vec<&str> = log
         .lines()
@@ -61,5 +78,5 @@ fn a_debian_vm_boots_systemd_serves_postgres_and_forks_inside_an_emulated_host()
         hosts.len() == 2 && hosts[0] != hosts[1],
         "parent and child share a hostname: {hosts:?}"
     );
-    assert!(has("BRIG-L1-FULLVM removed") && has("BRIG-L1-FULLVM leftovers=0"), "{log}");
+    assert!(has("BRIG-L1-FULLVM removed") && has("BRIG-L1-FULLVM leftovers=0 netns=0"), "{log}");
 }

@@ -322,6 +322,9 @@ impl Netns<'_> {
 /// The guest side of a VM sandbox's network: its address behind the tap, and the tap's.
 pub const VM_GUEST_ADDR: &str = "172.16.0.2";
 pub const VM_GATEWAY: &str = "172.16.0.1";
+/// The tap's MAC, the same in every VM sandbox's namespace: a VM forked from another (whose
+/// guest remembers its gateway's MAC) reaches its own tap at once.
+pub const VM_GATEWAY_MAC: &str = "02:b7:16:00:00:01";
 /// The tap a VM sandbox's virtio-net attaches to, in its network namespace.
 pub const VM_TAP: &str = "tap0";
 
@@ -339,6 +342,7 @@ pub fn create_vm_netns(name: &str) -> Result<(), NetError> {
             &format!(
                 "link set lo up
                  tuntap add dev {VM_TAP} mode tap
+                 link set {VM_TAP} address {VM_GATEWAY_MAC}
                  addr add {VM_GATEWAY}/30 dev {VM_TAP}
                  link set {VM_TAP} up
 "

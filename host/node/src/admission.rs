@@ -62,12 +62,20 @@ impl Node {
                 QosClass::LatencySensitive => latency += 1,
                 QosClass::BestEffort => best_effort += 1,
             }
-            if let TierHandle::Container(c) = &e.handle {
-                let (mem, cpu) = c.requested();
-                requested_mem += mem;
-                requested_cpu += cpu;
-                working_set += c.container.usage().1;
-                containers += 1;
+            match &e.handle {
+                TierHandle::Container(c) => {
+                    let (mem, cpu) = c.requested();
+                    requested_mem += mem;
+                    requested_cpu += cpu;
+                    working_set += c.container.usage().1;
+                    containers += 1;
+                }
+                // In a container-host VM: what it asks counts; its use is the VM's.
+                TierHandle::Hosted(h) => {
+                    requested_mem += h.memory_bytes;
+                    requested_cpu += h.cpu_millis;
+                }
+                TierHandle::Fncall(_) | TierHandle::Microvm(_) => {}
             }
         }
         *self.inner.working_set.lock() = (std::time::Instant::now(), working_set, containers);
@@ -132,11 +140,13 @@ impl Node {
         }
         let (mut requested_mem, mut requested_cpu) = (0, 0);
         for e in self.inner.sandboxes.all() {
-            if let TierHandle::Container(c) = &e.handle {
-                let (mem, cpu) = c.requested();
-                requested_mem += mem;
-                requested_cpu += cpu;
-            }
+            let (mem, cpu) = match &e.handle {
+                TierHandle::Container(c) => c.requested(),
+                TierHandle::Hosted(h) => (h.memory_bytes, h.cpu_millis),
+                TierHandle::Fncall(_) | TierHandle::Microvm(_) => continue,
+            };
+            requested_mem += mem;
+            requested_cpu += cpu;
         }
         let total = meminfo_kib("MemTotal") << 10;
         let mem_cap = total / 100 * cfg.memory_overcommit_pct;
@@ -184,6 +194,13 @@ impl Node {
     ) -> Result<SandboxInfo, NodeError> {
         let entry = self.inner.sandboxes.get(sandbox)?;
         let _t = entry.transition.lock().await;
+        if let TierHandle::Hosted(_) = &entry.handle {
+            return Err(NodeError::WrongTier {
+                id: sandbox.to_string(),
+                tier: entry.tier,
+                op: "QoS classes (not yet for containers in a container-host VM)",
+            });
+        }
         if let TierHandle::Container(c) = &entry.handle {
             c.container
                 .cgroup()

@@ -200,6 +200,8 @@ pub(crate) struct Recorder {
     log: Arc<AuditLog>,
     metrics: Arc<crate::metrics::Metrics>,
     id: String,
+    /// The sandbox's tier, for the exec latency metric.
+    tier: &'static str,
 }
 
 impl Recorder {
@@ -220,7 +222,7 @@ impl Recorder {
         } else {
             "exited"
         };
-        self.metrics.observe_exec("container", Duration::from_micros(r.duration_us));
+        self.metrics.observe_exec(self.tier, Duration::from_micros(r.duration_us));
         self.record(AuditKind::ExecEnd {
             exec_id,
             exit_code: r.exit_code,
@@ -240,6 +242,7 @@ impl Node {
             log: self.inner.audit.clone(),
             metrics: self.inner.metrics.clone(),
             id: entry.id.to_string(),
+            tier: entry.tier.as_str(),
         }
     }
 

@@ -33,6 +33,8 @@ pub struct NodeConfig {
     pub admission: crate::admission::AdmissionConfig,
     pub microvm: crate::microvm::MicrovmConfig,
     pub fullvm: crate::fullvm::FullvmConfig,
+    /// Container-host VMs: containers on a guest's kernel instead of the node's.
+    pub container_host: crate::container_host::ContainerHostConfig,
 }
 
 /// What a stopping daemon does with its containers.
@@ -164,6 +166,7 @@ impl Default for NodeConfig {
             admission: Default::default(),
             microvm: Default::default(),
             fullvm: Default::default(),
+            container_host: Default::default(),
         }
     }
 }

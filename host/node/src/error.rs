@@ -63,6 +63,14 @@ pub enum NodeError {
     Forbidden(String),
     #[error("{0} requests go to the control plane, not to a node")]
     ControlOnly(&'static str),
+    /// The container-host VM a container ran in is gone.
+    #[error("sandbox {id} is gone: {why}")]
+    HostVmLost { id: String, why: String },
+    /// A file request a container-host VM's agent refused (its message names the path).
+    #[error("{message}")]
+    HostedFile { kind: std::io::ErrorKind, message: String },
+    #[error("in the container-host VM: {0}")]
+    HostedContainer(String),
 }
 
 impl NodeError {
@@ -131,6 +139,9 @@ impl NodeError {
                 ErrorCode::ResourceExhausted
             }
             NodeError::Net(_) => ErrorCode::Unavailable,
+            NodeError::HostVmLost { .. } => ErrorCode::SandboxLost,
+            NodeError::HostedFile { kind, .. } => io_code(&std::io::Error::from(*kind)),
+            NodeError::HostedContainer(_) => ErrorCode::Internal,
         };
         WireError::new(code, chain(self))
     }

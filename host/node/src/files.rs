@@ -100,8 +100,10 @@ pub(crate) async fn write(
     exchange: &mut Exchange,
 ) -> Result<Option<Reply>, NodeError> {
     if let Ok(entry) = node.live(&req.sandbox).await {
-        if let TierHandle::Microvm(_) = &entry.handle {
-            return node.write_microvm_file(&entry, req, exchange).await;
+        match &entry.handle {
+            TierHandle::Microvm(_) => return node.write_microvm_file(&entry, req, exchange).await,
+            TierHandle::Hosted(_) => return node.write_hosted_file(&entry, req, exchange).await,
+            TierHandle::Fncall(_) | TierHandle::Container(_) => {}
         }
     }
     let opened = node.live(&req.sandbox).await.and_then(|entry| {
@@ -142,8 +144,10 @@ pub(crate) async fn read(
     exchange: &mut Exchange,
 ) -> Result<Option<Reply>, NodeError> {
     let entry = node.live(&req.sandbox).await?;
-    if let TierHandle::Microvm(_) = &entry.handle {
-        return node.read_microvm_file(&entry, req, exchange).await;
+    match &entry.handle {
+        TierHandle::Microvm(_) => return node.read_microvm_file(&entry, req, exchange).await,
+        TierHandle::Hosted(_) => return node.read_hosted_file(&entry, req, exchange).await,
+        TierHandle::Fncall(_) | TierHandle::Container(_) => {}
     }
     let file = entry.handle.file_root(&entry)?.open_read(&req.path)?;
     let mut file = tokio::fs::File::from_std(file);

@@ -89,28 +89,47 @@ impl Node {
             let vm = tier.create_full(&name, None).await.map_err(crate::microvm::vm_error)?;
             return Ok((vm, None));
         };
+        let (net, slot) = self.vm_network(id, dests).await?;
+        let guest = GuestAddress { addr: VM_GUEST_ADDR.into(), gateway: VM_GATEWAY.into() };
+        match tier.create_full(&name, Some((net.clone(), guest))).await {
+            Ok(vm) => Ok((vm, Some(slot))),
+            Err(e) => {
+                self.release_vm_network(&net, slot);
+                Err(crate::microvm::vm_error(e))
+            }
+        }
+    }
+
+    /// A VM sandbox's network: a namespace of its own with the tap its VMM attaches to, and
+    /// the node's link into it carrying `dests` as egress rules; the link's slot too.
+    pub(crate) async fn vm_network(
+        &self,
+        id: &SandboxId,
+        dests: Vec<Destination>,
+    ) -> Result<(VmNet, u32), NodeError> {
         let ns = netns_name(id);
         let made = {
             let ns = ns.clone();
             tokio::task::spawn_blocking(move || network::create_vm_netns(&ns)).await
         };
         made.map_err(|e| NodeError::Io { what: "network setup".into(), source: e.into() })??;
-        let slot = match self.attach_network_to(&name, NetnsRef::Named(ns.clone()), dests).await {
-            Ok(slot) => slot,
+        match self.attach_network_to(&id.to_string(), NetnsRef::Named(ns.clone()), dests).await {
+            Ok(slot) => {
+                let net = VmNet { netns: Path::new("/run/netns").join(&ns), tap: VM_TAP.into() };
+                Ok((net, slot))
+            }
             Err(e) => {
                 network::remove_vm_netns(&ns);
-                return Err(e);
+                Err(e)
             }
-        };
-        let net = VmNet { netns: Path::new("/run/netns").join(&ns), tap: VM_TAP.into() };
-        let guest = GuestAddress { addr: VM_GUEST_ADDR.into(), gateway: VM_GATEWAY.into() };
-        match tier.create_full(&name, Some((net, guest))).await {
-            Ok(vm) => Ok((vm, Some(slot))),
-            Err(e) => {
-                self.detach_network(slot);
-                network::remove_vm_netns(&ns);
-                Err(crate::microvm::vm_error(e))
-            }
+        }
+    }
+
+    /// Gives back a network [`Node::vm_network`] made for a VM that did not start.
+    pub(crate) fn release_vm_network(&self, net: &VmNet, slot: u32) {
+        self.detach_network(slot);
+        if let Some(name) = net.netns.file_name() {
+            network::remove_vm_netns(&name.to_string_lossy());
         }
     }
 }

@@ -15,12 +15,14 @@ mod admission;
 mod audit;
 mod config;
 mod container;
+mod container_host;
 mod convert;
 mod egress;
 mod error;
 mod exec_hub;
 mod files;
 mod fullvm;
+mod hosted;
 mod images;
 mod lifecycle;
 pub mod metrics;
@@ -32,6 +34,7 @@ mod sessions;
 
 pub use admission::AdmissionConfig;
 pub use config::{BlobBackendConfig, ContainerConfig, ImagesConfig, NodeConfig, OnExit};
+pub use container_host::{ContainerHostConfig, PlacementPolicy};
 pub use error::NodeError;
 pub use scope::{Principal, PROJECT_LABEL};
 
@@ -64,6 +67,8 @@ struct Inner {
     vmtier: Result<Arc<brig_vmtier::VmTier>, String>,
     /// The full-VM tier, or why this node does not offer it.
     fullvm: Result<Arc<brig_vmtier::VmTier>, String>,
+    /// Container-host VMs for containers on a guest's kernel, or why there are none.
+    container_hosts: Result<Arc<container_host::ContainerHosts>, String>,
     /// `Err` says why this node has no layer store.
     store: Result<Arc<brig_images::LayerStore>, String>,
     sandboxes: SandboxTable,
@@ -105,6 +110,8 @@ impl Node {
         }
         let vmtier = microvm::open(&config.microvm, state_dir);
         let fullvm = fullvm::open(&config.fullvm, state_dir);
+        let container_hosts =
+            container_host::open(&config.container_host, &config.container, state_dir);
         let sandboxes = SandboxTable::new(&state_dir.join("sandboxes"))?;
         let audit = Arc::new(AuditLog::open(&state_dir.join("audit"))?);
         let node = Node {
@@ -114,6 +121,7 @@ impl Node {
                 containers,
                 vmtier,
                 fullvm,
+                container_hosts,
                 store,
                 sandboxes,
                 tag,
@@ -131,7 +139,7 @@ impl Node {
     /// Tiers this node offers.
     pub fn tiers(&self) -> Vec<Tier> {
         let mut tiers = vec![Tier::Fncall];
-        if self.inner.containers.is_ok() {
+        if self.inner.containers.is_ok() || self.inner.container_hosts.is_ok() {
             tiers.push(Tier::Container);
         }
         if self.inner.vmtier.is_ok() {
@@ -167,6 +175,9 @@ impl Node {
         }
         if let Ok(containers) = &self.inner.containers {
             containers.shutdown();
+        }
+        if let Ok(hosts) = &self.inner.container_hosts {
+            hosts.shutdown().await;
         }
         self.close_network();
     }
@@ -285,7 +296,7 @@ impl Node {
         let entry = self.live(sandbox).await?;
         match &entry.handle {
             TierHandle::Container(_) => Ok(entry),
-            TierHandle::Fncall(_) | TierHandle::Microvm(_) => {
+            TierHandle::Fncall(_) | TierHandle::Microvm(_) | TierHandle::Hosted(_) => {
                 Err(NodeError::WrongTier { id: sandbox.to_string(), tier: entry.tier, op })
             }
         }
@@ -319,8 +330,10 @@ impl Node {
         exchange: &mut Exchange,
     ) -> Result<Option<Reply>, NodeError> {
         let entry = self.live(&req.sandbox).await?;
-        if let TierHandle::Microvm(_) = &entry.handle {
-            return self.exec_microvm(&entry, req, exchange).await;
+        match &entry.handle {
+            TierHandle::Microvm(_) => return self.exec_microvm(&entry, req, exchange).await,
+            TierHandle::Hosted(_) => return self.exec_hosted(&entry, req, exchange).await,
+            TierHandle::Fncall(_) | TierHandle::Container(_) => {}
         }
         let entry = self.container(&req.sandbox, "exec").await?;
         let TierHandle::Container(c) = &entry.handle else { return Ok(None) };
@@ -350,6 +363,7 @@ impl Node {
         match &entry.handle {
             TierHandle::Container(c) => Ok(&c.execs),
             TierHandle::Microvm(vm) => Ok(&vm.execs),
+            TierHandle::Hosted(h) => Ok(&h.execs),
             TierHandle::Fncall(_) => {
                 Err(NodeError::WrongTier { id: entry.id.to_string(), tier: entry.tier, op: "exec" })
             }
@@ -360,6 +374,9 @@ impl Node {
     async fn handle(&self, request: Request) -> Result<Option<Reply>, NodeError> {
         let fncall = &self.inner.fncall;
         let request_kind = request.kind();
+        if let Some(reply) = self.hosted_file_request(&request).await {
+            return reply.map(Some);
+        }
         let reply = match request {
             Request::Call(call) => {
                 let report = fncall.call(convert::call_from_wire(call), None).await?;
@@ -387,9 +404,18 @@ impl Node {
             Request::Status { sandbox } => {
                 let entry = self.inner.sandboxes.get(&sandbox)?;
                 let mut info = info(self, &entry);
-                if let TierHandle::Container(c) = &entry.handle {
-                    let (cpu_ns, memory_bytes) = c.container.usage();
-                    info.usage = Some(brig_proto::SandboxUsage { cpu_ns, memory_bytes });
+                match &entry.handle {
+                    TierHandle::Container(c) => {
+                        let (cpu_ns, memory_bytes) = c.container.usage();
+                        info.usage = Some(brig_proto::SandboxUsage { cpu_ns, memory_bytes });
+                    }
+                    TierHandle::Hosted(h) if h.host.lost().is_none() => {
+                        if let Ok(u) = h.guest().usage().await {
+                            let (cpu_ns, memory_bytes) = (u.cpu_ns, u.memory_bytes);
+                            info.usage = Some(brig_proto::SandboxUsage { cpu_ns, memory_bytes });
+                        }
+                    }
+                    _ => {}
                 }
                 Reply::Sandbox(info)
             }
@@ -474,6 +500,7 @@ impl Node {
                 match &entry.handle {
                     TierHandle::Container(c) => Reply::Execs(c.execs.list()),
                     TierHandle::Microvm(vm) => Reply::Execs(vm.execs.list()),
+                    TierHandle::Hosted(h) => Reply::Execs(h.execs.list()),
                     TierHandle::Fncall(_) => Reply::Execs(Vec::new()),
                 }
             }
@@ -556,6 +583,7 @@ fn info(node: &Node, entry: &SandboxEntry) -> SandboxInfo {
     let state = match &entry.handle {
         TierHandle::Container(c) if !c.is_alive() => SandboxState::Failed,
         TierHandle::Microvm(vm) if !vm.is_running() => SandboxState::Failed,
+        TierHandle::Hosted(h) if h.host.lost().is_some() => SandboxState::Failed,
         _ if paused.is_some() => SandboxState::Paused,
         _ => SandboxState::Running,
     };
@@ -580,5 +608,10 @@ fn info(node: &Node, entry: &SandboxEntry) -> SandboxInfo {
         address: spec.net_slot.and_then(|slot| node.sandbox_address(slot)),
         egress: spec.egress.map(|rules| rules.iter().map(|r| r.to_string()).collect()),
         qos: convert::qos_to_wire(spec.qos),
+        placement: match &entry.handle {
+            TierHandle::Container(_) => Some("host-kernel".into()),
+            TierHandle::Hosted(h) => Some(h.placement()),
+            TierHandle::Fncall(_) | TierHandle::Microvm(_) => None,
+        },
     }
 }

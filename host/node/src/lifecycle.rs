@@ -33,6 +33,9 @@ impl Node {
     /// A sandbox for a request that needs it running: resumed first if paused.
     pub(crate) async fn live(&self, id: &str) -> Result<Arc<SandboxEntry>, NodeError> {
         let entry = self.inner.sandboxes.get(id)?;
+        if let TierHandle::Hosted(h) = &entry.handle {
+            h.check(id)?;
+        }
         entry.touch();
         if entry.paused_unix_ms().is_some() {
             self.resume_entry(&entry).await?;
@@ -61,8 +64,12 @@ impl Node {
             }
             None => None,
         };
+        let placement = match tier {
+            Tier::Container => Some(self.placement_for(req.placement)?),
+            _ => None,
+        };
         let (memory, cpu) = match tier {
-            Tier::Container => self.container_tier()?.requested(&req.limits),
+            Tier::Container => crate::container::requested(&cfg.container, &req.limits),
             _ => (0, 0),
         };
         self.admit(tier, memory, cpu)?;
@@ -73,6 +80,9 @@ impl Node {
             Tier::Fncall => {
                 TierHandle::Fncall(self.inner.fncall.create_workspace(&id.to_string())?)
             }
+            Tier::Container if placement == Some(brig_proto::Placement::Vm) => TierHandle::Hosted(
+                Box::new(self.container_hosts()?.create(&id, &req, &cfg.container).await?),
+            ),
             Tier::Container => {
                 let store = self.inner.store.as_ref().ok().map(Arc::as_ref);
                 TierHandle::Container(Box::new(
@@ -157,6 +167,10 @@ impl Node {
     ) -> Result<Arc<SandboxEntry>, NodeError> {
         let id = entry.id;
         let entry = self.adopt(entry).await?;
+        if let (TierHandle::Microvm(_), Some(_)) = (&entry.handle, entry.spec().net_slot) {
+            // A networked VM's child: its link came with it.
+            self.audit_policy(&entry);
+        }
         if let (TierHandle::Container(c), QosClass::BestEffort) = (&entry.handle, entry.spec().qos)
         {
             if let Err(e) = c.container.cgroup().set_best_effort(true) {
@@ -239,6 +253,11 @@ impl Node {
             TierHandle::Fncall(_) => 0,
             TierHandle::Container(c) => c.pause().await?,
             TierHandle::Microvm(vm) => self.pause_microvm(vm).await?,
+            TierHandle::Hosted(h) => {
+                h.check(&entry.id.to_string())?;
+                h.guest().set_frozen(true).await.map_err(crate::container_host::host_error)?;
+                0
+            }
         };
         entry.set_paused(true);
         self.inner.sandboxes.save(entry)?;
@@ -256,6 +275,10 @@ impl Node {
         match &entry.handle {
             TierHandle::Container(c) => c.resume().await?,
             TierHandle::Microvm(vm) => self.resume_microvm(vm).await?,
+            TierHandle::Hosted(h) => {
+                h.check(&entry.id.to_string())?;
+                h.guest().set_frozen(false).await.map_err(crate::container_host::host_error)?;
+            }
             TierHandle::Fncall(_) => {}
         }
         entry.set_paused(false);
@@ -339,6 +362,13 @@ impl Node {
         let count = count.clamp(1, 256);
         let (memory, cpu) = match &parent.handle {
             TierHandle::Container(c) => c.requested(),
+            TierHandle::Hosted(_) => {
+                return Err(NodeError::WrongTier {
+                    id: id.to_string(),
+                    tier: parent.tier,
+                    op: "fork (not yet for containers in a container-host VM)",
+                })
+            }
             TierHandle::Fncall(_) | TierHandle::Microvm(_) => (0, 0),
         };
         self.admit(parent.tier, memory * u64::from(count), cpu * u64::from(count))?;
@@ -367,10 +397,12 @@ impl Node {
         let ids: Vec<SandboxId> =
             (0..count).map(|_| SandboxId::generate(self.inner.config.node_id())).collect();
         let made = if let TierHandle::Microvm(vm) = &parent.handle {
-            // One snapshot of the parent, then every child resumes from it.
-            self.fork_microvm(vm, &ids).await?
+            // One snapshot of the parent, then every child resumes from it (a networked VM's
+            // children on networks of their own).
+            self.fork_microvm(vm, &ids, egress.clone()).await?
         } else {
-            self.fork_handles(&parent, &ids, evaluation).await
+            let made = self.fork_handles(&parent, &ids, evaluation).await;
+            made.into_iter().map(|handle| handle.map(|h| (h, None))).collect()
         };
         if let (TierHandle::Container(c), false) = (&parent.handle, was_paused) {
             c.set_frozen(false).await?;
@@ -379,8 +411,10 @@ impl Node {
         let mut first_err = None;
         for (child, handle) in ids.into_iter().zip(made) {
             match handle {
-                Ok(handle) => {
-                    let entry = SandboxEntry::new(child, spec.clone(), now_unix_ms(), handle);
+                Ok((handle, vm_slot)) => {
+                    let mut spec = spec.clone();
+                    spec.net_slot = vm_slot;
+                    let entry = SandboxEntry::new(child, spec, now_unix_ms(), handle);
                     self.audit_lifecycle(
                         &child.to_string(),
                         "created",
@@ -435,7 +469,7 @@ impl Node {
                             self.container_tier()?.fork(c, child, store, evaluation).await?,
                         ))
                     }
-                    TierHandle::Microvm(_) => {
+                    TierHandle::Microvm(_) | TierHandle::Hosted(_) => {
                         return Err(NodeError::WrongTier {
                             id: child.to_string(),
                             tier: parent.tier,
@@ -477,6 +511,10 @@ impl Node {
                 crate::fullvm::remove_netns(vm);
                 Ok(())
             }
+            TierHandle::Hosted(h) => {
+                h.destroy().await;
+                Ok(())
+            }
         };
         if let Err(e) = result {
             tracing::warn!(sandbox = %id, error = %e, "cleanup after destroy failed");
@@ -492,6 +530,9 @@ impl Node {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
+                if let Ok(hosts) = &node.inner.container_hosts {
+                    hosts.sweep().await;
+                }
                 // One slow pause or destroy must not hold up the others.
                 let due = node.inner.sandboxes.due(now_unix_ms());
                 join_all(due.into_iter().map(|(entry, due)| {

@@ -189,20 +189,7 @@ impl Node {
         }
         parts
             .into_iter()
-            .map(|name| {
-                let ok = !name.is_empty()
-                    && name.len() <= 128
-                    && !name.starts_with('.')
-                    && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._@-".contains(&b));
-                if !ok {
-                    return Err(bad("microVM layers are local layer files named by `+` (no store references yet)"));
-                }
-                let path = dir.join(format!("{name}.erofs"));
-                if !path.is_file() {
-                    return Err(bad(&format!("no layer file {}", path.display())));
-                }
-                Ok(path)
-            })
+            .map(|name| crate::container_host::local_layer(&dir, name).map_err(|why| bad(&why)))
             .collect()
     }
 
@@ -215,20 +202,57 @@ impl Node {
         vm.tier.resume(vm).await.map_err(vm_error)
     }
 
-    /// Children of a microVM, one per id, from one snapshot of it.
+    /// Children of a microVM or full VM, one per id, from one snapshot of it. A networked VM's
+    /// children each get a network of their own with the parent's egress rules (`egress`);
+    /// each child comes back with its link's slot.
     pub(crate) async fn fork_microvm(
         &self,
         vm: &MicrovmSandbox,
         ids: &[SandboxId],
-    ) -> Result<Vec<Result<TierHandle, NodeError>>, NodeError> {
-        let names: Vec<String> = ids.iter().map(ToString::to_string).collect();
-        let made = vm.tier.fork(vm, &names).await.map_err(vm_error)?;
+        egress: Option<Vec<brig_core::Destination>>,
+    ) -> Result<Vec<Result<(TierHandle, Option<u32>), NodeError>>, NodeError> {
+        let mut children = Vec::with_capacity(ids.len());
+        let mut slots = Vec::with_capacity(ids.len());
+        for id in ids {
+            let net = match (vm.net(), &egress) {
+                (Some(_), Some(dests)) => match self.vm_network(id, dests.clone()).await {
+                    Ok((net, slot)) => Some((net, slot)),
+                    Err(e) => {
+                        for ((_, net), slot) in children.iter().zip(&slots) {
+                            if let (Some(net), Some(slot)) = (net, slot) {
+                                self.release_vm_network(net, *slot);
+                            }
+                        }
+                        return Err(e);
+                    }
+                },
+                _ => None,
+            };
+            slots.push(net.as_ref().map(|(_, slot)| *slot));
+            children.push((id.to_string(), net.map(|(net, _)| net)));
+        }
+        let made = match vm.tier.fork(vm, &children).await {
+            Ok(made) => made,
+            Err(e) => {
+                for ((_, net), slot) in children.iter().zip(&slots) {
+                    if let (Some(net), Some(slot)) = (net, slot) {
+                        self.release_vm_network(net, *slot);
+                    }
+                }
+                return Err(vm_error(e));
+            }
+        };
         Ok(made
             .into_iter()
-            .map(|child| {
-                child
-                    .map(|c| TierHandle::Microvm(MicrovmSandbox::new(c, vm.tier.clone())))
-                    .map_err(vm_error)
+            .zip(children.iter().zip(slots))
+            .map(|(child, ((_, net), slot))| match child {
+                Ok(c) => Ok((TierHandle::Microvm(MicrovmSandbox::new(c, vm.tier.clone())), slot)),
+                Err(e) => {
+                    if let (Some(net), Some(slot)) = (net, slot) {
+                        self.release_vm_network(net, slot);
+                    }
+                    Err(vm_error(e))
+                }
             })
             .collect())
     }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use brig_proto::{ExecResult, OutputStream, Reply, StdinMode};
+use brig_proto::{AuditKind, ExecResult, OutputStream, Reply, StdinMode};
 use brig_transport::Exchange;
 use brig_vmtier::ExecEvent;
 use tokio::sync::Notify;
@@ -55,6 +55,31 @@ impl Node {
         }
         let argv: Vec<String> = req.argv.iter().map(|a| quote(a)).collect();
         command.push_str(&format!("exec {}", argv.join(" ")));
+        let (stream, feeder) = match exchange.take_upload() {
+            Some(upload) if req.stdin == StdinMode::Stream => {
+                // The client's raw bytes after the request become the command's stdin.
+                let (stream, stdin) =
+                    brig_vmtier::exec_stream_input(&vm.uds, &command).await.map_err(vm_error)?;
+                (stream, Some(feed_upload(upload, stdin)))
+            }
+            _ => (brig_vmtier::exec_stream(&vm.uds, &command).await.map_err(vm_error)?, None),
+        };
+        self.guest_command(entry, &vm.execs, &req, stream, feeder, exchange).await
+    }
+
+    /// Serves a command a guest's agent has started (in a microVM, or in a container of a
+    /// container-host VM): `ExecStarted`, the output, `Exited`. The command runs on, and its
+    /// output is kept in its hub, whatever the client does; the client (or a later one, by
+    /// id) reads from the hub. `feeder` writes its stdin and ends with it.
+    pub(crate) async fn guest_command(
+        &self,
+        entry: &SandboxEntry,
+        execs: &crate::exec_hub::ExecTable,
+        req: &brig_proto::ExecRequest,
+        stream: brig_vmtier::ExecStream,
+        feeder: Option<tokio::task::JoinHandle<()>>,
+        exchange: &mut Exchange,
+    ) -> Result<Option<Reply>, NodeError> {
         let cfg = &self.inner.config.container;
         let timeout = Duration::from_millis(
             req.timeout_ms.unwrap_or(cfg.default_exec_timeout_ms).min(cfg.max_exec_timeout_ms),
@@ -64,31 +89,13 @@ impl Node {
             .unwrap_or(cfg.default_output_limit_bytes)
             .min(cfg.max_output_limit_bytes);
         let started = Instant::now();
-        let (stream, feeder) = match exchange.take_upload() {
-            Some(mut upload) if req.stdin == StdinMode::Stream => {
-                // The client's raw bytes after the request become the command's stdin; the
-                // feeder keeps the agent connection's write half until the command is done.
-                let (stream, mut stdin) =
-                    brig_vmtier::exec_stream_input(&vm.uds, &command).await.map_err(vm_error)?;
-                let feeder = tokio::spawn(async move {
-                    while let Ok(Some(chunk)) = upload.read().await {
-                        if stdin.write(&chunk).await.is_err() {
-                            break;
-                        }
-                    }
-                    let _ = stdin.finish().await;
-                    std::future::pending::<()>().await;
-                });
-                (stream, Some(feeder))
-            }
-            _ => (brig_vmtier::exec_stream(&vm.uds, &command).await.map_err(vm_error)?, None),
-        };
-        // The command runs on, and its output is kept in its hub, whatever the client does;
-        // the client (or a later one, by id) reads from the hub.
-        let exec_id = vm.execs.next_id();
+        let exec_id = execs.next_id();
+        let recorder = self.recorder(entry);
+        let (user, cwd) = (req.user.clone(), Some(req.cwd.clone()).filter(|c| !c.is_empty()));
+        recorder.record(AuditKind::ExecStart { exec_id, argv: req.argv.clone(), user, cwd });
         let kill = Arc::new(Notify::new());
         let killer = kill.clone();
-        let hub = vm.execs.insert(exec_id, req.argv.clone(), Box::new(move || killer.notify_one()));
+        let hub = execs.insert(exec_id, req.argv.clone(), Box::new(move || killer.notify_one()));
         let run = Run { stream, hub: hub.clone(), kill, deadline: started + timeout, limit };
         tokio::spawn(async move {
             let mut result = run.pump().await;
@@ -96,13 +103,44 @@ impl Node {
                 feeder.abort();
             }
             result.duration_us = started.elapsed().as_micros() as u64;
+            recorder.exec_end(exec_id, &result);
             hub.finish(result);
         });
         exchange.reply(&Reply::ExecStarted { exec_id }).await?;
-        let reply = vm.execs.attach_streaming(exec_id, exchange).await;
+        let reply = execs.attach_streaming(exec_id, exchange).await;
         entry.touch();
         reply
     }
+}
+
+/// Writes the client's upload to a guest command's stdin, then ends it; the task keeps the
+/// agent connection's write half (whose hang-up kills the command) until it is aborted.
+pub(crate) fn feed_upload(
+    mut upload: brig_transport::Upload,
+    mut stdin: brig_vmtier::GuestStdin,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Ok(Some(chunk)) = upload.read().await {
+            if stdin.write(&chunk).await.is_err() {
+                break;
+            }
+        }
+        let _ = stdin.finish().await;
+        std::future::pending::<()>().await;
+    })
+}
+
+/// Writes `data` to a guest command's stdin and ends it, as [`feed_upload`].
+pub(crate) fn feed_bytes(
+    data: Vec<u8>,
+    mut stdin: brig_vmtier::GuestStdin,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if stdin.write(&data).await.is_ok() {
+            let _ = stdin.finish().await;
+        }
+        std::future::pending::<()>().await;
+    })
 }
 
 /// One command in a guest, pumped from the agent into its hub.
@@ -151,6 +189,10 @@ impl Run {
             let (kind, mut data) = match event {
                 ExecEvent::Stdout(d) => (OutputStream::Stdout, d),
                 ExecEvent::Stderr(d) => (OutputStream::Stderr, d),
+                ExecEvent::Signaled(signal) => {
+                    result.signal = Some(signal);
+                    return result;
+                }
                 ExecEvent::Exit(code) => {
                     result.exit_code = Some(code);
                     return result;

@@ -26,6 +26,8 @@ pub(crate) enum TierHandle {
     Container(Box<crate::container::ContainerSandbox>),
     /// A brig-vmm process with the guest's agent behind its vsock socket.
     Microvm(Box<crate::microvm::MicrovmSandbox>),
+    /// A container in a container-host VM (the container tier on a guest's kernel).
+    Hosted(Box<crate::container_host::HostedSandbox>),
 }
 
 impl TierHandle {
@@ -36,11 +38,12 @@ impl TierHandle {
             TierHandle::Container(c) => crate::files::FileRoot::Container(
                 brig_container::files::RootDir::new(c.container.root(), c.container.id_base()),
             ),
-            TierHandle::Microvm(_) => {
+            // Their files are reached through the guest's agent (see `crate::hosted`).
+            TierHandle::Microvm(_) | TierHandle::Hosted(_) => {
                 return Err(NodeError::WrongTier {
                     id: entry.id.to_string(),
                     tier: entry.tier,
-                    op: "file transfer (not in the microvm tier yet)",
+                    op: "local file access",
                 })
             }
         })
@@ -233,8 +236,8 @@ impl SandboxTable {
         let container = match &entry.handle {
             TierHandle::Container(c) => Some(c.record()),
             TierHandle::Fncall(_) => None,
-            // A microVM's VMM dies with the daemon (it is not adopted back yet): no record.
-            TierHandle::Microvm(_) => return Ok(()),
+            // A VM's VMM dies with the daemon (it is not adopted back yet): no record.
+            TierHandle::Microvm(_) | TierHandle::Hosted(_) => return Ok(()),
         };
         let record = SandboxRecord {
             id: entry.id,

@@ -18,7 +18,7 @@ impl Node {
     async fn session_host(&self, sandbox: &str) -> Result<Arc<SandboxEntry>, NodeError> {
         let entry = self.live(sandbox).await?;
         match &entry.handle {
-            TierHandle::Container(_) | TierHandle::Microvm(_) => Ok(entry),
+            TierHandle::Container(_) | TierHandle::Microvm(_) | TierHandle::Hosted(_) => Ok(entry),
             TierHandle::Fncall(_) => Err(NodeError::WrongTier {
                 id: sandbox.to_string(),
                 tier: entry.tier,
@@ -31,6 +31,7 @@ impl Node {
         let found = match &entry.handle {
             TierHandle::Container(c) => c.session(id).ok(),
             TierHandle::Microvm(vm) => vm.session(id),
+            TierHandle::Hosted(h) => h.session(id),
             TierHandle::Fncall(_) => None,
         };
         found.ok_or_else(|| NodeError::NoSuchSession(id.to_string()))
@@ -56,6 +57,17 @@ impl Node {
                     .await
                     .map_err(crate::microvm::vm_error)?;
                 vm.add_session(session)
+            }
+            TierHandle::Hosted(h) => {
+                let shell = req.shell.unwrap_or_else(|| h.shell.clone());
+                let env = crate::container::merged_env(&h.env, req.env);
+                let cwd = if req.cwd.is_empty() { "/".to_string() } else { req.cwd };
+                let session = h
+                    .guest()
+                    .open_session(&shell, env, &cwd, req.user)
+                    .await
+                    .map_err(crate::container_host::host_error)?;
+                h.add_session(session)
             }
             TierHandle::Fncall(_) => unreachable!("session_host refuses fncall sandboxes"),
         };
@@ -91,6 +103,7 @@ impl Node {
         let removed = match &entry.handle {
             TierHandle::Container(c) => c.remove_session(session),
             TierHandle::Microvm(vm) => vm.remove_session(session),
+            TierHandle::Hosted(h) => h.remove_session(session),
             TierHandle::Fncall(_) => None,
         };
         removed.ok_or_else(|| NodeError::NoSuchSession(session.to_string()))?.close().await;
@@ -103,6 +116,7 @@ impl Node {
         Ok(match &entry.handle {
             TierHandle::Container(c) => c.session_ids(),
             TierHandle::Microvm(vm) => vm.session_ids(),
+            TierHandle::Hosted(h) => h.session_ids(),
             TierHandle::Fncall(_) => Vec::new(),
         })
     }

@@ -15,19 +15,23 @@ pub enum ExecEvent {
     Stdout(Vec<u8>),
     Stderr(Vec<u8>),
     Exit(i32),
+    /// A container's process died of this signal (container requests report signals apart).
+    Signaled(i32),
 }
 
 /// An exec in progress: its output as it is produced, then its status.
 pub struct ExecStream {
-    reader: BufReader<tokio::net::unix::OwnedReadHalf>,
+    pub(crate) reader: BufReader<tokio::net::unix::OwnedReadHalf>,
     /// Kept open while the command runs: closing it hangs up, which kills the command.
-    write: Option<tokio::net::unix::OwnedWriteHalf>,
+    pub(crate) write: Option<tokio::net::unix::OwnedWriteHalf>,
+    /// EXIT carries minus the signal for a signal death (a container's process).
+    pub(crate) signed_exits: bool,
 }
 
 /// A command's stdin, sent to the agent as frames (see `exec_stream_input`). Keep it until
 /// the command is done: dropping it hangs up, which kills the command.
 pub struct GuestStdin {
-    write: tokio::net::unix::OwnedWriteHalf,
+    pub(crate) write: tokio::net::unix::OwnedWriteHalf,
 }
 
 impl GuestStdin {
@@ -67,9 +71,17 @@ impl ExecStream {
         match kind {
             agent::STDOUT => Ok(ExecEvent::Stdout(data)),
             agent::STDERR => Ok(ExecEvent::Stderr(data)),
-            agent::EXIT => Ok(ExecEvent::Exit(
-                data.get(..4).and_then(|b| b.try_into().ok()).map_or(-1, i32::from_le_bytes),
-            )),
+            agent::EXIT => {
+                let code =
+                    data.get(..4).and_then(|b| b.try_into().ok()).map_or(-1, i32::from_le_bytes);
+                Ok(match code {
+                    brig_vmm_api::container::EXIT_UNKNOWN if self.signed_exits => {
+                        ExecEvent::Exit(-1)
+                    }
+                    c if c < 0 && self.signed_exits => ExecEvent::Signaled(-c),
+                    c => ExecEvent::Exit(c),
+                })
+            }
             other => Err(VmTierError::Agent(format!("unknown frame kind {other}"))),
         }
     }
@@ -83,7 +95,7 @@ pub async fn exec_stream_input(
 ) -> Result<(ExecStream, GuestStdin), VmTierError> {
     let (reader, write) = request_stream(uds, &agent::exec_input_line(command)).await?.into_parts();
     let write = write.ok_or_else(|| VmTierError::Agent("no connection to write to".into()))?;
-    Ok((ExecStream { reader, write: None }, GuestStdin { write }))
+    Ok((ExecStream { reader, write: None, signed_exits: false }, GuestStdin { write }))
 }
 
 /// Starts `command` in the guest behind `uds`.
@@ -117,7 +129,7 @@ pub(crate) async fn request_with_body(
     }
     write.write_all(request.as_bytes()).await.map_err(io("agent request"))?;
     write.write_all(body).await.map_err(io("agent request"))?;
-    Ok(ExecStream { reader, write: Some(write) })
+    Ok(ExecStream { reader, write: Some(write), signed_exits: false })
 }
 
 pub(crate) async fn exec_inner(uds: &Path, command: &str) -> Result<ExecOutput, VmTierError> {
@@ -131,6 +143,10 @@ pub(crate) async fn collect(stream: &mut ExecStream) -> Result<ExecOutput, VmTie
         match stream.next().await? {
             ExecEvent::Stdout(d) => out.stdout.extend_from_slice(&d),
             ExecEvent::Stderr(d) => out.stderr.extend_from_slice(&d),
+            ExecEvent::Signaled(signal) => {
+                out.exit_code = 128 + signal;
+                return Ok(out);
+            }
             ExecEvent::Exit(code) => {
                 out.exit_code = code;
                 return Ok(out);

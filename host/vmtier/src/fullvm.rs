@@ -85,7 +85,8 @@ impl VmTier {
         let overlay = self.cfg.dir.join(format!("{id}.disk"));
         // A stale overlay of an earlier VM of that name would shadow the image.
         let _ = std::fs::remove_file(&overlay);
-        let disks = Disks { layers: Vec::new(), writable: overlay, cow_base: Some(image.into()) };
+        let disks =
+            Disks { layers: Vec::new(), writable: Some(overlay), cow_base: Some(image.into()) };
         let vm = MicroVm::with_net(&self.cfg.dir, id, Some(disks), Default::default(), net);
         let started = std::time::Instant::now();
         if let Err(e) = self.spawn_vmm(&vm).await {

@@ -13,6 +13,11 @@
 //! The tier is offered only where Linux guests run: hardware virtualization.
 
 mod agent_link;
+mod container_host;
+pub use brig_vmm_api::container::{
+    ContainerUsage, CreateSpec as HostedContainerSpec, Failure as HostedFailure, FileEntry,
+};
+pub use container_host::{guest_disk, HostedContainer};
 mod fullvm;
 pub use fullvm::GuestAddress;
 pub mod lifecycle;
@@ -56,7 +61,7 @@ pub struct VmTierConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmTierError {
-    #[error("the microvm tier is not available here: {0}")]
+    #[error("VMs cannot run here: {0}")]
     Unavailable(String),
     #[error("{what}")]
     Io {
@@ -78,6 +83,9 @@ pub enum VmTierError {
     Paused,
     #[error("not supported: {0}")]
     Unsupported(&'static str),
+    /// A container request the container-host VM's agent refused.
+    #[error("{message}")]
+    Container { failure: brig_vmm_api::container::Failure, message: String },
 }
 
 pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmTierError {
@@ -172,11 +180,12 @@ struct Environment {
 
 /// A VM's disks: its image's read-only layers (EROFS files, base first: /dev/vda, vdb, …)
 /// and a writable disk after them, which the guest's init stacks into one overlay; or, for a
-/// full VM, one root disk: the OS image as a base, `writable` the VM's sparse overlay of it.
+/// full VM, one root disk: the OS image as a base, `writable` the VM's sparse overlay of it;
+/// or, for a container-host VM, layers alone (its containers mount them).
 #[derive(Debug, Clone)]
 pub(crate) struct Disks {
     pub layers: Vec<PathBuf>,
-    pub writable: PathBuf,
+    pub writable: Option<PathBuf>,
     /// The read-only base `writable` is a copy-on-write overlay of.
     pub cow_base: Option<PathBuf>,
 }
@@ -189,10 +198,11 @@ impl Disks {
             args.push("--disk".into());
             args.push(format!("{}:ro", layer.display()).into());
         }
+        let Some(writable) = &self.writable else { return args };
         args.push("--disk".into());
         args.push(match &self.cow_base {
-            Some(base) => format!("{}:cow:{}", base.display(), self.writable.display()).into(),
-            None => self.writable.clone().into_os_string(),
+            Some(base) => format!("{}:cow:{}", base.display(), writable.display()).into(),
+            None => writable.clone().into_os_string(),
         });
         args
     }
@@ -273,6 +283,12 @@ impl MicroVm {
     /// Whether the VM is paused: saved to disk, no VMM running.
     pub fn is_paused(&self) -> bool {
         self.paused.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// How its VMM ended, once it has (none while it runs, is paused, or is busy elsewhere).
+    pub fn exit_status(&self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.try_lock().ok()?;
+        child.as_mut()?.try_wait().ok().flatten()
     }
 
     /// Whether the VM is in order: paused, or its VMM still runs (it may have died on its own:
@@ -395,7 +411,7 @@ impl VmTier {
             let writable = self.cfg.dir.join(format!("{name}.disk"));
             let f = std::fs::File::create(&writable).map_err(io("writable disk"))?;
             f.set_len(SCRATCH_BYTES).map_err(io("writable disk"))?;
-            let disks = Disks { layers: layers.to_vec(), writable, cow_base: None };
+            let disks = Disks { layers: layers.to_vec(), writable: Some(writable), cow_base: None };
             cmd.args(disks.args());
             Some(disks)
         };
@@ -436,28 +452,31 @@ impl VmTier {
         let env = self.environment(layers).await?;
         // The guest's mounted file system is in the snapshot: each VM starts from the disk
         // exactly as it was then.
-        self.start_from(id, &env.dir, env.disks.clone()).await
+        self.start_from(id, &env.dir, env.disks.clone(), None).await
     }
 
-    /// A VM resumed from snapshot `dir`, its writable disk a copy of `disks`' writable one,
-    /// given its own identity once its agent answers.
+    /// A VM resumed from snapshot `dir`, its writable disk a copy of `disks`' writable one and
+    /// its network device (if any) on `net`'s tap, given its own identity once its agent
+    /// answers.
     pub(crate) async fn start_from(
         &self,
         id: &str,
         dir: &Path,
         disks: Option<Disks>,
+        net: Option<VmNet>,
     ) -> Result<MicroVm, VmTierError> {
         let disks = match disks {
-            Some(Disks { layers, writable, cow_base }) => {
+            Some(Disks { layers, writable: Some(writable), cow_base }) => {
                 let own = self.cfg.dir.join(format!("{id}.disk"));
                 // Hole by hole: a copy-on-write overlay's holes mean "as in the base".
                 brig_vmm_api::sparse::copy_sparse(&writable, &own)
                     .map_err(io("copying the writable disk"))?;
-                Some(Disks { layers, writable: own, cow_base })
+                Some(Disks { layers, writable: Some(own), cow_base })
             }
+            Some(read_only) => Some(read_only),
             None => None,
         };
-        let vm = MicroVm::new(&self.cfg.dir, id, disks, dir.to_owned());
+        let vm = MicroVm::with_net(&self.cfg.dir, id, disks, dir.to_owned(), net);
         if let Err(e) = self.spawn_vmm(&vm).await {
             self.destroy(&vm).await;
             return Err(e);
@@ -655,8 +674,8 @@ impl VmTier {
         for path in [&vm.uds, &vm.control, &vm.log] {
             let _ = std::fs::remove_file(path);
         }
-        if let Some(disks) = &vm.disks {
-            let _ = std::fs::remove_file(&disks.writable);
+        if let Some(writable) = vm.disks.as_ref().and_then(|d| d.writable.as_ref()) {
+            let _ = std::fs::remove_file(writable);
         }
         self.release(&locked(&vm.memory_from));
     }

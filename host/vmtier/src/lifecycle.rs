@@ -21,7 +21,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
-use crate::{io, locked, Disks, MicroVm, VmTier, VmTierError};
+use crate::{io, locked, Disks, MicroVm, VmNet, VmTier, VmTierError};
 
 /// Under the tier's directory: snapshots saved by pauses and forks.
 pub(crate) const SAVED_DIR: &str = "saved";
@@ -169,16 +169,19 @@ impl VmTier {
         Ok(())
     }
 
-    /// Clones `vm` into one new VM per id in `children`: same memory, processes and files at
-    /// the moment of the fork, then each its own. A running parent goes on running.
+    /// Clones `vm` into one new VM per child in `children`: same memory, processes and files
+    /// at the moment of the fork, then each its own. A running parent goes on running. A VM
+    /// with a network device needs a tap for each child (its own namespace and link: the
+    /// guest keeps its address, which is the same behind every tap).
     pub async fn fork(
         &self,
         vm: &MicroVm,
-        children: &[String],
+        children: &[(String, Option<VmNet>)],
     ) -> Result<Vec<Result<MicroVm, VmTierError>>, VmTierError> {
-        if vm.net.is_some() {
-            // Each child would need a network namespace and tap of its own first.
-            return Err(VmTierError::Unsupported("forking a VM with a network device"));
+        if vm.net.is_some() && children.iter().any(|(_, net)| net.is_none()) {
+            return Err(VmTierError::Unsupported(
+                "forking a networked VM into a child without a tap",
+            ));
         }
         let (dir, disk) = if vm.is_paused() {
             // The saved snapshot and the disk as the pause left them.
@@ -199,15 +202,17 @@ impl VmTier {
                 return Err(VmTierError::Control(format!("{e}; VMM log: {tail}")));
             }
             // The VMM copied the writable disk (`disk-0`) while the vCPU stood still.
-            let disk =
-                vm.disks.as_ref().map(|d| Disks { writable: dir.join("disk-0"), ..d.clone() });
+            let disk = vm.disks.as_ref().map(|d| Disks {
+                writable: d.writable.as_ref().map(|_| dir.join("disk-0")),
+                ..d.clone()
+            });
             (dir, disk)
         };
         self.hold(&dir, children.len());
         let mut made = Vec::with_capacity(children.len());
-        for child in children {
+        for (child, net) in children {
             // start_from takes over one hold; a failed start gives it back through destroy.
-            made.push(self.start_from(child, &dir, disk.clone()).await);
+            made.push(self.start_from(child, &dir, disk.clone(), net.clone()).await);
         }
         if !vm.is_paused() {
             // The fork point's own disk copy is not needed once every child has its copy.

@@ -96,63 +96,68 @@ impl VmTier {
         }
         let script = script(env, cwd);
         let line = agent::session_line(shell, script.len());
-        let (mut reader, writer) =
-            request_with_body(&vm.uds, &line, script.as_bytes()).await?.into_parts();
-        let mut writer =
-            writer.ok_or_else(|| VmTierError::Agent("no connection to write to".into()))?;
-        let (frames_tx, mut frames_rx) = mpsc::unbounded_channel::<(u8, Vec<u8>)>();
-        let (mut out_w, out_r) = tokio::io::duplex(PIPE_BYTES);
-        let (mut err_w, err_r) = tokio::io::duplex(PIPE_BYTES);
-        let (mut done_w, done_r) = tokio::io::duplex(PIPE_BYTES);
-        // Agent frames to the engine's pipes; the pipes close when the shell ends.
-        let from_agent = tokio::spawn(async move {
-            loop {
-                let mut head = [0u8; 5];
-                if reader.read_exact(&mut head).await.is_err() {
-                    return;
-                }
-                let Ok((kind, len)) = agent::parse_header(head) else { return };
-                let mut data = vec![0u8; len];
-                if reader.read_exact(&mut data).await.is_err() {
-                    return;
-                }
-                let written = match kind {
-                    agent::STDOUT => out_w.write_all(&data).await,
-                    agent::STDERR => err_w.write_all(&data).await,
-                    agent::SESSION_DONE => done_w.write_all(&data).await,
-                    _ => return,
-                };
-                if written.is_err() {
-                    return;
-                }
-            }
-        });
-        // Frames to the agent, from every writer.
-        let to_agent = tokio::spawn(async move {
-            while let Some((kind, data)) = frames_rx.recv().await {
-                let mut frame = agent::frame_header(kind, data.len()).to_vec();
-                frame.extend_from_slice(&data);
-                if writer.write_all(&frame).await.is_err() {
-                    return;
-                }
-            }
-        });
-        let (stdin_w, stdin_r) = tokio::io::duplex(PIPE_BYTES);
-        let (commands_w, commands_r) = tokio::io::duplex(PIPE_BYTES);
-        let tasks = vec![
-            from_agent,
-            to_agent,
-            forward(stdin_r, agent::IN_STDIN, frames_tx.clone()),
-            forward(commands_r, agent::IN_COMMAND, frames_tx.clone()),
-        ];
-        let boxed = |r: DuplexStream| -> Box<dyn AsyncRead + Send + Unpin> { Box::new(r) };
-        Ok(Session::from_parts(SessionParts {
-            commands: Box::new(commands_w),
-            stdin: Box::new(stdin_w),
-            stdout: boxed(out_r),
-            stderr: boxed(err_r),
-            done: boxed(done_r),
-            process: Box::new(GuestShell { frames: frames_tx, tasks }),
-        }))
+        over_agent(request_with_body(&vm.uds, &line, script.as_bytes()).await?)
     }
+}
+
+/// A session over an agent connection that has just started a session shell (the SESSION
+/// request, or a container's): its frames become the engine's in-memory pipes.
+pub(crate) fn over_agent(stream: crate::ExecStream) -> Result<Session, VmTierError> {
+    let (mut reader, writer) = stream.into_parts();
+    let mut writer =
+        writer.ok_or_else(|| VmTierError::Agent("no connection to write to".into()))?;
+    let (frames_tx, mut frames_rx) = mpsc::unbounded_channel::<(u8, Vec<u8>)>();
+    let (mut out_w, out_r) = tokio::io::duplex(PIPE_BYTES);
+    let (mut err_w, err_r) = tokio::io::duplex(PIPE_BYTES);
+    let (mut done_w, done_r) = tokio::io::duplex(PIPE_BYTES);
+    // Agent frames to the engine's pipes; the pipes close when the shell ends.
+    let from_agent = tokio::spawn(async move {
+        loop {
+            let mut head = [0u8; 5];
+            if reader.read_exact(&mut head).await.is_err() {
+                return;
+            }
+            let Ok((kind, len)) = agent::parse_header(head) else { return };
+            let mut data = vec![0u8; len];
+            if reader.read_exact(&mut data).await.is_err() {
+                return;
+            }
+            let written = match kind {
+                agent::STDOUT => out_w.write_all(&data).await,
+                agent::STDERR => err_w.write_all(&data).await,
+                agent::SESSION_DONE => done_w.write_all(&data).await,
+                _ => return,
+            };
+            if written.is_err() {
+                return;
+            }
+        }
+    });
+    // Frames to the agent, from every writer.
+    let to_agent = tokio::spawn(async move {
+        while let Some((kind, data)) = frames_rx.recv().await {
+            let mut frame = agent::frame_header(kind, data.len()).to_vec();
+            frame.extend_from_slice(&data);
+            if writer.write_all(&frame).await.is_err() {
+                return;
+            }
+        }
+    });
+    let (stdin_w, stdin_r) = tokio::io::duplex(PIPE_BYTES);
+    let (commands_w, commands_r) = tokio::io::duplex(PIPE_BYTES);
+    let tasks = vec![
+        from_agent,
+        to_agent,
+        forward(stdin_r, agent::IN_STDIN, frames_tx.clone()),
+        forward(commands_r, agent::IN_COMMAND, frames_tx.clone()),
+    ];
+    let boxed = |r: DuplexStream| -> Box<dyn AsyncRead + Send + Unpin> { Box::new(r) };
+    Ok(Session::from_parts(SessionParts {
+        commands: Box::new(commands_w),
+        stdin: Box::new(stdin_w),
+        stdout: boxed(out_r),
+        stderr: boxed(err_r),
+        done: boxed(done_r),
+        process: Box::new(GuestShell { frames: frames_tx, tasks }),
+    }))
 }

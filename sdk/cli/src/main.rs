@@ -106,6 +106,10 @@ enum Command {
         /// CPU QoS class: latency-sensitive (default) or best-effort.
         #[arg(long, value_parser = security::parse_qos)]
         qos: Option<brig_sdk::QosClass>,
+        /// Where a container runs: host (the node's kernel) or vm (a container-host VM);
+        /// default: the node's policy.
+        #[arg(long, value_parser = output::parse_placement)]
+        placement: Option<brig_sdk::Placement>,
     },
     /// List sandboxes, optionally only those with all the given labels.
     Ls {
@@ -383,6 +387,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             read_only,
             hidden,
             qos,
+            placement,
         } => {
             let tier: Tier = output::parse_tier(&tier)?;
             let mut options = SandboxOptions::tier(tier);
@@ -431,6 +436,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
             if let Some(class) = qos {
                 options = options.qos(class);
+            }
+            if let Some(placement) = placement {
+                options = options.placement(placement);
             }
             let sandbox = client.create(options).await?;
             output::sandbox(&sandbox.status().await?, json, true);

@@ -17,6 +17,14 @@ pub fn parse_tier(s: &str) -> anyhow::Result<Tier> {
     })
 }
 
+pub fn parse_placement(s: &str) -> Result<brig_sdk::Placement, String> {
+    match s {
+        "host" | "host-kernel" => Ok(brig_sdk::Placement::HostKernel),
+        "vm" => Ok(brig_sdk::Placement::Vm),
+        other => Err(format!("unknown placement {other:?} (host, vm)")),
+    }
+}
+
 fn tier_name(t: Tier) -> &'static str {
     match t {
         Tier::Fncall => "fncall",
@@ -89,6 +97,7 @@ fn sandbox_json(s: &SandboxInfo) -> Value {
         "max_lifetime_ms": s.max_lifetime_ms,
         "paused_unix_ms": s.paused_unix_ms,
         "image": s.image,
+        "placement": s.placement,
         "cpu_ns": s.usage.map(|u| u.cpu_ns),
         "memory_bytes": s.usage.map(|u| u.memory_bytes),
     })
@@ -111,6 +120,9 @@ pub fn sandbox(s: &SandboxInfo, json: bool, id_only: bool) {
         if let Some(image) = &s.image {
             println!("image:     {image}");
         }
+        if let Some(placement) = &s.placement {
+            println!("runs on:   {placement}");
+        }
         let action = format!("{:?}", s.idle_action).to_lowercase();
         println!("idle ttl:  {} s, then {action}", s.idle_ttl_ms / 1000);
         if let Some(ms) = s.paused_ttl_ms {
@@ -131,13 +143,14 @@ pub fn sandboxes(list: &[SandboxInfo], json: bool) {
         println!("{}", Value::Array(list.iter().map(sandbox_json).collect()));
         return;
     }
-    println!("{:<30} {:<10} {:<8} LABELS", "ID", "TIER", "STATE");
+    println!("{:<30} {:<10} {:<8} {:<12} LABELS", "ID", "TIER", "STATE", "RUNS ON");
     for s in list {
         println!(
-            "{:<30} {:<10} {:<8} {}",
+            "{:<30} {:<10} {:<8} {:<12} {}",
             s.id,
             tier_name(s.tier),
             format!("{:?}", s.state),
+            s.placement.as_deref().unwrap_or("-"),
             labels_text(s)
         );
     }

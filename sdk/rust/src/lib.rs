@@ -47,6 +47,7 @@ pub use security::AuditStream;
 pub use brig_proto::{
     AuditEvent, AuditKind, CallLimits, CallOutcome, CallRequest, CallResult, ErrorCode, ExecInfo,
     ExecResult, FileKind, FileStat, IdleAction, ImageFormat, ImageStats, LayerInfo, NodeCapacity,
-    NodeRoute, NodeStatus, NodeSummary, ProjectInfo, ProjectLimits, QosClass, SandboxInfo,
-    SandboxLimits, SandboxState, SandboxUsage, SessionOpenRequest, Tier, ToolInfo, ToolWorld,
+    NodeRoute, NodeStatus, NodeSummary, Placement, ProjectInfo, ProjectLimits, QosClass,
+    SandboxInfo, SandboxLimits, SandboxState, SandboxUsage, SessionOpenRequest, Tier, ToolInfo,
+    ToolWorld,
 };

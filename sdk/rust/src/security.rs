@@ -1,6 +1,8 @@
 //! Containment and observability: egress rules, protected paths, the audit trail.
 
-use brig_proto::{AuditEvent, AuditRequest, ProtectedPath, QosClass, Reply, Request, SandboxInfo};
+use brig_proto::{
+    AuditEvent, AuditRequest, Placement, ProtectedPath, QosClass, Reply, Request, SandboxInfo,
+};
 use brig_transport::ClientExchange;
 
 use crate::client::unexpected;
@@ -11,6 +13,15 @@ impl SandboxOptions {
     /// weight and idle scheduling: bulk setup, background builds.
     pub fn qos(mut self, class: QosClass) -> Self {
         self.request_mut().qos = Some(class);
+        self
+    }
+
+    /// Which kernel a container runs on: the node's, or a container-host VM's (where the node
+    /// has hardware virtualization), so a kernel bug the agent triggers takes down that VM
+    /// and not the node. Without it the node's policy decides; `SandboxInfo::placement` says
+    /// where it went.
+    pub fn placement(mut self, placement: Placement) -> Self {
+        self.request_mut().placement = Some(placement);
         self
     }
 

@@ -36,9 +36,22 @@ pub struct CreateRequest {
     pub protected: Vec<ProtectedPath>,
     /// CPU QoS class; `None`: latency-sensitive.
     pub qos: Option<QosClass>,
+    /// Where a container runs: on the node's kernel or in a container-host VM; `None`: the
+    /// node's policy decides.
+    pub placement: Option<Placement>,
     /// The project the sandbox is charged to; set by the control plane (a node ignores it
     /// from a project-scoped client, whose token names the project).
     pub project: Option<String>,
+}
+
+/// Which kernel a container runs on.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// The node's own kernel.
+    HostKernel,
+    /// A container-host VM shared with the node's other in-VM containers: a kernel crash an
+    /// agent causes takes down that VM, not the node.
+    Vm,
 }
 
 /// How a sandbox's CPU work is scheduled against others' under overcommit.
@@ -126,6 +139,8 @@ pub struct SandboxInfo {
     /// The sandbox's address on its link.
     pub address: Option<String>,
     pub qos: QosClass,
+    /// Where a container runs: `host-kernel`, or `vm:<name>` for a container-host VM.
+    pub placement: Option<String>,
 }
 
 /// What a sandbox has used.

@@ -1,8 +1,9 @@
 //! `brig-agent`: runs inside a microVM guest and serves the host over virtio-vsock.
 //!
-//! This first cut serves one request per connection on port 1024 (or `BRIG_AGENT_PORT`), in
-//! the protocol of `brig_vmm_api::agent`. The command runs under `/bin/sh -c`; a command killed
-//! by a signal reports 128 + signal.
+//! It serves one request per connection on port 1024 (or `BRIG_AGENT_PORT`), in the protocol
+//! of `brig_vmm_api::agent`. A command runs under `/bin/sh -c`; a command killed by a signal
+//! reports 128 + signal. In a container-host VM (`BRIG_AGENT_CONTAINERS` set) it also runs the
+//! node's container runtime for `CONTAINER` requests (see `containers`).
 
 use std::io::{BufRead, BufReader, Read};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -10,6 +11,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
+mod containers;
 mod session;
 
 use brig_vmm_api::agent::{self, AgentRequest};
@@ -54,8 +56,11 @@ fn serve(port: u32) -> Result<(), nix::Error> {
         };
         let stream = std::fs::File::from(owned(fd));
         std::thread::spawn(move || {
+            // A host that hangs up mid-reply (a timeout, an output cap) is routine, not news.
             if let Err(e) = handle(stream) {
-                eprintln!("brig-agent: connection: {e}");
+                if e.kind() != std::io::ErrorKind::BrokenPipe {
+                    eprintln!("brig-agent: connection: {e}");
+                }
             }
         });
     }
@@ -140,6 +145,9 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
     let mut line = String::new();
     reader.read_line(&mut line)?;
     let out = Arc::new(Mutex::new(stream));
+    if let Some(len) = brig_vmm_api::container::parse_request_line(&line) {
+        return containers::serve(reader, out, len);
+    }
     let (command, stdin_frames) = match agent::parse_request(&line) {
         Some(AgentRequest::Exec(command)) => (command, false),
         Some(AgentRequest::ExecInput(command)) => (command, true),
@@ -172,7 +180,11 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
             };
         }
         None => {
-            frame(&out, agent::STDERR, b"brig-agent: expected EXEC, PUT, GET or SEED\n")?;
+            frame(
+                &out,
+                agent::STDERR,
+                b"brig-agent: expected EXEC, EXECIN, PUT, GET, SEED, SESSION or CONTAINER\n",
+            )?;
             return frame(&out, agent::EXIT, &2i32.to_le_bytes());
         }
     };
@@ -188,23 +200,8 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
     // When the host hangs up (its timeout, or it went away), the command and everything it
     // started are killed. With streamed stdin, the same reader feeds it first.
     let group = nix::unistd::Pid::from_raw(-(child.id() as i32));
-    let mut stdin = child.stdin.take();
-    std::thread::spawn(move || {
-        if stdin.is_some() {
-            while let Ok((kind, data)) = agent::read_frame(&mut reader) {
-                let Some(pipe) = stdin.as_mut().filter(|_| kind == agent::IN_STDIN) else {
-                    continue;
-                };
-                // An empty frame ends the input (the command sees end of file); a failed
-                // write means the command stopped reading.
-                if data.is_empty() || std::io::Write::write_all(pipe, &data).is_err() {
-                    stdin = None;
-                }
-            }
-        } else {
-            let mut byte = [0u8; 1];
-            while matches!(reader.read(&mut byte), Ok(n) if n > 0) {}
-        }
+    let stdin = child.stdin.take();
+    feed_until_hangup(reader, stdin, move || {
         let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
     });
     let pipes: Vec<(u8, Box<dyn Read + Send>)> = vec![
@@ -214,6 +211,34 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
     pump(pipes, &out);
     let status = child.wait()?;
     frame(&out, agent::EXIT, &exit_code(status).to_le_bytes())
+}
+
+/// Feeds `stdin` (if any) from the connection's IN_STDIN frames until an empty one, then
+/// waits for the host to hang up, and calls `kill` then: a command never outlives the
+/// connection that started it.
+fn feed_until_hangup(
+    mut reader: BufReader<std::fs::File>,
+    mut stdin: Option<impl std::io::Write + Send + 'static>,
+    kill: impl FnOnce() + Send + 'static,
+) {
+    std::thread::spawn(move || {
+        if stdin.is_some() {
+            while let Ok((kind, data)) = agent::read_frame(&mut reader) {
+                let Some(pipe) = stdin.as_mut().filter(|_| kind == agent::IN_STDIN) else {
+                    continue;
+                };
+                // An empty frame ends the input (the command sees end of file); a failed
+                // write means the command stopped reading.
+                if data.is_empty() || pipe.write_all(&data).is_err() {
+                    stdin = None;
+                }
+            }
+        } else {
+            let mut byte = [0u8; 1];
+            while matches!(reader.read(&mut byte), Ok(n) if n > 0) {}
+        }
+        kill();
+    });
 }
 
 /// `shell` (an absolute path), chrooted into the sandbox's root when there is one.
@@ -252,6 +277,42 @@ fn pump(pipes: Vec<(u8, Box<dyn Read + Send>)>, out: &Arc<Mutex<std::fs::File>>)
     for p in pumps {
         let _ = p.join();
     }
+}
+
+/// After a process has ended, how long its pipes get to close (a background child may hold
+/// them open forever).
+const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// As [`pump`], for a process whose end `wait` reports: once it has ended, its pipes get
+/// [`DRAIN_GRACE`] to close, and what is still open is left to its pump.
+fn pump_until_exit<T>(
+    pipes: Vec<(u8, Box<dyn Read + Send>)>,
+    out: &Arc<Mutex<std::fs::File>>,
+    wait: impl FnOnce() -> T,
+) -> T {
+    let (closed_tx, closed) = std::sync::mpsc::channel();
+    let count = pipes.len();
+    for (kind, mut pipe) in pipes {
+        let (out, closed_tx) = (out.clone(), closed_tx.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 16 << 10];
+            while let Ok(n @ 1..) = pipe.read(&mut buf) {
+                if frame(&out, kind, &buf[..n]).is_err() {
+                    break;
+                }
+            }
+            let _ = closed_tx.send(());
+        });
+    }
+    let ended = wait();
+    let deadline = std::time::Instant::now() + DRAIN_GRACE;
+    for _ in 0..count {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if closed.recv_timeout(left).is_err() {
+            break;
+        }
+    }
+    ended
 }
 
 /// A process's exit status as the protocol reports it: its code, or 128 + the signal.

@@ -8,7 +8,7 @@
 
 use std::fs::File;
 use std::io::{BufReader, Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::process::Stdio;
@@ -71,32 +71,68 @@ pub fn serve(
     let mut child = command.spawn()?;
     drop((cmd_r, done_w));
     let group = nix::unistd::Pid::from_raw(-(child.id() as i32));
-    let mut stdin = child.stdin.take().ok_or(std::io::ErrorKind::BrokenPipe)?;
-    let mut commands = File::from(cmd_w);
-    // Host frames: input, commands, interrupts; a hang-up kills the whole group.
-    std::thread::spawn(move || {
-        while let Ok((kind, data)) = agent::read_frame(&mut reader) {
-            let written = match kind {
-                agent::IN_STDIN => stdin.write_all(&data),
-                agent::IN_COMMAND => commands.write_all(&data),
-                agent::IN_INTERRUPT => {
-                    let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGINT);
-                    Ok(())
-                }
-                _ => Ok(()),
-            };
-            if written.is_err() {
-                break;
-            }
-        }
+    let relay = Relay {
+        stdin: File::from(OwnedFd::from(child.stdin.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),
+        commands: File::from(cmd_w),
+        stdout: File::from(OwnedFd::from(
+            child.stdout.take().ok_or(std::io::ErrorKind::BrokenPipe)?,
+        )),
+        stderr: File::from(OwnedFd::from(
+            child.stderr.take().ok_or(std::io::ErrorKind::BrokenPipe)?,
+        )),
+        done: File::from(done_r),
+    };
+    relay.run(reader, &out, group, move || {
         let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
     });
-    let pipes: Vec<(u8, Box<dyn Read + Send>)> = vec![
-        (agent::STDOUT, Box::new(child.stdout.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),
-        (agent::STDERR, Box::new(child.stderr.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),
-        (agent::SESSION_DONE, Box::new(File::from(done_r))),
-    ];
-    crate::pump(pipes, &out);
     let status = child.wait()?;
     crate::frame(&out, agent::EXIT, &crate::exit_code(status).to_le_bytes())
+}
+
+/// A session shell's descriptors on the agent's side.
+pub struct Relay {
+    /// Its fd 0, fd 3 (commands); its fd 1, fd 2 and fd 4 (completion reports).
+    pub stdin: File,
+    pub commands: File,
+    pub stdout: File,
+    pub stderr: File,
+    pub done: File,
+}
+
+impl Relay {
+    /// Carries the shell's descriptors over the connection until the shell closes them: host
+    /// frames become its input, commands and interrupts (SIGINT to `group`); its output comes
+    /// back as frames. A host hang-up calls `kill`, which ends the shell and all it started.
+    pub fn run(
+        self,
+        mut reader: BufReader<File>,
+        out: &Arc<Mutex<File>>,
+        group: nix::unistd::Pid,
+        kill: impl FnOnce() + Send + 'static,
+    ) {
+        let Relay { mut stdin, mut commands, stdout, stderr, done } = self;
+        std::thread::spawn(move || {
+            while let Ok((kind, data)) = agent::read_frame(&mut reader) {
+                let written = match kind {
+                    agent::IN_STDIN => stdin.write_all(&data),
+                    agent::IN_COMMAND => commands.write_all(&data),
+                    agent::IN_INTERRUPT => {
+                        let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGINT);
+                        Ok(())
+                    }
+                    _ => Ok(()),
+                };
+                if written.is_err() {
+                    break;
+                }
+            }
+            kill();
+        });
+        let pipes: Vec<(u8, Box<dyn Read + Send>)> = vec![
+            (agent::STDOUT, Box::new(stdout)),
+            (agent::STDERR, Box::new(stderr)),
+            (agent::SESSION_DONE, Box::new(done)),
+        ];
+        crate::pump(pipes, out);
+    }
 }

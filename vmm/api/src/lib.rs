@@ -1,8 +1,9 @@
 //! What brig-vmm, brig-agent and the node's VM tier agree on: how to tell the host's
-//! virtualization, and the agent protocol.
+//! virtualization, the agent protocol, and the container requests of a container-host VM.
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod container;
 pub mod sparse;
 
 /// The host's virtualization, as far as the VM tiers care.

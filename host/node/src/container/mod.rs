@@ -216,13 +216,7 @@ impl ContainerTier {
 
     /// The memory (bytes) and CPU (millicores) a container with `limits` gets.
     pub fn requested(&self, l: &brig_proto::SandboxLimits) -> (u64, u64) {
-        let c = &self.config;
-        let pick =
-            |asked: Option<u64>, default: u64, max: u64| asked.unwrap_or(default).clamp(1, max);
-        (
-            pick(l.memory_mib, c.default_memory_mib, c.max_memory_mib) << 20,
-            pick(l.cpu_millis, c.default_cpu_millis, c.max_cpu_millis),
-        )
+        requested(&self.config, l)
     }
 
     /// Takes back a container an earlier run of the node started.
@@ -348,7 +342,24 @@ pub(crate) struct ContainerSandbox {
     protected: Vec<Protected>,
 }
 
-fn merged_env(base: &[(String, String)], extra: Vec<(String, String)>) -> Vec<(String, String)> {
+/// The memory (bytes) and CPU (millicores) a container with `limits` gets under `c`, on the
+/// node's kernel or in a container-host VM.
+pub(crate) fn requested(c: &ContainerConfig, l: &brig_proto::SandboxLimits) -> (u64, u64) {
+    (
+        pick(l.memory_mib, c.default_memory_mib, c.max_memory_mib) << 20,
+        pick(l.cpu_millis, c.default_cpu_millis, c.max_cpu_millis),
+    )
+}
+
+/// A limit: as asked, or the default, within 1..=max.
+pub(crate) fn pick(asked: Option<u64>, default: u64, max: u64) -> u64 {
+    asked.unwrap_or(default).clamp(1, max)
+}
+
+pub(crate) fn merged_env(
+    base: &[(String, String)],
+    extra: Vec<(String, String)>,
+) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> =
         base.iter().filter(|(k, _)| !extra.iter().any(|(e, _)| e == k)).cloned().collect();
     env.extend(extra);
@@ -390,7 +401,7 @@ fn protected_paths(asked: &[brig_proto::ProtectedPath]) -> Result<Vec<Protected>
 }
 
 /// A container's hostname: derived from its sandbox id, so forks differ from their parent.
-fn hostname(id: &SandboxId) -> String {
+pub(crate) fn hostname(id: &SandboxId) -> String {
     format!("sandbox-{}", &id.to_string()[12..])
 }
 

@@ -198,7 +198,7 @@ async fn lifecycle_steps(tier: &VmTier, vm: &MicroVm, dir: &str) -> anyhow::Resu
         freed >> 20
     );
     tier.exec(vm, "echo fork-point > /tmp/fork-mark", limit).await?;
-    let names = ["vm-c".to_string(), "vm-d".to_string()];
+    let names = [("vm-c".to_string(), None), ("vm-d".to_string(), None)];
     let mut kids = Vec::new();
     for kid in tier.fork(vm, &names).await? {
         kids.push(kid?);

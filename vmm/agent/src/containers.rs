@@ -1,0 +1,376 @@
+//! The container service of a container-host VM (the agent runs with `BRIG_AGENT_CONTAINERS`
+//! set to the runtime's scratch directory): the node's own container runtime,
+//! `brig_container`, on this guest's kernel, driven by the node's `CONTAINER` requests
+//! (`brig_vmm_api::container`).
+//!
+//! ```text
+//! node ══vsock══▶ agent ──▶ Runtime (EROFS layers from the VM's disks, overlay, cgroups v2)
+//!                         └─▶ brig-shim per container ──▶ processes (fds passed in the guest)
+//! ```
+//! Processes start through each container's shim, outside the container's pid namespace, as
+//! on the host kernel; nothing in a container can reach the agent. A connection's processes
+//! die with it (a host hang-up kills the tree).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use brig_container::cgroup::CgroupLimits;
+use brig_container::files::{FileError, RootDir};
+use brig_container::rootfs::LayerSource;
+use brig_container::runtime::{Container, ContainerSpec, Runtime, RuntimeConfig, SpawnRequest};
+use brig_container::shim_proto::ExitInfo;
+use brig_vmm_api::agent;
+use brig_vmm_api::container::{
+    ContainerRequest, ContainerUsage, CreateSpec, Failure, FileEntry, ProcessSpec,
+    MAX_REQUEST_BYTES,
+};
+
+/// The environment variable that turns the service on: the runtime's scratch directory.
+pub const ENV: &str = "BRIG_AGENT_CONTAINERS";
+
+/// A request that failed before anything ran.
+struct Refusal(Failure, String);
+
+impl Refusal {
+    fn bad(message: impl Into<String>) -> Refusal {
+        Refusal(Failure::BadRequest, message.into())
+    }
+}
+
+impl From<FileError> for Refusal {
+    fn from(e: FileError) -> Refusal {
+        let failure = match &e {
+            FileError::Io { source, .. } => Failure::of_io(source.kind()),
+            FileError::BadPath(_) => Failure::BadRequest,
+            FileError::NotRegular(_) => Failure::IsADirectory,
+        };
+        Refusal(failure, e.to_string())
+    }
+}
+
+impl From<std::io::Error> for Refusal {
+    fn from(e: std::io::Error) -> Refusal {
+        Refusal(Failure::of_io(e.kind()), e.to_string())
+    }
+}
+
+impl From<brig_container::runtime::RuntimeError> for Refusal {
+    fn from(e: brig_container::runtime::RuntimeError) -> Refusal {
+        Refusal(Failure::Runtime, error_chain(&e))
+    }
+}
+
+/// An error and its sources, one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// The runtime and its containers, made on the first request.
+struct Service {
+    tokio: tokio::runtime::Runtime,
+    runtime: Runtime,
+    containers: Mutex<HashMap<String, Arc<Container>>>,
+}
+
+fn service() -> Result<&'static Service, Refusal> {
+    static SERVICE: OnceLock<Result<Service, String>> = OnceLock::new();
+    SERVICE
+        .get_or_init(|| {
+            let run_dir = std::env::var(ENV).map_err(|_| format!("{ENV} is not set"))?;
+            let tokio = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .map_err(|e| format!("tokio: {e}"))?;
+            let shim_path = std::env::var("BRIG_SHIM")
+                .map(PathBuf::from)
+                .unwrap_or_else(|_| brig_container::runtime::default_shim_path());
+            let config = RuntimeConfig {
+                run_dir: PathBuf::from(run_dir),
+                shim_path,
+                id_base: brig_container::runtime::DEFAULT_ID_BASE,
+                cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+                cgroup_parent: "brig".into(),
+                survive_node: false,
+            };
+            let runtime = {
+                let _in_tokio = tokio.enter();
+                Runtime::new(config).map_err(|e| error_chain(&e))?
+            };
+            Ok(Service { tokio, runtime, containers: Mutex::default() })
+        })
+        .as_ref()
+        .map_err(|why| Refusal(Failure::Runtime, format!("the container runtime: {why}")))
+}
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Service {
+    fn container(&self, name: &str) -> Result<Arc<Container>, Refusal> {
+        locked(&self.containers)
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Refusal(Failure::NoSuchContainer, format!("no container {name:?}")))
+    }
+}
+
+/// Serves one `CONTAINER` request whose `len`-byte body follows on `reader`.
+pub fn serve(
+    mut reader: BufReader<File>,
+    out: Arc<Mutex<File>>,
+    len: usize,
+) -> std::io::Result<()> {
+    let result = (|| {
+        if len > MAX_REQUEST_BYTES {
+            return Err(Refusal::bad(format!("a container request of {len} bytes")));
+        }
+        let mut body = vec![0u8; len];
+        reader.read_exact(&mut body)?;
+        let request: ContainerRequest = serde_json::from_slice(&body)
+            .map_err(|e| Refusal::bad(format!("malformed container request: {e}")))?;
+        handle(service()?, request, reader, &out)
+    })();
+    match result {
+        Ok(code) => crate::frame(&out, agent::EXIT, &code.to_le_bytes()),
+        Err(Refusal(failure, message)) => {
+            crate::frame(&out, agent::STDERR, format!("{message}\n").as_bytes())?;
+            crate::frame(&out, agent::EXIT, &failure.code().to_le_bytes())
+        }
+    }
+}
+
+/// Runs a request; the EXIT status it answers with.
+fn handle(
+    svc: &Service,
+    request: ContainerRequest,
+    mut reader: BufReader<File>,
+    out: &Arc<Mutex<File>>,
+) -> Result<i32, Refusal> {
+    match request {
+        ContainerRequest::Create(spec) => create(svc, spec).map(|()| 0),
+        ContainerRequest::Destroy { name } => {
+            let container = locked(&svc.containers).remove(&name);
+            let container = container.ok_or_else(|| {
+                Refusal(Failure::NoSuchContainer, format!("no container {name:?}"))
+            })?;
+            svc.tokio.block_on(container.destroy())?;
+            Ok(0)
+        }
+        ContainerRequest::Exec { process, stdin } => {
+            let container = svc.container(&process.name)?;
+            exec(svc, &container, process, stdin, reader, out)
+        }
+        ContainerRequest::Session { process } => {
+            let container = svc.container(&process.name)?;
+            session(svc, &container, process, reader, out)
+        }
+        ContainerRequest::Put { name, path, len, append, mode } => {
+            let container = svc.container(&name)?;
+            let root = RootDir::new(container.root(), container.id_base());
+            let mut file = root.open_write(&path, append, true, mode)?;
+            let copied = std::io::copy(&mut (&mut reader).take(len), &mut file)?;
+            if copied != len {
+                return Err(Refusal::bad("the upload was cut short"));
+            }
+            file.sync_all()?;
+            Ok(0)
+        }
+        ContainerRequest::Get { name, path } => {
+            let container = svc.container(&name)?;
+            let mut file = RootDir::new(container.root(), container.id_base()).open_read(&path)?;
+            let mut buf = vec![0u8; 64 << 10];
+            loop {
+                let n = file.read(&mut buf)?;
+                if n == 0 {
+                    return Ok(0);
+                }
+                crate::frame(out, agent::STDOUT, &buf[..n])?;
+            }
+        }
+        ContainerRequest::Stat { name, path } => {
+            let container = svc.container(&name)?;
+            let entry = RootDir::new(container.root(), container.id_base()).stat(&path)?;
+            json(out, &entry_to_wire(entry))
+        }
+        ContainerRequest::List { name, path } => {
+            let container = svc.container(&name)?;
+            let entries = RootDir::new(container.root(), container.id_base()).list(&path)?;
+            json(out, &entries.into_iter().map(entry_to_wire).collect::<Vec<_>>())
+        }
+        ContainerRequest::Mkdir { name, path, parents } => {
+            let container = svc.container(&name)?;
+            RootDir::new(container.root(), container.id_base()).mkdir(&path, parents)?;
+            Ok(0)
+        }
+        ContainerRequest::Remove { name, path, recursive } => {
+            let container = svc.container(&name)?;
+            RootDir::new(container.root(), container.id_base()).remove(&path, recursive)?;
+            Ok(0)
+        }
+        ContainerRequest::Freeze { name, frozen } => {
+            svc.container(&name)?.set_frozen(frozen)?;
+            Ok(0)
+        }
+        ContainerRequest::Usage { name } => {
+            let container = svc.container(&name)?;
+            let (cpu_ns, memory_bytes) = container.usage();
+            json(out, &ContainerUsage { cpu_ns, memory_bytes, alive: container.is_alive() })
+        }
+    }
+}
+
+/// Answers with one STDOUT frame of JSON.
+fn json(out: &Arc<Mutex<File>>, value: &impl serde::Serialize) -> Result<i32, Refusal> {
+    let bytes = serde_json::to_vec(value).map_err(|e| Refusal(Failure::Other, e.to_string()))?;
+    crate::frame(out, agent::STDOUT, &bytes)?;
+    Ok(0)
+}
+
+fn entry_to_wire(e: brig_core::files::Entry) -> FileEntry {
+    use brig_core::files::EntryKind;
+    let kind = match e.kind {
+        EntryKind::File => "file",
+        EntryKind::Dir => "dir",
+        EntryKind::Symlink => "symlink",
+        EntryKind::Other => "other",
+    };
+    FileEntry {
+        path: e.path,
+        kind: kind.into(),
+        size: e.size,
+        mode: e.mode,
+        modified_unix_ms: e.modified_unix_ms,
+    }
+}
+
+fn create(svc: &Service, spec: CreateSpec) -> Result<(), Refusal> {
+    let name_ok = !spec.name.is_empty()
+        && spec.name.len() <= 64
+        && spec.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if !name_ok {
+        return Err(Refusal::bad(format!("bad container name {:?}", spec.name)));
+    }
+    if spec.layers.is_empty() || spec.layers.iter().any(|l| !l.starts_with("/dev/vd")) {
+        return Err(Refusal::bad("layers must be the VM's disks (/dev/vd…)"));
+    }
+    if locked(&svc.containers).contains_key(&spec.name) {
+        return Err(Refusal(Failure::AlreadyExists, format!("container {:?} exists", spec.name)));
+    }
+    let runtime_spec = ContainerSpec {
+        name: spec.name.clone(),
+        hostname: spec.hostname,
+        layers: spec.layers.iter().map(LayerSource::image).collect(),
+        limits: CgroupLimits {
+            memory_bytes: spec.memory_bytes,
+            pids: spec.pids,
+            cpu_millis: spec.cpu_millis,
+        },
+        disk_bytes: spec.disk_bytes,
+        seed: None,
+        protect: Default::default(),
+    };
+    let container = svc.tokio.block_on(svc.runtime.create(&runtime_spec))?;
+    locked(&svc.containers).insert(spec.name, Arc::new(container));
+    Ok(())
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), Refusal> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| Refusal::from(std::io::Error::from(e)))
+}
+
+fn spawn_request(p: ProcessSpec) -> SpawnRequest {
+    SpawnRequest { argv: p.argv, env: p.env, cwd: p.cwd, user: p.user }
+}
+
+/// The protocol's status for how a process ended: its code, minus its signal, or
+/// `EXIT_UNKNOWN` when the container went away first.
+fn status_code(exit: Option<ExitInfo>) -> i32 {
+    match exit {
+        Some(ExitInfo::Code(code)) => code,
+        Some(ExitInfo::Signal(signal)) => -signal,
+        None => brig_vmm_api::container::EXIT_UNKNOWN,
+    }
+}
+
+fn exec(
+    svc: &Service,
+    container: &Container,
+    process: ProcessSpec,
+    stdin: bool,
+    reader: BufReader<File>,
+    out: &Arc<Mutex<File>>,
+) -> Result<i32, Refusal> {
+    if process.argv.is_empty() {
+        return Err(Refusal::bad("an empty command"));
+    }
+    let (in_r, in_w) = pipe()?;
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    let stdio = [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()];
+    let mut child = svc.tokio.block_on(container.spawn(spawn_request(process), stdio, &[]))?;
+    drop((in_r, out_w, err_w));
+    let stdin = stdin.then(|| File::from(in_w));
+    // A hang-up before the process ends (the node's timeout or cap, a kill) kills its tree;
+    // after it ended, what it left in the background runs on, as on the node's kernel.
+    let finished = Arc::new(AtomicBool::new(false));
+    let (done, kill_tree) = (finished.clone(), child.tree_killer());
+    crate::feed_until_hangup(reader, stdin, move || {
+        if !done.load(Ordering::SeqCst) {
+            kill_tree();
+        }
+    });
+    let pipes: Vec<(u8, Box<dyn Read + Send>)> = vec![
+        (agent::STDOUT, Box::new(File::from(out_r))),
+        (agent::STDERR, Box::new(File::from(err_r))),
+    ];
+    let exit = crate::pump_until_exit(pipes, out, || svc.tokio.block_on(child.wait()));
+    finished.store(true, Ordering::SeqCst);
+    child.cleanup(true);
+    Ok(status_code(exit))
+}
+
+fn session(
+    svc: &Service,
+    container: &Container,
+    process: ProcessSpec,
+    reader: BufReader<File>,
+    out: &Arc<Mutex<File>>,
+) -> Result<i32, Refusal> {
+    let (in_r, in_w) = pipe()?;
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    let (cmd_r, cmd_w) = pipe()?;
+    let (done_r, done_w) = pipe()?;
+    let stdio = [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()];
+    let extra = [cmd_r.as_fd(), done_w.as_fd()];
+    let mut child = svc.tokio.block_on(container.spawn(spawn_request(process), stdio, &extra))?;
+    drop((in_r, out_w, err_w, cmd_r, done_w));
+    // The shim makes every process the leader of its own group.
+    let group = nix::unistd::Pid::from_raw(-child.pid);
+    let relay = crate::session::Relay {
+        stdin: File::from(in_w),
+        commands: File::from(cmd_w),
+        stdout: File::from(out_r),
+        stderr: File::from(err_r),
+        done: File::from(done_r),
+    };
+    relay.run(reader, out, group, child.tree_killer());
+    let exit = svc.tokio.block_on(child.wait());
+    child.cleanup(false);
+    Ok(status_code(exit))
+}
