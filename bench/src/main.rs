@@ -8,6 +8,7 @@ mod cluster;
 mod container;
 mod density;
 mod fncall;
+mod fullvm;
 mod images;
 mod ksm;
 mod lifecycle;
@@ -43,6 +44,8 @@ enum Bench {
     Cluster(cluster::Options),
     /// microVM snapshot restore (fresh process, pre-created VM), VMM RSS, PSS per VM.
     Microvm(microvm::Options),
+    /// Full VMs: boot-to-agent time and memory per VM, stating the virtualization it ran on.
+    Fullvm(fullvm::Options),
     /// KSM on microVM memory: memory merged, PSS per VM off and on, ksmd's CPU cost.
     Ksm(ksm::Options),
     /// Placement for a simulated 160-node unit: decisions/s and load spread, power-of-k vs random.
@@ -61,6 +64,7 @@ fn main() -> anyhow::Result<()> {
         Bench::Sim(opts) => sim::run(opts)?,
         Bench::Microvm(opts) => microvm::run(opts)?,
         Bench::Ksm(opts) => ksm::run(opts)?,
+        Bench::Fullvm(opts) => fullvm::run(opts)?,
         Bench::Cluster(opts) => cluster::run(opts)?,
     };
     println!("{result}");
