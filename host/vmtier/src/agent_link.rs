@@ -15,7 +15,7 @@ pub enum ExecEvent {
     Stdout(Vec<u8>),
     Stderr(Vec<u8>),
     Exit(i32),
-    /// A container's process died of this signal (container requests report signals apart).
+    /// The process died of this signal (container requests report signals apart).
     Signaled(i32),
 }
 
@@ -24,8 +24,6 @@ pub struct ExecStream {
     pub(crate) reader: BufReader<tokio::net::unix::OwnedReadHalf>,
     /// Kept open while the command runs: closing it hangs up, which kills the command.
     pub(crate) write: Option<tokio::net::unix::OwnedWriteHalf>,
-    /// EXIT carries minus the signal for a signal death (a container's process).
-    pub(crate) signed_exits: bool,
 }
 
 /// A command's stdin, sent to the agent as frames (see `exec_stream_input`). Keep it until
@@ -71,15 +69,13 @@ impl ExecStream {
         match kind {
             agent::STDOUT => Ok(ExecEvent::Stdout(data)),
             agent::STDERR => Ok(ExecEvent::Stderr(data)),
-            agent::EXIT => {
-                let code =
+            agent::EXIT | agent::SIGNALED => {
+                let value =
                     data.get(..4).and_then(|b| b.try_into().ok()).map_or(-1, i32::from_le_bytes);
-                Ok(match code {
-                    brig_vmm_api::container::EXIT_UNKNOWN if self.signed_exits => {
-                        ExecEvent::Exit(-1)
-                    }
-                    c if c < 0 && self.signed_exits => ExecEvent::Signaled(-c),
-                    c => ExecEvent::Exit(c),
+                Ok(if kind == agent::EXIT {
+                    ExecEvent::Exit(value)
+                } else {
+                    ExecEvent::Signaled(value)
                 })
             }
             other => Err(VmTierError::Agent(format!("unknown frame kind {other}"))),
@@ -95,7 +91,7 @@ pub async fn exec_stream_input(
 ) -> Result<(ExecStream, GuestStdin), VmTierError> {
     let (reader, write) = request_stream(uds, &agent::exec_input_line(command)).await?.into_parts();
     let write = write.ok_or_else(|| VmTierError::Agent("no connection to write to".into()))?;
-    Ok((ExecStream { reader, write: None, signed_exits: false }, GuestStdin { write }))
+    Ok((ExecStream { reader, write: None }, GuestStdin { write }))
 }
 
 /// Starts `command` in the guest behind `uds`.
@@ -129,7 +125,7 @@ pub(crate) async fn request_with_body(
     }
     write.write_all(request.as_bytes()).await.map_err(io("agent request"))?;
     write.write_all(body).await.map_err(io("agent request"))?;
-    Ok(ExecStream { reader, write: Some(write), signed_exits: false })
+    Ok(ExecStream { reader, write: Some(write) })
 }
 
 pub(crate) async fn exec_inner(uds: &Path, command: &str) -> Result<ExecOutput, VmTierError> {

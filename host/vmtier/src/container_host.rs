@@ -123,15 +123,13 @@ impl<'a> HostedContainer<'a> {
         stdin: bool,
     ) -> Result<(ExecStream, Option<GuestStdin>), VmTierError> {
         let req = ContainerRequest::Exec { process: self.process(argv, env, cwd, user), stdin };
-        let mut stream = self.send(&req, &[]).await?;
-        stream.signed_exits = true;
+        let stream = self.send(&req, &[]).await?;
         if !stdin {
             return Ok((stream, None));
         }
         let (reader, write) = stream.into_parts();
         let write = write.ok_or_else(|| VmTierError::Agent("no connection to write to".into()))?;
-        let stream = ExecStream { reader, write: None, signed_exits: true };
-        Ok((stream, Some(GuestStdin { write })))
+        Ok((ExecStream { reader, write: None }, Some(GuestStdin { write })))
     }
 
     /// Opens a shell session (the container tier's session engine) running `shell`.

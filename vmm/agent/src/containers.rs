@@ -145,7 +145,7 @@ pub fn serve(
         handle(service()?, request, reader, &out)
     })();
     match result {
-        Ok(code) => crate::frame(&out, agent::EXIT, &code.to_le_bytes()),
+        Ok((kind, value)) => crate::frame(&out, kind, &value.to_le_bytes()),
         Err(Refusal(failure, message)) => {
             crate::frame(&out, agent::STDERR, format!("{message}\n").as_bytes())?;
             crate::frame(&out, agent::EXIT, &failure.code().to_le_bytes())
@@ -153,22 +153,22 @@ pub fn serve(
     }
 }
 
-/// Runs a request; the EXIT status it answers with.
+/// Runs a request; the last frame it answers with.
 fn handle(
     svc: &Service,
     request: ContainerRequest,
     mut reader: BufReader<File>,
     out: &Arc<Mutex<File>>,
-) -> Result<i32, Refusal> {
+) -> Result<End, Refusal> {
     match request {
-        ContainerRequest::Create(spec) => create(svc, spec).map(|()| 0),
+        ContainerRequest::Create(spec) => create(svc, spec).map(|()| DONE),
         ContainerRequest::Destroy { name } => {
             let container = locked(&svc.containers).remove(&name);
             let container = container.ok_or_else(|| {
                 Refusal(Failure::NoSuchContainer, format!("no container {name:?}"))
             })?;
             svc.tokio.block_on(container.destroy())?;
-            Ok(0)
+            Ok(DONE)
         }
         ContainerRequest::Exec { process, stdin } => {
             let container = svc.container(&process.name)?;
@@ -187,7 +187,7 @@ fn handle(
                 return Err(Refusal::bad("the upload was cut short"));
             }
             file.sync_all()?;
-            Ok(0)
+            Ok(DONE)
         }
         ContainerRequest::Get { name, path } => {
             let container = svc.container(&name)?;
@@ -196,7 +196,7 @@ fn handle(
             loop {
                 let n = file.read(&mut buf)?;
                 if n == 0 {
-                    return Ok(0);
+                    return Ok(DONE);
                 }
                 crate::frame(out, agent::STDOUT, &buf[..n])?;
             }
@@ -214,16 +214,16 @@ fn handle(
         ContainerRequest::Mkdir { name, path, parents } => {
             let container = svc.container(&name)?;
             RootDir::new(container.root(), container.id_base()).mkdir(&path, parents)?;
-            Ok(0)
+            Ok(DONE)
         }
         ContainerRequest::Remove { name, path, recursive } => {
             let container = svc.container(&name)?;
             RootDir::new(container.root(), container.id_base()).remove(&path, recursive)?;
-            Ok(0)
+            Ok(DONE)
         }
         ContainerRequest::Freeze { name, frozen } => {
             svc.container(&name)?.set_frozen(frozen)?;
-            Ok(0)
+            Ok(DONE)
         }
         ContainerRequest::Usage { name } => {
             let container = svc.container(&name)?;
@@ -234,10 +234,10 @@ fn handle(
 }
 
 /// Answers with one STDOUT frame of JSON.
-fn json(out: &Arc<Mutex<File>>, value: &impl serde::Serialize) -> Result<i32, Refusal> {
+fn json(out: &Arc<Mutex<File>>, value: &impl serde::Serialize) -> Result<End, Refusal> {
     let bytes = serde_json::to_vec(value).map_err(|e| Refusal(Failure::Other, e.to_string()))?;
     crate::frame(out, agent::STDOUT, &bytes)?;
-    Ok(0)
+    Ok(DONE)
 }
 
 fn entry_to_wire(e: brig_core::files::Entry) -> FileEntry {
@@ -297,13 +297,19 @@ fn spawn_request(p: ProcessSpec) -> SpawnRequest {
     SpawnRequest { argv: p.argv, env: p.env, cwd: p.cwd, user: p.user }
 }
 
-/// The protocol's status for how a process ended: its code, minus its signal, or
-/// `EXIT_UNKNOWN` when the container went away first.
-fn status_code(exit: Option<ExitInfo>) -> i32 {
+/// How a request ends: the last frame's kind (EXIT or SIGNALED) and its value.
+type End = (u8, i32);
+
+/// A request that ran to its end.
+const DONE: End = (agent::EXIT, 0);
+
+/// The last frame for how a process ended: EXIT with its code, SIGNALED with its signal, or
+/// EXIT -1 when the container went away first.
+fn end_of(exit: Option<ExitInfo>) -> End {
     match exit {
-        Some(ExitInfo::Code(code)) => code,
-        Some(ExitInfo::Signal(signal)) => -signal,
-        None => brig_vmm_api::container::EXIT_UNKNOWN,
+        Some(ExitInfo::Code(code)) => (agent::EXIT, code),
+        Some(ExitInfo::Signal(signal)) => (agent::SIGNALED, signal),
+        None => (agent::EXIT, -1),
     }
 }
 
@@ -314,7 +320,7 @@ fn exec(
     stdin: bool,
     reader: BufReader<File>,
     out: &Arc<Mutex<File>>,
-) -> Result<i32, Refusal> {
+) -> Result<End, Refusal> {
     if process.argv.is_empty() {
         return Err(Refusal::bad("an empty command"));
     }
@@ -341,7 +347,7 @@ fn exec(
     let exit = crate::pump_until_exit(pipes, out, || svc.tokio.block_on(child.wait()));
     finished.store(true, Ordering::SeqCst);
     child.cleanup(true);
-    Ok(status_code(exit))
+    Ok(end_of(exit))
 }
 
 fn session(
@@ -350,7 +356,7 @@ fn session(
     process: ProcessSpec,
     reader: BufReader<File>,
     out: &Arc<Mutex<File>>,
-) -> Result<i32, Refusal> {
+) -> Result<End, Refusal> {
     let (in_r, in_w) = pipe()?;
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
@@ -372,5 +378,5 @@ fn session(
     relay.run(reader, out, group, child.tree_killer());
     let exit = svc.tokio.block_on(child.wait());
     child.cleanup(false);
-    Ok(status_code(exit))
+    Ok(end_of(exit))
 }

@@ -25,6 +25,9 @@ pub const STDERR: u8 = 2;
 pub const EXIT: u8 = 3;
 /// A session shell's completion reports (its fd 4).
 pub const SESSION_DONE: u8 = 4;
+/// In place of EXIT, last: the process died of this signal (i32 LE). Container requests send
+/// it (see `crate::container`); plain EXEC reports 128 + signal in EXIT.
+pub const SIGNALED: u8 = 5;
 /// Host → agent in a session: bytes for the shell's stdin, for its fd 3, and an interrupt.
 pub const IN_STDIN: u8 = 16;
 pub const IN_COMMAND: u8 = 17;

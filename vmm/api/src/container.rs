@@ -16,15 +16,12 @@
 //! Stat / List / Usage    one STDOUT frame of JSON (FileEntry, [FileEntry], ContainerUsage)
 //! ```
 //! A request that fails before anything ran answers a STDERR line and an EXIT from
-//! [`Failure`], so the node can tell "no such file" from "no such container". An Exec's EXIT
-//! is the process's exit code, or minus the signal that ended it, or [`EXIT_UNKNOWN`] when
-//! the container went away first. Exec and session processes end with the connection: a
+//! [`Failure`], so the node can tell "no such file" from "no such container". An Exec ends
+//! with EXIT and the process's exit code, SIGNALED and the signal that ended it, or EXIT -1
+//! when the container went away first. Exec and session processes end with the connection: a
 //! host hang-up kills the process tree.
 
 use serde::{Deserialize, Serialize};
-
-/// An Exec's EXIT when the process's end is unknown (its container went away).
-pub const EXIT_UNKNOWN: i32 = i32::MIN;
 
 /// Largest request body the agent reads.
 pub const MAX_REQUEST_BYTES: usize = 1 << 20;
