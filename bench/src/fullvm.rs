@@ -7,7 +7,6 @@
 //! initramfs carries the script. The result says which: emulated timings are not
 //! performance figures and are labelled so.
 
-use std::io::BufRead;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -86,15 +85,10 @@ fn run_emulated(opts: &Options) -> anyhow::Result<Vec<String>> {
         image.display()
     );
     let append = format!("brig.l1=fullvm-bench brig.bench.count={}", opts.vms);
-    let mut qemu = brig_tests::emulated::qemu(None, Some(&image), &append).spawn()?;
+    let qemu = brig_tests::emulated::qemu(None, Some(&image), &append);
     let limit = Duration::from_secs(300 + 240 * u64::from(opts.vms));
-    let watchdog = brig_tests::emulated::watchdog(qemu.id(), limit);
-    let stdout = qemu.stdout.take().ok_or_else(|| anyhow::anyhow!("no console"))?;
-    let lines: Vec<String> =
-        std::io::BufReader::new(stdout).lines().map_while(Result::ok).collect();
-    qemu.wait()?;
-    let _ = watchdog.join();
-    brig_tests::emulated::keep_report("fullvm-bench.log", &lines.join("\n"));
+    let (log, _status) = brig_tests::emulated::run(qemu, limit, "fullvm-bench.log");
+    let lines: Vec<String> = log.lines().map(str::to_string).collect();
     Ok(lines)
 }
 

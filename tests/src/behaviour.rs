@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use brig_sdk::{Client, Cmd, ErrorCode, ExecEvent, FileKind, SandboxOptions, SandboxState};
+use brig_sdk::{
+    Client, Cmd, ErrorCode, ExecEvent, FileKind, Sandbox, SandboxOptions, SandboxState,
+};
 
 /// Scales the timeouts in the checks (emulated hosts run guest code ~10× slower).
 #[derive(Debug, Clone, Copy)]
@@ -37,10 +39,7 @@ pub async fn check_container(
     let mut passed = Vec::new();
     let run = |script: &str| Cmd::shell(script).timeout(pace.secs(30));
 
-    let out = sb.exec(["sh", "-c", "echo out; echo err >&2; exit 3"]).await.map_err(e("exec"))?;
-    if out.stdout != b"out\n" || out.stderr != b"err\n" || out.result.exit_code != Some(3) {
-        return Err(format!("exec output and status: {out:?}"));
-    }
+    check_exec_output(&sb).await?;
     passed.push("stdout, stderr and exit code");
 
     let out = sb.exec(["sh", "-c", "kill -TERM $$"]).await.map_err(e("exec"))?;
@@ -49,22 +48,7 @@ pub async fn check_container(
     }
     passed.push("death by signal");
 
-    let mut stream = sb
-        .exec_stream(run("for i in 1 2 3; do echo line-$i; sleep 0.3; done"))
-        .await
-        .map_err(e("exec_stream"))?;
-    let mut chunks = 0;
-    while let Some(event) = stream.next().await {
-        match event.map_err(e("stream"))? {
-            ExecEvent::Stdout(_) => chunks += 1,
-            ExecEvent::Stderr(_) => {}
-            ExecEvent::Exited(r) if r.exit_code == Some(0) => break,
-            ExecEvent::Exited(r) => return Err(format!("streamed exec: {r:?}")),
-        }
-    }
-    if chunks < 2 {
-        return Err(format!("output came in {chunks} piece(s), not as produced"));
-    }
+    check_streaming(&sb, pace).await?;
     passed.push("output streamed as produced");
 
     let out = sb
@@ -81,16 +65,7 @@ pub async fn check_container(
     }
     passed.push("stdin, cwd and environment");
 
-    let mut piped =
-        sb.exec_stream(Cmd::new(["wc", "-c"]).stdin_stream()).await.map_err(e("stdin stream"))?;
-    for _ in 0..4 {
-        piped.write_stdin(vec![b'x'; 50_000]).await.map_err(e("write_stdin"))?;
-    }
-    piped.close_stdin().map_err(e("close_stdin"))?;
-    let out = piped.collect().await.map_err(e("collect"))?;
-    if out.stdout_text().trim() != "200000" {
-        return Err(format!("streamed stdin: {out:?}"));
-    }
+    check_streamed_stdin(&sb).await?;
     passed.push("streamed stdin");
 
     let out = sb.exec_with(Cmd::new(["id", "-u"]).user("nobody")).await.map_err(e("as nobody"))?;
@@ -99,17 +74,7 @@ pub async fn check_container(
     }
     passed.push("commands as another user");
 
-    let out = sb
-        .exec_with(run("while true; do echo yyyyyyyy; done").output_limit(10_000))
-        .await
-        .map_err(e("past the cap"))?;
-    if !out.result.truncated || out.stdout.len() != 10_000 {
-        return Err(format!(
-            "cap: truncated {} at {} bytes",
-            out.result.truncated,
-            out.stdout.len()
-        ));
-    }
+    check_output_cap(&sb, pace).await?;
     passed.push("output cap");
 
     let out = sb
@@ -226,4 +191,71 @@ pub async fn check_container(
     }
     passed.push("destroy");
     Ok((placement, passed))
+}
+
+fn err(what: &'static str) -> impl Fn(brig_sdk::Error) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+/// A command's stdout, stderr and exit status come back apart.
+pub async fn check_exec_output(sb: &Sandbox) -> Result<(), String> {
+    let out = sb.exec(["sh", "-c", "echo out; echo err >&2; exit 3"]).await.map_err(err("exec"))?;
+    if out.stdout != b"out\n" || out.stderr != b"err\n" || out.result.exit_code != Some(3) {
+        return Err(format!("exec output and status: {out:?}"));
+    }
+    Ok(())
+}
+
+/// Output arrives as it is produced: three lines, a pause between them.
+pub async fn check_streaming(sb: &Sandbox, pace: Pace) -> Result<(), String> {
+    let run = |script: &str| Cmd::shell(script).timeout(pace.secs(30));
+    let mut stream = sb
+        .exec_stream(run("for i in 1 2 3; do echo line-$i; sleep 0.3; done"))
+        .await
+        .map_err(err("exec_stream"))?;
+    let mut chunks = 0;
+    while let Some(event) = stream.next().await {
+        match event.map_err(err("stream"))? {
+            ExecEvent::Stdout(_) => chunks += 1,
+            ExecEvent::Stderr(_) => {}
+            ExecEvent::Exited(r) if r.exit_code == Some(0) => break,
+            ExecEvent::Exited(r) => return Err(format!("streamed exec: {r:?}")),
+        }
+    }
+    if chunks < 2 {
+        return Err(format!("output came in {chunks} piece(s), not as produced"));
+    }
+    Ok(())
+}
+
+/// Stdin streamed as the client sends it reaches the command whole.
+pub async fn check_streamed_stdin(sb: &Sandbox) -> Result<(), String> {
+    let mut piped =
+        sb.exec_stream(Cmd::new(["wc", "-c"]).stdin_stream()).await.map_err(err("stdin stream"))?;
+    for _ in 0..4 {
+        piped.write_stdin(vec![b'x'; 50_000]).await.map_err(err("write_stdin"))?;
+    }
+    piped.close_stdin().map_err(err("close_stdin"))?;
+    let out = piped.collect().await.map_err(err("collect"))?;
+    if out.stdout_text().trim() != "200000" {
+        return Err(format!("streamed stdin: {out:?}"));
+    }
+    Ok(())
+}
+
+/// Output past the cap stops the command; what came back stops at the cap.
+pub async fn check_output_cap(sb: &Sandbox, pace: Pace) -> Result<(), String> {
+    let run = |script: &str| Cmd::shell(script).timeout(pace.secs(30));
+    let out = sb
+        .exec_with(run("while true; do echo yyyyyyyy; done").output_limit(10_000))
+        .await
+        .map_err(err("past the cap"))?;
+    if !out.result.truncated || out.stdout.len() != 10_000 {
+        return Err(format!(
+            "cap: truncated {} at {} bytes",
+            out.result.truncated,
+            out.stdout.len()
+        ));
+    }
+    Ok(())
 }

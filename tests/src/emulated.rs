@@ -86,3 +86,99 @@ pub fn keep_report(name: &str, log: &str) {
     let _ = std::fs::create_dir_all(&reports);
     let _ = std::fs::write(reports.join(name), log);
 }
+
+/// What an emulated run left: its console, QEMU's exit status, and what the outside driver
+/// returned.
+pub struct Run<T> {
+    pub log: String,
+    pub status: std::process::ExitStatus,
+    pub outside: Result<T, String>,
+}
+
+/// Runs the emulated host `cmd` (made by [`qemu`] with the UDP `port` forwarded) under a
+/// `limit` watchdog. Once its console announces brigd (`BRIG-L1-ENDPOINT pin=… token=…`, within
+/// `announce`), an SDK client connects through the forward and `drive` runs with it; if the
+/// driver fails, QEMU is killed at once (the emulated host would wait minutes for a marker
+/// that never comes). The console is kept as `artifacts/reports/<report>`.
+pub fn run_driven<T, F, Fut>(
+    mut cmd: Command,
+    port: u16,
+    limit: Duration,
+    announce: Duration,
+    report: &str,
+    drive: F,
+) -> Run<T>
+where
+    F: FnOnce(brig_sdk::Client) -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    use std::io::BufRead;
+    let mut child = cmd.spawn().expect("qemu-system-x86_64 (scripts/install-deps.sh installs it)");
+    let watchdog = watchdog(child.id(), limit);
+    let stdout = child.stdout.take().expect("stdout");
+    let (endpoint_tx, endpoint_rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut log = String::new();
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.trim().strip_prefix("BRIG-L1-ENDPOINT ") {
+                let _ = endpoint_tx.send(rest.to_string());
+            }
+            log.push_str(&line);
+            log.push('\n');
+        }
+        log
+    });
+    let outside = match endpoint_rx.recv_timeout(announce) {
+        Ok(endpoint) => connect_and_drive(port, &endpoint, drive),
+        Err(_) => Err("the emulated host never announced brigd".to_string()),
+    };
+    if outside.is_err() {
+        let _ = child.kill();
+    }
+    let log = reader.join().expect("console reader");
+    let status = child.wait().expect("wait");
+    let _ = watchdog.join();
+    keep_report(report, &log);
+    Run { log, status, outside }
+}
+
+/// Connects to the announced brigd through QEMU's forward on `port` and runs `drive`.
+fn connect_and_drive<T, F, Fut>(port: u16, endpoint: &str, drive: F) -> Result<T, String>
+where
+    F: FnOnce(brig_sdk::Client) -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let field = |key: &str| {
+        endpoint
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+            .map(str::to_string)
+            .ok_or_else(|| format!("no {key} in {endpoint:?}"))
+    };
+    let (pin, token) = (field("pin")?, field("token")?);
+    let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let opts = brig_sdk::ConnectOptions::new(addr, brig_sdk::Pin::Sha256(pin), token);
+        let client = brig_sdk::Client::connect(opts).await.map_err(|e| format!("connect: {e}"))?;
+        drive(client).await
+    })
+}
+
+/// Runs the emulated host `cmd` to its end under a `limit` watchdog; its console (kept as
+/// `artifacts/reports/<report>`) and QEMU's exit status.
+pub fn run(mut cmd: Command, limit: Duration, report: &str) -> (String, std::process::ExitStatus) {
+    use std::io::BufRead;
+    let mut child = cmd.spawn().expect("qemu-system-x86_64 (scripts/install-deps.sh installs it)");
+    let watchdog = watchdog(child.id(), limit);
+    let stdout = child.stdout.take().expect("stdout");
+    let mut log = String::new();
+    for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+        log.push_str(&line);
+        log.push('\n');
+    }
+    let status = child.wait().expect("wait");
+    let _ = watchdog.join();
+    keep_report(report, &log);
+    (log, status)
+}

@@ -9,44 +9,24 @@
 //! reason, and a new container land in a fresh VM.
 //! Emulated timings prove nothing about speed and are not asserted.
 
-use std::io::BufRead;
 use std::time::{Duration, Instant};
 
-use brig_sdk::{Client, ConnectOptions, ErrorCode, Pin, Placement, SandboxOptions, SandboxState};
+use brig_sdk::{Client, ErrorCode, Placement, SandboxOptions, SandboxState};
 use brig_tests::behaviour::{check_container, Pace};
 use brig_tests::emulated::{self, free_udp_port};
 
 #[test]
 fn containers_run_in_a_container_host_vm_and_a_dead_vm_fails_them_inside_an_emulated_host() {
     let port = free_udp_port();
-    let mut qemu = emulated::qemu(Some(port), None, "brig.l1=chost")
-        .spawn()
-        .expect("qemu-system-x86_64 (scripts/install-deps.sh installs it)");
-    let watchdog = emulated::watchdog(qemu.id(), Duration::from_secs(900));
-    let stdout = qemu.stdout.take().expect("stdout");
-    let (endpoint_tx, endpoint_rx) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        let mut log = String::new();
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(rest) = line.trim().strip_prefix("BRIG-L1-ENDPOINT ") {
-                let _ = endpoint_tx.send(rest.to_string());
-            }
-            log.push_str(&line);
-            log.push('\n');
-        }
-        log
-    });
-    let outside = match endpoint_rx.recv_timeout(Duration::from_secs(600)) {
-        Ok(endpoint) => drive_from_outside(port, &endpoint),
-        Err(_) => Err("the emulated host never announced brigd".to_string()),
-    };
-    if outside.is_err() {
-        let _ = qemu.kill();
-    }
-    let log = reader.join().expect("console reader");
-    let status = qemu.wait().expect("wait");
-    let _ = watchdog.join();
-    emulated::keep_report("container-host.log", &log);
+    let run = emulated::run_driven(
+        emulated::qemu(Some(port), None, "brig.l1=chost"),
+        port,
+        Duration::from_secs(900),
+        Duration::from_secs(600),
+        "container-host.log",
+        drive_from_outside,
+    );
+    let (log, status, outside) = (run.log, run.status, run.outside);
     let has = |marker: &str| log.contains(marker);
     assert!(has("BRIG-L1-UP kvm=yes"), "the emulated host has no KVM (status {status}):\n{log}");
     assert!(has("BRIG-L1-CHOST offered"), "brigd offers no containers:\n{log}");
@@ -68,72 +48,58 @@ fn containers_run_in_a_container_host_vm_and_a_dead_vm_fails_them_inside_an_emul
 /// The SDK's part, through the port forward: the shared container checks in a container-host
 /// VM; then a kill of that VM (asked of the emulated host) fails its sandbox with the reason,
 /// and the next container lands in a fresh VM. Returns a report of what passed.
-fn drive_from_outside(port: u16, endpoint: &str) -> Result<String, String> {
-    let field = |key: &str| {
-        endpoint
-            .split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
-            .map(str::to_string)
-            .ok_or_else(|| format!("no {key} in {endpoint:?}"))
-    };
-    let (pin, token) = (field("pin")?, field("token")?);
-    let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
-    rt.block_on(async move {
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-        let opts = ConnectOptions::new(addr, Pin::Sha256(pin), token);
-        let client = Client::connect(opts).await.map_err(|e| format!("connect: {e}"))?;
-        let e = |what: &'static str| move |err: brig_sdk::Error| format!("{what}: {err}");
-        let in_vm = || SandboxOptions::container("busybox").placement(Placement::Vm);
-        let (placement, passed) = check_container(&client, in_vm(), Pace { slow: 10 }).await?;
-        if placement != "vm:chost-0" {
-            return Err(format!("placed at {placement:?}"));
-        }
-        let mut report = format!("in {placement}, passed {} checks:\n", passed.len());
-        for name in &passed {
-            report.push_str(&format!("  {name}\n"));
-        }
+async fn drive_from_outside(client: Client) -> Result<String, String> {
+    let e = |what: &'static str| move |err: brig_sdk::Error| format!("{what}: {err}");
+    let in_vm = || SandboxOptions::container("busybox").placement(Placement::Vm);
+    let (placement, passed) = check_container(&client, in_vm(), Pace { slow: 10 }).await?;
+    if placement != "vm:chost-0" {
+        return Err(format!("placed at {placement:?}"));
+    }
+    let mut report = format!("in {placement}, passed {} checks:\n", passed.len());
+    for name in &passed {
+        report.push_str(&format!("  {name}\n"));
+    }
 
-        // The VM dies under a running sandbox.
-        let victim = client.create(in_vm()).await.map_err(e("create"))?;
-        victim.exec(["true"]).await.map_err(e("exec before the kill"))?;
-        client
-            .create(SandboxOptions::fncall().label("phase", "kill-host"))
-            .await
-            .map_err(e("create the kill marker"))?;
-        let asked = Instant::now();
-        loop {
-            let state = victim.status().await.map_err(e("status"))?.state;
-            if state == SandboxState::Failed {
-                break;
-            }
-            if asked.elapsed() > Duration::from_secs(300) {
-                return Err(format!("the sandbox still says {state:?} after the kill"));
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+    // The VM dies under a running sandbox.
+    let victim = client.create(in_vm()).await.map_err(e("create"))?;
+    victim.exec(["true"]).await.map_err(e("exec before the kill"))?;
+    client
+        .create(SandboxOptions::fncall().label("phase", "kill-host"))
+        .await
+        .map_err(e("create the kill marker"))?;
+    let asked = Instant::now();
+    loop {
+        let state = victim.status().await.map_err(e("status"))?.state;
+        if state == SandboxState::Failed {
+            break;
         }
-        let err = victim.exec(["true"]).await.err().ok_or("exec in a dead VM succeeded")?;
-        if err.code() != Some(ErrorCode::SandboxLost) || !err.to_string().contains("chost-0") {
-            return Err(format!("exec in a dead VM: {err}"));
+        if asked.elapsed() > Duration::from_secs(300) {
+            return Err(format!("the sandbox still says {state:?} after the kill"));
         }
-        report.push_str(&format!("after the kill: {err}\n"));
-        victim.destroy().await.map_err(e("destroy the lost sandbox"))?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let err = victim.exec(["true"]).await.err().ok_or("exec in a dead VM succeeded")?;
+    if err.code() != Some(ErrorCode::SandboxLost) || !err.to_string().contains("chost-0") {
+        return Err(format!("exec in a dead VM: {err}"));
+    }
+    report.push_str(&format!("after the kill: {err}\n"));
+    victim.destroy().await.map_err(e("destroy the lost sandbox"))?;
 
-        // The next container lands in a fresh VM.
-        let fresh = client.create(in_vm()).await.map_err(e("create after the kill"))?;
-        let placement = fresh.status().await.map_err(e("status"))?.placement.unwrap_or_default();
-        if placement == "vm:chost-0" || !placement.starts_with("vm:chost-") {
-            return Err(format!("after the kill, placed at {placement:?}"));
-        }
-        let out = fresh.exec(["echo", "fresh"]).await.map_err(e("exec in the fresh VM"))?;
-        if out.stdout != b"fresh\n" {
-            return Err(format!("exec in the fresh VM: {out:?}"));
-        }
-        report.push_str(&format!("a new container runs in {placement}\n"));
-        fresh.destroy().await.map_err(e("destroy"))?;
-        client
-            .create(SandboxOptions::fncall().label("phase", "done"))
-            .await
-            .map_err(e("create the done marker"))?;
-        Ok(report)
-    })
+    // The next container lands in a fresh VM.
+    let fresh = client.create(in_vm()).await.map_err(e("create after the kill"))?;
+    let placement = fresh.status().await.map_err(e("status"))?.placement.unwrap_or_default();
+    if placement == "vm:chost-0" || !placement.starts_with("vm:chost-") {
+        return Err(format!("after the kill, placed at {placement:?}"));
+    }
+    let out = fresh.exec(["echo", "fresh"]).await.map_err(e("exec in the fresh VM"))?;
+    if out.stdout != b"fresh\n" {
+        return Err(format!("exec in the fresh VM: {out:?}"));
+    }
+    report.push_str(&format!("a new container runs in {placement}\n"));
+    fresh.destroy().await.map_err(e("destroy"))?;
+    client
+        .create(SandboxOptions::fncall().label("phase", "done"))
+        .await
+        .map_err(e("create the done marker"))?;
+    Ok(report)
 }

@@ -13,7 +13,6 @@
 //! resume and in the fork's child (a network of its own) the service still answers.
 //! Emulated timings prove nothing about speed and are not asserted.
 
-use std::io::BufRead;
 use std::time::Duration;
 
 use brig_tests::artifacts;
@@ -23,19 +22,8 @@ use brig_tests::emulated;
 fn a_debian_vm_boots_systemd_serves_postgres_and_forks_inside_an_emulated_host() {
     let image = artifacts().join("fullvm").join("rootfs.ext4");
     assert!(image.exists(), "{} is missing: run scripts/build-fullvm-image.sh", image.display());
-    let mut qemu = emulated::qemu(None, Some(&image), "brig.l1=fullvm")
-        .spawn()
-        .expect("qemu-system-x86_64 (scripts/install-deps.sh installs it)");
-    let watchdog = emulated::watchdog(qemu.id(), Duration::from_secs(600));
-    let stdout = qemu.stdout.take().expect("stdout");
-    let mut log = String::new();
-    for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-        log.push_str(&line);
-        log.push('\n');
-    }
-    let status = qemu.wait().expect("wait");
-    let _ = watchdog.join();
-    emulated::keep_report("fullvm-boot.log", &log);
+    let qemu = emulated::qemu(None, Some(&image), "brig.l1=fullvm");
+    let (log, status) = emulated::run(qemu, Duration::from_secs(600), "fullvm-boot.log");
     let has = |marker: &str| log.contains(marker);
     assert!(has("BRIG-L1-UP kvm=yes"), "the emulated host has no KVM (status {status}):\n{log}");
     assert!(has("BRIG-L1-FULLVM offered"), "brigd does not offer fullvm:\n{log}");

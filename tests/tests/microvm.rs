@@ -14,10 +14,12 @@
 //! Emulated timings prove nothing about speed and are not asserted. Natively, the boot
 //! protocol's zero page is checked as the kernel will read it.
 
-use std::io::BufRead;
 use std::time::Duration;
 
-use brig_sdk::{Client, Cmd, ConnectOptions, ExecEvent, Pin, SandboxOptions, SandboxState, Tier};
+use brig_sdk::{Client, Cmd, ExecEvent, SandboxOptions, SandboxState, Tier};
+use brig_tests::behaviour::{
+    check_exec_output, check_output_cap, check_streamed_stdin, check_streaming, Pace,
+};
 use brig_tests::emulated::{self, free_udp_port, vm_artifact};
 use brig_vmm::linux::LinuxVm;
 use brig_vmm::virtio::{mmio::MmioTransport, rng::Rng};
@@ -25,37 +27,15 @@ use brig_vmm::virtio::{mmio::MmioTransport, rng::Rng};
 #[test]
 fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host() {
     let port = free_udp_port();
-    let mut qemu = emulated::qemu(Some(port), None, "")
-        .spawn()
-        .expect("qemu-system-x86_64 (scripts/install-deps.sh installs it)");
-    let watchdog = emulated::watchdog(qemu.id(), Duration::from_secs(720));
-    // The console, line by line: the emulated host announces brigd's pin and token, then the
-    // SDK on this side drives it; the rest is checked once the emulated host has shut down.
-    let stdout = qemu.stdout.take().expect("stdout");
-    let (endpoint_tx, endpoint_rx) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        let mut log = String::new();
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(rest) = line.trim().strip_prefix("BRIG-L1-ENDPOINT ") {
-                let _ = endpoint_tx.send(rest.to_string());
-            }
-            log.push_str(&line);
-            log.push('\n');
-        }
-        log
-    });
-    let outside = match endpoint_rx.recv_timeout(Duration::from_secs(660)) {
-        Ok(endpoint) => drive_from_outside(port, &endpoint),
-        Err(_) => Err("the emulated host never announced brigd".to_string()),
-    };
-    if outside.is_err() {
-        // The emulated host would wait minutes for a done marker that never comes.
-        let _ = qemu.kill();
-    }
-    let log = reader.join().expect("console reader");
-    let status = qemu.wait().expect("wait");
-    let _ = watchdog.join();
-    emulated::keep_report("microvm-linux-boot.log", &log);
+    let run = emulated::run_driven(
+        emulated::qemu(Some(port), None, ""),
+        port,
+        Duration::from_secs(720),
+        Duration::from_secs(660),
+        "microvm-linux-boot.log",
+        drive_from_outside,
+    );
+    let (log, status, outside) = (run.log, run.status, run.outside);
     let has = |marker: &str| log.contains(marker);
     assert!(has("BRIG-L1-UP kvm=yes"), "the emulated host has no KVM (status {status}):\n{log}");
     assert!(has("BRIG-L2-UP kernel=6."), "the guest did not reach init:\n{log}");
@@ -139,183 +119,121 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
 /// request, forks into two children that start from its state; a sandbox of two stacked
 /// layers sees both; then a sandbox labelled
 /// `phase=done` tells the emulated host to finish.
-fn drive_from_outside(port: u16, endpoint: &str) -> Result<(), String> {
-    let field = |key: &str| {
-        endpoint
-            .split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
-            .map(str::to_string)
-            .ok_or_else(|| format!("no {key} in {endpoint:?}"))
-    };
-    let (pin, token) = (field("pin")?, field("token")?);
-    let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
-    rt.block_on(async move {
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-        let opts = ConnectOptions::new(addr, Pin::Sha256(pin), token);
-        let client = Client::connect(opts).await.map_err(|e| format!("connect: {e}"))?;
-        let e = |what: &'static str| move |err: brig_sdk::Error| format!("{what}: {err}");
-        let sb = client.create(SandboxOptions::tier(Tier::Microvm)).await.map_err(e("create"))?;
-        let out =
-            sb.exec(["sh", "-c", "echo out; echo err >&2; exit 3"]).await.map_err(e("exec"))?;
-        if out.stdout != b"out\n" || out.stderr != b"err\n" || out.result.exit_code != Some(3) {
-            return Err(format!("exec: {out:?}"));
+async fn drive_from_outside(client: Client) -> Result<(), String> {
+    let e = |what: &'static str| move |err: brig_sdk::Error| format!("{what}: {err}");
+    let sb = client.create(SandboxOptions::tier(Tier::Microvm)).await.map_err(e("create"))?;
+    let pace = Pace { slow: 10 };
+    check_exec_output(&sb).await?;
+    check_streaming(&sb, pace).await?;
+    // Stdin from the request.
+    let out = sb
+        .exec_with(
+            Cmd::new(["sh", "-c", "cat; echo; cd /tmp && pwd"])
+                .stdin(b"to-stdin".to_vec())
+                .cwd("/"),
+        )
+        .await
+        .map_err(e("exec with stdin"))?;
+    if out.stdout != b"to-stdin\n/tmp\n" {
+        return Err(format!("stdin: {out:?}"));
+    }
+    check_output_cap(&sb, pace).await?;
+    check_streamed_stdin(&sb).await?;
+    // A command outlives its client: listed, attached again by id, killed.
+    let running = sb
+        .exec_stream(Cmd::new(["sh", "-c", "echo started; sleep 60; echo never"]))
+        .await
+        .map_err(e("exec_stream"))?;
+    let id = running.exec_id();
+    drop(running);
+    let listed = sb.execs().await.map_err(e("execs"))?;
+    if !listed.iter().any(|x| x.exec_id == id && x.result.is_none()) {
+        return Err(format!("exec {id} not listed as running: {listed:?}"));
+    }
+    let mut again = sb.attach(id).await.map_err(e("attach"))?;
+    match again.next().await {
+        Some(Ok(ExecEvent::Stdout(b))) if &b[..] == b"started\n" => {}
+        other => return Err(format!("attached, first event: {other:?}")),
+    }
+    sb.kill(id).await.map_err(e("kill"))?;
+    let out = again.collect().await.map_err(e("collect after kill"))?;
+    if !out.stdout.is_empty() || !out.result.killed {
+        return Err(format!("after kill: {out:?}"));
+    }
+    // A shell session: state kept between commands.
+    let shell = sb.open_session().await.map_err(e("open_session"))?;
+    shell
+        .run("mkdir -p /work && cd /work && X=kept", Duration::from_secs(30))
+        .await
+        .map_err(e("session run"))?;
+    let out = shell.run("echo $X", Duration::from_secs(30)).await.map_err(e("session run"))?;
+    if out.stdout != b"kept\n" || out.cwd != "/work" || out.exit_code != Some(0) {
+        return Err(format!("session: {out:?}"));
+    }
+    shell.close().await.map_err(e("session close"))?;
+    let blob: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    sb.write_file("/work/blob", &blob).await.map_err(e("write_file"))?;
+    if sb.read_file("/work/blob").await.map_err(e("read_file"))? != blob {
+        return Err("the file changed in transit".into());
+    }
+    sb.exec(["sh", "-c", "echo kept-in-memory > /tmp/state"]).await.map_err(e("exec"))?;
+    sb.pause().await.map_err(e("pause"))?;
+    let state = sb.status().await.map_err(e("status"))?.state;
+    if state != SandboxState::Paused {
+        return Err(format!("after pause: {state:?}"));
+    }
+    // Any request resumes it, with its memory as it was.
+    let out = sb.exec(["cat", "/tmp/state", "/work/blob"]).await.map_err(e("exec"))?;
+    if !out.stdout.starts_with(b"kept-in-memory\n") || out.stdout.len() != 15 + blob.len() {
+        return Err(format!("after resume: {} bytes, {:?}", out.stdout.len(), out.stderr));
+    }
+    let kids = sb.fork(2).await.map_err(e("fork"))?;
+    let mut names = vec![sb.exec(["hostname"]).await.map_err(e("exec"))?.stdout];
+    for kid in &kids {
+        let out = kid.exec(["cat", "/tmp/state"]).await.map_err(e("exec in a child"))?;
+        if out.stdout != b"kept-in-memory\n" {
+            return Err(format!("child {}: {out:?}", kid.id()));
         }
-        // Output arrives as it is produced: three lines, a pause between them.
-        let mut stream = sb
-            .exec_stream(Cmd::shell("for i in 1 2 3; do echo line-$i; sleep 0.3; done"))
-            .await
-            .map_err(e("exec_stream"))?;
-        let mut chunks = 0;
-        while let Some(event) = stream.next().await {
-            match event.map_err(e("stream"))? {
-                ExecEvent::Stdout(_) => chunks += 1,
-                ExecEvent::Stderr(_) => {}
-                ExecEvent::Exited(result) if result.exit_code == Some(0) => break,
-                ExecEvent::Exited(result) => return Err(format!("stream: {result:?}")),
-            }
-        }
-        if chunks < 2 {
-            return Err(format!("output came in {chunks} piece(s), not as produced"));
-        }
-        // Stdin from the request; output past the cap stops the command.
-        let out = sb
-            .exec_with(
-                Cmd::new(["sh", "-c", "cat; echo; cd /tmp && pwd"])
-                    .stdin(b"to-stdin".to_vec())
-                    .cwd("/"),
-            )
-            .await
-            .map_err(e("exec with stdin"))?;
-        if out.stdout != b"to-stdin\n/tmp\n" {
-            return Err(format!("stdin: {out:?}"));
-        }
-        let out = sb
-            .exec_with(
-                Cmd::new(["sh", "-c", "while true; do echo yyyyyyyy; done"]).output_limit(10_000),
-            )
-            .await
-            .map_err(e("exec past its cap"))?;
-        if !out.result.truncated || out.stdout.len() != 10_000 {
-            return Err(format!(
-                "cap: truncated {} with {} bytes",
-                out.result.truncated,
-                out.stdout.len()
-            ));
-        }
-        // Stdin streamed as the client sends it.
-        let mut piped = sb
-            .exec_stream(Cmd::new(["sh", "-c", "wc -c"]).stdin_stream())
-            .await
-            .map_err(e("exec with streamed stdin"))?;
-        for _ in 0..4 {
-            piped.write_stdin(vec![b'x'; 50_000]).await.map_err(e("write_stdin"))?;
-        }
-        piped.close_stdin().map_err(e("close_stdin"))?;
-        let out = piped.collect().await.map_err(e("collect"))?;
-        if String::from_utf8_lossy(&out.stdout).trim() != "200000" {
-            return Err(format!("streamed stdin: {out:?}"));
-        }
-        // A command outlives its client: listed, attached again by id, killed.
-        let running = sb
-            .exec_stream(Cmd::new(["sh", "-c", "echo started; sleep 60; echo never"]))
-            .await
-            .map_err(e("exec_stream"))?;
-        let id = running.exec_id();
-        drop(running);
-        let listed = sb.execs().await.map_err(e("execs"))?;
-        if !listed.iter().any(|x| x.exec_id == id && x.result.is_none()) {
-            return Err(format!("exec {id} not listed as running: {listed:?}"));
-        }
-        let mut again = sb.attach(id).await.map_err(e("attach"))?;
-        match again.next().await {
-            Some(Ok(ExecEvent::Stdout(b))) if &b[..] == b"started\n" => {}
-            other => return Err(format!("attached, first event: {other:?}")),
-        }
-        sb.kill(id).await.map_err(e("kill"))?;
-        let out = again.collect().await.map_err(e("collect after kill"))?;
-        if !out.stdout.is_empty() || !out.result.killed {
-            return Err(format!("after kill: {out:?}"));
-        }
-        // A shell session: state kept between commands.
-        let shell = sb.open_session().await.map_err(e("open_session"))?;
-        shell
-            .run("mkdir -p /work && cd /work && X=kept", Duration::from_secs(30))
-            .await
-            .map_err(e("session run"))?;
-        let out = shell.run("echo $X", Duration::from_secs(30)).await.map_err(e("session run"))?;
-        if out.stdout != b"kept\n" || out.cwd != "/work" || out.exit_code != Some(0) {
-            return Err(format!("session: {out:?}"));
-        }
-        shell.close().await.map_err(e("session close"))?;
-        let blob: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
-        sb.write_file("/work/blob", &blob).await.map_err(e("write_file"))?;
-        if sb.read_file("/work/blob").await.map_err(e("read_file"))? != blob {
-            return Err("the file changed in transit".into());
-        }
-        sb.exec(["sh", "-c", "echo kept-in-memory > /tmp/state"]).await.map_err(e("exec"))?;
-        sb.pause().await.map_err(e("pause"))?;
-        let state = sb.status().await.map_err(e("status"))?.state;
-        if state != SandboxState::Paused {
-            return Err(format!("after pause: {state:?}"));
-        }
-        // Any request resumes it, with its memory as it was.
-        let out = sb.exec(["cat", "/tmp/state", "/work/blob"]).await.map_err(e("exec"))?;
-        if !out.stdout.starts_with(b"kept-in-memory\n") || out.stdout.len() != 15 + blob.len() {
-            return Err(format!("after resume: {} bytes, {:?}", out.stdout.len(), out.stderr));
-        }
-        let kids = sb.fork(2).await.map_err(e("fork"))?;
-        let mut names = vec![sb.exec(["hostname"]).await.map_err(e("exec"))?.stdout];
-        for kid in &kids {
-            let out = kid.exec(["cat", "/tmp/state"]).await.map_err(e("exec in a child"))?;
-            if out.stdout != b"kept-in-memory\n" {
-                return Err(format!("child {}: {out:?}", kid.id()));
-            }
-            names.push(kid.exec(["hostname"]).await.map_err(e("exec"))?.stdout);
-        }
-        names.sort();
-        names.dedup();
-        if names.len() != 3 {
-            return Err(format!("children share a hostname: {names:?}"));
-        }
-        for s in kids.iter().chain(std::iter::once(&sb)) {
-            s.destroy().await.map_err(e("destroy"))?;
-        }
-        // An image of two layers stacked (base first), each a read-only disk of the VM.
-        let stacked = client
-            .create(SandboxOptions::tier(Tier::Microvm).image("busybox+extra"))
-            .await
-            .map_err(e("create busybox+extra"))?;
-        let out = stacked
-            .exec([
-                "sh",
-                "-c",
-                "cat /etc/extra-layer.txt; test -x /bin/busybox && echo busybox-too",
-            ])
-            .await
-            .map_err(e("exec in busybox+extra"))?;
-        if out.stdout != b"from the extra layer\nbusybox-too\n" {
-            return Err(format!("layers not stacked: {out:?}"));
-        }
-        // Its files live on its writable disk, which a fork copies while the parent stands still.
-        stacked
-            .exec(["sh", "-c", "echo on-the-disk > /data.txt && sync"])
-            .await
-            .map_err(e("write on the disk"))?;
-        let kid = stacked.fork(1).await.map_err(e("fork of an image sandbox"))?;
-        let kid = kid.first().ok_or("fork made no child")?;
-        let out =
-            kid.exec(["cat", "/data.txt", "/etc/extra-layer.txt"]).await.map_err(e("exec"))?;
-        if out.stdout != b"on-the-disk\nfrom the extra layer\n" {
-            return Err(format!("forked image sandbox: {out:?}"));
-        }
-        kid.destroy().await.map_err(e("destroy"))?;
-        stacked.destroy().await.map_err(e("destroy"))?;
-        client
-            .create(SandboxOptions::tier(Tier::Microvm).label("phase", "done"))
-            .await
-            .map_err(e("create the done marker"))?;
-        Ok(())
-    })
+        names.push(kid.exec(["hostname"]).await.map_err(e("exec"))?.stdout);
+    }
+    names.sort();
+    names.dedup();
+    if names.len() != 3 {
+        return Err(format!("children share a hostname: {names:?}"));
+    }
+    for s in kids.iter().chain(std::iter::once(&sb)) {
+        s.destroy().await.map_err(e("destroy"))?;
+    }
+    // An image of two layers stacked (base first), each a read-only disk of the VM.
+    let stacked = client
+        .create(SandboxOptions::tier(Tier::Microvm).image("busybox+extra"))
+        .await
+        .map_err(e("create busybox+extra"))?;
+    let out = stacked
+        .exec(["sh", "-c", "cat /etc/extra-layer.txt; test -x /bin/busybox && echo busybox-too"])
+        .await
+        .map_err(e("exec in busybox+extra"))?;
+    if out.stdout != b"from the extra layer\nbusybox-too\n" {
+        return Err(format!("layers not stacked: {out:?}"));
+    }
+    // Its files live on its writable disk, which a fork copies while the parent stands still.
+    stacked
+        .exec(["sh", "-c", "echo on-the-disk > /data.txt && sync"])
+        .await
+        .map_err(e("write on the disk"))?;
+    let kid = stacked.fork(1).await.map_err(e("fork of an image sandbox"))?;
+    let kid = kid.first().ok_or("fork made no child")?;
+    let out = kid.exec(["cat", "/data.txt", "/etc/extra-layer.txt"]).await.map_err(e("exec"))?;
+    if out.stdout != b"on-the-disk\nfrom the extra layer\n" {
+        return Err(format!("forked image sandbox: {out:?}"));
+    }
+    kid.destroy().await.map_err(e("destroy"))?;
+    stacked.destroy().await.map_err(e("destroy"))?;
+    client
+        .create(SandboxOptions::tier(Tier::Microvm).label("phase", "done"))
+        .await
+        .map_err(e("create the done marker"))?;
+    Ok(())
 }
 
 #[test]

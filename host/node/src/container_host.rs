@@ -15,13 +15,12 @@
 //! ```
 //! Placement: the create's `placement`, else `[container_host] placement` (`host` or `vm`).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use brig_container::session::Session;
+use brig_container::session::SessionTable;
 use brig_core::{SandboxId, Tier};
 use brig_vmtier::{HostedContainer, MicroVm, VmTier, VmTierConfig, VmTierError};
 use parking_lot::Mutex;
@@ -192,8 +191,7 @@ pub(crate) struct HostedSandbox {
     pub memory_bytes: u64,
     pub cpu_millis: u64,
     pub execs: ExecTable,
-    sessions: Mutex<HashMap<String, Arc<Session>>>,
-    next_session: AtomicU64,
+    pub sessions: SessionTable,
 }
 
 impl HostedSandbox {
@@ -215,33 +213,9 @@ impl HostedSandbox {
         format!("vm:{}", self.host.name)
     }
 
-    pub fn add_session(&self, session: Session) -> String {
-        let n = self.next_session.fetch_add(1, Ordering::Relaxed);
-        let id = format!("s{n}");
-        self.sessions.lock().insert(id.clone(), Arc::new(session));
-        id
-    }
-
-    pub fn session(&self, id: &str) -> Option<Arc<Session>> {
-        self.sessions.lock().get(id).cloned()
-    }
-
-    pub fn remove_session(&self, id: &str) -> Option<Arc<Session>> {
-        self.sessions.lock().remove(id)
-    }
-
-    pub fn session_ids(&self) -> Vec<String> {
-        let mut ids: Vec<String> = self.sessions.lock().keys().cloned().collect();
-        ids.sort();
-        ids
-    }
-
     /// Removes the container from its VM (nothing to do once the VM is gone).
     pub async fn destroy(&self) {
-        let sessions: Vec<_> = self.sessions.lock().drain().map(|(_, s)| s).collect();
-        for s in sessions {
-            s.close().await;
-        }
+        self.sessions.close_all().await;
         self.host.hosted.fetch_sub(1, Ordering::Relaxed);
         if self.host.lost().is_none() {
             if let Err(e) = self.guest().destroy().await {
@@ -426,8 +400,7 @@ impl ContainerHosts {
             memory_bytes,
             cpu_millis,
             execs: ExecTable::default(),
-            sessions: Mutex::default(),
-            next_session: AtomicU64::new(1),
+            sessions: SessionTable::default(),
         })
     }
 

@@ -17,6 +17,37 @@ use crate::{Node, NodeError};
 
 /// Download piece size.
 pub const CHUNK_BYTES: usize = 256 << 10;
+/// Largest file moved in or out of a guest (a microVM's, or a container-host VM's container)
+/// in one request: it is held in memory on its way through the agent.
+const MAX_GUEST_FILE: u64 = 256 << 20;
+
+impl Node {
+    /// The whole upload of a file request for a guest, within [`MAX_GUEST_FILE`] and the
+    /// node's upload limit.
+    pub(crate) async fn guest_upload(&self, exchange: &mut Exchange) -> Result<Vec<u8>, NodeError> {
+        let limit = MAX_GUEST_FILE.min(self.inner.config.max_upload_bytes);
+        exchange
+            .read_upload_to_end(usize::try_from(limit).unwrap_or(usize::MAX))
+            .await
+            .map_err(|_| NodeError::UploadTooLarge(limit))
+    }
+}
+
+/// Sends the `offset`/`len` range of a file read from a guest: `FileData`, then the bytes.
+pub(crate) async fn send_range(
+    exchange: &mut Exchange,
+    data: &[u8],
+    offset: u64,
+    len: Option<u64>,
+) -> Result<(), NodeError> {
+    let start = usize::try_from(offset).unwrap_or(usize::MAX).min(data.len());
+    let end = len
+        .and_then(|len| usize::try_from(len).ok())
+        .map_or(data.len(), |len| start.saturating_add(len).min(data.len()));
+    exchange.reply(&Reply::FileData { size: (end - start) as u64 }).await?;
+    exchange.send_raw(bytes::Bytes::copy_from_slice(&data[start..end])).await?;
+    Ok(())
+}
 
 /// The sandbox, operation and path of a file request, for the audit trail.
 pub(crate) fn audited_op(request: &Request) -> Option<(String, &'static str, String)> {

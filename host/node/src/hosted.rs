@@ -13,9 +13,6 @@ use crate::microvm_exec::{feed_bytes, feed_upload};
 use crate::sandboxes::{SandboxEntry, TierHandle};
 use crate::{Node, NodeError};
 
-/// Largest file moved in or out of a container-host VM in one request (held in memory).
-const MAX_HOSTED_FILE: u64 = 256 << 20;
-
 impl Node {
     pub(crate) fn container_hosts(&self) -> Result<&Arc<ContainerHosts>, NodeError> {
         self.inner.container_hosts.as_ref().map_err(|why| NodeError::TierUnavailable {
@@ -81,11 +78,7 @@ impl Node {
         exchange: &mut Exchange,
     ) -> Result<Option<Reply>, NodeError> {
         let TierHandle::Hosted(h) = &entry.handle else { return Ok(None) };
-        let limit = MAX_HOSTED_FILE.min(self.inner.config.max_upload_bytes);
-        let data = exchange
-            .read_upload_to_end(usize::try_from(limit).unwrap_or(usize::MAX))
-            .await
-            .map_err(|_| NodeError::UploadTooLarge(limit))?;
+        let data = self.guest_upload(exchange).await?;
         let guest = h.guest();
         if !req.parents {
             // As on the node's kernel: without `parents` the directory must exist.
@@ -109,13 +102,7 @@ impl Node {
     ) -> Result<Option<Reply>, NodeError> {
         let TierHandle::Hosted(h) = &entry.handle else { return Ok(None) };
         let data = h.guest().get(&req.path).await.map_err(host_error)?;
-        let start = usize::try_from(req.offset).unwrap_or(usize::MAX).min(data.len());
-        let end = req
-            .len
-            .and_then(|len| usize::try_from(len).ok())
-            .map_or(data.len(), |len| start.saturating_add(len).min(data.len()));
-        exchange.reply(&Reply::FileData { size: (end - start) as u64 }).await?;
-        exchange.send_raw(bytes::Bytes::copy_from_slice(&data[start..end])).await?;
+        crate::files::send_range(exchange, &data, req.offset, req.len).await?;
         entry.touch();
         Ok(None)
     }

@@ -135,9 +135,6 @@ pub(crate) fn vm_error(e: VmTierError) -> NodeError {
     }
 }
 
-/// Largest file moved in or out of a microVM in one request (it is held in memory).
-const MAX_VM_FILE: u64 = 256 << 20;
-
 /// A sandbox path as the guest sees it (absolute; relative paths start at /).
 fn guest_path(path: &str) -> String {
     if path.starts_with('/') {
@@ -273,11 +270,7 @@ impl Node {
                 op: "appending to a file (not in the microvm tier yet)",
             });
         }
-        let limit = MAX_VM_FILE.min(self.inner.config.max_upload_bytes);
-        let data = exchange
-            .read_upload_to_end(usize::try_from(limit).unwrap_or(usize::MAX))
-            .await
-            .map_err(|_| NodeError::UploadTooLarge(limit))?;
+        let data = self.guest_upload(exchange).await?;
         vm.tier.write_file(vm, &guest_path(&req.path), &data).await.map_err(vm_error)?;
         entry.touch();
         Ok(Some(Reply::Written { bytes: data.len() as u64 }))
@@ -292,13 +285,7 @@ impl Node {
     ) -> Result<Option<Reply>, NodeError> {
         let TierHandle::Microvm(vm) = &entry.handle else { return Ok(None) };
         let data = vm.tier.read_file(vm, &guest_path(&req.path)).await.map_err(vm_error)?;
-        let start = usize::try_from(req.offset).unwrap_or(usize::MAX).min(data.len());
-        let end = req
-            .len
-            .and_then(|len| usize::try_from(len).ok())
-            .map_or(data.len(), |len| start.saturating_add(len).min(data.len()));
-        exchange.reply(&Reply::FileData { size: (end - start) as u64 }).await?;
-        exchange.send_raw(bytes::Bytes::copy_from_slice(&data[start..end])).await?;
+        crate::files::send_range(exchange, &data, req.offset, req.len).await?;
         entry.touch();
         Ok(None)
     }

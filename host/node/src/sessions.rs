@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use brig_container::session::{Session, SessionEvent};
+use brig_container::session::{Session, SessionEvent, SessionTable};
 use brig_proto::{AuditKind, OutputStream, Reply, SessionOpenRequest};
 use brig_transport::Exchange;
 use tokio::sync::mpsc;
@@ -28,12 +28,7 @@ impl Node {
     }
 
     fn session_of(entry: &SandboxEntry, id: &str) -> Result<Arc<Session>, NodeError> {
-        let found = match &entry.handle {
-            TierHandle::Container(c) => c.session(id).ok(),
-            TierHandle::Microvm(vm) => vm.session(id),
-            TierHandle::Hosted(h) => h.session(id),
-            TierHandle::Fncall(_) => None,
-        };
+        let found = sessions(entry).and_then(|table| table.get(id));
         found.ok_or_else(|| NodeError::NoSuchSession(id.to_string()))
     }
 
@@ -56,7 +51,7 @@ impl Node {
                     .open_session(vm, &shell, req.env, &cwd)
                     .await
                     .map_err(crate::microvm::vm_error)?;
-                vm.add_session(session)
+                vm.sessions.add(session)
             }
             TierHandle::Hosted(h) => {
                 let shell = req.shell.unwrap_or_else(|| h.shell.clone());
@@ -67,7 +62,7 @@ impl Node {
                     .open_session(&shell, env, &cwd, req.user)
                     .await
                     .map_err(crate::container_host::host_error)?;
-                h.add_session(session)
+                h.sessions.add(session)
             }
             TierHandle::Fncall(_) => unreachable!("session_host refuses fncall sandboxes"),
         };
@@ -100,12 +95,7 @@ impl Node {
         session: &str,
     ) -> Result<(), NodeError> {
         let entry = self.session_host(sandbox).await?;
-        let removed = match &entry.handle {
-            TierHandle::Container(c) => c.remove_session(session),
-            TierHandle::Microvm(vm) => vm.remove_session(session),
-            TierHandle::Hosted(h) => h.remove_session(session),
-            TierHandle::Fncall(_) => None,
-        };
+        let removed = sessions(&entry).and_then(|table| table.remove(session));
         removed.ok_or_else(|| NodeError::NoSuchSession(session.to_string()))?.close().await;
         Ok(())
     }
@@ -113,12 +103,7 @@ impl Node {
     /// Ids of a sandbox's open sessions (for a client that reconnects).
     pub(crate) fn session_ids(&self, sandbox: &str) -> Result<Vec<String>, NodeError> {
         let entry = self.inner.sandboxes.get(sandbox)?;
-        Ok(match &entry.handle {
-            TierHandle::Container(c) => c.session_ids(),
-            TierHandle::Microvm(vm) => vm.session_ids(),
-            TierHandle::Hosted(h) => h.session_ids(),
-            TierHandle::Fncall(_) => Vec::new(),
-        })
+        Ok(sessions(&entry).map(SessionTable::ids).unwrap_or_default())
     }
 
     /// Runs (`Some(command)`) or waits on (`None`) a session command, streaming its output.
@@ -144,6 +129,16 @@ impl Node {
         let reply = stream_session(&session, command, timeout, exchange).await;
         entry.touch();
         reply
+    }
+}
+
+/// A sandbox's session table (none for fncall sandboxes).
+fn sessions(entry: &SandboxEntry) -> Option<&SessionTable> {
+    match &entry.handle {
+        TierHandle::Container(c) => Some(&c.sessions),
+        TierHandle::Microvm(vm) => Some(&vm.sessions),
+        TierHandle::Hosted(h) => Some(&h.sessions),
+        TierHandle::Fncall(_) => None,
     }
 }
 

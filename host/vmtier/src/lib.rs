@@ -120,9 +120,8 @@ pub struct MicroVm {
     memory_from: std::sync::Mutex<PathBuf>,
     /// Saved to `memory_from` with no VMM running.
     paused: std::sync::atomic::AtomicBool,
-    /// Open shell sessions, by id.
-    sessions: std::sync::Mutex<HashMap<String, std::sync::Arc<brig_container::session::Session>>>,
-    next_session: std::sync::atomic::AtomicU64,
+    /// Open shell sessions (their shells end with the VM).
+    pub sessions: brig_container::session::SessionTable,
 }
 
 impl MicroVm {
@@ -156,7 +155,6 @@ impl MicroVm {
             memory_from: std::sync::Mutex::new(memory_from),
             paused: Default::default(),
             sessions: Default::default(),
-            next_session: Default::default(),
         }
     }
 }
@@ -236,40 +234,6 @@ fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl MicroVm {
-    /// Keeps an open session; returns its id.
-    pub fn add_session(&self, session: brig_container::session::Session) -> String {
-        let n = self.next_session.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let id = format!("s{n}");
-        locked(&self.sessions).insert(id.clone(), std::sync::Arc::new(session));
-        id
-    }
-
-    pub fn session(&self, id: &str) -> Option<std::sync::Arc<brig_container::session::Session>> {
-        locked(&self.sessions).get(id).cloned()
-    }
-
-    /// Forgets session `id` (the caller closes it).
-    pub fn remove_session(
-        &self,
-        id: &str,
-    ) -> Option<std::sync::Arc<brig_container::session::Session>> {
-        locked(&self.sessions).remove(id)
-    }
-
-    pub fn session_ids(&self) -> Vec<String> {
-        let mut ids: Vec<String> = locked(&self.sessions).keys().cloned().collect();
-        ids.sort();
-        ids
-    }
-
-    /// Ends every session (their shells go with the connection to the agent).
-    pub(crate) async fn close_sessions(&self) {
-        let sessions: Vec<_> = locked(&self.sessions).drain().map(|(_, s)| s).collect();
-        for s in sessions {
-            s.close().await;
-        }
-    }
-
     /// The VMM's console log.
     pub fn log(&self) -> &Path {
         &self.log
@@ -669,7 +633,7 @@ impl VmTier {
 
     /// Stops the VM and removes what it left.
     pub async fn destroy(&self, vm: &MicroVm) {
-        vm.close_sessions().await;
+        vm.sessions.close_all().await;
         self.stop_vmm(vm).await;
         for path in [&vm.uds, &vm.control, &vm.log] {
             let _ = std::fs::remove_file(path);

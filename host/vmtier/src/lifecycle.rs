@@ -126,7 +126,7 @@ impl VmTier {
         }
         let freed = self.stats(vm).await.map(|s| s.rss_kib << 10).unwrap_or(0);
         // A session's connection to the agent does not survive the VMM: its shells end here.
-        vm.close_sessions().await;
+        vm.sessions.close_all().await;
         let dir = self.saved_dir(&vm.id);
         if let Some(parent) = dir.parent() {
             std::fs::create_dir_all(parent).map_err(io("saved snapshots"))?;

@@ -5,9 +5,7 @@
 mod exec;
 mod sessions;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,12 +13,11 @@ use brig_container::cgroup::CgroupLimits;
 use brig_container::protect::{Protected, Protections};
 use brig_container::rootfs::LayerSource;
 use brig_container::runtime::{Container, ContainerSpec, Runtime, RuntimeConfig};
-use brig_container::session::Session;
+use brig_container::session::SessionTable;
 use brig_container::shim_proto::ExitInfo;
 use brig_core::SandboxId;
 use brig_images::{LayerStore, ResolvedLayer};
 use brig_proto::{CreateRequest, ExecResult};
-use parking_lot::Mutex;
 
 use crate::config::ContainerConfig;
 use crate::exec_hub::ExecTable;
@@ -207,8 +204,7 @@ impl ContainerTier {
             limits: spec.limits,
             disk_bytes: spec.disk_bytes,
             execs: ExecTable::default(),
-            sessions: Mutex::new(HashMap::new()),
-            next_session: AtomicU64::new(1),
+            sessions: SessionTable::default(),
             layer_digests: digests,
             protected: spec.protect.paths,
         })
@@ -246,8 +242,7 @@ impl ContainerTier {
             },
             disk_bytes: record.disk_bytes,
             execs: ExecTable::default(),
-            sessions: Mutex::new(HashMap::new()),
-            next_session: AtomicU64::new(1),
+            sessions: SessionTable::default(),
             layer_digests: record.layer_digests.clone(),
             protected: record
                 .protected
@@ -303,8 +298,7 @@ impl ContainerTier {
             limits: parent.limits,
             disk_bytes: parent.disk_bytes,
             execs: ExecTable::default(),
-            sessions: Mutex::new(HashMap::new()),
-            next_session: AtomicU64::new(1),
+            sessions: SessionTable::default(),
             layer_digests: parent.layer_digests.clone(),
             protected: parent.protected.clone(),
         })
@@ -334,8 +328,7 @@ pub(crate) struct ContainerSandbox {
     limits: CgroupLimits,
     disk_bytes: u64,
     pub(crate) execs: ExecTable,
-    sessions: Mutex<HashMap<String, Arc<Session>>>,
-    next_session: AtomicU64,
+    pub sessions: SessionTable,
     /// Store layers this container uses (released when it is destroyed).
     pub layer_digests: Vec<String>,
     /// Protected paths (kept for forks).
@@ -464,10 +457,7 @@ impl ContainerSandbox {
 
     /// Kills everything in the container and removes it.
     pub async fn destroy(&self) -> Result<(), NodeError> {
-        let sessions: Vec<_> = self.sessions.lock().drain().map(|(_, s)| s).collect();
-        for s in sessions {
-            s.close().await;
-        }
+        self.sessions.close_all().await;
         Ok(self.container.destroy().await?)
     }
 }
