@@ -269,7 +269,11 @@ fn save_with_disks(
     dir: &Path,
     writable_disks: &[PathBuf],
 ) -> Result<(), String> {
-    crate::linux_snapshot::save(vm, dir).map_err(|e| e.to_string())?;
+    // Devices stay still from reading their state to the last disk copy: a backend thread
+    // delivering vsock or net data would otherwise change guest memory mid-dump.
+    let devices = vm.devices.clone();
+    let held = crate::linux::lock_devices(&devices);
+    crate::linux_snapshot::save_quiesced(vm, &held, dir).map_err(|e| e.to_string())?;
     for (i, disk) in writable_disks.iter().enumerate() {
         let to = dir.join(format!("disk-{i}"));
         crate::sparse::copy_sparse(disk, &to)

@@ -105,6 +105,12 @@ pub type Devices = Arc<Mutex<Vec<(MmioTransport, EventFd)>>>;
 fn lock(devices: &Devices) -> std::sync::MutexGuard<'_, Vec<(MmioTransport, EventFd)>> {
     devices.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+/// The VM's devices, locked: while the guard lives no backend thread reaches guest memory or
+/// device state (a snapshot holds it from reading device state to the end of its disk copies).
+pub fn lock_devices(devices: &Devices) -> std::sync::MutexGuard<'_, Vec<(MmioTransport, EventFd)>> {
+    lock(devices)
+}
 pub const FIRST_GSI: u32 = 5;
 
 /// A guest physical address (not RAM) whose write asks the VMM to snapshot the VM: a test

@@ -226,8 +226,23 @@ fn save_vcpu(
 }
 
 /// Saves a stopped VM (after [`LinuxVm::run`] returned, which parks every vCPU but the
-/// first) into `dir`.
-pub fn save(vm: &mut LinuxVm, dir: &Path) -> Result<(), LinuxSnapshotError> {
+/// first) into `dir`, its devices held still for the whole save (see [`save_quiesced`]).
+pub fn save(vm: &LinuxVm, dir: &Path) -> Result<(), LinuxSnapshotError> {
+    let devices = vm.devices.clone();
+    let held = crate::linux::lock_devices(&devices);
+    save_quiesced(vm, &held, dir)
+}
+
+/// Saves a stopped VM into `dir` while the caller holds its device lock (`held`): device
+/// backends (vsock's host sockets, net's tap) write guest memory only through the transports
+/// behind that lock, so nothing changes guest RAM or device state between the moment the
+/// device state is read and the end of the memory dump. Keep holding it for anything that must
+/// match the saved memory (disk copies).
+pub fn save_quiesced(
+    vm: &LinuxVm,
+    held: &[(crate::virtio::mmio::MmioTransport, vmm_sys_util::eventfd::EventFd)],
+    dir: &Path,
+) -> Result<(), LinuxSnapshotError> {
     let io = |path: PathBuf| move |source| LinuxSnapshotError::Io { path, source };
     let mut sections = Vec::new();
     for (index, vcpu) in vm.vcpus.iter().enumerate() {
@@ -247,14 +262,7 @@ pub fn save(vm: &mut LinuxVm, dir: &Path) -> Result<(), LinuxSnapshotError> {
         (Tag::Clock, pod(&vm.vm.get_clock().map_err(kvm("get clock"))?)),
         (Tag::Serial, serial_bytes(&console)),
     ]);
-    let saved: Vec<Vec<u8>> = vm
-        .devices
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .iter()
-        .map(|(d, _)| d.save_state())
-        .collect();
-    sections.extend(saved.into_iter().map(|b| (Tag::Device, b)));
+    sections.extend(held.iter().map(|(d, _)| (Tag::Device, d.save_state())));
     std::fs::create_dir_all(dir).map_err(io(dir.into()))?;
     let mem_path = dir.join("vm.mem");
     let f = File::create(&mem_path).map_err(io(mem_path.clone()))?;

@@ -388,7 +388,7 @@ fn main() -> anyhow::Result<()> {
                 &writable(&disks),
             );
             if let (Ending::SnapshotRequested, Some(dir)) = (&ending, &snapshot_to) {
-                brig_vmm::linux_snapshot::save(&mut vm, dir)?;
+                brig_vmm::linux_snapshot::save(&vm, dir)?;
                 eprintln!(
                     "brig-vmm: snapshot saved to {} after {:.2} s; devices (type, requests served) {:?}",
                     dir.display(),

@@ -97,7 +97,7 @@ fn a_waiting_vm_with_one_vcpu_takes_a_two_vcpu_snapshot() {
     let dir = tempfile::tempdir().expect("tmp");
     let mut vm = spinning_vm();
     vm.run(Duration::from_millis(100));
-    brig_vmm::linux_snapshot::save(&mut vm, dir.path()).expect("save");
+    brig_vmm::linux_snapshot::save(&vm, dir.path()).expect("save");
     let waiting = LinuxVm::create(32, 1, false).expect("VM");
     let side = brig_vmm::linux_snapshot::HostSide::default();
     let mut restored =

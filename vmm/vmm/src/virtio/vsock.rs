@@ -6,7 +6,11 @@
 //!
 //! Threads: the vCPU thread serves the driver's notifications (TX packets go to host sockets);
 //! a backend thread polls the host sockets and, holding the device's lock, queues packets for
-//! the guest and asks the transport to deliver them (see [`VsockBackend`]).
+//! the guest and asks the transport to deliver them (see [`VsockBackend`]). The vCPU thread
+//! never waits on a host socket: guest data a host reader is not taking yet waits in the
+//! connection's own buffer (at most the receive window the guest was granted), and the backend
+//! writes it out when the socket has room; only bytes written out count as consumed, so the
+//! guest's credit holds a slow reader's connection back and no other.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
@@ -103,6 +107,10 @@ enum ConnState {
 struct Conn {
     stream: UnixStream,
     state: ConnState,
+    /// Guest data the host socket has not taken yet (at most [`BUF_ALLOC`]).
+    to_host: VecDeque<u8>,
+    /// The guest shut the stream down: hang up once `to_host` is written out.
+    guest_done: bool,
     /// Bytes of guest data written to the host socket (our fwd_cnt).
     fwd_cnt: u32,
     /// Bytes we sent to the guest.
@@ -112,9 +120,50 @@ struct Conn {
 }
 
 impl Conn {
+    fn new(stream: UnixStream) -> Conn {
+        Conn {
+            stream,
+            state: ConnState::Connecting,
+            to_host: VecDeque::new(),
+            guest_done: false,
+            fwd_cnt: 0,
+            tx_cnt: 0,
+            peer_buf_alloc: 0,
+            peer_fwd_cnt: 0,
+        }
+    }
+
     /// How much the guest can take now.
     fn peer_credit(&self) -> u32 {
         self.peer_buf_alloc.saturating_sub(self.tx_cnt.wrapping_sub(self.peer_fwd_cnt))
+    }
+
+    /// Writes what the host socket takes now of the buffered guest data, never waiting.
+    /// Returns how many bytes went out, or the socket's error (the connection is then dead).
+    fn flush(&mut self) -> std::io::Result<usize> {
+        let mut written = 0;
+        while !self.to_host.is_empty() {
+            let (front, _) = self.to_host.as_slices();
+            match self.stream.write(front) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.to_host.drain(..n);
+                    written += n;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(written)
+    }
+
+    /// Counts `n` bytes as consumed; true when the guest should hear of the freed space (once
+    /// a quarter of the window has gone by).
+    fn consumed(&mut self, n: usize) -> bool {
+        let before = self.fwd_cnt / (BUF_ALLOC / 4);
+        self.fwd_cnt = self.fwd_cnt.wrapping_add(n as u32);
+        n > 0 && self.fwd_cnt / (BUF_ALLOC / 4) != before
     }
 }
 
@@ -194,16 +243,25 @@ impl Vsock {
                 let _ = conn.stream.write_all(format!("OK {}\n", h.dst_port).as_bytes());
             }
             OP_RW if conn.state == ConnState::Established => {
-                if write_fully(&mut conn.stream, payload).is_err() {
+                // A guest that sends past the window it was granted is broken or hostile: the
+                // buffer would grow without bound, so its connection is reset instead.
+                if conn.guest_done || conn.to_host.len() + payload.len() > BUF_ALLOC as usize {
                     shared.conns.remove(&key);
                     self.reply_later(shared, self.reply(&h, OP_RST, 0));
                     return;
                 }
-                conn.fwd_cnt = conn.fwd_cnt.wrapping_add(payload.len() as u32);
-                // Tell the guest about freed space once a quarter of the window has gone by.
-                if conn.fwd_cnt % (BUF_ALLOC / 4) < payload.len() as u32 {
-                    let update = self.reply(&h, OP_CREDIT_UPDATE, conn.fwd_cnt);
-                    self.reply_later(shared, update);
+                conn.to_host.extend(payload);
+                match conn.flush() {
+                    Ok(n) => {
+                        if conn.consumed(n) {
+                            let update = self.reply(&h, OP_CREDIT_UPDATE, conn.fwd_cnt);
+                            self.reply_later(shared, update);
+                        }
+                    }
+                    Err(_) => {
+                        shared.conns.remove(&key);
+                        self.reply_later(shared, self.reply(&h, OP_RST, 0));
+                    }
                 }
             }
             OP_CREDIT_REQUEST => {
@@ -211,6 +269,10 @@ impl Vsock {
                 self.reply_later(shared, update);
             }
             OP_CREDIT_UPDATE => {}
+            OP_SHUTDOWN if !conn.to_host.is_empty() => {
+                // Written out first; the backend hangs up once the buffer is empty.
+                conn.guest_done = true;
+            }
             OP_SHUTDOWN | OP_RST => {
                 let _ = conn.stream.shutdown(std::net::Shutdown::Both);
                 shared.conns.remove(&key);
@@ -264,23 +326,6 @@ impl Vsock {
         }
         Ok(used)
     }
-}
-
-/// Writes all of `data` to a nonblocking stream, waiting out short stalls.
-fn write_fully(stream: &mut UnixStream, mut data: &[u8]) -> std::io::Result<()> {
-    let mut stalls = 0;
-    while !data.is_empty() {
-        match stream.write(data) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => data = &data[n..],
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && stalls < 5000 => {
-                stalls += 1;
-                std::thread::sleep(std::time::Duration::from_micros(200));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 impl VirtioDevice for Vsock {
@@ -370,21 +415,28 @@ impl VsockBackend {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         use std::os::fd::{AsFd, OwnedFd};
         // Copies of the descriptors, so the device's lock is not held while we sleep.
-        let watched: Vec<OwnedFd> = {
+        let watched: Vec<(OwnedFd, PollFlags)> = {
             let Ok(shared) = self.shared.lock() else { return };
             let mut fds = vec![self.listener.as_fd().try_clone_to_owned()];
             fds.extend(shared.pending.iter().map(|(s, _)| s.as_fd().try_clone_to_owned()));
-            fds.extend(
-                shared
-                    .conns
-                    .values()
-                    .filter(|c| c.state == ConnState::Established && c.peer_credit() > 0)
-                    .map(|c| c.stream.as_fd().try_clone_to_owned()),
-            );
-            fds.into_iter().flatten().collect()
+            let mut flags = vec![PollFlags::POLLIN; fds.len()];
+            for c in shared.conns.values().filter(|c| c.state == ConnState::Established) {
+                let mut want = PollFlags::empty();
+                if c.peer_credit() > 0 {
+                    want |= PollFlags::POLLIN;
+                }
+                if !c.to_host.is_empty() {
+                    want |= PollFlags::POLLOUT;
+                }
+                if !want.is_empty() {
+                    fds.push(c.stream.as_fd().try_clone_to_owned());
+                    flags.push(want);
+                }
+            }
+            fds.into_iter().zip(flags).filter_map(|(fd, f)| Some((fd.ok()?, f))).collect()
         };
         let mut fds: Vec<PollFd<'_>> =
-            watched.iter().map(|fd| PollFd::new(fd.as_fd(), PollFlags::POLLIN)).collect();
+            watched.iter().map(|(fd, flags)| PollFd::new(fd.as_fd(), *flags)).collect();
         let timeout = PollTimeout::try_from(limit).unwrap_or(PollTimeout::MAX);
         let _ = poll(&mut fds, timeout);
     }
@@ -435,23 +487,49 @@ impl VsockBackend {
                 ..Header::default()
             };
             shared.to_guest.push_back((request, Vec::new()));
-            shared.conns.insert(
-                (host_port, port),
-                Conn {
-                    stream,
-                    state: ConnState::Connecting,
-                    fwd_cnt: 0,
-                    tx_cnt: 0,
-                    peer_buf_alloc: 0,
-                    peer_fwd_cnt: 0,
-                },
-            );
+            shared.conns.insert((host_port, port), Conn::new(stream));
         }
         shared.pending = still;
         let mut closed = Vec::new();
         let mut out = Vec::new();
         for (&(host_port, guest_port), conn) in shared.conns.iter_mut() {
             if conn.state != ConnState::Established {
+                continue;
+            }
+            let control = |op, fwd_cnt| Header {
+                src_cid: HOST_CID,
+                dst_cid: self.guest_cid,
+                src_port: host_port,
+                dst_port: guest_port,
+                type_: TYPE_STREAM,
+                op,
+                buf_alloc: BUF_ALLOC,
+                fwd_cnt,
+                ..Header::default()
+            };
+            // Guest data waiting for the host reader: out first, then news of the space.
+            if !conn.to_host.is_empty() {
+                match conn.flush() {
+                    Ok(n) => {
+                        let crossed = conn.consumed(n);
+                        if crossed || (n > 0 && conn.to_host.is_empty()) {
+                            out.push((control(OP_CREDIT_UPDATE, conn.fwd_cnt), Vec::new()));
+                        }
+                    }
+                    Err(_) => {
+                        out.push((control(OP_RST, conn.fwd_cnt), Vec::new()));
+                        closed.push((host_port, guest_port));
+                        continue;
+                    }
+                }
+                if conn.guest_done && conn.to_host.is_empty() {
+                    let _ = conn.stream.shutdown(std::net::Shutdown::Both);
+                    out.push((control(OP_RST, conn.fwd_cnt), Vec::new()));
+                    closed.push((host_port, guest_port));
+                    continue;
+                }
+            }
+            if conn.guest_done {
                 continue;
             }
             let room = (conn.peer_credit() as usize).min(MAX_PAYLOAD);
