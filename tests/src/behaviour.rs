@@ -259,3 +259,44 @@ pub async fn check_output_cap(sb: &Sandbox, pace: Pace) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// A guest decides what a file read returns: `/dev/zero` never ends and a sparse 10 GiB file
+/// reads as 10 GiB of zeros. Through the file API each is refused with `too_large` once past
+/// the node's per-read limit, and the daemon gives back what it held (its RSS ends within
+/// 96 MiB of where it started; the limit is 256 MiB). Returns a line for the report.
+pub async fn check_oversized_reads(client: &Client, sb: &Sandbox) -> Result<String, String> {
+    sb.exec(["dd", "if=/dev/zero", "of=/tmp/sparse-10g", "bs=1", "count=0", "seek=10737418240"])
+        .await
+        .map_err(err("making a sparse file"))?;
+    let before = client.node_status().await.map_err(err("node status"))?.daemon_rss_bytes;
+    let mut peak = before;
+    for path in ["/dev/zero", "/tmp/sparse-10g"] {
+        match sb.read_file(path).await {
+            Err(e) if e.code() == Some(ErrorCode::TooLarge) => {}
+            Err(e) => return Err(format!("reading {path}: {e} (wanted too_large)")),
+            Ok(data) => return Err(format!("reading {path} returned {} bytes", data.len())),
+        }
+        let now = client.node_status().await.map_err(err("node status"))?.daemon_rss_bytes;
+        peak = peak.max(now);
+    }
+    // The sandbox and the daemon still serve.
+    let out = sb.exec(["echo", "still-here"]).await.map_err(err("exec after the reads"))?;
+    if out.stdout != b"still-here\n" {
+        return Err(format!("exec after the reads: {out:?}"));
+    }
+    let after = client.node_status().await.map_err(err("node status"))?.daemon_rss_bytes;
+    let mib = |b: u64| b / (1 << 20);
+    if after > before + (96 << 20) {
+        return Err(format!(
+            "brigd's RSS grew from {} MiB to {} MiB over two refused reads",
+            mib(before),
+            mib(after)
+        ));
+    }
+    Ok(format!(
+        "oversized reads refused (too_large); brigd RSS {} -> {} MiB (peak seen {} MiB)",
+        mib(before),
+        mib(after),
+        mib(peak)
+    ))
+}

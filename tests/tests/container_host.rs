@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use brig_sdk::{Client, ErrorCode, Placement, SandboxOptions, SandboxState};
-use brig_tests::behaviour::{check_container, Pace};
+use brig_tests::behaviour::{check_container, check_oversized_reads, Pace};
 use brig_tests::emulated::{self, free_udp_port};
 
 #[test]
@@ -59,6 +59,12 @@ async fn drive_from_outside(client: Client) -> Result<String, String> {
     for name in &passed {
         report.push_str(&format!("  {name}\n"));
     }
+
+    // File reads a guest makes endless are refused, and brigd holds nothing after.
+    let reader = client.create(in_vm()).await.map_err(e("create"))?;
+    report.push_str(&check_oversized_reads(&client, &reader).await?);
+    report.push('\n');
+    reader.destroy().await.map_err(e("destroy"))?;
 
     // The VM dies under a running sandbox.
     let victim = client.create(in_vm()).await.map_err(e("create"))?;

@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use brig_sdk::{Client, Cmd, ExecEvent, SandboxOptions, SandboxState, Tier};
 use brig_tests::behaviour::{
-    check_exec_output, check_output_cap, check_streamed_stdin, check_streaming, Pace,
+    check_exec_output, check_output_cap, check_oversized_reads, check_streamed_stdin,
+    check_streaming, Pace,
 };
 use brig_tests::emulated::{self, free_udp_port, vm_artifact};
 use brig_vmm::linux::LinuxVm;
@@ -176,6 +177,7 @@ async fn drive_from_outside(client: Client) -> Result<(), String> {
     if sb.read_file("/work/blob").await.map_err(e("read_file"))? != blob {
         return Err("the file changed in transit".into());
     }
+    check_oversized_reads(&client, &sb).await?;
     sb.exec(["sh", "-c", "echo kept-in-memory > /tmp/state"]).await.map_err(e("exec"))?;
     sb.pause().await.map_err(e("pause"))?;
     let state = sb.status().await.map_err(e("status"))?.state;

@@ -467,6 +467,8 @@ pub(crate) fn host_error(e: VmTierError) -> NodeError {
             None => NodeError::HostedContainer(message),
         },
         VmTierError::Unavailable(why) => NodeError::TierUnavailable { tier: Tier::Container, why },
+        e @ VmTierError::ReplyTooLarge { .. } => NodeError::GuestReplyTooLarge(e.to_string()),
+        e @ VmTierError::ReplyTimeout(_) => NodeError::GuestReplyTimeout(e.to_string()),
         other => NodeError::HostedContainer(crate::error::chain(&other)),
     }
 }

@@ -71,6 +71,12 @@ pub enum NodeError {
     HostedFile { kind: std::io::ErrorKind, message: String },
     #[error("in the container-host VM: {0}")]
     HostedContainer(String),
+    /// A guest's answer ran past what the node takes in for it (a file read of `/dev/zero`).
+    #[error("{0}")]
+    GuestReplyTooLarge(String),
+    /// A guest's answer did not end in time.
+    #[error("{0}")]
+    GuestReplyTimeout(String),
 }
 
 impl NodeError {
@@ -142,6 +148,8 @@ impl NodeError {
             NodeError::HostVmLost { .. } => ErrorCode::SandboxLost,
             NodeError::HostedFile { kind, .. } => io_code(&std::io::Error::from(*kind)),
             NodeError::HostedContainer(_) => ErrorCode::Internal,
+            NodeError::GuestReplyTooLarge(_) => ErrorCode::TooLarge,
+            NodeError::GuestReplyTimeout(_) => ErrorCode::Unavailable,
         };
         WireError::new(code, chain(self))
     }

@@ -19,7 +19,7 @@ use crate::{Node, NodeError};
 pub const CHUNK_BYTES: usize = 256 << 10;
 /// Largest file moved in or out of a guest (a microVM's, or a container-host VM's container)
 /// in one request: it is held in memory on its way through the agent.
-const MAX_GUEST_FILE: u64 = 256 << 20;
+const MAX_GUEST_FILE: u64 = brig_vmtier::MAX_GUEST_FILE as u64;
 
 impl Node {
     /// The whole upload of a file request for a guest, within [`MAX_GUEST_FILE`] and the

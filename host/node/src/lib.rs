@@ -314,6 +314,7 @@ impl Node {
             sandboxes: self.inner.sandboxes.len() as u64,
             images: self.inner.store.as_ref().ok().map(|s| images::stats(s)),
             capacity: self.capacity(),
+            daemon_rss_bytes: own_rss_bytes(),
         }
     }
 
@@ -614,4 +615,11 @@ fn info(node: &Node, entry: &SandboxEntry) -> SandboxInfo {
             TierHandle::Fncall(_) | TierHandle::Microvm(_) => None,
         },
     }
+}
+
+/// This process's resident memory (`/proc/self/statm`), or 0 where it cannot be read.
+fn own_rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    pages * 4096
 }

@@ -128,6 +128,8 @@ pub(crate) fn offered(
 pub(crate) fn vm_error(e: VmTierError) -> NodeError {
     match e {
         VmTierError::Unavailable(why) => NodeError::TierUnavailable { tier: Tier::Microvm, why },
+        e @ VmTierError::ReplyTooLarge { .. } => NodeError::GuestReplyTooLarge(e.to_string()),
+        e @ VmTierError::ReplyTimeout(_) => NodeError::GuestReplyTimeout(e.to_string()),
         other => NodeError::Io {
             what: "microvm".into(),
             source: std::io::Error::other(other.to_string()),

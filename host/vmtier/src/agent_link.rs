@@ -2,6 +2,7 @@
 //! request; replies come back as frames (stdout, stderr, exit status).
 
 use std::path::Path;
+use std::time::Duration;
 
 use brig_vmm_api::agent;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -128,25 +129,71 @@ pub(crate) async fn request_with_body(
     Ok(ExecStream { reader, write: Some(write) })
 }
 
-pub(crate) async fn exec_inner(uds: &Path, command: &str) -> Result<ExecOutput, VmTierError> {
-    collect(&mut exec_stream(uds, command).await?).await
+/// How much of a reply the host takes in from a guest, and for how long: a guest decides what
+/// it sends (a file read of `/dev/zero` never ends), so every collected reply is bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplyLimits {
+    /// Output bytes (stdout and stderr together) past which the reply is refused.
+    pub max_bytes: usize,
+    /// Time from the request to the reply's last frame.
+    pub deadline: Duration,
 }
 
-/// Reads a reply stream to its end.
-pub(crate) async fn collect(stream: &mut ExecStream) -> Result<ExecOutput, VmTierError> {
+/// Largest file moved out of a guest (a microVM's, or a container-host VM's container) in one
+/// request: it is held in memory on its way through the agent.
+pub const MAX_GUEST_FILE: usize = 256 << 20;
+
+impl ReplyLimits {
+    /// Control requests and the tier's own short commands: answers of a few kilobytes.
+    pub const CONTROL: ReplyLimits =
+        ReplyLimits { max_bytes: 1 << 20, deadline: Duration::from_secs(120) };
+    /// A whole file read from a guest.
+    pub const FILE: ReplyLimits =
+        ReplyLimits { max_bytes: MAX_GUEST_FILE, deadline: Duration::from_secs(300) };
+}
+
+pub(crate) async fn exec_inner(
+    uds: &Path,
+    command: &str,
+    deadline: Duration,
+) -> Result<ExecOutput, VmTierError> {
+    let limits = ReplyLimits { deadline, ..ReplyLimits::CONTROL };
+    let mut stream = tokio::time::timeout(deadline, exec_stream(uds, command))
+        .await
+        .map_err(|_| VmTierError::ExecTimeout(deadline))??;
+    collect(&mut stream, limits).await.map_err(|e| match e {
+        VmTierError::ReplyTimeout(d) => VmTierError::ExecTimeout(d),
+        other => other,
+    })
+}
+
+/// Reads a reply stream to its end, within `limits`. Past either limit the connection is
+/// dropped (which ends the guest side) and the caller gets a typed error.
+pub(crate) async fn collect(
+    stream: &mut ExecStream,
+    limits: ReplyLimits,
+) -> Result<ExecOutput, VmTierError> {
     let mut out = ExecOutput::default();
-    loop {
-        match stream.next().await? {
-            ExecEvent::Stdout(d) => out.stdout.extend_from_slice(&d),
-            ExecEvent::Stderr(d) => out.stderr.extend_from_slice(&d),
-            ExecEvent::Signaled(signal) => {
-                out.exit_code = 128 + signal;
-                return Ok(out);
+    let mut taken = 0usize;
+    let read = async {
+        loop {
+            let event = stream.next().await?;
+            let (target, data) = match event {
+                ExecEvent::Stdout(d) => (&mut out.stdout, d),
+                ExecEvent::Stderr(d) => (&mut out.stderr, d),
+                ExecEvent::Signaled(signal) => return Ok(128 + signal),
+                ExecEvent::Exit(code) => return Ok(code),
+            };
+            taken = taken.saturating_add(data.len());
+            if taken > limits.max_bytes {
+                return Err(VmTierError::ReplyTooLarge { limit: limits.max_bytes });
             }
-            ExecEvent::Exit(code) => {
-                out.exit_code = code;
-                return Ok(out);
-            }
+            target.extend_from_slice(&data);
         }
-    }
+    };
+    let code = tokio::time::timeout(limits.deadline, read)
+        .await
+        .map_err(|_| VmTierError::ReplyTimeout(limits.deadline))??;
+    out.exit_code = code;
+    Ok(out)
 }

@@ -16,7 +16,7 @@ use brig_vmm_api::container::{
     ContainerRequest, ContainerUsage, CreateSpec, Failure, FileEntry, ProcessSpec,
 };
 
-use crate::agent_link::{collect, request_with_body};
+use crate::agent_link::{collect, request_with_body, ReplyLimits};
 use crate::{Disks, ExecStream, GuestStdin, MicroVm, VmTier, VmTierError};
 
 impl VmTier {
@@ -72,9 +72,15 @@ impl<'a> HostedContainer<'a> {
         request_with_body(self.uds, &line, &body).await
     }
 
-    /// Runs a request to its end: its STDOUT bytes, or the failure the agent reported.
-    async fn call(&self, req: &ContainerRequest, extra: &[u8]) -> Result<Vec<u8>, VmTierError> {
-        let out = collect(&mut self.send(req, extra).await?).await?;
+    /// Runs a request to its end, within `limits`: its STDOUT bytes, or the failure the agent
+    /// reported.
+    async fn call_within(
+        &self,
+        req: &ContainerRequest,
+        extra: &[u8],
+        limits: ReplyLimits,
+    ) -> Result<Vec<u8>, VmTierError> {
+        let out = collect(&mut self.send(req, extra).await?, limits).await?;
         if out.exit_code != 0 {
             return Err(VmTierError::Container {
                 failure: Failure::from_code(out.exit_code),
@@ -82,6 +88,11 @@ impl<'a> HostedContainer<'a> {
             });
         }
         Ok(out.stdout)
+    }
+
+    /// A control request (create, destroy, stat, …): a short answer.
+    async fn call(&self, req: &ContainerRequest, extra: &[u8]) -> Result<Vec<u8>, VmTierError> {
+        self.call_within(req, extra, ReplyLimits::CONTROL).await
     }
 
     async fn call_json<T: serde::de::DeserializeOwned>(
@@ -166,8 +177,10 @@ impl<'a> HostedContainer<'a> {
         self.call(&req, data).await.map(drop)
     }
 
+    /// The bytes of `path`, within [`ReplyLimits::FILE`].
     pub async fn get(&self, path: &str) -> Result<Vec<u8>, VmTierError> {
-        self.call(&ContainerRequest::Get { name: self.name.into(), path: path.into() }, &[]).await
+        let req = ContainerRequest::Get { name: self.name.into(), path: path.into() };
+        self.call_within(&req, &[], ReplyLimits::FILE).await
     }
 
     pub async fn stat(&self, path: &str) -> Result<FileEntry, VmTierError> {

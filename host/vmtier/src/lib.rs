@@ -33,7 +33,9 @@ use brig_vmm_api::{agent, Virtualization};
 use tokio::sync::Mutex;
 
 use agent_link::{collect, exec_inner, request_stream, request_with_body};
-pub use agent_link::{exec_stream, exec_stream_input, ExecEvent, ExecStream, GuestStdin};
+pub use agent_link::{
+    exec_stream, exec_stream_input, ExecEvent, ExecStream, GuestStdin, ReplyLimits, MAX_GUEST_FILE,
+};
 pub use lifecycle::VmStats;
 
 /// Where the guest and the VMM are, and how big a VM is.
@@ -77,6 +79,12 @@ pub enum VmTierError {
     Agent(String),
     #[error("the command ran past {0:?}")]
     ExecTimeout(Duration),
+    /// The guest's reply ran past the bytes the host takes in for it.
+    #[error("the guest's reply is larger than the {limit}-byte limit")]
+    ReplyTooLarge { limit: usize },
+    /// The guest's reply did not end within its deadline.
+    #[error("the guest did not finish its reply within {0:?}")]
+    ReplyTimeout(Duration),
     #[error("the VMM's control socket: {0}")]
     Control(String),
     #[error("the VM is paused")]
@@ -573,7 +581,7 @@ impl VmTier {
         let named = self.exec(vm, &format!("hostname brig-{name}"), limit).await?;
         let reseed = tokio::time::timeout(limit, async {
             let mut s = request_stream(&vm.uds, &agent::seed_line(&hex)).await?;
-            collect(&mut s).await
+            collect(&mut s, ReplyLimits { deadline: limit, ..ReplyLimits::CONTROL }).await
         })
         .await
         .map_err(|_| VmTierError::ExecTimeout(limit))??;
@@ -598,9 +606,7 @@ impl VmTier {
         if vm.is_paused() {
             return Err(VmTierError::Paused);
         }
-        tokio::time::timeout(timeout, exec_inner(&vm.uds, command))
-            .await
-            .map_err(|_| VmTierError::ExecTimeout(timeout))?
+        exec_inner(&vm.uds, command, timeout).await
     }
 
     /// Writes `data` to the absolute guest `path` (parents created).
@@ -611,7 +617,9 @@ impl VmTier {
         data: &[u8],
     ) -> Result<(), VmTierError> {
         let line = agent::put_line(path, data.len() as u64);
-        let out = collect(&mut request_with_body(&vm.uds, &line, data).await?).await?;
+        let out =
+            collect(&mut request_with_body(&vm.uds, &line, data).await?, ReplyLimits::CONTROL)
+                .await?;
         if out.exit_code != 0 {
             return Err(VmTierError::Agent(
                 String::from_utf8_lossy(&out.stderr).trim().to_string(),
@@ -620,9 +628,11 @@ impl VmTier {
         Ok(())
     }
 
-    /// The bytes of the absolute guest `path`.
+    /// The bytes of the absolute guest `path`, within [`ReplyLimits::FILE`] (a larger or endless
+    /// file is a [`VmTierError::ReplyTooLarge`]).
     pub async fn read_file(&self, vm: &MicroVm, path: &str) -> Result<Vec<u8>, VmTierError> {
-        let out = collect(&mut request_stream(&vm.uds, &agent::get_line(path)).await?).await?;
+        let mut stream = request_stream(&vm.uds, &agent::get_line(path)).await?;
+        let out = collect(&mut stream, ReplyLimits::FILE).await?;
         if out.exit_code != 0 {
             return Err(VmTierError::Agent(
                 String::from_utf8_lossy(&out.stderr).trim().to_string(),

@@ -62,6 +62,8 @@ pub struct NodeStatus {
     pub sandboxes: u64,
     pub images: Option<ImageStats>,
     pub capacity: NodeCapacity,
+    /// Resident memory of the daemon process itself (brigd), in bytes.
+    pub daemon_rss_bytes: u64,
 }
 
 /// What a node has, what its sandboxes ask for and what they use; the admission bounds.
