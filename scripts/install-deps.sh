@@ -3,6 +3,7 @@
 # Idempotent: a second run changes nothing. Needs root for packages and sysctls (skipped, with a
 # warning, when not root).
 set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
 
 log() { printf '\033[1m[install]\033[0m %s\n' "$*"; }
 
@@ -42,6 +43,28 @@ fi
 if ! command -v moto_server >/dev/null 2>&1; then
     log "pip install moto[server]"
     python3 -m pip install --quiet --disable-pip-version-check 'moto[server]'
+fi
+
+# E2B's SDKs, the clients our E2B-compatible API is tested with: the pinned Python SDK and
+# pytest in a venv (artifacts/venv), the pinned JS SDK (artifacts/node, from its lock file).
+venv="$root/artifacts/venv"
+requirements="$root/tests/e2b/requirements.txt"
+if [[ ! -x $venv/bin/python ]]; then
+    log "python3 -m venv $venv"
+    python3 -m venv "$venv"
+fi
+if ! cmp -s "$requirements" "$venv/.requirements"; then
+    log "pip install -r tests/e2b/requirements.txt"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
+    cp "$requirements" "$venv/.requirements"
+fi
+node_dir="$root/artifacts/node"
+if ! cmp -s "$root/tests/e2b-js/package-lock.json" "$node_dir/package-lock.json" \
+    || [[ ! -d $node_dir/node_modules/e2b ]]; then
+    log "npm ci (tests/e2b-js)"
+    mkdir -p "$node_dir"
+    cp "$root/tests/e2b-js/package.json" "$root/tests/e2b-js/package-lock.json" "$node_dir/"
+    (cd "$node_dir" && npm ci --no-audit --no-fund --silent)
 fi
 
 # Kernel settings: larger UDP buffers for QUIC bursts (GUEST.md §6), and enough memory mappings

@@ -7,6 +7,7 @@
 mod cluster;
 mod container;
 mod density;
+mod e2b;
 mod fncall;
 mod fullvm;
 mod images;
@@ -48,6 +49,8 @@ enum Bench {
     Fullvm(fullvm::Options),
     /// KSM on microVM memory: memory merged, PSS per VM off and on, ksmd's CPU cost.
     Ksm(ksm::Options),
+    /// E2B's Python SDK through the E2B-compatible API against the native SDK, same run.
+    E2b(e2b::Options),
     /// Placement for a simulated 160-node unit: decisions/s and load spread, power-of-k vs random.
     Sim(sim::Options),
 }
@@ -66,6 +69,7 @@ fn main() -> anyhow::Result<()> {
         Bench::Ksm(opts) => ksm::run(opts)?,
         Bench::Fullvm(opts) => fullvm::run(opts)?,
         Bench::Cluster(opts) => cluster::run(opts)?,
+        Bench::E2b(opts) => e2b::run(opts)?,
     };
     println!("{result}");
     Ok(())

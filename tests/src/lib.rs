@@ -86,6 +86,9 @@ impl Daemon {
         if !extra_args.iter().any(|a| a == "--metrics") {
             extra_args.extend(["--metrics".to_string(), "127.0.0.1:0".to_string()]);
         }
+        if !extra_args.iter().any(|a| a == "--e2b-listen") {
+            extra_args.extend(["--e2b-listen".to_string(), "127.0.0.1:0".to_string()]);
+        }
         let mut daemon = Daemon { child: None, state, extra_args, log, config_dir: None };
         daemon.spawn()?;
         Ok(daemon)
@@ -147,6 +150,19 @@ impl Daemon {
 
     pub fn state_dir(&self) -> &Path {
         self.state.path()
+    }
+
+    /// The E2B-compatible API's base URL (`http://127.0.0.1:PORT`), from `endpoint.json`.
+    pub fn e2b_url(&self) -> anyhow::Result<String> {
+        let text = std::fs::read_to_string(self.state.path().join("endpoint.json"))?;
+        let endpoint: serde_json::Value = serde_json::from_str(&text)?;
+        let addr = endpoint["e2b"].as_str().context("brigd serves no E2B API")?;
+        Ok(format!("http://{addr}"))
+    }
+
+    /// The daemon's first access token (what `E2B_API_KEY` carries).
+    pub fn access_token(&self) -> anyhow::Result<String> {
+        Ok(brig_sdk::read_token(&self.state.path().join("access-token"))?)
     }
 
     pub fn connect_options(&self) -> anyhow::Result<ConnectOptions> {

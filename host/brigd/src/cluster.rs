@@ -172,6 +172,8 @@ pub async fn run_control(
         protocol: brig_proto::PROTOCOL_VERSION,
         pid: std::process::id(),
         metrics: None,
+        e2b: None,
+        e2b_envd: None,
     };
     endpoint.write(state)?;
     tracing::info!(addr = %local, store = ?store, "brigd control listening");

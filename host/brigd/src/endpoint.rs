@@ -19,6 +19,12 @@ pub struct Endpoint {
     /// Where the Prometheus metrics are served (`GET /metrics`), if they are.
     #[serde(default)]
     pub metrics: Option<SocketAddr>,
+    /// Where the E2B-compatible API is served (`E2B_API_URL`, `E2B_SANDBOX_URL`), if it is.
+    #[serde(default)]
+    pub e2b: Option<SocketAddr>,
+    /// The E2B debug layout's envd listener, if it is served.
+    #[serde(default)]
+    pub e2b_envd: Option<SocketAddr>,
 }
 
 impl Endpoint {

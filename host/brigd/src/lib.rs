@@ -86,6 +86,8 @@ pub struct DaemonOptions {
     /// Address of the Prometheus metrics endpoint; `None` serves none.
     pub metrics: Option<SocketAddr>,
     pub role: RoleOptions,
+    /// The E2B-compatible API (`[e2b]`); its listeners may be `off`.
+    pub e2b: brig_e2b::E2bConfig,
 }
 
 /// The default state directory: `$BRIG_STATE_DIR`, else `<user data dir>/brig`.
@@ -96,11 +98,44 @@ pub fn default_state_dir() -> PathBuf {
     dirs::data_dir().unwrap_or_else(|| PathBuf::from("/var/lib")).join("brig")
 }
 
-/// Reads a TOML node configuration.
-pub fn load_config(path: &Path) -> anyhow::Result<NodeConfig> {
+/// Reads a TOML configuration: the node's settings, and the E2B API's under `[e2b]`.
+pub fn load_config(path: &Path) -> anyhow::Result<(NodeConfig, brig_e2b::E2bConfig)> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    let mut table: toml::Table =
+        toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let e2b = match table.remove("e2b") {
+        Some(section) => {
+            section.try_into().with_context(|| format!("parsing [e2b] in {}", path.display()))?
+        }
+        None => brig_e2b::E2bConfig::default(),
+    };
+    let node = toml::Value::Table(table)
+        .try_into()
+        .with_context(|| format!("parsing {}", path.display()))?;
+    Ok((node, e2b))
+}
+
+/// Starts the E2B-compatible API in front of this daemon (as a client of its QUIC endpoint,
+/// with the daemon's own token); returns its addresses, or none when it is off.
+async fn start_e2b(
+    config: &brig_e2b::E2bConfig,
+    state: &Path,
+    quic: SocketAddr,
+    fingerprint: &str,
+) -> anyhow::Result<(Option<SocketAddr>, Option<SocketAddr>)> {
+    if config.listen_addr()?.is_none() && config.envd_listen_addr()?.is_none() {
+        return Ok((None, None));
+    }
+    let token = brig_sdk::read_token(&state.join("access-token"))?;
+    let mut addr = quic;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let connect =
+        brig_sdk::ConnectOptions::new(addr, brig_sdk::Pin::Sha256(fingerprint.to_string()), token);
+    let gateway = brig_e2b::Gateway::new(config.clone(), connect, state)?;
+    Ok(gateway.start().await?)
 }
 
 /// Runs the all-in-one daemon until `shutdown` completes.
@@ -146,6 +181,7 @@ pub async fn run(
         },
         None => (None, None),
     };
+    let (e2b, e2b_envd) = start_e2b(&opts.e2b, state, local, &identity.fingerprint()).await?;
     let endpoint = Endpoint {
         addr: local,
         cert_sha256: identity.fingerprint(),
@@ -153,6 +189,8 @@ pub async fn run(
         protocol: brig_proto::PROTOCOL_VERSION,
         pid: std::process::id(),
         metrics: metrics_addr,
+        e2b,
+        e2b_envd,
     };
     endpoint.write(state)?;
     tracing::info!(addr = %local, state_dir = %state.display(), fingerprint = %endpoint.cert_sha256, "brigd listening");

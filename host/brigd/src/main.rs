@@ -51,6 +51,11 @@ struct Args {
     #[arg(long = "egress-service", global = true, value_parser = parse_service)]
     egress_services: Vec<(String, Vec<brig_core::Destination>)>,
 
+    /// The E2B-compatible API (HTTP; E2B's control API and envd): an address, or `off`.
+    /// Overrides `[e2b] listen` in the config file (default 127.0.0.1:3000).
+    #[arg(long, env = "BRIG_E2B_LISTEN", global = true)]
+    e2b_listen: Option<String>,
+
     /// Log filter, e.g. `info`, `brig_node=debug` (RUST_LOG syntax).
     #[arg(long, default_value = "info", env = "BRIG_LOG", global = true)]
     log: String,
@@ -96,10 +101,13 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log)?)
         .with_writer(std::io::stderr)
         .init();
-    let mut node = match &args.config {
+    let (mut node, mut e2b) = match &args.config {
         Some(path) => brigd::load_config(path)?,
-        None => brig_node::NodeConfig::default(),
+        None => (brig_node::NodeConfig::default(), brig_e2b::E2bConfig::default()),
     };
+    if let Some(listen) = &args.e2b_listen {
+        e2b.listen = listen.clone();
+    }
     if let Some(dir) = &args.images_dir {
         node.container.images_dir = Some(dir.clone());
     }
@@ -140,6 +148,7 @@ fn main() -> anyhow::Result<()> {
         node,
         metrics,
         role,
+        e2b,
     };
     brig_transport::tls::install_default_provider();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

@@ -181,6 +181,12 @@ impl ExecStream {
         Ok(self.exchange.finish_upload()?)
     }
 
+    /// Takes the command's stdin off the stream (once, with [`Cmd::stdin_stream`]), so one task
+    /// can feed it while another reads the output. `None` if it was taken already.
+    pub fn take_stdin(&mut self) -> Option<ExecStdin> {
+        self.exchange.take_upload().map(|upload| ExecStdin { upload })
+    }
+
     /// Reads everything to the end.
     pub async fn collect(mut self) -> Result<ExecOutput, Error> {
         let mut out = ExecOutput { exec_id: self.exec_id, ..Default::default() };
@@ -192,6 +198,30 @@ impl ExecStream {
             }
         }
         Ok(out)
+    }
+}
+
+/// A running command's stdin, taken off its [`ExecStream`]. Dropping it without
+/// [`ExecStdin::close`] leaves the input open until the stream ends.
+pub struct ExecStdin {
+    upload: brig_transport::ClientUpload,
+}
+
+impl std::fmt::Debug for ExecStdin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecStdin").finish_non_exhaustive()
+    }
+}
+
+impl ExecStdin {
+    /// Writes to the command's stdin.
+    pub async fn write(&mut self, bytes: impl Into<Bytes>) -> Result<(), Error> {
+        Ok(self.upload.send_raw(bytes.into()).await?)
+    }
+
+    /// Ends the command's stdin (it reads end of file).
+    pub fn close(&mut self) -> Result<(), Error> {
+        Ok(self.upload.finish()?)
     }
 }
 

@@ -37,7 +37,7 @@ mod security;
 pub use client::{read_token, Client, ConnectOptions, Pin, FAILOVER_AFTER};
 pub use cluster::CallHops;
 pub use error::Error;
-pub use exec::{Cmd, ExecEvent, ExecOutput, ExecStream, SessionOutput, ShellSession};
+pub use exec::{Cmd, ExecEvent, ExecOutput, ExecStdin, ExecStream, SessionOutput, ShellSession};
 pub use images::{GcSummary, ImageSource};
 pub use lifecycle::Lifetimes;
 pub use sandbox::{Sandbox, SandboxOptions};

@@ -94,7 +94,7 @@ impl ClientConnection {
     pub async fn open(&self, request: &Request) -> Result<ClientExchange, TransportError> {
         let (mut send, recv) = self.conn.open_bi().await.map_err(TransportError::Connection)?;
         write_frame(&mut send, request).await?;
-        Ok(ClientExchange { send, reader: FrameReader::new(recv) })
+        Ok(ClientExchange { send: Some(send), reader: FrameReader::new(recv) })
     }
 
     /// Opens a stream and writes `bytes` as they are, unframed: for probing servers with
@@ -102,7 +102,7 @@ impl ClientConnection {
     pub async fn open_raw(&self, bytes: Bytes) -> Result<ClientExchange, TransportError> {
         let (mut send, recv) = self.conn.open_bi().await.map_err(TransportError::Connection)?;
         write_raw(&mut send, bytes).await?;
-        Ok(ClientExchange { send, reader: FrameReader::new(recv) })
+        Ok(ClientExchange { send: Some(send), reader: FrameReader::new(recv) })
     }
 
     /// Sends a request that has no upload and reads its single reply.
@@ -140,19 +140,47 @@ async fn say_hello(
 
 /// One request in flight, from the client's side.
 pub struct ClientExchange {
-    send: quinn::SendStream,
+    /// `None` once [`ClientExchange::take_upload`] took it.
+    send: Option<quinn::SendStream>,
     reader: FrameReader,
 }
 
-impl ClientExchange {
-    /// Sends a piece of the upload that follows the request.
+/// The sending half of an exchange, taken off so an upload (a command's stdin) can be fed from
+/// one task while another reads the replies.
+pub struct ClientUpload {
+    send: quinn::SendStream,
+}
+
+impl ClientUpload {
+    /// Sends a piece of the upload.
     pub async fn send_raw(&mut self, bytes: Bytes) -> Result<(), TransportError> {
         write_raw(&mut self.send, bytes).await
     }
 
+    /// Marks the end of the upload.
+    pub fn finish(&mut self) -> Result<(), TransportError> {
+        self.send.finish().map_err(TransportError::Closed)
+    }
+}
+
+impl ClientExchange {
+    fn upload(&mut self) -> Result<&mut quinn::SendStream, TransportError> {
+        self.send.as_mut().ok_or(TransportError::UploadTaken)
+    }
+
+    /// Sends a piece of the upload that follows the request.
+    pub async fn send_raw(&mut self, bytes: Bytes) -> Result<(), TransportError> {
+        write_raw(self.upload()?, bytes).await
+    }
+
     /// Marks the end of the upload (or of a request without one).
     pub fn finish_upload(&mut self) -> Result<(), TransportError> {
-        self.send.finish().map_err(TransportError::Closed)
+        self.upload()?.finish().map_err(TransportError::Closed)
+    }
+
+    /// Takes the sending half off this exchange (once); the exchange goes on reading replies.
+    pub fn take_upload(&mut self) -> Option<ClientUpload> {
+        self.send.take().map(|send| ClientUpload { send })
     }
 
     /// Reads the next reply frame.

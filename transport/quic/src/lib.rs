@@ -20,7 +20,7 @@ pub mod stream;
 pub mod tls;
 pub mod tuning;
 
-pub use client::{ClientConnection, ClientExchange};
+pub use client::{ClientConnection, ClientExchange, ClientUpload};
 pub use error::TransportError;
 pub use server::{Exchange, Server, Service, Upload};
 pub use tls::{CertPin, Identity};

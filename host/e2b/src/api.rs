@@ -1,0 +1,583 @@
+//! E2B's control API (`spec/openapi.yml` of e2b-dev/E2B) on Brig sandboxes: a template id
+//! names a Brig image (`[e2b] templates`, or the id itself as an image reference), metadata
+//! is labels, E2B's timeout is the sandbox's lifetime from now (ending it destroys, or pauses
+//! with `autoPause`), and every call runs with the caller's own access token (`X-API-Key`).
+//! Errors are `{"code": HTTP status, "message": …}`, the shape the SDKs parse.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use brig_sdk::{
+    Client, Cmd, ErrorCode, IdleAction, Lifetimes as BrigLifetimes, Sandbox, SandboxInfo,
+    SandboxOptions, SandboxState,
+};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::gateway::header;
+use crate::{Gateway, ENVD_VERSION};
+
+/// Labels the gateway keeps on a sandbox for itself (not shown as metadata).
+const TEMPLATE_LABEL: &str = "e2b.template";
+const AUTOPAUSE_LABEL: &str = "e2b.autopause";
+const INTERNAL_PREFIX: &str = "e2b.";
+
+/// A control API error, as the SDKs read it.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError { status, message: message.into() }
+    }
+
+    fn bad(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// The JSON body this error answers with.
+    pub(crate) fn body(&self) -> Value {
+        json!({ "code": self.status.as_u16(), "message": self.message })
+    }
+
+    pub(crate) fn from_brig(e: brig_sdk::Error) -> ApiError {
+        let status = match e.code() {
+            Some(ErrorCode::NotFound | ErrorCode::Expired | ErrorCode::SandboxLost) => {
+                StatusCode::NOT_FOUND
+            }
+            Some(ErrorCode::Unauthenticated) => StatusCode::UNAUTHORIZED,
+            Some(ErrorCode::PermissionDenied) => StatusCode::FORBIDDEN,
+            Some(ErrorCode::BadRequest | ErrorCode::TooLarge) => StatusCode::BAD_REQUEST,
+            Some(ErrorCode::AlreadyExists | ErrorCode::Conflict) => StatusCode::CONFLICT,
+            Some(ErrorCode::ResourceExhausted | ErrorCode::QuotaExceeded) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            Some(ErrorCode::Unavailable) => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let message = match &e {
+            brig_sdk::Error::Server { message, .. } => message.clone(),
+            other => other.to_string(),
+        };
+        ApiError::new(status, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+/// The control API's routes.
+pub fn routes() -> Router<Gateway> {
+    Router::new()
+        .route("/sandboxes", post(create).get(list_v1))
+        .route("/v2/sandboxes", post(create).get(list_v2))
+        .route("/sandboxes/{id}", get(get_one).delete(kill))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/resume", post(connect))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/refreshes", post(refresh))
+        .route("/sandboxes/{id}/fork", post(crate::api_more::fork))
+        .route("/sandboxes/{id}/snapshots", post(crate::api_more::snapshot))
+        .route("/snapshots", get(crate::api_more::list_snapshots))
+        .route("/sandboxes/{id}/network", put(crate::api_more::network))
+        .route("/sandboxes/{id}/metrics", get(crate::api_more::metrics))
+        .route("/sandboxes/{id}/logs", get(crate::api_more::logs))
+        .route("/v2/sandboxes/{id}/logs", get(crate::api_more::logs))
+}
+
+/// The caller's Brig client, from `X-API-Key`.
+pub(crate) async fn caller(gw: &Gateway, headers: &HeaderMap) -> Result<Client, ApiError> {
+    let key = header(headers, "x-api-key")
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "no X-API-Key"))?;
+    gw.client_for_key(key).await.map_err(|e| match e.code() {
+        Some(ErrorCode::Unauthenticated) => {
+            ApiError::new(StatusCode::UNAUTHORIZED, "the API key is not a valid Brig access token")
+        }
+        _ => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("brigd: {e}")),
+    })
+}
+
+/// The sandbox `id` as the caller sees it (404 when it is not theirs or not there).
+pub(crate) async fn visible(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    id: &str,
+) -> Result<(Sandbox, SandboxInfo), ApiError> {
+    let sb = caller(gw, headers).await?.sandbox(id);
+    match sb.status().await {
+        Ok(info) if matches!(info.state, SandboxState::Running | SandboxState::Paused) => {
+            Ok((sb, info))
+        }
+        Ok(_) => Err(ApiError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"))),
+        Err(e) if e.code() == Some(ErrorCode::BadRequest) => {
+            Err(ApiError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))
+        }
+        Err(e) => Err(ApiError::from_brig(e)),
+    }
+}
+
+pub(crate) fn parse<T: for<'de> Deserialize<'de> + Default>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("malformed body: {e}")))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: Option<String>,
+    timeout: Option<u64>,
+    auto_pause: Option<bool>,
+    metadata: Option<BTreeMap<String, String>>,
+    env_vars: Option<BTreeMap<String, String>>,
+    network: Option<crate::api_more::Network>,
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+    /// Accepted and ignored: every sandbox gets an envd access token.
+    #[allow(dead_code)]
+    secure: Option<bool>,
+}
+
+pub(crate) fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// RFC 3339 (UTC, milliseconds) for a Unix time in milliseconds.
+pub(crate) fn rfc3339(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's civil-from-days.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// Which image a create asks for: the metadata key's value (when configured), the template's
+/// mapping, or the template id itself as a Brig image reference.
+fn image_for(gw: &Gateway, template: &str, metadata: &BTreeMap<String, String>) -> String {
+    let cfg = gw.config();
+    if let Some(image) = cfg.image_metadata_key.as_ref().and_then(|k| metadata.get(k)) {
+        return image.clone();
+    }
+    cfg.templates.get(template).cloned().unwrap_or_else(|| template.to_string())
+}
+
+/// Makes E2B's default user (`user`, home `/home/user`) if the image lacks it.
+const ENSURE_USER: &str = "id -u user >/dev/null 2>&1 || useradd -m -s /bin/bash user \
+    >/dev/null 2>&1 || adduser -D -s /bin/sh user >/dev/null 2>&1";
+
+async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> ApiResult {
+    let client = caller(&gw, &headers).await?;
+    let req: NewSandbox = parse(&body)?;
+    let template = req.template_id.clone().unwrap_or_else(|| "base".to_string());
+    let metadata = req.metadata.clone().unwrap_or_default();
+    if metadata.keys().any(|k| k.starts_with(INTERNAL_PREFIX)) {
+        return Err(ApiError::bad(format!(
+            "metadata keys starting {INTERNAL_PREFIX:?} are reserved"
+        )));
+    }
+    let timeout = checked_timeout(&gw, req.timeout)?;
+    let auto_pause = req.auto_pause.unwrap_or(false);
+    let cfg = gw.config();
+    let mut options = SandboxOptions::container(&image_for(&gw, &template, &metadata))
+        .memory_mib(cfg.memory_mib)
+        .cpu_millis(cfg.cpu_millis)
+        .disk_mib(cfg.disk_mib)
+        .label(TEMPLATE_LABEL, &template)
+        .idle_ttl(timeout);
+    if auto_pause {
+        options = options.label(AUTOPAUSE_LABEL, "true").pause_when_idle();
+    } else {
+        options = options.max_lifetime(timeout);
+    }
+    for (k, v) in &metadata {
+        options = options.label(k, v);
+    }
+    for (k, v) in req.env_vars.iter().flatten() {
+        options = options.env(k, v);
+    }
+    if let Some(rules) =
+        crate::api_more::egress_rules(req.network.as_ref(), req.allow_internet_access)?
+    {
+        options = options.egress(rules);
+    }
+    let sb = client.create(options).await.map_err(|e| match e.code() {
+        Some(ErrorCode::BadRequest | ErrorCode::NotFound) => {
+            ApiError::new(StatusCode::NOT_FOUND, format!("template {template:?}: {e}"))
+        }
+        _ => ApiError::from_brig(e),
+    })?;
+    let out =
+        sb.exec_with(Cmd::new(["sh", "-c", ENSURE_USER]).timeout(Duration::from_secs(30))).await;
+    if let Err(e) = out {
+        let _ = sb.destroy().await;
+        return Err(ApiError::from_brig(e));
+    }
+    if auto_pause {
+        gw.inner.lifetimes.set(sb.id(), timeout);
+    }
+    Ok((StatusCode::CREATED, Json(sandbox_json(&gw, sb.id(), &template))).into_response())
+}
+
+/// The `Sandbox` answer of create and connect.
+pub(crate) fn sandbox_json(gw: &Gateway, id: &str, template: &str) -> Value {
+    json!({
+        "templateID": template,
+        "sandboxID": id,
+        "clientID": "brig",
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": gw.envd_token(id),
+        "trafficAccessToken": Value::Null,
+        "domain": Value::Null,
+    })
+}
+
+fn checked_timeout(gw: &Gateway, asked: Option<u64>) -> Result<Duration, ApiError> {
+    let cfg = gw.config();
+    let secs = asked.unwrap_or(cfg.default_timeout_s);
+    if secs == 0 || secs > cfg.max_timeout_s {
+        return Err(ApiError::bad(format!(
+            "timeout {secs} s is outside 1..={} s",
+            cfg.max_timeout_s
+        )));
+    }
+    Ok(Duration::from_secs(secs))
+}
+
+fn label<'a>(info: &'a SandboxInfo, key: &str) -> Option<&'a str> {
+    info.labels.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+}
+
+fn metadata(info: &SandboxInfo) -> BTreeMap<&str, &str> {
+    info.labels
+        .iter()
+        .filter(|(k, _)| !k.starts_with(INTERNAL_PREFIX))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect()
+}
+
+/// When the sandbox's E2B timeout ends, in Unix milliseconds.
+fn end_ms(gw: &Gateway, info: &SandboxInfo) -> u64 {
+    if let Some(at) = gw.inner.lifetimes.deadline(&info.id) {
+        return at;
+    }
+    match info.max_lifetime_ms {
+        Some(lifetime) => info.created_unix_ms + lifetime,
+        None => info.last_used_unix_ms + info.idle_ttl_ms,
+    }
+}
+
+/// The listed form (and, with more fields, the detailed one) of a sandbox.
+fn listed(gw: &Gateway, info: &SandboxInfo) -> Value {
+    let cfg = gw.config();
+    let state = if info.state == SandboxState::Paused { "paused" } else { "running" };
+    json!({
+        "templateID": label(info, TEMPLATE_LABEL).or(info.image.as_deref()).unwrap_or("base"),
+        "sandboxID": info.id,
+        "clientID": "brig",
+        "startedAt": rfc3339(info.created_unix_ms),
+        "endAt": rfc3339(end_ms(gw, info)),
+        "cpuCount": cfg.cpu_millis.div_ceil(1000).max(1),
+        "memoryMB": cfg.memory_mib,
+        "diskSizeMB": cfg.disk_mib,
+        "state": state,
+        "envdVersion": ENVD_VERSION,
+        "metadata": metadata(info),
+    })
+}
+
+async fn get_one(
+    State(gw): State<Gateway>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult {
+    let (_, info) = visible(&gw, &headers, &id).await?;
+    let mut detail = listed(&gw, &info);
+    let auto_pause = label(&info, AUTOPAUSE_LABEL).is_some();
+    if let Some(obj) = detail.as_object_mut() {
+        obj.insert("envdAccessToken".into(), gw.envd_token(&id).into());
+        obj.insert("domain".into(), Value::Null);
+        obj.insert("allowInternetAccess".into(), info.egress.is_some().into());
+        obj.insert(
+            "lifecycle".into(),
+            json!({ "autoResume": false, "onTimeout": if auto_pause { "pause" } else { "kill" } }),
+        );
+    }
+    Ok(Json(detail).into_response())
+}
+
+async fn kill(State(gw): State<Gateway>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult {
+    let (sb, _) = visible(&gw, &headers, &id).await?;
+    sb.destroy().await.map_err(ApiError::from_brig)?;
+    gw.inner.lifetimes.forget(&id);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ListQuery {
+    metadata: Option<String>,
+    state: Option<String>,
+    limit: Option<usize>,
+    #[serde(rename = "nextToken")]
+    next_token: Option<String>,
+}
+
+async fn listing(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    q: &ListQuery,
+) -> Result<Vec<SandboxInfo>, ApiError> {
+    let client = caller(gw, headers).await?;
+    let selector: Vec<(String, String)> = match q.metadata.as_deref() {
+        Some(text) if !text.is_empty() => serde_urlencoded::from_str(text)
+            .map_err(|e| ApiError::bad(format!("metadata filter: {e}")))?,
+        _ => Vec::new(),
+    };
+    let pairs: Vec<(&str, &str)> = selector.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let states: Vec<&str> = q.state.as_deref().map_or_else(Vec::new, |s| s.split(',').collect());
+    let mut found: Vec<SandboxInfo> = client
+        .list(&pairs)
+        .await
+        .map_err(ApiError::from_brig)?
+        .into_iter()
+        .filter(|i| matches!(i.state, SandboxState::Running | SandboxState::Paused))
+        .filter(|i| {
+            let state = if i.state == SandboxState::Paused { "paused" } else { "running" };
+            states.is_empty() || states.contains(&state)
+        })
+        .collect();
+    found.sort_by(|a, b| (b.created_unix_ms, &b.id).cmp(&(a.created_unix_ms, &a.id)));
+    Ok(found)
+}
+
+async fn list_v1(
+    State(gw): State<Gateway>,
+    Query(q): Query<ListQuery>,
+    headers: HeaderMap,
+) -> ApiResult {
+    let found = listing(&gw, &headers, &q).await?;
+    Ok(Json(found.iter().map(|i| listed(&gw, i)).collect::<Vec<_>>()).into_response())
+}
+
+/// `GET /v2/sandboxes`: newest first, `limit` per page, the next page's token in
+/// `x-next-token` (an offset into the same ordering).
+async fn list_v2(
+    State(gw): State<Gateway>,
+    Query(q): Query<ListQuery>,
+    headers: HeaderMap,
+) -> ApiResult {
+    let found = listing(&gw, &headers, &q).await?;
+    let start: usize = match q.next_token.as_deref() {
+        Some(t) if !t.is_empty() => t.parse().map_err(|_| ApiError::bad("bad nextToken"))?,
+        _ => 0,
+    };
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let page: Vec<Value> = found.iter().skip(start).take(limit).map(|i| listed(&gw, i)).collect();
+    let mut response = Json(page).into_response();
+    if start + limit < found.len() {
+        if let Ok(v) = HeaderValue::from_str(&(start + limit).to_string()) {
+            response.headers_mut().insert("x-next-token", v);
+        }
+    }
+    Ok(response)
+}
+
+async fn pause(State(gw): State<Gateway>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult {
+    let (sb, info) = visible(&gw, &headers, &id).await?;
+    if info.state == SandboxState::Paused {
+        return Err(ApiError::new(StatusCode::CONFLICT, format!("sandbox {id} is already paused")));
+    }
+    sb.pause().await.map_err(ApiError::from_brig)?;
+    gw.inner.lifetimes.forget(&id);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct TimeoutBody {
+    timeout: Option<u64>,
+    auto_pause: Option<bool>,
+    duration: Option<u64>,
+}
+
+/// `connect` and `resume`: a paused sandbox runs again (201), a running one answers as it is
+/// (200); either way its timeout starts again when one is given.
+async fn connect(
+    State(gw): State<Gateway>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult {
+    let req: TimeoutBody = parse(&body)?;
+    let (sb, info) = visible(&gw, &headers, &id).await?;
+    let resumed = info.state == SandboxState::Paused;
+    if resumed {
+        sb.resume().await.map_err(ApiError::from_brig)?;
+    }
+    let timeout = checked_timeout(&gw, req.timeout)?;
+    apply_timeout(&gw, &sb, &info, timeout).await?;
+    let template = label(&info, TEMPLATE_LABEL).unwrap_or("base").to_string();
+    let status = if resumed { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(sandbox_json(&gw, &id, &template))).into_response())
+}
+
+/// Sets the sandbox's E2B timeout to `timeout` from now.
+async fn apply_timeout(
+    gw: &Gateway,
+    sb: &Sandbox,
+    info: &SandboxInfo,
+    timeout: Duration,
+) -> Result<(), ApiError> {
+    let auto_pause = label(info, AUTOPAUSE_LABEL).is_some();
+    let lifetimes = if auto_pause {
+        gw.inner.lifetimes.set(sb.id(), timeout);
+        BrigLifetimes::new().idle_ttl(timeout).idle_action(IdleAction::Pause)
+    } else {
+        let alive = Duration::from_millis(unix_ms().saturating_sub(info.created_unix_ms));
+        BrigLifetimes::new().idle_ttl(timeout).max_lifetime(Some(alive + timeout))
+    };
+    sb.set_lifetimes(lifetimes).await.map_err(ApiError::from_brig)?;
+    Ok(())
+}
+
+/// A fork child's timeout: `timeout` seconds (or the default) from now.
+pub(crate) async fn child_timeout(
+    gw: &Gateway,
+    child: &Sandbox,
+    timeout: Option<u64>,
+) -> Result<(), ApiError> {
+    let info = child.status().await.map_err(ApiError::from_brig)?;
+    apply_timeout(gw, child, &info, checked_timeout(gw, timeout)?).await
+}
+
+async fn set_timeout(
+    State(gw): State<Gateway>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult {
+    let req: TimeoutBody = parse(&body)?;
+    let timeout = req.timeout.ok_or_else(|| ApiError::bad("no timeout"))?;
+    let (sb, info) = visible(&gw, &headers, &id).await?;
+    apply_timeout(&gw, &sb, &info, checked_timeout(&gw, Some(timeout))?).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `refreshes`: keeps the sandbox alive at least `duration` seconds more.
+async fn refresh(
+    State(gw): State<Gateway>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult {
+    let req: TimeoutBody = parse(&body)?;
+    let (sb, info) = visible(&gw, &headers, &id).await?;
+    let asked = Duration::from_secs(req.duration.unwrap_or(gw.config().default_timeout_s));
+    let left = Duration::from_millis(end_ms(&gw, &info).saturating_sub(unix_ms()));
+    if asked > left {
+        apply_timeout(&gw, &sb, &info, checked_timeout(&gw, Some(asked.as_secs()))?).await?;
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Pause-on-timeout deadlines the gateway enforces itself (Brig's idle TTL, set to the same
+/// timeout, pauses them too if the gateway is restarted and forgets).
+#[derive(Default)]
+pub struct Lifetimes {
+    pause_at: parking_lot::Mutex<HashMap<String, u64>>,
+}
+
+impl Lifetimes {
+    fn set(&self, id: &str, timeout: Duration) {
+        let at = unix_ms() + timeout.as_millis() as u64;
+        self.pause_at.lock().insert(id.to_string(), at);
+    }
+
+    fn forget(&self, id: &str) {
+        self.pause_at.lock().remove(id);
+    }
+
+    fn deadline(&self, id: &str) -> Option<u64> {
+        self.pause_at.lock().get(id).copied()
+    }
+
+    fn due(&self) -> Vec<String> {
+        let now = unix_ms();
+        let mut map = self.pause_at.lock();
+        let due: Vec<String> =
+            map.iter().filter(|(_, at)| **at <= now).map(|(id, _)| id.clone()).collect();
+        for id in &due {
+            map.remove(id);
+        }
+        due
+    }
+}
+
+impl Gateway {
+    /// Pauses sandboxes whose pause-on-timeout deadline passed, once a second.
+    pub(crate) fn spawn_lifetime_keeper(&self) {
+        let gw = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let due = gw.inner.lifetimes.due();
+                if due.is_empty() {
+                    continue;
+                }
+                let Ok(admin) = gw.admin().await else { continue };
+                for id in due {
+                    if let Err(e) = admin.sandbox(&id).pause().await {
+                        tracing::warn!(sandbox = %id, error = %e, "pause at E2B timeout failed");
+                    }
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_read_as_rfc3339() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
+        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
+    }
+}

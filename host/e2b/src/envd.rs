@@ -1,0 +1,167 @@
+//! What every envd request shares: which sandbox (the `E2b-Sandbox-Id` header), whether the
+//! caller may touch it (`X-Access-Token`), as whom (`Authorization: Basic base64("user:")`, or
+//! a `username` query parameter on `/files`), and how Brig's errors read as envd's.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use brig_sdk::{ErrorCode, Sandbox, SandboxState};
+
+use crate::connect::{Code, ConnectError};
+use crate::gateway::header;
+use crate::Gateway;
+
+/// The user a request runs as when it names none (E2B's default).
+pub const DEFAULT_USER: &str = "user";
+
+/// Who an envd request acts as, and that user's home (where relative paths start).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvdUser {
+    pub name: String,
+}
+
+impl EnvdUser {
+    pub fn named(name: Option<&str>) -> Result<EnvdUser, ConnectError> {
+        let name = name.map(str::trim).filter(|n| !n.is_empty()).unwrap_or(DEFAULT_USER);
+        let valid = name.len() <= 32
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if !valid {
+            return Err(ConnectError::new(Code::InvalidArgument, format!("bad user {name:?}")));
+        }
+        Ok(EnvdUser { name: name.to_string() })
+    }
+
+    /// From `Authorization: Basic base64("name:")`.
+    pub fn from_headers(headers: &HeaderMap) -> Result<EnvdUser, ConnectError> {
+        let Some(value) = header(headers, "authorization") else { return EnvdUser::named(None) };
+        let encoded = value.strip_prefix("Basic ").ok_or_else(|| {
+            ConnectError::new(Code::Unauthenticated, "Authorization is not Basic")
+        })?;
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(encoded.trim())
+            .map_err(|_| ConnectError::new(Code::Unauthenticated, "Authorization is not base64"))?;
+        let text = String::from_utf8_lossy(&decoded);
+        EnvdUser::named(Some(text.split(':').next().unwrap_or("")))
+    }
+
+    pub fn is_root(&self) -> bool {
+        self.name == "root"
+    }
+
+    pub fn home(&self) -> String {
+        if self.is_root() {
+            "/root".into()
+        } else {
+            format!("/home/{}", self.name)
+        }
+    }
+
+    /// `path` as an absolute path: relative ones (and `~/…`) start at the user's home.
+    pub fn resolve(&self, path: &str) -> String {
+        if path.starts_with('/') {
+            path.to_string()
+        } else if path == "~" || path.is_empty() {
+            self.home()
+        } else if let Some(rest) = path.strip_prefix("~/") {
+            format!("{}/{rest}", self.home())
+        } else {
+            format!("{}/{path}", self.home())
+        }
+    }
+
+    /// The Brig user a command runs as (`None` is root).
+    pub fn brig_user(&self) -> Option<String> {
+        (!self.is_root()).then(|| self.name.clone())
+    }
+}
+
+/// The sandbox an envd request is for, once its access token is checked and it is running.
+/// A sandbox that is gone or paused answers as envd's proxy does ("… was not found", 502),
+/// which the SDKs read as "not running"; a missing or wrong token is `unauthenticated`.
+pub async fn sandbox(gw: &Gateway, headers: &HeaderMap) -> Result<Sandbox, ConnectError> {
+    let id = header(headers, "e2b-sandbox-id")
+        .ok_or_else(|| ConnectError::new(Code::InvalidArgument, "no E2b-Sandbox-Id header"))?;
+    let token = header(headers, "x-access-token").unwrap_or("");
+    if !gw.envd_token_ok(id, token) {
+        return Err(ConnectError::new(
+            Code::Unauthenticated,
+            format!("no valid X-Access-Token for sandbox {id}"),
+        ));
+    }
+    let sb = gw.admin().await?.sandbox(id);
+    match sb.status().await {
+        Ok(info) if info.state == SandboxState::Running => Ok(sb),
+        Ok(_) => Err(ConnectError::SandboxGone(id.to_string())),
+        Err(e) => Err(sandbox_error(id, e)),
+    }
+}
+
+/// A Brig error on a request about the sandbox itself.
+pub fn sandbox_error(id: &str, e: brig_sdk::Error) -> ConnectError {
+    match e.code() {
+        Some(ErrorCode::NotFound | ErrorCode::Expired | ErrorCode::SandboxLost) => {
+            ConnectError::SandboxGone(id.to_string())
+        }
+        Some(ErrorCode::BadRequest) => ConnectError::SandboxGone(id.to_string()),
+        _ => brig_error(e),
+    }
+}
+
+/// A Brig error on an operation inside a running sandbox (a missing file is `not_found`).
+pub fn brig_error(e: brig_sdk::Error) -> ConnectError {
+    let code = match e.code() {
+        Some(ErrorCode::NotFound) => Code::NotFound,
+        Some(ErrorCode::AlreadyExists) => Code::AlreadyExists,
+        Some(ErrorCode::BadRequest) => Code::InvalidArgument,
+        Some(ErrorCode::PermissionDenied) => Code::PermissionDenied,
+        Some(ErrorCode::Unauthenticated) => Code::Unauthenticated,
+        Some(ErrorCode::ResourceExhausted | ErrorCode::QuotaExceeded | ErrorCode::TooLarge) => {
+            Code::ResourceExhausted
+        }
+        Some(ErrorCode::Unavailable) => Code::Unavailable,
+        Some(ErrorCode::Conflict) => Code::FailedPrecondition,
+        _ => Code::Internal,
+    };
+    let message = match &e {
+        brig_sdk::Error::Server { message, .. } => message.clone(),
+        other => other.to_string(),
+    };
+    ConnectError::new(code, message)
+}
+
+/// `GET /health`: envd's (with `E2b-Sandbox-Id`: 204 while the sandbox runs, 502 "not found"
+/// otherwise) or the API's own (200).
+pub async fn health(State(gw): State<Gateway>, headers: HeaderMap) -> Response {
+    if header(&headers, "e2b-sandbox-id").is_none() {
+        return (StatusCode::OK, "Health check successful").into_response();
+    }
+    match sandbox(&gw, &headers).await {
+        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn users_come_from_basic_auth_and_paths_start_at_their_home() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(EnvdUser::from_headers(&headers).expect("default").name, "user");
+        headers.insert("authorization", "Basic cm9vdDo=".parse().expect("value"));
+        let root = EnvdUser::from_headers(&headers).expect("root");
+        assert!(root.is_root());
+        assert_eq!(root.resolve("a/b"), "/root/a/b");
+        assert_eq!(root.brig_user(), None);
+        let user = EnvdUser::named(Some("user")).expect("user");
+        assert_eq!(user.resolve("~/x"), "/home/user/x");
+        assert_eq!(user.resolve("/etc/x"), "/etc/x");
+        assert_eq!(user.resolve(""), "/home/user");
+        assert!(EnvdUser::named(Some("a b")).is_err());
+        assert!(EnvdUser::named(Some("../../etc")).is_err());
+        headers.insert("authorization", "Bearer x".parse().expect("value"));
+        assert!(EnvdUser::from_headers(&headers).is_err());
+    }
+}

@@ -1,0 +1,344 @@
+//! envd's HTTP file transfer: `GET /files?path=` streams a file out, `POST /files` takes one or
+//! many files as `multipart/form-data` (each part's filename is its destination) or one raw
+//! `application/octet-stream` body (optionally `Content-Encoding: gzip`). Neither direction
+//! holds a whole file in memory: bytes move in pieces between the HTTP body and a Brig upload or
+//! download. A file written as a user other than root is written by that user in the sandbox
+//! (parents made, ownership and permissions as the sandbox decides).
+
+use std::io::Write as _;
+
+use axum::body::Body;
+use axum::extract::{FromRequest, Multipart, Query, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use brig_sdk::{Cmd, ErrorCode, ExecStdin, ExecStream, FileKind, Sandbox};
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::task::JoinHandle;
+
+use crate::envd::{self, EnvdUser};
+use crate::Gateway;
+
+/// Bytes in flight between the HTTP body and Brig, per transfer.
+const PIPE_BYTES: usize = 256 << 10;
+
+#[derive(Debug, serde::Deserialize)]
+pub struct FileQuery {
+    path: Option<String>,
+    username: Option<String>,
+}
+
+/// An envd HTTP error: the status the SDK maps to its exceptions, and a message.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct FileError {
+    status: StatusCode,
+    message: String,
+}
+
+impl FileError {
+    fn new(status: StatusCode, message: impl Into<String>) -> FileError {
+        FileError { status, message: message.into() }
+    }
+
+    fn bad(message: impl Into<String>) -> FileError {
+        FileError::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    fn from_brig(e: brig_sdk::Error) -> FileError {
+        let status = match e.code() {
+            Some(ErrorCode::NotFound) => StatusCode::NOT_FOUND,
+            Some(ErrorCode::BadRequest) => StatusCode::BAD_REQUEST,
+            Some(ErrorCode::PermissionDenied) => StatusCode::FORBIDDEN,
+            Some(ErrorCode::TooLarge | ErrorCode::ResourceExhausted) => {
+                StatusCode::INSUFFICIENT_STORAGE
+            }
+            Some(ErrorCode::QuotaExceeded) => StatusCode::TOO_MANY_REQUESTS,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let message = match &e {
+            brig_sdk::Error::Server { message, .. } => message.clone(),
+            other => other.to_string(),
+        };
+        FileError::new(status, message)
+    }
+
+    /// A shell's complaint about a write, as the status it means.
+    fn from_stderr(stderr: &str) -> FileError {
+        let status = if stderr.contains("No space left") || stderr.contains("quota") {
+            StatusCode::INSUFFICIENT_STORAGE
+        } else if stderr.contains("Permission denied") {
+            StatusCode::FORBIDDEN
+        } else if stderr.contains("Is a directory") || stderr.contains("Not a directory") {
+            StatusCode::BAD_REQUEST
+        } else {
+            StatusCode::INTERNAL_SERVER_ERROR
+        };
+        FileError::new(status, stderr.trim())
+    }
+}
+
+impl IntoResponse for FileError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "code": self.status.as_u16(), "message": self.message });
+        (self.status, [(header::CONTENT_TYPE, "application/json")], body.to_string())
+            .into_response()
+    }
+}
+
+async fn target(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    username: Option<&str>,
+) -> Result<(Sandbox, EnvdUser), Response> {
+    let sb = envd::sandbox(gw, headers).await.map_err(IntoResponse::into_response)?;
+    let user = EnvdUser::named(username).map_err(IntoResponse::into_response)?;
+    Ok((sb, user))
+}
+
+/// `GET /files?path=P[&username=U]`: the file's bytes.
+pub async fn download(
+    State(gw): State<Gateway>,
+    Query(q): Query<FileQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let (sb, user) = match target(&gw, &headers, q.username.as_deref()).await {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let Some(path) = q.path.as_deref() else { return FileError::bad("no path").into_response() };
+    let path = user.resolve(path);
+    match sb.stat(&path).await {
+        Ok(stat) if stat.kind == FileKind::Dir => {
+            return FileError::bad(format!("{path} is a directory")).into_response()
+        }
+        Ok(_) => {}
+        Err(e) => return FileError::from_brig(e).into_response(),
+    }
+    let (reader, writer) = tokio::io::duplex(PIPE_BYTES);
+    let task: JoinHandle<Result<u64, brig_sdk::Error>> = {
+        let (sb, path) = (sb.clone(), path.clone());
+        tokio::spawn(async move { sb.download(&path, writer).await })
+    };
+    let mut reader = tokio::io::BufReader::with_capacity(PIPE_BYTES, reader);
+    // The first bytes (or the end) decide the status: an error before any byte is an error
+    // answer, after that the body breaks off (the client sees a short read).
+    let first_empty = match reader.fill_buf().await {
+        Ok(buf) => buf.is_empty(),
+        Err(e) => {
+            return FileError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
+        }
+    };
+    if first_empty {
+        return match task.await {
+            Ok(Ok(_)) => ([(header::CONTENT_TYPE, "application/octet-stream")], Body::empty())
+                .into_response(),
+            Ok(Err(e)) => FileError::from_brig(e).into_response(),
+            Err(e) => {
+                FileError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
+            }
+        };
+    }
+    let body = futures::stream::unfold((reader, Some(task)), |(mut reader, task)| async move {
+        let task = task?;
+        let chunk = match reader.fill_buf().await {
+            Ok([]) => None,
+            Ok(buf) => Some(Bytes::copy_from_slice(buf)),
+            Err(e) => return Some((Err(e), (reader, None))),
+        };
+        match chunk {
+            Some(bytes) => {
+                reader.consume(bytes.len());
+                Some((Ok(bytes), (reader, Some(task))))
+            }
+            None => match task.await {
+                Ok(Ok(_)) => None,
+                Ok(Err(e)) => Some((Err(std::io::Error::other(e.to_string())), (reader, None))),
+                Err(e) => Some((Err(std::io::Error::other(e.to_string())), (reader, None))),
+            },
+        }
+    });
+    ([(header::CONTENT_TYPE, "application/octet-stream")], Body::from_stream(body)).into_response()
+}
+
+/// Where one file's bytes go: Brig's file API (root), or `cat` run as the user.
+enum Sink {
+    Brig { pipe: tokio::io::DuplexStream, task: JoinHandle<Result<u64, brig_sdk::Error>> },
+    AsUser { stdin: ExecStdin, stream: ExecStream },
+}
+
+/// Makes the parent directories, then takes stdin into the file (as whoever runs it).
+const WRITE_SCRIPT: &str = r#"mkdir -p -- "$(dirname -- "$1")" && cat > "$1""#;
+
+impl Sink {
+    async fn open(sb: &Sandbox, user: &EnvdUser, path: &str) -> Result<Sink, FileError> {
+        match user.brig_user() {
+            None => {
+                let (reader, pipe) = tokio::io::duplex(PIPE_BYTES);
+                let (sb, path) = (sb.clone(), path.to_string());
+                let task = tokio::spawn(async move { sb.upload(&path, reader).await });
+                Ok(Sink::Brig { pipe, task })
+            }
+            Some(name) => {
+                let cmd = Cmd::new(["sh", "-c", WRITE_SCRIPT, "sh", path])
+                    .user(&name)
+                    .cwd("/")
+                    .stdin_stream();
+                let mut stream = sb.exec_stream(cmd).await.map_err(FileError::from_brig)?;
+                let stdin = stream
+                    .take_stdin()
+                    .ok_or_else(|| FileError::new(StatusCode::INTERNAL_SERVER_ERROR, "no stdin"))?;
+                Ok(Sink::AsUser { stdin, stream })
+            }
+        }
+    }
+
+    /// Passes `bytes` on; when the other side stopped taking them, its ending says why.
+    async fn write(mut self, bytes: Bytes) -> Result<Sink, FileError> {
+        let broken = match &mut self {
+            Sink::Brig { pipe, .. } => pipe.write_all(&bytes).await.is_err(),
+            Sink::AsUser { stdin, .. } => stdin.write(bytes).await.is_err(),
+        };
+        if broken {
+            return Err(match self.finish().await {
+                Err(e) => e,
+                Ok(()) => FileError::new(StatusCode::INTERNAL_SERVER_ERROR, "the write stopped"),
+            });
+        }
+        Ok(self)
+    }
+
+    async fn finish(self) -> Result<(), FileError> {
+        match self {
+            Sink::Brig { mut pipe, task } => {
+                let _ = pipe.shutdown().await;
+                drop(pipe);
+                match task.await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(e)) => Err(FileError::from_brig(e)),
+                    Err(e) => Err(FileError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+                }
+            }
+            Sink::AsUser { mut stdin, stream } => {
+                let _ = stdin.close();
+                let out = stream.collect().await.map_err(FileError::from_brig)?;
+                if out.success() {
+                    Ok(())
+                } else {
+                    Err(FileError::from_stderr(&out.stderr_text()))
+                }
+            }
+        }
+    }
+}
+
+/// Undoes `Content-Encoding: gzip` piece by piece.
+struct Gunzip(flate2::write::GzDecoder<Vec<u8>>);
+
+impl Gunzip {
+    fn feed(&mut self, bytes: &[u8]) -> Result<Bytes, FileError> {
+        self.0.write_all(bytes).map_err(|e| FileError::bad(format!("bad gzip body: {e}")))?;
+        Ok(Bytes::from(std::mem::take(self.0.get_mut())))
+    }
+
+    fn end(mut self) -> Result<Bytes, FileError> {
+        self.0.try_finish().map_err(|e| FileError::bad(format!("bad gzip body: {e}")))?;
+        Ok(Bytes::from(std::mem::take(self.0.get_mut())))
+    }
+}
+
+/// What one written file answers.
+fn written(path: &str) -> serde_json::Value {
+    let name = path.rsplit('/').next().unwrap_or("");
+    serde_json::json!({ "name": name, "type": "file", "path": path })
+}
+
+/// `POST /files`: one raw body to `path`, or every multipart `file` part to its filename.
+pub async fn upload(
+    State(gw): State<Gateway>,
+    Query(q): Query<FileQuery>,
+    request: Request,
+) -> Response {
+    let headers = request.headers().clone();
+    let (sb, user) = match target(&gw, &headers, q.username.as_deref()).await {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let content_type = crate::gateway::header(&headers, "content-type").unwrap_or("");
+    let result = if content_type.starts_with("multipart/form-data") {
+        match Multipart::from_request(request, &()).await {
+            Ok(multipart) => upload_parts(&sb, &user, q.path.as_deref(), multipart).await,
+            Err(e) => Err(FileError::bad(e.body_text())),
+        }
+    } else {
+        upload_raw(&sb, &user, q.path.as_deref(), &headers, request.into_body()).await
+    };
+    match result {
+        Ok(entries) => (StatusCode::OK, axum::Json(entries)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn upload_raw(
+    sb: &Sandbox,
+    user: &EnvdUser,
+    path: Option<&str>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Vec<serde_json::Value>, FileError> {
+    let path = user.resolve(path.ok_or_else(|| FileError::bad("no path"))?);
+    let gzip = crate::gateway::header(headers, "content-encoding")
+        .is_some_and(|e| e.eq_ignore_ascii_case("gzip"));
+    let mut gunzip = gzip.then(|| Gunzip(flate2::write::GzDecoder::new(Vec::new())));
+    let mut sink = Sink::open(sb, user, &path).await?;
+    let mut body = body.into_data_stream();
+    while let Some(chunk) = body.next().await {
+        // A broken request leaves the file as far as it got, as a failed copy would.
+        let chunk = chunk.map_err(|e| FileError::bad(format!("request body: {e}")))?;
+        let bytes = match gunzip.as_mut() {
+            Some(g) => g.feed(&chunk)?,
+            None => chunk,
+        };
+        if !bytes.is_empty() {
+            sink = sink.write(bytes).await?;
+        }
+    }
+    if let Some(g) = gunzip {
+        let rest = g.end()?;
+        if !rest.is_empty() {
+            sink = sink.write(rest).await?;
+        }
+    }
+    sink.finish().await?;
+    Ok(vec![written(&path)])
+}
+
+async fn upload_parts(
+    sb: &Sandbox,
+    user: &EnvdUser,
+    path: Option<&str>,
+    mut multipart: Multipart,
+) -> Result<Vec<serde_json::Value>, FileError> {
+    let mut out = Vec::new();
+    while let Some(mut field) =
+        multipart.next_field().await.map_err(|e| FileError::bad(e.body_text()))?
+    {
+        let destination = match (path, field.file_name()) {
+            (Some(p), _) if out.is_empty() => p.to_string(),
+            (_, Some(name)) if !name.is_empty() => name.to_string(),
+            _ => return Err(FileError::bad("a file part has no destination (filename)")),
+        };
+        let destination = user.resolve(&destination);
+        let mut sink = Sink::open(sb, user, &destination).await?;
+        while let Some(bytes) = field.chunk().await.map_err(|e| FileError::bad(e.body_text()))? {
+            sink = sink.write(bytes).await?;
+        }
+        sink.finish().await?;
+        out.push(written(&destination));
+    }
+    if out.is_empty() {
+        return Err(FileError::bad("no file in the request"));
+    }
+    Ok(out)
+}

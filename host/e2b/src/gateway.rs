@@ -1,0 +1,217 @@
+//! The gateway's shared state: Brig clients per API key, the daemon's own client for envd
+//! requests, the secret behind envd access tokens, and the routes.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::HeaderMap;
+use axum::routing::{get, post};
+use axum::Router;
+use brig_sdk::{Client, ConnectOptions};
+
+use crate::connect::ConnectError;
+use crate::E2bConfig;
+
+/// Most distinct API keys whose connections are kept open at once.
+const MAX_CLIENTS: usize = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("[e2b] configuration: {0}")]
+    Config(String),
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the gateway's secret at {path}")]
+    Secret {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The E2B gateway. Cheap to clone.
+#[derive(Clone)]
+pub struct Gateway {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: E2bConfig,
+    /// Where brigd listens and how to trust it (its own token for envd requests).
+    connect: ConnectOptions,
+    admin: tokio::sync::OnceCell<Client>,
+    clients: parking_lot::Mutex<HashMap<String, Client>>,
+    key: ring::hmac::Key,
+    pub(crate) processes: crate::process::Processes,
+    pub(crate) watchers: crate::filesystem::Watchers,
+    pub(crate) lifetimes: crate::api::Lifetimes,
+}
+
+impl Gateway {
+    /// A gateway in front of the brigd `connect` names (with the daemon's own access token);
+    /// its token secret lives in `state_dir/e2b-secret` (made on first start, 0600).
+    pub fn new(
+        config: E2bConfig,
+        connect: ConnectOptions,
+        state_dir: &Path,
+    ) -> Result<Gateway, GatewayError> {
+        let secret = load_or_create_secret(&state_dir.join("e2b-secret"))?;
+        Ok(Gateway {
+            inner: Arc::new(Inner {
+                config,
+                connect,
+                admin: tokio::sync::OnceCell::new(),
+                clients: parking_lot::Mutex::new(HashMap::new()),
+                key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret),
+                processes: Default::default(),
+                watchers: Default::default(),
+                lifetimes: Default::default(),
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &E2bConfig {
+        &self.inner.config
+    }
+
+    /// Binds the configured listeners and serves until the process ends; returns the bound
+    /// API address (and the debug-layout envd one), or `None` when the API is off.
+    pub async fn start(&self) -> Result<(Option<SocketAddr>, Option<SocketAddr>), GatewayError> {
+        let mut bound = (None, None);
+        for (slot, addr) in
+            [(0, self.inner.config.listen_addr()?), (1, self.inner.config.envd_listen_addr()?)]
+        {
+            let Some(addr) = addr else { continue };
+            // A listener that cannot bind is reported and left out; the daemon serves on.
+            let bound_listener = match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => l.local_addr().map(|local| (l, local)),
+                Err(e) => Err(e),
+            };
+            let (listener, local) = match bound_listener {
+                Ok(pair) => pair,
+                Err(source) => {
+                    let e = GatewayError::Bind { addr, source };
+                    tracing::error!(error = %e, "the E2B-compatible API is not served there");
+                    continue;
+                }
+            };
+            let router = self.router();
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, router).await {
+                    tracing::error!(%local, error = %e, "E2B API server stopped");
+                }
+            });
+            tracing::info!(%local, "E2B-compatible API on http://{local}");
+            if slot == 0 {
+                bound.0 = Some(local);
+            } else {
+                bound.1 = Some(local);
+            }
+        }
+        self.spawn_lifetime_keeper();
+        Ok(bound)
+    }
+
+    /// Every route of both halves (control API and envd) on one router.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/health", get(crate::envd::health))
+            .merge(crate::api::routes())
+            .route("/process.Process/{method}", post(crate::process::rpc))
+            .route("/filesystem.Filesystem/{method}", post(crate::filesystem::rpc))
+            .route(
+                "/files",
+                get(crate::files::download)
+                    .post(crate::files::upload)
+                    .layer(DefaultBodyLimit::disable()),
+            )
+            .with_state(self.clone())
+    }
+
+    /// The Brig client for an API key (connected once, then shared), or why there is none.
+    pub(crate) async fn client_for_key(&self, key: &str) -> Result<Client, brig_sdk::Error> {
+        if let Some(client) = self.inner.clients.lock().get(key) {
+            return Ok(client.clone());
+        }
+        let mut options = self.inner.connect.clone();
+        options.token = key.to_string();
+        let client = Client::connect(options).await?;
+        let mut clients = self.inner.clients.lock();
+        if clients.len() >= MAX_CLIENTS {
+            // Keys come and go (projects rotate them): drop an arbitrary cached one.
+            if let Some(old) = clients.keys().next().cloned() {
+                clients.remove(&old);
+            }
+        }
+        clients.insert(key.to_string(), client.clone());
+        Ok(client)
+    }
+
+    /// The daemon's own client, for envd requests (authorized by their access token).
+    pub(crate) async fn admin(&self) -> Result<Client, ConnectError> {
+        self.inner
+            .admin
+            .get_or_try_init(|| Client::connect(self.inner.connect.clone()))
+            .await
+            .cloned()
+            .map_err(|e| {
+                ConnectError::new(crate::connect::Code::Unavailable, format!("brigd: {e}"))
+            })
+    }
+
+    /// The envd access token of sandbox `id`.
+    pub(crate) fn envd_token(&self, id: &str) -> String {
+        hex::encode(ring::hmac::sign(&self.inner.key, id.as_bytes()).as_ref())
+    }
+
+    /// Whether `token` is sandbox `id`'s envd access token (compared in constant time).
+    pub(crate) fn envd_token_ok(&self, id: &str, token: &str) -> bool {
+        hex::decode(token.trim())
+            .map(|tag| ring::hmac::verify(&self.inner.key, id.as_bytes(), &tag).is_ok())
+            .unwrap_or(false)
+    }
+}
+
+/// A header's value as text (`None` when absent or not text).
+pub(crate) fn header<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn load_or_create_secret(path: &Path) -> Result<[u8; 32], GatewayError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |source| GatewayError::Secret { path: path.display().to_string(), source };
+    match std::fs::read(path) {
+        Ok(bytes) if bytes.len() == 32 => {
+            let mut secret = [0u8; 32];
+            secret.copy_from_slice(&bytes);
+            return Ok(secret);
+        }
+        Ok(_) => {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "not 32 bytes; remove it to make a new one (outstanding envd tokens end)",
+            )))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    let mut secret = [0u8; 32];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret)
+        .map_err(|_| err(std::io::Error::other("no system randomness")))?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(err)?;
+    file.write_all(&secret).map_err(err)?;
+    Ok(secret)
+}

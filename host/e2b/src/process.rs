@@ -1,0 +1,512 @@
+//! envd's `process.Process` service on Brig execs: a process's pid is its Brig exec id, so a
+//! command outlives the request that started it, is listed, re-attached (`Connect`, with the
+//! output the node kept) and killed by that id. Stdin goes through the task that holds the
+//! exec's upload half, reachable from `SendInput`, `StreamInput` and `CloseStdin`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use brig_sdk::{Cmd, ExecEvent, ExecResult, ExecStream, Sandbox};
+use bytes::Bytes;
+use futures::Stream;
+use tokio::sync::mpsc;
+
+use crate::connect::{self, Code, Codec, ConnectError};
+use crate::envd::{self, brig_error, EnvdUser};
+use crate::gateway::header;
+use crate::pb::process as pb;
+use crate::Gateway;
+use pb::process_event::{data_event::Output, DataEvent, EndEvent, Event, KeepAlive, StartEvent};
+
+/// Output a command may stream before it is stopped (the node's ceiling).
+const OUTPUT_LIMIT: u64 = 1 << 30;
+/// Stdin pieces waiting for the command, per process.
+const STDIN_QUEUE: usize = 64;
+/// Events waiting for a slow client, per stream.
+const EVENT_QUEUE: usize = 64;
+
+enum StdinOp {
+    Data(Bytes),
+    Close,
+}
+
+/// A process this gateway started: what it was asked to run and where its stdin goes.
+struct Known {
+    config: pb::ProcessConfig,
+    tag: Option<String>,
+    stdin: Option<mpsc::Sender<StdinOp>>,
+}
+
+/// The processes started through this gateway that are still running, by (sandbox, pid).
+#[derive(Default)]
+pub struct Processes {
+    known: parking_lot::Mutex<HashMap<(String, u32), Known>>,
+}
+
+impl Processes {
+    fn stdin(&self, sandbox: &str, pid: u32) -> Option<mpsc::Sender<StdinOp>> {
+        self.known.lock().get(&(sandbox.to_string(), pid)).and_then(|k| k.stdin.clone())
+    }
+
+    fn by_tag(&self, sandbox: &str, tag: &str) -> Option<u32> {
+        self.known
+            .lock()
+            .iter()
+            .find(|((s, _), k)| s == sandbox && k.tag.as_deref() == Some(tag))
+            .map(|((_, pid), _)| *pid)
+    }
+}
+
+/// `POST /process.Process/{method}`.
+pub async fn rpc(
+    State(gw): State<Gateway>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = match method.as_str() {
+        "Start" => start(&gw, &headers, body).await,
+        "Connect" => connect_rpc(&gw, &headers, body).await,
+        "StreamInput" => stream_input(&gw, &headers, body).await,
+        "List" | "SendInput" | "CloseStdin" | "SendSignal" | "Update" => {
+            return unary(&gw, &method, &headers, body).await
+        }
+        other => Err(ConnectError::new(Code::Unimplemented, format!("no method {other}"))),
+    };
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn unary(gw: &Gateway, method: &str, headers: &HeaderMap, body: Body) -> Response {
+    let codec = match Codec::unary(headers) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    match method {
+        "List" => {
+            let r = async {
+                connect::unary_request::<pb::ListRequest>(codec, body).await?;
+                list(gw, headers).await
+            };
+            connect::unary_reply(codec, r.await)
+        }
+        "SendInput" => {
+            let r = async {
+                let req: pb::SendInputRequest = connect::unary_request(codec, body).await?;
+                let (sb, pid) = selected(gw, headers, req.process.as_ref()).await?;
+                let data = input_bytes(req.input)?;
+                send_stdin(gw, &sb, pid, StdinOp::Data(data)).await?;
+                Ok(pb::SendInputResponse {})
+            };
+            connect::unary_reply(codec, r.await)
+        }
+        "CloseStdin" => {
+            let r = async {
+                let req: pb::CloseStdinRequest = connect::unary_request(codec, body).await?;
+                let (sb, pid) = selected(gw, headers, req.process.as_ref()).await?;
+                send_stdin(gw, &sb, pid, StdinOp::Close).await?;
+                Ok(pb::CloseStdinResponse {})
+            };
+            connect::unary_reply(codec, r.await)
+        }
+        "SendSignal" => {
+            let r = async {
+                let req: pb::SendSignalRequest = connect::unary_request(codec, body).await?;
+                let (sb, pid) = selected(gw, headers, req.process.as_ref()).await?;
+                let running = sb
+                    .execs()
+                    .await
+                    .map_err(brig_error)?
+                    .iter()
+                    .any(|e| e.exec_id == u64::from(pid) && e.result.is_none());
+                if !running {
+                    return Err(ConnectError::new(Code::NotFound, format!("no process {pid}")));
+                }
+                // SIGTERM and SIGKILL both end the process tree (Brig's kill).
+                sb.kill(u64::from(pid)).await.map_err(brig_error)?;
+                Ok(pb::SendSignalResponse {})
+            };
+            connect::unary_reply(codec, r.await)
+        }
+        _ => {
+            let r: Result<pb::UpdateResponse, _> = async {
+                let req: pb::UpdateRequest = connect::unary_request(codec, body).await?;
+                selected(gw, headers, req.process.as_ref()).await?;
+                Err(ConnectError::new(Code::Unimplemented, "terminals (PTY) are not served yet"))
+            }
+            .await;
+            connect::unary_reply(codec, r)
+        }
+    }
+}
+
+/// The sandbox and pid a request's selector names.
+async fn selected(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    selector: Option<&pb::ProcessSelector>,
+) -> Result<(Sandbox, u32), ConnectError> {
+    use pb::process_selector::Selector;
+    let sb = envd::sandbox(gw, headers).await?;
+    let pid = match selector.and_then(|s| s.selector.as_ref()) {
+        Some(Selector::Pid(pid)) => *pid,
+        Some(Selector::Tag(tag)) => gw.inner.processes.by_tag(sb.id(), tag).ok_or_else(|| {
+            ConnectError::new(Code::NotFound, format!("no process tagged {tag:?}"))
+        })?,
+        None => return Err(ConnectError::new(Code::InvalidArgument, "no process selector")),
+    };
+    Ok((sb, pid))
+}
+
+fn input_bytes(input: Option<pb::ProcessInput>) -> Result<Bytes, ConnectError> {
+    use pb::process_input::Input;
+    match input.and_then(|i| i.input) {
+        Some(Input::Stdin(b)) => Ok(Bytes::from(b)),
+        Some(Input::Pty(_)) => {
+            Err(ConnectError::new(Code::Unimplemented, "terminals (PTY) are not served yet"))
+        }
+        None => Err(ConnectError::new(Code::InvalidArgument, "no input")),
+    }
+}
+
+async fn send_stdin(gw: &Gateway, sb: &Sandbox, pid: u32, op: StdinOp) -> Result<(), ConnectError> {
+    let Some(tx) = gw.inner.processes.stdin(sb.id(), pid) else {
+        return Err(ConnectError::new(
+            Code::NotFound,
+            format!("process {pid} is not running with its stdin open (start it with stdin=True)"),
+        ));
+    };
+    tx.send(op)
+        .await
+        .map_err(|_| ConnectError::new(Code::NotFound, format!("process {pid} has ended")))
+}
+
+async fn list(gw: &Gateway, headers: &HeaderMap) -> Result<pb::ListResponse, ConnectError> {
+    let sb = envd::sandbox(gw, headers).await?;
+    let execs = sb.execs().await.map_err(brig_error)?;
+    let known = gw.inner.processes.known.lock();
+    let processes = execs
+        .into_iter()
+        .filter(|e| e.result.is_none())
+        .filter_map(|e| {
+            let pid = u32::try_from(e.exec_id).ok()?;
+            let entry = known.get(&(sb.id().to_string(), pid));
+            let config = entry.map(|k| k.config.clone()).unwrap_or_else(|| pb::ProcessConfig {
+                cmd: e.argv.first().cloned().unwrap_or_default(),
+                args: e.argv.iter().skip(1).cloned().collect(),
+                ..Default::default()
+            });
+            Some(pb::ProcessInfo {
+                config: Some(config),
+                pid,
+                tag: entry.and_then(|k| k.tag.clone()),
+            })
+        })
+        .collect();
+    Ok(pb::ListResponse { processes })
+}
+
+/// `Start`: runs the command and streams its events: `start{pid}` at once, then output, then
+/// `end`. Past the request's deadline the command is killed and the stream ends with
+/// `deadline_exceeded`; a client that goes away leaves the command running.
+async fn start(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Response, ConnectError> {
+    let codec = Codec::streaming(headers)?;
+    let req: pb::StartRequest = connect::single_stream_request(codec, body).await?;
+    let sb = envd::sandbox(gw, headers).await?;
+    let user = EnvdUser::from_headers(headers)?;
+    if req.pty.is_some() {
+        return Err(ConnectError::new(Code::Unimplemented, "terminals (PTY) are not served yet"));
+    }
+    let config = req
+        .process
+        .ok_or_else(|| ConnectError::new(Code::InvalidArgument, "no process to start"))?;
+    if config.cmd.is_empty() {
+        return Err(ConnectError::new(Code::InvalidArgument, "empty command"));
+    }
+    let argv: Vec<&str> = std::iter::once(config.cmd.as_str())
+        .chain(config.args.iter().map(String::as_str))
+        .collect();
+    let cwd = config.cwd.as_deref().map_or_else(|| user.home(), |c| user.resolve(c));
+    let mut cmd = Cmd::new(argv).cwd(&cwd).output_limit(OUTPUT_LIMIT);
+    if let Some(name) = user.brig_user() {
+        cmd = cmd.user(&name);
+    }
+    let mut envs: Vec<(&String, &String)> = config.envs.iter().collect();
+    envs.sort();
+    for (k, v) in envs {
+        cmd = cmd.env(k, v);
+    }
+    let with_stdin = req.stdin.unwrap_or(false);
+    if with_stdin {
+        cmd = cmd.stdin_stream();
+    }
+    let mut stream = sb.exec_stream(cmd).await.map_err(brig_error)?;
+    let pid = u32::try_from(stream.exec_id())
+        .map_err(|_| ConnectError::new(Code::Internal, "exec id past the pid range"))?;
+    let key = (sb.id().to_string(), pid);
+    let stdin = if with_stdin { stream.take_stdin() } else { None };
+    let stdin_tx = stdin.map(|mut writer| {
+        let (tx, mut rx) = mpsc::channel::<StdinOp>(STDIN_QUEUE);
+        tokio::spawn(async move {
+            while let Some(op) = rx.recv().await {
+                let done = match op {
+                    StdinOp::Data(bytes) => writer.write(bytes).await.is_err(),
+                    StdinOp::Close => {
+                        let _ = writer.close();
+                        true
+                    }
+                };
+                if done {
+                    break;
+                }
+            }
+        });
+        tx
+    });
+    gw.inner
+        .processes
+        .known
+        .lock()
+        .insert(key.clone(), Known { config, tag: req.tag, stdin: stdin_tx });
+    let deadline = connect::deadline(headers);
+    let keepalive = keepalive_interval(headers);
+    let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+    let gw = gw.clone();
+    tokio::spawn(async move {
+        let ended = pump(&mut stream, pid, &tx, deadline, keepalive).await;
+        if ended == Pumped::DeadlinePassed {
+            let _ = sb.kill(u64::from(pid)).await;
+        }
+        gw.inner.processes.known.lock().remove(&key);
+    });
+    Ok(connect::stream_reply(codec, receiver_stream::<pb::StartResponse>(rx)))
+}
+
+/// `Connect`: the output of a running (or just ended) process again, from what the node kept,
+/// then what follows.
+async fn connect_rpc(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    let codec = Codec::streaming(headers)?;
+    let req: pb::ConnectRequest = connect::single_stream_request(codec, body).await?;
+    let (sb, pid) = selected(gw, headers, req.process.as_ref()).await?;
+    let mut stream = sb.attach(u64::from(pid)).await.map_err(brig_error)?;
+    let deadline = connect::deadline(headers);
+    let keepalive = keepalive_interval(headers);
+    let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+    tokio::spawn(async move {
+        pump(&mut stream, pid, &tx, deadline, keepalive).await;
+    });
+    Ok(connect::stream_reply(codec, receiver_stream::<pb::ConnectResponse>(rx)))
+}
+
+/// `StreamInput`: a start message naming the process, then input messages, fed to its stdin
+/// as they arrive; the answer is one empty message.
+async fn stream_input(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    use pb::stream_input_request::Event as In;
+    let codec = Codec::streaming(headers)?;
+    let mut reader = connect::EnvelopeReader::new(codec, body);
+    let first: Option<pb::StreamInputRequest> = reader.next().await?;
+    let selector = match first.and_then(|m| m.event) {
+        Some(In::Start(start)) => start.process,
+        _ => {
+            return Err(ConnectError::new(Code::InvalidArgument, "the first message is not start"))
+        }
+    };
+    let (sb, pid) = selected(gw, headers, selector.as_ref()).await?;
+    let result = async {
+        while let Some(message) = reader.next::<pb::StreamInputRequest>().await? {
+            match message.event {
+                Some(In::Data(data)) => {
+                    send_stdin(gw, &sb, pid, StdinOp::Data(input_bytes(data.input)?)).await?
+                }
+                Some(In::Keepalive(_)) | None => {}
+                Some(In::Start(_)) => {
+                    return Err(ConnectError::new(Code::InvalidArgument, "a second start message"))
+                }
+            }
+        }
+        Ok(pb::StreamInputResponse {})
+    }
+    .await;
+    Ok(connect::stream_reply(codec, futures::stream::iter([result])))
+}
+
+/// How a pump ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pumped {
+    Ended,
+    DeadlinePassed,
+    Failed,
+}
+
+/// Any event message of a process stream (`StartResponse`, `ConnectResponse`).
+trait EventMessage: connect::Message + Send {
+    fn wrap(event: Event) -> Self;
+}
+
+impl EventMessage for pb::StartResponse {
+    fn wrap(event: Event) -> Self {
+        pb::StartResponse { event: Some(pb::ProcessEvent { event: Some(event) }) }
+    }
+}
+
+impl EventMessage for pb::ConnectResponse {
+    fn wrap(event: Event) -> Self {
+        pb::ConnectResponse { event: Some(pb::ProcessEvent { event: Some(event) }) }
+    }
+}
+
+type EventTx = mpsc::Sender<Result<Event, ConnectError>>;
+
+/// Moves a command's events to `tx` until it ends, the deadline passes or the stream fails. A
+/// client that went away stops nothing: the pump reads on (and drops) until the command ends,
+/// so what it keeps (stdin, its table entry) lives exactly as long as the command.
+async fn pump(
+    stream: &mut ExecStream,
+    pid: u32,
+    tx: &EventTx,
+    deadline: Option<Duration>,
+    keepalive: Option<Duration>,
+) -> Pumped {
+    let _ = tx.send(Ok(Event::Start(StartEvent { pid }))).await;
+    let until = deadline.map(|d| tokio::time::Instant::now() + d);
+    let mut attached = true;
+    loop {
+        let next = async {
+            match keepalive {
+                Some(every) => tokio::time::timeout(every, stream.next()).await.ok(),
+                None => Some(stream.next().await),
+            }
+        };
+        let event = match until {
+            Some(at) => match tokio::time::timeout_at(at, next).await {
+                Ok(e) => e,
+                Err(_) => {
+                    let _ = tx
+                        .send(Err(ConnectError::new(
+                            Code::DeadlineExceeded,
+                            format!("process {pid} ran past the request's deadline"),
+                        )))
+                        .await;
+                    return Pumped::DeadlinePassed;
+                }
+            },
+            None => next.await,
+        };
+        let message = match event {
+            None => Ok(Event::Keepalive(KeepAlive {})),
+            Some(None) => return Pumped::Ended,
+            Some(Some(Ok(ExecEvent::Stdout(b)))) => {
+                Ok(Event::Data(DataEvent { output: Some(Output::Stdout(b.to_vec())) }))
+            }
+            Some(Some(Ok(ExecEvent::Stderr(b)))) => {
+                Ok(Event::Data(DataEvent { output: Some(Output::Stderr(b.to_vec())) }))
+            }
+            Some(Some(Ok(ExecEvent::Exited(result)))) => Ok(Event::End(end_event(&result))),
+            Some(Some(Err(e))) => {
+                if attached {
+                    let _ = tx.send(Err(brig_error(e))).await;
+                }
+                return Pumped::Failed;
+            }
+        };
+        let last = matches!(message, Ok(Event::End(_)));
+        if attached && tx.send(message).await.is_err() {
+            attached = false;
+        }
+        if last {
+            return Pumped::Ended;
+        }
+    }
+}
+
+/// envd's end event for a Brig result: a signal death is exit code -1 with the signal named,
+/// as envd reports it.
+pub fn end_event(result: &ExecResult) -> EndEvent {
+    let (exit_code, status) = match (result.exit_code, result.signal) {
+        (Some(code), _) => (code, format!("exit status {code}")),
+        (None, Some(signal)) => (-1, format!("signal: {}", signal_name(signal))),
+        (None, None) => (-1, "unknown".to_string()),
+    };
+    let error = if result.timed_out {
+        Some("the command ran past its timeout".to_string())
+    } else if result.truncated {
+        Some(format!("the command's output passed {OUTPUT_LIMIT} bytes and it was stopped"))
+    } else {
+        None
+    };
+    EndEvent { exit_code, exited: result.exit_code.is_some(), status, error }
+}
+
+fn signal_name(signal: i32) -> String {
+    match signal {
+        9 => "killed".into(),
+        15 => "terminated".into(),
+        2 => "interrupt".into(),
+        other => format!("signal {other}"),
+    }
+}
+
+/// `Keepalive-Ping-Interval` (seconds), when the client asked for keepalives.
+fn keepalive_interval(headers: &HeaderMap) -> Option<Duration> {
+    let secs: u64 = header(headers, "keepalive-ping-interval")?.trim().parse().ok()?;
+    (secs > 0).then(|| Duration::from_secs(secs))
+}
+
+fn receiver_stream<M: EventMessage>(
+    rx: mpsc::Receiver<Result<Event, ConnectError>>,
+) -> impl Stream<Item = Result<M, ConnectError>> + Send + 'static {
+    futures::stream::unfold(rx, |mut rx| async move {
+        let item = rx.recv().await?;
+        Some((item.map(M::wrap), rx))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn end_events_read_as_envd_writes_them() {
+        let ok = end_event(&ExecResult { exit_code: Some(0), ..Default::default() });
+        assert_eq!((ok.exit_code, ok.exited, ok.status.as_str()), (0, true, "exit status 0"));
+        let killed = end_event(&ExecResult { signal: Some(9), killed: true, ..Default::default() });
+        assert_eq!((killed.exit_code, killed.exited), (-1, false));
+        assert_eq!(killed.status, "signal: killed");
+        let json =
+            serde_json::to_value(pb::StartResponse::wrap(Event::End(end_event(&ExecResult {
+                exit_code: Some(3),
+                ..Default::default()
+            }))))
+            .expect("json");
+        assert_eq!(json["event"]["end"]["exitCode"], 3);
+        let data = serde_json::to_value(pb::StartResponse::wrap(Event::Data(DataEvent {
+            output: Some(Output::Stdout(b"hi".to_vec())),
+        })))
+        .expect("json");
+        assert_eq!(data["event"]["data"]["stdout"], "aGk=");
+    }
+
+    #[test]
+    fn the_sdks_start_request_decodes() {
+        let body = br#"{"process":{"cmd":"/bin/bash","args":["-l","-c","echo hi"],"envs":{"A":"1"},"cwd":"/tmp"},"stdin":false}"#;
+        let req: pb::StartRequest = Codec::Json.decode(body).expect("decode");
+        let p = req.process.expect("process");
+        assert_eq!(p.args, vec!["-l", "-c", "echo hi"]);
+        assert_eq!(p.envs.get("A").map(String::as_str), Some("1"));
+        assert_eq!(req.stdin, Some(false));
+        let signal: pb::SendSignalRequest =
+            Codec::Json.decode(br#"{"process":{"pid":12},"signal":"SIGNAL_SIGKILL"}"#).expect("d");
+        assert_eq!(signal.signal, pb::Signal::Sigkill as i32);
+    }
+}

@@ -1,0 +1,123 @@
+"""Commands through E2B's SDK, unchanged, on Brig sandboxes."""
+
+import asyncio
+import time
+
+import pytest
+from e2b import AsyncSandbox, CommandExitException, TimeoutException
+
+
+async def test_a_command_returns_its_output_and_status(sandbox):
+    r = await sandbox.commands.run("echo hello; echo oops >&2")
+    assert (r.stdout, r.stderr, r.exit_code) == ("hello\n", "oops\n", 0)
+
+
+async def test_a_failing_command_raises_with_its_code_and_stderr(sandbox):
+    with pytest.raises(CommandExitException) as info:
+        await sandbox.commands.run("echo partial; echo 'it broke' >&2; exit 3")
+    assert info.value.exit_code == 3
+    assert info.value.stderr == "it broke\n"
+    assert info.value.stdout == "partial\n"
+
+
+async def test_output_streams_to_callbacks_as_it_is_produced(sandbox):
+    seen = []
+    r = await sandbox.commands.run(
+        "for i in 1 2 3; do echo line-$i; echo err-$i >&2; sleep 0.3; done",
+        on_stdout=lambda line: seen.append(("out", line, time.monotonic())),
+        on_stderr=lambda line: seen.append(("err", line, time.monotonic())),
+    )
+    assert r.stdout == "line-1\nline-2\nline-3\n"
+    outs = [s for s in seen if s[0] == "out"]
+    assert [o[1] for o in outs] == ["line-1\n", "line-2\n", "line-3\n"]
+    assert any(s[0] == "err" for s in seen)
+    # Delivered as produced, not all at the end.
+    assert outs[-1][2] - outs[0][2] > 0.4
+
+
+async def test_users_environment_and_working_directory(sandbox):
+    r = await sandbox.commands.run("whoami; pwd; echo $FOO")
+    assert r.stdout == "user\n/home/user\n\n"
+    r = await sandbox.commands.run("whoami; pwd; echo $FOO", user="root", envs={"FOO": "bar"}, cwd="/tmp")
+    assert r.stdout == "root\n/tmp\nbar\n"
+    # Root adds users and writes /etc, as slime's setup does.
+    r = await sandbox.commands.run(
+        "useradd -m agent && git config --system user.name brig && cat /etc/gitconfig && id agent",
+        user="root",
+    )
+    assert "name = brig" in r.stdout and "agent" in r.stdout
+    r = await sandbox.commands.run("whoami", user="agent")
+    assert r.stdout == "agent\n"
+    # A user cannot write where it may not.
+    with pytest.raises(CommandExitException):
+        await sandbox.commands.run("touch /root/nope")
+
+
+async def test_a_background_command_is_listed_reconnected_and_killed(sandbox):
+    handle = await sandbox.commands.run("echo started; sleep 1; echo finished", background=True)
+    assert handle.pid > 0
+    listed = await sandbox.commands.list()
+    assert handle.pid in [p.pid for p in listed]
+    again = await sandbox.commands.connect(handle.pid)
+    result = await again.wait()
+    assert result.stdout == "started\nfinished\n"
+    await handle.disconnect()
+
+    sleeper = await sandbox.commands.run("sleep 300", background=True)
+    assert await sandbox.commands.kill(sleeper.pid)
+    with pytest.raises(CommandExitException) as info:
+        await sleeper.wait()
+    assert info.value.exit_code != 0
+    assert sleeper.pid not in [p.pid for p in await sandbox.commands.list()]
+    # Killing what is gone says so.
+    assert not await sandbox.commands.kill(sleeper.pid)
+
+
+async def test_a_disconnected_command_keeps_running(sandbox):
+    handle = await sandbox.commands.run("sleep 1; echo done > /tmp/marker", background=True)
+    await handle.disconnect()
+    await asyncio.sleep(2)
+    assert (await sandbox.files.read("/tmp/marker")) == "done\n"
+
+
+async def test_stdin_reaches_a_running_command(sandbox):
+    handle = await sandbox.commands.run("cat; echo end", background=True, stdin=True)
+    await sandbox.commands.send_stdin(handle.pid, "first line\n")
+    await sandbox.commands.send_stdin(handle.pid, b"second line\n")
+    await sandbox.commands.close_stdin(handle.pid)
+    result = await handle.wait()
+    assert result.stdout == "first line\nsecond line\nend\n"
+
+
+async def test_a_deadline_ends_the_command_with_a_timeout(sandbox):
+    started = time.monotonic()
+    with pytest.raises(TimeoutException):
+        await sandbox.commands.run("sleep 30", timeout=1)
+    assert time.monotonic() - started < 10
+    # The command was stopped with its deadline.
+    await asyncio.sleep(0.5)
+    assert "sleep 30" not in (await sandbox.commands.run("ps -eo args")).stdout
+
+
+async def test_a_long_command_streams_past_a_minute_without_being_cut():
+    sb = await AsyncSandbox.create(timeout=600)
+    try:
+        ticks = []
+        r = await sb.commands.run(
+            "for i in $(seq 1 70); do echo tick-$i; sleep 1; done",
+            timeout=0,
+            on_stdout=lambda line: ticks.append(line),
+        )
+        assert len(ticks) == 70 and r.exit_code == 0
+    finally:
+        await sb.kill()
+
+
+async def test_many_sandboxes_run_at_once():
+    sandboxes = await asyncio.gather(*[AsyncSandbox.create(timeout=300) for _ in range(8)])
+    try:
+        results = await asyncio.gather(*[s.commands.run(f"echo {i}") for i, s in enumerate(sandboxes)])
+        assert [r.stdout for r in results] == [f"{i}\n" for i in range(8)]
+        assert len({s.sandbox_id for s in sandboxes}) == 8
+    finally:
+        await asyncio.gather(*[s.kill() for s in sandboxes])

@@ -1,0 +1,99 @@
+"""Files through E2B's SDK: reads, writes (multipart, octet-stream, gzip), listings, watches."""
+
+import asyncio
+import hashlib
+import io
+import os
+
+import pytest
+from e2b import FileType, NotFoundException
+from e2b.sandbox.filesystem.filesystem import WriteEntry
+
+
+@pytest.mark.parametrize("size", [0, 1 << 20, 64 << 20])
+async def test_files_of_every_size_go_in_and_out_intact(sandbox, size):
+    data = os.urandom(size)
+    info = await sandbox.files.write(f"/home/user/blob-{size}", data)
+    assert info.path == f"/home/user/blob-{size}"
+    back = await sandbox.files.read(f"/home/user/blob-{size}", format="bytes")
+    assert len(back) == size and hashlib.sha256(back).digest() == hashlib.sha256(data).digest()
+    # Written by the user, so the user's commands may change it.
+    r = await sandbox.commands.run(f"stat -c %U blob-{size} && echo more >> blob-{size}")
+    assert r.stdout == "user\n"
+
+
+async def test_raw_streamed_and_gzip_writes(sandbox):
+    await sandbox.files.write("notes/raw.txt", "raw body\n", use_octet_stream=True)
+    assert await sandbox.files.read("/home/user/notes/raw.txt") == "raw body\n"
+    await sandbox.files.write("gz.txt", "compressed " * 1000, gzip=True)
+    assert await sandbox.files.read("gz.txt") == "compressed " * 1000
+    # A file-like object streams (slime writes this way).
+    await sandbox.files.write("/tmp/stream.bin", io.BytesIO(b"x" * 300_000), use_octet_stream=True)
+    assert len(await sandbox.files.read("/tmp/stream.bin", format="bytes")) == 300_000
+    chunks = []
+    async for chunk in await sandbox.files.read("/tmp/stream.bin", format="stream"):
+        chunks.append(chunk)
+    assert sum(len(c) for c in chunks) == 300_000
+
+
+async def test_many_files_in_one_write(sandbox):
+    entries = [WriteEntry(path=f"/home/user/many/{i}.txt", data=f"file {i}") for i in range(5)]
+    infos = await sandbox.files.write_files(entries)
+    assert sorted(i.path for i in infos) == sorted(e["path"] for e in entries)
+    listed = await sandbox.files.list("/home/user/many")
+    assert sorted(e.name for e in listed) == [f"{i}.txt" for i in range(5)]
+    assert all(e.type == FileType.FILE for e in listed)
+
+
+async def test_listing_stat_mkdir_rename_remove(sandbox):
+    assert await sandbox.files.make_dir("/home/user/a/b/c")
+    assert not await sandbox.files.make_dir("/home/user/a/b/c"), "it exists already"
+    await sandbox.files.write("/home/user/a/b/c/f.txt", "hello")
+    deep = await sandbox.files.list("/home/user/a", depth=3)
+    assert {e.path for e in deep} == {
+        "/home/user/a/b",
+        "/home/user/a/b/c",
+        "/home/user/a/b/c/f.txt",
+    }
+    info = await sandbox.files.get_info("/home/user/a/b/c/f.txt")
+    assert info.type == FileType.FILE and info.size == 5 and info.name == "f.txt"
+    assert (await sandbox.files.get_info("/home/user/a")).type == FileType.DIR
+    moved = await sandbox.files.rename("/home/user/a/b/c/f.txt", "/home/user/g.txt")
+    assert moved.path == "/home/user/g.txt"
+    assert await sandbox.files.exists("/home/user/g.txt")
+    assert not await sandbox.files.exists("/home/user/a/b/c/f.txt")
+    await sandbox.files.remove("/home/user/a")
+    assert not await sandbox.files.exists("/home/user/a")
+
+
+async def test_missing_files_are_not_found(sandbox):
+    with pytest.raises(NotFoundException):
+        await sandbox.files.read("/no/such/file")
+    with pytest.raises(NotFoundException):
+        await sandbox.files.get_info("/no/such/file")
+    with pytest.raises(NotFoundException):
+        await sandbox.files.list("/no/such/dir")
+    with pytest.raises(NotFoundException):
+        await sandbox.files.rename("/no/such/file", "/tmp/x")
+
+
+async def test_watching_a_directory_reports_changes(sandbox):
+    await sandbox.files.make_dir("/home/user/watched")
+    events = []
+    handle = await sandbox.files.watch_dir("/home/user/watched", on_event=events.append, recursive=True)
+    try:
+        await sandbox.files.write("/home/user/watched/new.txt", "one")
+        await asyncio.sleep(0.6)
+        await sandbox.commands.run("echo two >> /home/user/watched/new.txt")
+        await asyncio.sleep(0.6)
+        await sandbox.files.remove("/home/user/watched/new.txt")
+        for _ in range(30):
+            if any(e.type.name == "REMOVE" for e in events):
+                break
+            await asyncio.sleep(0.2)
+    finally:
+        await handle.stop()
+    kinds = [(e.name, e.type.name) for e in events]
+    assert ("new.txt", "CREATE") in kinds, kinds
+    assert ("new.txt", "WRITE") in kinds, kinds
+    assert ("new.txt", "REMOVE") in kinds, kinds

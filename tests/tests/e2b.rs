@@ -1,0 +1,82 @@
+//! E2B's own SDKs, unchanged, against brigd's E2B-compatible API: the `e2b` package from PyPI
+//! runs our pytest suite (`tests/e2b/`) and the `e2b` package from npm runs a short script
+//! (`tests/e2b-js/`), each with nothing but E2B's environment variables pointing at a real
+//! brigd on loopback. The SDKs and runners are installed by `scripts/install-deps.sh`.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use brig_tests::net::Mirror;
+use brig_tests::{artifacts, image, repo_root, Daemon};
+
+/// A daemon whose `base` template is the Debian image and whose `image` metadata key picks
+/// an image directly; sandboxes get a 200 MiB disk, so a 300 MiB upload passes the quota.
+fn daemon() -> Daemon {
+    let config = format!(
+        "[e2b]\nimage_metadata_key = \"image\"\ndisk_mib = 200\nmemory_mib = 512\n\
+         [e2b.templates]\nbase = {:?}\n",
+        image("debian-12")
+    );
+    let _ = image("busybox");
+    Daemon::start_with_config(&config, &[]).expect("brigd")
+}
+
+fn tool(rel: &str) -> PathBuf {
+    let path = artifacts().join(rel);
+    assert!(path.exists(), "{} is missing: run scripts/install-deps.sh", path.display());
+    path
+}
+
+#[test]
+fn the_e2b_python_sdk_runs_unchanged_against_brigd() {
+    let daemon = daemon();
+    let mirror = Mirror::start("brig e2b test").expect("a web service to reach");
+    let url = daemon.e2b_url().expect("E2B API address");
+    let out = Command::new(tool("venv/bin/python"))
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=10"])
+        .arg(repo_root().join("tests/e2b"))
+        .env("E2B_API_URL", &url)
+        .env("E2B_SANDBOX_URL", &url)
+        .env("E2B_API_KEY", daemon.access_token().expect("token"))
+        .env("BRIG_TEST_WEB", format!("{}:{}", mirror.addr, mirror.port))
+        .output()
+        .expect("running pytest");
+    let report = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{report}");
+    assert!(out.status.success(), "the E2B suite failed:\n{report}\nbrigd:\n{}", tail(&daemon));
+}
+
+#[test]
+fn the_e2b_js_sdk_runs_unchanged_against_brigd() {
+    let daemon = daemon();
+    let url = daemon.e2b_url().expect("E2B API address");
+    // ESM resolves packages from the script's own folder: run a copy beside node_modules.
+    let script = tool("node").join("smoke.mjs");
+    std::fs::copy(repo_root().join("tests/e2b-js/smoke.mjs"), &script).expect("copy the script");
+    let out = Command::new("node")
+        .arg(&script)
+        .current_dir(tool("node"))
+        .env("E2B_API_URL", &url)
+        .env("E2B_SANDBOX_URL", &url)
+        .env("E2B_API_KEY", daemon.access_token().expect("token"))
+        .output()
+        .expect("running node");
+    let report = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{report}");
+    assert!(out.status.success(), "the JS SDK failed:\n{report}\nbrigd:\n{}", tail(&daemon));
+    assert!(report.contains("e2b-js: ok"), "{report}");
+}
+
+fn tail(daemon: &Daemon) -> String {
+    let log = daemon.log_text();
+    let start = log.len().saturating_sub(20_000);
+    log[log.floor_char_boundary(start)..].to_string()
+}
