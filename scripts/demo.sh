@@ -11,14 +11,15 @@ serve=0
 "$root/scripts/build-guests.sh"
 "$root/scripts/build-images.sh"
 echo "[demo] building release binaries"
-cargo build --release --quiet -p brigd -p brig-cli --bins
+# brig-shim (brig-container) runs every container; brig-vmm and brig-agent serve the VM tiers.
+cargo build --release --quiet -p brigd -p brig-cli -p brig-container --bins
 cargo build --release --quiet -p brig-sdk --example rollout
 target="${CARGO_TARGET_DIR:-$root/target}/release"
 
 export BRIG_STATE_DIR="${BRIG_STATE_DIR:-$root/artifacts/demo-state}"
 mkdir -p "$BRIG_STATE_DIR"
 rm -f "$BRIG_STATE_DIR/endpoint.json"
-"$target/brigd" --state-dir "$BRIG_STATE_DIR" --listen 127.0.0.1:0 \
+"$target/brigd" --state-dir "$BRIG_STATE_DIR" --listen 127.0.0.1:0 --e2b-listen 127.0.0.1:0 \
     --tools-dir "$root/artifacts/guests/tools" --images-dir "$root/artifacts/images" \
     2>"$BRIG_STATE_DIR/brigd.log" &
 brigd_pid=$!
@@ -32,6 +33,14 @@ echo "[demo] brigd running (pid $brigd_pid, state $BRIG_STATE_DIR)"
 "$target/examples/rollout"
 echo "[demo] the CLI works too:"
 "$target/brig" tool ls
+e2b_addr=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["e2b"] or "")' "$BRIG_STATE_DIR/endpoint.json")
+if [[ -n $e2b_addr && -f $root/artifacts/images/debian-12.erofs ]]; then
+    E2B_API_URL="http://$e2b_addr" E2B_SANDBOX_URL="http://$e2b_addr" \
+        E2B_API_KEY="$(head -1 "$BRIG_STATE_DIR/access-token")" \
+        "$root/artifacts/venv/bin/python" "$root/scripts/demo_e2b.py"
+else
+    echo "[demo] e2b SDK: skipped (no E2B API address or no debian-12 image)"
+fi
 if ((serve)); then
     echo "[demo] brigd keeps serving; try: BRIG_STATE_DIR=$BRIG_STATE_DIR $target/brig call jq '{\"query\":\"\$\",\"json\":1}'"
     wait $brigd_pid

@@ -121,3 +121,32 @@ async def test_many_sandboxes_run_at_once():
         assert len({s.sandbox_id for s in sandboxes}) == 8
     finally:
         await asyncio.gather(*[s.kill() for s in sandboxes])
+
+
+async def test_a_terminal_takes_input_resizes_and_is_killed(sandbox):
+    from e2b.sandbox.commands.command_handle import PtySize
+
+    screen = bytearray()
+    handle = await sandbox.pty.create(PtySize(rows=24, cols=80), on_data=screen.extend, timeout=120)
+
+    async def shows(text: bytes) -> None:
+        for _ in range(100):
+            if text in screen:
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"{text!r} never appeared on the terminal: {bytes(screen)!r}")
+
+    await sandbox.pty.send_stdin(handle.pid, b"test -t 0 && test -t 1 && echo on-a-tty; stty size; echo mark-$((6*7))\n")
+    await shows(b"mark-42")
+    assert b"on-a-tty" in screen and b"24 80" in screen
+    await sandbox.pty.resize(handle.pid, PtySize(rows=40, cols=120))
+    await sandbox.pty.send_stdin(handle.pid, b"stty size\n")
+    await shows(b"40 120")
+    # ^C reaches the foreground job through the terminal; the shell lives on.
+    await sandbox.pty.send_stdin(handle.pid, b"sleep 100\n")
+    await asyncio.sleep(0.5)
+    await sandbox.pty.send_stdin(handle.pid, b"\x03echo after-interrupt\n")
+    await shows(b"after-interrupt")
+    assert await sandbox.pty.kill(handle.pid)
+    with pytest.raises(CommandExitException):
+        await handle.wait()

@@ -188,3 +188,18 @@ def test_the_sync_sdk_works_too():
         ]
     finally:
         sb.kill()
+
+
+async def test_snapshots_become_templates(sandbox):
+    await sandbox.files.write("/home/user/snap.txt", "from the snapshot")
+    snap = await sandbox.create_snapshot("Task 42")
+    assert snap.snapshot_id.startswith("debian-12+snapshots/task-42@")
+    listed = await AsyncSandbox.list_snapshots().next_items()
+    assert snap.snapshot_id in [s.snapshot_id for s in listed]
+    child = await AsyncSandbox.create(snap.snapshot_id, timeout=120)
+    try:
+        assert await child.files.read("/home/user/snap.txt") == "from the snapshot"
+        assert (await child.commands.run("whoami")).stdout == "user\n"
+    finally:
+        await child.kill()
+    assert await AsyncSandbox.delete_snapshot(snap.snapshot_id)

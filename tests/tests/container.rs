@@ -482,3 +482,54 @@ async fn layers_stack_and_execs_can_be_killed_and_fed() {
         );
     }
 }
+
+/// An exec on a terminal: the shell sees a tty of the asked size, takes typed input (^C
+/// interrupts its foreground job), follows a resize, and an exec without a terminal cannot be
+/// resized.
+#[tokio::test]
+async fn a_shell_on_a_terminal_takes_input_and_follows_resizes() {
+    let daemon = Daemon::start().expect("brigd");
+    let client = daemon.client().await.expect("client");
+    let sb = client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
+    let mut shell = sb
+        .exec_stream(Cmd::new(["sh", "-i"]).terminal(24, 80).stdin_stream())
+        .await
+        .expect("a shell on a terminal");
+    let id = shell.exec_id();
+    let mut screen = Vec::new();
+    async fn shows(shell: &mut brig_sdk::ExecStream, screen: &mut Vec<u8>, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !String::from_utf8_lossy(screen).contains(text) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, shell.next()).await {
+                Ok(Some(Ok(ExecEvent::Stdout(b)))) => screen.extend_from_slice(&b),
+                Ok(Some(Ok(ExecEvent::Stderr(b)))) => panic!("stderr on a terminal: {b:?}"),
+                other => panic!(
+                    "{text:?} never appeared ({other:?}): {}",
+                    String::from_utf8_lossy(screen)
+                ),
+            }
+        }
+    }
+    shell
+        .write_stdin(&b"test -t 0 && test -t 2 && echo on-a-tty; stty size; echo m-$((6*7))\n"[..])
+        .await
+        .expect("type");
+    shows(&mut shell, &mut screen, "m-42").await;
+    let text = String::from_utf8_lossy(&screen).to_string();
+    assert!(text.contains("on-a-tty") && text.contains("24 80"), "{text}");
+    sb.resize_terminal(id, 50, 132).await.expect("resize");
+    shell.write_stdin(&b"stty size\n"[..]).await.expect("type");
+    shows(&mut shell, &mut screen, "50 132").await;
+    shell.write_stdin(&b"sleep 100\n"[..]).await.expect("type");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    shell.write_stdin(&b"\x03echo after-interrupt\n"[..]).await.expect("^C");
+    shows(&mut shell, &mut screen, "after-interrupt").await;
+    shell.write_stdin(&b"exit 7\n"[..]).await.expect("type");
+    let out = shell.collect().await.expect("the shell ends");
+    assert_eq!(out.result.exit_code, Some(7), "{:?}", out.result);
+    let plain = sb.exec_stream(Cmd::new(["sleep", "5"])).await.expect("exec");
+    let err = sb.resize_terminal(plain.exec_id(), 10, 10).await.expect_err("no terminal");
+    assert_eq!(err.code(), Some(ErrorCode::BadRequest), "{err}");
+    sb.destroy().await.expect("destroy");
+}

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use brig_tests::cluster::{node_of, Cluster};
 use brig_tests::net::Mirror;
 use brig_tests::{artifacts, image, repo_root, Daemon};
 
@@ -50,6 +51,36 @@ fn the_e2b_python_sdk_runs_unchanged_against_brigd() {
     assert!(out.status.success(), "the E2B suite failed:\n{report}\nbrigd:\n{}", tail(&daemon));
 }
 
+/// E2B's debug layout: API on 127.0.0.1:3000, envd on 127.0.0.1:49983, the SDK configured by
+/// `E2B_DEBUG=true` alone.
+#[test]
+fn the_e2b_sdk_in_debug_mode_finds_brigd_on_the_debug_ports() {
+    let config = format!(
+        "[e2b]\nlisten = \"127.0.0.1:3000\"\nenvd_listen = \"127.0.0.1:49983\"\n\
+         [e2b.templates]\nbase = {:?}\n",
+        image("debian-12")
+    );
+    let daemon =
+        Daemon::start_with_config(&config, &["--e2b-listen", "127.0.0.1:3000"]).expect("brigd");
+    let out = Command::new(tool("venv/bin/python"))
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .arg(repo_root().join("tests/e2b/test_debug_layout.py"))
+        .env("E2B_DEBUG", "true")
+        .env("E2B_API_KEY", daemon.access_token().expect("token"))
+        .env_remove("E2B_API_URL")
+        .env_remove("E2B_SANDBOX_URL")
+        .output()
+        .expect("running pytest");
+    let report = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{report}");
+    assert!(out.status.success(), "debug layout:\n{report}\nbrigd:\n{}", tail(&daemon));
+    assert!(report.contains("1 passed"), "{report}");
+}
+
 #[test]
 fn the_e2b_js_sdk_runs_unchanged_against_brigd() {
     let daemon = daemon();
@@ -73,6 +104,34 @@ fn the_e2b_js_sdk_runs_unchanged_against_brigd() {
     println!("{report}");
     assert!(out.status.success(), "the JS SDK failed:\n{report}\nbrigd:\n{}", tail(&daemon));
     assert!(report.contains("e2b-js: ok"), "{report}");
+}
+
+/// The E2B API of a control-plane replica: creates are placed on the cluster's nodes, and
+/// commands, files and pause/connect reach each sandbox where it runs.
+#[test]
+fn a_control_replica_serves_the_e2b_api_for_its_cluster() {
+    let cluster = Cluster::start(1, 2, &[]).expect("cluster");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(cluster.wait_healthy(2)).expect("two healthy nodes");
+    let control = &cluster.controls[0];
+    let url = control.e2b_url().expect("the replica's E2B API");
+    let out = Command::new(tool("venv/bin/python"))
+        .arg(repo_root().join("tests/e2b/cluster_smoke.py"))
+        .env("E2B_API_URL", &url)
+        .env("E2B_SANDBOX_URL", &url)
+        .env("E2B_API_KEY", control.access_token().expect("token"))
+        .output()
+        .expect("running the script");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "through the replica:\n{stdout}\n{}\nreplica:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        tail(control)
+    );
+    let nodes: std::collections::BTreeSet<u32> =
+        stdout.lines().filter(|l| l.starts_with("sb-")).map(node_of).collect();
+    assert_eq!(nodes.len(), 2, "eight sandboxes all landed on one node: {stdout}");
 }
 
 fn tail(daemon: &Daemon) -> String {

@@ -144,6 +144,7 @@ pub async fn run_control(
     listen: SocketAddr,
     state: &Path,
     opts: ControlOptions,
+    e2b: &brig_e2b::E2bConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let tokens = AccessTokens::load_or_create(&state.join("access-token"))?;
@@ -165,6 +166,9 @@ pub async fn run_control(
     let replica_id = format!("{}-{}", local, std::process::id());
     let lease = store.announce_replica(&replica_id, &local.to_string()).await?;
     let upkeep = tokio::spawn(plane.clone().maintain());
+    // The E2B API of a replica places through it and reaches sandboxes on their nodes, as
+    // any client of the cluster does.
+    let (e2b, e2b_envd) = crate::start_e2b(e2b, state, local, &identity.fingerprint()).await?;
     let endpoint = crate::Endpoint {
         addr: local,
         cert_sha256: identity.fingerprint(),
@@ -172,8 +176,8 @@ pub async fn run_control(
         protocol: brig_proto::PROTOCOL_VERSION,
         pid: std::process::id(),
         metrics: None,
-        e2b: None,
-        e2b_envd: None,
+        e2b,
+        e2b_envd,
     };
     endpoint.write(state)?;
     tracing::info!(addr = %local, store = ?store, "brigd control listening");

@@ -118,7 +118,7 @@ pub fn load_config(path: &Path) -> anyhow::Result<(NodeConfig, brig_e2b::E2bConf
 
 /// Starts the E2B-compatible API in front of this daemon (as a client of its QUIC endpoint,
 /// with the daemon's own token); returns its addresses, or none when it is off.
-async fn start_e2b(
+pub(crate) async fn start_e2b(
     config: &brig_e2b::E2bConfig,
     state: &Path,
     quic: SocketAddr,
@@ -146,7 +146,8 @@ pub async fn run(
     let state = &opts.state_dir;
     create_private_dir(state)?;
     if let RoleOptions::Control(control) = &opts.role {
-        return cluster::run_control(opts.listen, state, control.clone(), shutdown).await;
+        return cluster::run_control(opts.listen, state, control.clone(), &opts.e2b, shutdown)
+            .await;
     }
     let tokens = AccessTokens::load_or_create(&state.join("access-token"))?;
     let tls_dir = state.join("tls");
@@ -167,10 +168,7 @@ pub async fn run(
         Some(addr) => match tokio::net::TcpListener::bind(addr).await {
             Ok(listener) => {
                 let bound = listener.local_addr()?;
-                let n = node.clone();
-                let task = tokio::spawn(brig_node::metrics::serve_http(listener, move || {
-                    n.render_metrics()
-                }));
+                let task = tokio::spawn(serve_metrics(listener, node.clone()));
                 tracing::info!(addr = %bound, "metrics on http://{bound}/metrics");
                 (Some(bound), Some(task))
             }
@@ -228,6 +226,25 @@ pub async fn run(
     Endpoint::remove(state);
     tracing::info!("brigd stopped");
     Ok(())
+}
+
+/// Serves `GET /metrics` (Prometheus text) on `listener`, on the same HTTP stack as the E2B
+/// API (axum over hyper).
+async fn serve_metrics(listener: tokio::net::TcpListener, node: Node) {
+    use axum::http::header;
+    let app =
+        axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let node = node.clone();
+                async move {
+                    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], node.render_metrics())
+                }
+            }),
+        );
+    if let Err(e) = axum::serve(listener, app).await {
+        tracing::warn!(error = %e, "metrics endpoint stopped");
+    }
 }
 
 fn create_private_dir(path: &Path) -> anyhow::Result<()> {

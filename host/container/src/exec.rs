@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, Notify};
 
 use crate::runtime::{Container, Process, RuntimeError, SpawnRequest};
 use crate::shim_proto::ExitInfo;
+use crate::terminal::{TerminalMaster, TerminalSize};
 
 /// Read size for output pipes.
 const READ_BYTES: usize = 64 << 10;
@@ -52,6 +53,9 @@ pub struct ExecRequest {
     pub timeout: Option<Duration>,
     /// Cap on stdout + stderr bytes delivered.
     pub output_limit: u64,
+    /// Run on a terminal of this size: its output (stdout and stderr as one) comes as
+    /// `Stdout`, its input goes through [`Exec::terminal`].
+    pub terminal: Option<TerminalSize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +84,8 @@ pub struct Exec {
     pub events: mpsc::Receiver<ExecEvent>,
     /// Present when the request asked for [`Stdin::Stream`]; drop it to send end of file.
     pub stdin: Option<pipe::Sender>,
+    /// The command's terminal, when it runs on one: input, window size.
+    pub terminal: Option<Arc<TerminalMaster>>,
     kill: Arc<Notify>,
 }
 
@@ -112,11 +118,19 @@ fn receiver(fd: OwnedFd) -> Result<pipe::Receiver, RuntimeError> {
 
 /// Starts `request` in `container`.
 pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Exec, RuntimeError> {
+    if let Some(size) = request.terminal {
+        return exec_on_terminal(container, request, size).await;
+    }
     let (in_r, in_w) = pipe_pair()?;
     let (out_r, out_w) = pipe_pair()?;
     let (err_r, err_w) = pipe_pair()?;
-    let spawn =
-        SpawnRequest { argv: request.argv, env: request.env, cwd: request.cwd, user: request.user };
+    let spawn = SpawnRequest {
+        argv: request.argv,
+        env: request.env,
+        cwd: request.cwd,
+        user: request.user,
+        terminal: false,
+    };
     let started = Instant::now();
     let process = container.spawn(spawn, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()], &[]).await?;
     drop((in_r, out_w, err_w));
@@ -140,8 +154,8 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
     let job = Job {
         container: container.clone(),
         process,
-        stdout: receiver(out_r)?,
-        stderr: receiver(err_r)?,
+        stdout: Output::Pipe(receiver(out_r)?),
+        stderr: Some(receiver(err_r)?),
         events: tx,
         kill: kill.clone(),
         timeout: request.timeout,
@@ -149,14 +163,85 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
         started,
     };
     tokio::spawn(job.run());
-    Ok(Exec { pid, events: rx, stdin, kill })
+    Ok(Exec { pid, events: rx, stdin, terminal: None, kill })
+}
+
+/// [`exec`] on a new terminal: the slave is the command's stdin, stdout and stderr.
+async fn exec_on_terminal(
+    container: &Arc<Container>,
+    request: ExecRequest,
+    size: TerminalSize,
+) -> Result<Exec, RuntimeError> {
+    let (master, slave) = crate::terminal::open(size)?;
+    let dup = |fd: &OwnedFd| {
+        fd.try_clone().map_err(|source| RuntimeError::Io { what: "terminal".into(), source })
+    };
+    let (out, err) = (dup(&slave)?, dup(&slave)?);
+    let spawn = SpawnRequest {
+        argv: request.argv,
+        env: request.env,
+        cwd: request.cwd,
+        user: request.user,
+        terminal: true,
+    };
+    let started = Instant::now();
+    let process = container.spawn(spawn, [slave.as_fd(), out.as_fd(), err.as_fd()], &[]).await?;
+    drop((slave, out, err));
+    let master = Arc::new(TerminalMaster::new(master)?);
+    if let Stdin::Bytes(bytes) = request.stdin {
+        let master = master.clone();
+        tokio::spawn(async move { master.write_all(&bytes).await });
+    }
+    let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+    let kill = Arc::new(Notify::new());
+    let pid = process.pid;
+    let job = Job {
+        container: container.clone(),
+        process,
+        stdout: Output::Terminal(master.clone()),
+        stderr: None,
+        events: tx,
+        kill: kill.clone(),
+        timeout: request.timeout,
+        limit: request.output_limit,
+        started,
+    };
+    tokio::spawn(job.run());
+    Ok(Exec { pid, events: rx, stdin: None, terminal: Some(master), kill })
+}
+
+/// Where a command's stdout comes from: a pipe, or its terminal.
+enum Output {
+    Pipe(pipe::Receiver),
+    Terminal(Arc<TerminalMaster>),
+}
+
+impl Output {
+    async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Output::Pipe(p) => p.read(buf).await,
+            Output::Terminal(t) => t.read(buf).await,
+        }
+    }
+}
+
+/// Reads `pipe` if there is one; never ready otherwise.
+async fn read_optional(
+    pipe: &mut Option<pipe::Receiver>,
+    buf: &mut [u8],
+) -> std::io::Result<usize> {
+    match pipe {
+        Some(p) => p.read(buf).await,
+        None => std::future::pending().await,
+    }
 }
 
 struct Job {
     container: Arc<Container>,
     process: Process,
-    stdout: pipe::Receiver,
-    stderr: pipe::Receiver,
+    stdout: Output,
+    /// `None` on a terminal (stderr goes to it too).
+    stderr: Option<pipe::Receiver>,
     events: mpsc::Sender<ExecEvent>,
     kill: Arc<Notify>,
     timeout: Option<Duration>,
@@ -224,7 +309,7 @@ impl Job {
         };
         let mut out_buf = vec![0u8; READ_BYTES];
         let mut err_buf = vec![0u8; READ_BYTES];
-        let (mut out_open, mut err_open) = (true, true);
+        let (mut out_open, mut err_open) = (true, self.stderr.is_some());
         let mut status: Option<Option<ExitInfo>> = None;
         let mut drain_until: Option<tokio::time::Instant> = None;
         while out_open || err_open {
@@ -241,7 +326,7 @@ impl Job {
                         if self.events.send(ExecEvent::Stdout(b)).await.is_err() { break; }
                     },
                 },
-                n = self.stderr.read(&mut err_buf), if err_open => match n {
+                n = read_optional(&mut self.stderr, &mut err_buf), if err_open => match n {
                     Ok(0) | Err(_) => err_open = false,
                     Ok(n) => if let Some(b) = budget.admit(&err_buf[..n], false) {
                         if self.events.send(ExecEvent::Stderr(b)).await.is_err() { break; }

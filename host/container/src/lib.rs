@@ -26,3 +26,4 @@ pub mod session;
 pub mod shim;
 pub mod shim_conn;
 pub mod shim_proto;
+pub mod terminal;

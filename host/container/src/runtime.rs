@@ -475,6 +475,8 @@ pub struct SpawnRequest {
     pub env: Vec<(String, String)>,
     pub cwd: String,
     pub user: Option<String>,
+    /// Its stdin is a terminal that becomes its controlling terminal.
+    pub terminal: bool,
 }
 
 impl Container {
@@ -553,6 +555,7 @@ impl Container {
             env: request.env,
             cwd: if request.cwd.is_empty() { "/".into() } else { request.cwd },
             user: request.user,
+            terminal: request.terminal,
             extra_fds: u8::try_from(extra.len())
                 .map_err(|_| RuntimeError::Setup("too many fds".into()))?,
             cgroup_fds: 1,

@@ -175,6 +175,7 @@ impl Session {
             env: session_env(env),
             cwd: cwd.to_string(),
             user,
+            terminal: false,
         };
         let process = container
             .spawn(

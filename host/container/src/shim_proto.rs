@@ -79,6 +79,8 @@ pub struct SpawnSpec {
     pub cwd: String,
     /// User name, or `uid[:gid]`; `None` is root.
     pub user: Option<String>,
+    /// Stdin is a terminal: make it the process's controlling terminal (after `setsid`).
+    pub terminal: bool,
     pub extra_fds: u8,
     pub cgroup_fds: u8,
 }

@@ -95,6 +95,7 @@ pub fn routes() -> Router<Gateway> {
         .route("/sandboxes/{id}/fork", post(crate::api_more::fork))
         .route("/sandboxes/{id}/snapshots", post(crate::api_more::snapshot))
         .route("/snapshots", get(crate::api_more::list_snapshots))
+        .route("/templates/{id}", axum::routing::delete(crate::api_more::delete_snapshot))
         .route("/sandboxes/{id}/network", put(crate::api_more::network))
         .route("/sandboxes/{id}/metrics", get(crate::api_more::metrics))
         .route("/sandboxes/{id}/logs", get(crate::api_more::logs))
@@ -121,7 +122,12 @@ pub(crate) async fn visible(
     headers: &HeaderMap,
     id: &str,
 ) -> Result<(Sandbox, SandboxInfo), ApiError> {
-    let sb = caller(gw, headers).await?.sandbox(id);
+    let client = caller(gw, headers).await?;
+    // E2B's debug mode names its one sandbox `debug_sandbox_id` in API calls too.
+    let sb = match gw.current_debug_sandbox().await {
+        Some(real) if id == crate::envd::DEBUG_SANDBOX_ID => client.sandbox(&real),
+        _ => client.sandbox(id),
+    };
     match sb.status().await {
         Ok(info) if matches!(info.state, SandboxState::Running | SandboxState::Paused) => {
             Ok((sb, info))
@@ -250,6 +256,26 @@ async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> A
         gw.inner.lifetimes.set(sb.id(), timeout);
     }
     Ok((StatusCode::CREATED, Json(sandbox_json(&gw, sb.id(), &template))).into_response())
+}
+
+/// Makes the debug layout's sandbox (the `base` template, the default timeout) with `admin`.
+pub(crate) async fn create_debug_sandbox(
+    gw: &Gateway,
+    admin: &Client,
+) -> Result<String, crate::connect::ConnectError> {
+    let cfg = gw.config();
+    let options = SandboxOptions::container(&image_for(gw, "base", &BTreeMap::new()))
+        .memory_mib(cfg.memory_mib)
+        .cpu_millis(cfg.cpu_millis)
+        .disk_mib(cfg.disk_mib)
+        .label(TEMPLATE_LABEL, "base")
+        .label("e2b.debug", "true")
+        .idle_ttl(Duration::from_secs(cfg.default_timeout_s));
+    let sb = admin.create(options).await.map_err(crate::envd::brig_error)?;
+    sb.exec_with(Cmd::new(["sh", "-c", ENSURE_USER]).timeout(Duration::from_secs(30)))
+        .await
+        .map_err(crate::envd::brig_error)?;
+    Ok(sb.id().to_string())
 }
 
 /// The `Sandbox` answer of create and connect.

@@ -185,9 +185,18 @@ pub async fn snapshot(
     let (sb, _) = visible(&gw, &headers, &id).await?;
     let name = layer_name(req.name.as_deref().unwrap_or(&id));
     let layer = sb.checkpoint(&name, None, &[]).await.map_err(ApiError::from_brig)?;
-    let snapshot_id = format!("{}@{}", layer.name, layer.version);
+    let snapshot_id = snapshot_id(&layer).ok_or_else(|| {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the checkpoint names no base image")
+    })?;
     Ok((StatusCode::CREATED, Json(json!({ "snapshotID": snapshot_id, "names": [layer.name] })))
         .into_response())
+}
+
+/// A snapshot's id: the image it boots, its base stack and then the checkpoint layer (a
+/// checkpoint holds only what changed), from the layer's `checkpoint of ID on IMAGE` source.
+fn snapshot_id(layer: &brig_sdk::LayerInfo) -> Option<String> {
+    let (_, base) = layer.source.split_once(" on ")?;
+    Some(format!("{base}+{}@{}", layer.name, layer.version))
 }
 
 /// `GET /snapshots`: the checkpoints made through this API.
@@ -197,9 +206,25 @@ pub async fn list_snapshots(State(gw): State<Gateway>, headers: HeaderMap) -> Ap
     let out: Vec<Value> = layers
         .iter()
         .filter(|l| l.name.starts_with("snapshots/"))
-        .map(|l| json!({ "snapshotID": format!("{}@{}", l.name, l.version), "names": [l.name] }))
+        .filter_map(|l| Some(json!({ "snapshotID": snapshot_id(l)?, "names": [l.name] })))
         .collect();
     Ok(Json(out).into_response())
+}
+
+/// `DELETE /templates/{id}`: removes a snapshot made through this API.
+pub async fn delete_snapshot(
+    State(gw): State<Gateway>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult {
+    // The checkpoint layer is the stack's last part.
+    let layer = id.rsplit('+').next().unwrap_or("");
+    if !layer.starts_with("snapshots/") {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, format!("no snapshot {id}")));
+    }
+    let client = crate::api::caller(&gw, &headers).await?;
+    client.remove_image(layer).await.map_err(ApiError::from_brig)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// `GET /sandboxes/{id}/metrics`: one sample of what the sandbox uses now.

@@ -184,6 +184,7 @@ impl Sink {
                 let cmd = Cmd::new(["sh", "-c", WRITE_SCRIPT, "sh", path])
                     .user(&name)
                     .cwd("/")
+                    .timeout(std::time::Duration::from_secs(24 * 3600))
                     .stdin_stream();
                 let mut stream = sb.exec_stream(cmd).await.map_err(FileError::from_brig)?;
                 let stdin = stream

@@ -40,6 +40,9 @@ pub enum GatewayError {
 #[derive(Clone)]
 pub struct Gateway {
     pub(crate) inner: Arc<Inner>,
+    /// Serving E2B's debug layout (the envd listener): `debug_sandbox_id` is the gateway's own
+    /// debug sandbox and needs no access token, as a local envd would.
+    pub(crate) debug_layout: bool,
 }
 
 pub(crate) struct Inner {
@@ -52,6 +55,8 @@ pub(crate) struct Inner {
     pub(crate) processes: crate::process::Processes,
     pub(crate) watchers: crate::filesystem::Watchers,
     pub(crate) lifetimes: crate::api::Lifetimes,
+    /// The sandbox behind `debug_sandbox_id` on the debug layout, made on first use.
+    debug_sandbox: tokio::sync::Mutex<Option<String>>,
 }
 
 impl Gateway {
@@ -64,6 +69,7 @@ impl Gateway {
     ) -> Result<Gateway, GatewayError> {
         let secret = load_or_create_secret(&state_dir.join("e2b-secret"))?;
         Ok(Gateway {
+            debug_layout: false,
             inner: Arc::new(Inner {
                 config,
                 connect,
@@ -73,6 +79,7 @@ impl Gateway {
                 processes: Default::default(),
                 watchers: Default::default(),
                 lifetimes: Default::default(),
+                debug_sandbox: tokio::sync::Mutex::new(None),
             }),
         })
     }
@@ -102,7 +109,7 @@ impl Gateway {
                     continue;
                 }
             };
-            let router = self.router();
+            let router = Gateway { debug_layout: slot == 1, ..self.clone() }.router();
             tokio::spawn(async move {
                 if let Err(e) = axum::serve(listener, router).await {
                     tracing::error!(%local, error = %e, "E2B API server stopped");
@@ -164,6 +171,26 @@ impl Gateway {
             .map_err(|e| {
                 ConnectError::new(crate::connect::Code::Unavailable, format!("brigd: {e}"))
             })
+    }
+
+    /// The sandbox E2B's debug layout calls `debug_sandbox_id` (what a local envd would be):
+    /// made from the `base` template on first use, and again if it is gone.
+    pub(crate) async fn debug_sandbox(&self) -> Result<String, ConnectError> {
+        let mut slot = self.inner.debug_sandbox.lock().await;
+        let admin = self.admin().await?;
+        if let Some(id) = slot.as_ref() {
+            if admin.sandbox(id).status().await.is_ok() {
+                return Ok(id.clone());
+            }
+        }
+        let id = crate::api::create_debug_sandbox(self, &admin).await?;
+        *slot = Some(id.clone());
+        Ok(id)
+    }
+
+    /// The debug layout's sandbox, if one was made.
+    pub(crate) async fn current_debug_sandbox(&self) -> Option<String> {
+        self.inner.debug_sandbox.lock().await.clone()
     }
 
     /// The envd access token of sandbox `id`.

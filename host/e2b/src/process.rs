@@ -24,6 +24,9 @@ use pb::process_event::{data_event::Output, DataEvent, EndEvent, Event, KeepAliv
 
 /// Output a command may stream before it is stopped (the node's ceiling).
 const OUTPUT_LIMIT: u64 = 1 << 30;
+/// The longest a command runs when its request sets no deadline (the node caps it at its
+/// `max_exec_timeout_ms`, a day by default).
+const LONGEST_COMMAND: Duration = Duration::from_secs(24 * 3600);
 /// Stdin pieces waiting for the command, per process.
 const STDIN_QUEUE: usize = 64;
 /// Events waiting for a slow client, per stream.
@@ -39,6 +42,8 @@ struct Known {
     config: pb::ProcessConfig,
     tag: Option<String>,
     stdin: Option<mpsc::Sender<StdinOp>>,
+    /// It runs on a terminal: its output is `pty` data.
+    pty: bool,
 }
 
 /// The processes started through this gateway that are still running, by (sandbox, pid).
@@ -50,6 +55,10 @@ pub struct Processes {
 impl Processes {
     fn stdin(&self, sandbox: &str, pid: u32) -> Option<mpsc::Sender<StdinOp>> {
         self.known.lock().get(&(sandbox.to_string(), pid)).and_then(|k| k.stdin.clone())
+    }
+
+    fn is_pty(&self, sandbox: &str, pid: u32) -> bool {
+        self.known.lock().get(&(sandbox.to_string(), pid)).is_some_and(|k| k.pty)
     }
 
     fn by_tag(&self, sandbox: &str, tag: &str) -> Option<u32> {
@@ -132,13 +141,16 @@ async fn unary(gw: &Gateway, method: &str, headers: &HeaderMap, body: Body) -> R
             connect::unary_reply(codec, r.await)
         }
         _ => {
-            let r: Result<pb::UpdateResponse, _> = async {
+            let r = async {
                 let req: pb::UpdateRequest = connect::unary_request(codec, body).await?;
-                selected(gw, headers, req.process.as_ref()).await?;
-                Err(ConnectError::new(Code::Unimplemented, "terminals (PTY) are not served yet"))
-            }
-            .await;
-            connect::unary_reply(codec, r)
+                let (sb, pid) = selected(gw, headers, req.process.as_ref()).await?;
+                if let Some(size) = req.pty.and_then(|p| p.size) {
+                    let (rows, cols) = terminal_size(size);
+                    sb.resize_terminal(u64::from(pid), rows, cols).await.map_err(brig_error)?;
+                }
+                Ok(pb::UpdateResponse {})
+            };
+            connect::unary_reply(codec, r.await)
         }
     }
 }
@@ -164,10 +176,7 @@ async fn selected(
 fn input_bytes(input: Option<pb::ProcessInput>) -> Result<Bytes, ConnectError> {
     use pb::process_input::Input;
     match input.and_then(|i| i.input) {
-        Some(Input::Stdin(b)) => Ok(Bytes::from(b)),
-        Some(Input::Pty(_)) => {
-            Err(ConnectError::new(Code::Unimplemented, "terminals (PTY) are not served yet"))
-        }
+        Some(Input::Stdin(b) | Input::Pty(b)) => Ok(Bytes::from(b)),
         None => Err(ConnectError::new(Code::InvalidArgument, "no input")),
     }
 }
@@ -217,9 +226,6 @@ async fn start(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Response
     let req: pb::StartRequest = connect::single_stream_request(codec, body).await?;
     let sb = envd::sandbox(gw, headers).await?;
     let user = EnvdUser::from_headers(headers)?;
-    if req.pty.is_some() {
-        return Err(ConnectError::new(Code::Unimplemented, "terminals (PTY) are not served yet"));
-    }
     let config = req
         .process
         .ok_or_else(|| ConnectError::new(Code::InvalidArgument, "no process to start"))?;
@@ -230,7 +236,14 @@ async fn start(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Response
         .chain(config.args.iter().map(String::as_str))
         .collect();
     let cwd = config.cwd.as_deref().map_or_else(|| user.home(), |c| user.resolve(c));
-    let mut cmd = Cmd::new(argv).cwd(&cwd).output_limit(OUTPUT_LIMIT);
+    // The node's own limit on the command: the request's deadline (the gateway also ends the
+    // stream then), or the longest a command may run (E2B's `timeout=0`: no limit but the
+    // sandbox's).
+    let deadline = connect::deadline(headers);
+    let mut cmd = Cmd::new(argv)
+        .cwd(&cwd)
+        .output_limit(OUTPUT_LIMIT)
+        .timeout(deadline.map_or(LONGEST_COMMAND, |d| d + Duration::from_secs(5)));
     if let Some(name) = user.brig_user() {
         cmd = cmd.user(&name);
     }
@@ -239,7 +252,12 @@ async fn start(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Response
     for (k, v) in envs {
         cmd = cmd.env(k, v);
     }
-    let with_stdin = req.stdin.unwrap_or(false);
+    // A terminal always takes input (E2B's PTY start sends no `stdin`).
+    let pty = req.pty.map(|p| terminal_size(p.size.unwrap_or_default()));
+    if let Some((rows, cols)) = pty {
+        cmd = cmd.terminal(rows, cols);
+    }
+    let with_stdin = pty.is_some() || req.stdin.unwrap_or(false);
     if with_stdin {
         cmd = cmd.stdin_stream();
     }
@@ -270,13 +288,12 @@ async fn start(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Response
         .processes
         .known
         .lock()
-        .insert(key.clone(), Known { config, tag: req.tag, stdin: stdin_tx });
-    let deadline = connect::deadline(headers);
+        .insert(key.clone(), Known { config, tag: req.tag, stdin: stdin_tx, pty: pty.is_some() });
     let keepalive = keepalive_interval(headers);
     let (tx, rx) = mpsc::channel(EVENT_QUEUE);
     let gw = gw.clone();
     tokio::spawn(async move {
-        let ended = pump(&mut stream, pid, &tx, deadline, keepalive).await;
+        let ended = pump(&mut stream, pid, pty.is_some(), &tx, deadline, keepalive).await;
         if ended == Pumped::DeadlinePassed {
             let _ = sb.kill(u64::from(pid)).await;
         }
@@ -296,11 +313,12 @@ async fn connect_rpc(
     let req: pb::ConnectRequest = connect::single_stream_request(codec, body).await?;
     let (sb, pid) = selected(gw, headers, req.process.as_ref()).await?;
     let mut stream = sb.attach(u64::from(pid)).await.map_err(brig_error)?;
+    let pty = gw.inner.processes.is_pty(sb.id(), pid);
     let deadline = connect::deadline(headers);
     let keepalive = keepalive_interval(headers);
     let (tx, rx) = mpsc::channel(EVENT_QUEUE);
     tokio::spawn(async move {
-        pump(&mut stream, pid, &tx, deadline, keepalive).await;
+        pump(&mut stream, pid, pty, &tx, deadline, keepalive).await;
     });
     Ok(connect::stream_reply(codec, receiver_stream::<pb::ConnectResponse>(rx)))
 }
@@ -374,6 +392,7 @@ type EventTx = mpsc::Sender<Result<Event, ConnectError>>;
 async fn pump(
     stream: &mut ExecStream,
     pid: u32,
+    pty: bool,
     tx: &EventTx,
     deadline: Option<Duration>,
     keepalive: Option<Duration>,
@@ -406,6 +425,9 @@ async fn pump(
         let message = match event {
             None => Ok(Event::Keepalive(KeepAlive {})),
             Some(None) => return Pumped::Ended,
+            Some(Some(Ok(ExecEvent::Stdout(b)))) if pty => {
+                Ok(Event::Data(DataEvent { output: Some(Output::Pty(b.to_vec())) }))
+            }
             Some(Some(Ok(ExecEvent::Stdout(b)))) => {
                 Ok(Event::Data(DataEvent { output: Some(Output::Stdout(b.to_vec())) }))
             }
@@ -455,6 +477,12 @@ fn signal_name(signal: i32) -> String {
         2 => "interrupt".into(),
         other => format!("signal {other}"),
     }
+}
+
+/// E2B's terminal size as (rows, cols), 24 × 80 where it names none.
+fn terminal_size(size: pb::pty::Size) -> (u16, u16) {
+    let clamp = |v: u32, default: u16| if v == 0 { default } else { v.min(1000) as u16 };
+    (clamp(size.rows, 24), clamp(size.cols, 80))
 }
 
 /// `Keepalive-Ping-Interval` (seconds), when the client asked for keepalives.

@@ -23,6 +23,8 @@ pub enum NodeError {
     BadImage(String, String),
     #[error("no running exec {0} in this sandbox")]
     NoSuchExec(u64),
+    #[error("exec {0} does not run on a terminal")]
+    NotATerminal(u64),
     #[error("no session {0:?} in this sandbox")]
     NoSuchSession(String),
     #[error(transparent)]
@@ -90,6 +92,7 @@ impl NodeError {
             NodeError::TierUnavailable { .. } => ErrorCode::Unavailable,
             NodeError::WrongTier { .. } | NodeError::BadImage(..) => ErrorCode::BadRequest,
             NodeError::NoSuchExec(_) | NodeError::NoSuchSession(_) => ErrorCode::NotFound,
+            NodeError::NotATerminal(_) => ErrorCode::BadRequest,
             // The shim refuses a spawn only when it cannot fork: the sandbox's pids are used up.
             NodeError::Container(brig_container::runtime::RuntimeError::Shim(
                 brig_container::shim_conn::ShimConnError::SpawnFailed(_),

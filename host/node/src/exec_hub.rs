@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use brig_proto::{ExecInfo, ExecResult, OutputStream, Reply};
+use brig_proto::{ExecInfo, ExecResult, OutputStream, Reply, TerminalSize};
 use brig_transport::Exchange;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -26,10 +26,15 @@ const HUB_BYTES: usize = 8 << 20;
 /// How long a finished exec stays attachable.
 const FINISHED_KEEP: Duration = Duration::from_secs(600);
 
+/// Sets an exec's terminal size.
+pub(crate) type Resizer = Box<dyn Fn(TerminalSize) -> std::io::Result<()> + Send + Sync>;
+
 /// One exec's output and outcome, shared by its pump and its readers.
 pub(crate) struct ExecHub {
     argv: Vec<String>,
     killer: Box<dyn Fn() + Send + Sync>,
+    /// Sets the window size, for an exec on a terminal.
+    resizer: Option<Resizer>,
     state: Mutex<HubState>,
     changed: Notify,
 }
@@ -142,9 +147,21 @@ impl ExecTable {
         argv: Vec<String>,
         kill: Box<dyn Fn() + Send + Sync>,
     ) -> Arc<ExecHub> {
+        self.insert_with(exec_id, argv, kill, None)
+    }
+
+    /// [`ExecTable::insert`] for an exec on a terminal, which `resize` resizes.
+    pub(crate) fn insert_with(
+        &self,
+        exec_id: u64,
+        argv: Vec<String>,
+        kill: Box<dyn Fn() + Send + Sync>,
+        resize: Option<Resizer>,
+    ) -> Arc<ExecHub> {
         let hub = Arc::new(ExecHub {
             argv,
             killer: kill,
+            resizer: resize,
             state: Mutex::default(),
             changed: Notify::new(),
         });
@@ -180,6 +197,14 @@ impl ExecTable {
     pub(crate) fn kill(&self, exec_id: u64) -> Result<(), NodeError> {
         (self.get(exec_id)?.killer)();
         Ok(())
+    }
+
+    /// Sets the window size of an exec that runs on a terminal.
+    pub(crate) fn resize(&self, exec_id: u64, size: TerminalSize) -> Result<(), NodeError> {
+        let hub = self.get(exec_id)?;
+        let resize = hub.resizer.as_ref().ok_or(NodeError::NotATerminal(exec_id))?;
+        resize(size)
+            .map_err(|source| NodeError::Io { what: format!("exec {exec_id}'s terminal"), source })
     }
 
     /// Running and recently finished execs.

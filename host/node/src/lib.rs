@@ -332,6 +332,13 @@ impl Node {
     ) -> Result<Option<Reply>, NodeError> {
         let entry = self.live(&req.sandbox).await?;
         match &entry.handle {
+            TierHandle::Microvm(_) | TierHandle::Hosted(_) if req.terminal.is_some() => {
+                return Err(NodeError::WrongTier {
+                    id: entry.id.to_string(),
+                    tier: entry.tier,
+                    op: "an exec on a terminal (served for containers on the node's kernel)",
+                })
+            }
             TierHandle::Microvm(_) => return self.exec_microvm(&entry, req, exchange).await,
             TierHandle::Hosted(_) => return self.exec_hosted(&entry, req, exchange).await,
             TierHandle::Fncall(_) | TierHandle::Container(_) => {}
@@ -456,6 +463,11 @@ impl Node {
                 self.exec_table(&entry)?.kill(exec_id)?;
                 Reply::Done
             }
+            Request::ExecResize { sandbox, exec_id, size } => {
+                let entry = self.inner.sandboxes.get(&sandbox)?;
+                self.exec_table(&entry)?.resize(exec_id, size)?;
+                Reply::Done
+            }
             Request::SessionOpen(req) => Reply::Session { session: self.session_open(req).await? },
             Request::SessionInput { sandbox, session, data } => {
                 self.session_input(&sandbox, &session, &data).await?;
@@ -482,8 +494,10 @@ impl Node {
                 let store = self.store()?;
                 let entry = self.container(&req.sandbox, "checkpoint").await?;
                 let TierHandle::Container(c) = &entry.handle else { return Ok(None) };
-                let layer =
-                    c.checkpoint(&store, &req.sandbox, &req.name, req.version, &req.scrub).await?;
+                let image = entry.spec().image.unwrap_or_default();
+                let layer = c
+                    .checkpoint(&store, &req.sandbox, &image, &req.name, req.version, &req.scrub)
+                    .await?;
                 Reply::Layer(images::layer_to_wire(layer))
             }
             Request::NodeStatus => Reply::NodeStatus(self.status()),

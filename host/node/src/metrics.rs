@@ -12,7 +12,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TierLabel {
@@ -141,52 +140,5 @@ impl Metrics {
             out.clear();
         }
         out
-    }
-}
-
-/// Serves `GET /metrics` on `listener` until the task is dropped; `render` makes the body.
-pub async fn serve_http(
-    listener: tokio::net::TcpListener,
-    render: impl Fn() -> String + Send + Sync + Clone + 'static,
-) {
-    loop {
-        let Ok((mut conn, _)) = listener.accept().await else { continue };
-        let render = render.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 8192];
-            let mut len = 0;
-            let head = tokio::time::timeout(Duration::from_secs(5), async {
-                while len < buf.len() {
-                    let n = conn.read(&mut buf[len..]).await.ok()?;
-                    if n == 0 {
-                        return None;
-                    }
-                    len += n;
-                    if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-                        return Some(());
-                    }
-                }
-                None
-            })
-            .await;
-            let response = match head {
-                Ok(Some(())) if buf[..len].starts_with(b"GET /metrics ") => {
-                    let body = render();
-                    format!(
-                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\
-                         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                        body.len()
-                    )
-                }
-                Ok(Some(())) => {
-                    "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                        .to_string()
-                }
-                _ => "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                    .to_string(),
-            };
-            let _ = conn.write_all(response.as_bytes()).await;
-            let _ = conn.shutdown().await;
-        });
     }
 }

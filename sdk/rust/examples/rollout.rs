@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use brig_sdk::{Client, Cmd, ErrorCode, SandboxOptions};
+use brig_sdk::{Client, Cmd, ErrorCode, SandboxOptions, Tier};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -61,14 +61,43 @@ async fn main() -> anyhow::Result<()> {
     sandbox.destroy().await?;
     println!("fncall sandbox destroyed");
 
-    container_rollout(&client).await?;
+    let container = container_rollout(&client).await?;
+    // What ran on this machine, tier by tier.
+    println!("[tier] fncall: ran (one-shot calls and a stateful sandbox)");
+    println!("[tier] container: {container}");
+    for tier in [Tier::Microvm, Tier::Fullvm] {
+        println!(
+            "[tier] {}: {}",
+            format!("{tier:?}").to_lowercase(),
+            vm_tier(&client, tier).await?
+        );
+    }
     println!("demo done");
     Ok(())
 }
 
+/// Creates a VM sandbox of `tier`, runs a command in it and removes it; or says why the tier
+/// is not offered here.
+async fn vm_tier(client: &Client, tier: Tier) -> anyhow::Result<String> {
+    let started = Instant::now();
+    match client.create(SandboxOptions::tier(tier)).await {
+        Ok(sandbox) => {
+            let out = sandbox.exec(["uname", "-r"]).await?;
+            sandbox.destroy().await?;
+            Ok(format!(
+                "ran (kernel {} in the guest, {:?} create to answer)",
+                out.stdout_text().trim(),
+                started.elapsed()
+            ))
+        }
+        Err(e) if e.code() == Some(ErrorCode::Unavailable) => Ok(format!("not offered here: {e}")),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The same loop in a Linux container: a shell session that keeps its state, a test run, and
 /// a runaway command stopped by its timeout.
-async fn container_rollout(client: &Client) -> anyhow::Result<()> {
+async fn container_rollout(client: &Client) -> anyhow::Result<String> {
     let image = std::env::var("BRIG_DEMO_IMAGE").unwrap_or_else(|_| "debian-12".to_string());
     let started = Instant::now();
     let sandbox = match client
@@ -77,8 +106,7 @@ async fn container_rollout(client: &Client) -> anyhow::Result<()> {
     {
         Ok(sandbox) => sandbox,
         Err(e) if e.code() == Some(ErrorCode::Unavailable) => {
-            println!("container tier not offered here ({e}); skipping the container part");
-            return Ok(());
+            return Ok(format!("not offered here: {e}"));
         }
         Err(e) => return Err(e.into()),
     };
@@ -103,7 +131,7 @@ async fn container_rollout(client: &Client) -> anyhow::Result<()> {
     shell.close().await?;
     sandbox.destroy().await?;
     println!("container destroyed");
-    Ok(())
+    Ok(format!("ran ({image}: session, tests, a runaway command stopped)"))
 }
 
 /// Awaits every task in order.

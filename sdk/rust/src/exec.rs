@@ -59,6 +59,14 @@ impl Cmd {
     }
 
     /// Kill the command (and everything it started) after this long.
+    /// Runs the command on a terminal of `rows` × `cols` (an interactive shell): its output
+    /// (stdout and stderr as one) arrives as stdout, streamed stdin is typed into it, and
+    /// [`Sandbox::resize_terminal`] changes its size. Containers on the node's kernel only.
+    pub fn terminal(mut self, rows: u16, cols: u16) -> Cmd {
+        self.request.terminal = Some(brig_proto::TerminalSize { rows, cols });
+        self
+    }
+
     pub fn timeout(mut self, timeout: Duration) -> Cmd {
         self.request.timeout_ms = Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
         self
@@ -249,6 +257,16 @@ impl Sandbox {
             exchange.finish_upload()?;
         }
         ExecStream::started(exchange, "exec").await
+    }
+
+    /// Sets the window size of a command running on a terminal ([`Cmd::terminal`]).
+    pub async fn resize_terminal(&self, exec_id: u64, rows: u16, cols: u16) -> Result<(), Error> {
+        let request = Request::ExecResize {
+            sandbox: self.id().to_string(),
+            exec_id,
+            size: brig_proto::TerminalSize { rows, cols },
+        };
+        expect_done("exec_resize", self.client().request(&request).await?)
     }
 
     /// Kills a running command and everything it started.

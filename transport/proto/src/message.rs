@@ -179,6 +179,12 @@ pub enum Request {
     TokenCreate {
         project: String,
     },
+    /// Sets the window size of an exec that runs on a terminal; replies `Done`.
+    ExecResize {
+        sandbox: String,
+        exec_id: u64,
+        size: TerminalSize,
+    },
 }
 
 impl Request {
@@ -238,6 +244,7 @@ impl Request {
             Request::ProjectPut { .. } => "project_put",
             Request::ProjectList => "project_list",
             Request::TokenCreate { .. } => "token_create",
+            Request::ExecResize { .. } => "exec_resize",
         }
     }
 
@@ -253,6 +260,7 @@ impl Request {
             | R::FileMkdir { sandbox, .. }
             | R::FileRemove { sandbox, .. }
             | R::ExecKill { sandbox, .. }
+            | R::ExecResize { sandbox, .. }
             | R::SessionRun { sandbox, .. }
             | R::SessionWait { sandbox, .. }
             | R::SessionInput { sandbox, .. }

@@ -28,6 +28,16 @@ pub struct ExecRequest {
     pub timeout_ms: Option<u64>,
     /// Cap on stdout + stderr bytes returned; `None` takes the node default.
     pub output_limit_bytes: Option<u64>,
+    /// Run on a terminal of this size (an interactive shell): output comes as stdout only,
+    /// streamed stdin is typed into it, `ExecResize` changes its size.
+    pub terminal: Option<TerminalSize>,
+}
+
+/// A terminal's window size in character cells.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TerminalSize {
+    pub rows: u16,
+    pub cols: u16,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]

@@ -294,7 +294,7 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), Refusal> {
 }
 
 fn spawn_request(p: ProcessSpec) -> SpawnRequest {
-    SpawnRequest { argv: p.argv, env: p.env, cwd: p.cwd, user: p.user }
+    SpawnRequest { argv: p.argv, env: p.env, cwd: p.cwd, user: p.user, terminal: false }
 }
 
 /// How a request ends: the last frame's kind (EXIT or SIGNALED) and its value.

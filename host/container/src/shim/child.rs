@@ -31,6 +31,12 @@ pub fn run(spec: &SpawnSpec, fds: Vec<OwnedFd>) -> ! {
         }
     }
     let _ = nix::unistd::setsid();
+    if spec.terminal {
+        // Without it the shell runs, but with no job control and no ^C.
+        if let Err(e) = rustix::process::ioctl_tiocsctty(&fds[0]) {
+            fail(EXIT_BAD_SETUP, &format!("cannot take the terminal: {e}"));
+        }
+    }
     // From here descriptors are raw numbers: install_fds closes everything it does not install.
     let raw: Vec<std::os::fd::RawFd> =
         fds.into_iter().map(std::os::fd::IntoRawFd::into_raw_fd).collect();

@@ -70,21 +70,43 @@ impl ContainerSandbox {
             },
             timeout: Some(tier.timeout(req.timeout_ms)),
             output_limit: tier.output_limit(req.output_limit_bytes),
+            terminal: req
+                .terminal
+                .map(|s| brig_container::terminal::TerminalSize { rows: s.rows, cols: s.cols }),
         };
         let mut exec = brig_container::exec::exec(&self.container, request).await?;
         let exec_id = self.execs.next_id();
         recorder.record(AuditKind::ExecStart { exec_id, argv: argv.clone(), user, cwd });
         let killer = exec.killer();
-        let hub = self.execs.insert(exec_id, argv, Box::new(move || killer.kill()));
-        let feeder = match (stream_stdin, exec.stdin.take(), exchange.take_upload()) {
-            (true, Some(mut stdin), Some(mut upload)) => Some(tokio::spawn(async move {
-                while let Ok(Some(chunk)) = upload.read().await {
-                    if stdin.write_all(&chunk).await.is_err() {
-                        break;
+        let resizer = exec.terminal.clone().map(|t| -> crate::exec_hub::Resizer {
+            Box::new(move |s: brig_proto::TerminalSize| {
+                t.resize(brig_container::terminal::TerminalSize { rows: s.rows, cols: s.cols })
+            })
+        });
+        let hub = self.execs.insert_with(exec_id, argv, Box::new(move || killer.kill()), resizer);
+        let feeder = match (stream_stdin, exec.stdin.take(), exec.terminal.clone()) {
+            (false, _, _) => None,
+            // Typed into the terminal (the terminal has no end of input: the shell's own exit
+            // or a kill ends it).
+            (true, _, Some(terminal)) => exchange.take_upload().map(|mut upload| {
+                tokio::spawn(async move {
+                    while let Ok(Some(chunk)) = upload.read().await {
+                        if terminal.write_all(&chunk).await.is_err() {
+                            break;
+                        }
                     }
-                }
-            })),
-            _ => None,
+                })
+            }),
+            (true, Some(mut stdin), None) => exchange.take_upload().map(|mut upload| {
+                tokio::spawn(async move {
+                    while let Ok(Some(chunk)) = upload.read().await {
+                        if stdin.write_all(&chunk).await.is_err() {
+                            break;
+                        }
+                    }
+                })
+            }),
+            (true, None, None) => None,
         };
         let events = std::mem::replace(&mut exec.events, mpsc::channel(1).1);
         tokio::spawn(pump(events, hub.clone(), exec_id, recorder));

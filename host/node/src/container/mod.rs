@@ -464,11 +464,13 @@ impl ContainerSandbox {
 
 impl ContainerSandbox {
     /// Packs the writable layer into a new store layer, without `scrub` paths. The container is
-    /// frozen while its changes are copied, so the layer is a consistent point in time.
+    /// frozen while its changes are copied, so the layer is a consistent point in time. The
+    /// layer's source says what it goes on top of: `checkpoint of ID on IMAGE`.
     pub async fn checkpoint(
         &self,
         store: &LayerStore,
         id: &str,
+        image: &str,
         name: &str,
         version: Option<u32>,
         scrub: &[String],
@@ -512,7 +514,8 @@ impl ContainerSandbox {
             what: "checkpoint task".into(),
             source: std::io::Error::other(e),
         })??;
-        let source = brig_images::ImportSource::Shifted(staging, format!("checkpoint of {id}"));
+        let source =
+            brig_images::ImportSource::Shifted(staging, format!("checkpoint of {id} on {image}"));
         Ok(store.import(name, version, source).await?)
     }
 }
