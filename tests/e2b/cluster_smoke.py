@@ -1,4 +1,4 @@
-"""E2B's SDK against the E2B API of a control-plane replica (run by tests/tests/e2b.rs): the
+"""E2B's SDK, with a project-scoped token, against the E2B API of a control-plane replica (run by tests/tests/e2b.rs): the
 replica places each create on a node; commands and files then reach the sandbox there. Prints
 the sandbox ids, one per line, last."""
 
@@ -15,6 +15,8 @@ async def main() -> None:
             assert r.stdout == f"sandbox-{i}\n", r
             await sb.files.write("/home/user/n.txt", str(i))
             assert await sb.files.read("/home/user/n.txt") == str(i)
+        listed = await AsyncSandbox.list().next_items()
+        assert sorted(s.sandbox_id for s in listed) == sorted(s.sandbox_id for s in sandboxes), listed
         await sandboxes[0].pause()
         again = await AsyncSandbox.connect(sandboxes[0].sandbox_id)
         assert await again.files.read("/home/user/n.txt") == "0"

@@ -87,6 +87,14 @@ async def test_stdin_reaches_a_running_command(sandbox):
     await sandbox.commands.close_stdin(handle.pid)
     result = await handle.wait()
     assert result.stdout == "first line\nsecond line\nend\n"
+    # An ordered input stream (StreamInput, client streaming).
+    counter = await sandbox.commands.run("wc -c", background=True, stdin=True)
+    stream = sandbox.commands.stream_input(counter.pid)
+    for _ in range(50):
+        await stream.send(b"x" * 1000)
+    await stream.close()
+    await sandbox.commands.close_stdin(counter.pid)
+    assert (await counter.wait()).stdout.strip() == "50000"
 
 
 async def test_a_deadline_ends_the_command_with_a_timeout(sandbox):

@@ -3,6 +3,7 @@ pause and connect, fork, snapshots, metrics, network rules, and the error cases.
 
 import asyncio
 import os
+import time
 
 import httpx
 import pytest
@@ -155,6 +156,19 @@ async def test_errors_reach_the_sdk_as_its_own_exceptions():
         bad = await http.post(f"{url}/v2/sandboxes", json={"timeout": 10**9}, headers=key)
         assert bad.status_code == 400
         assert (await http.get(f"{url}/health")).status_code == 200
+        # What the SDK does not call itself: refreshes and logs.
+        sb = await AsyncSandbox.create(timeout=60)
+        try:
+            refreshed = await http.post(f"{url}/sandboxes/{sb.sandbox_id}/refreshes", json={"duration": 600}, headers=key)
+            assert refreshed.status_code == 204
+            assert (await sb.get_info()).end_at.timestamp() - time.time() > 500
+            await sb.commands.run("echo logged")
+            logs = await http.get(f"{url}/sandboxes/{sb.sandbox_id}/logs", headers=key)
+            assert logs.status_code == 200 and any("echo logged" in l["line"] for l in logs.json()["logs"])
+            gone = await http.get(f"{url}/sandboxes/sb-0-nothing/logs", headers=key)
+            assert gone.status_code == 404 and "message" in gone.json()
+        finally:
+            await sb.kill()
     # Past the sandbox's disk quota: a typed error, and the sandbox goes on.
     sb = await AsyncSandbox.create(timeout=120)
     try:

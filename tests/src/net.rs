@@ -106,7 +106,9 @@ pub fn metrics_text(state_dir: &std::path::Path) -> anyhow::Result<String> {
         serde_json::from_slice(&std::fs::read(state_dir.join("endpoint.json"))?)?;
     let addr = endpoint["metrics"].as_str().context("the daemon serves no metrics")?;
     let mut conn = std::net::TcpStream::connect(addr)?;
-    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: brigd\r\n\r\n")?;
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
+    // The server keeps HTTP/1.1 connections open unless asked not to; the body ends with it.
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: brigd\r\nConnection: close\r\n\r\n")?;
     let mut text = String::new();
     conn.read_to_string(&mut text)?;
     let (head, body) = text.split_once("\r\n\r\n").context("no HTTP header")?;

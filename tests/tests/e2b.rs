@@ -115,11 +115,20 @@ fn a_control_replica_serves_the_e2b_api_for_its_cluster() {
     rt.block_on(cluster.wait_healthy(2)).expect("two healthy nodes");
     let control = &cluster.controls[0];
     let url = control.e2b_url().expect("the replica's E2B API");
+    // A project-scoped token is an E2B API key like any other; its sandboxes count against
+    // the project, and it sees only them.
+    let token = rt
+        .block_on(async {
+            let admin = cluster.admin().await?;
+            admin.set_project("e2b-team", brig_sdk::ProjectLimits::default()).await?;
+            anyhow::Ok(admin.create_token("e2b-team").await?)
+        })
+        .expect("a project token");
     let out = Command::new(tool("venv/bin/python"))
         .arg(repo_root().join("tests/e2b/cluster_smoke.py"))
         .env("E2B_API_URL", &url)
         .env("E2B_SANDBOX_URL", &url)
-        .env("E2B_API_KEY", control.access_token().expect("token"))
+        .env("E2B_API_KEY", &token)
         .output()
         .expect("running the script");
     let stdout = String::from_utf8_lossy(&out.stdout);

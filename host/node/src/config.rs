@@ -22,6 +22,9 @@ pub struct NodeConfig {
     pub reap_interval_ms: u64,
     /// Largest file upload accepted, in bytes.
     pub max_upload_bytes: u64,
+    /// Largest file read from a guest (a microVM's, or a container-host VM's container) in one
+    /// request, in MiB; it passes through the node's memory (at most 256).
+    pub max_guest_read_mib: u64,
     /// What happens to running containers when the daemon exits.
     pub on_exit: OnExit,
     pub fncall: FncallConfig,
@@ -158,6 +161,7 @@ impl Default for NodeConfig {
             max_sandboxes: 200_000,
             reap_interval_ms: 1000,
             max_upload_bytes: 64 << 30,
+            max_guest_read_mib: 256,
             on_exit: OnExit::Keep,
             fncall: FncallConfig::default(),
             container: ContainerConfig::default(),

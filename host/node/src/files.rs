@@ -22,6 +22,12 @@ pub const CHUNK_BYTES: usize = 256 << 10;
 const MAX_GUEST_FILE: u64 = brig_vmtier::MAX_GUEST_FILE as u64;
 
 impl Node {
+    /// Most bytes of one file read from a guest (`max_guest_read_mib`).
+    pub(crate) fn guest_read_limit(&self) -> usize {
+        let mib = self.inner.config.max_guest_read_mib;
+        usize::try_from(mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
+    }
+
     /// The whole upload of a file request for a guest, within [`MAX_GUEST_FILE`] and the
     /// node's upload limit.
     pub(crate) async fn guest_upload(&self, exchange: &mut Exchange) -> Result<Vec<u8>, NodeError> {

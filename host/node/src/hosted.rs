@@ -101,7 +101,7 @@ impl Node {
         exchange: &mut Exchange,
     ) -> Result<Option<Reply>, NodeError> {
         let TierHandle::Hosted(h) = &entry.handle else { return Ok(None) };
-        let data = h.guest().get(&req.path).await.map_err(host_error)?;
+        let data = h.guest().get(&req.path, self.guest_read_limit()).await.map_err(host_error)?;
         crate::files::send_range(exchange, &data, req.offset, req.len).await?;
         entry.touch();
         Ok(None)

@@ -286,7 +286,8 @@ impl Node {
         exchange: &mut Exchange,
     ) -> Result<Option<Reply>, NodeError> {
         let TierHandle::Microvm(vm) = &entry.handle else { return Ok(None) };
-        let data = vm.tier.read_file(vm, &guest_path(&req.path)).await.map_err(vm_error)?;
+        let limit = self.guest_read_limit();
+        let data = vm.tier.read_file(vm, &guest_path(&req.path), limit).await.map_err(vm_error)?;
         crate::files::send_range(exchange, &data, req.offset, req.len).await?;
         entry.touch();
         Ok(None)

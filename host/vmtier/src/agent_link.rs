@@ -147,9 +147,10 @@ impl ReplyLimits {
     /// Control requests and the tier's own short commands: answers of a few kilobytes.
     pub const CONTROL: ReplyLimits =
         ReplyLimits { max_bytes: 1 << 20, deadline: Duration::from_secs(120) };
-    /// A whole file read from a guest.
-    pub const FILE: ReplyLimits =
-        ReplyLimits { max_bytes: MAX_GUEST_FILE, deadline: Duration::from_secs(300) };
+    /// A whole file read from a guest, at most `max_bytes` (and never past [`MAX_GUEST_FILE`]).
+    pub fn file(max_bytes: usize) -> ReplyLimits {
+        ReplyLimits { max_bytes: max_bytes.min(MAX_GUEST_FILE), deadline: Duration::from_secs(300) }
+    }
 }
 
 pub(crate) async fn exec_inner(

@@ -177,10 +177,10 @@ impl<'a> HostedContainer<'a> {
         self.call(&req, data).await.map(drop)
     }
 
-    /// The bytes of `path`, within [`ReplyLimits::FILE`].
-    pub async fn get(&self, path: &str) -> Result<Vec<u8>, VmTierError> {
+    /// The bytes of `path`, at most `max_bytes` (see [`ReplyLimits::file`]).
+    pub async fn get(&self, path: &str, max_bytes: usize) -> Result<Vec<u8>, VmTierError> {
         let req = ContainerRequest::Get { name: self.name.into(), path: path.into() };
-        self.call_within(&req, &[], ReplyLimits::FILE).await
+        self.call_within(&req, &[], ReplyLimits::file(max_bytes)).await
     }
 
     pub async fn stat(&self, path: &str) -> Result<FileEntry, VmTierError> {

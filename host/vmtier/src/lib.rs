@@ -628,11 +628,16 @@ impl VmTier {
         Ok(())
     }
 
-    /// The bytes of the absolute guest `path`, within [`ReplyLimits::FILE`] (a larger or endless
-    /// file is a [`VmTierError::ReplyTooLarge`]).
-    pub async fn read_file(&self, vm: &MicroVm, path: &str) -> Result<Vec<u8>, VmTierError> {
+    /// The bytes of the absolute guest `path`, at most `max_bytes` (capped at
+    /// [`MAX_GUEST_FILE`]; a larger or endless file is a [`VmTierError::ReplyTooLarge`]).
+    pub async fn read_file(
+        &self,
+        vm: &MicroVm,
+        path: &str,
+        max_bytes: usize,
+    ) -> Result<Vec<u8>, VmTierError> {
         let mut stream = request_stream(&vm.uds, &agent::get_line(path)).await?;
-        let out = collect(&mut stream, ReplyLimits::FILE).await?;
+        let out = collect(&mut stream, ReplyLimits::file(max_bytes)).await?;
         if out.exit_code != 0 {
             return Err(VmTierError::Agent(
                 String::from_utf8_lossy(&out.stderr).trim().to_string(),

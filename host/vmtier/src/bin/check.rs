@@ -312,10 +312,13 @@ fn main() -> anyhow::Result<()> {
             "size in guest: {size:?}"
         );
         anyhow::ensure!(
-            tier.read_file(&a, "/tmp/in/blob.bin").await? == blob,
+            tier.read_file(&a, "/tmp/in/blob.bin", brig_vmtier::MAX_GUEST_FILE).await? == blob,
             "file changed in transit"
         );
-        anyhow::ensure!(tier.read_file(&a, "/nonexistent").await.is_err(), "missing file read");
+        anyhow::ensure!(
+            tier.read_file(&a, "/nonexistent", brig_vmtier::MAX_GUEST_FILE).await.is_err(),
+            "missing file read"
+        );
         println!("BRIG-VMTIER-OK files move in and out of the guest intact");
         session_steps(&tier, &b).await?;
         memory_steps(&tier, &b).await?;
