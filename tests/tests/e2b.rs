@@ -42,12 +42,7 @@ fn the_e2b_python_sdk_runs_unchanged_against_brigd() {
         .env("BRIG_TEST_WEB", format!("{}:{}", mirror.addr, mirror.port))
         .output()
         .expect("running pytest");
-    let report = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    println!("{report}");
+    let report = report(&out);
     assert!(out.status.success(), "the E2B suite failed:\n{report}\nbrigd:\n{}", tail(&daemon));
 }
 
@@ -71,12 +66,7 @@ fn the_e2b_sdk_in_debug_mode_finds_brigd_on_the_debug_ports() {
         .env_remove("E2B_SANDBOX_URL")
         .output()
         .expect("running pytest");
-    let report = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    println!("{report}");
+    let report = report(&out);
     assert!(out.status.success(), "debug layout:\n{report}\nbrigd:\n{}", tail(&daemon));
     assert!(report.contains("1 passed"), "{report}");
 }
@@ -96,12 +86,7 @@ fn the_e2b_js_sdk_runs_unchanged_against_brigd() {
         .env("E2B_API_KEY", daemon.access_token().expect("token"))
         .output()
         .expect("running node");
-    let report = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    println!("{report}");
+    let report = report(&out);
     assert!(out.status.success(), "the JS SDK failed:\n{report}\nbrigd:\n{}", tail(&daemon));
     assert!(report.contains("e2b-js: ok"), "{report}");
 }
@@ -141,6 +126,17 @@ fn a_control_replica_serves_the_e2b_api_for_its_cluster() {
     let nodes: std::collections::BTreeSet<u32> =
         stdout.lines().filter(|l| l.starts_with("sb-")).map(node_of).collect();
     assert_eq!(nodes.len(), 2, "eight sandboxes all landed on one node: {stdout}");
+}
+
+/// A run's stdout and stderr, printed (nextest shows it for a failure) and returned.
+fn report(out: &std::process::Output) -> String {
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{text}");
+    text
 }
 
 fn tail(daemon: &Daemon) -> String {

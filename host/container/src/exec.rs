@@ -116,37 +116,58 @@ fn receiver(fd: OwnedFd) -> Result<pipe::Receiver, RuntimeError> {
         .map_err(|source| RuntimeError::Io { what: "pipe".into(), source })
 }
 
-/// Starts `request` in `container`.
+/// Starts `request` in `container`: on pipes, or on a new terminal whose slave is the
+/// command's stdin, stdout and stderr.
 pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Exec, RuntimeError> {
-    if let Some(size) = request.terminal {
-        return exec_on_terminal(container, request, size).await;
-    }
-    let (in_r, in_w) = pipe_pair()?;
-    let (out_r, out_w) = pipe_pair()?;
-    let (err_r, err_w) = pipe_pair()?;
     let spawn = SpawnRequest {
         argv: request.argv,
         env: request.env,
         cwd: request.cwd,
         user: request.user,
-        terminal: false,
+        terminal: request.terminal.is_some(),
     };
     let started = Instant::now();
-    let process = container.spawn(spawn, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()], &[]).await?;
-    drop((in_r, out_w, err_w));
-    let stdin_tx = pipe::Sender::from_owned_fd(in_w)
-        .map_err(|source| RuntimeError::Io { what: "pipe".into(), source })?;
-    let stdin = match request.stdin {
-        Stdin::Null => None,
-        Stdin::Bytes(bytes) => {
-            tokio::spawn(async move {
-                use tokio::io::AsyncWriteExt;
-                let mut tx = stdin_tx;
-                let _ = tx.write_all(&bytes).await;
-            });
-            None
+    let (process, stdout, stderr, stdin, terminal) = match request.terminal {
+        None => {
+            let (in_r, in_w) = pipe_pair()?;
+            let (out_r, out_w) = pipe_pair()?;
+            let (err_r, err_w) = pipe_pair()?;
+            let process =
+                container.spawn(spawn, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()], &[]).await?;
+            drop((in_r, out_w, err_w));
+            let stdin_tx = pipe::Sender::from_owned_fd(in_w)
+                .map_err(|source| RuntimeError::Io { what: "pipe".into(), source })?;
+            let stdin = match request.stdin {
+                Stdin::Null => None,
+                Stdin::Bytes(bytes) => {
+                    tokio::spawn(async move {
+                        use tokio::io::AsyncWriteExt;
+                        let mut tx = stdin_tx;
+                        let _ = tx.write_all(&bytes).await;
+                    });
+                    None
+                }
+                Stdin::Stream => Some(stdin_tx),
+            };
+            (process, Output::Pipe(receiver(out_r)?), Some(receiver(err_r)?), stdin, None)
         }
-        Stdin::Stream => Some(stdin_tx),
+        Some(size) => {
+            let (master, slave) = crate::terminal::open(size)?;
+            let dup = |fd: &OwnedFd| {
+                fd.try_clone()
+                    .map_err(|source| RuntimeError::Io { what: "terminal".into(), source })
+            };
+            let (out, err) = (dup(&slave)?, dup(&slave)?);
+            let process =
+                container.spawn(spawn, [slave.as_fd(), out.as_fd(), err.as_fd()], &[]).await?;
+            drop((slave, out, err));
+            let master = Arc::new(TerminalMaster::new(master)?);
+            if let Stdin::Bytes(bytes) = request.stdin {
+                let master = master.clone();
+                tokio::spawn(async move { master.write_all(&bytes).await });
+            }
+            (process, Output::Terminal(master.clone()), None, None, Some(master))
+        }
     };
     let (tx, rx) = mpsc::channel(EVENT_QUEUE);
     let kill = Arc::new(Notify::new());
@@ -154,8 +175,8 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
     let job = Job {
         container: container.clone(),
         process,
-        stdout: Output::Pipe(receiver(out_r)?),
-        stderr: Some(receiver(err_r)?),
+        stdout,
+        stderr,
         events: tx,
         kill: kill.clone(),
         timeout: request.timeout,
@@ -163,51 +184,7 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
         started,
     };
     tokio::spawn(job.run());
-    Ok(Exec { pid, events: rx, stdin, terminal: None, kill })
-}
-
-/// [`exec`] on a new terminal: the slave is the command's stdin, stdout and stderr.
-async fn exec_on_terminal(
-    container: &Arc<Container>,
-    request: ExecRequest,
-    size: TerminalSize,
-) -> Result<Exec, RuntimeError> {
-    let (master, slave) = crate::terminal::open(size)?;
-    let dup = |fd: &OwnedFd| {
-        fd.try_clone().map_err(|source| RuntimeError::Io { what: "terminal".into(), source })
-    };
-    let (out, err) = (dup(&slave)?, dup(&slave)?);
-    let spawn = SpawnRequest {
-        argv: request.argv,
-        env: request.env,
-        cwd: request.cwd,
-        user: request.user,
-        terminal: true,
-    };
-    let started = Instant::now();
-    let process = container.spawn(spawn, [slave.as_fd(), out.as_fd(), err.as_fd()], &[]).await?;
-    drop((slave, out, err));
-    let master = Arc::new(TerminalMaster::new(master)?);
-    if let Stdin::Bytes(bytes) = request.stdin {
-        let master = master.clone();
-        tokio::spawn(async move { master.write_all(&bytes).await });
-    }
-    let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-    let kill = Arc::new(Notify::new());
-    let pid = process.pid;
-    let job = Job {
-        container: container.clone(),
-        process,
-        stdout: Output::Terminal(master.clone()),
-        stderr: None,
-        events: tx,
-        kill: kill.clone(),
-        timeout: request.timeout,
-        limit: request.output_limit,
-        started,
-    };
-    tokio::spawn(job.run());
-    Ok(Exec { pid, events: rx, stdin: None, terminal: Some(master), kill })
+    Ok(Exec { pid, events: rx, stdin, terminal, kill })
 }
 
 /// Where a command's stdout comes from: a pipe, or its terminal.

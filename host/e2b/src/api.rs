@@ -64,10 +64,7 @@ impl ApiError {
             Some(ErrorCode::Unavailable) => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        let message = match &e {
-            brig_sdk::Error::Server { message, .. } => message.clone(),
-            other => other.to_string(),
-        };
+        let message = crate::envd::brig_message(&e);
         ApiError::new(status, message)
     }
 }

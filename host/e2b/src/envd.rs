@@ -130,11 +130,15 @@ pub fn brig_error(e: brig_sdk::Error) -> ConnectError {
         Some(ErrorCode::Conflict) => Code::FailedPrecondition,
         _ => Code::Internal,
     };
-    let message = match &e {
+    ConnectError::new(code, brig_message(&e))
+}
+
+/// What a Brig error says: the server's own message, or the client-side failure.
+pub fn brig_message(e: &brig_sdk::Error) -> String {
+    match e {
         brig_sdk::Error::Server { message, .. } => message.clone(),
         other => other.to_string(),
-    };
-    ConnectError::new(code, message)
+    }
 }
 
 /// `GET /health`: envd's (with `E2b-Sandbox-Id`: 204 while the sandbox runs, 502 "not found"

@@ -57,10 +57,7 @@ impl FileError {
             Some(ErrorCode::QuotaExceeded) => StatusCode::TOO_MANY_REQUESTS,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        let message = match &e {
-            brig_sdk::Error::Server { message, .. } => message.clone(),
-            other => other.to_string(),
-        };
+        let message = crate::envd::brig_message(&e);
         FileError::new(status, message)
     }
 
