@@ -110,6 +110,12 @@ impl Gateway {
                 }
             };
             let router = Gateway { debug_layout: slot == 1, ..self.clone() }.router();
+            // Small writes (Connect envelopes, stream ends) go out at once: without TCP_NODELAY
+            // a reply waits on the client's delayed ACK (~40 ms a command).
+            use axum::serve::ListenerExt;
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             tokio::spawn(async move {
                 if let Err(e) = axum::serve(listener, router).await {
                     tracing::error!(%local, error = %e, "E2B API server stopped");
