@@ -332,15 +332,14 @@ impl Node {
     ) -> Result<Option<Reply>, NodeError> {
         let entry = self.live(&req.sandbox).await?;
         match &entry.handle {
-            TierHandle::Microvm(_) | TierHandle::Hosted(_) if req.terminal.is_some() => {
-                return Err(NodeError::WrongTier {
-                    id: entry.id.to_string(),
-                    tier: entry.tier,
-                    op: "an exec on a terminal (served for containers on the node's kernel)",
-                })
+            TierHandle::Microvm(_) => {
+                no_terminal(&entry, &req)?;
+                return self.exec_microvm(&entry, req, exchange).await;
             }
-            TierHandle::Microvm(_) => return self.exec_microvm(&entry, req, exchange).await,
-            TierHandle::Hosted(_) => return self.exec_hosted(&entry, req, exchange).await,
+            TierHandle::Hosted(_) => {
+                no_terminal(&entry, &req)?;
+                return self.exec_hosted(&entry, req, exchange).await;
+            }
             TierHandle::Fncall(_) | TierHandle::Container(_) => {}
         }
         let entry = self.container(&req.sandbox, "exec").await?;
@@ -636,4 +635,17 @@ fn own_rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
     pages * 4096
+}
+
+/// Terminals are served for containers on the node's kernel only; a VM-backed exec asking for
+/// one gets a typed refusal.
+fn no_terminal(entry: &SandboxEntry, req: &brig_proto::ExecRequest) -> Result<(), NodeError> {
+    match req.terminal {
+        Some(_) => Err(NodeError::WrongTier {
+            id: entry.id.to_string(),
+            tier: entry.tier,
+            op: "an exec on a terminal (served for containers on the node's kernel)",
+        }),
+        None => Ok(()),
+    }
 }
