@@ -151,3 +151,28 @@ async fn a_container_dies_with_its_node_unless_asked_to_survive() {
     rt.remove_orphans(&[]);
     rt.shutdown();
 }
+
+/// A kill sent the instant a spawn returns reaches the command: the process is in its exec
+/// cgroup before the spawn answers (the child also joins by itself, but possibly later).
+#[tokio::test]
+async fn a_kill_right_after_spawn_is_never_missed() {
+    let run = tempfile::tempdir().expect("tmp");
+    let rt = runtime_named(run.path(), "killrace", false);
+    let c = rt.create(&busybox_spec("killrace")).await.expect("create");
+    for round in 0..40 {
+        let req = SpawnRequest {
+            argv: ["sh", "-c", "sleep 300"].iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        let null = std::fs::File::open("/dev/null").expect("null");
+        let mut p =
+            c.spawn(req, [null.as_fd(), null.as_fd(), null.as_fd()], &[]).await.expect("spawn");
+        tokio::task::spawn_blocking(p.tree_killer()).await.expect("kill");
+        let status = tokio::time::timeout(std::time::Duration::from_secs(10), p.wait())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the command outlived its kill"));
+        assert_eq!(status, Some(ExitInfo::Signal(libc::SIGKILL)), "round {round}");
+    }
+    c.destroy().await.expect("destroy");
+    rt.shutdown();
+}

@@ -225,6 +225,14 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
                     match fork_for_spawn() {
                         Ok(sys::Forked::Child) => child::run(&spec, fds),
                         Ok(sys::Forked::Parent(pid)) => {
+                            // The child joins its cgroups itself, but maybe not before the node
+                            // acts on this reply (a kill right away would find the cgroup empty):
+                            // put it there now as well. A child already gone is refused (ESRCH).
+                            let extra = usize::from(spec.extra_fds);
+                            let pid_text = pid.as_raw().to_string();
+                            for fd in fds.iter().skip(3 + extra) {
+                                let _ = nix::unistd::write(fd, pid_text.as_bytes());
+                            }
                             drop(fds);
                             running.insert(pid, spec.exec_id);
                             let spawned =
