@@ -263,6 +263,9 @@ pub async fn upload(
         Ok(t) => t,
         Err(r) => return r,
     };
+    let (parts, body) = request.into_parts();
+    let (body, pump) = BodyPump::start(body);
+    let request = Request::from_parts(parts, body);
     let content_type = crate::gateway::header(&headers, "content-type").unwrap_or("");
     let result = if content_type.starts_with("multipart/form-data") {
         match Multipart::from_request(request, &()).await {
@@ -274,7 +277,58 @@ pub async fn upload(
     };
     match result {
         Ok(entries) => (StatusCode::OK, axum::Json(entries)).into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => {
+            // The client may still be sending: answer once it has finished, or it may see its
+            // connection reset instead of this error.
+            pump.drain().await;
+            e.into_response()
+        }
+    }
+}
+
+/// How much of a failed upload's remaining body is read (and dropped) before answering, and
+/// for how long; past either the connection is closed under the client.
+const DRAIN_BYTES: u64 = 4 << 30;
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Moves a request body through a small channel, so that a handler that stops reading can still
+/// read the rest of it (and throw it away) before it answers.
+struct BodyPump {
+    task: JoinHandle<()>,
+}
+
+impl BodyPump {
+    fn start(body: Body) -> (Body, BodyPump) {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, axum::Error>>(8);
+        let task = tokio::spawn(async move {
+            let mut stream = body.into_data_stream();
+            while let Some(chunk) = stream.next().await {
+                if tx.send(chunk).await.is_err() {
+                    break;
+                }
+            }
+            // The handler has stopped reading; `drain` decides how long the rest is read.
+            drop(tx);
+            let mut dropped = 0u64;
+            let read_rest = async {
+                while let Some(Ok(chunk)) = stream.next().await {
+                    dropped += chunk.len() as u64;
+                    if dropped > DRAIN_BYTES {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(DRAIN_TIME, read_rest).await;
+        });
+        let body = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|chunk| (chunk, rx))
+        });
+        (Body::from_stream(body), BodyPump { task })
+    }
+
+    /// Waits until the rest of the body has been read (within the caps).
+    async fn drain(self) {
+        let _ = self.task.await;
     }
 }
 
