@@ -267,7 +267,7 @@ mkdir -p /run/netns /srv/www && echo "hello from the allowed service" > /srv/www
 /bin/ip addr add 10.77.0.1/24 dev rv0 && /bin/ip link set rv0 up
 /bin/ip -n remote addr add 10.77.0.2/24 dev rv1 && /bin/ip -n remote link set rv1 up && /bin/ip -n remote link set lo up
 /bin/ip netns exec remote busybox httpd -p 8080 -h /srv/www && /bin/ip netns exec remote busybox httpd -p 8081 -h /srv/www || echo "BRIG-L1-FULLVM no remote service"
-printf '[fullvm]\nimage = "/dev/vda"\nkernel = "%s"\ninitrd = "%s"\nvmm = "/bin/brig-vmm"\n' "$k" "$i" > /etc/brigd.toml
+printf '[fullvm]\nimage = "/dev/vda"\nkernel = "%s"\ninitrd = "%s"\nvmm = "/bin/brig-vmm"\nboot_limit_s = 420\n' "$k" "$i" > /etc/brigd.toml
 export BRIG_STATE_DIR=/tmp/brig
 /bin/brigd --config /etc/brigd.toml --listen 10.0.2.15:7070 --metrics off --on-exit destroy --log warn \
     --egress-service web=10.77.0.2:8080 &

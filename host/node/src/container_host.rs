@@ -248,6 +248,7 @@ pub(crate) fn open(
         ksm: false,
         warm: 0,
         root_image: None,
+        boot_limit: std::time::Duration::from_secs(180),
     });
     let tier = crate::microvm::offered(Tier::Container, tier)?;
     let images_dir = containers.images_dir.clone().unwrap_or_else(|| state_dir.join("images"));

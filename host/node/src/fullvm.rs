@@ -29,6 +29,8 @@ pub struct FullvmConfig {
     pub vcpus: usize,
     /// The brig-vmm binary; default: beside the running daemon.
     pub vmm: Option<PathBuf>,
+    /// How long a VM's init may take to start brig-agent before the create fails (seconds).
+    pub boot_limit_s: u64,
 }
 
 impl Default for FullvmConfig {
@@ -43,6 +45,7 @@ impl Default for FullvmConfig {
             mem_mib: 1024,
             vcpus: 2,
             vmm: None,
+            boot_limit_s: 180,
         }
     }
 }
@@ -63,6 +66,7 @@ pub(crate) fn open(cfg: &FullvmConfig, state_dir: &Path) -> Result<Arc<VmTier>, 
         ksm: false,
         warm: 0,
         root_image: Some(image.clone()),
+        boot_limit: std::time::Duration::from_secs(cfg.boot_limit_s.max(1)),
     });
     crate::microvm::offered(Tier::Fullvm, tier)
 }

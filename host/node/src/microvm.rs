@@ -104,6 +104,7 @@ pub(crate) fn open(cfg: &MicrovmConfig, state_dir: &Path) -> Result<Arc<VmTier>,
         ksm: cfg.ksm,
         warm: cfg.warm_vmms,
         root_image: None,
+        boot_limit: std::time::Duration::from_secs(180),
     });
     offered(Tier::Microvm, tier)
 }

@@ -11,9 +11,6 @@ use std::time::Duration;
 
 use crate::{io, locked, Disks, MicroVm, VmNet, VmTier, VmTierError};
 
-/// How long a full VM's init may take to start the agent.
-pub(crate) const BOOT_LIMIT_S: u64 = 180;
-
 impl VmTier {
     /// `brig-vmm boot` arguments for this tier's machine (disks and sockets come after).
     pub(crate) fn boot_args(&self) -> Vec<OsString> {

@@ -59,6 +59,9 @@ pub struct VmTierConfig {
     /// initramfs from `kernel`/`initrd`) through a copy-on-write overlay of its own, instead
     /// of resuming an environment snapshot (see `fullvm`).
     pub root_image: Option<PathBuf>,
+    /// How long a booting VM's init may take to start the agent (a full VM; a resumed VM gets
+    /// a minute).
+    pub boot_limit: std::time::Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -544,7 +547,7 @@ impl VmTier {
         let pid = child.id();
         *vm.child.lock().await = Some(child);
         *locked(&vm.pid) = pid;
-        let limit = Duration::from_secs(if boots { fullvm::BOOT_LIMIT_S } else { 60 });
+        let limit = if boots { self.cfg.boot_limit } else { Duration::from_secs(60) };
         let started = std::time::Instant::now();
         loop {
             match self.exec(vm, "true", Duration::from_secs(10)).await {

@@ -243,6 +243,7 @@ fn main() -> anyhow::Result<()> {
         ksm: false,
         warm: 1,
         root_image: None,
+        boot_limit: std::time::Duration::from_secs(180),
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
@@ -352,6 +353,7 @@ fn main() -> anyhow::Result<()> {
             ksm: false,
             warm: 0,
             root_image: None,
+            boot_limit: std::time::Duration::from_secs(180),
         })?;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let status = std::fs::read_to_string(format!("/proc/{stray_pid}/stat")).unwrap_or_default();
