@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the container layer images the demo and tests use into artifacts/images/:
-# busybox.erofs (tiny base) and debian-12.erofs (debootstrap minbase + bash, python3, git).
+# busybox.erofs (tiny base) and debian-12.erofs (debootstrap minbase + bash, python3, git, and
+# E2B's default user `user`, so the E2B API need not add it to each sandbox).
 # Idempotent: an image is rebuilt only when missing or when its recipe (this script) changed.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -23,5 +24,6 @@ build() { # name, then brig-mkimage arguments
 }
 
 build busybox busybox
-build debian-12 debian --suite bookworm --include bash,coreutils,python3,git,ca-certificates,procps
+build debian-12 debian --suite bookworm --include bash,coreutils,python3,git,ca-certificates,procps \
+    --user user
 echo "images in $out"

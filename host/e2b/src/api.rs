@@ -198,9 +198,28 @@ fn image_for(gw: &Gateway, template: &str, metadata: &BTreeMap<String, String>) 
     cfg.templates.get(template).cloned().unwrap_or_else(|| template.to_string())
 }
 
-/// Makes E2B's default user (`user`, home `/home/user`) if the image lacks it.
-const ENSURE_USER: &str = "id -u user >/dev/null 2>&1 || useradd -m -s /bin/bash user \
-    >/dev/null 2>&1 || adduser -D -s /bin/sh user >/dev/null 2>&1";
+/// Makes E2B's default user (`user`, home `/home/user`) if the image lacks it; prints
+/// `present` when the image already has it.
+const ENSURE_USER: &str = "if id -u user >/dev/null 2>&1; then echo present; else \
+    useradd -m -s /bin/bash user >/dev/null 2>&1 || adduser -D -s /bin/sh user >/dev/null 2>&1; fi";
+
+/// Gives a new sandbox E2B's default user unless its image is known to have it (images that
+/// lack it get it in each sandbox, one command at create).
+pub(crate) async fn ensure_user(
+    gw: &Gateway,
+    image: &str,
+    sb: &brig_sdk::Sandbox,
+) -> Result<(), brig_sdk::Error> {
+    if gw.inner.images_with_user.lock().contains(image) {
+        return Ok(());
+    }
+    let out =
+        sb.exec_with(Cmd::new(["sh", "-c", ENSURE_USER]).timeout(Duration::from_secs(30))).await?;
+    if out.stdout_text() == "present\n" {
+        gw.inner.images_with_user.lock().insert(image.to_string());
+    }
+    Ok(())
+}
 
 async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> ApiResult {
     let client = caller(&gw, &headers).await?;
@@ -215,7 +234,8 @@ async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> A
     let timeout = checked_timeout(&gw, req.timeout)?;
     let auto_pause = req.auto_pause.unwrap_or(false);
     let cfg = gw.config();
-    let mut options = SandboxOptions::container(&image_for(&gw, &template, &metadata))
+    let image = image_for(&gw, &template, &metadata);
+    let mut options = SandboxOptions::container(&image)
         .memory_mib(cfg.memory_mib)
         .cpu_millis(cfg.cpu_millis)
         .disk_mib(cfg.disk_mib)
@@ -243,9 +263,7 @@ async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> A
         }
         _ => ApiError::from_brig(e),
     })?;
-    let out =
-        sb.exec_with(Cmd::new(["sh", "-c", ENSURE_USER]).timeout(Duration::from_secs(30))).await;
-    if let Err(e) = out {
+    if let Err(e) = ensure_user(&gw, &image, &sb).await {
         let _ = sb.destroy().await;
         return Err(ApiError::from_brig(e));
     }
@@ -261,7 +279,8 @@ pub(crate) async fn create_debug_sandbox(
     admin: &Client,
 ) -> Result<String, crate::connect::ConnectError> {
     let cfg = gw.config();
-    let options = SandboxOptions::container(&image_for(gw, "base", &BTreeMap::new()))
+    let image = image_for(gw, "base", &BTreeMap::new());
+    let options = SandboxOptions::container(&image)
         .memory_mib(cfg.memory_mib)
         .cpu_millis(cfg.cpu_millis)
         .disk_mib(cfg.disk_mib)
@@ -269,9 +288,7 @@ pub(crate) async fn create_debug_sandbox(
         .label("e2b.debug", "true")
         .idle_ttl(Duration::from_secs(cfg.default_timeout_s));
     let sb = admin.create(options).await.map_err(crate::envd::brig_error)?;
-    sb.exec_with(Cmd::new(["sh", "-c", ENSURE_USER]).timeout(Duration::from_secs(30)))
-        .await
-        .map_err(crate::envd::brig_error)?;
+    ensure_user(gw, &image, &sb).await.map_err(crate::envd::brig_error)?;
     Ok(sb.id().to_string())
 }
 

@@ -57,6 +57,8 @@ pub(crate) struct Inner {
     pub(crate) lifetimes: crate::api::Lifetimes,
     /// The sandbox behind `debug_sandbox_id` on the debug layout, made on first use.
     debug_sandbox: tokio::sync::Mutex<Option<String>>,
+    /// Images whose sandboxes were found to have E2B's `user` already (see `api::ensure_user`).
+    pub(crate) images_with_user: parking_lot::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Gateway {
@@ -80,6 +82,7 @@ impl Gateway {
                 watchers: Default::default(),
                 lifetimes: Default::default(),
                 debug_sandbox: tokio::sync::Mutex::new(None),
+                images_with_user: Default::default(),
             }),
         })
     }

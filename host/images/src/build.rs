@@ -200,6 +200,13 @@ pub fn stage_debian(
     std::fs::create_dir_all(root.join("workspace")).map_err(io("create", root))
 }
 
+/// Adds an ordinary user (uid 1000, home `/home/NAME`, bash) to a staged Debian tree.
+pub fn add_user(root: &Path, name: &str) -> Result<(), BuildError> {
+    let mut cmd = Command::new("chroot");
+    cmd.arg(root).args(["useradd", "-m", "-u", "1000", "-s", "/bin/bash", name]);
+    run("chroot", &mut cmd)
+}
+
 /// A self-contained EROFS image of `dir` at `out`, written atomically.
 pub fn mkfs_plain(dir: &Path, out: &Path) -> Result<(), BuildError> {
     let tmp = out.with_extension("erofs.tmp");

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! brig-mkimage busybox OUT.erofs
-//! brig-mkimage debian OUT.erofs [--suite bookworm] [--include python3,git,...]
+//! brig-mkimage debian OUT.erofs [--suite bookworm] [--include python3,git,...] [--user NAME]
 //! brig-mkimage dir SRC_DIR OUT.erofs
 //! brig-mkimage tar SRC.tar[.gz] OUT.erofs
 //! ```
@@ -37,6 +37,9 @@ enum What {
         mirror: String,
         #[arg(long, default_value = "bash,coreutils,python3,git,ca-certificates,procps")]
         include: String,
+        /// An ordinary user to add (uid 1000, home /home/NAME, bash), e.g. E2B's `user`.
+        #[arg(long)]
+        user: Option<String>,
     },
     /// A layer from a directory tree.
     Dir { src: PathBuf, out: PathBuf },
@@ -58,9 +61,12 @@ fn main() -> anyhow::Result<()> {
     std::fs::create_dir(&root)?;
     match &cli.what {
         What::Busybox { .. } => build::stage_busybox(&root)?,
-        What::Debian { suite, mirror, include, .. } => {
+        What::Debian { suite, mirror, include, user, .. } => {
             let packages: Vec<&str> = include.split(',').filter(|p| !p.is_empty()).collect();
             build::stage_debian(&root, suite, mirror, &packages)?;
+            if let Some(user) = user {
+                build::add_user(&root, user)?;
+            }
         }
         What::Dir { src, .. } => build::stage_dir(src, &root)?,
         What::Tar { src, .. } => build::stage_tar(src, &root)?,
