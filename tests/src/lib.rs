@@ -17,9 +17,16 @@ pub mod cluster;
 pub mod emulated;
 pub mod net;
 
-/// Repository root.
+/// Repository root. The test runner's `CARGO_MANIFEST_DIR` first: a test binary built from a
+/// clone elsewhere (a shared target directory) still has that clone's path compiled in.
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+    manifest_dir().join("..")
+}
+
+/// This crate's directory, as the runner sees it now (else as the compiler saw it).
+pub fn manifest_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
 }
 
 /// Where the build scripts put guest artifacts (`$BRIG_ARTIFACTS` or `<repo>/artifacts`).

@@ -17,6 +17,7 @@ pub mod cgroup;
 pub mod control;
 pub mod exec;
 pub mod files;
+pub mod netlink;
 pub mod network;
 pub mod protect;
 

@@ -17,6 +17,7 @@
 use std::collections::HashSet;
 use std::io::{BufRead, Write};
 use std::net::Ipv4Addr;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -40,6 +41,10 @@ pub enum NetError {
     NoSubnet,
     #[error("all {MAX_SLOTS} sandbox links of this node are in use")]
     NoSlot,
+    #[error(transparent)]
+    Netlink(#[from] crate::netlink::NetlinkError),
+    #[error("network setup task: {0}")]
+    Task(String),
     #[error("I/O on {path}")]
     Io {
         path: PathBuf,
@@ -179,20 +184,24 @@ impl Network {
     }
 
     /// Gives the sandbox whose init is `pid` a link with `rules`; returns its slot.
-    pub fn attach(&self, pid: i32, rules: &[Destination]) -> Result<u32, NetError> {
-        self.attach_in(Netns::Pid(pid), rules)
+    pub async fn attach(&self, pid: i32, rules: &[Destination]) -> Result<u32, NetError> {
+        self.attach_in(Netns::Pid(pid), rules).await
     }
 
     /// Gives the sandbox whose network namespace is `netns` a link (`eth0` there) with
     /// `rules`; returns its slot.
-    pub fn attach_in(&self, netns: Netns<'_>, rules: &[Destination]) -> Result<u32, NetError> {
+    pub async fn attach_in(
+        &self,
+        netns: Netns<'_>,
+        rules: &[Destination],
+    ) -> Result<u32, NetError> {
         let slot = {
             let mut slots = self.slots.lock();
             let slot = (0..MAX_SLOTS).find(|s| !slots.contains(s)).ok_or(NetError::NoSlot)?;
             slots.insert(slot);
             slot
         };
-        match self.attach_slot(netns, slot, rules) {
+        match self.attach_slot(netns, slot, rules).await {
             Ok(()) => Ok(slot),
             Err(e) => {
                 self.detach(slot);
@@ -201,7 +210,7 @@ impl Network {
         }
     }
 
-    fn attach_slot(
+    async fn attach_slot(
         &self,
         netns: Netns<'_>,
         slot: u32,
@@ -223,23 +232,17 @@ impl Network {
              add element inet {t} sandboxes {{ \"{ifname}\" : jump s{slot} }}\n"
         );
         script += &self.rules_script(slot, rules);
-        run("nft", &["-f", "-"], &script)?;
-        let _ = run("ip", &["link", "del", &ifname], "");
-        run(
-            "ip",
-            &["-batch", "-"],
-            &format!(
-                "link add {ifname} type veth peer name eth0 netns {}\n\
-                 addr add {gw}/30 dev {ifname}\n\
-                 link set {ifname} up\n",
-                netns.ip_name()
-            ),
-        )?;
-        netns.run_ip(&format!(
-            "addr add {addr}/30 dev eth0\n\
-                 link set eth0 up\n\
-                 route add default via {gw}\n"
-        ))
+        // The base chains drop whatever arrives on this daemon's links until the slot's chain is
+        // in the verdict map, so the link may come up before its rules: both are made at once.
+        let nft = tokio::task::spawn_blocking(move || run("nft", &["-f", "-"], &script));
+        let link = async {
+            let ns = crate::netlink::open_netns(&netns.path())?;
+            crate::netlink::delete_link(&ifname).await?;
+            crate::netlink::attach_link(&ifname, ns.as_fd(), gw, addr).await
+        };
+        let (nft, link) = tokio::join!(nft, link);
+        nft.map_err(|e| NetError::Task(e.to_string()))??;
+        Ok(link?)
     }
 
     fn rules_script(&self, slot: u32, rules: &[Destination]) -> String {
@@ -300,21 +303,11 @@ pub enum Netns<'a> {
 }
 
 impl Netns<'_> {
-    /// How `ip link … netns X` names it.
-    fn ip_name(&self) -> String {
+    /// Its namespace file.
+    fn path(&self) -> PathBuf {
         match self {
-            Netns::Pid(pid) => pid.to_string(),
-            Netns::Named(name) => (*name).to_string(),
-        }
-    }
-
-    /// Runs an `ip -batch` script inside it.
-    fn run_ip(&self, script: &str) -> Result<(), NetError> {
-        match self {
-            Netns::Pid(pid) => {
-                run("nsenter", &["-t", &pid.to_string(), "-n", "ip", "-batch", "-"], script)
-            }
-            Netns::Named(name) => run("ip", &["-n", name, "-batch", "-"], script),
+            Netns::Pid(pid) => PathBuf::from(format!("/proc/{pid}/ns/net")),
+            Netns::Named(name) => Path::new("/run/netns").join(name),
         }
     }
 }

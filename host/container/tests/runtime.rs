@@ -9,9 +9,11 @@ use brig_container::shim_proto::ExitInfo;
 use tokio::io::AsyncReadExt;
 
 fn artifacts() -> PathBuf {
-    std::env::var_os("BRIG_ARTIFACTS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../artifacts"))
+    std::env::var_os("BRIG_ARTIFACTS").map(PathBuf::from).unwrap_or_else(|| {
+        std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+            .join("../../artifacts")
+    })
 }
 
 fn runtime(run: &std::path::Path) -> Runtime {

@@ -7,9 +7,11 @@ use brig_core::{CallLimits, CallOutcome, ToolCall};
 use brig_fncall::{FncallBackend, FncallConfig, FncallError, ToolWorld};
 
 fn guests() -> PathBuf {
-    let root = std::env::var_os("BRIG_ARTIFACTS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../artifacts"));
+    let root = std::env::var_os("BRIG_ARTIFACTS").map(PathBuf::from).unwrap_or_else(|| {
+        std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+            .join("../../artifacts")
+    });
     let dir = root.join("guests");
     assert!(
         dir.join("tools/jq.wasm").exists(),

@@ -114,12 +114,10 @@ impl Node {
         dests: Vec<Destination>,
     ) -> Result<u32, NodeError> {
         let net = self.network()?;
-        let slot = tokio::task::spawn_blocking(move || match &netns {
-            NetnsRef::Pid(pid) => net.attach(*pid, &dests),
-            NetnsRef::Named(name) => net.attach_in(network::Netns::Named(name), &dests),
-        })
-        .await
-        .map_err(|e| NodeError::Io { what: "network setup".into(), source: e.into() })??;
+        let slot = match &netns {
+            NetnsRef::Pid(pid) => net.attach(*pid, &dests).await,
+            NetnsRef::Named(name) => net.attach_in(network::Netns::Named(name), &dests).await,
+        }?;
         self.inner.egress.owners.lock().insert(slot, id.to_string());
         Ok(slot)
     }
