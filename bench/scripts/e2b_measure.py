@@ -40,4 +40,10 @@ async def main(samples: int, concurrency: int, seconds: float) -> None:
 
 
 if __name__ == "__main__":
+    import os
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../../tests/e2b"))
+    from clean_exit import exit_now
+
     asyncio.run(main(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])))
+    exit_now(0)

@@ -25,4 +25,8 @@ async def main() -> None:
         await asyncio.gather(*[sb.kill() for sb in sandboxes])
 
 
-asyncio.run(main())
+if __name__ == "__main__":
+    from clean_exit import exit_now  # beside this script
+
+    asyncio.run(main())
+    exit_now(0)

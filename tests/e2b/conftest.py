@@ -5,6 +5,20 @@ import os
 
 import pytest
 
+from clean_exit import exit_now
+
+_status = {"exit": 0}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _status["exit"] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    # After the summary: see clean_exit.py for why the interpreter is not finalized.
+    exit_now(_status["exit"])
+
 
 def pytest_configure(config):
     wanted = ("E2B_API_KEY",) if os.environ.get("E2B_DEBUG") == "true" else ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")

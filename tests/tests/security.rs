@@ -33,6 +33,43 @@ fn egress(e: &AuditEvent, allowed: bool, dst: &str, port: u16) -> bool {
         if *a == allowed && d == dst && *p == port)
 }
 
+/// Links are served from slots made ready ahead and given back on destroy: whatever a slot
+/// went through, the next sandbox gets exactly the rules it asked for.
+#[tokio::test]
+async fn pooled_links_always_carry_the_rules_asked_for() {
+    let mirror = Mirror::start("pooled-link").expect("mirror");
+    let service = format!("mirror={}", mirror.rule());
+    let daemon = Daemon::start_with(&["--egress-service", &service]).expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    let (addr, port) = (mirror.addr.as_str(), mirror.port);
+    let open = || SandboxOptions::container(&image("busybox")).egress(["mirror"]);
+    let closed = || SandboxOptions::container(&image("busybox")).egress(Vec::<String>::new());
+    for round in 0..6 {
+        let sb = client.create(open()).await.expect("create open");
+        assert_eq!(fetch(&sb, addr, port).await, "pooled-link", "round {round}: allowed");
+        assert_eq!(fetch(&sb, addr, 8081).await, "", "round {round}: another port");
+        let shut = client.create(closed()).await.expect("create closed");
+        assert_eq!(fetch(&shut, addr, port).await, "", "round {round}: closed link");
+        // A slot whose rules changed goes back under its new rules, not its first ones.
+        if round % 2 == 0 {
+            sb.set_egress(Vec::<String>::new()).await.expect("close");
+            shut.set_egress(["mirror"]).await.expect("open");
+        }
+        sb.destroy().await.expect("destroy");
+        shut.destroy().await.expect("destroy");
+    }
+    let sandboxes = futures::future::join_all((0..6).map(|i| {
+        let options = if i % 2 == 0 { open() } else { closed() };
+        client.create(options)
+    }))
+    .await;
+    for (i, sb) in sandboxes.into_iter().enumerate() {
+        let sb = sb.expect("create at once");
+        let want = if i % 2 == 0 { "pooled-link" } else { "" };
+        assert_eq!(fetch(&sb, addr, port).await, want, "sandbox {i} made at once");
+    }
+}
+
 #[tokio::test]
 async fn egress_rules_switch_mid_task_and_every_attempt_is_audited() {
     let mirror = Mirror::start("hello-from-the-mirror").expect("mirror");

@@ -14,12 +14,13 @@
 //! are logged by the kernel with this daemon's prefix; [`watch_kernel_log`] turns them into
 //! [`EgressEvent`]s for the audit trail.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, Write};
 use std::net::Ipv4Addr;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 
 use brig_core::Destination;
 use parking_lot::Mutex;
@@ -53,6 +54,52 @@ pub enum NetError {
     },
 }
 
+/// Slots kept ready per rule set, and rule sets kept ready.
+pub const WARM_PER_RULES: usize = 4;
+pub const WARM_RULE_SETS: usize = 8;
+
+/// A rule set as a pool key: sorted, without repeats.
+fn rule_key(rules: &[Destination]) -> Vec<Destination> {
+    let mut key = rules.to_vec();
+    key.sort_by_key(|d| (u32::from(d.addr), d.prefix, d.port));
+    key.dedup();
+    key
+}
+
+/// Slots made ready ahead, by rule set.
+#[derive(Debug, Default)]
+struct WarmSlots {
+    ready: HashMap<Vec<Destination>, Vec<u32>>,
+    /// Rule sets being made ready now.
+    refilling: HashSet<Vec<Destination>>,
+    /// The rule set of each slot in use.
+    in_use: HashMap<u32, Vec<Destination>>,
+}
+
+impl WarmSlots {
+    fn take(&mut self, key: &[Destination]) -> Option<u32> {
+        self.ready.get_mut(key)?.pop()
+    }
+
+    /// Whether `key` needs more slots made ready (and is not being served already).
+    fn wants(&self, key: &Vec<Destination>) -> bool {
+        let have = self.ready.get(key).map_or(0, Vec::len);
+        let known = self.ready.contains_key(key) || self.ready.len() < WARM_RULE_SETS;
+        known && have < WARM_PER_RULES / 2 && !self.refilling.contains(key)
+    }
+
+    /// Keeps a freed slot (rules unchanged) if its rule set's pool has room.
+    fn give_back(&mut self, key: Vec<Destination>, slot: u32) -> bool {
+        match self.ready.get_mut(&key) {
+            Some(ready) if ready.len() < WARM_PER_RULES => {
+                ready.push(slot);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
 /// Runs `tool args…` with `script` on stdin; fails with its stderr.
 fn run(tool: &'static str, args: &[&str], script: &str) -> Result<(), NetError> {
     let mut child = Command::new(tool)
@@ -80,6 +127,9 @@ pub struct Network {
     table: String,
     base: Ipv4Addr,
     slots: Mutex<HashSet<u32>>,
+    /// Slots whose nftables part (chain, sets, rules, verdict-map entry) is made ahead, per
+    /// rule set, and the rule set of each slot in use; see [`Network::attach_in`].
+    warm: Mutex<WarmSlots>,
     /// This daemon's claim on its subnet (a directory naming the owner).
     claim: PathBuf,
 }
@@ -117,7 +167,14 @@ impl Network {
         let idx = claimed.ok_or(NetError::NoSubnet)?;
         let base = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 0)) + (idx << 12));
         let claim = claims_dir.join(idx.to_string());
-        let net = Network { tag: tag.to_string(), table, base, slots: Mutex::default(), claim };
+        let net = Network {
+            tag: tag.to_string(),
+            table,
+            base,
+            slots: Mutex::default(),
+            warm: Mutex::default(),
+            claim,
+        };
         net.ensure_table()?;
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
             .map_err(io(Path::new("/proc/sys/net/ipv4/ip_forward")))?;
@@ -184,30 +241,105 @@ impl Network {
     }
 
     /// Gives the sandbox whose init is `pid` a link with `rules`; returns its slot.
-    pub async fn attach(&self, pid: i32, rules: &[Destination]) -> Result<u32, NetError> {
+    pub async fn attach(
+        self: &Arc<Self>,
+        pid: i32,
+        rules: &[Destination],
+    ) -> Result<u32, NetError> {
         self.attach_in(Netns::Pid(pid), rules).await
     }
 
     /// Gives the sandbox whose network namespace is `netns` a link (`eth0` there) with
     /// `rules`; returns its slot.
+    ///
+    /// Running `nft` costs more than all the rest of a link, so rule sets seen before are
+    /// served from slots made ready ahead ([`WARM_PER_RULES`] per rule set, for the last
+    /// [`WARM_RULE_SETS`] rule sets): such a sandbox only needs its link. A sandbox going
+    /// away gives its slot back to the pool, rules and all. A rule set seen for the first time
+    /// runs `nft` beside the link, then has slots made ready in the background.
     pub async fn attach_in(
-        &self,
+        self: &Arc<Self>,
         netns: Netns<'_>,
         rules: &[Destination],
     ) -> Result<u32, NetError> {
-        let slot = {
-            let mut slots = self.slots.lock();
-            let slot = (0..MAX_SLOTS).find(|s| !slots.contains(s)).ok_or(NetError::NoSlot)?;
-            slots.insert(slot);
-            slot
+        let key = rule_key(rules);
+        let warm = self.warm.lock().take(&key);
+        let slot = match warm {
+            Some(slot) => slot,
+            None => self.allocate()?,
         };
-        match self.attach_slot(netns, slot, rules).await {
-            Ok(()) => Ok(slot),
-            Err(e) => {
-                self.detach(slot);
-                Err(e)
-            }
+        self.warm.lock().in_use.insert(slot, key.clone());
+        let made = match warm {
+            Some(_) => self.link(netns, slot).await,
+            None => self.attach_slot(netns, slot, rules).await,
+        };
+        if let Err(e) = made {
+            // Its nftables part may be half made: removed, not pooled.
+            self.warm.lock().in_use.remove(&slot);
+            self.detach(slot);
+            return Err(e);
         }
+        self.refill(key);
+        Ok(slot)
+    }
+
+    fn allocate(&self) -> Result<u32, NetError> {
+        let mut slots = self.slots.lock();
+        let slot = (0..MAX_SLOTS).find(|s| !slots.contains(s)).ok_or(NetError::NoSlot)?;
+        slots.insert(slot);
+        Ok(slot)
+    }
+
+    /// The slot's veth pair and addresses (its rules exist already).
+    async fn link(&self, netns: Netns<'_>, slot: u32) -> Result<(), NetError> {
+        let ifname = self.ifname(slot);
+        let ns = crate::netlink::open_netns(&netns.path())?;
+        crate::netlink::delete_link(&ifname).await?;
+        crate::netlink::attach_link(
+            &ifname,
+            ns.as_fd(),
+            self.gateway(slot),
+            self.sandbox_addr(slot),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Makes slots ready ahead for `key` in the background, if it has too few.
+    fn refill(self: &Arc<Self>, key: Vec<Destination>) {
+        let want = {
+            let mut warm = self.warm.lock();
+            if !warm.wants(&key) {
+                return;
+            }
+            warm.refilling.insert(key.clone());
+            WARM_PER_RULES.saturating_sub(warm.ready.get(&key).map_or(0, Vec::len))
+        };
+        let net = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut made = Vec::new();
+            for _ in 0..want {
+                match net.allocate() {
+                    Ok(slot) => made.push(slot),
+                    Err(_) => break,
+                }
+            }
+            let script: String = made.iter().map(|&s| net.slot_script(s, &key)).collect();
+            let result = if made.is_empty() { Ok(()) } else { run("nft", &["-f", "-"], &script) };
+            let mut warm = net.warm.lock();
+            warm.refilling.remove(&key);
+            match result {
+                Ok(()) => warm.ready.entry(key).or_default().extend(made),
+                Err(e) => {
+                    tracing::debug!(error = %e, "making sandbox links ready ahead");
+                    drop(warm);
+                    let mut slots = net.slots.lock();
+                    for slot in made {
+                        slots.remove(&slot);
+                    }
+                }
+            }
+        });
     }
 
     async fn attach_slot(
@@ -216,9 +348,19 @@ impl Network {
         slot: u32,
         rules: &[Destination],
     ) -> Result<(), NetError> {
+        let script = self.slot_script(slot, rules);
+        // The base chains drop whatever arrives on this daemon's links until the slot's chain is
+        // in the verdict map, so the link may come up before its rules: both are made at once.
+        let nft = tokio::task::spawn_blocking(move || run("nft", &["-f", "-"], &script));
+        let (nft, link) = tokio::join!(nft, self.link(netns, slot));
+        nft.map_err(|e| NetError::Task(e.to_string()))??;
+        link
+    }
+
+    /// The nftables part of a slot: its chain and sets (made first, so no packet ever passes
+    /// before the rules exist), its rules, then its verdict-map entry.
+    fn slot_script(&self, slot: u32, rules: &[Destination]) -> String {
         let (t, ifname) = (&self.table, self.ifname(slot));
-        let (gw, addr) = (self.gateway(slot), self.sandbox_addr(slot));
-        // Chain and sets first, so no packet ever passes before the rules exist.
         let log = self.log_prefix();
         let mut script = format!(
             "add set inet {t} a{slot} {{ type ipv4_addr . inet_service; flags interval; }}\n\
@@ -232,17 +374,7 @@ impl Network {
              add element inet {t} sandboxes {{ \"{ifname}\" : jump s{slot} }}\n"
         );
         script += &self.rules_script(slot, rules);
-        // The base chains drop whatever arrives on this daemon's links until the slot's chain is
-        // in the verdict map, so the link may come up before its rules: both are made at once.
-        let nft = tokio::task::spawn_blocking(move || run("nft", &["-f", "-"], &script));
-        let link = async {
-            let ns = crate::netlink::open_netns(&netns.path())?;
-            crate::netlink::delete_link(&ifname).await?;
-            crate::netlink::attach_link(&ifname, ns.as_fd(), gw, addr).await
-        };
-        let (nft, link) = tokio::join!(nft, link);
-        nft.map_err(|e| NetError::Task(e.to_string()))??;
-        Ok(link?)
+        script
     }
 
     fn rules_script(&self, slot: u32, rules: &[Destination]) -> String {
@@ -267,13 +399,24 @@ impl Network {
     /// Replaces a slot's rules atomically: connections already open stay open; new ones follow
     /// the new rules.
     pub fn set_rules(&self, slot: u32, rules: &[Destination]) -> Result<(), NetError> {
-        run("nft", &["-f", "-"], &self.rules_script(slot, rules))
+        run("nft", &["-f", "-"], &self.rules_script(slot, rules))?;
+        self.warm.lock().in_use.insert(slot, rule_key(rules));
+        Ok(())
     }
 
     /// Removes a slot's link and rules (best effort: the link dies with the sandbox anyway).
     pub fn detach(&self, slot: u32) {
         let (t, ifname) = (&self.table, self.ifname(slot));
         let _ = run("ip", &["link", "del", &ifname], "");
+        {
+            // Back to the pool with its rules, if the pool wants one more for them.
+            let mut warm = self.warm.lock();
+            if let Some(key) = warm.in_use.remove(&slot) {
+                if warm.give_back(key, slot) {
+                    return;
+                }
+            }
+        }
         let script = format!(
             "delete element inet {t} sandboxes {{ \"{ifname}\" }}\n\
              flush chain inet {t} s{slot}\n\
@@ -444,6 +587,32 @@ pub fn watch_kernel_log(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pooled_slots_are_kept_per_rule_set_within_bounds() {
+        let d = |port| Destination { addr: Ipv4Addr::new(10, 0, 0, 1), prefix: 32, port };
+        let (a, b) =
+            (rule_key(&[d(Some(80)), d(None), d(Some(80))]), rule_key(&[d(None), d(Some(80))]));
+        assert_eq!(a, b, "order and repeats do not make another rule set");
+        let mut warm = WarmSlots::default();
+        assert!(warm.wants(&a));
+        warm.refilling.insert(a.clone());
+        assert!(!warm.wants(&a), "one refill at a time");
+        warm.refilling.clear();
+        warm.ready.insert(a.clone(), vec![1, 2, 3]);
+        assert!(!warm.wants(&a), "enough ready");
+        assert_eq!(warm.take(&a), Some(3));
+        assert_eq!(warm.take(&[]), None, "nothing ready for another rule set");
+        assert!(warm.give_back(a.clone(), 7));
+        assert!(warm.give_back(a.clone(), 8));
+        assert_eq!(warm.ready[&a].len(), WARM_PER_RULES);
+        assert!(!warm.give_back(a.clone(), 9), "a full pool frees the slot instead");
+        assert!(!warm.give_back(vec![], 10), "no pool for a rule set never made ready");
+        for port in 0..WARM_RULE_SETS as u16 {
+            warm.ready.insert(vec![d(Some(port))], vec![]);
+        }
+        assert!(!warm.wants(&[d(Some(999))].to_vec()), "no more rule sets than the bound");
+    }
 
     #[test]
     fn kernel_log_records_parse() {

@@ -257,6 +257,7 @@ async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> A
     {
         options = options.egress(rules);
     }
+    let started = std::time::Instant::now();
     let sb = client.create(options).await.map_err(|e| match e.code() {
         Some(ErrorCode::BadRequest | ErrorCode::NotFound) => {
             ApiError::new(StatusCode::NOT_FOUND, format!("template {template:?}: {e}"))
@@ -270,6 +271,8 @@ async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> A
     if auto_pause {
         gw.inner.lifetimes.set(sb.id(), timeout);
     }
+    gw.inner.running.mark(sb.id());
+    tracing::debug!(sandbox = sb.id(), took = ?started.elapsed(), "E2B create");
     Ok((StatusCode::CREATED, Json(sandbox_json(&gw, sb.id(), &template))).into_response())
 }
 
@@ -381,6 +384,7 @@ async fn get_one(
 
 async fn kill(State(gw): State<Gateway>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult {
     let (sb, _) = visible(&gw, &headers, &id).await?;
+    gw.inner.running.forget(&id);
     sb.destroy().await.map_err(ApiError::from_brig)?;
     gw.inner.lifetimes.forget(&id);
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -461,6 +465,7 @@ async fn pause(State(gw): State<Gateway>, Path(id): Path<String>, headers: Heade
     if info.state == SandboxState::Paused {
         return Err(ApiError::new(StatusCode::CONFLICT, format!("sandbox {id} is already paused")));
     }
+    gw.inner.running.forget(&id);
     sb.pause().await.map_err(ApiError::from_brig)?;
     gw.inner.lifetimes.forget(&id);
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -601,6 +606,7 @@ impl Gateway {
                 }
                 let Ok(admin) = gw.admin().await else { continue };
                 for id in due {
+                    gw.inner.running.forget(&id);
                     if let Err(e) = admin.sandbox(&id).pause().await {
                         tracing::warn!(sandbox = %id, error = %e, "pause at E2B timeout failed");
                     }

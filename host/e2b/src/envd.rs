@@ -97,8 +97,14 @@ pub async fn sandbox(gw: &Gateway, headers: &HeaderMap) -> Result<Sandbox, Conne
         ));
     }
     let sb = gw.admin().await?.sandbox(id);
+    if gw.inner.running.fresh(id) {
+        return Ok(sb);
+    }
     match sb.status().await {
-        Ok(info) if info.state == SandboxState::Running => Ok(sb),
+        Ok(info) if info.state == SandboxState::Running => {
+            gw.inner.running.mark(id);
+            Ok(sb)
+        }
         Ok(_) => Err(ConnectError::SandboxGone(id.to_string())),
         Err(e) => Err(sandbox_error(id, e)),
     }

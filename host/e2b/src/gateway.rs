@@ -36,6 +36,39 @@ pub enum GatewayError {
     },
 }
 
+/// How long a sandbox seen running is taken to be running without asking again.
+const RUNNING_FRESH: std::time::Duration = std::time::Duration::from_secs(2);
+/// Most sandboxes remembered as recently running.
+const RUNNING_REMEMBERED: usize = 1 << 16;
+
+/// Sandboxes the gateway made, resumed or found running in the last [`RUNNING_FRESH`]: envd
+/// requests to them skip the status round trip that tells a paused or gone sandbox (whose
+/// requests must fail) from a running one. The gateway's own pause and kill forget at once;
+/// a sandbox ended by its node inside the window fails its request with the node's error.
+#[derive(Default)]
+pub(crate) struct RecentlyRunning(parking_lot::Mutex<HashMap<String, std::time::Instant>>);
+
+impl RecentlyRunning {
+    pub(crate) fn mark(&self, id: &str) {
+        let mut seen = self.0.lock();
+        if seen.len() >= RUNNING_REMEMBERED {
+            seen.retain(|_, at| at.elapsed() < RUNNING_FRESH);
+            if seen.len() >= RUNNING_REMEMBERED {
+                seen.clear();
+            }
+        }
+        seen.insert(id.to_string(), std::time::Instant::now());
+    }
+
+    pub(crate) fn forget(&self, id: &str) {
+        self.0.lock().remove(id);
+    }
+
+    pub(crate) fn fresh(&self, id: &str) -> bool {
+        self.0.lock().get(id).is_some_and(|at| at.elapsed() < RUNNING_FRESH)
+    }
+}
+
 /// The E2B gateway. Cheap to clone.
 #[derive(Clone)]
 pub struct Gateway {
@@ -57,6 +90,8 @@ pub(crate) struct Inner {
     pub(crate) lifetimes: crate::api::Lifetimes,
     /// The sandbox behind `debug_sandbox_id` on the debug layout, made on first use.
     debug_sandbox: tokio::sync::Mutex<Option<String>>,
+    /// Sandboxes seen running moments ago (see [`RecentlyRunning`]).
+    pub(crate) running: RecentlyRunning,
     /// Images whose sandboxes were found to have E2B's `user` already (see `api::ensure_user`).
     pub(crate) images_with_user: parking_lot::Mutex<std::collections::HashSet<String>>,
 }
@@ -83,6 +118,7 @@ impl Gateway {
                 lifetimes: Default::default(),
                 debug_sandbox: tokio::sync::Mutex::new(None),
                 images_with_user: Default::default(),
+                running: Default::default(),
             }),
         })
     }

@@ -44,6 +44,7 @@ impl Node {
     }
 
     pub(crate) async fn create(&self, req: CreateRequest) -> Result<SandboxInfo, NodeError> {
+        let started = std::time::Instant::now();
         let tier = req.tier.map_or(Tier::Fncall, convert::tier_from_wire);
         let max = self.inner.config.max_sandboxes;
         if self.inner.sandboxes.len() >= max {
@@ -143,7 +144,7 @@ impl Node {
             .creates
             .get_or_create(&crate::metrics::TierLabel { tier: tier.as_str() })
             .inc();
-        tracing::debug!(sandbox = %id, tier = %tier, "sandbox created");
+        tracing::debug!(sandbox = %id, tier = %tier, took = ?started.elapsed(), "sandbox created");
         Ok(info(self, &entry))
     }
 
