@@ -1,0 +1,48 @@
+"""Brig for Python: sandboxes for RL rollouts, native over QUIC.
+
+    import asyncio, brig
+
+    async def main():
+        client = await brig.AsyncClient.connect_local()
+        sb = await client.create(image="debian-12", labels={"task": "t1"})
+        result = await sb.exec("python3 -c 'print(6 * 7)'")
+        print(result.exit_code, result.stdout_text)
+        await sb.destroy()
+
+    asyncio.run(main())
+
+`AsyncClient` and `AsyncSandbox` are the Rust SDK (brig-sdk) itself, bridged to asyncio;
+`Client` is a thin synchronous wrapper. Errors are `brig.errors` exceptions."""
+
+from ._native import (
+    AsyncClient,
+    AsyncSandbox,
+    AuditStream,
+    CallResult,
+    ExecResult,
+    ExecStream,
+    Session,
+    __version__,
+)
+from . import _native
+from .errors import *  # noqa: F401,F403
+from .errors import __all__ as _errors
+from .sync import Client
+
+import atexit as _atexit
+
+# No result may reach Python once it finalizes (see src/bridge.rs).
+_atexit.register(_native._shutdown)
+
+__all__ = [
+    "AsyncClient",
+    "AsyncSandbox",
+    "AuditStream",
+    "CallResult",
+    "Client",
+    "ExecResult",
+    "ExecStream",
+    "Session",
+    "__version__",
+    *_errors,
+]

@@ -1,0 +1,398 @@
+//! `AsyncClient`: the connection to brigd (or a control-plane replica) and everything that is
+//! not about one sandbox: one-shot calls, create (one or many), group operations by label,
+//! tools, images and environments, projects and tokens.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use crate::bridge::future_into_py;
+use brig_sdk::{AuditStream, Client, ConnectOptions, Pin, ProjectLimits};
+use futures::StreamExt;
+use pyo3::exceptions::{PyStopAsyncIteration, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tokio::sync::mpsc;
+
+use crate::convert::{as_refs, options, selector, Json};
+use crate::errors::to_py;
+use crate::exec::PyCallResult;
+use crate::sandbox::{call_request, sandboxes, PySandbox};
+
+#[pyclass(module = "brig", name = "AsyncClient", frozen)]
+pub struct PyClient {
+    inner: Client,
+}
+
+fn addr(text: &str) -> PyResult<SocketAddr> {
+    text.parse().map_err(|e| PyValueError::new_err(format!("address {text:?}: {e}")))
+}
+
+#[pymethods]
+impl PyClient {
+    /// Connects to brigd at `addr` (`host:port`), trusting the certificate with SHA-256
+    /// fingerprint `cert_sha256`, with access `token`; `replicas` are other control-plane
+    /// replicas (`[(addr, cert_sha256), …]`) to fail over to.
+    #[staticmethod]
+    #[pyo3(signature = (addr, cert_sha256, token, replicas=None))]
+    fn connect<'py>(
+        py: Python<'py>,
+        addr: &str,
+        cert_sha256: String,
+        token: String,
+        replicas: Option<Vec<(String, String)>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mut opts = ConnectOptions::new(self::addr(addr)?, Pin::Sha256(cert_sha256), token);
+        for (a, pin) in replicas.unwrap_or_default() {
+            opts = opts.replica(self::addr(&a)?, Pin::Sha256(pin));
+        }
+        future_into_py(py, async move {
+            Client::connect(opts).await.map(|inner| PyClient { inner }).map_err(to_py)
+        })
+    }
+
+    /// Connects to the brigd whose state directory is `state_dir` (default `$BRIG_STATE_DIR`,
+    /// else the user's data directory), as the `brig` CLI does.
+    #[staticmethod]
+    #[pyo3(signature = (state_dir=None))]
+    fn connect_local(py: Python<'_>, state_dir: Option<PathBuf>) -> PyResult<Bound<'_, PyAny>> {
+        let opts = match state_dir {
+            Some(dir) => ConnectOptions::from_state_dir(&dir),
+            None => ConnectOptions::local(),
+        }
+        .map_err(to_py)?;
+        future_into_py(py, async move {
+            Client::connect(opts).await.map(|inner| PyClient { inner }).map_err(to_py)
+        })
+    }
+
+    /// The server's version string.
+    fn server_version<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move { Ok(client.server_version().await) })
+    }
+
+    /// Whether the server is a control-plane replica (a cluster).
+    #[getter]
+    fn is_cluster(&self) -> bool {
+        self.inner.is_cluster()
+    }
+
+    /// A one-shot tool call (fncall tier): no sandbox, nothing kept.
+    #[pyo3(signature = (tool, input=String::new()))]
+    fn call<'py>(
+        &self,
+        py: Python<'py>,
+        tool: String,
+        input: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move {
+            client.call(&tool, &input).await.map(|inner| PyCallResult { inner }).map_err(to_py)
+        })
+    }
+
+    /// A one-shot call with limits, argv, env and stdin (see `AsyncSandbox.call_with`).
+    #[pyo3(signature = (tool, input=String::new(), *, args=None, env=None, stdin=None, timeout=None, memory_mib=None, fuel=None, output_bytes=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn call_with<'py>(
+        &self,
+        py: Python<'py>,
+        tool: String,
+        input: String,
+        args: Option<Vec<String>>,
+        env: Option<std::collections::BTreeMap<String, String>>,
+        stdin: Option<Vec<u8>>,
+        timeout: Option<f64>,
+        memory_mib: Option<u32>,
+        fuel: Option<u64>,
+        output_bytes: Option<u32>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let call =
+            call_request(tool, input, args, env, stdin, timeout, memory_mib, fuel, output_bytes)?;
+        let client = self.inner.clone();
+        future_into_py(py, async move {
+            client.call_with(call).await.map(|inner| PyCallResult { inner }).map_err(to_py)
+        })
+    }
+
+    /// Creates a sandbox of `tier` (`fncall`, `container`, `microvm`, `fullvm`). Options as
+    /// keywords: image, memory_mib, cpu_millis, pids, disk_mib, labels (dict), env (dict),
+    /// idle_ttl, pause_when_idle, paused_ttl, max_lifetime (seconds or timedelta), egress
+    /// (list of rules), qos (`latency_sensitive`, `best_effort`), placement (`host_kernel`,
+    /// `vm`), read_only_paths, hidden_paths.
+    #[pyo3(signature = (tier="container", **options))]
+    fn create<'py>(
+        &self,
+        py: Python<'py>,
+        tier: &str,
+        options: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let opts = self::options(tier, options)?;
+        let client = self.inner.clone();
+        future_into_py(py, async move {
+            client.create(opts).await.map(|inner| PySandbox { inner }).map_err(to_py)
+        })
+    }
+
+    /// Creates `n` sandboxes alike, at most `concurrency` at a time. All or nothing: if one
+    /// fails, those made are destroyed and the error is raised.
+    #[pyo3(signature = (n, tier="container", *, concurrency=32, **options))]
+    fn create_many<'py>(
+        &self,
+        py: Python<'py>,
+        n: usize,
+        tier: &str,
+        concurrency: usize,
+        options: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let opts = self::options(tier, options)?;
+        let client = self.inner.clone();
+        future_into_py(py, async move {
+            let results: Vec<_> = futures::stream::iter(0..n)
+                .map(|_| client.create(opts.clone()))
+                .buffer_unordered(concurrency.max(1))
+                .collect()
+                .await;
+            let (made, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
+            let made: Vec<_> = made.into_iter().filter_map(Result::ok).collect();
+            if let Some(Err(e)) = failed.into_iter().next() {
+                futures::future::join_all(made.iter().map(|sb| sb.destroy())).await;
+                return Err(to_py(e));
+            }
+            Ok(sandboxes(made))
+        })
+    }
+
+    /// A handle to an existing sandbox by id (no request: reconnect after a restart).
+    fn sandbox(&self, id: &str) -> PySandbox {
+        PySandbox { inner: self.inner.sandbox(id) }
+    }
+
+    /// Sandboxes whose labels include all of `labels` (all without): records as dicts.
+    #[pyo3(signature = (labels=None))]
+    fn list<'py>(
+        &self,
+        py: Python<'py>,
+        labels: Option<Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let labels = labels.as_ref().map(selector).transpose()?.unwrap_or_default();
+        let client = self.inner.clone();
+        future_into_py(py, async move {
+            let list = client.list(&as_refs(&labels)).await.map_err(to_py)?;
+            list.iter().map(Json::sandbox).collect::<PyResult<Vec<_>>>()
+        })
+    }
+
+    /// Pauses every sandbox matching `labels`; returns their ids.
+    fn pause<'py>(
+        &self,
+        py: Python<'py>,
+        labels: Bound<'py, PyDict>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let labels = selector(&labels)?;
+        let client = self.inner.clone();
+        future_into_py(
+            py,
+            async move { client.pause_matching(&as_refs(&labels)).await.map_err(to_py) },
+        )
+    }
+
+    /// Resumes every sandbox matching `labels`; returns their ids.
+    fn resume<'py>(
+        &self,
+        py: Python<'py>,
+        labels: Bound<'py, PyDict>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let labels = selector(&labels)?;
+        let client = self.inner.clone();
+        future_into_py(
+            py,
+            async move { client.resume_matching(&as_refs(&labels)).await.map_err(to_py) },
+        )
+    }
+
+    /// Destroys every sandbox matching `labels` (at least one label); returns their ids.
+    fn destroy<'py>(
+        &self,
+        py: Python<'py>,
+        labels: Bound<'py, PyDict>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let labels = selector(&labels)?;
+        if labels.is_empty() {
+            return Err(PyValueError::new_err("destroy needs at least one label"));
+        }
+        let client = self.inner.clone();
+        future_into_py(py, async move {
+            client.destroy_matching(&as_refs(&labels)).await.map_err(to_py)
+        })
+    }
+
+    /// Registers a tool component (bytes of a `.wasm` component) as `name`.
+    fn add_tool<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        component: Vec<u8>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move {
+            Json::of(&client.add_tool(&name, component).await.map_err(to_py)?)
+        })
+    }
+
+    fn tools<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move { Json::of(&client.tools().await.map_err(to_py)?) })
+    }
+
+    fn remove_tool<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move {
+            client.remove_tool(&name).await.map_err(to_py)?;
+            Ok(None::<()>)
+        })
+    }
+
+    /// Layers in the image store.
+    fn images<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move { Json::of(&client.images().await.map_err(to_py)?) })
+    }
+
+    /// Imports a layer from a local directory or tarball as `name` (next version).
+    fn import_image<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        path: PathBuf,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let source = if path.is_dir() {
+            brig_sdk::ImageSource::Dir(path)
+        } else {
+            brig_sdk::ImageSource::Tar(path)
+        };
+        let client = self.inner.clone();
+        future_into_py(py, async move {
+            Json::of(&client.import_image(&name, None, source).await.map_err(to_py)?)
+        })
+    }
+
+    /// Names an environment: layers, bottom first.
+    fn create_env<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        layers: Vec<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move {
+            let refs: Vec<&str> = layers.iter().map(String::as_str).collect();
+            client.create_env(&name, &refs).await.map_err(to_py)?;
+            Ok(None::<()>)
+        })
+    }
+
+    fn envs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move { Json::of(&client.envs().await.map_err(to_py)?) })
+    }
+
+    /// The node's status (tiers, capacity, use).
+    fn node_status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move { Json::of(&client.node_status().await.map_err(to_py)?) })
+    }
+
+    /// The cluster's nodes (a control-plane replica).
+    fn cluster_status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move { Json::of(&client.cluster_status().await.map_err(to_py)?) })
+    }
+
+    /// Creates or changes a project (admin): live sandboxes and creates per second at most.
+    #[pyo3(signature = (name, *, max_live=None, max_creates_per_sec=None))]
+    fn set_project<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        max_live: Option<u64>,
+        max_creates_per_sec: Option<u32>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move {
+            client
+                .set_project(&name, ProjectLimits { max_live, max_creates_per_sec })
+                .await
+                .map_err(to_py)?;
+            Ok(None::<()>)
+        })
+    }
+
+    fn projects<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move { Json::of(&client.projects().await.map_err(to_py)?) })
+    }
+
+    /// A new access token for `project` (admin).
+    fn create_token<'py>(&self, py: Python<'py>, project: String) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move { client.create_token(&project).await.map_err(to_py) })
+    }
+
+    fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move {
+            client.close().await;
+            Ok(None::<()>)
+        })
+    }
+}
+
+/// Audit events as an async iterator of dicts (pumped by a task, like `ExecStream`).
+#[pyclass(module = "brig", name = "AuditStream", frozen)]
+pub struct PyAuditStream {
+    events: std::sync::Arc<tokio::sync::Mutex<mpsc::Receiver<Result<Json, brig_sdk::Error>>>>,
+}
+
+impl PyAuditStream {
+    pub(crate) fn start(mut stream: AuditStream) -> PyAuditStream {
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(async move {
+            loop {
+                let batch = match stream.next_batch().await {
+                    Ok(Some(batch)) => batch,
+                    Ok(None) => break,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        break;
+                    }
+                };
+                for event in batch {
+                    let Ok(value) = serde_json::to_value(&event) else { continue };
+                    if tx.send(Ok(Json(value))).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        PyAuditStream { events: std::sync::Arc::new(tokio::sync::Mutex::new(rx)) }
+    }
+}
+
+#[pymethods]
+impl PyAuditStream {
+    fn __aiter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __anext__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let events = self.events.clone();
+        future_into_py(py, async move {
+            match events.lock().await.recv().await {
+                Some(Ok(event)) => Ok(event),
+                Some(Err(e)) => Err(to_py(e)),
+                None => Err(PyStopAsyncIteration::new_err(())),
+            }
+        })
+    }
+}

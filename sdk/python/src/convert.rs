@@ -1,0 +1,188 @@
+//! Python values in and out: Brig records as plain dicts (from their serde form), durations
+//! as seconds or `timedelta`, create options from keyword arguments.
+
+use std::time::Duration;
+
+use brig_sdk::{Placement, QosClass, SandboxInfo, SandboxOptions, Tier};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyList, PyNone, PyString};
+
+/// A serde value that becomes the matching Python object (dict, list, str, int, float, bool,
+/// None) when handed to Python.
+pub(crate) struct Json(pub serde_json::Value);
+
+impl Json {
+    pub(crate) fn of<T: serde::Serialize>(value: &T) -> PyResult<Json> {
+        serde_json::to_value(value)
+            .map(Json)
+            .map_err(|e| PyValueError::new_err(format!("record conversion: {e}")))
+    }
+
+    /// A sandbox's record, with its labels as a dict.
+    pub(crate) fn sandbox(info: &SandboxInfo) -> PyResult<Json> {
+        let mut value = serde_json::to_value(info)
+            .map_err(|e| PyValueError::new_err(format!("record conversion: {e}")))?;
+        let labels: serde_json::Map<String, serde_json::Value> = info
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        value["labels"] = serde_json::Value::Object(labels);
+        Ok(Json(value))
+    }
+}
+
+fn to_py<'py>(py: Python<'py>, value: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
+    use serde_json::Value;
+    Ok(match value {
+        Value::Null => PyNone::get(py).to_owned().into_any(),
+        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => i.into_pyobject(py)?.into_any(),
+            (None, Some(u)) => u.into_pyobject(py)?.into_any(),
+            _ => n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any(),
+        },
+        Value::String(s) => PyString::new(py, s).into_any(),
+        Value::Array(items) => {
+            let items = items.iter().map(|v| to_py(py, v)).collect::<PyResult<Vec<_>>>()?;
+            PyList::new(py, items)?.into_any()
+        }
+        Value::Object(map) => {
+            let dict = PyDict::new(py);
+            for (k, v) in map {
+                dict.set_item(k, to_py(py, v)?)?;
+            }
+            dict.into_any()
+        }
+    })
+}
+
+impl<'py> IntoPyObject<'py> for Json {
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        to_py(py, &self.0)
+    }
+}
+
+/// Seconds (int or float) or a `datetime.timedelta`.
+pub(crate) fn duration(value: &Bound<'_, PyAny>) -> PyResult<Duration> {
+    if let Ok(seconds) = value.extract::<f64>() {
+        return Duration::try_from_secs_f64(seconds)
+            .map_err(|e| PyValueError::new_err(format!("{seconds} s is not a duration: {e}")));
+    }
+    value.extract::<Duration>()
+}
+
+pub(crate) fn tier(name: &str) -> PyResult<Tier> {
+    Ok(match name {
+        "fncall" => Tier::Fncall,
+        "container" => Tier::Container,
+        "microvm" => Tier::Microvm,
+        "fullvm" => Tier::Fullvm,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "no tier {other:?} (fncall, container, microvm, fullvm)"
+            )))
+        }
+    })
+}
+
+/// `SandboxOptions` from `create`'s keyword arguments; an unknown keyword is a `TypeError`.
+pub(crate) fn options(
+    tier_name: &str,
+    kwargs: Option<&Bound<'_, PyDict>>,
+) -> PyResult<SandboxOptions> {
+    let mut options = SandboxOptions::tier(tier(tier_name)?);
+    let Some(kwargs) = kwargs else { return Ok(options) };
+    for (key, value) in kwargs.iter() {
+        let key: String = key.extract()?;
+        if value.is_none() {
+            continue;
+        }
+        options = match key.as_str() {
+            "image" => options.image(&value.extract::<String>()?),
+            "memory_mib" => options.memory_mib(value.extract()?),
+            "cpu_millis" => options.cpu_millis(value.extract()?),
+            "pids" => options.pids(value.extract()?),
+            "disk_mib" => options.disk_mib(value.extract()?),
+            "labels" => {
+                for (k, v) in value.extract::<Vec<(String, String)>>().or_else(|_| {
+                    value
+                        .cast::<PyDict>()?
+                        .iter()
+                        .map(|(k, v)| Ok((k.extract()?, v.extract()?)))
+                        .collect::<PyResult<Vec<_>>>()
+                })? {
+                    options = options.label(&k, &v);
+                }
+                options
+            }
+            "env" => {
+                for (k, v) in value.extract::<std::collections::BTreeMap<String, String>>()? {
+                    options = options.env(&k, &v);
+                }
+                options
+            }
+            "idle_ttl" => options.idle_ttl(duration(&value)?),
+            "pause_when_idle" => {
+                if value.extract::<bool>()? {
+                    options.pause_when_idle()
+                } else {
+                    options
+                }
+            }
+            "paused_ttl" => options.paused_ttl(duration(&value)?),
+            "max_lifetime" => options.max_lifetime(duration(&value)?),
+            "egress" => options.egress(value.extract::<Vec<String>>()?),
+            "qos" => options.qos(match value.extract::<String>()?.as_str() {
+                "latency_sensitive" => QosClass::LatencySensitive,
+                "best_effort" => QosClass::BestEffort,
+                other => {
+                    return Err(PyValueError::new_err(format!(
+                        "no qos {other:?} (latency_sensitive, best_effort)"
+                    )))
+                }
+            }),
+            "placement" => options.placement(match value.extract::<String>()?.as_str() {
+                "host_kernel" => Placement::HostKernel,
+                "vm" => Placement::Vm,
+                other => {
+                    return Err(PyValueError::new_err(format!(
+                        "no placement {other:?} (host_kernel, vm)"
+                    )))
+                }
+            }),
+            "read_only_paths" => {
+                for path in value.extract::<Vec<String>>()? {
+                    options = options.read_only_path(&path);
+                }
+                options
+            }
+            "hidden_paths" => {
+                for path in value.extract::<Vec<String>>()? {
+                    options = options.hidden_path(&path);
+                }
+                options
+            }
+            other => {
+                return Err(PyTypeError::new_err(format!(
+                    "create() got an unexpected keyword {other:?}"
+                )))
+            }
+        };
+    }
+    Ok(options)
+}
+
+/// A label selector from a dict.
+pub(crate) fn selector(labels: &Bound<'_, PyDict>) -> PyResult<Vec<(String, String)>> {
+    labels.iter().map(|(k, v)| Ok((k.extract()?, v.extract()?))).collect()
+}
+
+pub(crate) fn as_refs(pairs: &[(String, String)]) -> Vec<(&str, &str)> {
+    pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}

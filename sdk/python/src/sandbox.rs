@@ -1,0 +1,433 @@
+//! `AsyncSandbox`: commands, files, lifecycle and security of one sandbox. Every method that
+//! talks to brigd returns an awaitable.
+
+use std::time::Duration;
+
+use crate::bridge::future_into_py;
+use brig_sdk::{CallLimits, CallRequest, Cmd, Sandbox};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+
+use crate::convert::{duration, selector, Json};
+use crate::errors::to_py;
+use crate::exec::{PyCallResult, PyExecResult, PyExecStream, PySession};
+
+#[pyclass(module = "brig", name = "AsyncSandbox", frozen)]
+pub struct PySandbox {
+    pub(crate) inner: Sandbox,
+}
+
+/// `exec`'s command: a string runs through `sh -c`, a list is the argv.
+fn command(cmd: &Bound<'_, PyAny>) -> PyResult<Cmd> {
+    if let Ok(script) = cmd.cast::<PyString>() {
+        return Ok(Cmd::shell(script.to_str()?));
+    }
+    let argv: Vec<String> = cmd.extract()?;
+    if argv.is_empty() {
+        return Err(pyo3::exceptions::PyValueError::new_err("an empty command"));
+    }
+    Ok(Cmd::new(argv))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build(
+    cmd: &Bound<'_, PyAny>,
+    stdin: Option<&Bound<'_, PyAny>>,
+    env: Option<std::collections::BTreeMap<String, String>>,
+    cwd: Option<String>,
+    user: Option<String>,
+    timeout: Option<&Bound<'_, PyAny>>,
+    output_limit: Option<u64>,
+) -> PyResult<Cmd> {
+    let mut c = command(cmd)?;
+    for (k, v) in env.unwrap_or_default() {
+        c = c.env(&k, &v);
+    }
+    if let Some(dir) = cwd {
+        c = c.cwd(&dir);
+    }
+    if let Some(user) = user {
+        c = c.user(&user);
+    }
+    if let Some(t) = timeout {
+        c = c.timeout(duration(t)?);
+    }
+    if let Some(limit) = output_limit {
+        c = c.output_limit(limit);
+    }
+    match stdin {
+        None => {}
+        Some(s) if s.is_instance_of::<pyo3::types::PyBool>() => {
+            c = if s.extract::<bool>()? { c.stdin_stream() } else { c };
+        }
+        Some(s) => c = c.stdin(s.extract::<Vec<u8>>()?),
+    }
+    Ok(c)
+}
+
+#[pymethods]
+impl PySandbox {
+    #[getter]
+    fn id(&self) -> String {
+        self.inner.id().to_string()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("AsyncSandbox({:?})", self.inner.id())
+    }
+
+    /// Runs a command to its end: `cmd` is a shell string (`sh -c`) or an argv list; `stdin`
+    /// bytes are fed to it. Returns an `ExecResult`; a non-zero exit is not an exception.
+    #[pyo3(signature = (cmd, *, stdin=None, env=None, cwd=None, user=None, timeout=None, output_limit=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn exec<'py>(
+        &self,
+        py: Python<'py>,
+        cmd: &Bound<'py, PyAny>,
+        stdin: Option<&Bound<'py, PyAny>>,
+        env: Option<std::collections::BTreeMap<String, String>>,
+        cwd: Option<String>,
+        user: Option<String>,
+        timeout: Option<&Bound<'py, PyAny>>,
+        output_limit: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let c = build(cmd, stdin, env, cwd, user, timeout, output_limit)?;
+        let sb = self.inner.clone();
+        future_into_py(py, async move {
+            sb.exec_with(c).await.map(|out| PyExecResult { out }).map_err(to_py)
+        })
+    }
+
+    /// Starts a command and streams it: `stdin=True` keeps its stdin open for
+    /// `ExecStream.write_stdin`. Returns an `ExecStream`.
+    #[pyo3(signature = (cmd, *, stdin=None, env=None, cwd=None, user=None, timeout=None, output_limit=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn exec_stream<'py>(
+        &self,
+        py: Python<'py>,
+        cmd: &Bound<'py, PyAny>,
+        stdin: Option<&Bound<'py, PyAny>>,
+        env: Option<std::collections::BTreeMap<String, String>>,
+        cwd: Option<String>,
+        user: Option<String>,
+        timeout: Option<&Bound<'py, PyAny>>,
+        output_limit: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let c = build(cmd, stdin, env, cwd, user, timeout, output_limit)?;
+        let sb = self.inner.clone();
+        future_into_py(py, async move {
+            sb.exec_stream(c).await.map(PyExecStream::start).map_err(to_py)
+        })
+    }
+
+    /// Streams a command started earlier again: its kept output from the start, then the rest.
+    fn attach<'py>(&self, py: Python<'py>, exec_id: u64) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move {
+            sb.attach(exec_id).await.map(PyExecStream::start).map_err(to_py)
+        })
+    }
+
+    /// Kills a command and everything it started.
+    fn kill<'py>(&self, py: Python<'py>, exec_id: u64) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move {
+            sb.kill(exec_id).await.map_err(to_py)?;
+            Ok(None::<()>)
+        })
+    }
+
+    /// Commands the sandbox ran or runs: dicts with `exec_id`, `argv`, `result`.
+    fn execs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move { Json::of(&sb.execs().await.map_err(to_py)?) })
+    }
+
+    /// A new persistent shell (`Session`).
+    fn open_session<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move {
+            sb.open_session().await.map(|inner| PySession { inner }).map_err(to_py)
+        })
+    }
+
+    /// An existing session by id (no request).
+    fn session(&self, id: &str) -> PySession {
+        PySession { inner: self.inner.session(id) }
+    }
+
+    /// Calls a tool with this sandbox's workspace (fncall tier).
+    #[pyo3(signature = (tool, input=String::new()))]
+    fn call<'py>(
+        &self,
+        py: Python<'py>,
+        tool: String,
+        input: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move {
+            sb.call_with(CallRequest::new(tool, input))
+                .await
+                .map(|inner| PyCallResult { inner })
+                .map_err(to_py)
+        })
+    }
+
+    fn read_file<'py>(&self, py: Python<'py>, path: String) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move { sb.read_file(&path).await.map_err(to_py) })
+    }
+
+    /// Writes `data` (bytes or str) to `path`; returns the bytes written.
+    fn write_file<'py>(
+        &self,
+        py: Python<'py>,
+        path: String,
+        data: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let bytes: Vec<u8> = match data.cast::<PyString>() {
+            Ok(s) => s.to_str()?.as_bytes().to_vec(),
+            Err(_) => data.extract()?,
+        };
+        let sb = self.inner.clone();
+        future_into_py(py, async move { sb.write_file(&path, &bytes).await.map_err(to_py) })
+    }
+
+    /// Streams a local file into the sandbox.
+    fn upload_file<'py>(
+        &self,
+        py: Python<'py>,
+        remote: String,
+        local: std::path::PathBuf,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move { sb.upload_file(&remote, &local).await.map_err(to_py) })
+    }
+
+    /// Streams a sandbox file to a local one.
+    fn download_file<'py>(
+        &self,
+        py: Python<'py>,
+        remote: String,
+        local: std::path::PathBuf,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move { sb.download_file(&remote, &local).await.map_err(to_py) })
+    }
+
+    fn list_dir<'py>(&self, py: Python<'py>, path: String) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move { Json::of(&sb.list_dir(&path).await.map_err(to_py)?) })
+    }
+
+    fn stat<'py>(&self, py: Python<'py>, path: String) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move { Json::of(&sb.stat(&path).await.map_err(to_py)?) })
+    }
+
+    #[pyo3(signature = (path, parents=true))]
+    fn mkdir<'py>(
+        &self,
+        py: Python<'py>,
+        path: String,
+        parents: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move {
+            sb.mkdir(&path, parents).await.map_err(to_py)?;
+            Ok(None::<()>)
+        })
+    }
+
+    #[pyo3(signature = (path, recursive=false))]
+    fn remove<'py>(
+        &self,
+        py: Python<'py>,
+        path: String,
+        recursive: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move {
+            sb.remove(&path, recursive).await.map_err(to_py)?;
+            Ok(None::<()>)
+        })
+    }
+
+    /// The sandbox's record (state, labels, usage, egress, …) as a dict.
+    fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move { Json::sandbox(&sb.status().await.map_err(to_py)?) })
+    }
+
+    fn destroy<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move {
+            sb.destroy().await.map_err(to_py)?;
+            Ok(None::<()>)
+        })
+    }
+
+    /// Pauses it; any later request resumes it.
+    fn pause<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move {
+            sb.pause().await.map_err(to_py)?;
+            Ok(None::<()>)
+        })
+    }
+
+    fn resume<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move {
+            sb.resume().await.map_err(to_py)?;
+            Ok(None::<()>)
+        })
+    }
+
+    /// `count` children from this sandbox's files now (extra `labels` on them).
+    #[pyo3(signature = (count, labels=None))]
+    fn fork<'py>(
+        &self,
+        py: Python<'py>,
+        count: u32,
+        labels: Option<Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let labels = labels.as_ref().map(selector).transpose()?.unwrap_or_default();
+        let sb = self.inner.clone();
+        future_into_py(py, async move {
+            let kids =
+                sb.fork_labeled(count, &crate::convert::as_refs(&labels)).await.map_err(to_py)?;
+            Ok(kids.into_iter().map(|inner| PySandbox { inner }).collect::<Vec<_>>())
+        })
+    }
+
+    /// One child for grading: the files now, no processes, hidden paths shown read-only.
+    fn fork_for_evaluation<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move {
+            sb.fork_for_evaluation().await.map(|inner| PySandbox { inner }).map_err(to_py)
+        })
+    }
+
+    /// Replaces the egress rules (service names or `addr[/prefix][:port]`).
+    fn set_egress<'py>(&self, py: Python<'py>, rules: Vec<String>) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(
+            py,
+            async move { Json::sandbox(&sb.set_egress(rules).await.map_err(to_py)?) },
+        )
+    }
+
+    /// New lifetimes (seconds or timedelta); unnamed ones stay as they are.
+    #[pyo3(signature = (*, idle_ttl=None, pause_when_idle=None, paused_ttl=None, max_lifetime=None))]
+    fn set_lifetimes<'py>(
+        &self,
+        py: Python<'py>,
+        idle_ttl: Option<&Bound<'py, PyAny>>,
+        pause_when_idle: Option<bool>,
+        paused_ttl: Option<&Bound<'py, PyAny>>,
+        max_lifetime: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mut l = brig_sdk::Lifetimes::new();
+        if let Some(t) = idle_ttl {
+            l = l.idle_ttl(duration(t)?);
+        }
+        if let Some(p) = pause_when_idle {
+            l = l.idle_action(if p {
+                brig_sdk::IdleAction::Pause
+            } else {
+                brig_sdk::IdleAction::Destroy
+            });
+        }
+        if let Some(t) = paused_ttl {
+            l = l.paused_ttl(Some(duration(t)?));
+        }
+        if let Some(t) = max_lifetime {
+            l = l.max_lifetime(Some(duration(t)?));
+        }
+        let sb = self.inner.clone();
+        future_into_py(py, async move { Json::sandbox(&sb.set_lifetimes(l).await.map_err(to_py)?) })
+    }
+
+    /// Its audit trail after event `after_seq`: a list of dicts.
+    #[pyo3(signature = (after_seq=0))]
+    fn audit<'py>(&self, py: Python<'py>, after_seq: u64) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move { Json::of(&sb.audit(after_seq).await.map_err(to_py)?) })
+    }
+
+    /// The audit trail as an async iterator of event dicts; with `follow`, new events as they
+    /// happen until the sandbox ends.
+    #[pyo3(signature = (after_seq=0, follow=true))]
+    fn audit_stream<'py>(
+        &self,
+        py: Python<'py>,
+        after_seq: u64,
+        follow: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move {
+            let stream = sb.audit_stream(after_seq, follow).await.map_err(to_py)?;
+            Ok(crate::client::PyAuditStream::start(stream))
+        })
+    }
+
+    /// Calls with limits (`timeout` seconds, `memory_mib`, `fuel`, `output_bytes`), argv and
+    /// stdin for `wasi:cli/run` commands.
+    #[pyo3(signature = (tool, input=String::new(), *, args=None, env=None, stdin=None, timeout=None, memory_mib=None, fuel=None, output_bytes=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn call_with<'py>(
+        &self,
+        py: Python<'py>,
+        tool: String,
+        input: String,
+        args: Option<Vec<String>>,
+        env: Option<std::collections::BTreeMap<String, String>>,
+        stdin: Option<Vec<u8>>,
+        timeout: Option<f64>,
+        memory_mib: Option<u32>,
+        fuel: Option<u64>,
+        output_bytes: Option<u32>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let call =
+            call_request(tool, input, args, env, stdin, timeout, memory_mib, fuel, output_bytes)?;
+        let sb = self.inner.clone();
+        future_into_py(py, async move {
+            sb.call_with(call).await.map(|inner| PyCallResult { inner }).map_err(to_py)
+        })
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn call_request(
+    tool: String,
+    input: String,
+    args: Option<Vec<String>>,
+    env: Option<std::collections::BTreeMap<String, String>>,
+    stdin: Option<Vec<u8>>,
+    timeout: Option<f64>,
+    memory_mib: Option<u32>,
+    fuel: Option<u64>,
+    output_bytes: Option<u32>,
+) -> PyResult<CallRequest> {
+    let timeout_ms = timeout
+        .map(|s| {
+            Duration::try_from_secs_f64(s)
+                .map(|d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX))
+                .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("timeout {s}: {e}")))
+        })
+        .transpose()?;
+    Ok(CallRequest {
+        tool,
+        input,
+        args: args.unwrap_or_default(),
+        env: env.unwrap_or_default().into_iter().collect(),
+        stdin: stdin.unwrap_or_default(),
+        limits: CallLimits { timeout_ms, memory_mib, output_bytes, fuel },
+    })
+}
+
+/// Builds a list of sandboxes for Python.
+pub(crate) fn sandboxes(list: Vec<Sandbox>) -> Vec<PySandbox> {
+    list.into_iter().map(|inner| PySandbox { inner }).collect()
+}
