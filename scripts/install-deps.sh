@@ -46,15 +46,17 @@ if ! command -v moto_server >/dev/null 2>&1; then
 fi
 
 # E2B's SDKs, the clients our E2B-compatible API is tested with: the pinned Python SDK and
-# pytest in a venv (artifacts/venv), the pinned JS SDK (artifacts/node, from its lock file).
+# pytest in a venv (artifacts/venv) with E2B's SDK and what builds and checks ours (maturin,
+# mypy); the pinned JS SDK (artifacts/node, from its lock file).
 venv="$root/artifacts/venv"
-requirements="$root/tests/e2b/requirements.txt"
+requirements="$root/artifacts/requirements.txt"
+cat "$root/tests/e2b/requirements.txt" "$root/sdk/python/requirements-dev.txt" > "$requirements"
 if [[ ! -x $venv/bin/python ]]; then
     log "python3 -m venv $venv"
     python3 -m venv "$venv"
 fi
 if ! cmp -s "$requirements" "$venv/.requirements"; then
-    log "pip install -r tests/e2b/requirements.txt"
+    log "pip install -r tests/e2b/requirements.txt -r sdk/python/requirements-dev.txt"
     "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
     cp "$requirements" "$venv/.requirements"
 fi

@@ -15,6 +15,9 @@ echo "[test] cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "[test] building binaries"
 cargo build --workspace --bins --quiet
+echo "[test] building the Python SDK into artifacts/venv (maturin develop)"
+VIRTUAL_ENV="$root/artifacts/venv" "$root/artifacts/venv/bin/maturin" develop --quiet \
+    -m "$root/sdk/python/Cargo.toml"
 echo "[test] running tests"
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --no-fail-fast --failure-output final "$@"

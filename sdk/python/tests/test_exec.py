@@ -1,0 +1,97 @@
+"""Commands: results, stdin, streams, re-attach, kill, cancellation, sessions."""
+
+import asyncio
+
+import pytest
+
+import brig
+
+
+async def test_exec_returns_output_and_exit_code(box):
+    r = await box.exec("echo out; echo err >&2; exit 3")
+    assert (r.exit_code, r.stdout, r.stderr, r.ok) == (3, b"out\n", b"err\n", False)
+    r = await box.exec(["sh", "-c", 'echo "$GREETING from $(pwd)"'], env={"GREETING": "hi"}, cwd="/tmp")
+    assert r.stdout_text == "hi from /tmp\n"
+    assert (await box.exec(["cat"], stdin=b"fed\x00bytes")).stdout == b"fed\x00bytes"
+    assert (await box.exec("id -u", user="1000")).stdout_text == "1000\n"
+
+
+async def test_timeouts_and_output_caps_are_reported(box):
+    r = await box.exec("sleep 30", timeout=0.5)
+    assert r.timed_out and r.exit_code is None and r.signal == 9
+    r = await box.exec("yes | head -c 100000", output_limit=1000)
+    assert r.truncated and len(r.stdout) == 1000
+
+
+async def test_streams_take_stdin_and_reattach(box):
+    s = await box.exec_stream(["sh", "-c", "while read l; do echo got-$l; done; echo done"], stdin=True)
+    await s.write_stdin(b"a\nb\n")
+    await s.close_stdin()
+    chunks = [(stream, data) async for stream, data in s]
+    assert b"".join(d for st, d in chunks if st == "stdout") == b"got-a\ngot-b\ndone\n"
+    again = await box.attach(s.exec_id)
+    r = await again.wait()
+    assert r.exit_code == 0 and r.stdout == b"got-a\ngot-b\ndone\n"
+    assert any(e["exec_id"] == s.exec_id for e in await box.execs())
+
+
+async def test_a_cancelled_task_leaves_the_command_reattachable(box):
+    s = await box.exec_stream("for i in 1 2 3 4 5 6; do echo tick-$i; sleep 0.3; done")
+
+    async def read_all():
+        return [d async for _, d in s]
+
+    task = asyncio.create_task(read_all())
+    await asyncio.sleep(0.5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    r = await (await box.attach(s.exec_id)).wait()
+    assert r.exit_code == 0 and r.stdout.count(b"tick-") == 6, r.stdout
+
+    # A plain exec cancelled midway: the command runs on and can be found and killed.
+    # Methods return asyncio futures: ensure_future (not create_task) schedules one.
+    slow = asyncio.ensure_future(box.exec("sleep 60"))
+    await asyncio.sleep(0.5)
+    slow.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await slow
+    running = [e for e in await box.execs() if e["argv"][-1] == "sleep 60" and e["result"] is None]
+    assert running, await box.execs()
+    await box.kill(running[0]["exec_id"])
+    r = await (await box.attach(running[0]["exec_id"])).wait()
+    assert r.killed
+    # The client still works after all that.
+    assert (await box.exec("echo ok")).stdout == b"ok\n"
+
+
+async def test_kill_ends_a_command_tree(box):
+    s = await box.exec_stream("sleep 300 & sleep 300; echo never")
+    await box.kill(s.exec_id)
+    r = await s.wait()
+    assert r.killed and b"never" not in r.stdout
+
+
+async def test_sessions_keep_state_and_can_be_interrupted(box):
+    session = await box.open_session()
+    await session.run("cd /tmp && export X=42")
+    out = await session.run("echo $X $(pwd)")
+    assert out["stdout"] == "42 /tmp\n" and out["exit_code"] == 0 and out["cwd"] == "/tmp"
+    out = await session.run("sleep 30", timeout=0.5)
+    assert out["exit_code"] is None
+    await session.interrupt()
+    out = await session.wait(timeout=10)
+    assert out["exit_code"] is not None
+    assert (await session.run("echo still-here"))["stdout"] == "still-here\n"
+    assert box.session(session.id).id == session.id
+    await session.close()
+
+
+async def test_one_thousand_concurrent_commands_from_one_loop(client):
+    sandboxes = await client.create_many(8, image="busybox", labels={"suite": "python-sdk", "batch": "thousand"}, concurrency=4)
+    try:
+        results = await asyncio.gather(*[sandboxes[i % 8].exec(["echo", str(i)]) for i in range(1000)])
+        assert [r.stdout_text for r in results] == [f"{i}\n" for i in range(1000)]
+    finally:
+        destroyed = await client.destroy({"batch": "thousand"})
+        assert sorted(destroyed) == sorted(sb.id for sb in sandboxes)
