@@ -35,3 +35,30 @@ fn the_python_sdk_drives_every_call_against_brigd() {
         .expect("running pytest");
     assert!(out.status.success(), "the Python SDK suite failed:\n{}", report(&out));
 }
+
+/// The examples run against brigd (smaller batches), and `mypy --strict` passes on them with
+/// the package's type stubs.
+#[test]
+fn the_python_examples_run_and_type_check() {
+    let _ = (image("busybox"), image("debian-12"));
+    let python = python();
+    let examples = repo_root().join("sdk/python/examples");
+    let mypy = Command::new(&python)
+        .args(["-m", "mypy", "--strict", "--no-incremental"])
+        .arg(&examples)
+        .output()
+        .expect("running mypy");
+    assert!(mypy.status.success(), "mypy --strict on the examples:\n{}", report(&mypy));
+    let daemon = Daemon::start_with(&[]).expect("brigd");
+    for (script, args) in
+        [("verl_tool.py", vec![]), ("slime_rollouts.py", vec!["16"]), ("grpo_group.py", vec!["4"])]
+    {
+        let out = Command::new(&python)
+            .arg(examples.join(script))
+            .args(args)
+            .env("BRIG_STATE_DIR", daemon.state_dir())
+            .output()
+            .expect("running an example");
+        assert!(out.status.success(), "{script}:\n{}", report(&out));
+    }
+}
