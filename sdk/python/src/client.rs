@@ -357,7 +357,7 @@ pub struct PyAuditStream {
 impl PyAuditStream {
     pub(crate) fn start(mut stream: AuditStream) -> PyAuditStream {
         let (tx, rx) = mpsc::channel(256);
-        tokio::spawn(async move {
+        crate::bridge::runtime().spawn(async move {
             loop {
                 let batch = match stream.next_batch().await {
                     Ok(Some(batch)) => batch,

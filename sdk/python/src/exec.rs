@@ -114,7 +114,7 @@ impl PyExecStream {
         let exec_id = stream.exec_id();
         let stdin = stream.take_stdin();
         let (tx, rx) = mpsc::channel(CHUNK_QUEUE);
-        tokio::spawn(async move {
+        crate::bridge::runtime().spawn(async move {
             while let Some(event) = stream.next().await {
                 let chunk = match event {
                     Ok(ExecEvent::Stdout(b)) => Chunk::Out("stdout", b),

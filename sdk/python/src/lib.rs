@@ -1,9 +1,9 @@
 //! `brig._native`: the Brig Rust SDK (brig-sdk) for Python, on one tokio runtime per process
-//! bridged to asyncio (pyo3-async-runtimes). The Python package `brig` re-exports these
+//! bridged to asyncio (`bridge`). The Python package `brig` re-exports these
 //! classes and adds the exception classes (`brig.errors`) and a synchronous `Client`.
 //!
 //! ```text
-//! Python (asyncio)  ── await ──▶  future_into_py ──▶ tokio task ──▶ brig-sdk ──QUIC──▶ brigd
+//! Python (asyncio)  ── await ──▶  bridge::future_into_py ──▶ tokio task ──▶ brig-sdk ──QUIC──▶ brigd
 //! ```
 //! Every method that talks to brigd returns an awaitable; its work runs on the tokio runtime
 //! without the GIL. Streams (command output, audit events) are pumped by tokio tasks into
@@ -20,9 +20,6 @@ use pyo3::prelude::*;
 
 #[pymodule(name = "_native")]
 fn brig_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.enable_all().thread_name("brig-sdk");
-    pyo3_async_runtimes::tokio::init(builder);
     m.add_class::<client::PyClient>()?;
     m.add_class::<client::PyAuditStream>()?;
     m.add_class::<sandbox::PySandbox>()?;
