@@ -3,8 +3,11 @@
 //! BRIG_STATE_DIR pointing at the daemon, and mypy --strict over the examples.
 
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
+use brig_sdk::Pin;
+use brig_tests::cluster::{node_of, Cluster};
 use brig_tests::{artifacts, image, repo_root, Daemon};
 
 fn python() -> PathBuf {
@@ -61,4 +64,46 @@ fn the_python_examples_run_and_type_check() {
             .expect("running an example");
         assert!(out.status.success(), "{script}:\n{}", report(&out));
     }
+}
+
+/// Through a control-plane replica: a project's quota refuses with `QuotaExceeded`, and a
+/// sandbox on a node that dies fails with `SandboxLost` (the script names the sandbox; this
+/// test kills its node).
+#[test]
+fn the_python_sdk_gets_quota_and_lost_node_errors_from_a_cluster() {
+    let mut cluster = Cluster::start(1, 2, &[]).expect("cluster");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(cluster.wait_healthy(2)).expect("two healthy nodes");
+    let opts = cluster.controls[0].connect_options().expect("control endpoint");
+    let Pin::Sha256(cert) = opts.pin else { panic!("control pin is not a fingerprint") };
+    let signals = tempfile::tempdir().expect("tmp");
+    let mut child = Command::new(python())
+        .arg(repo_root().join("sdk/python/tests/cluster_flow.py"))
+        .env("BRIG_ADDR", opts.addr.to_string())
+        .env("BRIG_CERT", cert)
+        .env("BRIG_ADMIN_TOKEN", opts.token)
+        .env("BRIG_SIGNAL_DIR", signals.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running the script");
+    let started = Instant::now();
+    let lost = loop {
+        if let Ok(id) = std::fs::read_to_string(signals.path().join("lost-id")) {
+            break id;
+        }
+        if let Ok(Some(_)) = child.try_wait() {
+            break String::new();
+        }
+        assert!(started.elapsed() < Duration::from_secs(120), "the script named no sandbox");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    if !lost.is_empty() {
+        let node = node_of(&lost) as usize;
+        cluster.nodes[node - 1].crash().expect("kill the node");
+        std::fs::write(signals.path().join("killed"), "").expect("signal");
+    }
+    let out = child.wait_with_output().expect("script output");
+    assert!(out.status.success(), "cluster flow:\n{}", report(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("cluster flow ok"), "{}", report(&out));
 }
