@@ -14,6 +14,7 @@ mod images;
 mod ksm;
 mod lifecycle;
 mod microvm;
+mod python;
 mod qos;
 mod sim;
 mod stats;
@@ -51,6 +52,8 @@ enum Bench {
     Ksm(ksm::Options),
     /// E2B's Python SDK through the E2B-compatible API against the native SDK, same run.
     E2b(e2b::Options),
+    /// The Python SDK (release module) against the Rust SDK: calls/s and create→exec, same run.
+    Python(python::Options),
     /// Placement for a simulated 160-node unit: decisions/s and load spread, power-of-k vs random.
     Sim(sim::Options),
 }
@@ -70,6 +73,7 @@ fn main() -> anyhow::Result<()> {
         Bench::Fullvm(opts) => fullvm::run(opts)?,
         Bench::Cluster(opts) => cluster::run(opts)?,
         Bench::E2b(opts) => e2b::run(opts)?,
+        Bench::Python(opts) => python::run(opts)?,
     };
     println!("{result}");
     Ok(())

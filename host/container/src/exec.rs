@@ -28,6 +28,9 @@ const READ_BYTES: usize = 64 << 10;
 /// After the process exits, how long to wait for its pipes to close (a background child may
 /// hold them open forever).
 const DRAIN_GRACE: Duration = Duration::from_millis(100);
+/// Reads of what is already buffered when the grace ends (a pipe holds 64 KiB; a background
+/// writer that keeps filling it is not followed further).
+const DRAIN_READS: usize = 16;
 /// Events buffered between the engine and its consumer.
 const EVENT_QUEUE: usize = 64;
 
@@ -200,6 +203,13 @@ impl Output {
             Output::Terminal(t) => t.read(buf).await,
         }
     }
+
+    fn try_read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Output::Pipe(p) => p.try_read(buf),
+            Output::Terminal(t) => t.try_read(buf),
+        }
+    }
 }
 
 /// Reads `pipe` if there is one; never ready otherwise.
@@ -313,7 +323,28 @@ impl Job {
                     status = Some(exit);
                     drain_until = Some(tokio::time::Instant::now() + DRAIN_GRACE);
                 },
-                () = grace => break,
+                () = grace => {
+                    // What the command wrote before it exited is in the pipes now, however
+                    // late this task ran (a loaded node): take it before giving up on the
+                    // writers it left behind.
+                    if out_open {
+                        for _ in 0..DRAIN_READS {
+                            let Ok(n @ 1..) = self.stdout.try_read(&mut out_buf) else { break };
+                            if let Some(b) = budget.admit(&out_buf[..n], true) {
+                                let _ = self.events.send(ExecEvent::Stdout(b)).await;
+                            }
+                        }
+                    }
+                    if let (true, Some(pipe)) = (err_open, self.stderr.as_mut()) {
+                        for _ in 0..DRAIN_READS {
+                            let Ok(n @ 1..) = pipe.try_read(&mut err_buf) else { break };
+                            if let Some(b) = budget.admit(&err_buf[..n], false) {
+                                let _ = self.events.send(ExecEvent::Stderr(b)).await;
+                            }
+                        }
+                    }
+                    break;
+                }
             }
         }
         let status = match status {

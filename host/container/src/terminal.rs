@@ -98,6 +98,15 @@ impl TerminalMaster {
         }
     }
 
+    /// Reads what is buffered now without waiting; `WouldBlock` when nothing is.
+    pub fn try_read(&self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match rustix::io::read(self.fd.get_ref(), buf) {
+            Ok(n) => Ok(n),
+            Err(e) if e.raw_os_error() == libc::EIO => Ok(0),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Writes all of `data` as the command's input.
     pub async fn write_all(&self, mut data: &[u8]) -> std::io::Result<()> {
         while !data.is_empty() {

@@ -13,7 +13,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyRuntimeError;
@@ -39,26 +39,58 @@ pub(crate) fn runtime() -> &'static Runtime {
     &RUNTIME
 }
 
-/// Sets a cancelled-or-not asyncio future's outcome from the loop's own thread.
-#[pyclass(module = "brig")]
-struct Deliver {
-    future: Py<PyAny>,
-    outcome: Mutex<Option<PyResult<Py<PyAny>>>>,
+/// A finished future's outcome, made into a Python object on the loop's thread.
+type Outcome = Box<dyn FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send>;
+
+/// Results waiting for one event loop. Many finish at once under load, so they are handed
+/// over in batches: the first result of a batch schedules one `drain` on the loop
+/// (`call_soon_threadsafe`, which takes the GIL and wakes the loop); the rest only queue.
+struct LoopQueue {
+    event_loop: Py<PyAny>,
+    pending: Mutex<Vec<(Py<PyAny>, Outcome)>>,
+    scheduled: AtomicBool,
 }
 
+/// Event loops by `id()`, each with its queue.
+static QUEUES: LazyLock<Mutex<std::collections::HashMap<usize, Arc<LoopQueue>>>> =
+    LazyLock::new(Mutex::default);
+
+fn queue_for(event_loop: &Bound<'_, PyAny>) -> Arc<LoopQueue> {
+    let key = event_loop.as_ptr() as usize;
+    let mut queues = QUEUES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    queues
+        .entry(key)
+        .or_insert_with(|| {
+            Arc::new(LoopQueue {
+                event_loop: event_loop.clone().unbind(),
+                pending: Mutex::default(),
+                scheduled: AtomicBool::new(false),
+            })
+        })
+        .clone()
+}
+
+/// Runs on the loop: sets every queued future's outcome (unless it was cancelled meanwhile).
+#[pyclass(module = "brig")]
+struct Drain(Arc<LoopQueue>);
+
 #[pymethods]
-impl Deliver {
+impl Drain {
     fn __call__(&self, py: Python<'_>) -> PyResult<()> {
-        let future = self.future.bind(py);
-        if future.call_method0("done")?.extract::<bool>()? {
-            return Ok(());
+        self.0.scheduled.store(false, Ordering::Release);
+        let batch = std::mem::take(
+            &mut *self.0.pending.lock().map_err(|_| PyRuntimeError::new_err("poisoned"))?,
+        );
+        for (future, outcome) in batch {
+            let future = future.bind(py);
+            if future.call_method0("done")?.extract::<bool>()? {
+                continue;
+            }
+            match outcome(py) {
+                Ok(value) => future.call_method1("set_result", (value,))?,
+                Err(e) => future.call_method1("set_exception", (e.into_value(py),))?,
+            };
         }
-        let outcome = self.outcome.lock().map_err(|_| PyRuntimeError::new_err("poisoned"))?.take();
-        match outcome {
-            Some(Ok(value)) => future.call_method1("set_result", (value,))?,
-            Some(Err(e)) => future.call_method1("set_exception", (e.into_value(py),))?,
-            None => return Ok(()),
-        };
         Ok(())
     }
 }
@@ -77,40 +109,50 @@ impl AbortOnCancel {
     }
 }
 
+static GET_RUNNING_LOOP: pyo3::sync::PyOnceLock<Py<PyAny>> = pyo3::sync::PyOnceLock::new();
+
 /// Runs `fut` on the runtime; returns an asyncio future of its result.
 pub(crate) fn future_into_py<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = PyResult<T>> + Send + 'static,
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
-    let event_loop = py.import("asyncio")?.call_method0("get_running_loop")?;
+    let get_loop = GET_RUNNING_LOOP.get_or_try_init(py, || {
+        py.import("asyncio")?.getattr("get_running_loop").map(Bound::unbind)
+    })?;
+    let event_loop = get_loop.call0(py)?.into_bound(py);
     let future = event_loop.call_method0("create_future")?;
-    let (loop_ref, future_ref) = (event_loop.unbind(), future.clone().unbind());
+    let (queue, future_ref) = (queue_for(&event_loop), future.clone().unbind());
     let task = RUNTIME.spawn(async move {
         let outcome = fut.await;
-        deliver(loop_ref, future_ref, outcome);
+        let outcome: Outcome = Box::new(move |py| {
+            outcome.and_then(|v| {
+                v.into_pyobject(py).map(|b| b.into_bound().into_any().unbind()).map_err(Into::into)
+            })
+        });
+        deliver(&queue, future_ref, outcome);
     });
     future.call_method1("add_done_callback", (AbortOnCancel(task.abort_handle()),))?;
     Ok(future)
 }
 
-fn deliver<T>(event_loop: Py<PyAny>, future: Py<PyAny>, outcome: PyResult<T>)
-where
-    T: for<'a> IntoPyObject<'a>,
-{
+fn deliver(queue: &Arc<LoopQueue>, future: Py<PyAny>, outcome: Outcome) {
     if SHUTTING_DOWN.load(Ordering::Acquire) {
+        return;
+    }
+    queue.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((future, outcome));
+    if queue.scheduled.swap(true, Ordering::AcqRel) {
         return;
     }
     DELIVERING.fetch_add(1, Ordering::AcqRel);
     // Checked again after counting: `_shutdown` sets the flag, then waits for the count.
     if !SHUTTING_DOWN.load(Ordering::Acquire) {
         Python::attach(|py| {
-            let outcome = outcome.and_then(|v| {
-                v.into_pyobject(py).map(|b| b.into_bound().into_any().unbind()).map_err(Into::into)
-            });
-            let deliver = Deliver { future, outcome: Mutex::new(Some(outcome)) };
             // A closed loop (its program is gone) refuses: nobody is waiting.
-            let _ = event_loop.call_method1(py, "call_soon_threadsafe", (deliver,));
+            let drain = Drain(queue.clone());
+            if queue.event_loop.call_method1(py, "call_soon_threadsafe", (drain,)).is_err() {
+                queue.scheduled.store(false, Ordering::Release);
+            }
         });
     }
     DELIVERING.fetch_sub(1, Ordering::AcqRel);
