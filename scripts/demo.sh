@@ -41,6 +41,9 @@ if [[ -n $e2b_addr && -f $root/artifacts/images/debian-12.erofs ]]; then
 else
     echo "[demo] e2b SDK: skipped (no E2B API address or no debian-12 image)"
 fi
+echo "[demo] Python SDK: pip install ./sdk/python (builds the wheel), then 16 rollouts"
+"$root/artifacts/venv/bin/pip" install --quiet --disable-pip-version-check "$root/sdk/python"
+"$root/artifacts/venv/bin/python" "$root/sdk/python/examples/slime_rollouts.py" 16
 if ((serve)); then
     echo "[demo] brigd keeps serving; try: BRIG_STATE_DIR=$BRIG_STATE_DIR $target/brig call jq '{\"query\":\"\$\",\"json\":1}'"
     wait $brigd_pid
