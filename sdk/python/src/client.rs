@@ -92,23 +92,15 @@ impl PyClient {
     }
 
     /// A one-shot call with limits, argv, env and stdin (see `AsyncSandbox.call_with`).
-    #[pyo3(signature = (tool, input=String::new(), *, args=None, env=None, stdin=None, timeout=None, memory_mib=None, fuel=None, output_bytes=None))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (tool, input=String::new(), **options))]
     fn call_with<'py>(
         &self,
         py: Python<'py>,
         tool: String,
         input: String,
-        args: Option<Vec<String>>,
-        env: Option<std::collections::BTreeMap<String, String>>,
-        stdin: Option<Vec<u8>>,
-        timeout: Option<f64>,
-        memory_mib: Option<u32>,
-        fuel: Option<u64>,
-        output_bytes: Option<u32>,
+        options: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let call =
-            call_request(tool, input, args, env, stdin, timeout, memory_mib, fuel, output_bytes)?;
+        let call = call_request(tool, input, options)?;
         let client = self.inner.clone();
         future_into_py(py, async move {
             client.call_with(call).await.map(|inner| PyCallResult { inner }).map_err(to_py)

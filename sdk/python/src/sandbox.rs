@@ -1,8 +1,6 @@
 //! `AsyncSandbox`: commands, files, lifecycle and security of one sandbox. Every method that
 //! talks to brigd returns an awaitable.
 
-use std::time::Duration;
-
 use crate::bridge::future_into_py;
 use brig_sdk::{CallLimits, CallRequest, Cmd, Sandbox};
 use pyo3::prelude::*;
@@ -29,38 +27,41 @@ fn command(cmd: &Bound<'_, PyAny>) -> PyResult<Cmd> {
     Ok(Cmd::new(argv))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn build(
-    cmd: &Bound<'_, PyAny>,
-    stdin: Option<&Bound<'_, PyAny>>,
-    env: Option<std::collections::BTreeMap<String, String>>,
-    cwd: Option<String>,
-    user: Option<String>,
-    timeout: Option<&Bound<'_, PyAny>>,
-    output_limit: Option<u64>,
-) -> PyResult<Cmd> {
+/// A `Cmd` from `exec`'s command and keywords: stdin (bytes; `True` on `exec_stream` keeps it
+/// open), env, cwd, user, timeout (seconds or timedelta), output_limit.
+fn build(cmd: &Bound<'_, PyAny>, options: Option<&Bound<'_, PyDict>>) -> PyResult<Cmd> {
     let mut c = command(cmd)?;
-    for (k, v) in env.unwrap_or_default() {
-        c = c.env(&k, &v);
-    }
-    if let Some(dir) = cwd {
-        c = c.cwd(&dir);
-    }
-    if let Some(user) = user {
-        c = c.user(&user);
-    }
-    if let Some(t) = timeout {
-        c = c.timeout(duration(t)?);
-    }
-    if let Some(limit) = output_limit {
-        c = c.output_limit(limit);
-    }
-    match stdin {
-        None => {}
-        Some(s) if s.is_instance_of::<pyo3::types::PyBool>() => {
-            c = if s.extract::<bool>()? { c.stdin_stream() } else { c };
+    let Some(options) = options else { return Ok(c) };
+    for (key, value) in options.iter() {
+        if value.is_none() {
+            continue;
         }
-        Some(s) => c = c.stdin(s.extract::<Vec<u8>>()?),
+        let key: String = key.extract()?;
+        c = match key.as_str() {
+            "env" => {
+                for (k, v) in value.extract::<std::collections::BTreeMap<String, String>>()? {
+                    c = c.env(&k, &v);
+                }
+                c
+            }
+            "cwd" => c.cwd(&value.extract::<String>()?),
+            "user" => c.user(&value.extract::<String>()?),
+            "timeout" => c.timeout(duration(&value)?),
+            "output_limit" => c.output_limit(value.extract()?),
+            "stdin" if value.is_instance_of::<pyo3::types::PyBool>() => {
+                if value.extract::<bool>()? {
+                    c.stdin_stream()
+                } else {
+                    c
+                }
+            }
+            "stdin" => c.stdin(value.extract::<Vec<u8>>()?),
+            other => {
+                return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                    "exec() got an unexpected keyword {other:?}"
+                )))
+            }
+        };
     }
     Ok(c)
 }
@@ -78,20 +79,14 @@ impl PySandbox {
 
     /// Runs a command to its end: `cmd` is a shell string (`sh -c`) or an argv list; `stdin`
     /// bytes are fed to it. Returns an `ExecResult`; a non-zero exit is not an exception.
-    #[pyo3(signature = (cmd, *, stdin=None, env=None, cwd=None, user=None, timeout=None, output_limit=None))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (cmd, **options))]
     fn exec<'py>(
         &self,
         py: Python<'py>,
         cmd: &Bound<'py, PyAny>,
-        stdin: Option<&Bound<'py, PyAny>>,
-        env: Option<std::collections::BTreeMap<String, String>>,
-        cwd: Option<String>,
-        user: Option<String>,
-        timeout: Option<&Bound<'py, PyAny>>,
-        output_limit: Option<u64>,
+        options: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let c = build(cmd, stdin, env, cwd, user, timeout, output_limit)?;
+        let c = build(cmd, options)?;
         let sb = self.inner.clone();
         future_into_py(py, async move {
             sb.exec_with(c).await.map(|out| PyExecResult { out }).map_err(to_py)
@@ -100,20 +95,14 @@ impl PySandbox {
 
     /// Starts a command and streams it: `stdin=True` keeps its stdin open for
     /// `ExecStream.write_stdin`. Returns an `ExecStream`.
-    #[pyo3(signature = (cmd, *, stdin=None, env=None, cwd=None, user=None, timeout=None, output_limit=None))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (cmd, **options))]
     fn exec_stream<'py>(
         &self,
         py: Python<'py>,
         cmd: &Bound<'py, PyAny>,
-        stdin: Option<&Bound<'py, PyAny>>,
-        env: Option<std::collections::BTreeMap<String, String>>,
-        cwd: Option<String>,
-        user: Option<String>,
-        timeout: Option<&Bound<'py, PyAny>>,
-        output_limit: Option<u64>,
+        options: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let c = build(cmd, stdin, env, cwd, user, timeout, output_limit)?;
+        let c = build(cmd, options)?;
         let sb = self.inner.clone();
         future_into_py(py, async move {
             sb.exec_stream(c).await.map(PyExecStream::start).map_err(to_py)
@@ -372,25 +361,17 @@ impl PySandbox {
         })
     }
 
-    /// Calls with limits (`timeout` seconds, `memory_mib`, `fuel`, `output_bytes`), argv and
-    /// stdin for `wasi:cli/run` commands.
-    #[pyo3(signature = (tool, input=String::new(), *, args=None, env=None, stdin=None, timeout=None, memory_mib=None, fuel=None, output_bytes=None))]
-    #[allow(clippy::too_many_arguments)]
+    /// Calls with limits (`timeout` seconds, `memory_mib`, `fuel`, `output_bytes`), and
+    /// `args`, `env`, `stdin` for `wasi:cli/run` commands.
+    #[pyo3(signature = (tool, input=String::new(), **options))]
     fn call_with<'py>(
         &self,
         py: Python<'py>,
         tool: String,
         input: String,
-        args: Option<Vec<String>>,
-        env: Option<std::collections::BTreeMap<String, String>>,
-        stdin: Option<Vec<u8>>,
-        timeout: Option<f64>,
-        memory_mib: Option<u32>,
-        fuel: Option<u64>,
-        output_bytes: Option<u32>,
+        options: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let call =
-            call_request(tool, input, args, env, stdin, timeout, memory_mib, fuel, output_bytes)?;
+        let call = call_request(tool, input, options)?;
         let sb = self.inner.clone();
         future_into_py(py, async move {
             sb.call_with(call).await.map(|inner| PyCallResult { inner }).map_err(to_py)
@@ -398,33 +379,45 @@ impl PySandbox {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// A `CallRequest` from `call_with`'s keywords.
 pub(crate) fn call_request(
     tool: String,
     input: String,
-    args: Option<Vec<String>>,
-    env: Option<std::collections::BTreeMap<String, String>>,
-    stdin: Option<Vec<u8>>,
-    timeout: Option<f64>,
-    memory_mib: Option<u32>,
-    fuel: Option<u64>,
-    output_bytes: Option<u32>,
+    options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<CallRequest> {
-    let timeout_ms = timeout
-        .map(|s| {
-            Duration::try_from_secs_f64(s)
-                .map(|d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX))
-                .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("timeout {s}: {e}")))
-        })
-        .transpose()?;
-    Ok(CallRequest {
-        tool,
-        input,
-        args: args.unwrap_or_default(),
-        env: env.unwrap_or_default().into_iter().collect(),
-        stdin: stdin.unwrap_or_default(),
-        limits: CallLimits { timeout_ms, memory_mib, output_bytes, fuel },
-    })
+    let mut call = CallRequest::new(tool, input);
+    let Some(options) = options else { return Ok(call) };
+    let mut limits = CallLimits::default();
+    for (key, value) in options.iter() {
+        if value.is_none() {
+            continue;
+        }
+        let key: String = key.extract()?;
+        match key.as_str() {
+            "args" => call.args = value.extract()?,
+            "env" => {
+                call.env = value
+                    .extract::<std::collections::BTreeMap<String, String>>()?
+                    .into_iter()
+                    .collect()
+            }
+            "stdin" => call.stdin = value.extract()?,
+            "timeout" => {
+                limits.timeout_ms =
+                    Some(u32::try_from(duration(&value)?.as_millis()).unwrap_or(u32::MAX))
+            }
+            "memory_mib" => limits.memory_mib = Some(value.extract()?),
+            "fuel" => limits.fuel = Some(value.extract()?),
+            "output_bytes" => limits.output_bytes = Some(value.extract()?),
+            other => {
+                return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                    "call_with() got an unexpected keyword {other:?}"
+                )))
+            }
+        }
+    }
+    call.limits = limits;
+    Ok(call)
 }
 
 /// Builds a list of sandboxes for Python.
