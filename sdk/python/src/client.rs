@@ -269,6 +269,55 @@ impl PyClient {
         })
     }
 
+    /// A layer's record and the paths it holds.
+    fn inspect_image<'py>(&self, py: Python<'py>, reference: String) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move {
+            let (layer, paths) = client.inspect_image(&reference).await.map_err(to_py)?;
+            Json::of(&serde_json::json!({ "layer": layer, "paths": paths }))
+        })
+    }
+
+    /// Gives layer `reference` another name (`name@version`, the next version by default).
+    #[pyo3(signature = (reference, name, version=None))]
+    fn tag_image<'py>(&self, py: Python<'py>, reference: String, name: String, version: Option<u32>) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move { Json::of(&client.tag_image(&reference, &name, version).await.map_err(to_py)?) })
+    }
+
+    fn remove_image<'py>(&self, py: Python<'py>, reference: String) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move {
+            client.remove_image(&reference).await.map_err(to_py)?;
+            Ok(None::<()>)
+        })
+    }
+
+    /// Checks every chunk of a layer against its digest (`DataLoss` if one fails).
+    fn verify_image<'py>(&self, py: Python<'py>, reference: String) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move { Json::of(&client.verify_image(&reference).await.map_err(to_py)?) })
+    }
+
+    /// Removes unreferenced layers and chunks: `{removed_layers, removed_chunks, freed_bytes}`.
+    fn gc_images<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move {
+            let gc = client.gc_images().await.map_err(to_py)?;
+            Json::of(&serde_json::json!({
+                "removed_layers": gc.removed_layers,
+                "removed_chunks": gc.removed_chunks,
+                "freed_bytes": gc.freed_bytes,
+            }))
+        })
+    }
+
+    /// How one-shot calls travelled (cluster): `{"direct": n, "via_control": n}`.
+    fn call_hops(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        let hops = self.inner.call_hops();
+        [("direct", hops.direct), ("via_control", hops.via_control)].into_iter().collect()
+    }
+
     /// Names an environment: layers, bottom first.
     fn create_env<'py>(
         &self,

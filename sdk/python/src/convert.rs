@@ -138,15 +138,7 @@ pub(crate) fn options(
             "paused_ttl" => options.paused_ttl(duration(&value)?),
             "max_lifetime" => options.max_lifetime(duration(&value)?),
             "egress" => options.egress(value.extract::<Vec<String>>()?),
-            "qos" => options.qos(match value.extract::<String>()?.as_str() {
-                "latency_sensitive" => QosClass::LatencySensitive,
-                "best_effort" => QosClass::BestEffort,
-                other => {
-                    return Err(PyValueError::new_err(format!(
-                        "no qos {other:?} (latency_sensitive, best_effort)"
-                    )))
-                }
-            }),
+            "qos" => options.qos(qos(&value.extract::<String>()?)?),
             "placement" => options.placement(match value.extract::<String>()?.as_str() {
                 "host_kernel" => Placement::HostKernel,
                 "vm" => Placement::Vm,
@@ -176,6 +168,16 @@ pub(crate) fn options(
         };
     }
     Ok(options)
+}
+
+pub(crate) fn qos(name: &str) -> PyResult<QosClass> {
+    match name {
+        "latency_sensitive" => Ok(QosClass::LatencySensitive),
+        "best_effort" => Ok(QosClass::BestEffort),
+        other => {
+            Err(PyValueError::new_err(format!("no qos {other:?} (latency_sensitive, best_effort)")))
+        }
+    }
 }
 
 /// A label selector from a dict.

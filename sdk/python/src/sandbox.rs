@@ -28,7 +28,8 @@ fn command(cmd: &Bound<'_, PyAny>) -> PyResult<Cmd> {
 }
 
 /// A `Cmd` from `exec`'s command and keywords: stdin (bytes; `True` on `exec_stream` keeps it
-/// open), env, cwd, user, timeout (seconds or timedelta), output_limit.
+/// open), env, cwd, user, timeout (seconds or timedelta), output_limit, terminal (`(rows,
+/// cols)`: a pty; its output arrives as stdout).
 fn build(cmd: &Bound<'_, PyAny>, options: Option<&Bound<'_, PyDict>>) -> PyResult<Cmd> {
     let mut c = command(cmd)?;
     let Some(options) = options else { return Ok(c) };
@@ -48,6 +49,10 @@ fn build(cmd: &Bound<'_, PyAny>, options: Option<&Bound<'_, PyDict>>) -> PyResul
             "user" => c.user(&value.extract::<String>()?),
             "timeout" => c.timeout(duration(&value)?),
             "output_limit" => c.output_limit(value.extract()?),
+            "terminal" => {
+                let (rows, cols): (u16, u16) = value.extract()?;
+                c.terminal(rows, cols)
+            }
             "stdin" if value.is_instance_of::<pyo3::types::PyBool>() => {
                 if value.extract::<bool>()? {
                     c.stdin_stream()
@@ -336,6 +341,34 @@ impl PySandbox {
         }
         let sb = self.inner.clone();
         future_into_py(py, async move { Json::sandbox(&sb.set_lifetimes(l).await.map_err(to_py)?) })
+    }
+
+    /// Moves it to another CPU QoS class now (`latency_sensitive`, `best_effort`).
+    fn set_qos<'py>(&self, py: Python<'py>, qos: &str) -> PyResult<Bound<'py, PyAny>> {
+        let class = crate::convert::qos(qos)?;
+        let sb = self.inner.clone();
+        future_into_py(py, async move { Json::sandbox(&sb.set_qos(class).await.map_err(to_py)?) })
+    }
+
+    /// Turns this container's writable layer into layer `name` (next version unless given),
+    /// without the `scrub` paths; new sandboxes can start from it.
+    #[pyo3(signature = (name, version=None, scrub=None))]
+    fn checkpoint<'py>(&self, py: Python<'py>, name: String, version: Option<u32>, scrub: Option<Vec<String>>) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move {
+            let scrub = scrub.unwrap_or_default();
+            let refs: Vec<&str> = scrub.iter().map(String::as_str).collect();
+            Json::of(&sb.checkpoint(&name, version, &refs).await.map_err(to_py)?)
+        })
+    }
+
+    /// Changes the terminal size of a command started with `terminal=(rows, cols)`.
+    fn resize_terminal<'py>(&self, py: Python<'py>, exec_id: u64, rows: u16, cols: u16) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move {
+            sb.resize_terminal(exec_id, rows, cols).await.map_err(to_py)?;
+            Ok(None::<()>)
+        })
     }
 
     /// Its audit trail after event `after_seq`: a list of dicts.

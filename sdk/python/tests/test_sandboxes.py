@@ -135,3 +135,29 @@ def test_the_sync_client():
         assert b"".join(d for _, d in chunks) == b"a\nb\n"
     finally:
         sb.destroy()
+
+
+async def test_qos_checkpoints_images_and_terminals(client, box):
+    assert (await box.set_qos("best_effort"))["qos"] == "BestEffort"
+    await box.write_file("/root/state", "saved")
+    layer = await box.checkpoint("py-ckpt", scrub=["/tmp"])
+    ref = f"{layer['name']}@{layer['version']}"
+    assert ref in {f"{i['name']}@{i['version']}" for i in await client.images()}
+    details = await client.inspect_image(ref)
+    assert any(p.endswith("root/state") for p in details["paths"]), details["paths"]
+    assert (await client.verify_image(ref))["digest"] == details["layer"]["digest"]
+    resumed = await client.create(image=f"busybox+{ref}")
+    try:
+        assert await resumed.read_file("/root/state") == b"saved"
+    finally:
+        await resumed.destroy()
+    tagged = await client.tag_image(ref, "py-ckpt-tag")
+    await client.remove_image(f"{tagged['name']}@{tagged['version']}")
+    assert set(await client.gc_images()) == {"removed_layers", "removed_chunks", "freed_bytes"}
+    assert client.call_hops() == {"direct": 0, "via_control": 0}
+
+    shell = await box.exec_stream(["sh"], stdin=True, terminal=(24, 80))
+    await box.resize_terminal(shell.exec_id, 30, 100)
+    await shell.write_stdin(b"stty size; echo $((6 * 7)); exit\n")
+    out = b"".join([d async for _, d in shell])
+    assert b"30 100" in out and b"42" in out, out
