@@ -270,7 +270,11 @@ impl PyClient {
     }
 
     /// A layer's record and the paths it holds.
-    fn inspect_image<'py>(&self, py: Python<'py>, reference: String) -> PyResult<Bound<'py, PyAny>> {
+    fn inspect_image<'py>(
+        &self,
+        py: Python<'py>,
+        reference: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let client = self.inner.clone();
         future_into_py(py, async move {
             let (layer, paths) = client.inspect_image(&reference).await.map_err(to_py)?;
@@ -280,9 +284,17 @@ impl PyClient {
 
     /// Gives layer `reference` another name (`name@version`, the next version by default).
     #[pyo3(signature = (reference, name, version=None))]
-    fn tag_image<'py>(&self, py: Python<'py>, reference: String, name: String, version: Option<u32>) -> PyResult<Bound<'py, PyAny>> {
+    fn tag_image<'py>(
+        &self,
+        py: Python<'py>,
+        reference: String,
+        name: String,
+        version: Option<u32>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let client = self.inner.clone();
-        future_into_py(py, async move { Json::of(&client.tag_image(&reference, &name, version).await.map_err(to_py)?) })
+        future_into_py(py, async move {
+            Json::of(&client.tag_image(&reference, &name, version).await.map_err(to_py)?)
+        })
     }
 
     fn remove_image<'py>(&self, py: Python<'py>, reference: String) -> PyResult<Bound<'py, PyAny>> {
@@ -296,7 +308,9 @@ impl PyClient {
     /// Checks every chunk of a layer against its digest (`DataLoss` if one fails).
     fn verify_image<'py>(&self, py: Python<'py>, reference: String) -> PyResult<Bound<'py, PyAny>> {
         let client = self.inner.clone();
-        future_into_py(py, async move { Json::of(&client.verify_image(&reference).await.map_err(to_py)?) })
+        future_into_py(py, async move {
+            Json::of(&client.verify_image(&reference).await.map_err(to_py)?)
+        })
     }
 
     /// Removes unreferenced layers and chunks: `{removed_layers, removed_chunks, freed_bytes}`.

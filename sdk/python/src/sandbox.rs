@@ -353,7 +353,13 @@ impl PySandbox {
     /// Turns this container's writable layer into layer `name` (next version unless given),
     /// without the `scrub` paths; new sandboxes can start from it.
     #[pyo3(signature = (name, version=None, scrub=None))]
-    fn checkpoint<'py>(&self, py: Python<'py>, name: String, version: Option<u32>, scrub: Option<Vec<String>>) -> PyResult<Bound<'py, PyAny>> {
+    fn checkpoint<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        version: Option<u32>,
+        scrub: Option<Vec<String>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let sb = self.inner.clone();
         future_into_py(py, async move {
             let scrub = scrub.unwrap_or_default();
@@ -363,7 +369,13 @@ impl PySandbox {
     }
 
     /// Changes the terminal size of a command started with `terminal=(rows, cols)`.
-    fn resize_terminal<'py>(&self, py: Python<'py>, exec_id: u64, rows: u16, cols: u16) -> PyResult<Bound<'py, PyAny>> {
+    fn resize_terminal<'py>(
+        &self,
+        py: Python<'py>,
+        exec_id: u64,
+        rows: u16,
+        cols: u16,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let sb = self.inner.clone();
         future_into_py(py, async move {
             sb.resize_terminal(exec_id, rows, cols).await.map_err(to_py)?;
