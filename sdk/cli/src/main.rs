@@ -321,8 +321,24 @@ async fn connect(args: &ConnArgs) -> anyhow::Result<Client> {
             None => ConnectOptions::local()?,
         },
     };
+    // A daemon busy restoring a VM, or restarting, can drop a handshake: a connection failure
+    // the SDK calls retryable is tried again a few times, backing off.
+    let mut wait = std::time::Duration::from_millis(250);
+    for _ in 1..CONNECT_ATTEMPTS {
+        match Client::connect(opts.clone()).await {
+            Err(e @ brig_sdk::Error::Connect { .. }) if e.retryable() => {
+                eprintln!("brig: {e}: connecting again in {wait:?}");
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+            }
+            other => return Ok(other?),
+        }
+    }
     Ok(Client::connect(opts).await?)
 }
+
+/// Connection attempts before the CLI gives up (waits of 0.25, 0.5 and 1 s between them).
+const CONNECT_ATTEMPTS: u32 = 4;
 
 fn read_input(path: &PathBuf) -> anyhow::Result<Vec<u8>> {
     if path.as_os_str() == "-" {
