@@ -40,6 +40,18 @@ pub struct Options {
 }
 
 impl Options {
+    /// Options for [`end_to_end`] alone: `concurrency` tasks on one connection.
+    pub fn calls(concurrency: usize, seconds: u64, warmup: u64) -> Options {
+        Options {
+            concurrency,
+            seconds,
+            connections: 1,
+            warmup,
+            inproc_seconds: 0,
+            client_threads: 1,
+        }
+    }
+
     pub fn client_threads_or_one(&self) -> usize {
         self.client_threads.max(1)
     }

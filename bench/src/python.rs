@@ -1,10 +1,8 @@
 //! `python`: the Python SDK (`sdk/python`, release wheel built by maturin) against the Rust
 //! SDK, same daemon, same run: one-shot `jq` calls per second from N asyncio tasks on one
-//! event loop vs N tokio tasks on one connection, and create→first exec latency of a busybox
+//! event loop vs N tokio tasks on one connection (the `fncall` bench's loop), and create→first exec latency of a busybox
 //! container from each.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use brig_sdk::{Client, SandboxOptions};
@@ -27,9 +25,6 @@ pub struct Options {
     #[arg(long, default_value_t = 30)]
     samples: usize,
 }
-
-const INPUT: &str = r#"{"query":"$.items[?@.ok == true].id","json":{"items":[{"id":1,"ok":true},{"id":2,"ok":false},{"id":3,"ok":true}]}}"#;
-const EXPECTED: &str = r#"{"results":[1,3]}"#;
 
 /// Builds the release wheel and installs it into a directory of its own (on PYTHONPATH for the
 /// measurement), leaving the venv's development install alone.
@@ -95,7 +90,9 @@ pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let (rust_rate, rust_errors, mut rust_lat) = rt.block_on(async {
         let client = daemon.client().await?;
-        let (rate, errors) = calls(&client, &opts).await?;
+        let calls = crate::fncall::Options::calls(opts.concurrency, opts.seconds, opts.warmup);
+        let (rate, _, errors) =
+            crate::fncall::end_to_end(std::slice::from_ref(&client), &calls).await?;
         anyhow::Ok((rate, errors, create_to_exec(&client, opts.samples).await?))
     })?;
     let (p50, r50) = (py_lat.quantile_ms(0.5), rust_lat.quantile_ms(0.5));
@@ -120,42 +117,6 @@ pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
         "py_create_to_exec_p50_ms": round3(p50),
         "rust_create_to_exec_p50_ms": round3(r50),
     }))
-}
-
-/// `opts.concurrency` tasks on one connection calling `jq`: calls/s after the warm-up, errors.
-async fn calls(client: &Client, opts: &Options) -> anyhow::Result<(f64, u64)> {
-    let measuring = Arc::new(AtomicBool::new(false));
-    let stop = Arc::new(AtomicBool::new(false));
-    let (done, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let mut tasks = Vec::new();
-    for _ in 0..opts.concurrency {
-        let client = client.clone();
-        let (measuring, stop, done, errors) =
-            (measuring.clone(), stop.clone(), done.clone(), errors.clone());
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                let ok = matches!(client.call("jq", INPUT).await, Ok(r) if r.output == EXPECTED);
-                if measuring.load(Ordering::Relaxed) {
-                    if ok {
-                        done.fetch_add(1, Ordering::Relaxed)
-                    } else {
-                        errors.fetch_add(1, Ordering::Relaxed)
-                    };
-                }
-            }
-        }));
-    }
-    tokio::time::sleep(Duration::from_secs(opts.warmup)).await;
-    measuring.store(true, Ordering::Relaxed);
-    let started = Instant::now();
-    tokio::time::sleep(Duration::from_secs(opts.seconds)).await;
-    measuring.store(false, Ordering::Relaxed);
-    let elapsed = started.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await?;
-    }
-    Ok((done.load(Ordering::Relaxed) as f64 / elapsed, errors.load(Ordering::Relaxed)))
 }
 
 async fn create_to_exec(client: &Client, samples: usize) -> anyhow::Result<Latencies> {
