@@ -49,6 +49,7 @@ fi
 # pytest in a venv (artifacts/venv) with E2B's SDK and what builds and checks ours (maturin,
 # mypy); the pinned JS SDK (artifacts/node, from its lock file).
 venv="$root/artifacts/venv"
+mkdir -p "$root/artifacts"
 requirements="$root/artifacts/requirements.txt"
 cat "$root/tests/e2b/requirements.txt" "$root/sdk/python/requirements-dev.txt" > "$requirements"
 if [[ ! -x $venv/bin/python ]]; then
