@@ -3,6 +3,7 @@
 //! Every benchmark prints a human table and, as its last line, one JSON object, so scripts can
 //! take `tail -n1`. Benchmarks start real daemons (release build) on loopback; they build brigd
 //! first if needed.
+#![forbid(unsafe_code)]
 
 mod cluster;
 mod container;

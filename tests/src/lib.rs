@@ -15,6 +15,7 @@ use brig_sdk::{Client, ConnectOptions};
 pub mod behaviour;
 pub mod cluster;
 pub mod emulated;
+pub mod layering;
 pub mod net;
 
 /// Repository root. The test runner's `CARGO_MANIFEST_DIR` first: a test binary built from a

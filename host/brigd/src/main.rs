@@ -1,4 +1,5 @@
 //! `brigd`: the Brig daemon binary. See `brigd --help`.
+#![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

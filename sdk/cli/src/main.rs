@@ -1,4 +1,5 @@
 //! `brig`: the command line for Brig, over brig-sdk. See `brig --help`.
+#![forbid(unsafe_code)]
 
 mod cluster;
 mod images;

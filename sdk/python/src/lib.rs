@@ -8,6 +8,7 @@
 //! Every method that talks to brigd returns an awaitable; its work runs on the tokio runtime
 //! without the GIL. Streams (command output, audit events) are pumped by tokio tasks into
 //! channels, so a cancelled Python task never leaves a stream half read.
+#![deny(unsafe_code)]
 
 mod bridge;
 mod client;

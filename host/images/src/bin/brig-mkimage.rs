@@ -8,6 +8,7 @@
 //! brig-mkimage dir SRC_DIR OUT.erofs
 //! brig-mkimage tar SRC.tar[.gz] OUT.erofs
 //! ```
+#![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 

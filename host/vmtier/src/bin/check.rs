@@ -3,6 +3,7 @@
 //! each, isolation between them, exit statuses, memory reclaim (free-page reporting and the
 //! balloon), pause and resume, fork, destroy and cleanup. Prints `BRIG-VMTIER-OK`
 //! lines, or an error and exit status 1.
+#![forbid(unsafe_code)]
 
 use std::time::Duration;
 
