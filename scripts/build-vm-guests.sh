@@ -221,7 +221,7 @@ ip link set lo up
 for m in virtio_ring virtio virtio_mmio failover net_failover virtio_net; do insmod /mod/$m.ko; done
 ip addr add 10.0.2.15/24 dev eth0; ip link set eth0 up
 # Guest file reads capped at 16 MiB here, so the test's endless reads end soon under TCG.
-printf 'max_guest_read_mib = 16\n[microvm]\nkernel = "/l2/vmlinuz"\ninitrd = "/l2/initrd.gz"\nvmm = "/bin/brig-vmm"\nimages_dir = "/l2"\n' > /etc/brigd.toml
+printf 'max_guest_read_mib = 16\n[microvm]\nkernel = "/l2/vmlinuz"\ninitrd = "/l2/initrd.gz"\nvmm = "/bin/brig-vmm"\nimages_dir = "/l2"\nboot_limit_s = 420\n' > /etc/brigd.toml
 export BRIG_STATE_DIR=/tmp/brig
 /bin/brigd --config /etc/brigd.toml --listen 10.0.2.15:7070 --metrics off --on-exit destroy --log warn &
 i=0; until [ -e /tmp/brig/endpoint.json ] || [ $i -ge 300 ]; do sleep 0.2; i=$((i + 1)); done

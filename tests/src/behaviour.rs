@@ -51,6 +51,9 @@ pub async fn check_container(
     check_streaming(&sb, pace).await?;
     passed.push("output streamed as produced");
 
+    check_command_data(&sb).await?;
+    passed.push("argv, environment and directory as data");
+
     let out = sb
         .exec_with(
             Cmd::new(["sh", "-c", "cat; echo; pwd; echo $FROM_CREATE $FROM_EXEC"])
@@ -202,6 +205,46 @@ pub async fn check_exec_output(sb: &Sandbox) -> Result<(), String> {
     let out = sb.exec(["sh", "-c", "echo out; echo err >&2; exit 3"]).await.map_err(err("exec"))?;
     if out.stdout != b"out\n" || out.stderr != b"err\n" || out.result.exit_code != Some(3) {
         return Err(format!("exec output and status: {out:?}"));
+    }
+    Ok(())
+}
+
+/// A command's argv, environment and directory reach it as data: an argument with a newline,
+/// quotes and `$`, and environment names with a space or a newline arrive unchanged (read back
+/// from `/proc/self/environ`); what execve cannot carry (a name with `=`) is refused with a
+/// clear `BadRequest`, for every tier alike.
+pub async fn check_command_data(sb: &Sandbox) -> Result<(), String> {
+    let tricky = "a\nb 'c' \"d\" $e `f`";
+    let out = sb.exec(["printf", "%s", tricky]).await.map_err(err("printf"))?;
+    if out.stdout != tricky.as_bytes() || out.result.exit_code != Some(0) {
+        return Err(format!("an argument with a newline came back as {:?}", out.stdout_text()));
+    }
+    let out = sb
+        .exec_with(
+            Cmd::new(["cat", "/proc/self/environ"])
+                .env("WITH SPACE", "v 1")
+                .env("WITH\nNEWLINE", "v\n2")
+                .env("PLAIN", "$(echo not run)"),
+        )
+        .await
+        .map_err(err("environ"))?;
+    let environ: Vec<&[u8]> = out.stdout.split(|b| *b == 0).collect();
+    for wanted in [&b"WITH SPACE=v 1"[..], b"WITH\nNEWLINE=v\n2", b"PLAIN=$(echo not run)"] {
+        if !environ.contains(&wanted) {
+            return Err(format!(
+                "{:?} did not reach the command: {:?}",
+                String::from_utf8_lossy(wanted),
+                out.stdout_text()
+            ));
+        }
+    }
+    match sb.exec_with(Cmd::new(["true"]).env("A=B", "x")).await {
+        Err(e) if e.code() == Some(ErrorCode::BadRequest) && e.to_string().contains("A=B") => {}
+        other => return Err(format!("an environment name with `=`: {other:?}")),
+    }
+    let out = sb.exec_with(Cmd::new(["pwd"]).cwd("/tmp")).await.map_err(err("cwd"))?;
+    if out.stdout_text().trim() != "/tmp" {
+        return Err(format!("cwd: {:?}", out.stdout_text()));
     }
     Ok(())
 }

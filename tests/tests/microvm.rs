@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use brig_sdk::{Client, Cmd, ExecEvent, SandboxOptions, SandboxState, Tier};
 use brig_tests::behaviour::{
-    check_exec_output, check_output_cap, check_oversized_reads, check_streamed_stdin,
-    check_streaming, Pace,
+    check_command_data, check_exec_output, check_output_cap, check_oversized_reads,
+    check_streamed_stdin, check_streaming, Pace,
 };
 use brig_tests::emulated::{self, free_udp_port, vm_artifact};
 use brig_vmm::linux::LinuxVm;
@@ -125,6 +125,7 @@ async fn drive_from_outside(client: Client) -> Result<(), String> {
     let sb = client.create(SandboxOptions::tier(Tier::Microvm)).await.map_err(e("create"))?;
     let pace = Pace { slow: 10 };
     check_exec_output(&sb).await?;
+    check_command_data(&sb).await?;
     check_streaming(&sb, pace).await?;
     // Stdin from the request.
     let out = sb
@@ -189,6 +190,7 @@ async fn drive_from_outside(client: Client) -> Result<(), String> {
     if !out.stdout.starts_with(b"kept-in-memory\n") || out.stdout.len() != 15 + blob.len() {
         return Err(format!("after resume: {} bytes, {:?}", out.stdout.len(), out.stderr));
     }
+    check_fork_mid_stream(&sb, pace).await?;
     let kids = sb.fork(2).await.map_err(e("fork"))?;
     let mut names = vec![sb.exec(["hostname"]).await.map_err(e("exec"))?.stdout];
     for kid in &kids {
@@ -236,6 +238,55 @@ async fn drive_from_outside(client: Client) -> Result<(), String> {
         .await
         .map_err(e("create the done marker"))?;
     Ok(())
+}
+
+/// A fork while the guest streams output over vsock at full rate: the snapshot holds the
+/// devices still from reading their state to the end of the memory dump, so the parent's
+/// stream goes on with no byte lost or torn, and the child (whose vsock is reset on restore)
+/// starts from the snapshot and serves new commands.
+async fn check_fork_mid_stream(sb: &brig_sdk::Sandbox, pace: Pace) -> Result<(), String> {
+    let e = |what: &'static str| move |err: brig_sdk::Error| format!("{what}: {err}");
+    let lines = 300_000u32;
+    let expected: String = (1..=lines).map(|i| format!("{i}\n")).collect();
+    let mut stream = sb
+        .exec_stream(Cmd::new(["seq", "1", &lines.to_string()]).timeout(pace_secs(pace, 60)))
+        .await
+        .map_err(e("exec_stream seq"))?;
+    let mut got = Vec::with_capacity(expected.len());
+    match stream.next().await {
+        Some(Ok(ExecEvent::Stdout(b))) => got.extend_from_slice(&b),
+        other => return Err(format!("the stream did not start: {other:?}")),
+    }
+    let kids = sb.fork(1).await.map_err(e("fork mid-stream"))?;
+    let streamed_during_fork = got.len();
+    while let Some(event) = stream.next().await {
+        match event.map_err(e("stream after the fork"))? {
+            ExecEvent::Stdout(b) => got.extend_from_slice(&b),
+            ExecEvent::Stderr(b) => return Err(format!("stderr: {}", String::from_utf8_lossy(&b))),
+            ExecEvent::Exited(r) if r.exit_code == Some(0) => break,
+            ExecEvent::Exited(r) => return Err(format!("seq ended with {r:?}")),
+        }
+    }
+    if got != expected.as_bytes() {
+        let first_bad = got.iter().zip(expected.as_bytes()).position(|(a, b)| a != b);
+        return Err(format!(
+            "the stream through the fork: {} of {} bytes, first difference at {first_bad:?} \
+             ({streamed_during_fork} bytes had arrived when the fork began)",
+            got.len(),
+            expected.len()
+        ));
+    }
+    let kid = kids.first().ok_or("the fork made no child")?;
+    let out = kid.exec(["echo", "child after the stream"]).await.map_err(e("exec in the child"))?;
+    if out.stdout != b"child after the stream\n" {
+        return Err(format!("child after a mid-stream fork: {out:?}"));
+    }
+    kid.destroy().await.map_err(e("destroy the child"))?;
+    Ok(())
+}
+
+fn pace_secs(pace: Pace, secs: u64) -> Duration {
+    Duration::from_secs(secs * u64::from(pace.slow))
 }
 
 #[test]

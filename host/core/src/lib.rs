@@ -5,12 +5,14 @@
 #![forbid(unsafe_code)]
 
 pub mod call;
+pub mod command;
 pub mod egress;
 pub mod files;
 pub mod id;
 pub mod spec;
 
 pub use call::{CallLimits, CallOutcome, CallReport, ToolCall};
+pub use command::{check_command, CommandError};
 pub use egress::{Destination, EgressRule};
 pub use id::{IdError, NodeId, SandboxId};
 pub use spec::{IdleAction, Labels, QosClass, SandboxSpec, Tier};

@@ -79,6 +79,8 @@ pub enum NodeError {
     /// A guest's answer did not end in time.
     #[error("{0}")]
     GuestReplyTimeout(String),
+    #[error("bad command")]
+    BadCommand(#[from] brig_core::CommandError),
 }
 
 impl NodeError {
@@ -153,6 +155,7 @@ impl NodeError {
             NodeError::HostedContainer(_) => ErrorCode::Internal,
             NodeError::GuestReplyTooLarge(_) => ErrorCode::TooLarge,
             NodeError::GuestReplyTimeout(_) => ErrorCode::Unavailable,
+            NodeError::BadCommand(_) => ErrorCode::BadRequest,
         };
         WireError::new(code, chain(self))
     }

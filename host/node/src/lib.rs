@@ -330,6 +330,8 @@ impl Node {
         req: brig_proto::ExecRequest,
         exchange: &mut Exchange,
     ) -> Result<Option<Reply>, NodeError> {
+        // What execve cannot carry is refused here, the same for every tier.
+        brig_core::check_command(&req.argv, &req.env, &req.cwd)?;
         let entry = self.live(&req.sandbox).await?;
         match &entry.handle {
             TierHandle::Microvm(_) => {

@@ -68,6 +68,9 @@ pub struct MicrovmConfig {
     pub ksm: bool,
     /// VMMs started ahead and waiting for a VM (jailed, KVM VM and memory created).
     pub warm_vmms: usize,
+    /// How long a guest may take to boot to its environment snapshot (a slow, emulated host
+    /// needs more than a real one).
+    pub boot_limit_s: u64,
 }
 
 impl Default for MicrovmConfig {
@@ -83,6 +86,7 @@ impl Default for MicrovmConfig {
             images_dir: None,
             ksm: false,
             warm_vmms: 2,
+            boot_limit_s: 180,
         }
     }
 }
@@ -104,7 +108,7 @@ pub(crate) fn open(cfg: &MicrovmConfig, state_dir: &Path) -> Result<Arc<VmTier>,
         ksm: cfg.ksm,
         warm: cfg.warm_vmms,
         root_image: None,
-        boot_limit: std::time::Duration::from_secs(180),
+        boot_limit: std::time::Duration::from_secs(cfg.boot_limit_s.max(1)),
     });
     offered(Tier::Microvm, tier)
 }
@@ -145,11 +149,6 @@ fn guest_path(path: &str) -> String {
     } else {
         format!("/{path}")
     }
-}
-
-/// Quotes `arg` for /bin/sh.
-pub(crate) fn quote(arg: &str) -> String {
-    format!("'{}'", arg.replace('\'', "'\\''"))
 }
 
 impl Node {

@@ -1,6 +1,6 @@
-//! Commands in a microVM: the request becomes one shell line for the guest's agent (working
-//! directory, environment, stdin from a file the agent was handed first or streamed as the
-//! client sends it). The output goes into the command's hub (`crate::exec_hub`) as the agent
+//! Commands in a microVM: the request goes to the guest's agent as data (argv, environment,
+//! working directory; no shell in between), its stdin as frames (the request's bytes, or
+//! streamed as the client sends them). The output goes into the command's hub (`crate::exec_hub`) as the agent
 //! sends it, up to the request's output cap and timeout, so a client that goes away can
 //! attach again by exec id, and the command can be listed and killed, as in a container.
 
@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use brig_proto::{AuditKind, ExecResult, OutputStream, Reply, StdinMode};
 use brig_transport::Exchange;
-use brig_vmtier::ExecEvent;
+use brig_vmtier::{ExecEvent, ProcessRun};
 use tokio::sync::Notify;
 
 use crate::exec_hub::ExecHub;
-use crate::microvm::{quote, vm_error};
+use crate::microvm::vm_error;
 use crate::sandboxes::{SandboxEntry, TierHandle};
 use crate::{Node, NodeError};
 
@@ -30,39 +30,25 @@ impl Node {
         if req.user.is_some() {
             return Err(refuse("a command as another user (microVM commands run as root)"));
         }
-        let tier = vm.tier.clone();
-        let mut command = String::new();
-        match &req.stdin {
-            StdinMode::Empty => {}
-            StdinMode::Bytes(data) => {
-                // Handed over as a file first; the command reads it as stdin, and it is gone
-                // before the command starts.
-                let nanos = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos());
-                let path = format!("/tmp/.brig-stdin-{nanos}");
-                tier.write_file(vm, &path, data).await.map_err(vm_error)?;
-                command.push_str(&format!("exec 0<{p}; rm -f {p}; ", p = quote(&path)));
-            }
-            // Fed below, as the client sends it.
-            StdinMode::Stream => {}
-        }
-        if !req.cwd.is_empty() {
-            command.push_str(&format!("cd {} && ", quote(&req.cwd)));
-        }
-        for (k, v) in &req.env {
-            command.push_str(&format!("{}={} ", k, quote(v)));
-        }
-        let argv: Vec<String> = req.argv.iter().map(|a| quote(a)).collect();
-        command.push_str(&format!("exec {}", argv.join(" ")));
-        let (stream, feeder) = match exchange.take_upload() {
-            Some(upload) if req.stdin == StdinMode::Stream => {
-                // The client's raw bytes after the request become the command's stdin.
+        // Argv, environment and directory go to the agent as data and reach execve unchanged.
+        let process = ProcessRun {
+            argv: req.argv.clone(),
+            env: req.env.clone(),
+            cwd: Some(req.cwd.clone()).filter(|c| !c.is_empty()),
+        };
+        let (stream, feeder) = match (&req.stdin, exchange.take_upload()) {
+            // The client's raw bytes after the request become the command's stdin.
+            (StdinMode::Stream, Some(upload)) => {
                 let (stream, stdin) =
-                    brig_vmtier::exec_stream_input(&vm.uds, &command).await.map_err(vm_error)?;
+                    brig_vmtier::exec_stream_input(&vm.uds, process).await.map_err(vm_error)?;
                 (stream, Some(feed_upload(upload, stdin)))
             }
-            _ => (brig_vmtier::exec_stream(&vm.uds, &command).await.map_err(vm_error)?, None),
+            (StdinMode::Bytes(data), _) => {
+                let (stream, stdin) =
+                    brig_vmtier::exec_stream_input(&vm.uds, process).await.map_err(vm_error)?;
+                (stream, Some(feed_bytes(data.clone(), stdin)))
+            }
+            _ => (brig_vmtier::exec_stream(&vm.uds, process).await.map_err(vm_error)?, None),
         };
         self.guest_command(entry, &vm.execs, &req, stream, feeder, exchange).await
     }

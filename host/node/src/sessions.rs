@@ -33,6 +33,10 @@ impl Node {
     }
 
     pub(crate) async fn session_open(&self, req: SessionOpenRequest) -> Result<String, NodeError> {
+        // The shell, its environment and directory reach it as data: what execve cannot
+        // carry is refused here, for every tier.
+        let shell = req.shell.clone().unwrap_or_else(|| "/bin/sh".to_string());
+        brig_core::check_command(&[shell], &req.env, &req.cwd)?;
         let entry = self.session_host(&req.sandbox).await?;
         let id = match &entry.handle {
             TierHandle::Container(c) => c.open_session(req).await?,

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use brig_vmm_api::agent;
+use brig_vmm_api::agent::{self, AgentRequest, ProcessRun};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
@@ -37,8 +37,7 @@ impl GuestStdin {
     /// Sends `data` to the command's stdin.
     pub async fn write(&mut self, data: &[u8]) -> Result<(), VmTierError> {
         for chunk in data.chunks(64 << 10) {
-            let mut frame = agent::frame_header(agent::IN_STDIN, chunk.len()).to_vec();
-            frame.extend_from_slice(chunk);
+            let frame = agent::encode_frame(agent::IN_STDIN, chunk);
             self.write.write_all(&frame).await.map_err(io("command stdin"))?;
         }
         Ok(())
@@ -64,15 +63,15 @@ impl ExecStream {
     pub async fn next(&mut self) -> Result<ExecEvent, VmTierError> {
         let mut head = [0u8; 5];
         self.reader.read_exact(&mut head).await.map_err(io("agent reply"))?;
-        let (kind, len) = agent::parse_header(head).map_err(VmTierError::Agent)?;
+        let (kind, len) =
+            agent::parse_header(head).map_err(|e| VmTierError::Agent(e.to_string()))?;
         let mut data = vec![0u8; len];
         self.reader.read_exact(&mut data).await.map_err(io("agent reply"))?;
         match kind {
             agent::STDOUT => Ok(ExecEvent::Stdout(data)),
             agent::STDERR => Ok(ExecEvent::Stderr(data)),
             agent::EXIT | agent::SIGNALED => {
-                let value =
-                    data.get(..4).and_then(|b| b.try_into().ok()).map_or(-1, i32::from_le_bytes);
+                let value = agent::status_of(&data);
                 Ok(if kind == agent::EXIT {
                     ExecEvent::Exit(value)
                 } else {
@@ -84,31 +83,35 @@ impl ExecStream {
     }
 }
 
-/// Starts `command` in the guest behind `uds` with its stdin streamed through the returned
+/// Starts `process` in the guest behind `uds` with its stdin streamed through the returned
 /// [`GuestStdin`].
 pub async fn exec_stream_input(
     uds: &Path,
-    command: &str,
+    process: ProcessRun,
 ) -> Result<(ExecStream, GuestStdin), VmTierError> {
-    let (reader, write) = request_stream(uds, &agent::exec_input_line(command)).await?.into_parts();
+    let request = AgentRequest::Exec { process, stdin_frames: true };
+    let (reader, write) = request_stream(uds, &request).await?.into_parts();
     let write = write.ok_or_else(|| VmTierError::Agent("no connection to write to".into()))?;
     Ok((ExecStream { reader, write: None }, GuestStdin { write }))
 }
 
-/// Starts `command` in the guest behind `uds`.
-pub async fn exec_stream(uds: &Path, command: &str) -> Result<ExecStream, VmTierError> {
-    request_stream(uds, &agent::exec_line(command)).await
+/// Starts `process` in the guest behind `uds`, its stdin empty.
+pub async fn exec_stream(uds: &Path, process: ProcessRun) -> Result<ExecStream, VmTierError> {
+    request_stream(uds, &AgentRequest::Exec { process, stdin_frames: false }).await
 }
 
-/// Sends one agent request line and returns the reply stream.
-pub(crate) async fn request_stream(uds: &Path, request: &str) -> Result<ExecStream, VmTierError> {
+/// Sends one agent request and returns the reply stream.
+pub(crate) async fn request_stream(
+    uds: &Path,
+    request: &AgentRequest,
+) -> Result<ExecStream, VmTierError> {
     request_with_body(uds, request, &[]).await
 }
 
-/// Sends a request line and `body` right after it.
+/// Sends a request and `body` right after it (a file's bytes, for `Put`).
 pub(crate) async fn request_with_body(
     uds: &Path,
-    request: &str,
+    request: &AgentRequest,
     body: &[u8],
 ) -> Result<ExecStream, VmTierError> {
     let stream =
@@ -124,7 +127,7 @@ pub(crate) async fn request_with_body(
     if !line.starts_with("OK ") {
         return Err(VmTierError::Agent("the guest's agent is not listening".into()));
     }
-    write.write_all(request.as_bytes()).await.map_err(io("agent request"))?;
+    write.write_all(&request.to_frame()).await.map_err(io("agent request"))?;
     write.write_all(body).await.map_err(io("agent request"))?;
     Ok(ExecStream { reader, write: Some(write) })
 }
@@ -153,13 +156,19 @@ impl ReplyLimits {
     }
 }
 
+/// Runs the tier's own shell `command` (`/bin/sh -c`) and collects its output.
 pub(crate) async fn exec_inner(
     uds: &Path,
     command: &str,
     deadline: Duration,
 ) -> Result<ExecOutput, VmTierError> {
     let limits = ReplyLimits { deadline, ..ReplyLimits::CONTROL };
-    let mut stream = tokio::time::timeout(deadline, exec_stream(uds, command))
+    let process = ProcessRun {
+        argv: vec!["/bin/sh".into(), "-c".into(), command.into()],
+        env: Vec::new(),
+        cwd: None,
+    };
+    let mut stream = tokio::time::timeout(deadline, exec_stream(uds, process))
         .await
         .map_err(|_| VmTierError::ExecTimeout(deadline))??;
     collect(&mut stream, limits).await.map_err(|e| match e {

@@ -16,6 +16,8 @@ use brig_vmm_api::container::{
     ContainerRequest, ContainerUsage, CreateSpec, Failure, FileEntry, ProcessSpec,
 };
 
+use brig_vmm_api::agent::AgentRequest;
+
 use crate::agent_link::{collect, request_with_body, ReplyLimits};
 use crate::{Disks, ExecStream, GuestStdin, MicroVm, VmTier, VmTierError};
 
@@ -67,9 +69,8 @@ impl<'a> HostedContainer<'a> {
     }
 
     async fn send(&self, req: &ContainerRequest, extra: &[u8]) -> Result<ExecStream, VmTierError> {
-        let (line, mut body) = req.encode();
-        body.extend_from_slice(extra);
-        request_with_body(self.uds, &line, &body).await
+        let request = AgentRequest::Container { request: req.clone() };
+        request_with_body(self.uds, &request, extra).await
     }
 
     /// Runs a request to its end, within `limits`: its STDOUT bytes, or the failure the agent
@@ -155,8 +156,8 @@ impl<'a> HostedContainer<'a> {
         let argv = vec![shell.to_string(), "-c".to_string(), DRIVER.to_string()];
         let req =
             ContainerRequest::Session { process: self.process(argv, session_env(env), cwd, user) };
-        let (line, body) = req.encode();
-        crate::session::over_agent(request_with_body(self.uds, &line, &body).await?)
+        let request = AgentRequest::Container { request: req };
+        crate::session::over_agent(request_with_body(self.uds, &request, &[]).await?)
     }
 
     /// Writes `data` to `path` in the container (parents created, owned by container root).

@@ -4,26 +4,28 @@
 //! brig-agent runs as a service of the image. Once running, a full VM is steered like a
 //! microVM: exec, files, sessions, pause (a snapshot), implicit resume and fork.
 
-use std::ffi::OsString;
 use std::path::Path;
 
 use std::time::Duration;
 
+use brig_vmm_api::launch::Start;
+
 use crate::{io, locked, Disks, MicroVm, VmNet, VmTier, VmTierError};
 
 impl VmTier {
-    /// `brig-vmm boot` arguments for this tier's machine (disks and sockets come after).
-    pub(crate) fn boot_args(&self) -> Vec<OsString> {
+    /// How this tier's machine boots (disks and sockets are added by the caller).
+    pub(crate) fn boot_start(&self) -> Start {
         let c = &self.cfg;
-        let mut args: Vec<OsString> = vec!["boot".into(), "--kernel".into()];
-        args.push(c.kernel.clone().into_os_string());
-        args.push("--initrd".into());
-        args.push(c.initrd.clone().into_os_string());
-        args.extend(["--cmdline".into(), c.cmdline.clone().into()]);
-        args.extend(["--mem-mib".into(), c.mem_mib.to_string().into()]);
-        args.extend(["--vcpus".into(), c.vcpus.to_string().into()]);
-        args.extend(["--rng".into(), "--balloon".into()]);
-        args
+        Start::Boot {
+            kernel: c.kernel.clone(),
+            initrd: Some(c.initrd.clone()),
+            cmdline: c.cmdline.clone(),
+            mem_mib: c.mem_mib,
+            vcpus: u8::try_from(c.vcpus).unwrap_or(u8::MAX),
+            rng: true,
+            balloon: true,
+            snapshot_to: None,
+        }
     }
 
     /// A new full VM booted from this tier's image, with an empty overlay of its own and, with

@@ -11,9 +11,11 @@
 //! exits) and fork ([`VmTier::fork`]) are built on (see [`lifecycle`]).
 //!
 //! The tier is offered only where Linux guests run: hardware virtualization.
+#![forbid(unsafe_code)]
 
 mod agent_link;
 mod container_host;
+pub use brig_vmm_api::agent::ProcessRun;
 pub use brig_vmm_api::container::{
     ContainerUsage, CreateSpec as HostedContainerSpec, Failure as HostedFailure, FileEntry,
 };
@@ -29,7 +31,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use brig_container::cgroup::{CgroupLimits, CgroupManager};
-use brig_vmm_api::{agent, Virtualization};
+use brig_vmm_api::agent::AgentRequest;
+use brig_vmm_api::launch::{DiskSpec, JailSpec, LaunchConfig, NetSpec, Start};
+use brig_vmm_api::Virtualization;
 use tokio::sync::Mutex;
 
 use agent_link::{collect, exec_inner, request_stream, request_with_body};
@@ -200,20 +204,16 @@ pub(crate) struct Disks {
 }
 
 impl Disks {
-    /// The VMM's `--disk` arguments.
-    fn args(&self) -> Vec<std::ffi::OsString> {
-        let mut args = Vec::new();
-        for layer in &self.layers {
-            args.push("--disk".into());
-            args.push(format!("{}:ro", layer.display()).into());
+    /// The VMM's disks, in attach order.
+    fn specs(&self) -> Vec<DiskSpec> {
+        let mut specs: Vec<DiskSpec> = self.layers.iter().map(DiskSpec::read_only).collect();
+        if let Some(writable) = &self.writable {
+            specs.push(match &self.cow_base {
+                Some(base) => DiskSpec::cow(base, writable),
+                None => DiskSpec::writable(writable),
+            });
         }
-        let Some(writable) = &self.writable else { return args };
-        args.push("--disk".into());
-        args.push(match &self.cow_base {
-            Some(base) => format!("{}:cow:{}", base.display(), writable.display()).into(),
-            None => writable.clone().into_os_string(),
-        });
-        args
+        specs
     }
 }
 
@@ -368,41 +368,46 @@ impl VmTier {
         let _ = std::fs::remove_dir_all(&dir);
         let log = self.cfg.dir.join(format!("{name}.log"));
         let log_file = std::fs::File::create(&log).map_err(io("snapshot log"))?;
-        let mut cmd = tokio::process::Command::new(&self.cfg.vmm);
-        cmd.arg("boot")
-            .arg("--kernel")
-            .arg(&self.cfg.kernel)
-            .arg("--initrd")
-            .arg(&self.cfg.initrd)
-            .args(["--mem-mib", &self.cfg.mem_mib.to_string()])
-            .args(["--vcpus", &self.cfg.vcpus.to_string()])
-            .args(["--rng", "--balloon"]);
+        let mut cmdline = self.cfg.cmdline.clone();
         let disks = if layers.is_empty() {
-            cmd.args(["--cmdline", &self.cfg.cmdline]);
             None
         } else {
-            let cmdline = format!("{} brig.layers={}", self.cfg.cmdline, layers.len());
-            cmd.args(["--cmdline", &cmdline]);
+            cmdline.push_str(&format!(" brig.layers={}", layers.len()));
             let writable = self.cfg.dir.join(format!("{name}.disk"));
             let f = std::fs::File::create(&writable).map_err(io("writable disk"))?;
             f.set_len(SCRATCH_BYTES).map_err(io("writable disk"))?;
-            let disks = Disks { layers: layers.to_vec(), writable: Some(writable), cow_base: None };
-            cmd.args(disks.args());
-            Some(disks)
+            Some(Disks { layers: layers.to_vec(), writable: Some(writable), cow_base: None })
         };
-        let status = cmd
-            .arg("--jail")
-            .arg("--jail-writable")
-            .arg(&self.cfg.dir)
-            .arg("--vsock-uds")
-            .arg(self.cfg.dir.join(format!("{name}.sock")))
-            .arg("--snapshot-to")
-            .arg(&dir)
+        let launch = LaunchConfig {
+            start: Start::Boot {
+                kernel: self.cfg.kernel.clone(),
+                initrd: Some(self.cfg.initrd.clone()),
+                cmdline,
+                mem_mib: self.cfg.mem_mib,
+                vcpus: u8::try_from(self.cfg.vcpus).unwrap_or(u8::MAX),
+                rng: true,
+                balloon: true,
+                snapshot_to: Some(dir.clone()),
+            },
+            // The boot to the snapshot request gets the tier's boot limit.
+            timeout_s: self.cfg.boot_limit.as_secs().max(1),
+            vsock_uds: Some(self.cfg.dir.join(format!("{name}.sock"))),
+            control_uds: None,
+            disks: disks.as_ref().map(Disks::specs).unwrap_or_default(),
+            net: None,
+            ksm: false,
+            jail: Some(JailSpec { writable: vec![self.cfg.dir.clone()], cgroup_procs: vec![] }),
+        };
+        let mut child = tokio::process::Command::new(&self.cfg.vmm)
+            .arg("launch")
+            .stdin(std::process::Stdio::piped())
             .stdout(log_file.try_clone().map_err(io("snapshot log"))?)
             .stderr(log_file)
-            .status()
-            .await
+            .kill_on_drop(true)
+            .spawn()
             .map_err(io(format!("starting {}", self.cfg.vmm.display())))?;
+        hand_launch(&mut child, &launch).await?;
+        let status = child.wait().await.map_err(io("waiting for the snapshot VMM"))?;
         if status.code() != Some(4) {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             let tail: String =
@@ -468,26 +473,20 @@ impl VmTier {
     pub(crate) async fn spawn_vmm(&self, vm: &MicroVm) -> Result<(), VmTierError> {
         let dir = locked(&vm.memory_from).clone();
         let boots = dir.as_os_str().is_empty();
-        let mut args: Vec<std::ffi::OsString> = if boots {
-            self.boot_args()
-        } else {
-            vec!["resume".into(), "--snapshot".into(), dir.into_os_string()]
+        let mut launch = LaunchConfig {
+            start: if boots { self.boot_start() } else { Start::Resume { snapshot: dir } },
+            timeout_s: 31_536_000,
+            vsock_uds: Some(vm.uds.clone()),
+            control_uds: Some(vm.control.clone()),
+            disks: vm.disks.as_ref().map(Disks::specs).unwrap_or_default(),
+            net: vm.net.as_ref().map(|net| NetSpec {
+                tap: net.tap.clone(),
+                netns: Some(net.netns.clone()),
+                mac: DEFAULT_MAC,
+            }),
+            ksm: self.cfg.ksm,
+            jail: None,
         };
-        if let Some(disks) = &vm.disks {
-            args.extend(disks.args());
-        }
-        if self.cfg.ksm {
-            args.push("--ksm".into());
-        }
-        if let Some(net) = &vm.net {
-            args.extend(["--tap".into(), net.tap.clone().into(), "--netns".into()]);
-            args.push(net.netns.clone().into_os_string());
-        }
-        for (flag, path) in [("--vsock-uds", &vm.uds), ("--control-uds", &vm.control)] {
-            args.push(flag.into());
-            args.push(path.clone().into_os_string());
-        }
-        args.extend(["--timeout-s".into(), "31536000".into()]);
         let cgroup = match &self.cgroups {
             Some(cgroups) => {
                 let limits = CgroupLimits {
@@ -516,27 +515,25 @@ impl VmTier {
                 }
                 std::fs::rename(&standby.log, &vm.log).map_err(io("VM log"))?;
                 std::fs::rename(&standby.pid_file, &pid_file).map_err(io("VMM pid file"))?;
-                let child = standby.resume(&args).await?;
+                let child = standby.resume(&launch).await?;
                 self.refill();
                 child
             }
             None => {
                 let log_file = std::fs::File::create(&vm.log).map_err(io("VM log"))?;
                 // The jail: only the tier's directory is writable; the VMM joins its cgroup.
-                args.extend(["--jail".into(), "--jail-writable".into()]);
-                args.push(self.cfg.dir.clone().into_os_string());
-                for procs in cgroup {
-                    args.extend(["--jail-cgroup".into(), procs.into_os_string()]);
-                }
-                let child = tokio::process::Command::new(&self.cfg.vmm)
-                    .args(&args)
-                    .stdin(std::process::Stdio::null())
+                launch.jail =
+                    Some(JailSpec { writable: vec![self.cfg.dir.clone()], cgroup_procs: cgroup });
+                let mut child = tokio::process::Command::new(&self.cfg.vmm)
+                    .arg("launch")
+                    .stdin(std::process::Stdio::piped())
                     .stdout(log_file.try_clone().map_err(io("VM log"))?)
                     .stderr(log_file)
                     .process_group(0)
                     .kill_on_drop(true)
                     .spawn()
                     .map_err(io(format!("starting {}", self.cfg.vmm.display())))?;
+                hand_launch(&mut child, &launch).await?;
                 if let Some(pid) = child.id() {
                     // Recorded so a later daemon can stop this VMM if this one dies first.
                     let _ = std::fs::write(&pid_file, pid.to_string());
@@ -581,9 +578,19 @@ impl VmTier {
         let name: String =
             vm.id.chars().rev().take(12).collect::<Vec<_>>().into_iter().rev().collect();
         let limit = Duration::from_secs(10);
-        let named = self.exec(vm, &format!("hostname brig-{name}"), limit).await?;
+        let hostname = ProcessRun {
+            argv: vec!["hostname".into(), format!("brig-{name}")],
+            env: Vec::new(),
+            cwd: None,
+        };
+        let named = tokio::time::timeout(limit, async {
+            let mut s = exec_stream(&vm.uds, hostname).await?;
+            collect(&mut s, ReplyLimits { deadline: limit, ..ReplyLimits::CONTROL }).await
+        })
+        .await
+        .map_err(|_| VmTierError::ExecTimeout(limit))??;
         let reseed = tokio::time::timeout(limit, async {
-            let mut s = request_stream(&vm.uds, &agent::seed_line(&hex)).await?;
+            let mut s = request_stream(&vm.uds, &AgentRequest::Seed { seed_hex: hex }).await?;
             collect(&mut s, ReplyLimits { deadline: limit, ..ReplyLimits::CONTROL }).await
         })
         .await
@@ -619,9 +626,9 @@ impl VmTier {
         path: &str,
         data: &[u8],
     ) -> Result<(), VmTierError> {
-        let line = agent::put_line(path, data.len() as u64);
+        let request = AgentRequest::Put { path: path.to_string(), len: data.len() as u64 };
         let out =
-            collect(&mut request_with_body(&vm.uds, &line, data).await?, ReplyLimits::CONTROL)
+            collect(&mut request_with_body(&vm.uds, &request, data).await?, ReplyLimits::CONTROL)
                 .await?;
         if out.exit_code != 0 {
             return Err(VmTierError::Agent(
@@ -639,7 +646,8 @@ impl VmTier {
         path: &str,
         max_bytes: usize,
     ) -> Result<Vec<u8>, VmTierError> {
-        let mut stream = request_stream(&vm.uds, &agent::get_line(path)).await?;
+        let request = AgentRequest::Get { path: path.to_string() };
+        let mut stream = request_stream(&vm.uds, &request).await?;
         let out = collect(&mut stream, ReplyLimits::file(max_bytes)).await?;
         if out.exit_code != 0 {
             return Err(VmTierError::Agent(
@@ -685,6 +693,19 @@ impl VmTier {
 
 /// Stops VMMs a previous daemon left running (it crashed before destroying them) and removes
 /// their files: VMs are not adopted back yet, and a stray VMM must not hold memory forever.
+/// The MAC of a VM's network device (each VM is alone behind its own tap).
+const DEFAULT_MAC: [u8; 6] = [0x06, 0xb7, 0x16, 0x00, 0x00, 0x02];
+
+/// Writes `launch` to a just-started `brig-vmm launch`'s stdin and closes it.
+async fn hand_launch(
+    child: &mut tokio::process::Child,
+    launch: &LaunchConfig,
+) -> Result<(), VmTierError> {
+    use tokio::io::AsyncWriteExt;
+    let mut stdin = child.stdin.take().ok_or_else(|| VmTierError::Agent("no VMM stdin".into()))?;
+    stdin.write_all(launch.to_line().as_bytes()).await.map_err(io("handing the VMM its launch"))
+}
+
 fn reap_orphans(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     let dir_text = dir.to_string_lossy().into_owned();

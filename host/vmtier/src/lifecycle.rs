@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use brig_vmm_api::control::{self as control_api, ControlReply, ControlRequest};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
 use crate::{io, locked, Disks, MicroVm, VmNet, VmTier, VmTierError};
@@ -41,21 +42,27 @@ pub struct VmStats {
     pub reported_mib: u64,
 }
 
-/// Sends one request line to a VMM's control socket; its JSON answer, or the error it gave.
+/// Sends one request to a VMM's control socket; its reply, or the error it gave. The reply is
+/// read with a line cap and within `limit`: a VMM is no more trusted than its guest.
 async fn control(
     path: &Path,
-    request: &str,
+    request: &ControlRequest,
     limit: Duration,
-) -> Result<serde_json::Value, VmTierError> {
+) -> Result<ControlReply, VmTierError> {
     let exchange = async {
         let stream = UnixStream::connect(path)
             .await
             .map_err(io(format!("connecting to {}", path.display())))?;
         let (read, mut write) = stream.into_split();
-        write.write_all(format!("{request}\n").as_bytes()).await.map_err(io("control request"))?;
-        let mut line = String::new();
-        BufReader::new(read).read_line(&mut line).await.map_err(io("control reply"))?;
-        Ok::<_, VmTierError>(line)
+        let line = control_api::encode_line(request);
+        write.write_all(line.as_bytes()).await.map_err(io("control request"))?;
+        let mut reply = Vec::new();
+        BufReader::new(read)
+            .take(control_api::MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut reply)
+            .await
+            .map_err(io("control reply"))?;
+        Ok::<_, VmTierError>(reply)
     };
     let line = tokio::time::timeout(limit, exchange)
         .await
@@ -63,12 +70,21 @@ async fn control(
     if line.is_empty() {
         return Err(VmTierError::Control(format!("the VMM closed the socket on {request:?}")));
     }
-    let answer: serde_json::Value = serde_json::from_str(&line)
-        .map_err(|e| VmTierError::Control(format!("unreadable answer {line:?}: {e}")))?;
-    match answer.get("error").and_then(|e| e.as_str()) {
-        Some(error) => Err(VmTierError::Control(error.to_string())),
-        None => Ok(answer),
+    let reply = std::str::from_utf8(&line)
+        .map_err(|_| VmTierError::Control("a control reply that is not UTF-8".into()))
+        .and_then(|l| {
+            control_api::decode_line::<ControlReply>(l)
+                .map_err(|e| VmTierError::Control(format!("unreadable control reply: {e}")))
+        })?;
+    match reply {
+        ControlReply::Error { message } => Err(VmTierError::Control(message)),
+        reply => Ok(reply),
     }
+}
+
+/// A reply of the wrong kind (a VMM that answers out of turn).
+fn unexpected(request: &str, reply: &ControlReply) -> VmTierError {
+    VmTierError::Control(format!("the VMM answered {request} with {reply:?}"))
 }
 
 impl VmTier {
@@ -100,14 +116,18 @@ impl VmTier {
         if vm.is_paused() {
             return Ok(VmStats::default());
         }
-        let json = control(&vm.control, "stats", Duration::from_secs(5)).await?;
-        let balloon = |key: &str| json["balloon"][key].as_u64().unwrap_or(0);
-        Ok(VmStats {
-            rss_kib: json["rss_kib"].as_u64().unwrap_or(0),
-            balloon_target_mib: balloon("target_mib"),
-            balloon_actual_mib: balloon("actual_mib"),
-            reported_mib: balloon("reported_mib"),
-        })
+        match control(&vm.control, &ControlRequest::Stats {}, Duration::from_secs(5)).await? {
+            ControlReply::Stats { rss_kib, balloon } => {
+                let balloon = balloon.unwrap_or_default();
+                Ok(VmStats {
+                    rss_kib,
+                    balloon_target_mib: balloon.target_mib,
+                    balloon_actual_mib: balloon.actual_mib,
+                    reported_mib: balloon.reported_mib,
+                })
+            }
+            other => Err(unexpected("stats", &other)),
+        }
     }
 
     /// Asks `vm`'s guest to give up `mib` of memory into its balloon (0 gives it all back);
@@ -116,7 +136,11 @@ impl VmTier {
         if vm.is_paused() {
             return Err(VmTierError::Paused);
         }
-        control(&vm.control, &format!("balloon {mib}"), Duration::from_secs(5)).await.map(drop)
+        let request = ControlRequest::Balloon { target_mib: mib };
+        match control(&vm.control, &request, Duration::from_secs(5)).await? {
+            ControlReply::Done => Ok(()),
+            other => Err(unexpected("a balloon target", &other)),
+        }
     }
 
     /// Saves `vm` and stops its VMM; returns the bytes of memory that frees.
@@ -131,7 +155,14 @@ impl VmTier {
         if let Some(parent) = dir.parent() {
             std::fs::create_dir_all(parent).map_err(io("saved snapshots"))?;
         }
-        let saved = control(&vm.control, &format!("pause {}", dir.display()), SAVE_LIMIT).await;
+        let saved =
+            match control(&vm.control, &ControlRequest::Pause { dir: dir.clone() }, SAVE_LIMIT)
+                .await
+            {
+                Ok(ControlReply::Saved { .. }) => Ok(()),
+                Ok(other) => Err(unexpected("pause", &other)),
+                Err(e) => Err(e),
+            };
         if let Err(e) = saved {
             let _ = std::fs::remove_dir_all(&dir);
             return Err(e);
@@ -192,8 +223,12 @@ impl VmTier {
             if let Some(parent) = dir.parent() {
                 std::fs::create_dir_all(parent).map_err(io("saved snapshots"))?;
             }
-            let saved =
-                control(&vm.control, &format!("snapshot {}", dir.display()), SAVE_LIMIT).await;
+            let request = ControlRequest::Snapshot { dir: dir.clone() };
+            let saved = match control(&vm.control, &request, SAVE_LIMIT).await {
+                Ok(ControlReply::Saved { .. }) => Ok(()),
+                Ok(other) => Err(unexpected("snapshot", &other)),
+                Err(e) => Err(e),
+            };
             if let Err(e) = saved {
                 // The VMM's own account of what went wrong, if it died.
                 let log = std::fs::read_to_string(&vm.log).unwrap_or_default();

@@ -5,10 +5,10 @@
 //! VM against ~2 ms for a fresh process). A waiting VMM holds almost no memory: its guest
 //! memory is reserved, not touched. The pool refills as VMMs are taken.
 
-use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
+use brig_vmm_api::launch::LaunchConfig;
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStdin};
 
@@ -25,12 +25,9 @@ pub(crate) struct Standby {
 }
 
 impl Standby {
-    /// Hands the waiting VMM its `resume` arguments; it restores and runs from there.
-    pub async fn resume(mut self, args: &[OsString]) -> Result<Child, VmTierError> {
-        let strings: Vec<String> = args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
-        let mut line = serde_json::to_string(&strings)
-            .map_err(|e| VmTierError::Io { what: "resume arguments".into(), source: e.into() })?;
-        line.push('\n');
+    /// Hands the waiting VMM its launch (a resume, no tap); it restores and runs from there.
+    pub async fn resume(mut self, launch: &LaunchConfig) -> Result<Child, VmTierError> {
+        let line = launch.to_line();
         self.stdin.write_all(line.as_bytes()).await.map_err(io("handing a warm VMM its VM"))?;
         Ok(self.child)
     }

@@ -6,7 +6,7 @@
 use brig_container::session::{
     session_env, Session, SessionError, SessionParts, SessionProcess, DRIVER,
 };
-use brig_vmm_api::agent;
+use brig_vmm_api::agent::{self, AgentRequest, ProcessRun};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -40,24 +40,6 @@ impl Drop for GuestShell {
     fn drop(&mut self) {
         self.close();
     }
-}
-
-/// Quotes `arg` for a POSIX shell.
-fn quote(arg: &str) -> String {
-    format!("'{}'", arg.replace('\'', "'\\''"))
-}
-
-/// The script the agent runs: the session's environment and directory, then the driver loop.
-fn script(env: Vec<(String, String)>, cwd: &str) -> String {
-    let mut script = String::new();
-    for (k, v) in session_env(env) {
-        if !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-            script.push_str(&format!("export {k}={}\n", quote(&v)));
-        }
-    }
-    script.push_str(&format!("cd {} || exit 1\n", quote(cwd)));
-    script.push_str(DRIVER);
-    script
 }
 
 /// Copies what the engine writes into `from` to the agent as frames of `kind`.
@@ -94,9 +76,14 @@ impl VmTier {
                 "the session shell {shell:?} is not an absolute path"
             )));
         }
-        let script = script(env, cwd);
-        let line = agent::session_line(shell, script.len());
-        over_agent(request_with_body(&vm.uds, &line, script.as_bytes()).await?)
+        // The shell runs the driver with the session's environment and directory as data.
+        let process = ProcessRun {
+            argv: vec![shell.to_string(), "-c".to_string(), DRIVER.to_string()],
+            env: session_env(env),
+            cwd: Some(cwd.to_string()).filter(|c| !c.is_empty()),
+        };
+        let request = AgentRequest::Session { process };
+        over_agent(request_with_body(&vm.uds, &request, &[]).await?)
     }
 }
 
@@ -136,9 +123,7 @@ pub(crate) fn over_agent(stream: crate::ExecStream) -> Result<Session, VmTierErr
     // Frames to the agent, from every writer.
     let to_agent = tokio::spawn(async move {
         while let Some((kind, data)) = frames_rx.recv().await {
-            let mut frame = agent::frame_header(kind, data.len()).to_vec();
-            frame.extend_from_slice(&data);
-            if writer.write_all(&frame).await.is_err() {
+            if writer.write_all(&agent::encode_frame(kind, &data)).await.is_err() {
                 return;
             }
         }

@@ -1,6 +1,6 @@
 //! The container service of a container-host VM (the agent runs with `BRIG_AGENT_CONTAINERS`
 //! set to the runtime's scratch directory): the node's own container runtime,
-//! `brig_container`, on this guest's kernel, driven by the node's `CONTAINER` requests
+//! `brig_container`, on this guest's kernel, driven by the node's container requests
 //! (`brig_vmm_api::container`).
 //!
 //! ```text
@@ -27,7 +27,6 @@ use brig_container::shim_proto::ExitInfo;
 use brig_vmm_api::agent;
 use brig_vmm_api::container::{
     ContainerRequest, ContainerUsage, CreateSpec, Failure, FileEntry, ProcessSpec,
-    MAX_REQUEST_BYTES,
 };
 
 /// The environment variable that turns the service on: the runtime's scratch directory.
@@ -128,22 +127,13 @@ impl Service {
     }
 }
 
-/// Serves one `CONTAINER` request whose `len`-byte body follows on `reader`.
+/// Serves one container request; what follows it (stdin frames, a file) is on `reader`.
 pub fn serve(
-    mut reader: BufReader<File>,
+    request: ContainerRequest,
+    reader: BufReader<File>,
     out: Arc<Mutex<File>>,
-    len: usize,
 ) -> std::io::Result<()> {
-    let result = (|| {
-        if len > MAX_REQUEST_BYTES {
-            return Err(Refusal::bad(format!("a container request of {len} bytes")));
-        }
-        let mut body = vec![0u8; len];
-        reader.read_exact(&mut body)?;
-        let request: ContainerRequest = serde_json::from_slice(&body)
-            .map_err(|e| Refusal::bad(format!("malformed container request: {e}")))?;
-        handle(service()?, request, reader, &out)
-    })();
+    let result = service().and_then(|svc| handle(svc, request, reader, &out));
     match result {
         Ok((kind, value)) => crate::frame(&out, kind, &value.to_le_bytes()),
         Err(Refusal(failure, message)) => {

@@ -1,11 +1,12 @@
 //! `brig-agent`: runs inside a microVM guest and serves the host over virtio-vsock.
 //!
 //! It serves one request per connection on port 1024 (or `BRIG_AGENT_PORT`), in the protocol
-//! of `brig_vmm_api::agent`. A command runs under `/bin/sh -c`; a command killed by a signal
-//! reports 128 + signal. In a container-host VM (`BRIG_AGENT_CONTAINERS` set) it also runs the
-//! node's container runtime for `CONTAINER` requests (see `containers`).
+//! of `brig_vmm_api::agent`. A command is exec'd with exactly the argv, environment and
+//! directory the host sent (no shell in between); a command killed by a signal reports 128 +
+//! signal. In a container-host VM (`BRIG_AGENT_CONTAINERS` set) it also runs the node's
+//! container runtime for container requests (see `containers`).
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufReader, Read};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
@@ -14,7 +15,7 @@ use std::sync::{Arc, Mutex};
 mod containers;
 mod session;
 
-use brig_vmm_api::agent::{self, AgentRequest};
+use brig_vmm_api::agent::{self, AgentRequest, ProcessRun};
 use nix::sys::socket::{
     accept, bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, VsockAddr,
 };
@@ -140,63 +141,73 @@ fn frame(out: &Mutex<std::fs::File>, kind: u8, data: &[u8]) -> std::io::Result<(
     agent::write_frame(&mut *w, kind, data)
 }
 
+/// Answers a request that ran no process: EXIT 0, or the error and EXIT 1.
+fn done(out: &Mutex<std::fs::File>, result: std::io::Result<()>) -> std::io::Result<()> {
+    match result {
+        Ok(()) => frame(out, agent::EXIT, &0i32.to_le_bytes()),
+        Err(e) => {
+            frame(out, agent::STDERR, format!("brig-agent: {e}\n").as_bytes())?;
+            frame(out, agent::EXIT, &1i32.to_le_bytes())
+        }
+    }
+}
+
 fn handle(stream: std::fs::File) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
     let out = Arc::new(Mutex::new(stream));
-    if let Some(len) = brig_vmm_api::container::parse_request_line(&line) {
-        return containers::serve(reader, out, len);
-    }
-    let (command, stdin_frames) = match agent::parse_request(&line) {
-        Some(AgentRequest::Exec(command)) => (command, false),
-        Some(AgentRequest::ExecInput(command)) => (command, true),
-        Some(AgentRequest::Session { shell, len }) => {
-            return match session::serve(reader, out.clone(), shell, len) {
-                Ok(()) => Ok(()),
-                Err(e) => {
-                    frame(&out, agent::STDERR, format!("brig-agent: session: {e}\n").as_bytes())?;
-                    frame(&out, agent::EXIT, &1i32.to_le_bytes())
-                }
-            };
-        }
-        Some(other) => {
-            let result = match other {
-                AgentRequest::Seed(seed) => reseed(seed),
-                AgentRequest::Put { path, len } => {
-                    rooted(path).and_then(|p| put(&mut reader, &p, len))
-                }
-                AgentRequest::Get(path) => rooted(path).and_then(|p| get(&out, &p)),
-                AgentRequest::Exec(_)
-                | AgentRequest::ExecInput(_)
-                | AgentRequest::Session { .. } => Ok(()),
-            };
-            return match result {
-                Ok(()) => frame(&out, agent::EXIT, &0i32.to_le_bytes()),
-                Err(e) => {
-                    frame(&out, agent::STDERR, format!("brig-agent: {e}\n").as_bytes())?;
-                    frame(&out, agent::EXIT, &1i32.to_le_bytes())
-                }
-            };
-        }
-        None => {
-            frame(
-                &out,
-                agent::STDERR,
-                b"brig-agent: expected EXEC, EXECIN, PUT, GET, SEED, SESSION or CONTAINER\n",
-            )?;
+    let request = match AgentRequest::read(&mut reader) {
+        Ok(request) => request,
+        Err(e) => {
+            let message = format!(
+                "brig-agent: {e}: {}\n",
+                std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default()
+            );
+            frame(&out, agent::STDERR, message.as_bytes())?;
             return frame(&out, agent::EXIT, &2i32.to_le_bytes());
         }
     };
-    let mut shell = shell("/bin/sh");
-    let mut child = shell
-        .arg("-c")
-        .arg(command)
-        .stdin(if stdin_frames { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()?;
+    match request {
+        AgentRequest::Container { request } => containers::serve(request, reader, out),
+        AgentRequest::Exec { process, stdin_frames } => exec(&process, stdin_frames, reader, &out),
+        AgentRequest::Session { process } => match session::serve(reader, out.clone(), &process) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                frame(&out, agent::STDERR, format!("brig-agent: session: {e}\n").as_bytes())?;
+                frame(&out, agent::EXIT, &1i32.to_le_bytes())
+            }
+        },
+        AgentRequest::Seed { seed_hex } => done(&out, reseed(&seed_hex)),
+        AgentRequest::Put { path, len } => {
+            done(&out, rooted(&path).and_then(|p| put(&mut reader, &p, len)))
+        }
+        AgentRequest::Get { path } => done(&out, rooted(&path).and_then(|p| get(&out, &p))),
+    }
+}
+
+/// Runs `process` with its output as frames and its status last.
+fn exec(
+    process: &ProcessRun,
+    stdin_frames: bool,
+    reader: BufReader<std::fs::File>,
+    out: &Arc<Mutex<std::fs::File>>,
+) -> std::io::Result<()> {
+    let started = command(process).and_then(|mut command| {
+        command
+            .stdin(if stdin_frames { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+    });
+    let mut child = match started {
+        Ok(child) => child,
+        Err(e) => {
+            let program = process.argv.first().map_or("", String::as_str);
+            let message = format!("brig-agent: cannot start {program:?}: {e}\n");
+            frame(out, agent::STDERR, message.as_bytes())?;
+            return frame(out, agent::EXIT, &agent::EXIT_CANNOT_START.to_le_bytes());
+        }
+    };
     // When the host hangs up (its timeout, or it went away), the command and everything it
     // started are killed. With streamed stdin, the same reader feeds it first.
     let group = nix::unistd::Pid::from_raw(-(child.id() as i32));
@@ -208,9 +219,9 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
         (agent::STDOUT, Box::new(child.stdout.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),
         (agent::STDERR, Box::new(child.stderr.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),
     ];
-    pump(pipes, &out);
+    pump(pipes, out);
     let status = child.wait()?;
-    frame(&out, agent::EXIT, &exit_code(status).to_le_bytes())
+    frame(out, agent::EXIT, &exit_code(status).to_le_bytes())
 }
 
 /// Feeds `stdin` (if any) from the connection's IN_STDIN frames until an empty one, then
@@ -241,15 +252,42 @@ fn feed_until_hangup(
     });
 }
 
-/// `shell` (an absolute path), chrooted into the sandbox's root when there is one.
-fn shell(shell: &str) -> Command {
+/// The process `run` names, as a command to spawn: its argv, its environment on top of the
+/// agent's, started in its directory (inside the sandbox's root, when there is one). What
+/// execve cannot carry is refused.
+fn command(run: &ProcessRun) -> std::io::Result<Command> {
+    let cwd = run.cwd.as_deref().filter(|c| !c.is_empty()).unwrap_or("/");
+    brig_core::check_command(&run.argv, &run.env, cwd)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let mut command = Command::new(&run.argv[0]);
+    command.args(&run.argv[1..]).envs(run.env.iter().map(|(k, v)| (k, v)));
     match root() {
         Some(root) => {
-            let mut c = Command::new("/bin/chroot");
-            c.arg(root).arg(shell);
-            c
+            let invalid = |e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
+            let root = std::ffi::CString::new(root).map_err(invalid)?;
+            let cwd = std::ffi::CString::new(cwd).map_err(invalid)?;
+            enter_root(&mut command, root, cwd);
         }
-        None => Command::new(shell),
+        None => {
+            command.current_dir(cwd);
+        }
+    }
+    Ok(command)
+}
+
+/// Makes `command` chroot into `root` and change to `cwd` there before it execs (its program
+/// is then looked up inside the root).
+#[allow(unsafe_code)]
+fn enter_root(command: &mut Command, root: std::ffi::CString, cwd: std::ffi::CString) {
+    // SAFETY: the closure runs in the forked child before exec and calls only chroot and
+    // chdir (async-signal-safe) on C strings made before the fork, which it owns.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::chroot(root.as_ptr()) != 0 || libc::chdir(cwd.as_ptr()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 

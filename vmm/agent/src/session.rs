@@ -1,4 +1,4 @@
-//! Sessions: a shell script (the host's session driver) run with its descriptors 0-4 carried
+//! Sessions: a shell running the host's session driver, with its descriptors 0-4 carried
 //! over one connection, in the protocol of `brig_vmm_api::agent`: the host's IN_STDIN and
 //! IN_COMMAND frames become the script's fd 0 and fd 3, its stdout, stderr and fd 4 come back
 //! as STDOUT, STDERR and SESSION_DONE frames, IN_INTERRUPT sends SIGINT to its process group,
@@ -9,15 +9,11 @@
 use std::fs::File;
 use std::io::{BufReader, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
-use brig_vmm_api::agent;
-
-/// Largest session script the agent takes.
-const MAX_SCRIPT: usize = 1 << 20;
+use brig_vmm_api::agent::{self, ProcessRun};
 
 /// Makes `fd` the child's descriptor `target` (in the forked child, before exec). Copies it
 /// above the low numbers first, so wiring one descriptor never clobbers the other.
@@ -37,29 +33,19 @@ fn wire(fd: i32, target: i32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Runs `process` (a shell and the host's driver script) as a session: its fds 0-4 carried
+/// over this connection.
 pub fn serve(
-    mut reader: BufReader<File>,
+    reader: BufReader<File>,
     out: Arc<Mutex<File>>,
-    shell: &str,
-    len: usize,
+    process: &ProcessRun,
 ) -> std::io::Result<()> {
-    if len > MAX_SCRIPT {
-        return Err(std::io::Error::other(format!("a session script of {len} bytes")));
-    }
-    let mut script = vec![0u8; len];
-    reader.read_exact(&mut script)?;
     let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from);
     let (cmd_r, cmd_w) = pipe()?;
     let (done_r, done_w) = pipe()?;
     let (cmd_fd, done_fd) = (cmd_r.as_raw_fd(), done_w.as_raw_fd());
-    let mut command = crate::shell(shell);
-    command
-        .arg("-c")
-        .arg(std::ffi::OsStr::from_bytes(&script))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
+    let mut command = crate::command(process)?;
+    command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
     // SAFETY: the closure runs in the forked child before exec and calls only `wire`
     // (async-signal-safe fcntl and dup2) on descriptors that stay open until spawn returns.
     unsafe {

@@ -1,22 +1,28 @@
 //! The agent protocol, over a vsock stream to [`PORT`] (through the VMM's Unix socket:
-//! `CONNECT <port>\n` → `OK <port>\n` first):
+//! `CONNECT <port>\n` → `OK <port>\n` first, the VMM's hybrid-vsock handshake). After that,
+//! everything both ways is a frame, in the one codec host, VMM and agent share:
 //!
 //! ```text
-//! host → agent   EXEC <shell command>\n
-//! agent → host   frames: kind u8 | len u32 LE | bytes
-//!                STDOUT / STDERR as produced, then EXIT (i32 LE status), last
+//! frame          kind u8 | len u32 LE | len bytes          (len ≤ MAX_FRAME)
 //!
-//! host → agent   EXECIN <shell command>\n, then IN_STDIN frames for its stdin (an empty one
-//!                ends it); answered as EXEC
-//!
-//! host → agent   SESSION <len> <shell>\n, then <len> bytes: a script `<shell> -c` runs with
-//!                fds 3 and 4 wired to the connection; then frames IN_STDIN (to fd 0),
-//!                IN_COMMAND (to fd 3), IN_INTERRUPT (SIGINT to its process group)
-//! agent → host   frames STDOUT, STDERR, SESSION_DONE (from fd 4), then EXIT when it ends;
-//!                a host hang-up kills the script and everything it started
+//! host → agent   REQUEST frame: one AgentRequest as JSON, first
+//!   exec           then, with stdin_frames, IN_STDIN frames (an empty one ends the input)
+//!   put            then exactly `len` raw bytes of the file (not framed)
+//!   session        then IN_STDIN (to fd 0), IN_COMMAND (to fd 3), IN_INTERRUPT frames
+//!   container      as `crate::container` says for the request inside
+//! agent → host   STDOUT / STDERR as produced (a session adds SESSION_DONE from its fd 4),
+//!                then EXIT (i32 LE status) or SIGNALED (i32 LE signal), last
 //! ```
+//!
+//! A command's argv, environment and working directory travel as data and reach `execve` as
+//! they are: nothing is spliced into a shell line. A host hang-up kills what the request
+//! started. The host reads every reply with a byte cap and a deadline (`brig_vmtier`).
 
 use std::io::{Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+use crate::container::ContainerRequest;
 
 /// The agent's vsock port.
 pub const PORT: u32 = 1024;
@@ -25,157 +31,178 @@ pub const STDERR: u8 = 2;
 pub const EXIT: u8 = 3;
 /// A session shell's completion reports (its fd 4).
 pub const SESSION_DONE: u8 = 4;
-/// In place of EXIT, last: the process died of this signal (i32 LE). Container requests send
-/// it (see `crate::container`); plain EXEC reports 128 + signal in EXIT.
+/// In place of EXIT, last: the process died of this signal (i32 LE). An exec of the agent's
+/// own reports 128 + signal in EXIT instead, as a shell would.
 pub const SIGNALED: u8 = 5;
-/// Host → agent in a session: bytes for the shell's stdin, for its fd 3, and an interrupt.
+/// Host → agent: bytes for a process's stdin, for a session's fd 3, and an interrupt.
 pub const IN_STDIN: u8 = 16;
 pub const IN_COMMAND: u8 = 17;
 pub const IN_INTERRUPT: u8 = 18;
+/// Host → agent, first on every connection: the request.
+pub const REQUEST: u8 = 32;
 /// Largest frame a reader accepts.
 pub const MAX_FRAME: usize = 1 << 20;
+/// The EXIT status of a command whose program could not be started (as a shell says 127).
+pub const EXIT_CANNOT_START: i32 = 127;
 
-/// The request line that stirs `seed` (hex) into the guest's random pool and forces the
-/// kernel's CRNG to reseed, so VMs resumed from one snapshot stop sharing a random stream.
-pub fn seed_line(seed_hex: &str) -> String {
-    format!("SEED {seed_hex}\n")
+/// A process for the agent to start: exactly this argv, this environment on top of the
+/// agent's own, in this directory.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessRun {
+    /// The program (looked up in `PATH` when it has no `/`) and its arguments.
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Absolute, in the sandbox; none is `/`.
+    pub cwd: Option<String>,
 }
 
-/// The seed in a seed request line, if it is one.
-pub fn parse_seed_line(line: &str) -> Option<&str> {
-    line.trim_end_matches('\n').strip_prefix("SEED ")
+/// What the host asks the agent, one per connection.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AgentRequest {
+    /// Starts a process; `stdin_frames`: its stdin comes as IN_STDIN frames (otherwise it is
+    /// empty).
+    Exec { process: ProcessRun, stdin_frames: bool },
+    /// Stirs `seed_hex` into the guest's random pool and makes the CRNG reseed, so VMs resumed
+    /// from one snapshot stop sharing a random stream.
+    Seed { seed_hex: String },
+    /// Writes the `len` raw bytes that follow the request to `path` (parents created).
+    Put { path: String, len: u64 },
+    /// Sends `path`'s bytes as STDOUT frames.
+    Get { path: String },
+    /// Starts a session shell (`process.argv` is `[shell, "-c", driver]`) with fds 3 and 4
+    /// carried as frames.
+    Session { process: ProcessRun },
+    /// A request for the container service of a container-host VM.
+    Container { request: ContainerRequest },
 }
 
-/// Writes a file: the line, then exactly `len` raw bytes; the agent answers `EXIT` 0 (or
-/// `STDERR` and a non-zero `EXIT`). Paths are the guest's, absolute.
-pub fn put_line(path: &str, len: u64) -> String {
-    format!("PUT {len} {path}\n")
+/// A request or frame the other side cannot take.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("agent frame of {len} bytes (at most {MAX_FRAME})")]
+    TooLarge { len: usize },
+    #[error("expected a request frame, got kind {0}")]
+    NotARequest(u8),
+    #[error("malformed agent request")]
+    Malformed(#[source] serde_json::Error),
+    #[error("agent connection")]
+    Io(#[from] std::io::Error),
 }
 
-/// Reads a file: the agent answers `STDOUT` frames with its bytes, then `EXIT`.
-pub fn get_line(path: &str) -> String {
-    format!("GET {path}\n")
-}
-
-/// Starts a session: the line, then exactly `len` bytes of script for `shell -c`.
-pub fn session_line(shell: &str, len: usize) -> String {
-    format!("SESSION {len} {}\n", shell.replace('\n', " "))
-}
-
-/// A parsed agent request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AgentRequest<'a> {
-    Exec(&'a str),
-    /// A command whose stdin follows as IN_STDIN frames.
-    ExecInput(&'a str),
-    Seed(&'a str),
-    Put {
-        path: &'a str,
-        len: u64,
-    },
-    Get(&'a str),
-    Session {
-        shell: &'a str,
-        len: usize,
-    },
-}
-
-/// Parses a request line (without or with its newline).
-pub fn parse_request(line: &str) -> Option<AgentRequest<'_>> {
-    let line = line.trim_end_matches('\n');
-    let (verb, rest) = line.split_once(' ')?;
-    match verb {
-        "EXEC" => Some(AgentRequest::Exec(rest)),
-        "EXECIN" => Some(AgentRequest::ExecInput(rest)),
-        "SEED" => Some(AgentRequest::Seed(rest)),
-        "GET" if rest.starts_with('/') => Some(AgentRequest::Get(rest)),
-        "SESSION" => {
-            let (len, shell) = rest.split_once(' ')?;
-            shell.starts_with('/').then_some(())?;
-            Some(AgentRequest::Session { shell, len: len.parse().ok()? })
-        }
-        "PUT" => {
-            let (len, path) = rest.split_once(' ')?;
-            path.starts_with('/').then_some(())?;
-            Some(AgentRequest::Put { path, len: len.parse().ok()? })
-        }
-        _ => None,
-    }
-}
-
-/// The request line for `command` (newlines become spaces: one line per request).
-pub fn exec_line(command: &str) -> String {
-    format!("EXEC {}\n", command.replace('\n', " "))
-}
-
-/// The request line for `command` with its stdin streamed after it as IN_STDIN frames.
-pub fn exec_input_line(command: &str) -> String {
-    format!("EXECIN {}\n", command.replace('\n', " "))
-}
-
-/// The command in a request line, if it is one.
-pub fn parse_exec_line(line: &str) -> Option<&str> {
-    line.trim_end_matches('\n').strip_prefix("EXEC ")
-}
-
+/// A frame's 5-byte header.
 pub fn frame_header(kind: u8, len: usize) -> [u8; 5] {
     let mut head = [0u8; 5];
     head[0] = kind;
-    head[1..].copy_from_slice(&(len as u32).to_le_bytes());
+    head[1..].copy_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes());
     head
 }
 
-pub fn write_frame(w: &mut impl Write, kind: u8, data: &[u8]) -> std::io::Result<()> {
-    w.write_all(&frame_header(kind, data.len()))?;
-    w.write_all(data)
+/// A whole frame (header and data), for writers that send it in one piece.
+pub fn encode_frame(kind: u8, data: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(5 + data.len());
+    frame.extend_from_slice(&frame_header(kind, data.len()));
+    frame.extend_from_slice(data);
+    frame
 }
 
 /// Parses a frame header: kind and length, refusing frames over [`MAX_FRAME`].
-pub fn parse_header(head: [u8; 5]) -> Result<(u8, usize), String> {
+pub fn parse_header(head: [u8; 5]) -> Result<(u8, usize), FrameError> {
     let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
     if len > MAX_FRAME {
-        return Err(format!("agent frame of {len} bytes"));
+        return Err(FrameError::TooLarge { len });
     }
     Ok((head[0], len))
 }
 
-pub fn read_frame(r: &mut impl Read) -> std::io::Result<(u8, Vec<u8>)> {
+pub fn write_frame(w: &mut impl Write, kind: u8, data: &[u8]) -> std::io::Result<()> {
+    w.write_all(&encode_frame(kind, data))
+}
+
+pub fn read_frame(r: &mut impl Read) -> Result<(u8, Vec<u8>), FrameError> {
     let mut head = [0u8; 5];
     r.read_exact(&mut head)?;
-    let (kind, len) = parse_header(head).map_err(std::io::Error::other)?;
+    let (kind, len) = parse_header(head)?;
     let mut data = vec![0u8; len];
     r.read_exact(&mut data)?;
     Ok((kind, data))
+}
+
+impl AgentRequest {
+    /// The request as its REQUEST frame.
+    pub fn to_frame(&self) -> Vec<u8> {
+        // Strings, numbers and lists with string keys: serializing cannot fail.
+        encode_frame(REQUEST, &serde_json::to_vec(self).unwrap_or_default())
+    }
+
+    /// Reads the request frame a connection starts with.
+    pub fn read(r: &mut impl Read) -> Result<AgentRequest, FrameError> {
+        let (kind, data) = read_frame(r)?;
+        if kind != REQUEST {
+            return Err(FrameError::NotARequest(kind));
+        }
+        serde_json::from_slice(&data).map_err(FrameError::Malformed)
+    }
+}
+
+/// The i32 an EXIT or SIGNALED frame carries (-1 when the frame is short).
+pub fn status_of(data: &[u8]) -> i32 {
+    data.get(..4).and_then(|b| b.try_into().ok()).map_or(-1, i32::from_le_bytes)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn exec() -> AgentRequest {
+        AgentRequest::Exec {
+            process: ProcessRun {
+                argv: vec!["printf".into(), "%s".into(), "a\nb 'c'".into()],
+                env: vec![("A B\nC".into(), "x\ny".into())],
+                cwd: Some("/tmp/a b".into()),
+            },
+            stdin_frames: true,
+        }
+    }
+
     #[test]
-    fn frames_round_trip_and_oversized_ones_are_refused() {
-        let mut buf = Vec::new();
-        write_frame(&mut buf, STDOUT, b"hello").expect("write");
+    fn requests_and_frames_round_trip_unchanged() {
+        let mut buf = exec().to_frame();
+        write_frame(&mut buf, IN_STDIN, b"hello").expect("write");
         write_frame(&mut buf, EXIT, &7i32.to_le_bytes()).expect("write");
         let mut r = &buf[..];
-        assert_eq!(read_frame(&mut r).expect("1"), (STDOUT, b"hello".to_vec()));
-        assert_eq!(read_frame(&mut r).expect("2"), (EXIT, 7i32.to_le_bytes().to_vec()));
+        assert_eq!(AgentRequest::read(&mut r).expect("request"), exec());
+        assert_eq!(read_frame(&mut r).expect("1"), (IN_STDIN, b"hello".to_vec()));
+        let (kind, data) = read_frame(&mut r).expect("2");
+        assert_eq!((kind, status_of(&data)), (EXIT, 7));
+        assert_eq!(status_of(b"\x01"), -1);
+        for request in [
+            AgentRequest::Seed { seed_hex: "00ff".into() },
+            AgentRequest::Put { path: "/a b".into(), len: 5 },
+            AgentRequest::Get { path: "/etc/x".into() },
+            AgentRequest::Container { request: ContainerRequest::Destroy { name: "sb-1".into() } },
+        ] {
+            assert_eq!(AgentRequest::read(&mut &request.to_frame()[..]).expect("r"), request);
+        }
+    }
+
+    #[test]
+    fn bad_frames_and_requests_are_typed_errors() {
         let huge = frame_header(STDOUT, MAX_FRAME + 1);
-        assert!(parse_header(huge).is_err());
-        assert_eq!(parse_exec_line(&exec_line("echo a\necho b")), Some("echo a echo b"));
-        assert_eq!(parse_exec_line("RUN x\n"), None);
-        assert_eq!(
-            parse_request(&put_line("/a b", 5)),
-            Some(AgentRequest::Put { path: "/a b", len: 5 })
-        );
-        assert_eq!(parse_request(&get_line("/etc/x")), Some(AgentRequest::Get("/etc/x")));
-        assert_eq!(parse_request("GET relative\n"), None);
-        assert_eq!(parse_request("PUT x /a\n"), None);
-        assert_eq!(
-            parse_request(&session_line("/bin/sh", 12)),
-            Some(AgentRequest::Session { shell: "/bin/sh", len: 12 })
-        );
-        assert_eq!(parse_request("SESSION 5 sh\n"), None);
-        assert_eq!(parse_request(&exec_input_line("cat")), Some(AgentRequest::ExecInput("cat")));
+        assert!(matches!(parse_header(huge), Err(FrameError::TooLarge { .. })));
+        let stdout = encode_frame(STDOUT, b"{}");
+        assert!(matches!(AgentRequest::read(&mut &stdout[..]), Err(FrameError::NotARequest(1))));
+        for bad in [
+            &br#"{"op":"nuke"}"#[..],
+            br#"{"op":"get"}"#,
+            br#"{"op":"get","path":"/a","x":1}"#,
+            b"EXEC ls",
+        ] {
+            let frame = encode_frame(REQUEST, bad);
+            assert!(matches!(AgentRequest::read(&mut &frame[..]), Err(FrameError::Malformed(_))));
+        }
+        let cut = &exec().to_frame()[..8];
+        assert!(matches!(AgentRequest::read(&mut &cut[..]), Err(FrameError::Io(_))));
     }
 }

@@ -2,11 +2,12 @@
 //!
 //! A container-host VM is a Linux guest whose agent runs the node's own container runtime
 //! (`brig-container`, with `brig-shim`) on the guest's kernel, so a kernel bug an agent
-//! triggers takes down that VM, not the node. Every request is one connection:
+//! triggers takes down that VM, not the node. Every request is one connection, an
+//! `AgentRequest::Container` (see `crate::agent`):
 //!
 //! ```text
-//! host → agent   CONTAINER <len>\n, then <len> bytes of JSON: a ContainerRequest
-//! agent → host   frames, as for EXEC: STDOUT / STDERR, then EXIT (i32 LE), last
+//! host → agent   REQUEST frame {"op":"container","request":{…a ContainerRequest…}}
+//! agent → host   frames, as for an exec: STDOUT / STDERR, then EXIT (i32 LE), last
 //!
 //! Exec { stdin: true }   then IN_STDIN frames for the process's stdin (an empty one ends it)
 //! Session                then IN_STDIN / IN_COMMAND / IN_INTERRUPT frames, as SESSION;
@@ -22,19 +23,6 @@
 //! host hang-up kills the process tree.
 
 use serde::{Deserialize, Serialize};
-
-/// Largest request body the agent reads.
-pub const MAX_REQUEST_BYTES: usize = 1 << 20;
-
-/// The request line for a container request of `len` JSON bytes.
-pub fn request_line(len: usize) -> String {
-    format!("CONTAINER {len}\n")
-}
-
-/// The body length in a container request line, if it is one.
-pub fn parse_request_line(line: &str) -> Option<usize> {
-    line.trim_end_matches('\n').strip_prefix("CONTAINER ")?.parse().ok()
-}
 
 /// A new container in the VM.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -140,13 +128,6 @@ impl ContainerRequest {
             | ContainerRequest::Freeze { name, .. }
             | ContainerRequest::Usage { name } => name,
         }
-    }
-
-    /// The request line and JSON body.
-    pub fn encode(&self) -> (String, Vec<u8>) {
-        // A request of strings, numbers and lists always serializes.
-        let body = serde_json::to_vec(self).unwrap_or_default();
-        (request_line(body.len()), body)
     }
 }
 
@@ -259,13 +240,11 @@ mod tests {
             },
             stdin: true,
         };
-        let (line, body) = req.encode();
-        assert_eq!(parse_request_line(&line), Some(body.len()));
+        let body = serde_json::to_vec(&req).expect("encode");
         let back: ContainerRequest = serde_json::from_slice(&body).expect("decode");
         assert_eq!(back, req);
         assert_eq!(back.container(), "sb-1");
         assert!(serde_json::from_slice::<ContainerRequest>(br#"{"op":"nuke","name":"x"}"#).is_err());
-        assert_eq!(parse_request_line("CONTAINER x\n"), None);
         for (f, _) in FAILURES {
             assert_eq!(Failure::from_code(f.code()), f);
         }

@@ -4,6 +4,8 @@
 
 pub mod agent;
 pub mod container;
+pub mod control;
+pub mod launch;
 pub mod sparse;
 
 /// The host's virtualization, as far as the VM tiers care.

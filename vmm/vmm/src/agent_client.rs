@@ -32,7 +32,12 @@ pub fn exec(uds: &Path, port: u32, command: &str) -> Result<i32, AgentError> {
     if !line.starts_with("OK ") {
         return Err(AgentError::Refused(port));
     }
-    stream.write_all(agent::exec_line(command).as_bytes())?;
+    let process = agent::ProcessRun {
+        argv: vec!["/bin/sh".into(), "-c".into(), command.into()],
+        env: Vec::new(),
+        cwd: None,
+    };
+    stream.write_all(&agent::AgentRequest::Exec { process, stdin_frames: false }.to_frame())?;
     loop {
         let Ok((kind, data)) = agent::read_frame(&mut reader) else {
             return Err(AgentError::Refused(port));
@@ -41,8 +46,7 @@ pub fn exec(uds: &Path, port: u32, command: &str) -> Result<i32, AgentError> {
             agent::STDOUT => std::io::stdout().write_all(&data)?,
             agent::STDERR => std::io::stderr().write_all(&data)?,
             agent::EXIT => {
-                let code =
-                    data.get(..4).and_then(|b| b.try_into().ok()).map_or(1, i32::from_le_bytes);
+                let code = agent::status_of(&data);
                 std::io::stdout().flush()?;
                 return Ok(code);
             }

@@ -1,23 +1,20 @@
-//! The VMM's control socket: how the host (brig-vmtier) steers a running Linux VM. One Unix
-//! socket per VMM; each connection sends request lines and gets one JSON line back per request:
-//!
-//! - `stats`: `{"rss_kib":…,"balloon":{"target_mib":…,"actual_mib":…,"reported_mib":…,
-//!   "reports":…,"inflated_mib":…}}` (`balloon` is null without a balloon device);
-//! - `balloon MIB`: sets the balloon's target (0 gives everything back) → `{"ok":true}`;
-//! - `snapshot DIR`: stops the vCPU at its next exit, saves the VM to DIR, then lets it run on
-//!   (a fork point) → `{"ok":true,"ms":…}`;
-//! - `pause DIR`: as `snapshot`, then the VMM exits (the sandbox lives on in DIR).
-//!
-//! Errors come back as `{"error":"…"}`; a malformed line never stops the VMM.
+//! The VMM's control socket: how the host (brig-vmtier) steers a running Linux VM, in the typed
+//! messages of `brig_vmm_api::control` (one JSON object per line each way). Every connection is
+//! served on its own thread; a malformed or oversized line gets an error reply and never stops
+//! the VMM. A `pause` that succeeded ends the process once its reply is written.
 #![allow(unsafe_code)]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use brig_vmm_api::control::{
+    decode_line, encode_line, BalloonStats, ControlReply, ControlRequest, MAX_LINE,
+};
 
 use crate::linux::Devices;
 use crate::virtio::balloon::BalloonShared;
@@ -145,38 +142,61 @@ pub fn serve(path: &Path, handles: ControlHandles) -> std::io::Result<()> {
 
 fn connection(stream: UnixStream, handles: &ControlHandles) {
     let Ok(mut out) = stream.try_clone() else { return };
-    let mut lines = BufReader::new(stream).lines();
-    while let Some(Ok(line)) = lines.next() {
-        let line = line.trim();
-        let reply = answer(line, handles);
-        if writeln!(out, "{reply}").is_err() {
+    let mut reader = BufReader::new(stream);
+    loop {
+        let mut line = Vec::new();
+        // One byte past the cap tells an oversized line from one that just fits.
+        let read = (&mut reader).take(MAX_LINE as u64 + 1).read_until(b'\n', &mut line);
+        match read {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let too_long = line.len() > MAX_LINE;
+        let request = if too_long {
+            Err(format!("a request line is at most {MAX_LINE} bytes"))
+        } else {
+            std::str::from_utf8(&line)
+                .map_err(|_| "a request line is UTF-8 JSON".to_string())
+                .and_then(|l| decode_line::<ControlRequest>(l).map_err(|e| describe(&e)))
+        };
+        let reply = match &request {
+            Ok(request) => answer(request, handles),
+            Err(message) => ControlReply::Error { message: message.clone() },
+        };
+        if out.write_all(encode_line(&reply).as_bytes()).is_err() {
             return;
         }
-        if line.starts_with("pause ") && !reply.starts_with(r#"{"error""#) {
+        if matches!(request, Ok(ControlRequest::Pause { .. }))
+            && matches!(reply, ControlReply::Saved { .. })
+        {
             // The VM is saved and its vCPU parked for good: the sandbox lives on in the
             // snapshot, this process ends.
             let _ = out.flush();
             std::process::exit(0);
         }
+        if too_long {
+            // The rest of an oversized line cannot be told from the next request.
+            return;
+        }
     }
 }
 
-fn error(message: impl std::fmt::Display) -> String {
-    serde_json::json!({ "error": message.to_string() }).to_string()
+/// A decoding error with its cause (the wire carries one message).
+fn describe(e: &brig_vmm_api::control::ControlCodecError) -> String {
+    match std::error::Error::source(e) {
+        Some(source) => format!("{e}: {source}"),
+        None => e.to_string(),
+    }
 }
 
-fn answer(line: &str, handles: &ControlHandles) -> String {
-    let (verb, arg) = line.split_once(' ').unwrap_or((line, ""));
-    match verb {
-        "stats" => stats(handles),
-        "balloon" => {
-            let Ok(mib) = arg.trim().parse::<u64>() else {
-                return error("usage: balloon MIB");
-            };
+fn answer(request: &ControlRequest, handles: &ControlHandles) -> ControlReply {
+    match request {
+        ControlRequest::Stats {} => stats(handles),
+        ControlRequest::Balloon { target_mib } => {
             let Some((index, shared)) = &handles.balloon else {
-                return error("this VM has no balloon device");
+                return ControlReply::Error { message: "this VM has no balloon device".into() };
             };
-            shared.set_target_mib(mib);
+            shared.set_target_mib(*target_mib);
             let mut devices =
                 handles.devices.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Some((transport, irq)) = devices.get_mut(*index) {
@@ -184,24 +204,23 @@ fn answer(line: &str, handles: &ControlHandles) -> String {
                     let _ = irq.write(1);
                 }
             }
-            serde_json::json!({ "ok": true }).to_string()
+            ControlReply::Done
         }
-        "snapshot" | "pause" if !arg.trim().is_empty() => {
-            let dir = PathBuf::from(arg.trim());
-            let request =
-                if verb == "pause" { VcpuRequest::Pause(dir) } else { VcpuRequest::Snapshot(dir) };
+        ControlRequest::Snapshot { dir } | ControlRequest::Pause { dir } => {
+            if !dir.is_absolute() {
+                return ControlReply::Error { message: "a snapshot directory is absolute".into() };
+            }
+            let request = match request {
+                ControlRequest::Pause { .. } => VcpuRequest::Pause(dir.clone()),
+                _ => VcpuRequest::Snapshot(dir.clone()),
+            };
             let started = std::time::Instant::now();
             match handles.requests.submit(request, Duration::from_secs(30)) {
-                Ok(()) => serde_json::json!({
-                    "ok": true,
-                    "ms": started.elapsed().as_secs_f64() * 1000.0
-                })
-                .to_string(),
-                Err(e) => error(e),
+                Ok(()) => ControlReply::Saved {
+                    micros: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+                },
+                Err(message) => ControlReply::Error { message },
             }
-        }
-        _ => {
-            error(format!("unknown request {line:?} (stats, balloon MIB, snapshot DIR, pause DIR)"))
         }
     }
 }
@@ -213,17 +232,15 @@ pub fn rss_kib() -> u64 {
     pages * 4
 }
 
-fn stats(handles: &ControlHandles) -> String {
-    let balloon = handles.balloon.as_ref().map(|(_, b)| {
-        serde_json::json!({
-            "target_mib": b.target_mib(),
-            "actual_mib": b.actual_mib(),
-            "reported_mib": b.reported_bytes.load(Ordering::Relaxed) >> 20,
-            "reports": b.reports.load(Ordering::Relaxed),
-            "inflated_mib": b.inflated_bytes.load(Ordering::Relaxed) >> 20,
-        })
+fn stats(handles: &ControlHandles) -> ControlReply {
+    let balloon = handles.balloon.as_ref().map(|(_, b)| BalloonStats {
+        target_mib: b.target_mib(),
+        actual_mib: b.actual_mib(),
+        reported_mib: b.reported_bytes.load(Ordering::Relaxed) >> 20,
+        reports: b.reports.load(Ordering::Relaxed),
+        inflated_mib: b.inflated_bytes.load(Ordering::Relaxed) >> 20,
     });
-    serde_json::json!({ "rss_kib": rss_kib(), "balloon": balloon }).to_string()
+    ControlReply::Stats { rss_kib: rss_kib(), balloon }
 }
 
 /// Runs the VM's vCPU on this thread until the guest ends, serving control requests on the way:

@@ -23,7 +23,7 @@ use vm_memory::{Address, Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::acpi::MmioDevice;
-use crate::guest;
+use crate::long_mode;
 use crate::memory::GuestMemory;
 use crate::serial::{console, Console};
 use crate::virtio::mmio::{MmioTransport, WINDOW};
@@ -88,7 +88,7 @@ pub struct LinuxVm {
     pub snapshot_trigger: bool,
     /// virtio-mmio devices with their interrupt lines, windows from [`MMIO_BASE`].
     pub(crate) devices: Devices,
-    view: vm_memory::GuestMemoryMmap,
+    view: crate::memory::GuestView,
     /// The balloon device's index and handle, when the VM has one.
     pub balloon: Option<(usize, Arc<crate::virtio::balloon::BalloonShared>)>,
     /// Requests from the control socket for the vCPU thread.
@@ -218,14 +218,15 @@ impl LinuxVm {
         let rsdp = crate::acpi::write_tables(&mut linux.memory, &described, linux.vcpus.len())
             .map_err(|e| BootError::GuestMemory(e.to_string()))?;
         let size = mem_mib << 20;
-        let view = linux.memory.view()?;
+        let view_owner = linux.memory.view()?;
+        let view = view_owner.memory();
         let mut image = File::open(kernel)
             .map_err(|e| BootError::Kernel(format!("{}: {e}", kernel.display())))?;
-        let loaded = BzImage::load(&view, None, &mut image, Some(GuestAddress(HIMEM_START)))
+        let loaded = BzImage::load(view, None, &mut image, Some(GuestAddress(HIMEM_START)))
             .map_err(|e| BootError::Kernel(format!("{}: {e}", kernel.display())))?;
         let mut cl = Cmdline::new(CMDLINE_MAX).map_err(|e| BootError::Cmdline(e.to_string()))?;
         cl.insert_str(cmdline).map_err(|e| BootError::Cmdline(e.to_string()))?;
-        linux_loader::loader::load_cmdline(&view, GuestAddress(CMDLINE), &cl)
+        linux_loader::loader::load_cmdline(view, GuestAddress(CMDLINE), &cl)
             .map_err(|e| BootError::Cmdline(e.to_string()))?;
 
         let mut params = boot_params::default();
@@ -261,11 +262,11 @@ impl LinuxVm {
         params.acpi_rsdp_addr = rsdp;
         LinuxBootConfigurator::write_bootparams::<vm_memory::GuestMemoryMmap>(
             &BootParams::new::<boot_params>(&params, GuestAddress(ZERO_PAGE)),
-            &view,
+            view,
         )
         .map_err(|e| BootError::GuestMemory(e.to_string()))?;
-        // Identity page tables and GDT, shared with the test guest's setup.
-        guest::load(&mut linux.memory, 0)?;
+        // Identity page tables and GDT (the kernel's 64-bit entry wants paging on).
+        long_mode::write_tables(&mut linux.memory)?;
         let supported =
             linux.kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm("CPUID"))?;
         let count = linux.vcpus.len();
@@ -280,7 +281,7 @@ impl LinuxVm {
         }
         let vcpu = crate::vcpus::lock(&linux.vcpus[0]);
         let sregs = vcpu.get_sregs().map_err(kvm("get sregs"))?;
-        vcpu.set_sregs(&guest::sregs(sregs)).map_err(kvm("set sregs"))?;
+        vcpu.set_sregs(&long_mode::sregs(sregs)).map_err(kvm("set sregs"))?;
         let entry = loaded.kernel_load.raw_value() + 0x200;
         let regs = kvm_bindings::kvm_regs {
             rip: entry,

@@ -1,5 +1,11 @@
 //! `brig-vmm`: one VM per process. Commands:
 //!
+//! - `launch`: read a launch configuration (`brig_vmm_api::launch`) on stdin and run it: how
+//!   brig-vmtier starts every VMM. `boot` and `resume` build the same configuration from flags;
+//!   `standby` creates a VM ahead and waits for its configuration; `exec` runs a shell command
+//!   through a guest's agent.
+//!
+//! With the `test-guest` feature (tests and benchmarks only):
 //! - `snapshot --out DIR`: boot the test guest, let it answer once, pause and save it.
 //! - `restore --snapshot DIR`: a fresh VM restored from DIR answers a first request, then
 //!   serves requests (one number per stdin line, one answer per stdout line) until EOF.
@@ -7,16 +13,19 @@
 //!   as `restore`.
 //!
 //! The first stdout line of `restore` and `pool` is JSON: the first answer and timings.
+#![forbid(unsafe_code)]
 
+#[cfg(feature = "test-guest")]
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
 use brig_vmm::linux::{Ending, LinuxVm};
-use brig_vmm::virtio::cow::DiskSpec;
 use brig_vmm::virtio::{balloon::Balloon, blk::Block, mmio::MmioTransport, rng::Rng, vsock::Vsock};
+#[cfg(feature = "test-guest")]
 use brig_vmm::{Snapshot, Vm};
+use brig_vmm_api::launch::{DiskSpec, JailSpec, LaunchConfig, NetSpec, Start};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -28,6 +37,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Boot the purpose-built test guest, let it answer once, pause and save it.
+    #[cfg(feature = "test-guest")]
     Snapshot {
         #[arg(long)]
         out: PathBuf,
@@ -37,6 +48,8 @@ enum Command {
         #[arg(long, default_value_t = 16)]
         touch_mib: u64,
     },
+    /// Restore the test guest from a snapshot, answer a first request, then serve requests.
+    #[cfg(feature = "test-guest")]
     Restore {
         #[arg(long)]
         snapshot: PathBuf,
@@ -58,10 +71,15 @@ enum Command {
         #[command(flatten)]
         jail: JailOptions,
     },
+    /// Pre-create a test-guest VM, print `ready`, wait for `restore DIR` on stdin.
+    #[cfg(feature = "test-guest")]
     Pool {
         #[arg(long, default_value_t = 64)]
         mem_mib: usize,
     },
+    /// Read one launch configuration (`brig_vmm_api::launch::LaunchConfig`, a JSON line) on
+    /// stdin and run it: how brig-vmtier starts a VMM. Exits as `boot`.
+    Launch,
     /// Boot a Linux bzImage; the console goes to stdout (bounded). Exit status 0 when the guest
     /// shuts down, 2 when KVM cannot run it, 3 on timeout.
     Boot {
@@ -121,8 +139,8 @@ enum Command {
         #[command(flatten)]
         jail: JailOptions,
     },
-    /// Wait as a warm VMM: enter the jail and create the KVM VM ahead, then read one line on
-    /// stdin, a JSON array of `resume` arguments (`["resume", "--snapshot", …]`), and resume
+    /// Wait as a warm VMM: enter the jail and create the KVM VM ahead, then read one launch
+    /// configuration on stdin (as `launch`; it resumes a snapshot, with no tap) and resume
     /// that snapshot into the waiting VM.
     Standby {
         #[arg(long, default_value_t = 256)]
@@ -157,20 +175,6 @@ struct HostOptions {
     ksm: bool,
 }
 
-impl HostOptions {
-    /// Applies the options to a VM about to run.
-    fn apply(&self, vm: &LinuxVm) -> anyhow::Result<()> {
-        if self.ksm {
-            vm.memory().set_mergeable().context("MADV_MERGEABLE")?;
-        }
-        if let Some(path) = &self.control_uds {
-            brig_vmm::control::serve(path, vm.control_handles())
-                .with_context(|| format!("control socket {}", path.display()))?;
-        }
-        Ok(())
-    }
-}
-
 /// A virtio-net device on a tap the host made (in the sandbox's network namespace).
 #[derive(clap::Args)]
 struct NetOptions {
@@ -186,17 +190,9 @@ struct NetOptions {
 }
 
 impl NetOptions {
-    /// Opens the tap, if one is asked for (needs CAP_NET_ADMIN: before the jail).
-    fn open(&self) -> anyhow::Result<Option<(std::sync::Arc<std::fs::File>, [u8; 6])>> {
-        if let Some(path) = &self.netns {
-            let ns = std::fs::File::open(path)
-                .with_context(|| format!("network namespace {}", path.display()))?;
-            nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)
-                .with_context(|| format!("joining the network namespace {}", path.display()))?;
-        }
-        let Some(name) = &self.tap else { return Ok(None) };
-        let tap = brig_vmm::virtio::net::open_tap(name)?;
-        Ok(Some((std::sync::Arc::new(tap), self.mac)))
+    fn spec(self) -> Option<NetSpec> {
+        let tap = self.tap?;
+        Some(NetSpec { tap, netns: self.netns, mac: self.mac })
     }
 }
 
@@ -224,69 +220,165 @@ struct JailOptions {
 }
 
 impl JailOptions {
-    fn enter(self) -> anyhow::Result<()> {
-        if self.jail {
-            let cfg = brig_vmm::jail::JailConfig {
-                cgroup_procs: self.cgroup_procs,
-                writable: self.writable,
-            };
-            brig_vmm::jail::enter(&cfg).context("entering the jail")?;
+    fn spec(self) -> Option<JailSpec> {
+        self.jail.then_some(JailSpec { writable: self.writable, cgroup_procs: self.cgroup_procs })
+    }
+}
+
+fn enter_jail(jail: Option<&JailSpec>) -> anyhow::Result<()> {
+    if let Some(jail) = jail {
+        let cfg = brig_vmm::jail::JailConfig {
+            cgroup_procs: jail.cgroup_procs.clone(),
+            writable: jail.writable.clone(),
+        };
+        brig_vmm::jail::enter(&cfg).context("entering the jail")?;
+    }
+    Ok(())
+}
+
+/// Joins the tap's network namespace and opens the tap (needs CAP_NET_ADMIN: before the jail).
+fn open_net(net: &NetSpec) -> anyhow::Result<(std::sync::Arc<std::fs::File>, [u8; 6])> {
+    if let Some(path) = &net.netns {
+        let ns = std::fs::File::open(path)
+            .with_context(|| format!("network namespace {}", path.display()))?;
+        nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)
+            .with_context(|| format!("joining the network namespace {}", path.display()))?;
+    }
+    let tap = brig_vmm::virtio::net::open_tap(&net.tap)?;
+    Ok((std::sync::Arc::new(tap), net.mac))
+}
+
+/// The host's side of a running VM: KSM and the control socket.
+fn apply_host(cfg: &LaunchConfig, vm: &LinuxVm) -> anyhow::Result<()> {
+    if cfg.ksm {
+        vm.memory().set_mergeable().context("MADV_MERGEABLE")?;
+    }
+    if let Some(path) = &cfg.control_uds {
+        brig_vmm::control::serve(path, vm.control_handles())
+            .with_context(|| format!("control socket {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Runs the VM `cfg` describes; `waiting` is a VM a standby VMM created ahead (already
+/// jailed, so it cannot attach a tap).
+fn launch(cfg: LaunchConfig, waiting: Option<LinuxVm>, started: Instant) -> anyhow::Result<()> {
+    let net = match (&cfg.net, &waiting) {
+        (Some(_), Some(_)) => anyhow::bail!("a warm VMM cannot attach a tap; resume afresh"),
+        (Some(net), None) => Some(open_net(net)?),
+        (None, _) => None,
+    };
+    if waiting.is_none() {
+        enter_jail(cfg.jail.as_ref())?;
+    }
+    watchdog(cfg.timeout_s);
+    match &cfg.start {
+        Start::Boot { .. } if waiting.is_some() => {
+            anyhow::bail!("a warm VMM resumes snapshots; it does not boot")
         }
-        Ok(())
+        Start::Boot { .. } => boot(&cfg, net, started),
+        Start::Resume { snapshot } => {
+            let side = brig_vmm::linux_snapshot::HostSide {
+                vsock_uds: cfg.vsock_uds.clone(),
+                guest_cid: GUEST_CID,
+                disks: cfg.disks.clone(),
+                net,
+            };
+            let (mut vm, into) = match waiting {
+                Some(vm) => (
+                    brig_vmm::linux_snapshot::restore_into(vm, snapshot, &side)?,
+                    " into a waiting VM",
+                ),
+                None => (brig_vmm::linux_snapshot::restore(snapshot, true, &side)?, ""),
+            };
+            apply_host(&cfg, &vm)?;
+            let ms = started.elapsed().as_secs_f64() * 1000.0;
+            eprintln!("brig-vmm: restored{into} in {ms:.3} ms");
+            let limit = std::time::Duration::from_secs(cfg.timeout_s);
+            let ending = brig_vmm::control::run(&mut vm, limit, &cfg.writable_disks());
+            finish(&vm, &ending, started)
+        }
     }
 }
 
-/// What `resume` needs once the process is jailed.
-struct ResumeArgs {
-    snapshot: PathBuf,
-    timeout_s: u64,
-    vsock_uds: Option<PathBuf>,
-    disks: Vec<DiskSpec>,
-    host: HostOptions,
-    /// The opened tap and MAC, for a VM with a network device.
+/// Boots a Linux guest as `cfg` says.
+fn boot(
+    cfg: &LaunchConfig,
     net: Option<(std::sync::Arc<std::fs::File>, [u8; 6])>,
-}
-
-impl ResumeArgs {
-    /// Restores the snapshot (into `waiting`, a VM created ahead, if given) and runs it.
-    fn run(self, waiting: Option<LinuxVm>, started: Instant) -> anyhow::Result<()> {
-        watchdog(self.timeout_s);
-        let writable_disks = writable(&self.disks);
-        let side = brig_vmm::linux_snapshot::HostSide {
-            vsock_uds: self.vsock_uds,
-            guest_cid: GUEST_CID,
-            disks: self.disks,
-            net: self.net,
-        };
-        let (mut vm, into) = match waiting {
-            Some(vm) => (
-                brig_vmm::linux_snapshot::restore_into(vm, &self.snapshot, &side)?,
-                " into a waiting VM",
-            ),
-            None => (brig_vmm::linux_snapshot::restore(&self.snapshot, true, &side)?, ""),
-        };
-        self.host.apply(&vm)?;
-        let ms = started.elapsed().as_secs_f64() * 1000.0;
-        eprintln!("brig-vmm: restored{into} in {ms:.3} ms");
-        let limit = std::time::Duration::from_secs(self.timeout_s);
-        let ending = brig_vmm::control::run(&mut vm, limit, &writable_disks);
-        finish(&vm, &ending, started)
+    started: Instant,
+) -> anyhow::Result<()> {
+    let Start::Boot { kernel, initrd, cmdline, mem_mib, vcpus, rng, balloon, snapshot_to } =
+        &cfg.start
+    else {
+        anyhow::bail!("not a boot");
+    };
+    let mut devices = Vec::new();
+    if *rng {
+        devices.push(MmioTransport::new(Box::new(Rng::default())));
     }
-}
-
-/// The writable disks among `disks`, in order (what a snapshot copies).
-fn writable(disks: &[DiskSpec]) -> Vec<PathBuf> {
-    disks.iter().filter_map(|d| d.writable_file().map(PathBuf::from)).collect()
+    for spec in &cfg.disks {
+        let id =
+            spec.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let disk = Block::from_spec(spec, &id).with_context(|| format!("disk {}", spec.arg()))?;
+        devices.push(MmioTransport::new(Box::new(disk)));
+    }
+    let mut balloon_handle = None;
+    if *balloon {
+        let (dev, shared) = Balloon::new();
+        balloon_handle = Some((devices.len(), shared));
+        devices.push(MmioTransport::new(Box::new(dev)));
+    }
+    let mut backends: Vec<(Box<dyn brig_vmm::virtio::Backend>, usize)> = Vec::new();
+    if let Some(path) = &cfg.vsock_uds {
+        let (dev, b) = Vsock::new(GUEST_CID, path)?;
+        backends.push((Box::new(b), devices.len()));
+        devices.push(MmioTransport::new(Box::new(dev)));
+    }
+    if let Some((tap, mac)) = net {
+        let (dev, b) = brig_vmm::virtio::net::Net::new(mac, tap);
+        backends.push((Box::new(b), devices.len()));
+        devices.push(MmioTransport::new(Box::new(dev)));
+    }
+    let mut vm = LinuxVm::boot(
+        *mem_mib,
+        usize::from(*vcpus),
+        kernel,
+        initrd.as_deref(),
+        cmdline,
+        true,
+        devices,
+    )?;
+    for (b, index) in backends {
+        vm.start_backend(b, index);
+    }
+    vm.balloon = balloon_handle;
+    apply_host(cfg, &vm)?;
+    vm.snapshot_trigger = snapshot_to.is_some();
+    let limit = std::time::Duration::from_secs(cfg.timeout_s);
+    let ending = brig_vmm::control::run(&mut vm, limit, &cfg.writable_disks());
+    if let (Ending::SnapshotRequested, Some(dir)) = (&ending, snapshot_to) {
+        brig_vmm::linux_snapshot::save(&vm, dir)?;
+        eprintln!(
+            "brig-vmm: snapshot saved to {} after {:.2} s; devices (type, requests served) {:?}",
+            dir.display(),
+            started.elapsed().as_secs_f64(),
+            vm.device_stats()
+        );
+        std::process::exit(4);
+    }
+    finish(&vm, &ending, started)
 }
 
 /// The guest's vsock context id.
 const GUEST_CID: u64 = 3;
 
 /// The request a restored VM answers first.
+#[cfg(feature = "test-guest")]
 const FIRST_REQUEST: u32 = 1000;
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
+        #[cfg(feature = "test-guest")]
         Command::Snapshot { out, mem_mib, touch_mib } => {
             let started = Instant::now();
             let mut vm = Vm::create(mem_mib << 20)?;
@@ -298,9 +390,10 @@ fn main() -> anyhow::Result<()> {
             println!(r#"{{"reply":{reply},"boot_ms":{boot_ms:.3}}}"#);
             Ok(())
         }
+        #[cfg(feature = "test-guest")]
         Command::Restore { snapshot, verify, touch_all, dirty_mib, ksm, jail } => {
             let started = Instant::now();
-            jail.enter()?;
+            enter_jail(jail.spec().as_ref())?;
             let snap = Snapshot::load(&snapshot)?;
             if verify {
                 snap.verify_memory()?;
@@ -315,6 +408,12 @@ fn main() -> anyhow::Result<()> {
             }
             dirty_same_everywhere(vm.memory_mut(), dirty_mib << 20)?;
             serve(&mut vm)
+        }
+        Command::Launch => {
+            let started = Instant::now();
+            let cfg = LaunchConfig::read_line(&mut std::io::stdin().lock())
+                .context("the launch configuration on stdin")?;
+            launch(cfg, None, started)
         }
         Command::Boot {
             kernel,
@@ -332,104 +431,53 @@ fn main() -> anyhow::Result<()> {
             host,
             jail,
         } => {
-            let started = Instant::now();
-            let net = net.open()?;
-            jail.enter()?;
-            watchdog(timeout_s);
-            let mut devices = Vec::new();
-            if rng {
-                devices.push(MmioTransport::new(Box::new(Rng::default())));
-            }
-            for spec in &disks {
-                let id = spec
-                    .path
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                let disk =
-                    Block::from_spec(spec, &id).with_context(|| format!("disk {}", spec.arg()))?;
-                devices.push(MmioTransport::new(Box::new(disk)));
-            }
-            let mut balloon_handle = None;
-            if balloon {
-                let (dev, shared) = Balloon::new();
-                balloon_handle = Some((devices.len(), shared));
-                devices.push(MmioTransport::new(Box::new(dev)));
-            }
-            let mut backends: Vec<(Box<dyn brig_vmm::virtio::Backend>, usize)> = Vec::new();
-            if let Some(path) = &vsock_uds {
-                let (dev, b) = Vsock::new(GUEST_CID, path)?;
-                backends.push((Box::new(b), devices.len()));
-                devices.push(MmioTransport::new(Box::new(dev)));
-            }
-            if let Some((tap, mac)) = net {
-                let (dev, b) = brig_vmm::virtio::net::Net::new(mac, tap);
-                backends.push((Box::new(b), devices.len()));
-                devices.push(MmioTransport::new(Box::new(dev)));
-            }
-            let mut vm = LinuxVm::boot(
-                mem_mib,
-                usize::from(vcpus),
-                &kernel,
-                initrd.as_deref(),
-                &cmdline,
-                true,
-                devices,
-            )?;
-            for (b, index) in backends {
-                vm.start_backend(b, index);
-            }
-            vm.balloon = balloon_handle;
-            host.apply(&vm)?;
-            vm.snapshot_trigger = snapshot_to.is_some();
-            let ending = brig_vmm::control::run(
-                &mut vm,
-                std::time::Duration::from_secs(timeout_s),
-                &writable(&disks),
-            );
-            if let (Ending::SnapshotRequested, Some(dir)) = (&ending, &snapshot_to) {
-                brig_vmm::linux_snapshot::save(&vm, dir)?;
-                eprintln!(
-                    "brig-vmm: snapshot saved to {} after {:.2} s; devices (type, requests served) {:?}",
-                    dir.display(),
-                    started.elapsed().as_secs_f64(),
-                    vm.device_stats()
-                );
-                std::process::exit(4);
-            }
-            finish(&vm, &ending, started)
+            let cfg = LaunchConfig {
+                start: Start::Boot {
+                    kernel,
+                    initrd,
+                    cmdline,
+                    mem_mib,
+                    vcpus,
+                    rng,
+                    balloon,
+                    snapshot_to,
+                },
+                timeout_s,
+                vsock_uds,
+                control_uds: host.control_uds,
+                disks,
+                net: net.spec(),
+                ksm: host.ksm,
+                jail: jail.spec(),
+            };
+            launch(cfg, None, Instant::now())
         }
         Command::Resume { snapshot, timeout_s, vsock_uds, disks, net, host, jail } => {
-            let started = Instant::now();
-            let net = net.open()?;
-            jail.enter()?;
-            let resume = ResumeArgs { snapshot, timeout_s, vsock_uds, disks, host, net };
-            resume.run(None, started)
+            let cfg = LaunchConfig {
+                start: Start::Resume { snapshot },
+                timeout_s,
+                vsock_uds,
+                control_uds: host.control_uds,
+                disks,
+                net: net.spec(),
+                ksm: host.ksm,
+                jail: jail.spec(),
+            };
+            launch(cfg, None, Instant::now())
         }
         Command::Standby { mem_mib, vcpus, jail } => {
-            jail.enter()?;
+            enter_jail(jail.spec().as_ref())?;
             let vm = LinuxVm::create(mem_mib, usize::from(vcpus), true)?;
-            let mut line = String::new();
-            std::io::stdin().lock().read_line(&mut line)?;
-            let started = Instant::now();
-            let args: Vec<String> = serde_json::from_str(&line)
-                .with_context(|| format!("expected a JSON array of resume arguments: {line:?}"))?;
-            let cli = Cli::try_parse_from(std::iter::once("brig-vmm".to_string()).chain(args))?;
-            // Already jailed: the resume's own jail options are not applied again.
-            let Command::Resume { snapshot, timeout_s, vsock_uds, disks, net, host, jail: _ } =
-                cli.command
-            else {
-                anyhow::bail!("a standby VMM takes `resume` arguments");
-            };
-            // Attaching a tap needs a capability the jail has dropped.
-            anyhow::ensure!(net.tap.is_none(), "a warm VMM cannot attach a tap; resume afresh");
-            let resume = ResumeArgs { snapshot, timeout_s, vsock_uds, disks, host, net: None };
-            resume.run(Some(vm), started)
+            let cfg = LaunchConfig::read_line(&mut std::io::stdin().lock())
+                .context("the launch configuration on stdin")?;
+            // Already jailed: the launch's own jail is not entered again.
+            launch(cfg, Some(vm), Instant::now())
         }
         Command::Exec { uds, port, command } => {
             let code = brig_vmm::agent_client::exec(&uds, port, &command.join(" "))?;
             std::process::exit(code);
         }
+        #[cfg(feature = "test-guest")]
         Command::Pool { mem_mib } => {
             let mut vm = Vm::create(mem_mib << 20)?;
             let mut stdout = std::io::stdout().lock();
@@ -449,6 +497,7 @@ fn main() -> anyhow::Result<()> {
 
 /// Writes the top `bytes` of guest memory page by page with contents that depend only on the
 /// page's address, so every VM doing this holds identical private pages (what KSM can merge).
+#[cfg(feature = "test-guest")]
 fn dirty_same_everywhere(
     memory: &mut brig_vmm::memory::GuestMemory,
     bytes: usize,
@@ -495,6 +544,7 @@ fn finish(vm: &LinuxVm, ending: &Ending, started: Instant) -> ! {
     })
 }
 
+#[cfg(feature = "test-guest")]
 fn first_answer(vm: &mut Vm, snap: &Snapshot, started: Instant) -> anyhow::Result<()> {
     snap.restore_into(vm)?;
     let restored_us = started.elapsed().as_micros();
@@ -511,6 +561,7 @@ fn first_answer(vm: &mut Vm, snap: &Snapshot, started: Instant) -> anyhow::Resul
 }
 
 /// Answers one request per stdin line until EOF.
+#[cfg(feature = "test-guest")]
 fn serve(vm: &mut Vm) -> anyhow::Result<()> {
     let stdin = std::io::stdin();
     let mut stdout = std::io::stdout().lock();

@@ -24,16 +24,64 @@ pub enum MemoryError {
     Io(#[source] std::io::Error),
 }
 
-/// Guest memory owned by the VMM; unmapped on drop.
+/// The host mapping behind guest memory: unmapped when the last owner (the [`GuestMemory`]
+/// or any [`GuestView`] of it) goes, so no view can outlive the pages it points at.
 #[derive(Debug)]
-pub struct GuestMemory {
+struct Mapping {
     host: *mut u8,
     size: usize,
 }
 
-// SAFETY: the mapping is owned by this value; access goes through &self/&mut self methods that
-// bounds-check, and the guest's concurrent writes are the usual VMM contract (bytes only).
+// SAFETY: the mapping is plain memory owned by this value; every access goes through bounds-
+// checked methods (ours, or vm-memory's through a view), and the guest's concurrent writes are
+// the usual VMM contract (bytes only, never Rust references into guest memory).
+unsafe impl Send for Mapping {}
+// SAFETY: as above; shared access is by copying bytes in and out, never by `&` references that
+// could observe a torn value.
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping `GuestMemory::anonymous` created; this is the
+        // last owner (the Arc count reached zero), so no view or slice refers to it any more.
+        unsafe { libc::munmap(self.host.cast(), self.size) };
+    }
+}
+
+/// Guest memory owned by the VMM; unmapped when it and every view of it are gone.
+#[derive(Debug)]
+pub struct GuestMemory {
+    host: *mut u8,
+    size: usize,
+    mapping: std::sync::Arc<Mapping>,
+}
+
+// SAFETY: `host` and `size` describe `mapping`, which is Send; access goes through &self/&mut
+// self methods that bounds-check.
 unsafe impl Send for GuestMemory {}
+
+/// A `vm-memory` view of guest memory for the virtio queue code (which bounds-checks every
+/// guest address through it). It holds the mapping alive: a device thread's view stays valid
+/// even if the VM that made it is dropped first.
+#[derive(Debug, Clone)]
+pub struct GuestView {
+    memory: vm_memory::GuestMemoryMmap,
+    _mapping: std::sync::Arc<Mapping>,
+}
+
+impl GuestView {
+    pub fn memory(&self) -> &vm_memory::GuestMemoryMmap {
+        &self.memory
+    }
+}
+
+impl std::ops::Deref for GuestView {
+    type Target = vm_memory::GuestMemoryMmap;
+
+    fn deref(&self) -> &vm_memory::GuestMemoryMmap {
+        &self.memory
+    }
+}
 
 impl GuestMemory {
     /// Anonymous, zeroed memory of `size` bytes.
@@ -53,7 +101,8 @@ impl GuestMemory {
         if host == libc::MAP_FAILED {
             return Err(MemoryError::Map { size, source: std::io::Error::last_os_error() });
         }
-        Ok(GuestMemory { host: host.cast(), size })
+        let host: *mut u8 = host.cast();
+        Ok(GuestMemory { host, size, mapping: std::sync::Arc::new(Mapping { host, size }) })
     }
 
     /// Replaces the contents with `file`, mapped copy-on-write over the same host addresses
@@ -148,16 +197,16 @@ impl GuestMemory {
         self.as_slice().iter().step_by(4096).fold(0u64, |acc, b| acc.wrapping_add(u64::from(*b)))
     }
 
-    /// A `vm-memory` view of the same mapping, for the virtio queue code (which bounds-checks
-    /// every guest address through it). Valid while `self` lives; a restore's MAP_FIXED remap
-    /// keeps the host addresses, so the view stays valid across it.
-    pub fn view(&self) -> Result<vm_memory::GuestMemoryMmap, MemoryError> {
+    /// A `vm-memory` view of the same mapping, for the virtio queue code. A restore's
+    /// MAP_FIXED remap keeps the host addresses, so a view stays valid across it.
+    pub fn view(&self) -> Result<GuestView, MemoryError> {
         let map_err = |e: &dyn std::fmt::Display| MemoryError::Map {
             size: self.size,
             source: std::io::Error::other(e.to_string()),
         };
-        // SAFETY: [host, host+size) is a live read/write mapping owned by self; build_raw does
-        // not take ownership (it never unmaps), and callers keep the view no longer than self.
+        // SAFETY: [host, host+size) is a live read/write mapping; build_raw does not take
+        // ownership (it never unmaps), and the view returned holds the mapping's Arc, so the
+        // region is unmapped only after the view and all its clones are gone.
         let region = unsafe {
             vm_memory::MmapRegion::build_raw(
                 self.host,
@@ -169,7 +218,9 @@ impl GuestMemory {
         .map_err(|e| map_err(&e))?;
         let region = vm_memory::GuestRegionMmap::new(region, vm_memory::GuestAddress(0))
             .ok_or_else(|| map_err(&"guest region overflows"))?;
-        vm_memory::GuestMemoryMmap::from_regions(vec![region]).map_err(|e| map_err(&e))
+        let memory =
+            vm_memory::GuestMemoryMmap::from_regions(vec![region]).map_err(|e| map_err(&e))?;
+        Ok(GuestView { memory, _mapping: self.mapping.clone() })
     }
 
     /// The whole guest memory as bytes (for saving a snapshot).
@@ -177,12 +228,5 @@ impl GuestMemory {
         // SAFETY: the mapping is `size` readable bytes for as long as self lives; the vCPU is
         // paused whenever a snapshot is written, so nothing changes it meanwhile.
         unsafe { std::slice::from_raw_parts(self.host, self.size) }
-    }
-}
-
-impl Drop for GuestMemory {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping this value created and owns.
-        unsafe { libc::munmap(self.host.cast(), self.size) };
     }
 }

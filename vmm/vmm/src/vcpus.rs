@@ -31,7 +31,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct ExitHandler {
     pub console: Arc<Mutex<Console>>,
     pub devices: Devices,
-    pub view: vm_memory::GuestMemoryMmap,
+    pub view: crate::memory::GuestView,
     pub snapshot_trigger: bool,
 }
 

@@ -41,7 +41,7 @@ pub struct Vm {
     vcpu: VcpuFd,
     memory: GuestMemory,
     /// The `vm-memory` view of `memory` devices use.
-    view: vm_memory::GuestMemoryMmap,
+    view: crate::memory::GuestView,
     devices: Vec<MmioTransport>,
     /// Time spent creating the VM (KVM objects and the memory slot).
     pub create_micros: u64,

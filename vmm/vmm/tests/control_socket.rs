@@ -7,16 +7,33 @@ use std::os::unix::net::UnixStream;
 
 use brig_vmm::linux::LinuxVm;
 use brig_vmm::virtio::{balloon::Balloon, mmio::MmioTransport};
+use brig_vmm_api::control::{decode_line, encode_line, ControlReply, ControlRequest, MAX_LINE};
+
+/// Sends one raw line and reads the typed reply.
+fn ask_raw(
+    stream: &mut UnixStream,
+    reader: &mut BufReader<UnixStream>,
+    line: &str,
+) -> ControlReply {
+    writeln!(stream, "{line}").expect("send");
+    let mut answer = String::new();
+    reader.read_line(&mut answer).expect("answer");
+    decode_line(&answer).unwrap_or_else(|e| panic!("{answer:?}: {e}"))
+}
 
 fn ask(
     stream: &mut UnixStream,
     reader: &mut BufReader<UnixStream>,
-    line: &str,
-) -> serde_json::Value {
-    writeln!(stream, "{line}").expect("send");
-    let mut answer = String::new();
-    reader.read_line(&mut answer).expect("answer");
-    serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{answer:?}: {e}"))
+    request: &ControlRequest,
+) -> ControlReply {
+    ask_raw(stream, reader, encode_line(request).trim_end())
+}
+
+fn stats(stream: &mut UnixStream, reader: &mut BufReader<UnixStream>) -> (u64, Option<u64>) {
+    match ask(stream, reader, &ControlRequest::Stats {}) {
+        ControlReply::Stats { rss_kib, balloon } => (rss_kib, balloon.map(|b| b.target_mib)),
+        other => panic!("stats gave {other:?}"),
+    }
 }
 
 #[test]
@@ -31,24 +48,38 @@ fn the_control_socket_reports_memory_and_steers_the_balloon() {
     let mut stream = UnixStream::connect(&path).expect("connect");
     let mut reader = BufReader::new(stream.try_clone().expect("clone"));
 
-    let stats = ask(&mut stream, &mut reader, "stats");
-    assert!(stats["rss_kib"].as_u64().unwrap_or(0) > 0, "{stats}");
-    assert_eq!(stats["balloon"]["target_mib"], 0, "{stats}");
+    let (rss_kib, target) = stats(&mut stream, &mut reader);
+    assert!(rss_kib > 0);
+    assert_eq!(target, Some(0));
 
-    let ok = ask(&mut stream, &mut reader, "balloon 32");
-    assert_eq!(ok["ok"], true, "{ok}");
+    let done = ask(&mut stream, &mut reader, &ControlRequest::Balloon { target_mib: 32 });
+    assert_eq!(done, ControlReply::Done);
     assert_eq!(shared.target_mib(), 32);
-    let stats = ask(&mut stream, &mut reader, "stats");
-    assert_eq!(stats["balloon"]["target_mib"], 32, "{stats}");
+    assert_eq!(stats(&mut stream, &mut reader).1, Some(32));
 
-    for bad in ["balloon lots", "explode", "snapshot", ""] {
-        let answer = ask(&mut stream, &mut reader, bad);
-        assert!(answer["error"].is_string(), "{bad:?} gave {answer}");
+    let bad_requests = [
+        "stats",
+        "balloon 32",
+        r#"{"op":"balloon","target_mib":"lots"}"#,
+        r#"{"op":"explode"}"#,
+        r#"{"op":"snapshot"}"#,
+        r#"{"op":"snapshot","dir":"relative"}"#,
+        r#"{"op":"stats","extra":true}"#,
+        "",
+    ];
+    for bad in bad_requests {
+        let answer = ask_raw(&mut stream, &mut reader, bad);
+        assert!(matches!(answer, ControlReply::Error { .. }), "{bad:?} gave {answer:?}");
     }
-    // Still serving, on a new connection too.
+    assert_eq!(stats(&mut stream, &mut reader).1, Some(32), "still serving this connection");
+    // An oversized line is refused and ends that connection only.
+    let huge = format!("{{\"op\":\"snapshot\",\"dir\":\"/{}\"}}", "a".repeat(MAX_LINE));
+    let answer = ask_raw(&mut stream, &mut reader, &huge);
+    assert!(matches!(answer, ControlReply::Error { ref message } if message.contains("at most")));
+    // Still serving, on a new connection.
     let mut again = UnixStream::connect(&path).expect("connect");
     let mut again_reader = BufReader::new(again.try_clone().expect("clone"));
-    assert!(ask(&mut again, &mut again_reader, "stats")["rss_kib"].is_u64());
+    assert!(stats(&mut again, &mut again_reader).0 > 0);
 }
 
 #[test]
@@ -59,7 +90,10 @@ fn a_vm_without_a_balloon_says_so() {
     brig_vmm::control::serve(&path, vm.control_handles()).expect("serve");
     let mut stream = UnixStream::connect(&path).expect("connect");
     let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-    assert!(ask(&mut stream, &mut reader, "stats")["balloon"].is_null());
-    let answer = ask(&mut stream, &mut reader, "balloon 8");
-    assert!(answer["error"].as_str().unwrap_or("").contains("no balloon"), "{answer}");
+    assert_eq!(stats(&mut stream, &mut reader).1, None);
+    let answer = ask(&mut stream, &mut reader, &ControlRequest::Balloon { target_mib: 8 });
+    assert!(
+        matches!(answer, ControlReply::Error { ref message } if message.contains("no balloon")),
+        "{answer:?}"
+    );
 }

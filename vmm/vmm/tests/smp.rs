@@ -8,6 +8,7 @@ use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use brig_vmm::linux::{Ending, LinuxVm};
+use brig_vmm_api::control::{decode_line, encode_line, ControlReply, ControlRequest};
 use kvm_bindings::{kvm_mp_state, KVM_MP_STATE_RUNNABLE};
 
 /// `mov dx, 0x3f8; again: out dx, al; jmp again` (the letter is in AL).
@@ -69,7 +70,8 @@ fn both_vcpus_run_and_come_back_from_a_snapshot_taken_while_they_run() {
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(100));
             let mut stream = UnixStream::connect(&ctl).expect("connect");
-            writeln!(stream, "snapshot {}", snap.display()).expect("send");
+            let request = ControlRequest::Snapshot { dir: snap.clone() };
+            stream.write_all(encode_line(&request).as_bytes()).expect("send");
             let mut answer = String::new();
             BufReader::new(stream).read_line(&mut answer).expect("answer");
             answer
@@ -78,7 +80,8 @@ fn both_vcpus_run_and_come_back_from_a_snapshot_taken_while_they_run() {
     let ending = brig_vmm::control::run(&mut vm, Duration::from_millis(600), &[]);
     assert_eq!(ending, Ending::TimedOut);
     let answer = asker.join().expect("asker");
-    assert!(answer.contains(r#""ok":true"#), "{answer}");
+    let reply: ControlReply = decode_line(&answer).expect("a typed reply");
+    assert!(matches!(reply, ControlReply::Saved { .. }), "{reply:?}");
 
     let side = brig_vmm::linux_snapshot::HostSide::default();
     let mut restored = brig_vmm::linux_snapshot::restore(&snap, false, &side).expect("restore");

@@ -246,3 +246,51 @@ fn a_slow_host_reader_never_stalls_the_guest_and_loses_nothing() {
     let mut sink = vec![0u8; 1 << 20];
     while matches!(host.get_mut().read(&mut sink), Ok(n) if n > 0) {}
 }
+
+/// A device restored from a snapshot has lost its host sockets: it tells the driver with a
+/// transport reset event (so the guest drops its connections at once), and only then delivers
+/// new connections, which work as before.
+#[test]
+fn a_restored_device_resets_the_transport_then_serves_new_connections() {
+    let mut d = Driver::new();
+    let (_old, _) = d.connect(1024);
+    // The driver keeps event buffers available on queue 2 (4 bytes: virtio_vsock_event).
+    const EVENT_BUF: u64 = 0xd000;
+    d.rings.desc(2, 0, EVENT_BUF, 4, common::WRITE, 0);
+    d.rings.put_avail(2, 0, 0);
+    d.rings.set_avail_idx(2, 1);
+    d.rings.mem.write(EVENT_BUF, &[0xff; 4]).expect("poison");
+    let saved = d.rings.dev.save_state();
+
+    // The snapshot's VM comes back in a new VMM: new device, new socket, same queues.
+    let dir = tempfile::tempdir().expect("tmp");
+    let (dev, backend) = Vsock::new(GUEST_CID, &dir.path().join("v2.sock")).expect("vsock");
+    d.rings.dev = MmioTransport::restore(Box::new(dev), &saved).expect("restore");
+    d.backend = backend;
+    assert_eq!(d.rings.used_idx(2), 0);
+    let rx_used = d.rings.used_idx(0);
+    let mut host = UnixStream::connect(d.uds()).expect("connect");
+    writeln!(host, "CONNECT 2048").expect("connect line");
+    // First round: the reset event alone, nothing on RX yet.
+    assert!(d.backend.step(), "the backend reports the pending reset");
+    assert!(d.rings.dev.poll(&d.rings.view), "the reset interrupts the driver");
+    assert_eq!(d.rings.used_idx(2), 1, "one event used");
+    let mut event = [0u8; 4];
+    d.rings.mem.read(EVENT_BUF, &mut event).expect("event");
+    assert_eq!(u32::from_le_bytes(event), 0, "VIRTIO_VSOCK_EVENT_TRANSPORT_RESET");
+    assert_eq!(d.rings.used_idx(0), rx_used, "no connection request before the reset was taken");
+    // Then the new connection's request, and bytes both ways.
+    let got = d.receive();
+    let request = got.iter().find(|p| p.0 == 1).unwrap_or_else(|| panic!("no REQUEST: {got:?}"));
+    let host_port = request.1;
+    d.send(&packet(2048, host_port, 2, &[], 64 << 10));
+    let mut reader = BufReader::new(host);
+    let mut line = String::new();
+    reader.read_line(&mut line).expect("OK line");
+    assert_eq!(line, format!("OK {host_port}\n"));
+    d.send(&packet(2048, host_port, 5, b"after restore", 64 << 10));
+    let mut got = [0u8; 13];
+    reader.read_exact(&mut got).expect("bytes");
+    assert_eq!(&got, b"after restore");
+    assert_eq!(d.rings.used_idx(2), 1, "the reset is sent once");
+}

@@ -160,10 +160,8 @@ impl VirtioDevice for Balloon {
                         // An array of little-endian u32 frame numbers.
                         let count = (desc.len() / 4).min(MAX_PFNS_PER_DESCRIPTOR);
                         for i in 0..u64::from(count) {
-                            let Ok(pfn) = mem.read_obj::<u32>(desc.addr().unchecked_add(i * 4))
-                            else {
-                                break;
-                            };
+                            let Some(at) = desc.addr().checked_add(i * 4) else { break };
+                            let Ok(pfn) = mem.read_obj::<u32>(at) else { break };
                             let addr = u64::from(pfn) << PFN_SHIFT;
                             if index == INFLATE {
                                 let freed = discard(mem, addr, PAGE);
@@ -202,5 +200,26 @@ impl VirtioDevice for Balloon {
             bytes.copy_from_slice(data);
             self.shared.actual_pages.store(u32::from_le_bytes(bytes), Ordering::Relaxed);
         }
+    }
+
+    /// The target and what the guest holds (`num_pages`, `actual`): a restored guest keeps
+    /// its balloon as it was.
+    fn save_state(&self) -> Vec<u8> {
+        let mut state = self.shared.target_pages.load(Ordering::Relaxed).to_le_bytes().to_vec();
+        state.extend_from_slice(&self.shared.actual_pages.load(Ordering::Relaxed).to_le_bytes());
+        state
+    }
+
+    fn restore_state(&mut self, state: &[u8]) -> bool {
+        if state.is_empty() {
+            return true;
+        }
+        let (Some(target), Some(actual)) = (state.get(..4), state.get(4..8)) else {
+            return false;
+        };
+        let word = |b: &[u8]| b.try_into().map(u32::from_le_bytes).unwrap_or(0);
+        self.shared.target_pages.store(word(target), Ordering::Relaxed);
+        self.shared.actual_pages.store(word(actual), Ordering::Relaxed);
+        state.len() == 8
     }
 }

@@ -41,7 +41,7 @@ impl Block {
 
     /// The disk `spec` describes, with `id` as its serial.
     pub fn from_spec(spec: &DiskSpec, id: &str) -> std::io::Result<Block> {
-        let storage = spec.open()?;
+        let storage = super::cow::open(spec)?;
         let size = storage.size() / SECTOR * SECTOR;
         let mut serial = [0u8; 20];
         for (d, s) in serial.iter_mut().zip(id.bytes()) {

@@ -17,73 +17,23 @@ use std::fs::File;
 use std::io::{Seek, SeekFrom};
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The copy-on-write granularity.
 pub const BLOCK: u64 = 4096;
 
-/// A `--disk` argument: `PATH` (writable), `PATH:ro`, or `BASE:cow:OVERLAY`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DiskSpec {
-    pub path: PathBuf,
-    pub read_only: bool,
-    /// The overlay of a copy-on-write disk over `path` (created when missing).
-    pub overlay: Option<PathBuf>,
-}
+pub use brig_vmm_api::launch::DiskSpec;
 
-impl DiskSpec {
-    pub fn parse(s: &str) -> Result<DiskSpec, String> {
-        if let Some((base, overlay)) = s.split_once(":cow:") {
-            if base.is_empty() || overlay.is_empty() {
-                return Err(format!("{s:?}: expected BASE:cow:OVERLAY"));
-            }
-            return Ok(DiskSpec {
-                path: base.into(),
-                read_only: false,
-                overlay: Some(overlay.into()),
-            });
-        }
-        let (path, read_only) = match s.strip_suffix(":ro") {
-            Some(p) => (p, true),
-            None => (s, false),
-        };
-        if path.is_empty() {
-            return Err("an empty disk path".into());
-        }
-        Ok(DiskSpec { path: path.into(), read_only, overlay: None })
-    }
-
-    /// The argument that parses back to this spec.
-    pub fn arg(&self) -> String {
-        match (&self.overlay, self.read_only) {
-            (Some(o), _) => format!("{}:cow:{}", self.path.display(), o.display()),
-            (None, true) => format!("{}:ro", self.path.display()),
-            (None, false) => self.path.display().to_string(),
-        }
-    }
-
-    /// The file holding what the guest writes (the overlay, or a writable disk's file): what a
-    /// snapshot copies. None for a read-only disk.
-    pub fn writable_file(&self) -> Option<&Path> {
-        match (&self.overlay, self.read_only) {
-            (Some(o), _) => Some(o),
-            (None, false) => Some(&self.path),
-            (None, true) => None,
-        }
-    }
-
-    pub fn open(&self) -> std::io::Result<Storage> {
-        match &self.overlay {
-            Some(overlay) => Ok(Storage::Cow(CowDisk::open(&self.path, overlay)?)),
-            None => {
-                let mut file = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(!self.read_only)
-                    .open(&self.path)?;
-                // A block device's metadata says 0 bytes; its end says how big it is.
-                let size = file.seek(SeekFrom::End(0))?;
-                Ok(Storage::Plain { file, size })
-            }
+/// Opens the disk `spec` names.
+pub fn open(spec: &DiskSpec) -> std::io::Result<Storage> {
+    match &spec.overlay {
+        Some(overlay) => Ok(Storage::Cow(CowDisk::open(&spec.path, overlay)?)),
+        None => {
+            let mut file =
+                std::fs::OpenOptions::new().read(true).write(!spec.read_only).open(&spec.path)?;
+            // A block device's metadata says 0 bytes; its end says how big it is.
+            let size = file.seek(SeekFrom::End(0))?;
+            Ok(Storage::Plain { file, size })
         }
     }
 }
@@ -303,18 +253,5 @@ mod tests {
         assert_eq!(all, expected);
         // Out of bounds is an error, not a short read.
         assert!(again.read_at(&mut [0u8; 16], base.len() as u64 - 8).is_err());
-    }
-
-    #[test]
-    fn disk_arguments_parse_and_print_back() {
-        for arg in ["/a/disk", "/a/layer.erofs:ro", "/img/root.ext4:cow:/run/vm.overlay"] {
-            let spec = DiskSpec::parse(arg).expect("parse");
-            assert_eq!(spec.arg(), arg);
-        }
-        let cow = DiskSpec::parse("/b:cow:/o").expect("parse");
-        assert_eq!(cow.writable_file(), Some(Path::new("/o")));
-        assert_eq!(DiskSpec::parse("/l:ro").expect("parse").writable_file(), None);
-        assert!(DiskSpec::parse(":cow:/o").is_err());
-        assert!(DiskSpec::parse("").is_err());
     }
 }

@@ -72,8 +72,8 @@ impl MmioTransport {
         }
     }
 
-    /// The transport's and its queues' state, as bytes (for snapshots; the device itself
-    /// must be stateless between requests, as virtio-rng is).
+    /// The transport's, its queues' and its device's state, as bytes (for snapshots):
+    /// `u32 × 6 | driver features u64 | queue count u32 | per queue … | device len u32 | device`.
     pub fn save_state(&self) -> Vec<u8> {
         let mut out = Vec::new();
         for v in [
@@ -99,6 +99,10 @@ impl MmioTransport {
                 out.extend_from_slice(&v.to_le_bytes());
             }
         }
+        // The device's own state last (absent in snapshots older than it: empty).
+        let own = self.device.save_state();
+        out.extend_from_slice(&u32::try_from(own.len()).unwrap_or(0).to_le_bytes());
+        out.extend_from_slice(&own);
         out
     }
 
@@ -109,10 +113,10 @@ impl MmioTransport {
 
     /// A transport for `device` in the saved state; `None` when the bytes are malformed or
     /// describe impossible queues.
-    pub fn restore(device: Box<dyn VirtioDevice>, bytes: &[u8]) -> Option<MmioTransport> {
+    pub fn restore(mut device: Box<dyn VirtioDevice>, bytes: &[u8]) -> Option<MmioTransport> {
         let mut at = 0usize;
         let mut take = |n: usize| -> Option<&[u8]> {
-            let b = bytes.get(at..at + n)?;
+            let b = bytes.get(at..at.checked_add(n)?)?;
             at += n;
             Some(b)
         };
@@ -151,6 +155,14 @@ impl MmioTransport {
                 used_ring: u64s[2],
             };
             queues.push(Queue::try_from(state).ok()?);
+        }
+        // A snapshot from before devices kept their own state has nothing more.
+        let own = match take(4) {
+            Some(len) => take(u32::from_le_bytes(len.try_into().ok()?) as usize)?,
+            None => &[],
+        };
+        if !device.restore_state(own) {
+            return None;
         }
         let mut t = MmioTransport::new(device);
         t.queues = queues;

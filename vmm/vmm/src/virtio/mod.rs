@@ -58,6 +58,19 @@ pub trait VirtioDevice: Send {
     /// The driver writes the device-specific configuration space (ignored unless the device
     /// has writable fields).
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
+
+    /// The device's own state beyond its transport and queues, for a snapshot (empty for a
+    /// device that keeps none between requests).
+    fn save_state(&self) -> Vec<u8> {
+        Vec::new()
+    }
+
+    /// Takes back what [`VirtioDevice::save_state`] wrote, on a device just built for a
+    /// restored VM, before the guest runs again; `false` when the bytes are malformed. Host
+    /// resources (sockets, taps) are new: a device tells the driver what it lost here.
+    fn restore_state(&mut self, state: &[u8]) -> bool {
+        state.is_empty()
+    }
 }
 
 /// The host side of a device with outside input (vsock's Unix sockets, net's tap), run on a

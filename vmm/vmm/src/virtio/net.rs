@@ -206,6 +206,55 @@ impl VirtioDevice for Net {
             None => Ok(false),
         }
     }
+
+    /// Frames from the tap the guest had not taken yet: `count u32 | (len u32 | frame)…`, so
+    /// a snapshot loses no received frame.
+    fn save_state(&self) -> Vec<u8> {
+        let Ok(shared) = self.shared.lock() else { return Vec::new() };
+        let mut state = (shared.waiting.len() as u32).to_le_bytes().to_vec();
+        for frame in &shared.waiting {
+            state.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+            state.extend_from_slice(frame);
+        }
+        state
+    }
+
+    fn restore_state(&mut self, state: &[u8]) -> bool {
+        if state.is_empty() {
+            return true;
+        }
+        match parse_waiting(state) {
+            Some(frames) => {
+                if let Ok(mut shared) = self.shared.lock() {
+                    shared.waiting = frames;
+                }
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The waiting frames in a saved net state; `None` when malformed or past the device's caps.
+fn parse_waiting(state: &[u8]) -> Option<VecDeque<Vec<u8>>> {
+    let word =
+        |b: &[u8]| -> Option<usize> { Some(u32::from_le_bytes(b.try_into().ok()?) as usize) };
+    let count = word(state.get(..4)?)?;
+    if count > MAX_WAITING {
+        return None;
+    }
+    let mut at = 4usize;
+    let mut frames = VecDeque::with_capacity(count);
+    for _ in 0..count {
+        let len = word(state.get(at..at.checked_add(4)?)?)?;
+        if len > MAX_FRAME {
+            return None;
+        }
+        at += 4;
+        frames.push_back(state.get(at..at.checked_add(len)?)?.to_vec());
+        at += len;
+    }
+    (at == state.len()).then_some(frames)
 }
 
 /// The host side: reads frames from the tap. Run [`super::Backend::step`] and `wait` in a

@@ -46,6 +46,9 @@ const QUEUE_SIZES: [u16; 3] = [256, 256, 256];
 const MAX_QUEUED_REPLIES: usize = 1024;
 const RX: usize = 0;
 const TX: usize = 1;
+const EVENT: usize = 2;
+/// `virtio_vsock_event.id`: the transport was reset (its connections are gone).
+const EVENT_TRANSPORT_RESET: u32 = 0;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Header {
@@ -176,6 +179,9 @@ pub struct VsockShared {
     pending: Vec<(UnixStream, Vec<u8>)>,
     to_guest: VecDeque<(Header, Vec<u8>)>,
     next_host_port: u32,
+    /// A transport reset event waits for the guest's event queue (set on restore: the host
+    /// sockets of the guest's connections did not survive the snapshot).
+    reset_pending: bool,
 }
 
 /// The device (lives in the transport, driven by the vCPU thread).
@@ -371,6 +377,10 @@ impl VirtioDevice for Vsock {
                 }
             }
         }
+        if Vsock::send_reset(&mut shared, queues.get_mut(EVENT), mem)? {
+            // New connections go out on a later round, after the driver took the reset.
+            return Ok(true);
+        }
         if let Some(rx) = queues.get_mut(RX) {
             used |= self.deliver(&mut shared, rx, mem)?;
         }
@@ -379,10 +389,42 @@ impl VirtioDevice for Vsock {
 
     fn poll(&mut self, queues: &mut [Queue], mem: &GuestMemoryMmap) -> Result<bool, DeviceError> {
         let Ok(mut shared) = self.shared.lock() else { return Ok(false) };
+        if Vsock::send_reset(&mut shared, queues.get_mut(EVENT), mem)? {
+            // New connections go out on a later round, after the driver took the reset.
+            return Ok(true);
+        }
         match queues.get_mut(RX) {
             Some(rx) => self.deliver(&mut shared, rx, mem),
             None => Ok(false),
         }
+    }
+
+    /// No connection outlives a snapshot (its host socket belonged to the VMM that saved it),
+    /// so there is nothing of them to save; a restored device tells the driver with a
+    /// transport reset event, and the guest drops its connections at once instead of waiting
+    /// on peers that are gone.
+    fn restore_state(&mut self, state: &[u8]) -> bool {
+        if let Ok(mut shared) = self.shared.lock() {
+            shared.reset_pending = true;
+        }
+        state.is_empty()
+    }
+}
+
+impl Vsock {
+    /// Puts a pending transport reset event into the guest's event queue, if it has a buffer.
+    fn send_reset(
+        shared: &mut VsockShared,
+        events: Option<&mut Queue>,
+        mem: &GuestMemoryMmap,
+    ) -> Result<bool, DeviceError> {
+        let Some(events) = events.filter(|_| shared.reset_pending) else { return Ok(false) };
+        let Some(chain) = events.iter(mem)?.next() else { return Ok(false) };
+        let head = chain.head_index();
+        let written = super::write_chain(chain, mem, &EVENT_TRANSPORT_RESET.to_le_bytes());
+        events.add_used(mem, head, written as u32)?;
+        shared.reset_pending = false;
+        Ok(true)
     }
 }
 
@@ -573,6 +615,6 @@ impl VsockBackend {
             shared.conns.remove(&key);
         }
         shared.to_guest.extend(out);
-        !shared.to_guest.is_empty()
+        !shared.to_guest.is_empty() || shared.reset_pending
     }
 }

@@ -16,7 +16,7 @@ pub const WRITE: u16 = 2;
 
 pub struct Rings {
     pub mem: GuestMemory,
-    pub view: vm_memory::GuestMemoryMmap,
+    pub view: brig_vmm::memory::GuestView,
     pub dev: MmioTransport,
     pub tx_next: u16,
     pub rx_seen: u16,
