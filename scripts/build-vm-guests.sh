@@ -51,7 +51,7 @@ mkdir -p "$l2/bin" "$l2/proc" "$l2/sys" "$l2/dev"
 cp /usr/bin/busybox "$l2/bin/busybox"
 mkdir -p "$l2/tmp" "$l2/mod"
 for a in sh mount echo uname reboot cat devmem insmod head od tr sleep [ hostname ps grep wc mkdir ls sync \
-    mke2fs chroot dd rm sed; do ln -s busybox "$l2/bin/$a"; done
+    mke2fs chroot dd rm sed printf pwd true false seq env; do ln -s busybox "$l2/bin/$a"; done
 for m in drivers/virtio/virtio.ko drivers/virtio/virtio_ring.ko drivers/virtio/virtio_mmio.ko \
     drivers/char/hw_random/virtio-rng.ko net/vmw_vsock/vsock.ko \
     net/vmw_vsock/vmw_vsock_virtio_transport_common.ko net/vmw_vsock/vmw_vsock_virtio_transport.ko \

@@ -31,8 +31,8 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
     let run = emulated::run_driven(
         emulated::qemu(Some(port), None, ""),
         port,
-        Duration::from_secs(720),
-        Duration::from_secs(660),
+        Duration::from_secs(900),
+        Duration::from_secs(840),
         "microvm-linux-boot.log",
         drive_from_outside,
     );
@@ -246,7 +246,7 @@ async fn drive_from_outside(client: Client) -> Result<(), String> {
 /// starts from the snapshot and serves new commands.
 async fn check_fork_mid_stream(sb: &brig_sdk::Sandbox, pace: Pace) -> Result<(), String> {
     let e = |what: &'static str| move |err: brig_sdk::Error| format!("{what}: {err}");
-    let lines = 300_000u32;
+    let lines = 100_000u32;
     let expected: String = (1..=lines).map(|i| format!("{i}\n")).collect();
     let mut stream = sb
         .exec_stream(Cmd::new(["seq", "1", &lines.to_string()]).timeout(pace_secs(pace, 60)))
