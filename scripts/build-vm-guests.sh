@@ -289,7 +289,7 @@ web='exec 3<>/dev/tcp/10.77.0.2/8080 && printf "GET /hello.txt HTTP/1.0\r\n\r\n"
 sleep 2
 echo "BRIG-L1-FULLVM audit denied=$(/bin/brig audit "$id" | grep -c 'egress DENIED tcp 10.77.0.2:8081')"
 # A service: PostgreSQL starts under systemd and answers a client inside the VM, over TCP.
-/bin/brig exec "$id" -- sh -c 'systemctl start postgresql && pg_isready -q -h 127.0.0.1 && echo "BRIG-L1-FULLVM postgres answer=$(su postgres -c "psql -h /var/run/postgresql -tAc \"select 40 + 2\"")"'
+/bin/brig exec "$id" -- sh -c 'systemctl start postgresql && pg_isready -q -t 120 -h 127.0.0.1 && echo "BRIG-L1-FULLVM postgres answer=$(su postgres -c "psql -h /var/run/postgresql -tAc \"select 40 + 2\"")"'
 /bin/brig exec "$id" -- sh -c 'echo kept-across-pause > /root/mark'
 /bin/brig pause "$id" >/dev/null && echo "BRIG-L1-FULLVM paused"
 /bin/brig exec "$id" -- sh -c 'echo "BRIG-L1-FULLVM resumed mark=$(cat /root/mark) postgres=$(pg_isready -t 30 -h 127.0.0.1 >/dev/null && echo up)"'

@@ -248,6 +248,28 @@ fn open_net(net: &NetSpec) -> anyhow::Result<(std::sync::Arc<std::fs::File>, [u8
     Ok((std::sync::Arc::new(tap), net.mac))
 }
 
+/// The launch configuration `boot` and `resume` describe with flags.
+fn from_flags(
+    start: Start,
+    timeout_s: u64,
+    vsock_uds: Option<PathBuf>,
+    disks: Vec<DiskSpec>,
+    net: NetOptions,
+    host: HostOptions,
+    jail: JailOptions,
+) -> LaunchConfig {
+    LaunchConfig {
+        start,
+        timeout_s,
+        vsock_uds,
+        control_uds: host.control_uds,
+        disks,
+        net: net.spec(),
+        ksm: host.ksm,
+        jail: jail.spec(),
+    }
+}
+
 /// The host's side of a running VM: KSM and the control socket.
 fn apply_host(cfg: &LaunchConfig, vm: &LinuxVm) -> anyhow::Result<()> {
     if cfg.ksm {
@@ -431,38 +453,14 @@ fn main() -> anyhow::Result<()> {
             host,
             jail,
         } => {
-            let cfg = LaunchConfig {
-                start: Start::Boot {
-                    kernel,
-                    initrd,
-                    cmdline,
-                    mem_mib,
-                    vcpus,
-                    rng,
-                    balloon,
-                    snapshot_to,
-                },
-                timeout_s,
-                vsock_uds,
-                control_uds: host.control_uds,
-                disks,
-                net: net.spec(),
-                ksm: host.ksm,
-                jail: jail.spec(),
-            };
+            let start =
+                Start::Boot { kernel, initrd, cmdline, mem_mib, vcpus, rng, balloon, snapshot_to };
+            let cfg = from_flags(start, timeout_s, vsock_uds, disks, net, host, jail);
             launch(cfg, None, Instant::now())
         }
         Command::Resume { snapshot, timeout_s, vsock_uds, disks, net, host, jail } => {
-            let cfg = LaunchConfig {
-                start: Start::Resume { snapshot },
-                timeout_s,
-                vsock_uds,
-                control_uds: host.control_uds,
-                disks,
-                net: net.spec(),
-                ksm: host.ksm,
-                jail: jail.spec(),
-            };
+            let start = Start::Resume { snapshot };
+            let cfg = from_flags(start, timeout_s, vsock_uds, disks, net, host, jail);
             launch(cfg, None, Instant::now())
         }
         Command::Standby { mem_mib, vcpus, jail } => {
