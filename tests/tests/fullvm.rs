@@ -23,7 +23,7 @@ fn a_debian_vm_boots_systemd_serves_postgres_and_forks_inside_an_emulated_host()
     let image = artifacts().join("fullvm").join("rootfs.ext4");
     assert!(image.exists(), "{} is missing: run scripts/build-fullvm-image.sh", image.display());
     let qemu = emulated::qemu(None, Some(&image), "brig.l1=fullvm");
-    let (log, status) = emulated::run(qemu, Duration::from_secs(600), "fullvm-boot.log");
+    let (log, status) = emulated::run(qemu, Duration::from_secs(900), "fullvm-boot.log");
     let has = |marker: &str| log.contains(marker);
     assert!(has("BRIG-L1-UP kvm=yes"), "the emulated host has no KVM (status {status}):\n{log}");
     assert!(has("BRIG-L1-FULLVM offered"), "brigd does not offer fullvm:\n{log}");
