@@ -9,7 +9,7 @@ use brig_proto::{Placement, Reply, Request, StdinMode};
 use brig_transport::Exchange;
 
 use crate::container_host::{host_error, ContainerHosts, PlacementPolicy};
-use crate::microvm_exec::{feed_bytes, feed_upload};
+use crate::microvm_exec::feed_stdin;
 use crate::sandboxes::{SandboxEntry, TierHandle};
 use crate::{Node, NodeError};
 
@@ -59,14 +59,7 @@ impl Node {
             .exec(req.argv.clone(), env, &req.cwd, req.user.clone(), stdin)
             .await
             .map_err(host_error)?;
-        let feeder = match (stdin, &req.stdin) {
-            (Some(stdin), StdinMode::Bytes(data)) => Some(feed_bytes(data.clone(), stdin)),
-            (Some(stdin), StdinMode::Stream) => match exchange.take_upload() {
-                Some(upload) => Some(feed_upload(upload, stdin)),
-                None => Some(feed_bytes(Vec::new(), stdin)),
-            },
-            _ => None,
-        };
+        let feeder = stdin.map(|stdin| feed_stdin(&req.stdin, stdin, exchange));
         self.guest_command(entry, &h.execs, &req, stream, feeder, exchange).await
     }
 

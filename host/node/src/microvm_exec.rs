@@ -36,19 +36,15 @@ impl Node {
             env: req.env.clone(),
             cwd: Some(req.cwd.clone()).filter(|c| !c.is_empty()),
         };
-        let (stream, feeder) = match (&req.stdin, exchange.take_upload()) {
-            // The client's raw bytes after the request become the command's stdin.
-            (StdinMode::Stream, Some(upload)) => {
+        let (stream, feeder) = match req.stdin {
+            StdinMode::Empty => {
+                (brig_vmtier::exec_stream(&vm.uds, process).await.map_err(vm_error)?, None)
+            }
+            _ => {
                 let (stream, stdin) =
                     brig_vmtier::exec_stream_input(&vm.uds, process).await.map_err(vm_error)?;
-                (stream, Some(feed_upload(upload, stdin)))
+                (stream, Some(feed_stdin(&req.stdin, stdin, exchange)))
             }
-            (StdinMode::Bytes(data), _) => {
-                let (stream, stdin) =
-                    brig_vmtier::exec_stream_input(&vm.uds, process).await.map_err(vm_error)?;
-                (stream, Some(feed_bytes(data.clone(), stdin)))
-            }
-            _ => (brig_vmtier::exec_stream(&vm.uds, process).await.map_err(vm_error)?, None),
         };
         self.guest_command(entry, &vm.execs, &req, stream, feeder, exchange).await
     }
@@ -99,9 +95,23 @@ impl Node {
     }
 }
 
+/// Feeds a guest command's stdin as the request says: its bytes, or the client's upload as
+/// it streams (no upload: end of file at once).
+pub(crate) fn feed_stdin(
+    mode: &StdinMode,
+    stdin: brig_vmtier::GuestStdin,
+    exchange: &mut Exchange,
+) -> tokio::task::JoinHandle<()> {
+    match (mode, exchange.take_upload()) {
+        (StdinMode::Stream, Some(upload)) => feed_upload(upload, stdin),
+        (StdinMode::Bytes(data), _) => feed_bytes(data.clone(), stdin),
+        _ => feed_bytes(Vec::new(), stdin),
+    }
+}
+
 /// Writes the client's upload to a guest command's stdin, then ends it; the task keeps the
 /// agent connection's write half (whose hang-up kills the command) until it is aborted.
-pub(crate) fn feed_upload(
+fn feed_upload(
     mut upload: brig_transport::Upload,
     mut stdin: brig_vmtier::GuestStdin,
 ) -> tokio::task::JoinHandle<()> {
@@ -117,10 +127,7 @@ pub(crate) fn feed_upload(
 }
 
 /// Writes `data` to a guest command's stdin and ends it, as [`feed_upload`].
-pub(crate) fn feed_bytes(
-    data: Vec<u8>,
-    mut stdin: brig_vmtier::GuestStdin,
-) -> tokio::task::JoinHandle<()> {
+fn feed_bytes(data: Vec<u8>, mut stdin: brig_vmtier::GuestStdin) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         if stdin.write(&data).await.is_ok() {
             let _ = stdin.finish().await;

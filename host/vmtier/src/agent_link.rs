@@ -156,19 +156,24 @@ impl ReplyLimits {
     }
 }
 
-/// Runs the tier's own shell `command` (`/bin/sh -c`) and collects its output.
+/// Runs `process` (a command of the tier's own) and collects its output within `deadline`.
 pub(crate) async fn exec_inner(
     uds: &Path,
-    command: &str,
+    process: ProcessRun,
+    deadline: Duration,
+) -> Result<ExecOutput, VmTierError> {
+    request_within(uds, &AgentRequest::Exec { process, stdin_frames: false }, deadline).await
+}
+
+/// Sends `request` and collects its reply, all within `deadline` (a reply that runs past it
+/// is an [`VmTierError::ExecTimeout`]).
+pub(crate) async fn request_within(
+    uds: &Path,
+    request: &AgentRequest,
     deadline: Duration,
 ) -> Result<ExecOutput, VmTierError> {
     let limits = ReplyLimits { deadline, ..ReplyLimits::CONTROL };
-    let process = ProcessRun {
-        argv: vec!["/bin/sh".into(), "-c".into(), command.into()],
-        env: Vec::new(),
-        cwd: None,
-    };
-    let mut stream = tokio::time::timeout(deadline, exec_stream(uds, process))
+    let mut stream = tokio::time::timeout(deadline, request_stream(uds, request))
         .await
         .map_err(|_| VmTierError::ExecTimeout(deadline))??;
     collect(&mut stream, limits).await.map_err(|e| match e {

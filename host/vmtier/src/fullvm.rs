@@ -5,29 +5,11 @@
 //! microVM: exec, files, sessions, pause (a snapshot), implicit resume and fork.
 
 use std::path::Path;
-
 use std::time::Duration;
-
-use brig_vmm_api::launch::Start;
 
 use crate::{io, locked, Disks, MicroVm, VmNet, VmTier, VmTierError};
 
 impl VmTier {
-    /// How this tier's machine boots (disks and sockets are added by the caller).
-    pub(crate) fn boot_start(&self) -> Start {
-        let c = &self.cfg;
-        Start::Boot {
-            kernel: c.kernel.clone(),
-            initrd: Some(c.initrd.clone()),
-            cmdline: c.cmdline.clone(),
-            mem_mib: c.mem_mib,
-            vcpus: u8::try_from(c.vcpus).unwrap_or(u8::MAX),
-            rng: true,
-            balloon: true,
-            snapshot_to: None,
-        }
-    }
-
     /// A new full VM booted from this tier's image, with an empty overlay of its own and, with
     /// `net`, a network device on that tap (the guest is given `guest_addr`/30 behind `gateway`:
     /// see `brig_container::network::create_vm_netns`), its agent answering.

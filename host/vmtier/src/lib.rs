@@ -36,7 +36,7 @@ use brig_vmm_api::launch::{DiskSpec, JailSpec, LaunchConfig, NetSpec, Start};
 use brig_vmm_api::Virtualization;
 use tokio::sync::Mutex;
 
-use agent_link::{collect, exec_inner, request_stream, request_with_body};
+use agent_link::{collect, exec_inner, request_stream, request_with_body, request_within};
 pub use agent_link::{
     exec_stream, exec_stream_input, ExecEvent, ExecStream, GuestStdin, ReplyLimits, MAX_GUEST_FILE,
 };
@@ -368,27 +368,18 @@ impl VmTier {
         let _ = std::fs::remove_dir_all(&dir);
         let log = self.cfg.dir.join(format!("{name}.log"));
         let log_file = std::fs::File::create(&log).map_err(io("snapshot log"))?;
-        let mut cmdline = self.cfg.cmdline.clone();
+        let mut cmdline = String::new();
         let disks = if layers.is_empty() {
             None
         } else {
-            cmdline.push_str(&format!(" brig.layers={}", layers.len()));
+            cmdline = format!("brig.layers={}", layers.len());
             let writable = self.cfg.dir.join(format!("{name}.disk"));
             let f = std::fs::File::create(&writable).map_err(io("writable disk"))?;
             f.set_len(SCRATCH_BYTES).map_err(io("writable disk"))?;
             Some(Disks { layers: layers.to_vec(), writable: Some(writable), cow_base: None })
         };
         let launch = LaunchConfig {
-            start: Start::Boot {
-                kernel: self.cfg.kernel.clone(),
-                initrd: Some(self.cfg.initrd.clone()),
-                cmdline,
-                mem_mib: self.cfg.mem_mib,
-                vcpus: u8::try_from(self.cfg.vcpus).unwrap_or(u8::MAX),
-                rng: true,
-                balloon: true,
-                snapshot_to: Some(dir.clone()),
-            },
+            start: self.boot_start(&cmdline, Some(dir.clone())),
             // The boot to the snapshot request gets the tier's boot limit.
             timeout_s: self.cfg.boot_limit.as_secs().max(1),
             vsock_uds: Some(self.cfg.dir.join(format!("{name}.sock"))),
@@ -398,15 +389,7 @@ impl VmTier {
             ksm: false,
             jail: Some(JailSpec { writable: vec![self.cfg.dir.clone()], cgroup_procs: vec![] }),
         };
-        let mut child = tokio::process::Command::new(&self.cfg.vmm)
-            .arg("launch")
-            .stdin(std::process::Stdio::piped())
-            .stdout(log_file.try_clone().map_err(io("snapshot log"))?)
-            .stderr(log_file)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(io(format!("starting {}", self.cfg.vmm.display())))?;
-        hand_launch(&mut child, &launch).await?;
+        let mut child = self.launch_vmm(&launch, log_file).await?;
         let status = child.wait().await.map_err(io("waiting for the snapshot VMM"))?;
         if status.code() != Some(4) {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
@@ -474,7 +457,7 @@ impl VmTier {
         let dir = locked(&vm.memory_from).clone();
         let boots = dir.as_os_str().is_empty();
         let mut launch = LaunchConfig {
-            start: if boots { self.boot_start() } else { Start::Resume { snapshot: dir } },
+            start: if boots { self.boot_start("", None) } else { Start::Resume { snapshot: dir } },
             timeout_s: 31_536_000,
             vsock_uds: Some(vm.uds.clone()),
             control_uds: Some(vm.control.clone()),
@@ -524,16 +507,7 @@ impl VmTier {
                 // The jail: only the tier's directory is writable; the VMM joins its cgroup.
                 launch.jail =
                     Some(JailSpec { writable: vec![self.cfg.dir.clone()], cgroup_procs: cgroup });
-                let mut child = tokio::process::Command::new(&self.cfg.vmm)
-                    .arg("launch")
-                    .stdin(std::process::Stdio::piped())
-                    .stdout(log_file.try_clone().map_err(io("VM log"))?)
-                    .stderr(log_file)
-                    .process_group(0)
-                    .kill_on_drop(true)
-                    .spawn()
-                    .map_err(io(format!("starting {}", self.cfg.vmm.display())))?;
-                hand_launch(&mut child, &launch).await?;
+                let child = self.launch_vmm(&launch, log_file).await?;
                 if let Some(pid) = child.id() {
                     // Recorded so a later daemon can stop this VMM if this one dies first.
                     let _ = std::fs::write(&pid_file, pid.to_string());
@@ -565,6 +539,48 @@ impl VmTier {
         }
     }
 
+    /// How this tier's machine boots: its kernel, initramfs and command line (with `extra`
+    /// appended), memory, vCPUs, rng and balloon; disks and sockets are the caller's.
+    pub(crate) fn boot_start(&self, extra: &str, snapshot_to: Option<PathBuf>) -> Start {
+        let c = &self.cfg;
+        let cmdline =
+            if extra.is_empty() { c.cmdline.clone() } else { format!("{} {extra}", c.cmdline) };
+        Start::Boot {
+            kernel: c.kernel.clone(),
+            initrd: Some(c.initrd.clone()),
+            cmdline,
+            mem_mib: c.mem_mib,
+            vcpus: u8::try_from(c.vcpus).unwrap_or(u8::MAX),
+            rng: true,
+            balloon: true,
+            snapshot_to,
+        }
+    }
+
+    /// Starts `brig-vmm launch` (its own process group, output to `log`) and hands it `launch`
+    /// on stdin.
+    async fn launch_vmm(
+        &self,
+        launch: &LaunchConfig,
+        log: std::fs::File,
+    ) -> Result<tokio::process::Child, VmTierError> {
+        use tokio::io::AsyncWriteExt;
+        let mut child = tokio::process::Command::new(&self.cfg.vmm)
+            .arg("launch")
+            .stdin(std::process::Stdio::piped())
+            .stdout(log.try_clone().map_err(io("VMM log"))?)
+            .stderr(log)
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(io(format!("starting {}", self.cfg.vmm.display())))?;
+        let mut stdin =
+            child.stdin.take().ok_or_else(|| VmTierError::Agent("no VMM stdin".into()))?;
+        let line = launch.to_line();
+        stdin.write_all(line.as_bytes()).await.map_err(io("handing the VMM its launch"))?;
+        Ok(child)
+    }
+
     /// Every VM resumed from one snapshot starts as the same machine: give this one its own
     /// hostname and stir fresh host entropy into its random pool.
     async fn give_identity(&self, vm: &MicroVm) -> Result<(), VmTierError> {
@@ -578,23 +594,9 @@ impl VmTier {
         let name: String =
             vm.id.chars().rev().take(12).collect::<Vec<_>>().into_iter().rev().collect();
         let limit = Duration::from_secs(10);
-        let hostname = ProcessRun {
-            argv: vec!["hostname".into(), format!("brig-{name}")],
-            env: Vec::new(),
-            cwd: None,
-        };
-        let named = tokio::time::timeout(limit, async {
-            let mut s = exec_stream(&vm.uds, hostname).await?;
-            collect(&mut s, ReplyLimits { deadline: limit, ..ReplyLimits::CONTROL }).await
-        })
-        .await
-        .map_err(|_| VmTierError::ExecTimeout(limit))??;
-        let reseed = tokio::time::timeout(limit, async {
-            let mut s = request_stream(&vm.uds, &AgentRequest::Seed { seed_hex: hex }).await?;
-            collect(&mut s, ReplyLimits { deadline: limit, ..ReplyLimits::CONTROL }).await
-        })
-        .await
-        .map_err(|_| VmTierError::ExecTimeout(limit))??;
+        let hostname = ProcessRun::argv(vec!["hostname".into(), format!("brig-{name}")]);
+        let named = exec_inner(&vm.uds, hostname, limit).await?;
+        let reseed = request_within(&vm.uds, &AgentRequest::Seed { seed_hex: hex }, limit).await?;
         for out in [named, reseed] {
             if out.exit_code != 0 {
                 return Err(VmTierError::Agent(format!(
@@ -616,7 +618,7 @@ impl VmTier {
         if vm.is_paused() {
             return Err(VmTierError::Paused);
         }
-        exec_inner(&vm.uds, command, timeout).await
+        exec_inner(&vm.uds, ProcessRun::shell(command), timeout).await
     }
 
     /// Writes `data` to the absolute guest `path` (parents created).
@@ -695,16 +697,6 @@ impl VmTier {
 /// their files: VMs are not adopted back yet, and a stray VMM must not hold memory forever.
 /// The MAC of a VM's network device (each VM is alone behind its own tap).
 const DEFAULT_MAC: [u8; 6] = [0x06, 0xb7, 0x16, 0x00, 0x00, 0x02];
-
-/// Writes `launch` to a just-started `brig-vmm launch`'s stdin and closes it.
-async fn hand_launch(
-    child: &mut tokio::process::Child,
-    launch: &LaunchConfig,
-) -> Result<(), VmTierError> {
-    use tokio::io::AsyncWriteExt;
-    let mut stdin = child.stdin.take().ok_or_else(|| VmTierError::Agent("no VMM stdin".into()))?;
-    stdin.write_all(launch.to_line().as_bytes()).await.map_err(io("handing the VMM its launch"))
-}
 
 fn reap_orphans(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };

@@ -57,6 +57,18 @@ pub struct ProcessRun {
     pub cwd: Option<String>,
 }
 
+impl ProcessRun {
+    /// `argv` as it is, with no environment of its own, in `/`.
+    pub fn argv(argv: Vec<String>) -> ProcessRun {
+        ProcessRun { argv, env: Vec::new(), cwd: None }
+    }
+
+    /// A shell command line of the host's own (`/bin/sh -c command`).
+    pub fn shell(command: &str) -> ProcessRun {
+        ProcessRun::argv(vec!["/bin/sh".into(), "-c".into(), command.into()])
+    }
+}
+
 /// What the host asks the agent, one per connection.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]

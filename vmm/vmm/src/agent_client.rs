@@ -32,11 +32,7 @@ pub fn exec(uds: &Path, port: u32, command: &str) -> Result<i32, AgentError> {
     if !line.starts_with("OK ") {
         return Err(AgentError::Refused(port));
     }
-    let process = agent::ProcessRun {
-        argv: vec!["/bin/sh".into(), "-c".into(), command.into()],
-        env: Vec::new(),
-        cwd: None,
-    };
+    let process = agent::ProcessRun::shell(command);
     stream.write_all(&agent::AgentRequest::Exec { process, stdin_frames: false }.to_frame())?;
     loop {
         let Ok((kind, data)) = agent::read_frame(&mut reader) else {
