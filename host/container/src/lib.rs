@@ -23,6 +23,7 @@ pub mod protect;
 
 pub mod rootfs;
 pub mod runtime;
+pub mod sandbox;
 pub mod session;
 pub mod shim;
 pub mod shim_conn;

@@ -56,22 +56,8 @@ pub enum SessionError {
     Io(#[source] std::io::Error),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SessionEvent {
-    Stdout(Bytes),
-    Stderr(Bytes),
-    /// The command finished.
-    Done {
-        exit_code: i32,
-        cwd: String,
-    },
-    /// The wait ended before the command did; it keeps running.
-    Pending,
-    /// Output past the backlog bound was dropped while nobody waited.
-    Dropped {
-        bytes: u64,
-    },
-}
+/// What a session command produces (the interface's, so every tier's sessions speak it).
+pub use brig_core::sandbox::SessionEvent;
 
 /// One shell session (in a container, or in a microVM through its agent).
 pub struct Session {
@@ -310,53 +296,6 @@ impl Session {
     /// Ends the session: the shell and everything it started.
     pub async fn close(&self) {
         self.process.lock().await.close();
-    }
-}
-
-/// A sandbox's open sessions by id (`s1`, `s2`, …), whichever tier runs their shells.
-#[derive(Default)]
-pub struct SessionTable {
-    sessions: parking_lot::Mutex<std::collections::HashMap<String, Arc<Session>>>,
-    next: std::sync::atomic::AtomicU64,
-}
-
-impl std::fmt::Debug for SessionTable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionTable").field("ids", &self.ids()).finish()
-    }
-}
-
-impl SessionTable {
-    /// Keeps an open session; returns its id.
-    pub fn add(&self, session: Session) -> String {
-        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        let id = format!("s{n}");
-        self.sessions.lock().insert(id.clone(), Arc::new(session));
-        id
-    }
-
-    pub fn get(&self, id: &str) -> Option<Arc<Session>> {
-        self.sessions.lock().get(id).cloned()
-    }
-
-    /// Forgets session `id` (the caller closes it).
-    pub fn remove(&self, id: &str) -> Option<Arc<Session>> {
-        self.sessions.lock().remove(id)
-    }
-
-    /// Ids of the open sessions, sorted (for a client that reconnects).
-    pub fn ids(&self) -> Vec<String> {
-        let mut ids: Vec<String> = self.sessions.lock().keys().cloned().collect();
-        ids.sort();
-        ids
-    }
-
-    /// Ends every session (their shells and all they started).
-    pub async fn close_all(&self) {
-        let sessions: Vec<_> = self.sessions.lock().drain().map(|(_, s)| s).collect();
-        for s in sessions {
-            s.close().await;
-        }
     }
 }
 

@@ -9,10 +9,12 @@ pub mod command;
 pub mod egress;
 pub mod files;
 pub mod id;
+pub mod sandbox;
 pub mod spec;
 
 pub use call::{CallLimits, CallOutcome, CallReport, ToolCall};
 pub use command::{check_command, CommandError};
 pub use egress::{Destination, EgressRule};
 pub use id::{IdError, NodeId, SandboxId};
+pub use sandbox::{Capabilities, Op, Sandbox, SandboxError};
 pub use spec::{IdleAction, Labels, QosClass, SandboxSpec, Tier};

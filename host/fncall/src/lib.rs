@@ -24,11 +24,13 @@ mod invoke;
 mod output;
 mod precompiled;
 mod registry;
+pub mod sandbox;
 pub mod workspace;
 
 pub use config::FncallConfig;
 pub use error::FncallError;
 pub use registry::{ToolSummary, ToolWorld, MAX_COMPONENT_BYTES};
+pub use sandbox::FncallSandbox;
 pub use workspace::Workspace;
 
 use std::path::{Path, PathBuf};

@@ -7,12 +7,12 @@
 //! multiple of the machine. A refusal is `ResourceExhausted` (retryable: a control plane routes
 //! to another node) and says which bound it hit.
 
+use brig_core::sandbox::Op;
 use brig_core::{QosClass, Tier};
 use brig_proto::{NodeCapacity, SandboxInfo};
 use serde::{Deserialize, Serialize};
 
 use crate::metrics::{AdmissionLabels, QosLabel};
-use crate::sandboxes::TierHandle;
 use crate::{info, Node, NodeError};
 
 /// Admission bounds.
@@ -62,20 +62,15 @@ impl Node {
                 QosClass::LatencySensitive => latency += 1,
                 QosClass::BestEffort => best_effort += 1,
             }
-            match &e.handle {
-                TierHandle::Container(c) => {
-                    let (mem, cpu) = c.requested();
-                    requested_mem += mem;
-                    requested_cpu += cpu;
-                    working_set += c.container.usage().1;
-                    containers += 1;
-                }
-                // In a container-host VM: what it asks counts; its use is the VM's.
-                TierHandle::Hosted(h) => {
-                    requested_mem += h.memory_bytes;
-                    requested_cpu += h.cpu_millis;
-                }
-                TierHandle::Fncall(_) | TierHandle::Microvm(_) => {}
+            // What a sandbox asks counts; its use where a cheap read says (a container in a
+            // container-host VM: the VM's).
+            if let Some(asked) = e.sandbox.requested() {
+                requested_mem += asked.memory_bytes;
+                requested_cpu += asked.cpu_millis;
+            }
+            if let Some(bytes) = e.sandbox.working_set_bytes() {
+                working_set += bytes;
+                containers += 1;
             }
         }
         *self.inner.working_set.lock() = (std::time::Instant::now(), working_set, containers);
@@ -140,13 +135,9 @@ impl Node {
         }
         let (mut requested_mem, mut requested_cpu) = (0, 0);
         for e in self.inner.sandboxes.all() {
-            let (mem, cpu) = match &e.handle {
-                TierHandle::Container(c) => c.requested(),
-                TierHandle::Hosted(h) => (h.memory_bytes, h.cpu_millis),
-                TierHandle::Fncall(_) | TierHandle::Microvm(_) => continue,
-            };
-            requested_mem += mem;
-            requested_cpu += cpu;
+            let Some(asked) = e.sandbox.requested() else { continue };
+            requested_mem += asked.memory_bytes;
+            requested_cpu += asked.cpu_millis;
         }
         let total = meminfo_kib("MemTotal") << 10;
         let mem_cap = total / 100 * cfg.memory_overcommit_pct;
@@ -194,19 +185,8 @@ impl Node {
     ) -> Result<SandboxInfo, NodeError> {
         let entry = self.inner.sandboxes.get(sandbox)?;
         let _t = entry.transition.lock().await;
-        if let TierHandle::Hosted(_) = &entry.handle {
-            return Err(NodeError::WrongTier {
-                id: sandbox.to_string(),
-                tier: entry.tier,
-                op: "QoS classes (not yet for containers in a container-host VM)",
-            });
-        }
-        if let TierHandle::Container(c) = &entry.handle {
-            c.container
-                .cgroup()
-                .set_best_effort(class == QosClass::BestEffort)
-                .map_err(brig_container::runtime::RuntimeError::from)?;
-        }
+        entry.require(Op::Qos)?;
+        entry.sandbox.set_qos(class).map_err(|e| entry.fail(e))?;
         entry.update_spec(|s| s.qos = class);
         self.inner.sandboxes.save(&entry)?;
         self.audit_lifecycle(sandbox, "qos", class.as_str());

@@ -12,7 +12,7 @@ use brig_core::{Destination, EgressRule};
 use brig_proto::{AuditKind, SandboxInfo};
 use parking_lot::Mutex;
 
-use crate::sandboxes::{SandboxEntry, TierHandle};
+use crate::sandboxes::SandboxEntry;
 use crate::{info, Node, NodeError};
 
 /// The node's egress state.
@@ -154,7 +154,7 @@ impl Node {
         let (rules, dests) = self.resolve_egress(&texts)?;
         let entry = self.live(sandbox).await?;
         let _t = entry.transition.lock().await;
-        match (entry.spec().net_slot, &entry.handle) {
+        match (entry.spec().net_slot, entry.sandbox.net_pid()) {
             // A container or a networked full VM: new rules on its link.
             (Some(slot), _) => {
                 let net = self.network()?;
@@ -162,8 +162,8 @@ impl Node {
                     |e| NodeError::Io { what: "egress rules".into(), source: e.into() },
                 )??
             }
-            (None, TierHandle::Container(c)) => {
-                let slot = self.attach_network(sandbox, c.container.init_pid(), dests).await?;
+            (None, Some(pid)) => {
+                let slot = self.attach_network(sandbox, pid, dests).await?;
                 entry.update_spec(|s| s.net_slot = Some(slot));
             }
             // A VM's network device is made with it.

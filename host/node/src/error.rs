@@ -1,6 +1,6 @@
 //! Node errors and their wire codes.
 
-use brig_core::{IdError, Tier};
+use brig_core::{IdError, SandboxError, Tier};
 use brig_fncall::FncallError;
 use brig_proto::{ErrorCode, WireError};
 use brig_transport::TransportError;
@@ -29,10 +29,6 @@ pub enum NodeError {
     NoSuchSession(String),
     #[error(transparent)]
     Container(#[from] brig_container::runtime::RuntimeError),
-    #[error(transparent)]
-    File(#[from] brig_container::files::FileError),
-    #[error(transparent)]
-    Session(#[from] brig_container::session::SessionError),
     #[error(transparent)]
     Store(#[from] brig_images::StoreError),
     #[error(transparent)]
@@ -65,25 +61,31 @@ pub enum NodeError {
     Forbidden(String),
     #[error("{0} requests go to the control plane, not to a node")]
     ControlOnly(&'static str),
-    /// The container-host VM a container ran in is gone.
-    #[error("sandbox {id} is gone: {why}")]
-    HostVmLost { id: String, why: String },
-    /// A file request a container-host VM's agent refused (its message names the path).
-    #[error("{message}")]
-    HostedFile { kind: std::io::ErrorKind, message: String },
-    #[error("in the container-host VM: {0}")]
-    HostedContainer(String),
-    /// A guest's answer ran past what the node takes in for it (a file read of `/dev/zero`).
-    #[error("{0}")]
-    GuestReplyTooLarge(String),
-    /// A guest's answer did not end in time.
-    #[error("{0}")]
-    GuestReplyTimeout(String),
     #[error("bad command")]
     BadCommand(#[from] brig_core::CommandError),
+    /// A sandbox's tier refused or failed an operation.
+    #[error("{}", sandbox_text(.id, *.tier, .source))]
+    Sandbox { id: String, tier: Tier, source: SandboxError },
+}
+
+/// How a tier's failure reads to a client: a refusal names the sandbox and its tier, what it
+/// ran in being gone names the sandbox, the rest is the tier's own text.
+fn sandbox_text(id: &str, tier: Tier, e: &SandboxError) -> String {
+    match e {
+        SandboxError::Unsupported { .. } => {
+            format!("sandbox {id} is a {tier} sandbox; {e} needs another tier")
+        }
+        SandboxError::Lost(why) => format!("sandbox {id} is gone: {why}"),
+        other => other.to_string(),
+    }
 }
 
 impl NodeError {
+    /// A failure of sandbox `id`'s tier.
+    pub(crate) fn sandbox(id: &str, tier: Tier, source: SandboxError) -> NodeError {
+        NodeError::Sandbox { id: id.to_string(), tier, source }
+    }
+
     /// The wire error a client sees. The message includes the source chain.
     pub fn to_wire(&self) -> WireError {
         let code = match self {
@@ -100,10 +102,6 @@ impl NodeError {
                 brig_container::shim_conn::ShimConnError::SpawnFailed(_),
             )) => ErrorCode::ResourceExhausted,
             NodeError::Container(_) => ErrorCode::Internal,
-            NodeError::File(e) => match e {
-                brig_container::files::FileError::Io { source, .. } => io_code(source),
-                _ => ErrorCode::BadRequest,
-            },
             NodeError::NoStore(_) => ErrorCode::Unavailable,
             NodeError::Build(_) => ErrorCode::BadRequest,
             NodeError::Store(e) => {
@@ -122,12 +120,6 @@ impl NodeError {
                     S::Backend(_) | S::Mount(_) | S::Io { .. } => ErrorCode::Unavailable,
                 }
             }
-            NodeError::Session(e) => match e {
-                brig_container::session::SessionError::Busy => ErrorCode::Conflict,
-                brig_container::session::SessionError::Idle => ErrorCode::BadRequest,
-                brig_container::session::SessionError::Closed => ErrorCode::NotFound,
-                _ => ErrorCode::Internal,
-            },
             NodeError::Full(_) => ErrorCode::ResourceExhausted,
             NodeError::UploadTooLarge(_) => ErrorCode::TooLarge,
             NodeError::Fncall(e) => match e {
@@ -150,12 +142,21 @@ impl NodeError {
                 ErrorCode::ResourceExhausted
             }
             NodeError::Net(_) => ErrorCode::Unavailable,
-            NodeError::HostVmLost { .. } => ErrorCode::SandboxLost,
-            NodeError::HostedFile { kind, .. } => io_code(&std::io::Error::from(*kind)),
-            NodeError::HostedContainer(_) => ErrorCode::Internal,
-            NodeError::GuestReplyTooLarge(_) => ErrorCode::TooLarge,
-            NodeError::GuestReplyTimeout(_) => ErrorCode::Unavailable,
             NodeError::BadCommand(_) => ErrorCode::BadRequest,
+            NodeError::Sandbox { source, .. } => match source {
+                SandboxError::Unsupported { .. } | SandboxError::BadRequest(_) => {
+                    ErrorCode::BadRequest
+                }
+                SandboxError::Io { kind, .. } => io_code(&std::io::Error::from(*kind)),
+                SandboxError::PermissionDenied(_) => ErrorCode::PermissionDenied,
+                SandboxError::NotFound(_) => ErrorCode::NotFound,
+                SandboxError::Conflict(_) => ErrorCode::Conflict,
+                SandboxError::Exhausted(_) => ErrorCode::ResourceExhausted,
+                SandboxError::Unavailable(_) => ErrorCode::Unavailable,
+                SandboxError::TooLarge(_) => ErrorCode::TooLarge,
+                SandboxError::Lost(_) => ErrorCode::SandboxLost,
+                SandboxError::Internal(_) => ErrorCode::Internal,
+            },
         };
         WireError::new(code, chain(self))
     }

@@ -140,17 +140,8 @@ impl ExecTable {
         self.next.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// A hub for exec `exec_id` running `argv`; `kill` stops it.
-    pub(crate) fn insert(
-        &self,
-        exec_id: u64,
-        argv: Vec<String>,
-        kill: Box<dyn Fn() + Send + Sync>,
-    ) -> Arc<ExecHub> {
-        self.insert_with(exec_id, argv, kill, None)
-    }
-
-    /// [`ExecTable::insert`] for an exec on a terminal, which `resize` resizes.
+    /// A hub for exec `exec_id` running `argv`; `kill` stops it, `resize` resizes its
+    /// terminal (if it has one).
     pub(crate) fn insert_with(
         &self,
         exec_id: u64,
@@ -183,15 +174,6 @@ impl ExecTable {
         let hub = self.get(exec_id)?;
         exchange.reply(&Reply::ExecStarted { exec_id }).await?;
         hub.stream(exchange).await
-    }
-
-    /// Streams an exec the caller just started (its `ExecStarted` is sent already).
-    pub(crate) async fn attach_streaming(
-        &self,
-        exec_id: u64,
-        exchange: &mut Exchange,
-    ) -> Result<Option<Reply>, NodeError> {
-        self.get(exec_id)?.stream(exchange).await
     }
 
     pub(crate) fn kill(&self, exec_id: u64) -> Result<(), NodeError> {

@@ -5,15 +5,13 @@
 
 use std::io::SeekFrom;
 
-use brig_core::files::Entry;
-use brig_fncall::Workspace;
+use brig_core::sandbox::{FileAccess, Op, ReadSource, WriteOptions};
 use brig_proto::{FileReadRequest, FileWriteRequest, Reply, Request};
 use brig_transport::Exchange;
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
-use crate::sandboxes::TierHandle;
-use crate::{Node, NodeError};
+use crate::{convert, Node, NodeError};
 
 /// Download piece size.
 pub const CHUNK_BYTES: usize = 256 << 10;
@@ -69,64 +67,6 @@ pub(crate) fn audited_op(request: &Request) -> Option<(String, &'static str, Str
     Some((sandbox.clone(), op, path.clone()))
 }
 
-/// A sandbox's file tree: an fncall workspace or a container root.
-pub(crate) enum FileRoot<'a> {
-    Workspace(&'a Workspace),
-    Container(brig_container::files::RootDir<'a>),
-}
-
-impl FileRoot<'_> {
-    pub fn open_read(&self, path: &str) -> Result<std::fs::File, NodeError> {
-        Ok(match self {
-            FileRoot::Workspace(ws) => ws.open_read(path)?,
-            FileRoot::Container(root) => root.open_read(path)?,
-        })
-    }
-
-    pub fn open_write(
-        &self,
-        path: &str,
-        append: bool,
-        parents: bool,
-        mode: Option<u32>,
-    ) -> Result<std::fs::File, NodeError> {
-        Ok(match self {
-            FileRoot::Workspace(ws) => ws.open_write(path, append, parents, mode)?,
-            FileRoot::Container(root) => root.open_write(path, append, parents, mode)?,
-        })
-    }
-
-    pub fn stat(&self, path: &str) -> Result<Entry, NodeError> {
-        Ok(match self {
-            FileRoot::Workspace(ws) => ws.stat(path)?,
-            FileRoot::Container(root) => root.stat(path)?,
-        })
-    }
-
-    pub fn list(&self, path: &str) -> Result<Vec<Entry>, NodeError> {
-        Ok(match self {
-            FileRoot::Workspace(ws) => ws.list(path)?,
-            FileRoot::Container(root) => root.list(path)?,
-        })
-    }
-
-    pub fn mkdir(&self, path: &str, parents: bool) -> Result<(), NodeError> {
-        match self {
-            FileRoot::Workspace(ws) => ws.mkdir(path, parents)?,
-            FileRoot::Container(root) => root.mkdir(path, parents)?,
-        }
-        Ok(())
-    }
-
-    pub fn remove(&self, path: &str, recursive: bool) -> Result<(), NodeError> {
-        match self {
-            FileRoot::Workspace(ws) => ws.remove_path(path, recursive)?,
-            FileRoot::Container(root) => root.remove(path, recursive)?,
-        }
-        Ok(())
-    }
-}
-
 fn io(what: &str) -> impl FnOnce(std::io::Error) -> NodeError + '_ {
     move |source| NodeError::Io { what: what.to_string(), source }
 }
@@ -136,27 +76,34 @@ pub(crate) async fn write(
     req: FileWriteRequest,
     exchange: &mut Exchange,
 ) -> Result<Option<Reply>, NodeError> {
-    if let Ok(entry) = node.live(&req.sandbox).await {
-        match &entry.handle {
-            TierHandle::Microvm(_) => return node.write_microvm_file(&entry, req, exchange).await,
-            TierHandle::Hosted(_) => return node.write_hosted_file(&entry, req, exchange).await,
-            TierHandle::Fncall(_) | TierHandle::Container(_) => {}
+    let checked = node.live(&req.sandbox).await.and_then(|entry| {
+        entry.require(Op::Files)?;
+        if req.append {
+            entry.require(Op::FileAppend)?;
         }
-    }
-    let opened = node.live(&req.sandbox).await.and_then(|entry| {
-        let file = entry.handle.file_root(&entry)?.open_write(
-            &req.path,
-            req.append,
-            req.parents,
-            req.mode,
-        )?;
-        Ok((entry, file))
+        Ok(entry)
     });
-    let (entry, file) = match opened {
-        Ok(pair) => pair,
+    let entry = match checked {
+        Ok(entry) => entry,
         Err(e) => {
             exchange.refuse_upload();
             return Err(e);
+        }
+    };
+    let options = WriteOptions { append: req.append, parents: req.parents, mode: req.mode };
+    if entry.sandbox.capabilities().files == FileAccess::Guest {
+        // Through the guest's agent: the whole file, bounded.
+        let data = node.guest_upload(exchange).await?;
+        let bytes = data.len() as u64;
+        entry.sandbox.put(&req.path, options, data).await.map_err(|e| entry.fail(e))?;
+        entry.touch();
+        return Ok(Some(Reply::Written { bytes }));
+    }
+    let file = match entry.sandbox.open_write(&req.path, options).await {
+        Ok(file) => file,
+        Err(e) => {
+            exchange.refuse_upload();
+            return Err(entry.fail(e));
         }
     };
     let mut file = tokio::fs::File::from_std(file);
@@ -181,12 +128,16 @@ pub(crate) async fn read(
     exchange: &mut Exchange,
 ) -> Result<Option<Reply>, NodeError> {
     let entry = node.live(&req.sandbox).await?;
-    match &entry.handle {
-        TierHandle::Microvm(_) => return node.read_microvm_file(&entry, req, exchange).await,
-        TierHandle::Hosted(_) => return node.read_hosted_file(&entry, req, exchange).await,
-        TierHandle::Fncall(_) | TierHandle::Container(_) => {}
-    }
-    let file = entry.handle.file_root(&entry)?.open_read(&req.path)?;
+    entry.require(Op::Files)?;
+    let limit = node.guest_read_limit() as u64;
+    let file = match entry.sandbox.read(&req.path, limit).await.map_err(|e| entry.fail(e))? {
+        ReadSource::Bytes(data) => {
+            send_range(exchange, &data, req.offset, req.len).await?;
+            entry.touch();
+            return Ok(None);
+        }
+        ReadSource::File(file) => file,
+    };
     let mut file = tokio::fs::File::from_std(file);
     let meta = file.metadata().await.map_err(io(&req.path))?;
     if meta.is_dir() {
@@ -217,4 +168,34 @@ pub(crate) async fn read(
     }
     entry.touch();
     Ok(None)
+}
+
+/// The small file operations, the same for every tier.
+pub(crate) async fn small(node: &Node, request: Request) -> Result<Reply, NodeError> {
+    let (sandbox, path) = match &request {
+        Request::FileList { sandbox, path }
+        | Request::FileStat { sandbox, path }
+        | Request::FileMkdir { sandbox, path, .. }
+        | Request::FileRemove { sandbox, path, .. } => (sandbox.as_str(), path.as_str()),
+        _ => return Err(NodeError::ControlOnly(request.kind())),
+    };
+    let entry = node.live(sandbox).await?;
+    entry.require(Op::Files)?;
+    let s = &entry.sandbox;
+    let reply = match &request {
+        Request::FileList { .. } => s
+            .list(path)
+            .await
+            .map(|list| Reply::Entries(list.into_iter().map(convert::entry_to_wire).collect())),
+        Request::FileStat { .. } => {
+            s.stat(path).await.map(|e| Reply::Stat(convert::entry_to_wire(e)))
+        }
+        Request::FileMkdir { parents, .. } => s.mkdir(path, *parents).await.map(|()| Reply::Done),
+        Request::FileRemove { recursive, .. } => {
+            s.remove(path, *recursive).await.map(|()| Reply::Done)
+        }
+        _ => return Err(NodeError::ControlOnly(request.kind())),
+    };
+    entry.touch();
+    reply.map_err(|e| entry.fail(e))
 }

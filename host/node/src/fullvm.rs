@@ -12,6 +12,7 @@ use brig_vmtier::{GuestAddress, MicroVm, VmNet, VmTier, VmTierConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::egress::NetnsRef;
+use crate::microvm::vm_error;
 use crate::{Node, NodeError};
 
 /// `[fullvm]` in the node configuration.
@@ -90,7 +91,7 @@ impl Node {
         let tier = self.fullvm_tier()?.clone();
         let name = id.to_string();
         let Some(dests) = egress else {
-            let vm = tier.create_full(&name, None).await.map_err(crate::microvm::vm_error)?;
+            let vm = tier.create_full(&name, None).await.map_err(vm_error(id, Tier::Fullvm))?;
             return Ok((vm, None));
         };
         let (net, slot) = self.vm_network(id, dests).await?;
@@ -99,7 +100,7 @@ impl Node {
             Ok(vm) => Ok((vm, Some(slot))),
             Err(e) => {
                 self.release_vm_network(&net, slot);
-                Err(crate::microvm::vm_error(e))
+                Err(vm_error(id, Tier::Fullvm)(e))
             }
         }
     }
@@ -141,11 +142,4 @@ impl Node {
 /// The network namespace of a full-VM sandbox (`ip netns` name).
 pub(crate) fn netns_name(id: &SandboxId) -> String {
     format!("brig-{id}")
-}
-
-/// Removes a destroyed VM sandbox's network namespace, if it had one.
-pub(crate) fn remove_netns(vm: &MicroVm) {
-    if let Some(name) = vm.net().and_then(|n| n.netns.file_name()) {
-        network::remove_vm_netns(&name.to_string_lossy());
-    }
 }

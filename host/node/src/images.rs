@@ -173,3 +173,55 @@ pub(crate) async fn handle(store: &LayerStore, request: Request) -> Result<Reply
         }
     })
 }
+
+/// Packs a sandbox's writable layer into a new store layer, without `scrub` paths. The sandbox
+/// is frozen while its changes are copied, so the layer is a consistent point in time. The
+/// layer's source says what it goes on top of: `checkpoint of ID on IMAGE`.
+pub(crate) async fn checkpoint(
+    store: &LayerStore,
+    entry: &crate::sandboxes::SandboxEntry,
+    req: brig_proto::CheckpointRequest,
+) -> Result<brig_images::LayerInfo, NodeError> {
+    entry.require(brig_core::sandbox::Op::Checkpoint)?;
+    let upper = entry.sandbox.writable_layer().map_err(|e| entry.fail(e))?;
+    for path in &req.scrub {
+        if path.split('/').any(|p| p == "..") {
+            return Err(NodeError::BadImage(path.clone(), "scrub paths may not contain ..".into()));
+        }
+    }
+    let staging = brig_images::build::Staging::new_in(&store.work_dir())?;
+    let target = staging.path().join("root");
+    let task = |e: tokio::task::JoinError| NodeError::Io {
+        what: "checkpoint task".into(),
+        source: std::io::Error::other(e),
+    };
+    let made = target.clone();
+    tokio::task::spawn_blocking(move || std::fs::create_dir(&made))
+        .await
+        .map_err(task)?
+        .map_err(|source| NodeError::Io { what: "checkpoint staging".into(), source })?;
+    entry.sandbox.freeze(true).await.map_err(|e| entry.fail(e))?;
+    let (from, to) = (upper, target.clone());
+    let copied = tokio::task::spawn_blocking(move || brig_images::build::stage_dir(&from, &to))
+        .await
+        .map_err(task);
+    let thawed = entry.sandbox.freeze(false).await.map_err(|e| entry.fail(e));
+    copied??;
+    thawed?;
+    let scrub = req.scrub;
+    tokio::task::spawn_blocking(move || {
+        for path in scrub {
+            let victim = target.join(path.trim_start_matches('/'));
+            let _ = if victim.is_dir() {
+                std::fs::remove_dir_all(&victim)
+            } else {
+                std::fs::remove_file(&victim)
+            };
+        }
+    })
+    .await
+    .map_err(task)?;
+    let image = entry.spec().image.unwrap_or_default();
+    let source = ImportSource::Shifted(staging, format!("checkpoint of {} on {image}", entry.id));
+    Ok(store.import(&req.name, req.version, source).await?)
+}

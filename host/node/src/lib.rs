@@ -2,11 +2,15 @@
 //! turns wire requests into backend calls, and backend results into replies.
 //!
 //! ```text
-//! transport ──Request──▶ Node::serve ──▶ fncall tier     (one-shot calls, workspace sandboxes)
-//!                            │        ├─▶ container tier  (containers: exec, sessions)
-//!                            │        └─▶ sandbox table   (ids, specs, TTLs; persisted)
+//! transport ──Request──▶ Node::serve ──▶ fncall backend (one-shot calls, tools)
+//!                            │        ├─▶ sandbox table  (ids, specs, TTLs, execs, sessions; persisted)
+//!                            │        │     └─▶ Arc<dyn brig_core::Sandbox> of the sandbox's tier
+//!                            │        └─▶ layer store    (images, environments, checkpoints)
 //!                            └──Reply──▶ transport
 //! ```
+//! Every tier is reached through the one sandbox interface; the tier is chosen in one place
+//! (`lifecycle::create_sandbox`), and what a tier cannot do is a typed refusal from its
+//! capabilities.
 //! A node is the source of truth for its sandboxes: it rebuilds its table from its state
 //! directory on start, and destroys sandboxes whose idle TTL passes.
 #![forbid(unsafe_code)]
@@ -19,6 +23,7 @@ mod container_host;
 mod convert;
 mod egress;
 mod error;
+mod exec;
 mod exec_hub;
 mod files;
 mod fullvm;
@@ -27,7 +32,9 @@ mod images;
 mod lifecycle;
 pub mod metrics;
 mod microvm;
-mod microvm_exec;
+mod route;
+#[cfg(test)]
+mod routing_tests;
 mod sandboxes;
 mod scope;
 mod sessions;
@@ -42,7 +49,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use brig_core::{IdleAction, SandboxId, Tier};
+use brig_core::{IdleAction, Tier};
 use brig_fncall::FncallBackend;
 use brig_proto::{AuditKind, Reply, Request, SandboxInfo, SandboxState};
 use brig_transport::Exchange;
@@ -50,7 +57,9 @@ use brig_transport::Exchange;
 use crate::audit::AuditLog;
 use crate::container::ContainerTier;
 use crate::metrics::Metrics;
-use crate::sandboxes::{Gone, SandboxEntry, SandboxTable, TierHandle};
+use brig_core::sandbox::{Condition, Op, Persistence};
+
+use crate::sandboxes::{Gone, SandboxEntry, SandboxTable};
 
 /// One node. Cheap to clone.
 #[derive(Clone)]
@@ -68,7 +77,7 @@ struct Inner {
     /// The full-VM tier, or why this node does not offer it.
     fullvm: Result<Arc<brig_vmtier::VmTier>, String>,
     /// Container-host VMs for containers on a guest's kernel, or why there are none.
-    container_hosts: Result<Arc<container_host::ContainerHosts>, String>,
+    container_hosts: Result<Arc<brig_vmtier::hosts::ContainerHosts>, String>,
     /// `Err` says why this node has no layer store.
     store: Result<Arc<brig_images::LayerStore>, String>,
     sandboxes: SandboxTable,
@@ -168,7 +177,7 @@ impl Node {
                 .sandboxes
                 .list(&[])
                 .into_iter()
-                .filter(|e| matches!(e.handle, TierHandle::Container(_)))
+                .filter(|e| e.sandbox.capabilities().persistence == Persistence::Record)
                 .collect();
             let gone = || Gone::Expired("the node shut down".into());
             futures::future::join_all(containers.iter().map(|e| self.destroy(&e.id, gone()))).await;
@@ -287,21 +296,6 @@ impl Node {
         exchange.finish();
     }
 
-    /// A running sandbox of the container tier (resumed first if it was paused).
-    async fn container(
-        &self,
-        sandbox: &str,
-        op: &'static str,
-    ) -> Result<Arc<SandboxEntry>, NodeError> {
-        let entry = self.live(sandbox).await?;
-        match &entry.handle {
-            TierHandle::Container(_) => Ok(entry),
-            TierHandle::Fncall(_) | TierHandle::Microvm(_) | TierHandle::Hosted(_) => {
-                Err(NodeError::WrongTier { id: sandbox.to_string(), tier: entry.tier, op })
-            }
-        }
-    }
-
     fn store(&self) -> Result<Arc<brig_images::LayerStore>, NodeError> {
         self.inner.store.clone().map_err(NodeError::NoStore)
     }
@@ -325,33 +319,6 @@ impl Node {
             .map_err(|why| NodeError::TierUnavailable { tier: Tier::Container, why: why.clone() })
     }
 
-    async fn exec(
-        &self,
-        req: brig_proto::ExecRequest,
-        exchange: &mut Exchange,
-    ) -> Result<Option<Reply>, NodeError> {
-        // What execve cannot carry is refused here, the same for every tier.
-        brig_core::check_command(&req.argv, &req.env, &req.cwd)?;
-        let entry = self.live(&req.sandbox).await?;
-        match &entry.handle {
-            TierHandle::Microvm(_) => {
-                no_terminal(&entry, &req)?;
-                return self.exec_microvm(&entry, req, exchange).await;
-            }
-            TierHandle::Hosted(_) => {
-                no_terminal(&entry, &req)?;
-                return self.exec_hosted(&entry, req, exchange).await;
-            }
-            TierHandle::Fncall(_) | TierHandle::Container(_) => {}
-        }
-        let entry = self.container(&req.sandbox, "exec").await?;
-        let TierHandle::Container(c) = &entry.handle else { return Ok(None) };
-        let recorder = self.recorder(&entry);
-        let reply = c.exec(self.container_tier()?, req, exchange, recorder).await;
-        entry.touch();
-        reply
-    }
-
     async fn exec_attach(
         &self,
         sandbox: &str,
@@ -359,207 +326,10 @@ impl Node {
         exchange: &mut Exchange,
     ) -> Result<Option<Reply>, NodeError> {
         let entry = self.live(sandbox).await?;
-        let reply = self.exec_table(&entry)?.attach(exec_id, exchange).await;
+        entry.require(Op::Exec)?;
+        let reply = entry.execs.attach(exec_id, exchange).await;
         entry.touch();
         reply
-    }
-
-    /// The exec table of a container or microVM sandbox.
-    fn exec_table<'a>(
-        &self,
-        entry: &'a SandboxEntry,
-    ) -> Result<&'a crate::exec_hub::ExecTable, NodeError> {
-        match &entry.handle {
-            TierHandle::Container(c) => Ok(&c.execs),
-            TierHandle::Microvm(vm) => Ok(&vm.execs),
-            TierHandle::Hosted(h) => Ok(&h.execs),
-            TierHandle::Fncall(_) => {
-                Err(NodeError::WrongTier { id: entry.id.to_string(), tier: entry.tier, op: "exec" })
-            }
-        }
-    }
-
-    /// Requests with no streaming.
-    async fn handle(&self, request: Request) -> Result<Option<Reply>, NodeError> {
-        let fncall = &self.inner.fncall;
-        let request_kind = request.kind();
-        if let Some(reply) = self.hosted_file_request(&request).await {
-            return reply.map(Some);
-        }
-        let reply = match request {
-            Request::Call(call) => {
-                let report = fncall.call(convert::call_from_wire(call), None).await?;
-                Reply::Called(convert::report_to_wire(report))
-            }
-            Request::CallIn { sandbox, call } => {
-                let entry = self.live(&sandbox).await?;
-                let TierHandle::Fncall(ws) = &entry.handle else {
-                    return Err(NodeError::WrongTier {
-                        id: sandbox,
-                        tier: entry.tier,
-                        op: "tool calls",
-                    });
-                };
-                let tool = call.tool.clone();
-                let started = std::time::Instant::now();
-                let report = fncall.call(convert::call_from_wire(call), Some(ws)).await?;
-                self.inner.metrics.observe_exec("fncall", started.elapsed());
-                let outcome = format!("{:?}", report.outcome).to_lowercase();
-                self.inner.audit.record(&sandbox, AuditKind::Call { tool, outcome });
-                entry.touch();
-                Reply::Called(convert::report_to_wire(report))
-            }
-            Request::Create(req) => Reply::Sandbox(self.create(req).await?),
-            Request::Status { sandbox } => {
-                let entry = self.inner.sandboxes.get(&sandbox)?;
-                let mut info = info(self, &entry);
-                match &entry.handle {
-                    TierHandle::Container(c) => {
-                        let (cpu_ns, memory_bytes) = c.container.usage();
-                        info.usage = Some(brig_proto::SandboxUsage { cpu_ns, memory_bytes });
-                    }
-                    TierHandle::Hosted(h) if h.host.lost().is_none() => {
-                        if let Ok(u) = h.guest().usage().await {
-                            let (cpu_ns, memory_bytes) = (u.cpu_ns, u.memory_bytes);
-                            info.usage = Some(brig_proto::SandboxUsage { cpu_ns, memory_bytes });
-                        }
-                    }
-                    _ => {}
-                }
-                Reply::Sandbox(info)
-            }
-            Request::Destroy { sandbox } => {
-                let id: SandboxId = sandbox.parse()?;
-                self.inner.sandboxes.get(&sandbox)?;
-                self.destroy(&id, Gone::Destroyed).await;
-                Reply::Done
-            }
-            Request::List(req) => Reply::Sandboxes(
-                self.inner.sandboxes.list(&req.labels).iter().map(|e| info(self, e)).collect(),
-            ),
-            Request::FileList { sandbox, path } => {
-                let entries = self.file_op(&sandbox, |root| root.list(&path)).await?;
-                Reply::Entries(entries.into_iter().map(convert::entry_to_wire).collect())
-            }
-            Request::FileStat { sandbox, path } => Reply::Stat(convert::entry_to_wire(
-                self.file_op(&sandbox, |root| root.stat(&path)).await?,
-            )),
-            Request::FileMkdir { sandbox, path, parents } => {
-                self.file_op(&sandbox, |root| root.mkdir(&path, parents)).await?;
-                Reply::Done
-            }
-            Request::FileRemove { sandbox, path, recursive } => {
-                self.file_op(&sandbox, |root| root.remove(&path, recursive)).await?;
-                Reply::Done
-            }
-            Request::ToolList => {
-                Reply::Tools(fncall.tools().into_iter().map(convert::tool_to_wire).collect())
-            }
-            Request::ToolRemove { name } => {
-                fncall.remove_tool(&name)?;
-                Reply::Done
-            }
-            Request::ExecKill { sandbox, exec_id } => {
-                let entry = self.inner.sandboxes.get(&sandbox)?;
-                self.exec_table(&entry)?.kill(exec_id)?;
-                Reply::Done
-            }
-            Request::ExecResize { sandbox, exec_id, size } => {
-                let entry = self.inner.sandboxes.get(&sandbox)?;
-                self.exec_table(&entry)?.resize(exec_id, size)?;
-                Reply::Done
-            }
-            Request::SessionOpen(req) => Reply::Session { session: self.session_open(req).await? },
-            Request::SessionInput { sandbox, session, data } => {
-                self.session_input(&sandbox, &session, &data).await?;
-                Reply::Done
-            }
-            Request::SessionInterrupt { sandbox, session } => {
-                self.session_interrupt(&sandbox, &session).await?;
-                Reply::Done
-            }
-            Request::SessionClose { sandbox, session } => {
-                self.session_close(&sandbox, &session).await?;
-                Reply::Done
-            }
-            Request::ImageList
-            | Request::ImageInspect { .. }
-            | Request::ImageTag { .. }
-            | Request::ImageRemove { .. }
-            | Request::ImageVerify { .. }
-            | Request::ImageGc
-            | Request::ImageCacheDrop
-            | Request::EnvCreate { .. }
-            | Request::EnvList => images::handle(self.store()?.as_ref(), request).await?,
-            Request::Checkpoint(req) => {
-                let store = self.store()?;
-                let entry = self.container(&req.sandbox, "checkpoint").await?;
-                let TierHandle::Container(c) = &entry.handle else { return Ok(None) };
-                let image = entry.spec().image.unwrap_or_default();
-                let layer = c
-                    .checkpoint(&store, &req.sandbox, &image, &req.name, req.version, &req.scrub)
-                    .await?;
-                Reply::Layer(images::layer_to_wire(layer))
-            }
-            Request::NodeStatus => Reply::NodeStatus(self.status()),
-            Request::Pause(target) => Reply::Affected(self.pause(&target).await?),
-            Request::Resume(target) => Reply::Affected(self.resume(&target).await?),
-            Request::DestroyMatching { labels } => {
-                Reply::Affected(self.destroy_matching(&labels).await)
-            }
-            Request::SetTtl(update) => Reply::Sandbox(self.set_ttl(update)?),
-            Request::Fork { sandbox, count, labels, evaluation } => {
-                Reply::Sandboxes(self.fork(&sandbox, count, labels, evaluation).await?)
-            }
-            Request::ExecList { sandbox } => {
-                let entry = self.inner.sandboxes.get(&sandbox)?;
-                match &entry.handle {
-                    TierHandle::Container(c) => Reply::Execs(c.execs.list()),
-                    TierHandle::Microvm(vm) => Reply::Execs(vm.execs.list()),
-                    TierHandle::Hosted(h) => Reply::Execs(h.execs.list()),
-                    TierHandle::Fncall(_) => Reply::Execs(Vec::new()),
-                }
-            }
-            Request::SetQos { sandbox, class } => {
-                Reply::Sandbox(self.set_qos(&sandbox, convert::qos_from_wire(class)).await?)
-            }
-            Request::SetEgress { sandbox, rules } => {
-                Reply::Sandbox(self.set_egress(&sandbox, rules).await?)
-            }
-            Request::SessionList { sandbox } => Reply::Sessions(self.session_ids(&sandbox)?),
-            Request::FileWrite(_)
-            | Request::FileRead(_)
-            | Request::ToolAdd { .. }
-            | Request::Exec(_)
-            | Request::SessionRun { .. }
-            | Request::SessionWait { .. }
-            | Request::ExecAttach { .. }
-            | Request::Audit(_)
-            | Request::ImageImport(_) => {
-                return Err(NodeError::Io {
-                    what: "request routing".into(),
-                    source: std::io::Error::other("streaming request reached the plain handler"),
-                })
-            }
-            Request::NodeHeartbeat(_)
-            | Request::Route { .. }
-            | Request::Routes { .. }
-            | Request::ClusterStatus
-            | Request::ProjectPut { .. }
-            | Request::ProjectList
-            | Request::TokenCreate { .. } => return Err(NodeError::ControlOnly(request_kind)),
-        };
-        Ok(Some(reply))
-    }
-
-    async fn file_op<T>(
-        &self,
-        sandbox: &str,
-        op: impl FnOnce(&files::FileRoot<'_>) -> Result<T, NodeError>,
-    ) -> Result<T, NodeError> {
-        let entry = self.live(sandbox).await?;
-        let root = entry.handle.file_root(&entry)?;
-        op(&root)
     }
 
     async fn tool_add(
@@ -596,12 +366,10 @@ fn raise_fd_limit() {
 fn info(node: &Node, entry: &SandboxEntry) -> SandboxInfo {
     let spec = entry.spec();
     let paused = entry.paused_unix_ms();
-    let state = match &entry.handle {
-        TierHandle::Container(c) if !c.is_alive() => SandboxState::Failed,
-        TierHandle::Microvm(vm) if !vm.is_running() => SandboxState::Failed,
-        TierHandle::Hosted(h) if h.host.lost().is_some() => SandboxState::Failed,
-        _ if paused.is_some() => SandboxState::Paused,
-        _ => SandboxState::Running,
+    let state = match entry.sandbox.condition() {
+        Condition::Failed => SandboxState::Failed,
+        Condition::Running if paused.is_some() => SandboxState::Paused,
+        Condition::Running => SandboxState::Running,
     };
     let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     SandboxInfo {
@@ -624,11 +392,7 @@ fn info(node: &Node, entry: &SandboxEntry) -> SandboxInfo {
         address: spec.net_slot.and_then(|slot| node.sandbox_address(slot)),
         egress: spec.egress.map(|rules| rules.iter().map(|r| r.to_string()).collect()),
         qos: convert::qos_to_wire(spec.qos),
-        placement: match &entry.handle {
-            TierHandle::Container(_) => Some("host-kernel".into()),
-            TierHandle::Hosted(h) => Some(h.placement()),
-            TierHandle::Fncall(_) | TierHandle::Microvm(_) => None,
-        },
+        placement: entry.sandbox.placement(),
     }
 }
 
@@ -637,17 +401,4 @@ fn own_rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
     pages * 4096
-}
-
-/// Terminals are served for containers on the node's kernel only; a VM-backed exec asking for
-/// one gets a typed refusal.
-fn no_terminal(entry: &SandboxEntry, req: &brig_proto::ExecRequest) -> Result<(), NodeError> {
-    match req.terminal {
-        Some(_) => Err(NodeError::WrongTier {
-            id: entry.id.to_string(),
-            tier: entry.tier,
-            op: "an exec on a terminal (served for containers on the node's kernel)",
-        }),
-        None => Ok(()),
-    }
 }

@@ -16,10 +16,16 @@ use std::time::Duration;
 
 use futures::future::join_all;
 
+use brig_core::sandbox::{
+    ForkChild, ForkKind, ForkOptions, NetAttachment, Op, PauseKind, Persistence, Sandbox,
+    SandboxError,
+};
 use brig_core::{IdleAction, QosClass, SandboxId, SandboxSpec, Tier};
+use brig_fncall::FncallSandbox;
 use brig_proto::{CreateRequest, SandboxInfo, Target, TtlUpdate};
+use brig_vmtier::VmSandbox;
 
-use crate::sandboxes::{now_unix_ms, Due, Gone, SandboxEntry, TierHandle};
+use crate::sandboxes::{now_unix_ms, Due, Gone, SandboxEntry};
 use crate::{convert, info, Node, NodeError};
 
 fn idle_action(a: brig_proto::IdleAction) -> IdleAction {
@@ -33,8 +39,8 @@ impl Node {
     /// A sandbox for a request that needs it running: resumed first if paused.
     pub(crate) async fn live(&self, id: &str) -> Result<Arc<SandboxEntry>, NodeError> {
         let entry = self.inner.sandboxes.get(id)?;
-        if let TierHandle::Hosted(h) = &entry.handle {
-            h.check(id)?;
+        if let Some(why) = entry.sandbox.lost() {
+            return Err(entry.fail(SandboxError::Lost(why)));
         }
         entry.touch();
         if entry.paused_unix_ms().is_some() {
@@ -76,34 +82,7 @@ impl Node {
         self.admit(tier, memory, cpu)?;
         let qos = req.qos.map(convert::qos_from_wire).unwrap_or_default();
         // A full VM's link is made with it (its VMM attaches to the tap at start).
-        let mut vm_slot = None;
-        let handle = match tier {
-            Tier::Fncall => {
-                TierHandle::Fncall(self.inner.fncall.create_workspace(&id.to_string())?)
-            }
-            Tier::Container if placement == Some(brig_proto::Placement::Vm) => TierHandle::Hosted(
-                Box::new(self.container_hosts()?.create(&id, &req, &cfg.container).await?),
-            ),
-            Tier::Container => {
-                let store = self.inner.store.as_ref().ok().map(Arc::as_ref);
-                TierHandle::Container(Box::new(
-                    self.container_tier()?.create(&id, &req, store).await?,
-                ))
-            }
-            Tier::Microvm => TierHandle::Microvm(crate::microvm::MicrovmSandbox::new(
-                self.create_microvm(&id, req.image.as_deref()).await?,
-                self.vmtier()?.clone(),
-            )),
-            Tier::Fullvm => {
-                let dests = egress.as_ref().map(|(_, d)| d.clone());
-                let (vm, slot) = self.create_fullvm(&id, dests).await?;
-                vm_slot = slot;
-                TierHandle::Microvm(crate::microvm::MicrovmSandbox::new(
-                    vm,
-                    self.fullvm_tier()?.clone(),
-                ))
-            }
-        };
+        let (sandbox, vm_slot) = self.create_sandbox(&id, tier, placement, &req, &egress).await?;
         let spec = SandboxSpec {
             tier,
             image: req.image,
@@ -116,18 +95,14 @@ impl Node {
             net_slot: vm_slot,
             qos,
         };
-        if let (TierHandle::Container(c), QosClass::BestEffort) = (&handle, qos) {
-            if let Err(e) = c.container.cgroup().set_best_effort(true) {
-                tracing::warn!(sandbox = %id, error = %e, "cannot set the QoS class");
-            }
-        }
+        set_best_effort(&id, sandbox.as_ref(), qos);
         self.audit_lifecycle(&id.to_string(), "created", spec.image.clone().unwrap_or_default());
-        let entry = self.adopt(SandboxEntry::new(id, spec, now_unix_ms(), handle)).await?;
+        let entry = self.adopt(SandboxEntry::new(id, spec, now_unix_ms(), sandbox)).await?;
         if vm_slot.is_some() {
             self.audit_policy(&entry);
         }
-        if let (Some((_, dests)), TierHandle::Container(c)) = (egress, &entry.handle) {
-            match self.attach_network(&id.to_string(), c.container.init_pid(), dests).await {
+        if let (Some((_, dests)), Some(pid)) = (egress, entry.sandbox.net_pid()) {
+            match self.attach_network(&id.to_string(), pid, dests).await {
                 Ok(slot) => {
                     entry.update_spec(|s| s.net_slot = Some(slot));
                     self.inner.sandboxes.save(&entry)?;
@@ -168,19 +143,13 @@ impl Node {
     ) -> Result<Arc<SandboxEntry>, NodeError> {
         let id = entry.id;
         let entry = self.adopt(entry).await?;
-        if let (TierHandle::Microvm(_), Some(_)) = (&entry.handle, entry.spec().net_slot) {
+        if entry.spec().net_slot.is_some() {
             // A networked VM's child: its link came with it.
             self.audit_policy(&entry);
         }
-        if let (TierHandle::Container(c), QosClass::BestEffort) = (&entry.handle, entry.spec().qos)
-        {
-            if let Err(e) = c.container.cgroup().set_best_effort(true) {
-                tracing::warn!(sandbox = %id, error = %e, "cannot set the QoS class");
-            }
-        }
-        if let (Some(dests), TierHandle::Container(c)) = (egress, &entry.handle) {
-            let attached =
-                self.attach_network(&id.to_string(), c.container.init_pid(), dests).await;
+        set_best_effort(&id, entry.sandbox.as_ref(), entry.spec().qos);
+        if let (Some(dests), Some(pid)) = (egress, entry.sandbox.net_pid()) {
+            let attached = self.attach_network(&id.to_string(), pid, dests).await;
             let saved = attached.and_then(|slot| {
                 entry.update_spec(|s| s.net_slot = Some(slot));
                 self.inner.sandboxes.save(&entry)
@@ -199,23 +168,26 @@ impl Node {
         let mut containers = Vec::new();
         for record in self.inner.sandboxes.saved_records() {
             let id = record.id;
-            let handle = match (record.spec.tier, &record.container) {
-                (Tier::Fncall, _) => self
-                    .inner
-                    .fncall
-                    .open_workspace(&id.to_string())
-                    .map(TierHandle::Fncall)
-                    .map_err(NodeError::from),
-                (Tier::Container, Some(c)) => match self.container_tier() {
-                    Ok(tier) => {
-                        let store = self.inner.store.as_ref().ok().map(Arc::as_ref);
-                        tier.attach(&id, c, store).await.map(|c| TierHandle::Container(Box::new(c)))
+            let sandbox: Result<Arc<dyn Sandbox>, NodeError> =
+                match (record.spec.tier, &record.container) {
+                    (Tier::Fncall, _) => {
+                        let fncall = &self.inner.fncall;
+                        fncall.open_workspace(&id.to_string()).map_err(NodeError::from).map(|ws| {
+                            Arc::new(FncallSandbox::new(ws, fncall.clone())) as Arc<dyn Sandbox>
+                        })
                     }
-                    Err(e) => Err(e),
-                },
-                (tier, _) => Err(NodeError::TierUnavailable { tier, why: "not restorable".into() }),
-            };
-            let handle = match handle {
+                    (Tier::Container, Some(c)) => match self.container_tier() {
+                        Ok(tier) => {
+                            let store = self.inner.store.as_ref().ok().map(Arc::as_ref);
+                            tier.attach(&id, c, store).await.map(|c| Arc::new(c) as _)
+                        }
+                        Err(e) => Err(e),
+                    },
+                    (tier, _) => {
+                        Err(NodeError::TierUnavailable { tier, why: "not restorable".into() })
+                    }
+                };
+            let sandbox = match sandbox {
                 Ok(h) => h,
                 Err(e) => {
                     tracing::warn!(sandbox = %id, error = %e, "sandbox did not survive the restart");
@@ -223,13 +195,13 @@ impl Node {
                     continue;
                 }
             };
-            if matches!(handle, TierHandle::Container(_)) {
+            if sandbox.capabilities().persistence == Persistence::Record {
                 containers.push(id.to_string());
             }
             if let Some(slot) = record.spec.net_slot {
                 self.reserve_network(&id.to_string(), slot);
             }
-            let entry = SandboxEntry::new(id, record.spec, record.created_unix_ms, handle);
+            let entry = SandboxEntry::new(id, record.spec, record.created_unix_ms, sandbox);
             entry.set_paused(record.paused_unix_ms != 0);
             // The node was down: count idleness from now, not from before the restart.
             entry.touch();
@@ -250,16 +222,11 @@ impl Node {
         if entry.paused_unix_ms().is_some() {
             return Ok(0);
         }
-        let freed = match &entry.handle {
-            TierHandle::Fncall(_) => 0,
-            TierHandle::Container(c) => c.pause().await?,
-            TierHandle::Microvm(vm) => self.pause_microvm(vm).await?,
-            TierHandle::Hosted(h) => {
-                h.check(&entry.id.to_string())?;
-                h.guest().set_frozen(true).await.map_err(crate::container_host::host_error)?;
-                0
-            }
-        };
+        if entry.sandbox.capabilities().pause == PauseKind::Snapshot {
+            // A session's connection to the guest does not survive the saved machine.
+            entry.sessions.close_all().await;
+        }
+        let freed = entry.sandbox.pause().await.map_err(|e| entry.fail(e))?;
         entry.set_paused(true);
         self.inner.sandboxes.save(entry)?;
         self.inner.metrics.reclaimed_bytes.inc_by(freed);
@@ -273,15 +240,7 @@ impl Node {
         if entry.paused_unix_ms().is_none() {
             return Ok(());
         }
-        match &entry.handle {
-            TierHandle::Container(c) => c.resume().await?,
-            TierHandle::Microvm(vm) => self.resume_microvm(vm).await?,
-            TierHandle::Hosted(h) => {
-                h.check(&entry.id.to_string())?;
-                h.guest().set_frozen(false).await.map_err(crate::container_host::host_error)?;
-            }
-            TierHandle::Fncall(_) => {}
-        }
+        entry.sandbox.resume().await.map_err(|e| entry.fail(e))?;
         entry.set_paused(false);
         entry.touch();
         self.inner.sandboxes.save(entry)?;
@@ -360,18 +319,10 @@ impl Node {
         evaluation: bool,
     ) -> Result<Vec<SandboxInfo>, NodeError> {
         let parent = self.inner.sandboxes.get(id)?;
+        parent.require(Op::Fork)?;
         let count = count.clamp(1, 256);
-        let (memory, cpu) = match &parent.handle {
-            TierHandle::Container(c) => c.requested(),
-            TierHandle::Hosted(_) => {
-                return Err(NodeError::WrongTier {
-                    id: id.to_string(),
-                    tier: parent.tier,
-                    op: "fork (not yet for containers in a container-host VM)",
-                })
-            }
-            TierHandle::Fncall(_) | TierHandle::Microvm(_) => (0, 0),
-        };
+        let asked = parent.sandbox.requested().unwrap_or_default();
+        let (memory, cpu) = (asked.memory_bytes, asked.cpu_millis);
         self.admit(parent.tier, memory * u64::from(count), cpu * u64::from(count))?;
         if self.inner.sandboxes.len() + count as usize > self.inner.config.max_sandboxes {
             return Err(NodeError::Full(self.inner.config.max_sandboxes));
@@ -392,30 +343,18 @@ impl Node {
         };
         let _t = parent.transition.lock().await;
         let was_paused = parent.paused_unix_ms().is_some();
-        if let (TierHandle::Container(c), false) = (&parent.handle, was_paused) {
-            c.set_frozen(true).await?;
-        }
         let ids: Vec<SandboxId> =
             (0..count).map(|_| SandboxId::generate(self.inner.config.node_id())).collect();
-        let made = if let TierHandle::Microvm(vm) = &parent.handle {
-            // One snapshot of the parent, then every child resumes from it (a networked VM's
-            // children on networks of their own).
-            self.fork_microvm(vm, &ids, egress.clone()).await?
-        } else {
-            let made = self.fork_handles(&parent, &ids, evaluation).await;
-            made.into_iter().map(|handle| handle.map(|h| (h, None))).collect()
-        };
-        if let (TierHandle::Container(c), false) = (&parent.handle, was_paused) {
-            c.set_frozen(false).await?;
-        }
+        let made =
+            self.fork_children(&parent, &ids, egress.clone(), was_paused, evaluation).await?;
         let mut out = Vec::new();
         let mut first_err = None;
-        for (child, handle) in ids.into_iter().zip(made) {
-            match handle {
-                Ok((handle, vm_slot)) => {
+        for (child, made) in ids.into_iter().zip(made) {
+            match made {
+                Ok((sandbox, vm_slot)) => {
                     let mut spec = spec.clone();
                     spec.net_slot = vm_slot;
-                    let entry = SandboxEntry::new(child, spec, now_unix_ms(), handle);
+                    let entry = SandboxEntry::new(child, spec, now_unix_ms(), sandbox);
                     self.audit_lifecycle(
                         &child.to_string(),
                         "created",
@@ -441,47 +380,127 @@ impl Node {
         }
     }
 
-    /// Children of a fncall or container sandbox, made side by side from its files.
-    async fn fork_handles(
+    /// The children of a fork, each with its network slot: a networked VM's children get
+    /// networks of their own (with the parent's rules, `egress`), and store layers the parent
+    /// holds are held once more per child. What a child does not become is given back.
+    async fn fork_children(
         &self,
-        parent: &Arc<SandboxEntry>,
+        parent: &SandboxEntry,
         ids: &[SandboxId],
+        egress: Option<Vec<brig_core::Destination>>,
+        parent_paused: bool,
         evaluation: bool,
-    ) -> Vec<Result<TierHandle, NodeError>> {
-        join_all(ids.iter().map(|child| {
-            let parent = parent.clone();
-            async move {
-                let handle = match &parent.handle {
-                    TierHandle::Fncall(ws) => {
-                        let (fncall, from) = (self.inner.fncall.clone(), ws.path().to_owned());
-                        let key = child.to_string();
-                        let forked =
-                            tokio::task::spawn_blocking(move || fncall.fork_workspace(&from, &key))
-                                .await
-                                .map_err(|e| NodeError::Io {
-                                    what: "forking a workspace".into(),
-                                    source: std::io::Error::other(e),
-                                })??;
-                        TierHandle::Fncall(forked)
-                    }
-                    TierHandle::Container(c) => {
-                        let store = self.inner.store.as_ref().ok().map(Arc::as_ref);
-                        TierHandle::Container(Box::new(
-                            self.container_tier()?.fork(c, child, store, evaluation).await?,
-                        ))
-                    }
-                    TierHandle::Microvm(_) | TierHandle::Hosted(_) => {
-                        return Err(NodeError::WrongTier {
-                            id: child.to_string(),
-                            tier: parent.tier,
-                            op: "fork",
-                        })
-                    }
-                };
-                Ok::<_, NodeError>(handle)
+    ) -> Result<Vec<Result<(Arc<dyn Sandbox>, Option<u32>), NodeError>>, NodeError> {
+        let machine = parent.sandbox.capabilities().fork == ForkKind::Machine;
+        let networked = machine && parent.spec().net_slot.is_some();
+        let mut nets: Vec<Option<(brig_vmtier::VmNet, u32)>> = Vec::with_capacity(ids.len());
+        let release_nets = |nets: &[Option<(brig_vmtier::VmNet, u32)>]| {
+            for (net, slot) in nets.iter().flatten() {
+                self.release_vm_network(net, *slot);
             }
-        }))
-        .await
+        };
+        for id in ids {
+            let net = match (&egress, networked) {
+                (Some(dests), true) => match self.vm_network(id, dests.clone()).await {
+                    Ok(made) => Some(made),
+                    Err(e) => {
+                        release_nets(&nets);
+                        return Err(e);
+                    }
+                },
+                _ => None,
+            };
+            nets.push(net);
+        }
+        let layers = parent.sandbox.held_layers();
+        let store = self.inner.store.as_ref().ok().filter(|_| !layers.is_empty());
+        let mut held = 0;
+        if let Some(store) = store {
+            for _ in ids {
+                if let Err(e) = store.acquire(&layers).await {
+                    (0..held).for_each(|_| store.release(&layers));
+                    release_nets(&nets);
+                    return Err(e.into());
+                }
+                held += 1;
+            }
+        }
+        let children: Vec<ForkChild> = ids
+            .iter()
+            .zip(&nets)
+            .map(|(id, net)| ForkChild {
+                id: *id,
+                network: net
+                    .as_ref()
+                    .map(|(n, _)| NetAttachment { netns: n.netns.clone(), tap: n.tap.clone() }),
+            })
+            .collect();
+        let options = ForkOptions { parent_paused, reveal_protected: evaluation };
+        let made = match parent.sandbox.fork(children, options).await {
+            Ok(made) => made,
+            Err(e) => {
+                if let Some(store) = store {
+                    (0..held).for_each(|_| store.release(&layers));
+                }
+                release_nets(&nets);
+                return Err(parent.fail(e));
+            }
+        };
+        Ok(made
+            .into_iter()
+            .zip(nets)
+            .map(|(child, net)| match child {
+                Ok(sandbox) => Ok((sandbox, net.map(|(_, slot)| slot))),
+                Err(e) => {
+                    if let Some(store) = store {
+                        store.release(&layers);
+                    }
+                    if let Some((net, slot)) = net {
+                        self.release_vm_network(&net, slot);
+                    }
+                    Err(parent.fail(e))
+                }
+            })
+            .collect())
+    }
+
+    /// Makes the sandbox of a create request: the one place a tier is chosen. Returns the
+    /// network slot of a full VM made with its link.
+    async fn create_sandbox(
+        &self,
+        id: &SandboxId,
+        tier: Tier,
+        placement: Option<brig_proto::Placement>,
+        req: &CreateRequest,
+        egress: &Option<(Vec<brig_core::EgressRule>, Vec<brig_core::Destination>)>,
+    ) -> Result<(Arc<dyn Sandbox>, Option<u32>), NodeError> {
+        let sandbox: Arc<dyn Sandbox> = match tier {
+            Tier::Fncall => {
+                let fncall = &self.inner.fncall;
+                let ws = fncall.create_workspace(&id.to_string())?;
+                Arc::new(FncallSandbox::new(ws, fncall.clone()))
+            }
+            Tier::Container if placement == Some(brig_proto::Placement::Vm) => {
+                let hosts = self.container_hosts()?;
+                let cfg = &self.inner.config.container;
+                Arc::new(crate::container_host::create(hosts, id, req, cfg).await?)
+            }
+            Tier::Container => {
+                let store = self.inner.store.as_ref().ok().map(Arc::as_ref);
+                Arc::new(self.container_tier()?.create(id, req, store).await?)
+            }
+            Tier::Microvm => {
+                let vm = self.create_microvm(id, req.image.as_deref()).await?;
+                Arc::new(VmSandbox::new(vm, self.vmtier()?.clone(), Tier::Microvm))
+            }
+            Tier::Fullvm => {
+                let dests = egress.as_ref().map(|(_, d)| d.clone());
+                let (vm, slot) = self.create_fullvm(id, dests).await?;
+                let sandbox = VmSandbox::new(vm, self.fullvm_tier()?.clone(), Tier::Fullvm);
+                return Ok((Arc::new(sandbox), slot));
+            }
+        };
+        Ok((sandbox, None))
     }
 
     /// Removes a sandbox and frees its resources.
@@ -498,25 +517,14 @@ impl Node {
         }
         self.audit_lifecycle(&id.to_string(), event.0, event.1);
         self.inner.audit.close(&id.to_string());
-        let result = match &entry.handle {
-            TierHandle::Fncall(ws) => ws.remove().map_err(NodeError::from),
-            TierHandle::Container(c) => {
-                let result = c.destroy().await;
-                if let Ok(store) = &self.inner.store {
-                    store.release(&c.layer_digests);
-                }
-                result
+        entry.sessions.close_all().await;
+        let result = entry.sandbox.destroy().await;
+        if let Ok(store) = &self.inner.store {
+            let layers = entry.sandbox.held_layers();
+            if !layers.is_empty() {
+                store.release(&layers);
             }
-            TierHandle::Microvm(vm) => {
-                vm.tier.destroy(vm).await;
-                crate::fullvm::remove_netns(vm);
-                Ok(())
-            }
-            TierHandle::Hosted(h) => {
-                h.destroy().await;
-                Ok(())
-            }
-        };
+        }
         if let Err(e) = result {
             tracing::warn!(sandbox = %id, error = %e, "cleanup after destroy failed");
         }
@@ -556,5 +564,15 @@ impl Node {
                 .await;
             }
         })
+    }
+}
+
+/// Puts a new sandbox in the best-effort class when its spec says so (a tier that cannot is
+/// logged: the class is recorded in its spec either way).
+fn set_best_effort(id: &SandboxId, sandbox: &dyn Sandbox, qos: QosClass) {
+    if qos == QosClass::BestEffort {
+        if let Err(e) = sandbox.set_qos(qos) {
+            tracing::warn!(sandbox = %id, error = %e, "cannot set the QoS class");
+        }
     }
 }

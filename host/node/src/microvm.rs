@@ -1,4 +1,5 @@
-//! The microVM tier in the node: configuration, create, and exec through the guest's agent.
+//! The microVM tier in the node: configuration and create (the sandbox itself is
+//! `brig_vmtier::VmSandbox`).
 //! Each sandbox is a brig-vmm process resumed from the node's environment snapshot
 //! (brig-vmtier). Offered only where Linux guests run (hardware virtualization) and a guest
 //! kernel and initramfs are configured.
@@ -7,27 +8,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use brig_core::{SandboxId, Tier};
-use brig_proto::Reply;
-use brig_transport::Exchange;
 use brig_vmtier::{MicroVm, VmTier, VmTierConfig, VmTierError};
 use serde::{Deserialize, Serialize};
 
-use crate::sandboxes::{SandboxEntry, TierHandle};
 use crate::{Node, NodeError};
-
-/// A microVM or full-VM sandbox: the VM, the tier it belongs to, and the node's table of the
-/// commands it runs.
-pub(crate) struct MicrovmSandbox {
-    pub vm: MicroVm,
-    pub tier: Arc<VmTier>,
-    pub execs: crate::exec_hub::ExecTable,
-}
-
-impl MicrovmSandbox {
-    pub fn new(vm: MicroVm, tier: Arc<VmTier>) -> Box<MicrovmSandbox> {
-        Box::new(MicrovmSandbox { vm, tier, execs: Default::default() })
-    }
-}
 
 /// The brig-vmm binary: `configured`, or the one beside the running daemon.
 pub(crate) fn vmm_binary(configured: Option<&PathBuf>) -> PathBuf {
@@ -36,14 +20,6 @@ pub(crate) fn vmm_binary(configured: Option<&PathBuf>) -> PathBuf {
             .map(|exe| exe.with_file_name("brig-vmm"))
             .unwrap_or_else(|_| PathBuf::from("brig-vmm"))
     })
-}
-
-impl std::ops::Deref for MicrovmSandbox {
-    type Target = MicroVm;
-
-    fn deref(&self) -> &MicroVm {
-        &self.vm
-    }
 }
 
 /// `[microvm]` in the node configuration.
@@ -130,24 +106,12 @@ pub(crate) fn offered(
     }
 }
 
-pub(crate) fn vm_error(e: VmTierError) -> NodeError {
-    match e {
-        VmTierError::Unavailable(why) => NodeError::TierUnavailable { tier: Tier::Microvm, why },
-        e @ VmTierError::ReplyTooLarge { .. } => NodeError::GuestReplyTooLarge(e.to_string()),
-        e @ VmTierError::ReplyTimeout(_) => NodeError::GuestReplyTimeout(e.to_string()),
-        other => NodeError::Io {
-            what: "microvm".into(),
-            source: std::io::Error::other(other.to_string()),
-        },
-    }
-}
-
-/// A sandbox path as the guest sees it (absolute; relative paths start at /).
-fn guest_path(path: &str) -> String {
-    if path.starts_with('/') {
-        path.to_string()
-    } else {
-        format!("/{path}")
+/// A VM tier's failure to make sandbox `id`: a tier that cannot run VMs here is unavailable,
+/// the rest is the VM's own failure.
+pub(crate) fn vm_error(id: &SandboxId, tier: Tier) -> impl Fn(VmTierError) -> NodeError + '_ {
+    move |e| match e {
+        VmTierError::Unavailable(why) => NodeError::TierUnavailable { tier, why },
+        other => NodeError::sandbox(&id.to_string(), tier, other.into()),
     }
 }
 
@@ -168,7 +132,7 @@ impl Node {
             None => Vec::new(),
             Some(name) => self.microvm_layers(name)?,
         };
-        self.vmtier()?.create(&id.to_string(), &layers).await.map_err(vm_error)
+        self.vmtier()?.create(&id.to_string(), &layers).await.map_err(vm_error(id, Tier::Microvm))
     }
 
     /// The EROFS files of an image's layers (`base+workspace+toolkit`, base first), each a
@@ -188,108 +152,7 @@ impl Node {
         }
         parts
             .into_iter()
-            .map(|name| crate::container_host::local_layer(&dir, name).map_err(|why| bad(&why)))
+            .map(|name| brig_vmtier::hosts::local_layer(&dir, name).map_err(|why| bad(&why)))
             .collect()
-    }
-
-    /// Saves a microVM to disk and stops its VMM; the bytes that frees.
-    pub(crate) async fn pause_microvm(&self, vm: &MicrovmSandbox) -> Result<u64, NodeError> {
-        vm.tier.pause(vm).await.map_err(vm_error)
-    }
-
-    pub(crate) async fn resume_microvm(&self, vm: &MicrovmSandbox) -> Result<(), NodeError> {
-        vm.tier.resume(vm).await.map_err(vm_error)
-    }
-
-    /// Children of a microVM or full VM, one per id, from one snapshot of it. A networked VM's
-    /// children each get a network of their own with the parent's egress rules (`egress`);
-    /// each child comes back with its link's slot.
-    pub(crate) async fn fork_microvm(
-        &self,
-        vm: &MicrovmSandbox,
-        ids: &[SandboxId],
-        egress: Option<Vec<brig_core::Destination>>,
-    ) -> Result<Vec<Result<(TierHandle, Option<u32>), NodeError>>, NodeError> {
-        let mut children = Vec::with_capacity(ids.len());
-        let mut slots = Vec::with_capacity(ids.len());
-        for id in ids {
-            let net = match (vm.net(), &egress) {
-                (Some(_), Some(dests)) => match self.vm_network(id, dests.clone()).await {
-                    Ok((net, slot)) => Some((net, slot)),
-                    Err(e) => {
-                        for ((_, net), slot) in children.iter().zip(&slots) {
-                            if let (Some(net), Some(slot)) = (net, slot) {
-                                self.release_vm_network(net, *slot);
-                            }
-                        }
-                        return Err(e);
-                    }
-                },
-                _ => None,
-            };
-            slots.push(net.as_ref().map(|(_, slot)| *slot));
-            children.push((id.to_string(), net.map(|(net, _)| net)));
-        }
-        let made = match vm.tier.fork(vm, &children).await {
-            Ok(made) => made,
-            Err(e) => {
-                for ((_, net), slot) in children.iter().zip(&slots) {
-                    if let (Some(net), Some(slot)) = (net, slot) {
-                        self.release_vm_network(net, *slot);
-                    }
-                }
-                return Err(vm_error(e));
-            }
-        };
-        Ok(made
-            .into_iter()
-            .zip(children.iter().zip(slots))
-            .map(|(child, ((_, net), slot))| match child {
-                Ok(c) => Ok((TierHandle::Microvm(MicrovmSandbox::new(c, vm.tier.clone())), slot)),
-                Err(e) => {
-                    if let (Some(net), Some(slot)) = (net, slot) {
-                        self.release_vm_network(net, slot);
-                    }
-                    Err(vm_error(e))
-                }
-            })
-            .collect())
-    }
-
-    /// Uploads into a microVM through its agent.
-    pub(crate) async fn write_microvm_file(
-        &self,
-        entry: &SandboxEntry,
-        req: brig_proto::FileWriteRequest,
-        exchange: &mut Exchange,
-    ) -> Result<Option<Reply>, NodeError> {
-        let TierHandle::Microvm(vm) = &entry.handle else { return Ok(None) };
-        if req.append {
-            exchange.refuse_upload();
-            return Err(NodeError::WrongTier {
-                id: entry.id.to_string(),
-                tier: entry.tier,
-                op: "appending to a file (not in the microvm tier yet)",
-            });
-        }
-        let data = self.guest_upload(exchange).await?;
-        vm.tier.write_file(vm, &guest_path(&req.path), &data).await.map_err(vm_error)?;
-        entry.touch();
-        Ok(Some(Reply::Written { bytes: data.len() as u64 }))
-    }
-
-    /// Downloads from a microVM through its agent.
-    pub(crate) async fn read_microvm_file(
-        &self,
-        entry: &SandboxEntry,
-        req: brig_proto::FileReadRequest,
-        exchange: &mut Exchange,
-    ) -> Result<Option<Reply>, NodeError> {
-        let TierHandle::Microvm(vm) = &entry.handle else { return Ok(None) };
-        let limit = self.guest_read_limit();
-        let data = vm.tier.read_file(vm, &guest_path(&req.path), limit).await.map_err(vm_error)?;
-        crate::files::send_range(exchange, &data, req.offset, req.len).await?;
-        entry.touch();
-        Ok(None)
     }
 }

@@ -10,45 +10,18 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+pub(crate) use brig_core::sandbox::ContainerRecord;
+use brig_core::sandbox::{Op, Persistence, Sandbox, SandboxError};
 use brig_core::{IdleAction, SandboxId, SandboxSpec, Tier};
-use brig_fncall::Workspace;
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
+use crate::exec_hub::ExecTable;
+use crate::sessions::SessionTable;
 use crate::NodeError;
 
 /// How many destroyed sandboxes are remembered.
 const TOMBSTONES: usize = 65_536;
-
-/// The tier-specific part of a sandbox. Dispatch is by exhaustive `match`.
-pub(crate) enum TierHandle {
-    Fncall(Workspace),
-    Container(Box<crate::container::ContainerSandbox>),
-    /// A brig-vmm process with the guest's agent behind its vsock socket.
-    Microvm(Box<crate::microvm::MicrovmSandbox>),
-    /// A container in a container-host VM (the container tier on a guest's kernel).
-    Hosted(Box<crate::container_host::HostedSandbox>),
-}
-
-impl TierHandle {
-    /// Where the sandbox's files are, for the file API.
-    pub fn file_root(&self, entry: &SandboxEntry) -> Result<crate::files::FileRoot<'_>, NodeError> {
-        Ok(match self {
-            TierHandle::Fncall(ws) => crate::files::FileRoot::Workspace(ws),
-            TierHandle::Container(c) => crate::files::FileRoot::Container(
-                brig_container::files::RootDir::new(c.container.root(), c.container.id_base()),
-            ),
-            // Their files are reached through the guest's agent (see `crate::hosted`).
-            TierHandle::Microvm(_) | TierHandle::Hosted(_) => {
-                return Err(NodeError::WrongTier {
-                    id: entry.id.to_string(),
-                    tier: entry.tier,
-                    op: "local file access",
-                })
-            }
-        })
-    }
-}
 
 pub(crate) struct SandboxEntry {
     pub id: SandboxId,
@@ -58,13 +31,23 @@ pub(crate) struct SandboxEntry {
     last_used_unix_ms: AtomicU64,
     /// When it was paused; 0 while it runs.
     paused_unix_ms: AtomicU64,
-    pub handle: TierHandle,
+    /// The tier's sandbox: every request reaches the tier through it.
+    pub sandbox: Arc<dyn Sandbox>,
+    /// Its commands, running and recently finished (clients re-attach by id).
+    pub execs: ExecTable,
+    /// Its open shell sessions.
+    pub sessions: SessionTable,
     /// Serializes pause, resume and destroy of this sandbox.
     pub transition: tokio::sync::Mutex<()>,
 }
 
 impl SandboxEntry {
-    pub fn new(id: SandboxId, spec: SandboxSpec, created_unix_ms: u64, handle: TierHandle) -> Self {
+    pub fn new(
+        id: SandboxId,
+        spec: SandboxSpec,
+        created_unix_ms: u64,
+        sandbox: Arc<dyn Sandbox>,
+    ) -> Self {
         SandboxEntry {
             id,
             tier: spec.tier,
@@ -72,9 +55,21 @@ impl SandboxEntry {
             spec: RwLock::new(spec),
             last_used_unix_ms: AtomicU64::new(created_unix_ms),
             paused_unix_ms: AtomicU64::new(0),
-            handle,
+            sandbox,
+            execs: ExecTable::default(),
+            sessions: SessionTable::default(),
             transition: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// A failure of its tier, as the node reports it (naming this sandbox).
+    pub fn fail(&self, e: SandboxError) -> NodeError {
+        NodeError::sandbox(&self.id.to_string(), self.tier, e)
+    }
+
+    /// `Ok` if its tier serves `op`, else the typed refusal.
+    pub fn require(&self, op: Op) -> Result<(), NodeError> {
+        self.sandbox.capabilities().require(op).map_err(|e| self.fail(e))
     }
 
     pub fn spec(&self) -> SandboxSpec {
@@ -149,23 +144,6 @@ fn ms(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Container state a restarted node needs to take a container back.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct ContainerRecord {
-    pub layers: Vec<(PathBuf, Option<PathBuf>)>,
-    pub layer_digests: Vec<String>,
-    pub env: Vec<(String, String)>,
-    pub shell: String,
-    pub memory_bytes: u64,
-    pub pids: u64,
-    pub cpu_millis: u64,
-    pub disk_bytes: u64,
-    /// Protected paths: (path, hidden).
-    #[serde(default)]
-    pub protected: Vec<(String, bool)>,
-}
-
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SandboxRecord {
@@ -233,11 +211,11 @@ impl SandboxTable {
 
     /// Writes the sandbox's record (atomically).
     pub fn save(&self, entry: &SandboxEntry) -> Result<(), NodeError> {
-        let container = match &entry.handle {
-            TierHandle::Container(c) => Some(c.record()),
-            TierHandle::Fncall(_) => None,
+        let container = match entry.sandbox.capabilities().persistence {
+            Persistence::Record => entry.sandbox.record(),
+            Persistence::Spec => None,
             // A VM's VMM dies with the daemon (it is not adopted back yet): no record.
-            TierHandle::Microvm(_) | TierHandle::Hosted(_) => return Ok(()),
+            Persistence::Ephemeral => return Ok(()),
         };
         let record = SandboxRecord {
             id: entry.id,

@@ -1,35 +1,70 @@
-//! Shell sessions in container and microVM sandboxes: one engine
-//! (`brig_container::session`), whether the shell runs on the node's kernel or in a guest
-//! behind its agent; output streamed to the client as it comes.
+//! Shell sessions, the same for every tier that has them: the tier opens one
+//! ([`brig_core::Sandbox::open_session`]), the node keeps it by id in the sandbox's table and
+//! streams its output to the client as it comes.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use brig_container::session::{Session, SessionEvent, SessionTable};
+use brig_core::sandbox::{Op, SandboxError, Session, SessionEvent, SessionSpec};
 use brig_proto::{AuditKind, OutputStream, Reply, SessionOpenRequest};
 use brig_transport::Exchange;
 use tokio::sync::mpsc;
 
-use crate::sandboxes::{SandboxEntry, TierHandle};
+use crate::sandboxes::SandboxEntry;
 use crate::{Node, NodeError};
 
-impl Node {
-    /// The sandbox of a session request (a container or a microVM), resumed if paused.
-    async fn session_host(&self, sandbox: &str) -> Result<Arc<SandboxEntry>, NodeError> {
-        let entry = self.live(sandbox).await?;
-        match &entry.handle {
-            TierHandle::Container(_) | TierHandle::Microvm(_) | TierHandle::Hosted(_) => Ok(entry),
-            TierHandle::Fncall(_) => Err(NodeError::WrongTier {
-                id: sandbox.to_string(),
-                tier: entry.tier,
-                op: "sessions",
-            }),
-        }
+/// A sandbox's open sessions by id (`s1`, `s2`, …), whichever tier runs their shells.
+#[derive(Default)]
+pub(crate) struct SessionTable {
+    sessions: parking_lot::Mutex<HashMap<String, Arc<dyn Session>>>,
+    next: AtomicU64,
+}
+
+impl SessionTable {
+    /// Keeps an open session; returns its id.
+    pub fn add(&self, session: Box<dyn Session>) -> String {
+        let id = format!("s{}", self.next.fetch_add(1, Ordering::Relaxed) + 1);
+        self.sessions.lock().insert(id.clone(), Arc::from(session));
+        id
     }
 
-    fn session_of(entry: &SandboxEntry, id: &str) -> Result<Arc<Session>, NodeError> {
-        let found = sessions(entry).and_then(|table| table.get(id));
-        found.ok_or_else(|| NodeError::NoSuchSession(id.to_string()))
+    pub fn get(&self, id: &str) -> Option<Arc<dyn Session>> {
+        self.sessions.lock().get(id).cloned()
+    }
+
+    /// Forgets session `id` (the caller closes it).
+    pub fn remove(&self, id: &str) -> Option<Arc<dyn Session>> {
+        self.sessions.lock().remove(id)
+    }
+
+    /// Ids of the open sessions, sorted (for a client that reconnects).
+    pub fn ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.sessions.lock().keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    /// Ends every session (their shells and all they started).
+    pub async fn close_all(&self) {
+        let sessions: Vec<_> = self.sessions.lock().drain().map(|(_, s)| s).collect();
+        for s in sessions {
+            s.close().await;
+        }
+    }
+}
+
+impl Node {
+    /// The sandbox of a session request, resumed if paused; refused where the tier has none.
+    async fn session_host(&self, sandbox: &str) -> Result<Arc<SandboxEntry>, NodeError> {
+        let entry = self.live(sandbox).await?;
+        entry.require(Op::Sessions)?;
+        Ok(entry)
+    }
+
+    fn session_of(entry: &SandboxEntry, id: &str) -> Result<Arc<dyn Session>, NodeError> {
+        entry.sessions.get(id).ok_or_else(|| NodeError::NoSuchSession(id.to_string()))
     }
 
     pub(crate) async fn session_open(&self, req: SessionOpenRequest) -> Result<String, NodeError> {
@@ -38,38 +73,9 @@ impl Node {
         let shell = req.shell.clone().unwrap_or_else(|| "/bin/sh".to_string());
         brig_core::check_command(&[shell], &req.env, &req.cwd)?;
         let entry = self.session_host(&req.sandbox).await?;
-        let id = match &entry.handle {
-            TierHandle::Container(c) => c.open_session(req).await?,
-            TierHandle::Microvm(vm) => {
-                if req.user.is_some() {
-                    return Err(NodeError::WrongTier {
-                        id: req.sandbox,
-                        tier: entry.tier,
-                        op: "a session as another user (microVM sessions run as root)",
-                    });
-                }
-                let shell = req.shell.unwrap_or_else(|| "/bin/sh".to_string());
-                let cwd = if req.cwd.is_empty() { "/".to_string() } else { req.cwd };
-                let session = vm
-                    .tier
-                    .open_session(vm, &shell, req.env, &cwd)
-                    .await
-                    .map_err(crate::microvm::vm_error)?;
-                vm.sessions.add(session)
-            }
-            TierHandle::Hosted(h) => {
-                let shell = req.shell.unwrap_or_else(|| h.shell.clone());
-                let env = crate::container::merged_env(&h.env, req.env);
-                let cwd = if req.cwd.is_empty() { "/".to_string() } else { req.cwd };
-                let session = h
-                    .guest()
-                    .open_session(&shell, env, &cwd, req.user)
-                    .await
-                    .map_err(crate::container_host::host_error)?;
-                h.sessions.add(session)
-            }
-            TierHandle::Fncall(_) => unreachable!("session_host refuses fncall sandboxes"),
-        };
+        let spec = SessionSpec { shell: req.shell, env: req.env, cwd: req.cwd, user: req.user };
+        let session = entry.sandbox.open_session(spec).await.map_err(|e| entry.fail(e))?;
+        let id = entry.sessions.add(session);
         entry.touch();
         Ok(id)
     }
@@ -81,7 +87,7 @@ impl Node {
         data: &[u8],
     ) -> Result<(), NodeError> {
         let entry = self.session_host(sandbox).await?;
-        Ok(Self::session_of(&entry, session)?.input(data).await?)
+        Self::session_of(&entry, session)?.input(data).await.map_err(|e| entry.fail(e))
     }
 
     pub(crate) async fn session_interrupt(
@@ -90,7 +96,7 @@ impl Node {
         session: &str,
     ) -> Result<(), NodeError> {
         let entry = self.session_host(sandbox).await?;
-        Ok(Self::session_of(&entry, session)?.interrupt().await?)
+        Self::session_of(&entry, session)?.interrupt().await.map_err(|e| entry.fail(e))
     }
 
     pub(crate) async fn session_close(
@@ -99,7 +105,7 @@ impl Node {
         session: &str,
     ) -> Result<(), NodeError> {
         let entry = self.session_host(sandbox).await?;
-        let removed = sessions(&entry).and_then(|table| table.remove(session));
+        let removed = entry.sessions.remove(session);
         removed.ok_or_else(|| NodeError::NoSuchSession(session.to_string()))?.close().await;
         Ok(())
     }
@@ -107,7 +113,7 @@ impl Node {
     /// Ids of a sandbox's open sessions (for a client that reconnects).
     pub(crate) fn session_ids(&self, sandbox: &str) -> Result<Vec<String>, NodeError> {
         let entry = self.inner.sandboxes.get(sandbox)?;
-        Ok(sessions(&entry).map(SessionTable::ids).unwrap_or_default())
+        Ok(entry.sessions.ids())
     }
 
     /// Runs (`Some(command)`) or waits on (`None`) a session command, streaming its output.
@@ -130,30 +136,22 @@ impl Node {
             );
         }
         let session = Self::session_of(&entry, session)?;
-        let reply = stream_session(&session, command, timeout, exchange).await;
+        let reply = stream_session(session.as_ref(), command, timeout, exchange)
+            .await
+            .map_err(|e| entry.fail(e));
         entry.touch();
         reply
-    }
-}
-
-/// A sandbox's session table (none for fncall sandboxes).
-fn sessions(entry: &SandboxEntry) -> Option<&SessionTable> {
-    match &entry.handle {
-        TierHandle::Container(c) => Some(&c.sessions),
-        TierHandle::Microvm(vm) => Some(&vm.sessions),
-        TierHandle::Hosted(h) => Some(&h.sessions),
-        TierHandle::Fncall(_) => None,
     }
 }
 
 /// Runs or waits on a session command; its events go to the client as replies, and the last
 /// reply (`SessionDone` or `SessionPending`) comes back.
 async fn stream_session(
-    session: &Session,
+    session: &dyn Session,
     command: Option<&str>,
     timeout: Duration,
     exchange: &mut Exchange,
-) -> Result<Option<Reply>, NodeError> {
+) -> Result<Option<Reply>, SandboxError> {
     let (tx, mut rx) = mpsc::channel(64);
     let run = async {
         match command {

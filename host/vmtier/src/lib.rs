@@ -22,6 +22,10 @@ pub use brig_vmm_api::container::{
 pub use container_host::{guest_disk, HostedContainer};
 mod fullvm;
 pub use fullvm::GuestAddress;
+pub mod guest_exec;
+pub mod hosts;
+pub mod sandbox;
+pub use sandbox::VmSandbox;
 pub mod lifecycle;
 mod pool;
 mod session;
@@ -135,8 +139,6 @@ pub struct MicroVm {
     memory_from: std::sync::Mutex<PathBuf>,
     /// Saved to `memory_from` with no VMM running.
     paused: std::sync::atomic::AtomicBool,
-    /// Open shell sessions (their shells end with the VM).
-    pub sessions: brig_container::session::SessionTable,
 }
 
 impl MicroVm {
@@ -169,7 +171,6 @@ impl MicroVm {
             net,
             memory_from: std::sync::Mutex::new(memory_from),
             paused: Default::default(),
-            sessions: Default::default(),
         }
     }
 }
@@ -661,7 +662,6 @@ impl VmTier {
 
     /// Stops the VM and removes what it left.
     pub async fn destroy(&self, vm: &MicroVm) {
-        vm.sessions.close_all().await;
         self.stop_vmm(vm).await;
         for path in [&vm.uds, &vm.control, &vm.log] {
             let _ = std::fs::remove_file(path);

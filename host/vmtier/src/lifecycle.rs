@@ -149,8 +149,8 @@ impl VmTier {
             return Ok(0);
         }
         let freed = self.stats(vm).await.map(|s| s.rss_kib << 10).unwrap_or(0);
-        // A session's connection to the agent does not survive the VMM: its shells end here.
-        vm.sessions.close_all().await;
+        // A session's connection to the agent does not survive the VMM: the caller ends the
+        // VM's sessions first (the node keeps them).
         let dir = self.saved_dir(&vm.id);
         if let Some(parent) = dir.parent() {
             std::fs::create_dir_all(parent).map_err(io("saved snapshots"))?;

@@ -1,0 +1,564 @@
+//! A container on the node's kernel as a [`brig_core::Sandbox`]: exec (pipes or a terminal),
+//! sessions, files through its root, freeze-and-reclaim pause, fork from a copy of its writable
+//! layer, and the record a restarted node takes it back from. Image resolution and the layer
+//! store are the node's: a sandbox gets its layers resolved and says which store digests it holds.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use brig_core::files::Entry;
+use brig_core::sandbox::{
+    BoxFuture, Capabilities, Condition, ContainerRecord, ExecControl, ExecEvent, ExecExit,
+    ExecSpec, FileAccess, ForkChild, ForkKind, ForkOptions, Forked, Op, PauseKind, Persistence,
+    ReadSource, Requested, RunningExec, Sandbox, SandboxError, SessionSpec, Stdin, TerminalSize,
+    Usage, WriteOptions,
+};
+use brig_core::{QosClass, SandboxId, Tier};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+
+use crate::cgroup::CgroupLimits;
+use crate::exec::{Killer, Stdin as EngineStdin};
+use crate::files::{FileError, RootDir};
+use crate::protect::{Protected, Protections};
+use crate::rootfs::LayerSource;
+use crate::runtime::{Container, ContainerSpec, Runtime, RuntimeError};
+use crate::session::{Session, SessionError};
+use crate::shim_proto::ExitInfo;
+use crate::terminal::TerminalMaster;
+
+/// What a container on the node's kernel serves.
+pub const CONTAINER_CAPS: Capabilities = Capabilities::new(
+    &[
+        Op::Exec,
+        Op::ExecAsUser,
+        Op::Terminal,
+        Op::Sessions,
+        Op::SessionAsUser,
+        Op::Files,
+        Op::FileAppend,
+        Op::Pause,
+        Op::Fork,
+        Op::Egress,
+        Op::Qos,
+        Op::ProtectedPaths,
+        Op::Checkpoint,
+    ],
+    FileAccess::Local,
+    PauseKind::Freeze,
+    ForkKind::Files,
+    Persistence::Record,
+);
+
+/// Events buffered between the engine and the node per command.
+const EVENTS: usize = 64;
+
+/// One container sandbox.
+pub struct ContainerSandbox {
+    runtime: Arc<Runtime>,
+    container: Arc<Container>,
+    /// Environment every command starts with.
+    env: Vec<(String, String)>,
+    /// The default shell of sessions.
+    shell: String,
+    layers: Vec<LayerSource>,
+    limits: CgroupLimits,
+    disk_bytes: u64,
+    /// Store layers it uses (the node releases them when it goes).
+    layer_digests: Vec<String>,
+    /// Protected paths (kept for forks).
+    protected: Vec<Protected>,
+}
+
+/// A container's hostname: derived from its sandbox id, so forks differ from their parent.
+pub fn hostname(id: &SandboxId) -> String {
+    format!("sandbox-{}", &id.to_string()[12..])
+}
+
+/// `base` with `extra` on top (a name in both takes `extra`'s value).
+pub fn merged_env(
+    base: &[(String, String)],
+    extra: Vec<(String, String)>,
+) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> =
+        base.iter().filter(|(k, _)| !extra.iter().any(|(e, _)| e == k)).cloned().collect();
+    env.extend(extra);
+    env
+}
+
+impl ContainerSandbox {
+    /// Starts a container as `spec` says; `layer_digests` are the store layers it holds.
+    pub async fn create(
+        runtime: &Arc<Runtime>,
+        spec: ContainerSpec,
+        env: Vec<(String, String)>,
+        layer_digests: Vec<String>,
+    ) -> Result<ContainerSandbox, RuntimeError> {
+        let container = runtime.create(&spec).await?;
+        let has_bash =
+            RootDir::new(container.root(), container.id_base()).stat("/bin/bash").is_ok();
+        Ok(ContainerSandbox {
+            runtime: runtime.clone(),
+            container: Arc::new(container),
+            env,
+            shell: if has_bash { "/bin/bash" } else { "/bin/sh" }.to_string(),
+            layers: spec.layers,
+            limits: spec.limits,
+            disk_bytes: spec.disk_bytes,
+            layer_digests,
+            protected: spec.protect.paths,
+        })
+    }
+
+    /// Takes back a container an earlier run of the node started.
+    pub async fn attach(
+        runtime: &Arc<Runtime>,
+        id: &SandboxId,
+        record: &ContainerRecord,
+    ) -> Result<ContainerSandbox, RuntimeError> {
+        let container = runtime.attach(&id.to_string()).await?;
+        Ok(ContainerSandbox {
+            runtime: runtime.clone(),
+            container: Arc::new(container),
+            env: record.env.clone(),
+            shell: record.shell.clone(),
+            layers: record
+                .layers
+                .iter()
+                .map(|(image, device)| LayerSource { image: image.clone(), device: device.clone() })
+                .collect(),
+            limits: CgroupLimits {
+                memory_bytes: Some(record.memory_bytes),
+                pids: Some(record.pids),
+                cpu_millis: Some(record.cpu_millis),
+            },
+            disk_bytes: record.disk_bytes,
+            layer_digests: record.layer_digests.clone(),
+            protected: record
+                .protected
+                .iter()
+                .map(|(path, hidden)| Protected { path: path.clone(), hidden: *hidden })
+                .collect(),
+        })
+    }
+
+    fn root(&self) -> RootDir<'_> {
+        RootDir::new(self.container.root(), self.container.id_base())
+    }
+
+    /// A child on the same layers, starting from a copy of the writable layer (the caller
+    /// keeps this container frozen meanwhile).
+    async fn fork_one(
+        &self,
+        id: SandboxId,
+        reveal: bool,
+    ) -> Result<ContainerSandbox, SandboxError> {
+        let seed = self.writable_layer()?;
+        let spec = ContainerSpec {
+            name: id.to_string(),
+            hostname: hostname(&id),
+            layers: self.layers.clone(),
+            limits: self.limits,
+            disk_bytes: self.disk_bytes,
+            seed: Some(seed),
+            protect: Protections { paths: self.protected.clone(), reveal },
+        };
+        Ok(ContainerSandbox::create(
+            &self.runtime,
+            spec,
+            self.env.clone(),
+            self.layer_digests.clone(),
+        )
+        .await?)
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&Container) -> Result<T, RuntimeError> + Send + 'static,
+    ) -> Result<T, SandboxError> {
+        let c = self.container.clone();
+        tokio::task::spawn_blocking(move || f(&c))
+            .await
+            .map_err(|e| SandboxError::internal(what, &e))?
+            .map_err(SandboxError::from)
+    }
+}
+
+/// Kills or resizes a command in a container.
+struct EngineControl {
+    killer: Killer,
+    terminal: Option<Arc<TerminalMaster>>,
+}
+
+impl ExecControl for EngineControl {
+    fn kill(&self) {
+        self.killer.kill();
+    }
+
+    fn resize(&self, size: TerminalSize) -> Option<std::io::Result<()>> {
+        let size = crate::terminal::TerminalSize { rows: size.rows, cols: size.cols };
+        self.terminal.as_ref().map(|t| t.resize(size))
+    }
+}
+
+fn exit_of(exit: crate::exec::ExecExit) -> ExecExit {
+    let (exit_code, signal) = match exit.status {
+        Some(ExitInfo::Code(c)) => (Some(c), None),
+        Some(ExitInfo::Signal(s)) => (None, Some(s)),
+        None => (None, None),
+    };
+    ExecExit {
+        exit_code,
+        signal,
+        timed_out: exit.timed_out,
+        killed: exit.killed,
+        truncated: exit.truncated,
+        oom_killed: exit.oom_killed,
+        duration: exit.duration,
+        stdout_bytes: exit.stdout_bytes,
+        stderr_bytes: exit.stderr_bytes,
+    }
+}
+
+/// Relays the engine's events as the interface's; `Exited` comes once, last, even if the
+/// engine's channel ends without one.
+async fn relay(mut engine: mpsc::Receiver<crate::exec::ExecEvent>, out: mpsc::Sender<ExecEvent>) {
+    use crate::exec::ExecEvent as E;
+    while let Some(event) = engine.recv().await {
+        let (event, last) = match event {
+            E::Stdout(b) => (ExecEvent::Stdout(b), false),
+            E::Stderr(b) => (ExecEvent::Stderr(b), false),
+            E::Exit(exit) => (ExecEvent::Exited(exit_of(exit)), true),
+        };
+        // A receiver that went away changes nothing: the command runs to its end.
+        let _ = out.send(event).await;
+        if last {
+            return;
+        }
+    }
+    let _ = out.send(ExecEvent::Exited(ExecExit::default())).await;
+}
+
+impl Sandbox for ContainerSandbox {
+    fn tier(&self) -> Tier {
+        Tier::Container
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CONTAINER_CAPS
+    }
+
+    fn condition(&self) -> Condition {
+        if self.container.is_alive() {
+            Condition::Running
+        } else {
+            Condition::Failed
+        }
+    }
+
+    fn placement(&self) -> Option<String> {
+        Some("host-kernel".into())
+    }
+
+    fn exec(&self, spec: ExecSpec) -> BoxFuture<'_, Result<RunningExec, SandboxError>> {
+        Box::pin(async move {
+            let (stdin, mut input) = match spec.stdin {
+                Stdin::Empty => (EngineStdin::Null, None),
+                Stdin::Bytes(b) => (EngineStdin::Bytes(b), None),
+                Stdin::Stream(rx) => (EngineStdin::Stream, Some(rx)),
+            };
+            let request = crate::exec::ExecRequest {
+                argv: spec.argv,
+                env: merged_env(&self.env, spec.env),
+                cwd: spec.cwd.unwrap_or_default(),
+                user: spec.user,
+                stdin,
+                timeout: Some(spec.timeout),
+                output_limit: spec.output_limit,
+                terminal: spec
+                    .terminal
+                    .map(|s| crate::terminal::TerminalSize { rows: s.rows, cols: s.cols }),
+            };
+            let mut exec = crate::exec::exec(&self.container, request).await?;
+            // Stdin as the client sends it: typed into the terminal (which has no end of
+            // input), or into the pipe, closed when the client's input ends.
+            match (input.take(), exec.terminal.clone(), exec.stdin.take()) {
+                (Some(mut rx), Some(terminal), _) => {
+                    tokio::spawn(async move {
+                        while let Some(chunk) = rx.recv().await {
+                            if terminal.write_all(&chunk).await.is_err() {
+                                break;
+                            }
+                        }
+                    });
+                }
+                (Some(mut rx), None, Some(mut pipe)) => {
+                    tokio::spawn(async move {
+                        while let Some(chunk) = rx.recv().await {
+                            if pipe.write_all(&chunk).await.is_err() {
+                                break;
+                            }
+                        }
+                    });
+                }
+                _ => {}
+            }
+            let control =
+                Arc::new(EngineControl { killer: exec.killer(), terminal: exec.terminal });
+            let (tx, rx) = mpsc::channel(EVENTS);
+            tokio::spawn(relay(exec.events, tx));
+            Ok(RunningExec { events: rx, control })
+        })
+    }
+
+    fn open_session(
+        &self,
+        spec: SessionSpec,
+    ) -> BoxFuture<'_, Result<Box<dyn brig_core::sandbox::Session>, SandboxError>> {
+        Box::pin(async move {
+            let shell = spec.shell.unwrap_or_else(|| self.shell.clone());
+            let cwd = if spec.cwd.is_empty() { "/".to_string() } else { spec.cwd };
+            let env = merged_env(&self.env, spec.env);
+            let session = Session::open(&self.container, &shell, env, &cwd, spec.user).await?;
+            Ok(Box::new(session) as Box<dyn brig_core::sandbox::Session>)
+        })
+    }
+
+    fn read<'a>(
+        &'a self,
+        path: &'a str,
+        _max_bytes: u64,
+    ) -> BoxFuture<'a, Result<ReadSource, SandboxError>> {
+        Box::pin(async move { Ok(ReadSource::File(self.root().open_read(path)?)) })
+    }
+
+    fn open_write<'a>(
+        &'a self,
+        path: &'a str,
+        o: WriteOptions,
+    ) -> BoxFuture<'a, Result<std::fs::File, SandboxError>> {
+        Box::pin(async move { Ok(self.root().open_write(path, o.append, o.parents, o.mode)?) })
+    }
+
+    fn stat<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Entry, SandboxError>> {
+        Box::pin(async move { Ok(self.root().stat(path)?) })
+    }
+
+    fn list<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, SandboxError>> {
+        Box::pin(async move { Ok(self.root().list(path)?) })
+    }
+
+    fn mkdir<'a>(
+        &'a self,
+        path: &'a str,
+        parents: bool,
+    ) -> BoxFuture<'a, Result<(), SandboxError>> {
+        Box::pin(async move { Ok(self.root().mkdir(path, parents)?) })
+    }
+
+    fn remove<'a>(
+        &'a self,
+        path: &'a str,
+        recursive: bool,
+    ) -> BoxFuture<'a, Result<(), SandboxError>> {
+        Box::pin(async move { Ok(self.root().remove(path, recursive)?) })
+    }
+
+    /// Freezes every process and pushes reclaimable memory out; the bytes freed.
+    fn pause(&self) -> BoxFuture<'_, Result<u64, SandboxError>> {
+        Box::pin(self.blocking("pause task", |c| {
+            c.set_frozen(true)?;
+            Ok(c.reclaim())
+        }))
+    }
+
+    fn resume(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
+        Box::pin(self.blocking("resume task", |c| c.set_frozen(false)))
+    }
+
+    fn freeze(&self, frozen: bool) -> BoxFuture<'_, Result<(), SandboxError>> {
+        Box::pin(self.blocking("freezer task", move |c| c.set_frozen(frozen)))
+    }
+
+    /// Children side by side, each from a copy of the writable layer; the parent is frozen
+    /// meanwhile unless it is paused.
+    fn fork(
+        &self,
+        children: Vec<ForkChild>,
+        options: ForkOptions,
+    ) -> BoxFuture<'_, Result<Forked, SandboxError>> {
+        Box::pin(async move {
+            if !options.parent_paused {
+                self.freeze(true).await?;
+            }
+            let made = futures::future::join_all(
+                children.iter().map(|child| self.fork_one(child.id, options.reveal_protected)),
+            )
+            .await;
+            if !options.parent_paused {
+                self.freeze(false).await?;
+            }
+            Ok(made.into_iter().map(|r| r.map(|c| Arc::new(c) as Arc<dyn Sandbox>)).collect())
+        })
+    }
+
+    fn destroy(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
+        Box::pin(async move { Ok(self.container.destroy().await?) })
+    }
+
+    fn usage(&self) -> BoxFuture<'_, Option<Usage>> {
+        let (cpu_ns, memory_bytes) = self.container.usage();
+        brig_core::sandbox::ready(Some(Usage { cpu_ns, memory_bytes }))
+    }
+
+    fn requested(&self) -> Option<Requested> {
+        Some(Requested {
+            memory_bytes: self.limits.memory_bytes.unwrap_or(0),
+            cpu_millis: self.limits.cpu_millis.unwrap_or(0),
+        })
+    }
+
+    fn working_set_bytes(&self) -> Option<u64> {
+        Some(self.container.usage().1)
+    }
+
+    fn set_qos(&self, class: QosClass) -> Result<(), SandboxError> {
+        self.container
+            .cgroup()
+            .set_best_effort(class == QosClass::BestEffort)
+            .map_err(|e| SandboxError::from(RuntimeError::from(e)))
+    }
+
+    fn net_pid(&self) -> Option<i32> {
+        Some(self.container.init_pid())
+    }
+
+    fn held_layers(&self) -> Vec<String> {
+        self.layer_digests.clone()
+    }
+
+    fn writable_layer(&self) -> Result<PathBuf, SandboxError> {
+        self.container
+            .upper_path()
+            .ok_or_else(|| SandboxError::BadRequest("the container has no writable layer".into()))
+    }
+
+    fn record(&self) -> Option<ContainerRecord> {
+        Some(ContainerRecord {
+            layers: self.layers.iter().map(|l| (l.image.clone(), l.device.clone())).collect(),
+            layer_digests: self.layer_digests.clone(),
+            env: self.env.clone(),
+            shell: self.shell.clone(),
+            memory_bytes: self.limits.memory_bytes.unwrap_or(0),
+            pids: self.limits.pids.unwrap_or(0),
+            cpu_millis: self.limits.cpu_millis.unwrap_or(0),
+            disk_bytes: self.disk_bytes,
+            protected: self.protected.iter().map(|p| (p.path.clone(), p.hidden)).collect(),
+        })
+    }
+}
+
+impl brig_core::sandbox::Session for Session {
+    fn run<'a>(
+        &'a self,
+        command: &'a str,
+        timeout: Duration,
+        sink: mpsc::Sender<brig_core::sandbox::SessionEvent>,
+    ) -> BoxFuture<'a, Result<(), SandboxError>> {
+        Box::pin(async move { Ok(Session::run(self, command, timeout, sink).await?) })
+    }
+
+    fn wait(
+        &self,
+        timeout: Duration,
+        sink: mpsc::Sender<brig_core::sandbox::SessionEvent>,
+    ) -> BoxFuture<'_, Result<(), SandboxError>> {
+        Box::pin(async move { Ok(Session::wait(self, timeout, sink).await?) })
+    }
+
+    fn input<'a>(&'a self, data: &'a [u8]) -> BoxFuture<'a, Result<(), SandboxError>> {
+        Box::pin(async move { Ok(Session::input(self, data).await?) })
+    }
+
+    fn interrupt(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
+        Box::pin(async move { Ok(Session::interrupt(self).await?) })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(Session::close(self))
+    }
+}
+
+impl From<RuntimeError> for SandboxError {
+    fn from(e: RuntimeError) -> SandboxError {
+        match &e {
+            // The shim refuses a spawn only when it cannot fork: the sandbox's pids are used up.
+            RuntimeError::Shim(crate::shim_conn::ShimConnError::SpawnFailed(_)) => {
+                SandboxError::Exhausted(brig_core::sandbox::chain(&e))
+            }
+            _ => SandboxError::Internal(brig_core::sandbox::chain(&e)),
+        }
+    }
+}
+
+impl From<FileError> for SandboxError {
+    fn from(e: FileError) -> SandboxError {
+        match e.io_kind() {
+            Some(kind) => SandboxError::Io { kind, message: e.to_string() },
+            None => SandboxError::BadRequest(e.to_string()),
+        }
+    }
+}
+
+impl From<SessionError> for SandboxError {
+    fn from(e: SessionError) -> SandboxError {
+        let text = brig_core::sandbox::chain(&e);
+        match e {
+            SessionError::Busy => SandboxError::Conflict(text),
+            SessionError::Idle => SandboxError::BadRequest(text),
+            SessionError::Closed => SandboxError::NotFound(text),
+            SessionError::Runtime(_) | SessionError::Io(_) => SandboxError::Internal(text),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_keep_their_meaning() {
+        let missing = FileError::Io {
+            path: "/x".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        assert!(matches!(
+            SandboxError::from(missing),
+            SandboxError::Io { kind: std::io::ErrorKind::NotFound, .. }
+        ));
+        let dir = SandboxError::from(FileError::NotRegular("/etc".into()));
+        assert!(matches!(&dir, SandboxError::BadRequest(t) if t.contains("not a regular file")));
+        assert!(matches!(SandboxError::from(SessionError::Busy), SandboxError::Conflict(_)));
+        assert!(matches!(SandboxError::from(SessionError::Idle), SandboxError::BadRequest(_)));
+        assert!(matches!(SandboxError::from(SessionError::Closed), SandboxError::NotFound(_)));
+        let setup = SandboxError::from(RuntimeError::Setup("no rootfs".into()));
+        assert!(matches!(&setup, SandboxError::Internal(t) if t.contains("no rootfs")));
+    }
+
+    #[test]
+    fn env_merges_with_the_request_on_top() {
+        let base = vec![("A".into(), "1".into()), ("B".into(), "2".into())];
+        let merged = merged_env(&base, vec![("B".into(), "3".into())]);
+        assert_eq!(merged, vec![("A".into(), "1".into()), ("B".into(), "3".into())]);
+    }
+
+    #[test]
+    fn containers_serve_every_operation_of_a_local_sandbox() {
+        assert!(CONTAINER_CAPS.supports(Op::Terminal));
+        assert!(!CONTAINER_CAPS.supports(Op::ToolCalls));
+        assert_eq!(CONTAINER_CAPS.files, FileAccess::Local);
+        assert_eq!(CONTAINER_CAPS.persistence, Persistence::Record);
+    }
+}

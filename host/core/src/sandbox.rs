@@ -1,0 +1,670 @@
+//! The sandbox interface every tier implements, and the data it speaks.
+//!
+//! ```text
+//! node ──▶ Arc<dyn Sandbox> ──▶ fncall workspace (brig-fncall)
+//!                           ├─▶ container on the node's kernel (brig-container)
+//!                           ├─▶ microVM / full VM (brig-vmtier)
+//!                           └─▶ container in a container-host VM (brig-vmtier)
+//! ```
+//! A tier answers only what it serves: every other method has a default that says
+//! [`SandboxError::Unsupported`], and [`Capabilities`] lets the node refuse before it asks.
+//! Nothing here knows the wire, the audit trail or the exec hub: those are the node's.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::call::{CallReport, ToolCall};
+use crate::files::Entry;
+use crate::spec::{QosClass, Tier};
+use crate::SandboxId;
+
+/// A boxed future: what a `dyn Sandbox` method returns (one allocation per call, next to a
+/// shim or vsock round trip).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A future that is ready at once.
+pub fn ready<'a, T: Send + 'a>(value: T) -> BoxFuture<'a, T> {
+    Box::pin(std::future::ready(value))
+}
+
+/// What the node may ask of a sandbox; named once, for capability checks and refusals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    Exec,
+    ExecAsUser,
+    Terminal,
+    Sessions,
+    SessionAsUser,
+    ToolCalls,
+    Files,
+    FileAppend,
+    Pause,
+    Fork,
+    Egress,
+    Qos,
+    ProtectedPaths,
+    Checkpoint,
+}
+
+impl Op {
+    const ALL: [Op; 14] = [
+        Op::Exec,
+        Op::ExecAsUser,
+        Op::Terminal,
+        Op::Sessions,
+        Op::SessionAsUser,
+        Op::ToolCalls,
+        Op::Files,
+        Op::FileAppend,
+        Op::Pause,
+        Op::Fork,
+        Op::Egress,
+        Op::Qos,
+        Op::ProtectedPaths,
+        Op::Checkpoint,
+    ];
+
+    /// The operation as a refusal names it ("… needs another tier").
+    pub fn describe(self) -> &'static str {
+        match self {
+            Op::Exec => "exec",
+            Op::ExecAsUser => "a command as another user",
+            Op::Terminal => "an exec on a terminal (served for containers on the node's kernel)",
+            Op::Sessions => "sessions",
+            Op::SessionAsUser => "a session as another user",
+            Op::ToolCalls => "tool calls",
+            Op::Files => "file access",
+            Op::FileAppend => "appending to a file",
+            Op::Pause => "pause",
+            Op::Fork => "fork",
+            Op::Egress => "egress rules",
+            Op::Qos => "QoS classes",
+            Op::ProtectedPaths => "protected paths",
+            Op::Checkpoint => "checkpoint",
+        }
+    }
+
+    const fn bit(self) -> u32 {
+        1 << self as u32
+    }
+}
+
+/// How a tier reaches a sandbox's files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileAccess {
+    /// Through the node's own file system (streamed, any size).
+    Local,
+    /// Through the guest's agent, a whole file at a time (bounded).
+    Guest,
+}
+
+/// What a pause does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseKind {
+    /// Nothing runs between requests anyway.
+    Nothing,
+    /// Processes freeze in place; sessions survive.
+    Freeze,
+    /// The machine is saved to disk and its VMM stops; sessions end.
+    Snapshot,
+}
+
+/// What a fork copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForkKind {
+    No,
+    /// Files; children start with no process running.
+    Files,
+    /// The whole machine, processes included.
+    Machine,
+}
+
+/// What a restarted node can take back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Persistence {
+    /// Nothing: it dies with the daemon.
+    Ephemeral,
+    /// Its spec is enough.
+    Spec,
+    /// Its spec and a [`ContainerRecord`].
+    Record,
+}
+
+/// What one sandbox serves, as data: "this tier cannot" is one typed answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    ops: u32,
+    pub files: FileAccess,
+    pub pause: PauseKind,
+    pub fork: ForkKind,
+    pub persistence: Persistence,
+}
+
+impl Capabilities {
+    /// `ops` served, with the given kinds.
+    pub const fn new(
+        ops: &[Op],
+        files: FileAccess,
+        pause: PauseKind,
+        fork: ForkKind,
+        persistence: Persistence,
+    ) -> Capabilities {
+        let mut bits = 0;
+        let mut i = 0;
+        while i < ops.len() {
+            bits |= ops[i].bit();
+            i += 1;
+        }
+        Capabilities { ops: bits, files, pause, fork, persistence }
+    }
+
+    pub fn supports(&self, op: Op) -> bool {
+        self.ops & op.bit() != 0
+    }
+
+    /// `Ok` if `op` is served, else the typed refusal.
+    pub fn require(&self, op: Op) -> Result<(), SandboxError> {
+        if self.supports(op) {
+            Ok(())
+        } else {
+            Err(SandboxError::Unsupported { op, note: None })
+        }
+    }
+
+    /// The operations served.
+    pub fn ops(&self) -> Vec<Op> {
+        Op::ALL.into_iter().filter(|op| self.supports(*op)).collect()
+    }
+}
+
+/// A sandbox operation that failed, typed by what the client should make of it.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// This sandbox's tier does not serve the operation (`note` says more, e.g. "not yet").
+    #[error("{}{}", .op.describe(), .note.map(|n| format!(" ({n})")).unwrap_or_default())]
+    Unsupported { op: Op, note: Option<&'static str> },
+    #[error("{0}")]
+    BadRequest(String),
+    /// A file operation failed; `kind` says how (not found, exists, permission…).
+    #[error("{message}")]
+    Io { kind: std::io::ErrorKind, message: String },
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error("{0}")]
+    NotFound(String),
+    /// Busy with something else (a session running another command).
+    #[error("{0}")]
+    Conflict(String),
+    /// Out of something the sandbox has a bounded amount of (pids, VM slots).
+    #[error("{0}")]
+    Exhausted(String),
+    /// The tier cannot serve now (not offered, guest timed out).
+    #[error("{0}")]
+    Unavailable(String),
+    /// A guest's answer ran past what the node takes in for it.
+    #[error("{0}")]
+    TooLarge(String),
+    /// What the sandbox ran in is gone (its VM died); the text says why.
+    #[error("{0}")]
+    Lost(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl SandboxError {
+    /// An unsupported operation with a note ("not yet for …").
+    pub fn unsupported(op: Op, note: &'static str) -> SandboxError {
+        SandboxError::Unsupported { op, note: Some(note) }
+    }
+
+    /// An I/O failure on `what`, keeping its kind.
+    pub fn io(what: &str, e: &std::io::Error) -> SandboxError {
+        SandboxError::Io { kind: e.kind(), message: format!("{what}: {e}") }
+    }
+
+    /// An internal failure, with the error's whole source chain in the text.
+    pub fn internal(what: &str, e: &(dyn std::error::Error + 'static)) -> SandboxError {
+        SandboxError::Internal(format!("{what}: {}", chain(e)))
+    }
+}
+
+/// An error and its sources, joined by ": ".
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+// ---- exec ---------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TerminalSize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+/// A command's standard input.
+#[derive(Debug)]
+pub enum Stdin {
+    Empty,
+    Bytes(Vec<u8>),
+    /// Chunks as the client sends them; the channel's end is the end of input.
+    Stream(mpsc::Receiver<Bytes>),
+}
+
+/// One command to run. The node has already checked what execve cannot carry
+/// (`check_command`) and applied its policy to `timeout` and `output_limit`.
+#[derive(Debug)]
+pub struct ExecSpec {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<String>,
+    pub user: Option<String>,
+    pub stdin: Stdin,
+    pub timeout: Duration,
+    pub output_limit: u64,
+    pub terminal: Option<TerminalSize>,
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecExit {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub killed: bool,
+    pub truncated: bool,
+    pub oom_killed: bool,
+    pub duration: Duration,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecEvent {
+    Stdout(Bytes),
+    Stderr(Bytes),
+    /// Sent once, last.
+    Exited(ExecExit),
+}
+
+/// Controls a running command.
+pub trait ExecControl: Send + Sync {
+    fn kill(&self);
+    /// `None`: the command is not on a terminal.
+    fn resize(&self, _size: TerminalSize) -> Option<std::io::Result<()>> {
+        None
+    }
+}
+
+/// A command the tier started. The tier enforces its timeout and output cap, sends
+/// [`ExecEvent::Exited`] exactly once and last, and keeps the command running while the
+/// receiver is slow.
+pub struct RunningExec {
+    pub events: mpsc::Receiver<ExecEvent>,
+    pub control: Arc<dyn ExecControl>,
+}
+
+// ---- sessions -----------------------------------------------------------------------------
+
+/// A shell session to open.
+#[derive(Debug, Clone, Default)]
+pub struct SessionSpec {
+    /// `None`: the sandbox's default shell.
+    pub shell: Option<String>,
+    pub env: Vec<(String, String)>,
+    /// Empty: `/`.
+    pub cwd: String,
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEvent {
+    Stdout(Bytes),
+    Stderr(Bytes),
+    /// The command finished.
+    Done {
+        exit_code: i32,
+        cwd: String,
+    },
+    /// The wait ended before the command did; it keeps running.
+    Pending,
+    /// Output past the backlog bound was dropped while nobody waited.
+    Dropped {
+        bytes: u64,
+    },
+}
+
+/// An open shell session: one command at a time, state (directory, environment) kept between.
+pub trait Session: Send + Sync {
+    fn run<'a>(
+        &'a self,
+        command: &'a str,
+        timeout: Duration,
+        sink: mpsc::Sender<SessionEvent>,
+    ) -> BoxFuture<'a, Result<(), SandboxError>>;
+    fn wait(
+        &self,
+        timeout: Duration,
+        sink: mpsc::Sender<SessionEvent>,
+    ) -> BoxFuture<'_, Result<(), SandboxError>>;
+    fn input<'a>(&'a self, data: &'a [u8]) -> BoxFuture<'a, Result<(), SandboxError>>;
+    fn interrupt(&self) -> BoxFuture<'_, Result<(), SandboxError>>;
+    fn close(&self) -> BoxFuture<'_, ()>;
+}
+
+// ---- files --------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteOptions {
+    pub append: bool,
+    pub parents: bool,
+    pub mode: Option<u32>,
+}
+
+/// What a read gives: a local file to stream, or a guest's bytes.
+#[derive(Debug)]
+pub enum ReadSource {
+    File(std::fs::File),
+    Bytes(Vec<u8>),
+}
+
+// ---- lifecycle ----------------------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Condition {
+    Running,
+    /// It stopped on its own (its init or VMM died), or what it ran in is gone.
+    Failed,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub cpu_ns: u64,
+    pub memory_bytes: u64,
+}
+
+/// What a sandbox asked for, for admission.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Requested {
+    pub memory_bytes: u64,
+    pub cpu_millis: u64,
+}
+
+/// A network namespace and tap the node made for a VM (its link and egress rules are the
+/// node's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetAttachment {
+    pub netns: PathBuf,
+    pub tap: String,
+}
+
+/// One child of a fork.
+#[derive(Debug, Clone)]
+pub struct ForkChild {
+    pub id: SandboxId,
+    /// Its own network, for a networked VM's child.
+    pub network: Option<NetAttachment>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ForkOptions {
+    /// The parent is paused (frozen already, or saved).
+    pub parent_paused: bool,
+    /// Children see protected paths (an evaluation fork).
+    pub reveal_protected: bool,
+}
+
+/// What a restarted node needs to take a container back (the on-disk format of a sandbox
+/// record's `container` field).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ContainerRecord {
+    pub layers: Vec<(PathBuf, Option<PathBuf>)>,
+    pub layer_digests: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub shell: String,
+    pub memory_bytes: u64,
+    pub pids: u64,
+    pub cpu_millis: u64,
+    pub disk_bytes: u64,
+    /// Protected paths: (path, hidden).
+    #[serde(default)]
+    pub protected: Vec<(String, bool)>,
+}
+
+/// The children a fork made, each made or not.
+pub type Forked = Vec<Result<Arc<dyn Sandbox>, SandboxError>>;
+
+fn unsupported<'a, T: Send + 'a>(op: Op) -> BoxFuture<'a, Result<T, SandboxError>> {
+    ready(Err(SandboxError::Unsupported { op, note: None }))
+}
+
+/// One sandbox of any tier. A method a tier does not serve answers
+/// [`SandboxError::Unsupported`] by default.
+pub trait Sandbox: Send + Sync + 'static {
+    fn tier(&self) -> Tier;
+    fn capabilities(&self) -> Capabilities;
+    fn condition(&self) -> Condition {
+        Condition::Running
+    }
+    /// Why what it ran in is gone, if it is (a container-host VM that died): requests to it
+    /// fail with this reason. Cheap: checked before every request.
+    fn lost(&self) -> Option<String> {
+        None
+    }
+    /// Where it runs, when the tier has a choice (`host-kernel`, `vm:NAME`).
+    fn placement(&self) -> Option<String> {
+        None
+    }
+
+    fn exec(&self, _spec: ExecSpec) -> BoxFuture<'_, Result<RunningExec, SandboxError>> {
+        unsupported(Op::Exec)
+    }
+    fn open_session(
+        &self,
+        _spec: SessionSpec,
+    ) -> BoxFuture<'_, Result<Box<dyn Session>, SandboxError>> {
+        unsupported(Op::Sessions)
+    }
+    fn call(&self, _call: ToolCall) -> BoxFuture<'_, Result<CallReport, SandboxError>> {
+        unsupported(Op::ToolCalls)
+    }
+
+    /// A file to stream out ([`FileAccess::Local`]) or at most `max_bytes` of it
+    /// ([`FileAccess::Guest`]).
+    fn read<'a>(
+        &'a self,
+        _path: &'a str,
+        _max_bytes: u64,
+    ) -> BoxFuture<'a, Result<ReadSource, SandboxError>> {
+        unsupported(Op::Files)
+    }
+    /// A local file to stream an upload into ([`FileAccess::Local`] only).
+    fn open_write<'a>(
+        &'a self,
+        _path: &'a str,
+        _options: WriteOptions,
+    ) -> BoxFuture<'a, Result<std::fs::File, SandboxError>> {
+        unsupported(Op::Files)
+    }
+    /// Writes a whole file ([`FileAccess::Guest`]).
+    fn put<'a>(
+        &'a self,
+        _path: &'a str,
+        _options: WriteOptions,
+        _data: Vec<u8>,
+    ) -> BoxFuture<'a, Result<(), SandboxError>> {
+        unsupported(Op::Files)
+    }
+    fn stat<'a>(&'a self, _path: &'a str) -> BoxFuture<'a, Result<Entry, SandboxError>> {
+        unsupported(Op::Files)
+    }
+    fn list<'a>(&'a self, _path: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, SandboxError>> {
+        unsupported(Op::Files)
+    }
+    fn mkdir<'a>(
+        &'a self,
+        _path: &'a str,
+        _parents: bool,
+    ) -> BoxFuture<'a, Result<(), SandboxError>> {
+        unsupported(Op::Files)
+    }
+    fn remove<'a>(
+        &'a self,
+        _path: &'a str,
+        _recursive: bool,
+    ) -> BoxFuture<'a, Result<(), SandboxError>> {
+        unsupported(Op::Files)
+    }
+
+    /// Pauses; returns the bytes of memory freed.
+    fn pause(&self) -> BoxFuture<'_, Result<u64, SandboxError>> {
+        ready(Ok(0))
+    }
+    fn resume(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
+        ready(Ok(()))
+    }
+    /// Freezes (`true`) or thaws every process, for a consistent copy.
+    fn freeze(&self, _frozen: bool) -> BoxFuture<'_, Result<(), SandboxError>> {
+        ready(Ok(()))
+    }
+    /// Children that start from this sandbox as it is now.
+    fn fork(
+        &self,
+        _children: Vec<ForkChild>,
+        _options: ForkOptions,
+    ) -> BoxFuture<'_, Result<Forked, SandboxError>> {
+        unsupported(Op::Fork)
+    }
+    /// Removes it and everything it holds.
+    fn destroy(&self) -> BoxFuture<'_, Result<(), SandboxError>>;
+
+    fn usage(&self) -> BoxFuture<'_, Option<Usage>> {
+        ready(None)
+    }
+    /// What it asked for (admission and capacity count it).
+    fn requested(&self) -> Option<Requested> {
+        None
+    }
+    /// Memory charged to it now, where a cheap read says (containers on the node's kernel).
+    fn working_set_bytes(&self) -> Option<u64> {
+        None
+    }
+    fn set_qos(&self, _class: QosClass) -> Result<(), SandboxError> {
+        Ok(())
+    }
+    /// The process whose network namespace an egress link attaches to, for sandboxes that
+    /// get their link after they are made.
+    fn net_pid(&self) -> Option<i32> {
+        None
+    }
+    /// Layer-store digests it holds (released by the node when it goes).
+    fn held_layers(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// The directory of its writable layer (checkpoints copy it, frozen).
+    fn writable_layer(&self) -> Result<PathBuf, SandboxError> {
+        Err(SandboxError::Unsupported { op: Op::Checkpoint, note: None })
+    }
+    fn record(&self) -> Option<ContainerRecord> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CAPS: Capabilities = Capabilities::new(
+        &[Op::Exec, Op::Files],
+        FileAccess::Guest,
+        PauseKind::Snapshot,
+        ForkKind::Machine,
+        Persistence::Ephemeral,
+    );
+
+    #[test]
+    fn capabilities_hold_exactly_the_ops_given() {
+        assert!(CAPS.supports(Op::Exec));
+        assert!(CAPS.supports(Op::Files));
+        assert!(!CAPS.supports(Op::Terminal));
+        assert_eq!(CAPS.ops(), vec![Op::Exec, Op::Files]);
+        assert!(CAPS.require(Op::Exec).is_ok());
+        let refused = CAPS.require(Op::Sessions).expect_err("no sessions");
+        assert!(matches!(refused, SandboxError::Unsupported { op: Op::Sessions, note: None }));
+        assert_eq!(refused.to_string(), "sessions");
+    }
+
+    #[test]
+    fn every_op_has_its_own_bit_and_text() {
+        let all = Capabilities::new(
+            &Op::ALL,
+            FileAccess::Local,
+            PauseKind::Freeze,
+            ForkKind::Files,
+            Persistence::Record,
+        );
+        assert_eq!(all.ops(), Op::ALL.to_vec());
+        let texts: std::collections::HashSet<_> = Op::ALL.iter().map(|o| o.describe()).collect();
+        assert_eq!(texts.len(), Op::ALL.len());
+    }
+
+    #[test]
+    fn a_note_follows_the_operation() {
+        let e = SandboxError::unsupported(Op::Fork, "not yet for containers in a VM");
+        assert_eq!(e.to_string(), "fork (not yet for containers in a VM)");
+    }
+
+    #[test]
+    fn chain_joins_sources_once() {
+        let inner = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        #[derive(Debug, thiserror::Error)]
+        #[error("opening /x")]
+        struct Outer(#[source] std::io::Error);
+        assert_eq!(chain(&Outer(inner)), "opening /x: no such file");
+    }
+
+    struct Minimal;
+    impl Sandbox for Minimal {
+        fn tier(&self) -> Tier {
+            Tier::Fncall
+        }
+        fn capabilities(&self) -> Capabilities {
+            CAPS
+        }
+        fn destroy(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
+            ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn what_a_tier_does_not_write_is_unsupported() {
+        let s: Arc<dyn Sandbox> = Arc::new(Minimal);
+        let e = s.call(ToolCall::default()).await.expect_err("no calls");
+        assert!(matches!(e, SandboxError::Unsupported { op: Op::ToolCalls, .. }));
+        assert!(matches!(
+            s.open_session(SessionSpec::default()).await,
+            Err(SandboxError::Unsupported { op: Op::Sessions, .. })
+        ));
+        assert!(matches!(s.stat("/").await, Err(SandboxError::Unsupported { op: Op::Files, .. })));
+        assert_eq!(s.pause().await.expect("pause"), 0);
+        assert!(s.record().is_none());
+        assert_eq!(s.condition(), Condition::Running);
+    }
+}

@@ -1,0 +1,248 @@
+//! The container tier as the node sees it: resolving a create request's image into layers
+//! (local layer files and the layer store, which the node owns), choosing limits, and handing
+//! the rest to `brig_container::sandbox::ContainerSandbox`; taking back the containers an
+//! earlier run of the node left.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use brig_container::cgroup::CgroupLimits;
+use brig_container::protect::{Protected, Protections};
+use brig_container::rootfs::LayerSource;
+use brig_container::runtime::{ContainerSpec, Runtime, RuntimeConfig};
+use brig_container::sandbox::{hostname, ContainerSandbox};
+use brig_core::SandboxId;
+use brig_images::{LayerStore, ResolvedLayer};
+use brig_proto::CreateRequest;
+
+use crate::config::ContainerConfig;
+use crate::sandboxes::ContainerRecord;
+use crate::NodeError;
+
+/// The container tier of a node.
+pub(crate) struct ContainerTier {
+    runtime: Arc<Runtime>,
+    config: ContainerConfig,
+    images_dir: PathBuf,
+}
+
+impl ContainerTier {
+    /// Opens the tier, or says why it cannot be offered here.
+    /// `run_dir` holds mounts (not under the private state directory: container root must
+    /// traverse it to reach its rootfs before it pivots); `cgroup_parent` is unique per daemon.
+    pub fn open(
+        config: &ContainerConfig,
+        state_dir: &Path,
+        run_dir: &Path,
+        cgroup_parent: &str,
+        survive_node: bool,
+    ) -> Result<ContainerTier, String> {
+        if !config.enabled {
+            return Err("disabled in the node configuration".into());
+        }
+        if !nix::unistd::geteuid().is_root() {
+            return Err("brigd is not running as root".into());
+        }
+        let images_dir = config.images_dir.clone().unwrap_or_else(|| state_dir.join("images"));
+        let runtime = Runtime::new(RuntimeConfig {
+            run_dir: run_dir.to_owned(),
+            shim_path: config
+                .shim_path
+                .clone()
+                .unwrap_or_else(brig_container::runtime::default_shim_path),
+            id_base: config.id_base,
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+            cgroup_parent: cgroup_parent.to_string(),
+            survive_node,
+        })
+        .map_err(|e| crate::error::chain(&e))?;
+        Ok(ContainerTier { runtime: Arc::new(runtime), config: config.clone(), images_dir })
+    }
+
+    pub fn shutdown(&self) {
+        self.runtime.shutdown();
+    }
+
+    /// The layers of `image`, bottom first: `env:NAME`, or parts joined by `+`, each a store
+    /// reference (`kind/name[@version]`, `sha256:…`) or a plain image file name. Store layers
+    /// are marked in use; their digests come back for [`LayerStore::release`].
+    async fn resolve_image(
+        &self,
+        image: &str,
+        store: Option<&LayerStore>,
+    ) -> Result<(Vec<LayerSource>, Vec<String>), NodeError> {
+        let bad = |why: &str| NodeError::BadImage(image.to_string(), why.to_string());
+        let parts: Vec<String> = match (image.starts_with("env:"), store) {
+            (true, Some(store)) => store.expand(image)?,
+            (true, None) => return Err(bad("no layer store on this node")),
+            (false, _) => image.split('+').map(str::to_string).collect(),
+        };
+        if parts.len() > 32 {
+            return Err(bad("more than 32 layers"));
+        }
+        let store_refs: Vec<String> =
+            parts.iter().filter(|p| LayerStore::is_store_reference(p)).cloned().collect();
+        let resolved = match (store_refs.is_empty(), store) {
+            (true, _) => Vec::new(),
+            (false, Some(store)) => store.acquire(&store_refs).await?,
+            (false, None) => return Err(bad("no layer store on this node")),
+        };
+        let digests: Vec<String> = resolved.iter().map(|r| r.digest.clone()).collect();
+        match self.plain_layers(&parts, resolved) {
+            Ok(layers) => Ok((layers, digests)),
+            Err(e) => {
+                if let Some(store) = store {
+                    store.release(&digests);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Puts plain image files and resolved store layers together, in order.
+    fn plain_layers(
+        &self,
+        parts: &[String],
+        resolved: Vec<ResolvedLayer>,
+    ) -> Result<Vec<LayerSource>, NodeError> {
+        let mut resolved = resolved.into_iter();
+        let mut layers = Vec::new();
+        for name in parts {
+            if LayerStore::is_store_reference(name) {
+                let r = resolved
+                    .next()
+                    .ok_or_else(|| NodeError::BadImage(name.clone(), "not resolved".into()))?;
+                layers.push(LayerSource { image: r.meta, device: Some(r.blob) });
+                continue;
+            }
+            let bad = |why: &str| NodeError::BadImage(name.clone(), why.to_string());
+            let ok = !name.is_empty()
+                && name.len() <= 128
+                && !name.starts_with('.')
+                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._@-".contains(&b));
+            if !ok {
+                return Err(bad("layer names are 1-128 of [A-Za-z0-9._@-], joined by +"));
+            }
+            let path = self.images_dir.join(format!("{name}.erofs"));
+            if !path.is_file() {
+                return Err(bad(&format!(
+                    "no layer {name:?} in {} or the layer store",
+                    self.images_dir.display()
+                )));
+            }
+            layers.push(LayerSource::image(path));
+        }
+        Ok(layers)
+    }
+
+    /// Names of the layer images in the local images directory.
+    pub fn local_images(&self) -> Vec<String> {
+        let Ok(dir) = std::fs::read_dir(&self.images_dir) else { return Vec::new() };
+        let mut names: Vec<String> = dir
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str()?.strip_suffix(".erofs").map(str::to_string))
+            .collect();
+        names.sort();
+        names
+    }
+
+    pub async fn create(
+        &self,
+        id: &SandboxId,
+        req: &CreateRequest,
+        store: Option<&LayerStore>,
+    ) -> Result<ContainerSandbox, NodeError> {
+        let image = req.image.as_deref().ok_or_else(|| {
+            NodeError::BadImage(String::new(), "a container needs an image".into())
+        })?;
+        let (layers, digests) = self.resolve_image(image, store).await?;
+        let c = &self.config;
+        let l = req.limits;
+        let (memory_bytes, cpu_millis) = self.requested(&l);
+        let protected = match protected_paths(&req.protected) {
+            Ok(p) => p,
+            Err(e) => {
+                if let Some(store) = store {
+                    store.release(&digests);
+                }
+                return Err(e);
+            }
+        };
+        let spec = ContainerSpec {
+            name: id.to_string(),
+            hostname: hostname(id),
+            layers,
+            limits: CgroupLimits {
+                memory_bytes: Some(memory_bytes),
+                pids: Some(pick(l.pids, c.default_pids, c.max_pids)),
+                cpu_millis: Some(cpu_millis),
+            },
+            disk_bytes: pick(l.disk_mib, c.default_disk_mib, c.max_disk_mib) << 20,
+            seed: None,
+            protect: Protections { paths: protected, reveal: false },
+        };
+        match ContainerSandbox::create(&self.runtime, spec, req.env.clone(), digests.clone()).await
+        {
+            Ok(sandbox) => Ok(sandbox),
+            Err(e) => {
+                if let Some(store) = store {
+                    store.release(&digests);
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    /// The memory (bytes) and CPU (millicores) a container with `limits` gets.
+    pub fn requested(&self, l: &brig_proto::SandboxLimits) -> (u64, u64) {
+        requested(&self.config, l)
+    }
+
+    /// Takes back a container an earlier run of the node started.
+    pub async fn attach(
+        &self,
+        id: &SandboxId,
+        record: &ContainerRecord,
+        store: Option<&LayerStore>,
+    ) -> Result<ContainerSandbox, NodeError> {
+        let sandbox = ContainerSandbox::attach(&self.runtime, id, record).await?;
+        if let (Some(store), false) = (store, record.layer_digests.is_empty()) {
+            store.acquire(&record.layer_digests).await?;
+        }
+        Ok(sandbox)
+    }
+
+    /// Removes containers an earlier run left that the node has no record of.
+    pub fn remove_orphans(&self, keep: &[String]) {
+        self.runtime.remove_orphans(keep);
+    }
+}
+
+/// The memory (bytes) and CPU (millicores) a container with `limits` gets under `c`, on the
+/// node's kernel or in a container-host VM.
+pub(crate) fn requested(c: &ContainerConfig, l: &brig_proto::SandboxLimits) -> (u64, u64) {
+    (
+        pick(l.memory_mib, c.default_memory_mib, c.max_memory_mib) << 20,
+        pick(l.cpu_millis, c.default_cpu_millis, c.max_cpu_millis),
+    )
+}
+
+/// A limit: as asked, or the default, within 1..=max.
+pub(crate) fn pick(asked: Option<u64>, default: u64, max: u64) -> u64 {
+    asked.unwrap_or(default).clamp(1, max)
+}
+
+/// Checks the protected paths a create request names.
+fn protected_paths(asked: &[brig_proto::ProtectedPath]) -> Result<Vec<Protected>, NodeError> {
+    if asked.len() > 64 {
+        return Err(NodeError::BadProtected("at most 64 protected paths".into()));
+    }
+    asked
+        .iter()
+        .map(|p| {
+            let path =
+                brig_container::protect::validate(&p.path).map_err(NodeError::BadProtected)?;
+            Ok(Protected { path, hidden: p.hidden })
+        })
+        .collect()
+}

@@ -1,0 +1,143 @@
+//! Execs, the same for every tier: the request is checked and given the node's timeout and
+//! output policy, the tier starts the command ([`brig_core::Sandbox::exec`]), and its events are
+//! pumped into the command's hub (`crate::exec_hub`), which clients read from: the one that
+//! started it, and any that attach later by exec id.
+//!
+//! ```text
+//! ExecRequest ─▶ check_command, capabilities ─▶ ExecSpec ─▶ sandbox.exec ─▶ RunningExec
+//!   upload ─▶ stdin channel ──────────────────────────────────────────────┘   │ events
+//!                                       client(s) ◀─ ExecHub ◀─ pump ◀────────┘
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use brig_core::sandbox::{ExecEvent, ExecExit, ExecSpec, Op, Stdin, TerminalSize};
+use brig_proto::{AuditKind, ExecResult, OutputStream, Reply, StdinMode};
+use brig_transport::Exchange;
+use tokio::sync::mpsc;
+
+use crate::audit::Recorder;
+use crate::exec_hub::{ExecHub, Resizer};
+use crate::{Node, NodeError};
+
+/// Stdin chunks buffered between the client's upload and the tier.
+const STDIN_CHUNKS: usize = 16;
+
+impl Node {
+    /// Runs a command: `ExecStarted`, its output, `Exited`. The command runs on, and its output
+    /// is kept, whatever the client does.
+    pub(crate) async fn exec(
+        &self,
+        req: brig_proto::ExecRequest,
+        exchange: &mut Exchange,
+    ) -> Result<Option<Reply>, NodeError> {
+        // What execve cannot carry is refused here, the same for every tier.
+        brig_core::check_command(&req.argv, &req.env, &req.cwd)?;
+        let entry = self.live(&req.sandbox).await?;
+        entry.require(Op::Exec)?;
+        if req.terminal.is_some() {
+            entry.require(Op::Terminal)?;
+        }
+        let cfg = &self.inner.config.container;
+        let timeout = Duration::from_millis(
+            req.timeout_ms.unwrap_or(cfg.default_exec_timeout_ms).min(cfg.max_exec_timeout_ms),
+        );
+        let output_limit = req
+            .output_limit_bytes
+            .unwrap_or(cfg.default_output_limit_bytes)
+            .min(cfg.max_output_limit_bytes);
+        let stdin = match req.stdin {
+            StdinMode::Empty => Stdin::Empty,
+            StdinMode::Bytes(bytes) => Stdin::Bytes(bytes),
+            StdinMode::Stream => Stdin::Stream(stdin_of(exchange)),
+        };
+        let cwd = Some(req.cwd.clone()).filter(|c| !c.is_empty());
+        let spec = ExecSpec {
+            argv: req.argv.clone(),
+            env: req.env,
+            cwd: cwd.clone(),
+            user: req.user.clone(),
+            stdin,
+            timeout,
+            output_limit,
+            terminal: req.terminal.map(|s| TerminalSize { rows: s.rows, cols: s.cols }),
+        };
+        let running = entry.sandbox.exec(spec).await.map_err(|e| entry.fail(e))?;
+        let exec_id = entry.execs.next_id();
+        let recorder = self.recorder(&entry);
+        let argv = req.argv;
+        recorder.record(AuditKind::ExecStart { exec_id, argv: argv.clone(), user: req.user, cwd });
+        let control = running.control;
+        let resizer = req.terminal.map(|_| -> Resizer {
+            let control = control.clone();
+            Box::new(move |s: brig_proto::TerminalSize| {
+                let size = TerminalSize { rows: s.rows, cols: s.cols };
+                control.resize(size).unwrap_or_else(|| {
+                    Err(std::io::Error::other("the command is not on a terminal"))
+                })
+            })
+        });
+        let hub = entry.execs.insert_with(exec_id, argv, Box::new(move || control.kill()), resizer);
+        tokio::spawn(pump(running.events, hub.clone(), exec_id, recorder));
+        exchange.reply(&Reply::ExecStarted { exec_id }).await?;
+        let streamed = hub.stream(exchange).await;
+        entry.touch();
+        streamed
+    }
+}
+
+/// The client's upload as a channel of stdin chunks (no upload: end of input at once).
+fn stdin_of(exchange: &mut Exchange) -> mpsc::Receiver<bytes::Bytes> {
+    let (tx, rx) = mpsc::channel(STDIN_CHUNKS);
+    if let Some(mut upload) = exchange.take_upload() {
+        tokio::spawn(async move {
+            while let Ok(Some(chunk)) = upload.read().await {
+                if tx.send(chunk).await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    rx
+}
+
+/// Moves a command's events into its hub until it ends.
+async fn pump(
+    mut events: mpsc::Receiver<ExecEvent>,
+    hub: Arc<ExecHub>,
+    exec_id: u64,
+    recorder: Recorder,
+) {
+    let mut result = ExecResult::default();
+    while let Some(event) = events.recv().await {
+        match event {
+            ExecEvent::Stdout(b) => {
+                hub.push(Reply::Output { stream: OutputStream::Stdout, data: b.to_vec() })
+            }
+            ExecEvent::Stderr(b) => {
+                hub.push(Reply::Output { stream: OutputStream::Stderr, data: b.to_vec() })
+            }
+            ExecEvent::Exited(exit) => {
+                result = result_of(exit);
+                break;
+            }
+        }
+    }
+    recorder.exec_end(exec_id, &result);
+    hub.finish(result);
+}
+
+fn result_of(exit: ExecExit) -> ExecResult {
+    ExecResult {
+        exit_code: exit.exit_code,
+        signal: exit.signal,
+        timed_out: exit.timed_out,
+        killed: exit.killed,
+        truncated: exit.truncated,
+        oom_killed: exit.oom_killed,
+        duration_us: u64::try_from(exit.duration.as_micros()).unwrap_or(u64::MAX),
+        stdout_bytes: exit.stdout_bytes,
+        stderr_bytes: exit.stderr_bytes,
+    }
+}

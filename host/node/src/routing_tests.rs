@@ -1,0 +1,229 @@
+//! The node's routing through the sandbox interface, with a fake tier: refusals come from
+//! capabilities as typed errors, what a tier answers reaches the client, and the node's own
+//! state (sessions, usage, placement) is kept the same way for every tier.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use brig_core::files::{Entry, EntryKind};
+use brig_core::sandbox::{
+    ready, BoxFuture, Capabilities, FileAccess, ForkKind, Op, PauseKind, Persistence, Sandbox,
+    SandboxError, Session, SessionEvent, SessionSpec, Usage,
+};
+use brig_core::{IdleAction, QosClass, SandboxId, SandboxSpec, Tier};
+use brig_proto::{ErrorCode, Reply, Request, SandboxState};
+use tokio::sync::mpsc;
+
+use crate::sandboxes::{now_unix_ms, SandboxEntry};
+use crate::{Node, NodeConfig, NodeError};
+
+/// What the fake tier saw.
+#[derive(Default)]
+struct Seen {
+    paused: AtomicUsize,
+    sessions_closed: AtomicUsize,
+    destroyed: AtomicBool,
+}
+
+struct FakeSandbox {
+    caps: Capabilities,
+    seen: Arc<Seen>,
+    lost: Option<String>,
+}
+
+struct FakeSession(Arc<Seen>);
+
+impl Session for FakeSession {
+    fn run<'a>(
+        &'a self,
+        command: &'a str,
+        _timeout: Duration,
+        sink: mpsc::Sender<SessionEvent>,
+    ) -> BoxFuture<'a, Result<(), SandboxError>> {
+        Box::pin(async move {
+            let _ = sink.send(SessionEvent::Stdout(command.to_string().into())).await;
+            let _ = sink.send(SessionEvent::Done { exit_code: 0, cwd: "/".into() }).await;
+            Ok(())
+        })
+    }
+    fn wait(
+        &self,
+        _timeout: Duration,
+        _sink: mpsc::Sender<SessionEvent>,
+    ) -> BoxFuture<'_, Result<(), SandboxError>> {
+        ready(Err(SandboxError::BadRequest("no command is running".into())))
+    }
+    fn input<'a>(&'a self, _data: &'a [u8]) -> BoxFuture<'a, Result<(), SandboxError>> {
+        ready(Err(SandboxError::Conflict("busy".into())))
+    }
+    fn interrupt(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
+        ready(Ok(()))
+    }
+    fn close(&self) -> BoxFuture<'_, ()> {
+        self.0.sessions_closed.fetch_add(1, Ordering::SeqCst);
+        ready(())
+    }
+}
+
+impl Sandbox for FakeSandbox {
+    fn tier(&self) -> Tier {
+        Tier::Microvm
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.caps
+    }
+    fn lost(&self) -> Option<String> {
+        self.lost.clone()
+    }
+    fn placement(&self) -> Option<String> {
+        Some("vm:fake".into())
+    }
+    fn open_session(
+        &self,
+        _: SessionSpec,
+    ) -> BoxFuture<'_, Result<Box<dyn Session>, SandboxError>> {
+        ready(Ok(Box::new(FakeSession(self.seen.clone())) as Box<dyn Session>))
+    }
+    fn stat<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Entry, SandboxError>> {
+        if path == "/missing" {
+            return ready(Err(SandboxError::Io {
+                kind: std::io::ErrorKind::NotFound,
+                message: "/missing: not found".into(),
+            }));
+        }
+        ready(Ok(Entry {
+            path: path.to_string(),
+            kind: EntryKind::File,
+            size: 3,
+            mode: 0o644,
+            modified_unix_ms: 0,
+        }))
+    }
+    fn pause(&self) -> BoxFuture<'_, Result<u64, SandboxError>> {
+        self.seen.paused.fetch_add(1, Ordering::SeqCst);
+        ready(Ok(4096))
+    }
+    fn destroy(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
+        self.seen.destroyed.store(true, Ordering::SeqCst);
+        ready(Ok(()))
+    }
+    fn usage(&self) -> BoxFuture<'_, Option<Usage>> {
+        ready(Some(Usage { cpu_ns: 7, memory_bytes: 11 }))
+    }
+}
+
+/// A VM-like tier: sessions, files through a guest, pause as a snapshot; no exec.
+const FAKE_CAPS: Capabilities = Capabilities::new(
+    &[Op::Sessions, Op::Files, Op::Pause],
+    FileAccess::Guest,
+    PauseKind::Snapshot,
+    ForkKind::No,
+    Persistence::Ephemeral,
+);
+
+async fn node() -> (Node, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = NodeConfig::default();
+    config.container.enabled = false;
+    config.images.enabled = false;
+    let node = Node::open(config, dir.path()).await.expect("node");
+    (node, dir)
+}
+
+fn add(node: &Node, caps: Capabilities, lost: Option<String>) -> (String, Arc<Seen>) {
+    let seen = Arc::new(Seen::default());
+    let sandbox = Arc::new(FakeSandbox { caps, seen: seen.clone(), lost });
+    let id = SandboxId::generate(node.inner.config.node_id());
+    let spec = SandboxSpec {
+        tier: Tier::Microvm,
+        image: None,
+        labels: Vec::new(),
+        idle_ttl: Duration::from_secs(600),
+        idle_action: IdleAction::Destroy,
+        paused_ttl: None,
+        max_lifetime: None,
+        egress: None,
+        net_slot: None,
+        qos: QosClass::default(),
+    };
+    node.inner.sandboxes.insert(SandboxEntry::new(id, spec, now_unix_ms(), sandbox));
+    (id.to_string(), seen)
+}
+
+fn code(e: &NodeError) -> ErrorCode {
+    e.to_wire().code
+}
+
+#[tokio::test]
+async fn what_a_tier_cannot_do_is_a_typed_refusal_naming_the_operation() {
+    let (node, _dir) = node().await;
+    let (id, _) = add(&node, FAKE_CAPS, None);
+    let kill = node.handle(Request::ExecKill { sandbox: id.clone(), exec_id: 1 }).await;
+    let e = kill.expect_err("no exec in this tier");
+    assert_eq!(code(&e), ErrorCode::BadRequest);
+    assert_eq!(
+        e.to_string(),
+        format!("sandbox {id} is a microvm sandbox; exec needs another tier")
+    );
+    let fork = Request::Fork { sandbox: id.clone(), count: 2, labels: vec![], evaluation: false };
+    let e = node.handle(fork).await.expect_err("no fork in this tier");
+    assert!(e.to_string().contains("fork needs another tier"), "{e}");
+    let call = brig_proto::CallRequest { tool: "jq".into(), ..Default::default() };
+    let e = node.handle(Request::CallIn { sandbox: id, call }).await.expect_err("no tools");
+    assert!(e.to_string().contains("tool calls needs another tier"), "{e}");
+}
+
+#[tokio::test]
+async fn file_answers_keep_their_kind() {
+    let (node, _dir) = node().await;
+    let (id, _) = add(&node, FAKE_CAPS, None);
+    let stat = Request::FileStat { sandbox: id.clone(), path: "/etc/x".into() };
+    match node.handle(stat).await.expect("stat") {
+        Some(Reply::Stat(e)) => assert_eq!(e.size, 3),
+        other => panic!("{other:?}"),
+    }
+    let missing = Request::FileStat { sandbox: id, path: "/missing".into() };
+    let e = node.handle(missing).await.expect_err("missing");
+    assert_eq!(code(&e), ErrorCode::NotFound);
+}
+
+#[tokio::test]
+async fn a_snapshot_pause_ends_the_sandboxs_sessions_and_destroy_ends_the_rest() {
+    let (node, _dir) = node().await;
+    let (id, seen) = add(&node, FAKE_CAPS, None);
+    let open = brig_proto::SessionOpenRequest { sandbox: id.clone(), ..Default::default() };
+    let Some(Reply::Session { session }) =
+        node.handle(Request::SessionOpen(open)).await.expect("open")
+    else {
+        panic!("no session id")
+    };
+    let listed = node.handle(Request::SessionList { sandbox: id.clone() }).await.expect("list");
+    assert!(matches!(listed, Some(Reply::Sessions(ids)) if ids == vec![session.clone()]));
+    let input = Request::SessionInput { sandbox: id.clone(), session, data: b"x".to_vec() };
+    let e = node.handle(input).await.expect_err("busy");
+    assert_eq!(code(&e), ErrorCode::Conflict);
+    let paused = node.handle(Request::Pause(brig_proto::Target::Sandbox(id.clone()))).await;
+    assert!(paused.is_ok(), "{paused:?}");
+    assert_eq!(seen.paused.load(Ordering::SeqCst), 1);
+    assert_eq!(seen.sessions_closed.load(Ordering::SeqCst), 1);
+    let listed = node.handle(Request::SessionList { sandbox: id.clone() }).await.expect("list");
+    assert!(matches!(listed, Some(Reply::Sessions(ids)) if ids.is_empty()));
+    let status = node.handle(Request::Status { sandbox: id.clone() }).await.expect("status");
+    let Some(Reply::Sandbox(info)) = status else { panic!("no status") };
+    assert_eq!(info.state, SandboxState::Paused);
+    assert_eq!(info.placement.as_deref(), Some("vm:fake"));
+    assert_eq!(info.usage.map(|u| (u.cpu_ns, u.memory_bytes)), Some((7, 11)));
+    node.handle(Request::Destroy { sandbox: id }).await.expect("destroy");
+    assert!(seen.destroyed.load(Ordering::SeqCst));
+}
+
+#[tokio::test]
+async fn requests_to_a_sandbox_whose_vm_is_gone_say_why() {
+    let (node, _dir) = node().await;
+    let (id, _) = add(&node, FAKE_CAPS, Some("container-host VM chost-0 stopped".into()));
+    let stat = Request::FileStat { sandbox: id.clone(), path: "/".into() };
+    let e = node.handle(stat).await.expect_err("lost");
+    assert_eq!(code(&e), ErrorCode::SandboxLost);
+    assert_eq!(e.to_string(), format!("sandbox {id} is gone: container-host VM chost-0 stopped"));
+}

@@ -1,0 +1,157 @@
+//! A command a guest's agent runs (in a microVM, or in a container of a container-host VM), as
+//! the sandbox interface's [`RunningExec`]: the agent's output relayed as events up to the
+//! command's output cap and deadline, its stdin fed as frames, and a kill that hangs up. The
+//! agent kills the command's process group when the connection goes.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use brig_core::sandbox::{ExecControl, ExecEvent, ExecExit, RunningExec, Stdin};
+use bytes::Bytes;
+use tokio::sync::{mpsc, Notify};
+
+use crate::agent_link::{ExecEvent as AgentEvent, ExecStream, GuestStdin};
+
+/// Events buffered between the pump and the node per command.
+const EVENTS: usize = 64;
+
+/// Kills a guest command: its pump drops the agent connection.
+struct Hangup(Arc<Notify>);
+
+impl ExecControl for Hangup {
+    fn kill(&self) {
+        self.0.notify_one();
+    }
+}
+
+/// Serves a started guest command: `stdin` goes to `input` (needed unless `stdin` is
+/// [`Stdin::Empty`]), the output comes as events, within `timeout` and `output_limit`.
+pub fn serve(
+    stream: ExecStream,
+    input: Option<GuestStdin>,
+    stdin: Stdin,
+    timeout: Duration,
+    output_limit: u64,
+) -> RunningExec {
+    let started = Instant::now();
+    let feeder = input.map(|input| feed(stdin, input));
+    let kill = Arc::new(Notify::new());
+    let (tx, rx) = mpsc::channel(EVENTS);
+    let pump = Pump {
+        stream,
+        out: tx.clone(),
+        kill: kill.clone(),
+        deadline: started + timeout,
+        limit: output_limit,
+    };
+    tokio::spawn(async move {
+        let mut exit = pump.run().await;
+        // The feeder holds the write half: the agent sees the hang-up once it goes.
+        if let Some(feeder) = feeder {
+            feeder.abort();
+        }
+        exit.duration = started.elapsed();
+        let _ = tx.send(ExecEvent::Exited(exit)).await;
+    });
+    RunningExec { events: rx, control: Arc::new(Hangup(kill)) }
+}
+
+/// Writes the command's stdin, then ends it; keeps the write half (whose hang-up kills the
+/// command) until aborted.
+fn feed(stdin: Stdin, mut input: GuestStdin) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        match stdin {
+            Stdin::Empty => {}
+            Stdin::Bytes(data) => {
+                if input.write(&data).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            Stdin::Stream(mut rx) => {
+                while let Some(chunk) = rx.recv().await {
+                    if input.write(&chunk).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = input.finish().await;
+        std::future::pending::<()>().await;
+    })
+}
+
+/// One command's output, moved from the agent to the node.
+struct Pump {
+    stream: ExecStream,
+    out: mpsc::Sender<ExecEvent>,
+    kill: Arc<Notify>,
+    deadline: Instant,
+    limit: u64,
+}
+
+impl Pump {
+    /// Relays output until the command exits, runs past its deadline or its cap, or is
+    /// killed. Then the stream is dropped: the agent sees the hang-up and kills the command.
+    async fn run(mut self) -> ExecExit {
+        let mut exit = ExecExit::default();
+        loop {
+            let next = tokio::time::timeout_at(
+                tokio::time::Instant::from_std(self.deadline),
+                self.stream.next(),
+            );
+            let event = tokio::select! {
+                event = next => event,
+                () = self.kill.notified() => {
+                    exit.killed = true;
+                    exit.signal = Some(9);
+                    return exit;
+                }
+            };
+            let event = match event {
+                Err(_) => {
+                    exit.timed_out = true;
+                    return exit;
+                }
+                Ok(Err(e)) => {
+                    let note = format!("[brig: the guest's agent went away: {e}]\n");
+                    let _ = self.out.send(ExecEvent::Stderr(Bytes::from(note))).await;
+                    return exit;
+                }
+                Ok(Ok(event)) => event,
+            };
+            let (stdout, mut data) = match event {
+                AgentEvent::Stdout(d) => (true, d),
+                AgentEvent::Stderr(d) => (false, d),
+                AgentEvent::Signaled(signal) => {
+                    exit.signal = Some(signal);
+                    return exit;
+                }
+                AgentEvent::Exit(code) => {
+                    exit.exit_code = Some(code);
+                    return exit;
+                }
+            };
+            let room = self.limit.saturating_sub(exit.stdout_bytes + exit.stderr_bytes);
+            if data.len() as u64 > room {
+                data.truncate(room as usize);
+                exit.truncated = true;
+            }
+            let n = data.len() as u64;
+            if !data.is_empty() {
+                let data = Bytes::from(data);
+                let event = if stdout { ExecEvent::Stdout(data) } else { ExecEvent::Stderr(data) };
+                // A receiver that went away changes nothing: the command runs to its end.
+                let _ = self.out.send(event).await;
+            }
+            if stdout {
+                exit.stdout_bytes += n;
+            } else {
+                exit.stderr_bytes += n;
+            }
+            if exit.truncated {
+                exit.signal = Some(9);
+                return exit;
+            }
+        }
+    }
+}
