@@ -45,6 +45,9 @@ pub struct ContainerHostConfig {
     pub placement: PlacementPolicy,
     /// The brig-vmm binary; default: beside the running daemon.
     pub vmm: Option<PathBuf>,
+    /// How long a container-host VM may take to boot to its agent (a slow, emulated host
+    /// needs more than a real one).
+    pub boot_limit_s: u64,
 }
 
 impl Default for ContainerHostConfig {
@@ -60,6 +63,7 @@ impl Default for ContainerHostConfig {
             max_vms: 2,
             placement: PlacementPolicy::Host,
             vmm: None,
+            boot_limit_s: 180,
         }
     }
 }
@@ -87,7 +91,7 @@ pub(crate) fn open(
         ksm: false,
         warm: 0,
         root_image: None,
-        boot_limit: std::time::Duration::from_secs(180),
+        boot_limit: std::time::Duration::from_secs(cfg.boot_limit_s.max(1)),
     });
     let tier = crate::microvm::offered(Tier::Container, tier)?;
     let images_dir = containers.images_dir.clone().unwrap_or_else(|| state_dir.join("images"));
