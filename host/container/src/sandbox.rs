@@ -318,8 +318,8 @@ impl Sandbox for ContainerSandbox {
         spec: SessionSpec,
     ) -> BoxFuture<'_, Result<Box<dyn brig_core::sandbox::Session>, SandboxError>> {
         Box::pin(async move {
+            let cwd = spec.start_dir();
             let shell = spec.shell.unwrap_or_else(|| self.shell.clone());
-            let cwd = if spec.cwd.is_empty() { "/".to_string() } else { spec.cwd };
             let env = merged_env(&self.env, spec.env);
             let session = Session::open(&self.container, &shell, env, &cwd, spec.user).await?;
             Ok(Box::new(session) as Box<dyn brig_core::sandbox::Session>)

@@ -241,7 +241,7 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut source = e.source();
     while let Some(s) = source {
         let text = s.to_string();
-        if !out.ends_with(&text) {
+        if !out.contains(&text) {
             out.push_str(": ");
             out.push_str(&text);
         }
@@ -331,6 +331,17 @@ pub struct SessionSpec {
     /// Empty: `/`.
     pub cwd: String,
     pub user: Option<String>,
+}
+
+impl SessionSpec {
+    /// The directory the shell starts in.
+    pub fn start_dir(&self) -> String {
+        if self.cwd.is_empty() {
+            "/".to_string()
+        } else {
+            self.cwd.clone()
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

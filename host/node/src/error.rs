@@ -1,5 +1,6 @@
 //! Node errors and their wire codes.
 
+pub(crate) use brig_core::sandbox::chain;
 use brig_core::{IdError, SandboxError, Tier};
 use brig_fncall::FncallError;
 use brig_proto::{ErrorCode, WireError};
@@ -172,19 +173,4 @@ fn io_code(e: &std::io::Error) -> ErrorCode {
         StorageFull | QuotaExceeded | FileTooLarge => ErrorCode::ResourceExhausted,
         _ => ErrorCode::Internal,
     }
-}
-
-/// `error: source: source …`, the way a client wants to read it.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut next = e.source();
-    while let Some(source) = next {
-        let text = source.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        next = source.source();
-    }
-    out
 }

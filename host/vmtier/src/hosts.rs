@@ -235,9 +235,9 @@ impl Sandbox for HostedSandbox {
         spec: SessionSpec,
     ) -> BoxFuture<'_, Result<Box<dyn Session>, SandboxError>> {
         Box::pin(async move {
+            let cwd = spec.start_dir();
             let shell = spec.shell.unwrap_or_else(|| self.shell.clone());
             let env = merged_env(&self.env, spec.env);
-            let cwd = if spec.cwd.is_empty() { "/".to_string() } else { spec.cwd };
             let session = self.guest().open_session(&shell, env, &cwd, spec.user).await?;
             Ok(Box::new(session) as Box<dyn Session>)
         })

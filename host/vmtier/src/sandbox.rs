@@ -113,8 +113,8 @@ impl Sandbox for VmSandbox {
                     "VM sessions run as root",
                 ));
             }
+            let cwd = spec.start_dir();
             let shell = spec.shell.unwrap_or_else(|| "/bin/sh".to_string());
-            let cwd = if spec.cwd.is_empty() { "/".to_string() } else { spec.cwd };
             let session = self.tier.open_session(&self.vm, &shell, spec.env, &cwd).await?;
             Ok(Box::new(session) as Box<dyn Session>)
         })
