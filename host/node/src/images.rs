@@ -195,10 +195,8 @@ pub(crate) async fn checkpoint(
         what: "checkpoint task".into(),
         source: std::io::Error::other(e),
     };
-    let made = target.clone();
-    tokio::task::spawn_blocking(move || std::fs::create_dir(&made))
+    tokio::fs::create_dir(&target)
         .await
-        .map_err(task)?
         .map_err(|source| NodeError::Io { what: "checkpoint staging".into(), source })?;
     entry.sandbox.freeze(true).await.map_err(|e| entry.fail(e))?;
     let (from, to) = (upper, target.clone());
