@@ -39,6 +39,9 @@ pub(crate) struct SandboxEntry {
     pub sessions: SessionTable,
     /// Serializes pause, resume and destroy of this sandbox.
     pub transition: tokio::sync::Mutex<()>,
+    /// Why it left the table, once it has: a request that was under way when it was destroyed
+    /// hears this rather than whatever its tier saw as the sandbox went away.
+    gone: std::sync::OnceLock<Gone>,
 }
 
 impl SandboxEntry {
@@ -59,12 +62,17 @@ impl SandboxEntry {
             execs: ExecTable::default(),
             sessions: SessionTable::default(),
             transition: tokio::sync::Mutex::new(()),
+            gone: std::sync::OnceLock::new(),
         }
     }
 
-    /// A failure of its tier, as the node reports it (naming this sandbox).
+    /// A failure of its tier, as the node reports it (naming this sandbox). Once the sandbox
+    /// has left the table, the failure is that it is gone, and why.
     pub fn fail(&self, e: SandboxError) -> NodeError {
-        NodeError::sandbox(&self.id.to_string(), self.tier, e)
+        match self.gone.get() {
+            Some(gone) => gone.error(&self.id.to_string()),
+            None => NodeError::sandbox(&self.id.to_string(), self.tier, e),
+        }
     }
 
     /// `Ok` if its tier serves `op`, else the typed refusal.
@@ -177,6 +185,18 @@ pub(crate) enum Gone {
     Expired(String),
 }
 
+impl Gone {
+    /// What a request for the sandbox `id` hears once it is gone.
+    pub fn error(&self, id: &str) -> NodeError {
+        match self {
+            Gone::Expired(reason) => {
+                NodeError::SandboxExpired { id: id.to_string(), reason: reason.clone() }
+            }
+            Gone::Destroyed => NodeError::SandboxDestroyed(id.to_string()),
+        }
+    }
+}
+
 impl SandboxTable {
     pub fn new(dir: &Path) -> Result<SandboxTable, NodeError> {
         std::fs::create_dir_all(dir)
@@ -250,10 +270,7 @@ impl SandboxTable {
             return Ok(entry.clone());
         }
         match self.gone.lock().reasons.get(&parsed) {
-            Some(Gone::Expired(reason)) => {
-                Err(NodeError::SandboxExpired { id: id.to_string(), reason: reason.clone() })
-            }
-            Some(Gone::Destroyed) => Err(NodeError::SandboxDestroyed(id.to_string())),
+            Some(gone) => Err(gone.error(id)),
             None => Err(NodeError::SandboxNotFound(id.to_string())),
         }
     }
@@ -261,6 +278,7 @@ impl SandboxTable {
     /// Takes a sandbox out of the table and forgets its record, remembering why.
     pub fn remove(&self, id: &SandboxId, reason: Gone) -> Option<Arc<SandboxEntry>> {
         let entry = self.live.write().remove(id)?;
+        let _ = entry.gone.set(reason.clone());
         self.forget(id);
         let mut gone = self.gone.lock();
         if gone.order.len() >= TOMBSTONES {
