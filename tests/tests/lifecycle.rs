@@ -388,3 +388,58 @@ async fn sandboxes_survive_brigd_restarts_and_crashes() {
     assert_eq!(client.sandbox(fncall.id()).read_file("f").await.expect("read"), b"ws");
     assert_eq!(sh(&client.sandbox(paused.id()), "cat /state").await, "before\n");
 }
+
+/// A create whose client is gone before the reply arrives made a sandbox nobody heard of:
+/// nobody could use or destroy it, so the node destroys it at once and nothing is left.
+#[tokio::test]
+async fn a_sandbox_whose_create_was_never_acknowledged_is_destroyed() {
+    let daemon = daemon_with(&[]);
+    let opts = daemon.connect_options().expect("options");
+    let pin = match &opts.pin {
+        brig_sdk::Pin::Sha256(hex) => brig_transport::CertPin::from_hex(hex).expect("pin"),
+        brig_sdk::Pin::CertFile(_) => unreachable!("a state directory gives a fingerprint"),
+    };
+    let create = brig_proto::Request::Create(brig_proto::CreateRequest {
+        tier: Some(brig_proto::Tier::Container),
+        image: Some(image("busybox")),
+        ..Default::default()
+    });
+    let client = daemon.client().await.expect("client");
+    // The request must reach brigd and the connection close before the reply leaves: the
+    // container takes milliseconds to make, so some wait before the close lands in between.
+    let mut heard = None;
+    for wait_ms in [0u64, 1, 2, 4, 8, 16, 32, 64] {
+        let conn = brig_transport::ClientConnection::connect_current(opts.addr, &pin, &opts.token)
+            .await
+            .expect("connect");
+        let exchange = conn.open(&create).await.expect("send the create");
+        tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+        conn.close();
+        drop(exchange);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while heard.is_none() && Instant::now() < deadline {
+            heard = daemon
+                .log_text()
+                .lines()
+                .find(|l| l.contains("the client left before the reply"))
+                .map(str::to_string);
+            let live = client.list(&[]).await.expect("list");
+            if heard.is_none() && !live.is_empty() {
+                // Acknowledged after all (the reply left before the close): try closer.
+                for sb in live {
+                    client.sandbox(&sb.id).destroy().await.expect("destroy");
+                }
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if heard.is_some() {
+            break;
+        }
+    }
+    let line = heard.expect("no create was cut off by its client's close");
+    assert!(line.contains("sb-"), "{line}");
+    assert!(client.list(&[]).await.expect("list").is_empty(), "{line}");
+    let records = std::fs::read_dir(daemon.state_dir().join("sandboxes")).expect("records");
+    assert_eq!(records.count(), 0, "a record outlived the sandbox");
+}

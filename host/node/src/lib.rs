@@ -49,7 +49,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use brig_core::{IdleAction, Tier};
+use brig_core::{IdleAction, SandboxId, Tier};
 use brig_fncall::FncallBackend;
 use brig_proto::{AuditKind, Reply, Request, SandboxInfo, SandboxState};
 use brig_transport::Exchange;
@@ -282,6 +282,7 @@ impl Node {
             let code = e.to_wire().code.as_str();
             self.inner.metrics.refusals.get_or_create(&metrics::RefusalLabels { kind, code }).inc();
         }
+        let made = made_sandboxes(kind, &result);
         let outcome = match result {
             Ok(Some(reply)) => exchange.reply(&reply).await,
             Ok(None) => Ok(()),
@@ -292,6 +293,12 @@ impl Node {
         };
         if let Err(e) = outcome {
             tracing::debug!(request = kind, error = %e, "cannot send reply");
+            // Sandboxes made for a client that is gone, who never heard of them: nobody could
+            // use or destroy them, so they go now.
+            for id in made {
+                tracing::warn!(sandbox = %id, request = kind, "the client left before the reply; destroying");
+                self.destroy(&id, Gone::Destroyed).await;
+            }
         }
         exchange.finish();
     }
@@ -401,4 +408,14 @@ fn own_rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
     pages * 4096
+}
+
+/// The sandboxes a create or fork made, which its reply acknowledges.
+fn made_sandboxes(kind: &str, result: &Result<Option<Reply>, NodeError>) -> Vec<SandboxId> {
+    let ids: Vec<&str> = match (kind, result) {
+        ("create", Ok(Some(Reply::Sandbox(info)))) => vec![&info.id],
+        ("fork", Ok(Some(Reply::Sandboxes(kids)))) => kids.iter().map(|k| k.id.as_str()).collect(),
+        _ => Vec::new(),
+    };
+    ids.into_iter().filter_map(|id| id.parse().ok()).collect()
 }
