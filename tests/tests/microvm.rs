@@ -9,8 +9,8 @@
 //! the host runs a command in it through the agent over vsock. Then the node's tier library
 //! (brig-vmtier) makes its own snapshot and runs two isolated VMs from it, gets memory back from
 //! a guest (free-page reporting, the balloon), pauses and resumes one and forks it; last, brigd serves
-//! the microvm tier and the `brig` CLI creates a sandbox, runs a command, moves a file in and
-//! out, and removes it.
+//! the microvm tier and this test drives it with the SDK through QEMU's port forward. The
+//! emulated host's side is `tests/emulated/l1-init.sh`.
 //! Emulated timings prove nothing about speed and are not asserted. Natively, the boot
 //! protocol's zero page is checked as the kernel will read it.
 
@@ -31,7 +31,7 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
     let run = emulated::run_driven(
         emulated::qemu(Some(port), None, ""),
         port,
-        Duration::from_secs(900),
+        Duration::from_secs(1200),
         Duration::from_secs(840),
         "microvm-linux-boot.log",
         drive_from_outside,
@@ -87,32 +87,12 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
         assert!(has(&format!("BRIG-VMTIER-OK {step}")), "vmtier step {step:?} missing:\n{log}");
     }
     assert!(has("BRIG-L1-VMTIER rc=0"), "brig-vmtier failed:\n{log}");
-    // brigd serves the tier; the brig CLI (SDK over QUIC) creates a microVM sandbox, runs a
-    // command in it with stdout, stderr and exit status, and removes it.
-    let served = log.split("BRIG-L1-VMTIER").nth(1).unwrap_or("");
-    assert!(served.contains("BRIG-L1-BRIG-CREATE id=sb-"), "create --tier microvm failed:\n{log}");
-    assert!(
-        served.contains("hello from a microvm sandbox") && served.contains("to-stderr"),
-        "{log}"
-    );
-    assert!(served.contains("BRIG-L1-BRIG-EXEC rc=5"), "exit status lost:\n{log}");
-    assert!(
-        served.contains("BRIG-L1-BRIG-FILE a file from the host|and a line from the guest|"),
-        "files did not move in and out:\n{log}"
-    );
-    assert!(served.contains("BRIG-L1-BRIG-RM ok"), "rm failed:\n{log}");
     // The SDK on this side of the emulated host: create, streamed exec, files, pause and
     // implicit resume, fork.
     if let Err(e) = &outside {
         panic!("driving the emulated host's brigd from outside failed: {e}\n{log}");
     }
     assert!(has("BRIG-L1-OUTSIDE-DONE"), "the emulated host did not see the end:\n{log}");
-    // A sandbox from an image runs chrooted into its layer, over its own writable disk.
-    assert!(
-        served.contains("BRIG-L1-BRIG-IMAGE busybox=yes entries=")
-            && served.contains("written in the guest"),
-        "image sandbox:\n{log}"
-    );
 }
 
 /// The SDK against brigd in the emulated host (through QEMU's UDP forward): a microvm sandbox
