@@ -282,9 +282,8 @@ impl Node {
             let code = e.to_wire().code.as_str();
             self.inner.metrics.refusals.get_or_create(&metrics::RefusalLabels { kind, code }).inc();
         }
-        let made = made_sandboxes(kind, &result);
-        let outcome = match result {
-            Ok(Some(reply)) => exchange.reply(&reply).await,
+        let outcome = match &result {
+            Ok(Some(reply)) => exchange.reply(reply).await,
             Ok(None) => Ok(()),
             Err(e) => {
                 tracing::debug!(request = kind, error = %e, "request failed");
@@ -295,7 +294,7 @@ impl Node {
             tracing::debug!(request = kind, error = %e, "cannot send reply");
             // Sandboxes made for a client that is gone, who never heard of them: nobody could
             // use or destroy them, so they go now.
-            for id in made {
+            for id in made_sandboxes(kind, &result) {
                 tracing::warn!(sandbox = %id, request = kind, "the client left before the reply; destroying");
                 self.destroy(&id, Gone::Destroyed).await;
             }
