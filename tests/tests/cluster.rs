@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use brig_proto::{Reply, Request};
+use brig_proto::{ControlOp, Reply, Request};
 use brig_sdk::{ErrorCode, Pin, ProjectLimits, SandboxOptions};
 use brig_tests::cluster::{node_of, Cluster};
 use brig_tests::image;
@@ -76,10 +76,11 @@ async fn placement_spreads_routes_go_direct_and_quotas_refuse() {
     // own, unaltered.
     let control = cluster.controls[0].connect_options().expect("control");
     let raw = connect(&control.addr, &control.pin, &control.token).await.expect("raw control");
-    let route = match raw.request(&Request::Route { sandbox: ids[0].clone() }).await {
-        Ok(Reply::Route(route)) => route,
-        other => panic!("route: {other:?}"),
-    };
+    let route =
+        match raw.request(&Request::Control(ControlOp::Route { sandbox: ids[0].clone() })).await {
+            Ok(Reply::Route(route)) => route,
+            other => panic!("route: {other:?}"),
+        };
     let owner = &cluster.nodes[(node_of(&ids[0]) - 1) as usize];
     let other = &cluster.nodes[(node_of(&ids[0]) % 3) as usize];
     let (owner_opts, other_opts) =

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use brig_control::{AccessTokens, ControlConfig, ControlPlane, StateStore};
 use brig_node::{Node, Principal};
-use brig_proto::{NodeReport, Reply, Request};
+use brig_proto::{ControlOp, NodeReport, Reply, Request};
 use brig_transport::{CertPin, ClientConnection, Exchange, Identity, Server, Service};
 use parking_lot::RwLock;
 
@@ -108,7 +108,7 @@ pub async fn heartbeat_loop(
             images: node.image_access(),
             live_by_project: node.live_by_project(),
         };
-        match c.request(&Request::NodeHeartbeat(report)).await {
+        match c.request(&Request::Control(ControlOp::NodeHeartbeat(Box::new(report)))).await {
             Ok(Reply::ClusterKey(key)) => {
                 if failing {
                     tracing::info!(control = %control.addr, "reporting to the control plane");

@@ -12,6 +12,7 @@ use brig_proto::{
     CallRequest, ClusterKey, CreateRequest, ErrorCode, ListRequest, NodeRoute, ProjectInfo,
     ProjectLimits, Reply, Request, WireError,
 };
+use brig_proto::{ControlOp, SandboxOp, ToolOp};
 use brig_sched::{Demand, Placer, Strategy};
 use brig_transport::{Exchange, Service};
 use parking_lot::{Mutex, RwLock};
@@ -180,10 +181,10 @@ impl ControlPlane {
             }
         };
         match request {
-            Request::NodeHeartbeat(report) => {
+            Request::Control(ControlOp::NodeHeartbeat(report)) => {
                 admin_only()?;
                 let node = report.status.node_id;
-                if self.registry.heartbeat(report) {
+                if self.registry.heartbeat(*report) {
                     tracing::info!(node = format_args!("{node:08x}"), "node up");
                 }
                 let now = self.now_ms();
@@ -191,9 +192,9 @@ impl ControlPlane {
                 self.quotas.heartbeat(node, now);
                 Ok(Reply::ClusterKey(ClusterKey { public_key: self.signer.public_key() }))
             }
-            Request::Create(req) => self.create(caller, req).await,
-            Request::Call(call) => self.call(caller, call).await,
-            Request::Route { sandbox } => {
+            Request::Sandbox(SandboxOp::Create(req)) => self.create(caller, req).await,
+            Request::Tool(ToolOp::Call(call)) => self.call(caller, call).await,
+            Request::Control(ControlOp::Route { sandbox }) => {
                 let id: SandboxId = sandbox
                     .parse()
                     .map_err(|e: brig_core::IdError| err(ErrorCode::BadRequest, e.to_string()))?;
@@ -202,19 +203,21 @@ impl ControlPlane {
                     Err(state) => Err(lost(&sandbox, id.node().0, state)),
                 }
             }
-            Request::Routes { tier } => Ok(Reply::Routes(
+            Request::Control(ControlOp::Routes { tier }) => Ok(Reply::Routes(
                 self.registry.up_nodes(Some(tier)).iter().map(|e| self.route(e, caller)).collect(),
             )),
-            Request::ClusterStatus => Ok(Reply::Cluster(self.registry.summaries())),
-            Request::List(req) => self.list(caller, req).await,
-            Request::ProjectPut { name, limits } => {
+            Request::Control(ControlOp::ClusterStatus) => {
+                Ok(Reply::Cluster(self.registry.summaries()))
+            }
+            Request::Sandbox(SandboxOp::List(req)) => self.list(caller, req).await,
+            Request::Control(ControlOp::ProjectPut { name, limits }) => {
                 admin_only()?;
                 valid_project(&name)?;
                 self.store.put_project(&name, &limits).await.map_err(unavailable)?;
                 self.state.write().projects.insert(name, limits);
                 Ok(Reply::Done)
             }
-            Request::ProjectList => {
+            Request::Control(ControlOp::ProjectList) => {
                 let live = self.registry.live_by_project();
                 let state = self.state.read();
                 let visible = |name: &str| match caller.project() {
@@ -234,7 +237,7 @@ impl ControlPlane {
                         .collect(),
                 ))
             }
-            Request::TokenCreate { project } => {
+            Request::Control(ControlOp::TokenCreate { project }) => {
                 admin_only()?;
                 valid_project(&project)?;
                 let token = hex::encode(rand::random::<[u8; 32]>());
@@ -292,7 +295,7 @@ impl ControlPlane {
                 _ => req.limits.cpu_millis.unwrap_or(1000),
             },
         };
-        let result = self.placed(demand, &Request::Create(req)).await;
+        let result = self.placed(demand, &Request::Sandbox(SandboxOp::Create(req))).await;
         let now = self.now_ms();
         match result {
             Ok((Reply::Sandbox(info), entry)) => {
@@ -326,7 +329,7 @@ impl ControlPlane {
         }
         let demand =
             Demand { tier: brig_core::Tier::Fncall, image: None, memory_mib: 0, cpu_millis: 0 };
-        Ok(self.placed(demand, &Request::Call(call)).await?.0)
+        Ok(self.placed(demand, &Request::Tool(ToolOp::Call(call))).await?.0)
     }
 
     /// Places `request` and forwards it, trying other nodes while nodes refuse for capacity or
@@ -383,7 +386,7 @@ impl ControlPlane {
         if let Some(p) = caller.project() {
             req.project = Some(p.to_string());
         }
-        let request = Request::List(req);
+        let request = Request::Sandbox(SandboxOp::List(req));
         let mut all = Vec::new();
         for entry in self.registry.up_nodes(None) {
             let node = entry.report.status.node_id;

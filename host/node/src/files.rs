@@ -6,7 +6,7 @@
 use std::io::SeekFrom;
 
 use brig_core::sandbox::{FileAccess, Op, ReadSource, WriteOptions};
-use brig_proto::{FileReadRequest, FileWriteRequest, Reply, Request};
+use brig_proto::{FileOp, FileReadRequest, FileWriteRequest, Reply, Request};
 use brig_transport::Exchange;
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
@@ -56,12 +56,12 @@ pub(crate) async fn send_range(
 /// The sandbox, operation and path of a file request, for the audit trail.
 pub(crate) fn audited_op(request: &Request) -> Option<(String, &'static str, String)> {
     let (sandbox, op, path) = match request {
-        Request::FileWrite(r) => (&r.sandbox, "write", &r.path),
-        Request::FileRead(r) => (&r.sandbox, "read", &r.path),
-        Request::FileList { sandbox, path } => (sandbox, "list", path),
-        Request::FileStat { sandbox, path } => (sandbox, "stat", path),
-        Request::FileMkdir { sandbox, path, .. } => (sandbox, "mkdir", path),
-        Request::FileRemove { sandbox, path, .. } => (sandbox, "remove", path),
+        Request::File(FileOp::Write(r)) => (&r.sandbox, "write", &r.path),
+        Request::File(FileOp::Read(r)) => (&r.sandbox, "read", &r.path),
+        Request::File(FileOp::List { sandbox, path }) => (sandbox, "list", path),
+        Request::File(FileOp::Stat { sandbox, path }) => (sandbox, "stat", path),
+        Request::File(FileOp::Mkdir { sandbox, path, .. }) => (sandbox, "mkdir", path),
+        Request::File(FileOp::Remove { sandbox, path, .. }) => (sandbox, "remove", path),
         _ => return None,
     };
     Some((sandbox.clone(), op, path.clone()))
@@ -171,30 +171,26 @@ pub(crate) async fn read(
 }
 
 /// The small file operations, the same for every tier.
-pub(crate) async fn small(node: &Node, request: Request) -> Result<Reply, NodeError> {
-    let (sandbox, path) = match &request {
-        Request::FileList { sandbox, path }
-        | Request::FileStat { sandbox, path }
-        | Request::FileMkdir { sandbox, path, .. }
-        | Request::FileRemove { sandbox, path, .. } => (sandbox.as_str(), path.as_str()),
-        _ => return Err(NodeError::ControlOnly(request.kind())),
+pub(crate) async fn small(node: &Node, op: FileOp) -> Result<Reply, NodeError> {
+    let (sandbox, path) = match &op {
+        FileOp::List { sandbox, path }
+        | FileOp::Stat { sandbox, path }
+        | FileOp::Mkdir { sandbox, path, .. }
+        | FileOp::Remove { sandbox, path, .. } => (sandbox.as_str(), path.as_str()),
+        _ => return Err(crate::route::misrouted(op.kind())),
     };
     let entry = node.live(sandbox).await?;
     entry.require(Op::Files)?;
     let s = &entry.sandbox;
-    let reply = match &request {
-        Request::FileList { .. } => s
+    let reply = match &op {
+        FileOp::List { .. } => s
             .list(path)
             .await
             .map(|list| Reply::Entries(list.into_iter().map(convert::entry_to_wire).collect())),
-        Request::FileStat { .. } => {
-            s.stat(path).await.map(|e| Reply::Stat(convert::entry_to_wire(e)))
-        }
-        Request::FileMkdir { parents, .. } => s.mkdir(path, *parents).await.map(|()| Reply::Done),
-        Request::FileRemove { recursive, .. } => {
-            s.remove(path, *recursive).await.map(|()| Reply::Done)
-        }
-        _ => return Err(NodeError::ControlOnly(request.kind())),
+        FileOp::Stat { .. } => s.stat(path).await.map(|e| Reply::Stat(convert::entry_to_wire(e))),
+        FileOp::Mkdir { parents, .. } => s.mkdir(path, *parents).await.map(|()| Reply::Done),
+        FileOp::Remove { recursive, .. } => s.remove(path, *recursive).await.map(|()| Reply::Done),
+        _ => return Err(crate::route::misrouted(op.kind())),
     };
     entry.touch();
     reply.map_err(|e| entry.fail(e))

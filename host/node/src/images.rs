@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use brig_images::backend::Backend;
 use brig_images::{ImportSource, LayerStore, StoreConfig};
-use brig_proto::{ImageFormat, ImageImportRequest, ImageStats, LayerInfo, Reply, Request};
+use brig_proto::{ImageFormat, ImageImportRequest, ImageOp, ImageStats, LayerInfo, Reply};
 use brig_transport::Exchange;
 use tokio::io::AsyncWriteExt;
 
@@ -129,26 +129,26 @@ pub(crate) async fn import(
 }
 
 /// Catalog requests that need no streaming.
-pub(crate) async fn handle(store: &LayerStore, request: Request) -> Result<Reply, NodeError> {
-    Ok(match request {
-        Request::ImageList => {
+pub(crate) async fn handle(store: &LayerStore, op: ImageOp) -> Result<Reply, NodeError> {
+    Ok(match op {
+        ImageOp::List => {
             Reply::Layers(store.list().await?.into_iter().map(layer_to_wire).collect())
         }
-        Request::ImageInspect { reference } => {
+        ImageOp::Inspect { reference } => {
             let (layer, paths) = store.inspect(&reference).await?;
             Reply::LayerDetails { layer: layer_to_wire(layer), paths }
         }
-        Request::ImageTag { reference, name, version } => {
+        ImageOp::Tag { reference, name, version } => {
             Reply::Layer(layer_to_wire(store.tag(&reference, &name, version).await?))
         }
-        Request::ImageRemove { reference } => {
+        ImageOp::Remove { reference } => {
             store.remove(&reference).await?;
             Reply::Done
         }
-        Request::ImageVerify { reference } => {
+        ImageOp::Verify { reference } => {
             Reply::Layer(layer_to_wire(store.verify(&reference).await?))
         }
-        Request::ImageGc => {
+        ImageOp::Gc => {
             let r = store.gc().await?;
             Reply::Gc {
                 removed_layers: r.removed_layers,
@@ -156,21 +156,16 @@ pub(crate) async fn handle(store: &LayerStore, request: Request) -> Result<Reply
                 freed_bytes: r.freed_bytes,
             }
         }
-        Request::ImageCacheDrop => {
+        ImageOp::CacheDrop => {
             store.cache().clear();
             Reply::Done
         }
-        Request::EnvCreate { name, layers } => {
+        ImageOp::EnvCreate { name, layers } => {
             store.create_env(&name, layers).await?;
             Reply::Done
         }
-        Request::EnvList => Reply::Envs(store.envs()),
-        other => {
-            return Err(NodeError::Io {
-                what: "request routing".into(),
-                source: std::io::Error::other(format!("{} is not an image request", other.kind())),
-            })
-        }
+        ImageOp::EnvList => Reply::Envs(store.envs()),
+        other => return Err(crate::route::misrouted(other.kind())),
     })
 }
 

@@ -51,7 +51,10 @@ use std::time::Duration;
 
 use brig_core::{IdleAction, SandboxId, Tier};
 use brig_fncall::FncallBackend;
-use brig_proto::{AuditKind, Reply, Request, SandboxInfo, SandboxState};
+use brig_proto::{
+    AuditKind, ExecOp, FileOp, ImageOp, Reply, Request, SandboxInfo, SandboxOp, SandboxState,
+    SessionOp, ToolOp,
+};
 use brig_transport::Exchange;
 
 use crate::audit::AuditLog;
@@ -240,26 +243,26 @@ impl Node {
         self.inner.metrics.requests.get_or_create(&metrics::KindLabel { kind }).inc();
         let file_op = files::audited_op(&request);
         let result = match request {
-            Request::Audit(req) => self.audit_stream(req, &mut exchange).await,
-            Request::FileWrite(req) => files::write(self, req, &mut exchange).await,
-            Request::FileRead(req) => files::read(self, req, &mut exchange).await,
-            Request::ToolAdd { name } => self.tool_add(&name, &mut exchange).await,
-            Request::Exec(req) => {
+            Request::Sandbox(SandboxOp::Audit(req)) => self.audit_stream(req, &mut exchange).await,
+            Request::File(FileOp::Write(req)) => files::write(self, req, &mut exchange).await,
+            Request::File(FileOp::Read(req)) => files::read(self, req, &mut exchange).await,
+            Request::Tool(ToolOp::Add { name }) => self.tool_add(&name, &mut exchange).await,
+            Request::Exec(ExecOp::Start(req)) => {
                 use tracing::Instrument;
                 let span = tracing::debug_span!("container_exec", sandbox = %req.sandbox);
                 self.exec(req, &mut exchange).instrument(span).await
             }
-            Request::SessionRun { sandbox, session, command, timeout_ms } => {
+            Request::Session(SessionOp::Run { sandbox, session, command, timeout_ms }) => {
                 self.session_stream(&sandbox, &session, Some(&command), timeout_ms, &mut exchange)
                     .await
             }
-            Request::SessionWait { sandbox, session, timeout_ms } => {
+            Request::Session(SessionOp::Wait { sandbox, session, timeout_ms }) => {
                 self.session_stream(&sandbox, &session, None, timeout_ms, &mut exchange).await
             }
-            Request::ExecAttach { sandbox, exec_id } => {
+            Request::Exec(ExecOp::Attach { sandbox, exec_id }) => {
                 self.exec_attach(&sandbox, exec_id, &mut exchange).await
             }
-            Request::ImageImport(req) => match self.store() {
+            Request::Image(ImageOp::Import(req)) => match self.store() {
                 Ok(store) => images::import(&store, req, &mut exchange).await.map(Some),
                 Err(e) => {
                     exchange.refuse_upload();

@@ -12,7 +12,9 @@ use brig_core::sandbox::{
     SandboxError, Session, SessionEvent, SessionSpec, Usage,
 };
 use brig_core::{IdleAction, QosClass, SandboxId, SandboxSpec, Tier};
-use brig_proto::{ErrorCode, Reply, Request, SandboxState};
+use brig_proto::{
+    ErrorCode, ExecOp, FileOp, Reply, Request, SandboxOp, SandboxState, SessionOp, ToolOp,
+};
 use tokio::sync::mpsc;
 
 use crate::sandboxes::{now_unix_ms, SandboxEntry};
@@ -159,18 +161,26 @@ fn code(e: &NodeError) -> ErrorCode {
 async fn what_a_tier_cannot_do_is_a_typed_refusal_naming_the_operation() {
     let (node, _dir) = node().await;
     let (id, _) = add(&node, FAKE_CAPS, None);
-    let kill = node.handle(Request::ExecKill { sandbox: id.clone(), exec_id: 1 }).await;
+    let kill = node.handle(Request::Exec(ExecOp::Kill { sandbox: id.clone(), exec_id: 1 })).await;
     let e = kill.expect_err("no exec in this tier");
     assert_eq!(code(&e), ErrorCode::BadRequest);
     assert_eq!(
         e.to_string(),
         format!("sandbox {id} is a microvm sandbox; exec needs another tier")
     );
-    let fork = Request::Fork { sandbox: id.clone(), count: 2, labels: vec![], evaluation: false };
+    let fork = Request::Sandbox(SandboxOp::Fork {
+        sandbox: id.clone(),
+        count: 2,
+        labels: vec![],
+        evaluation: false,
+    });
     let e = node.handle(fork).await.expect_err("no fork in this tier");
     assert!(e.to_string().contains("fork needs another tier"), "{e}");
     let call = brig_proto::CallRequest { tool: "jq".into(), ..Default::default() };
-    let e = node.handle(Request::CallIn { sandbox: id, call }).await.expect_err("no tools");
+    let e = node
+        .handle(Request::Tool(ToolOp::CallIn { sandbox: id, call }))
+        .await
+        .expect_err("no tools");
     assert!(e.to_string().contains("tool calls needs another tier"), "{e}");
 }
 
@@ -178,12 +188,12 @@ async fn what_a_tier_cannot_do_is_a_typed_refusal_naming_the_operation() {
 async fn file_answers_keep_their_kind() {
     let (node, _dir) = node().await;
     let (id, _) = add(&node, FAKE_CAPS, None);
-    let stat = Request::FileStat { sandbox: id.clone(), path: "/etc/x".into() };
+    let stat = Request::File(FileOp::Stat { sandbox: id.clone(), path: "/etc/x".into() });
     match node.handle(stat).await.expect("stat") {
         Some(Reply::Stat(e)) => assert_eq!(e.size, 3),
         other => panic!("{other:?}"),
     }
-    let missing = Request::FileStat { sandbox: id, path: "/missing".into() };
+    let missing = Request::File(FileOp::Stat { sandbox: id, path: "/missing".into() });
     let e = node.handle(missing).await.expect_err("missing");
     assert_eq!(code(&e), ErrorCode::NotFound);
 }
@@ -194,27 +204,35 @@ async fn a_snapshot_pause_ends_the_sandboxs_sessions_and_destroy_ends_the_rest()
     let (id, seen) = add(&node, FAKE_CAPS, None);
     let open = brig_proto::SessionOpenRequest { sandbox: id.clone(), ..Default::default() };
     let Some(Reply::Session { session }) =
-        node.handle(Request::SessionOpen(open)).await.expect("open")
+        node.handle(Request::Session(SessionOp::Open(open))).await.expect("open")
     else {
         panic!("no session id")
     };
-    let listed = node.handle(Request::SessionList { sandbox: id.clone() }).await.expect("list");
+    let listed =
+        node.handle(Request::Session(SessionOp::List { sandbox: id.clone() })).await.expect("list");
     assert!(matches!(listed, Some(Reply::Sessions(ids)) if ids == vec![session.clone()]));
-    let input = Request::SessionInput { sandbox: id.clone(), session, data: b"x".to_vec() };
+    let input =
+        Request::Session(SessionOp::Input { sandbox: id.clone(), session, data: b"x".to_vec() });
     let e = node.handle(input).await.expect_err("busy");
     assert_eq!(code(&e), ErrorCode::Conflict);
-    let paused = node.handle(Request::Pause(brig_proto::Target::Sandbox(id.clone()))).await;
+    let paused = node
+        .handle(Request::Sandbox(SandboxOp::Pause(brig_proto::Target::Sandbox(id.clone()))))
+        .await;
     assert!(paused.is_ok(), "{paused:?}");
     assert_eq!(seen.paused.load(Ordering::SeqCst), 1);
     assert_eq!(seen.sessions_closed.load(Ordering::SeqCst), 1);
-    let listed = node.handle(Request::SessionList { sandbox: id.clone() }).await.expect("list");
+    let listed =
+        node.handle(Request::Session(SessionOp::List { sandbox: id.clone() })).await.expect("list");
     assert!(matches!(listed, Some(Reply::Sessions(ids)) if ids.is_empty()));
-    let status = node.handle(Request::Status { sandbox: id.clone() }).await.expect("status");
+    let status = node
+        .handle(Request::Sandbox(SandboxOp::Status { sandbox: id.clone() }))
+        .await
+        .expect("status");
     let Some(Reply::Sandbox(info)) = status else { panic!("no status") };
     assert_eq!(info.state, SandboxState::Paused);
     assert_eq!(info.placement.as_deref(), Some("vm:fake"));
     assert_eq!(info.usage.map(|u| (u.cpu_ns, u.memory_bytes)), Some((7, 11)));
-    node.handle(Request::Destroy { sandbox: id }).await.expect("destroy");
+    node.handle(Request::Sandbox(SandboxOp::Destroy { sandbox: id })).await.expect("destroy");
     assert!(seen.destroyed.load(Ordering::SeqCst));
 }
 
@@ -222,7 +240,7 @@ async fn a_snapshot_pause_ends_the_sandboxs_sessions_and_destroy_ends_the_rest()
 async fn requests_to_a_sandbox_whose_vm_is_gone_say_why() {
     let (node, _dir) = node().await;
     let (id, _) = add(&node, FAKE_CAPS, Some("container-host VM chost-0 stopped".into()));
-    let stat = Request::FileStat { sandbox: id.clone(), path: "/".into() };
+    let stat = Request::File(FileOp::Stat { sandbox: id.clone(), path: "/".into() });
     let e = node.handle(stat).await.expect_err("lost");
     assert_eq!(code(&e), ErrorCode::SandboxLost);
     assert_eq!(e.to_string(), format!("sandbox {id} is gone: container-host VM chost-0 stopped"));

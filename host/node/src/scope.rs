@@ -5,7 +5,7 @@
 //! A sandbox's project is its `brig.project` label, set at create from the request the control
 //! plane forwards and inherited by forks; clients cannot set or change it.
 
-use brig_proto::{Request, Target};
+use brig_proto::{ImageOp, Request, SandboxOp, Target, ToolOp};
 
 use crate::{Node, NodeError};
 
@@ -44,25 +44,18 @@ impl Node {
         mut request: Request,
     ) -> Result<Request, NodeError> {
         use Request as R;
-        match &mut request {
-            R::NodeHeartbeat(_)
-            | R::Route { .. }
-            | R::Routes { .. }
-            | R::ClusterStatus
-            | R::ProjectPut { .. }
-            | R::ProjectList
-            | R::TokenCreate { .. } => return Err(NodeError::ControlOnly(request.kind())),
-            _ => {}
+        if let R::Control(op) = &request {
+            return Err(NodeError::ControlOnly(op.kind()));
         }
         let Principal::Project(project) = principal else {
             // Admin: a create the control plane forwards carries its project.
             match &mut request {
-                R::Create(req) => {
+                R::Sandbox(SandboxOp::Create(req)) => {
                     if let Some(p) = req.project.take() {
                         scope_selector(&mut req.labels, &p);
                     }
                 }
-                R::List(req) => {
+                R::Sandbox(SandboxOp::List(req)) => {
                     if let Some(p) = req.project.take() {
                         scope_selector(&mut req.labels, &p);
                     }
@@ -79,28 +72,30 @@ impl Node {
             }
         }
         match &mut request {
-            R::Create(_) => {
+            R::Sandbox(SandboxOp::Create(_)) => {
                 return Err(NodeError::Forbidden(
                     "create sandboxes through the control plane, which places them".into(),
                 ))
             }
-            R::List(req) => {
+            R::Sandbox(SandboxOp::List(req)) => {
                 req.project = None;
                 scope_selector(&mut req.labels, project);
             }
-            R::DestroyMatching { labels }
-            | R::Pause(Target::Labels(labels))
-            | R::Resume(Target::Labels(labels)) => scope_selector(labels, project),
-            R::Fork { labels, .. } => strip_project(labels),
-            R::ToolAdd { .. }
-            | R::ToolRemove { .. }
-            | R::ImageImport(_)
-            | R::ImageTag { .. }
-            | R::ImageRemove { .. }
-            | R::ImageGc
-            | R::ImageCacheDrop
-            | R::ImageVerify { .. }
-            | R::EnvCreate { .. } => {
+            R::Sandbox(SandboxOp::DestroyMatching { labels })
+            | R::Sandbox(SandboxOp::Pause(Target::Labels(labels)))
+            | R::Sandbox(SandboxOp::Resume(Target::Labels(labels))) => {
+                scope_selector(labels, project)
+            }
+            R::Sandbox(SandboxOp::Fork { labels, .. }) => strip_project(labels),
+            R::Tool(ToolOp::Add { .. })
+            | R::Tool(ToolOp::Remove { .. })
+            | R::Image(ImageOp::Import(_))
+            | R::Image(ImageOp::Tag { .. })
+            | R::Image(ImageOp::Remove { .. })
+            | R::Image(ImageOp::Gc)
+            | R::Image(ImageOp::CacheDrop)
+            | R::Image(ImageOp::Verify { .. })
+            | R::Image(ImageOp::EnvCreate { .. }) => {
                 return Err(NodeError::Forbidden(format!(
                     "{} changes the node for everyone and needs an admin token",
                     request.kind()

@@ -6,7 +6,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use brig_proto::{CallRequest, CallResult, ListRequest, Reply, Request, SandboxInfo, ToolInfo};
+use brig_proto::{
+    CallRequest, CallResult, ControlOp, ListRequest, Reply, Request, SandboxInfo, SandboxOp,
+    ToolInfo, ToolOp,
+};
 use brig_transport::{CertPin, ClientConnection};
 use bytes::Bytes;
 use tokio::sync::RwLock;
@@ -235,7 +238,7 @@ impl Client {
     fn node_bound<'r>(&self, request: &'r Request) -> Option<&'r str> {
         self.inner.cluster.as_ref()?;
         match request {
-            Request::Route { .. } => None,
+            Request::Control(ControlOp::Route { .. }) => None,
             other => other.sandbox(),
         }
     }
@@ -269,7 +272,10 @@ impl Client {
 
     /// The route to `sandbox`'s node, from the control plane.
     async fn fetch_route(&self, sandbox: &str) -> Result<brig_proto::NodeRoute, Error> {
-        match self.control_request(&Request::Route { sandbox: sandbox.to_string() }).await? {
+        match self
+            .control_request(&Request::Control(ControlOp::Route { sandbox: sandbox.to_string() }))
+            .await?
+        {
             Reply::Route(route) => Ok(route),
             Reply::Error(e) => Err(e.into()),
             other => Err(unexpected("route", &other)),
@@ -322,7 +328,7 @@ impl Client {
     /// In cluster mode the call goes straight to a node on a route the control plane leased
     /// (refreshed in the background), and through the control plane while no route is known.
     pub async fn call_with(&self, call: CallRequest) -> Result<CallResult, Error> {
-        let request = Request::Call(call);
+        let request = Request::Tool(ToolOp::Call(call));
         if let Some(cluster) = self.inner.cluster.as_ref().filter(|_| self.inner.opts.direct_calls)
         {
             let (route, stale) = cluster.call_route();
@@ -362,7 +368,7 @@ impl Client {
 
     /// Creates a sandbox.
     pub async fn create(&self, options: SandboxOptions) -> Result<Sandbox, Error> {
-        match self.request(&Request::Create(options.into_request())).await? {
+        match self.request(&Request::Sandbox(SandboxOp::Create(options.into_request()))).await? {
             Reply::Sandbox(info) => Ok(Sandbox::new(self.clone(), info.id)),
             Reply::Placed { sandbox, route } => {
                 if let Some(cluster) = &self.inner.cluster {
@@ -383,7 +389,10 @@ impl Client {
     /// Sandboxes whose labels include every `selector` pair (all when empty).
     pub async fn list(&self, selector: &[(&str, &str)]) -> Result<Vec<SandboxInfo>, Error> {
         let labels = selector.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        match self.request(&Request::List(ListRequest { labels, project: None })).await? {
+        match self
+            .request(&Request::Sandbox(SandboxOp::List(ListRequest { labels, project: None })))
+            .await?
+        {
             Reply::Sandboxes(list) => Ok(list),
             other => Err(unexpected("list", &other)),
         }
@@ -395,7 +404,8 @@ impl Client {
         name: &str,
         component: impl Into<Bytes>,
     ) -> Result<ToolInfo, Error> {
-        let mut exchange = self.open(&Request::ToolAdd { name: name.to_string() }).await?;
+        let mut exchange =
+            self.open(&Request::Tool(ToolOp::Add { name: name.to_string() })).await?;
         exchange.send_raw(component.into()).await?;
         exchange.finish_upload()?;
         match exchange.reply().await? {
@@ -407,7 +417,7 @@ impl Client {
 
     /// Registered tools.
     pub async fn tools(&self) -> Result<Vec<ToolInfo>, Error> {
-        match self.request(&Request::ToolList).await? {
+        match self.request(&Request::Tool(ToolOp::List)).await? {
             Reply::Tools(tools) => Ok(tools),
             other => Err(unexpected("tool_list", &other)),
         }
@@ -416,7 +426,7 @@ impl Client {
     pub async fn remove_tool(&self, name: &str) -> Result<(), Error> {
         expect_done(
             "tool_remove",
-            self.request(&Request::ToolRemove { name: name.to_string() }).await?,
+            self.request(&Request::Tool(ToolOp::Remove { name: name.to_string() })).await?,
         )
     }
 

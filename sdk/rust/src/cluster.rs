@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use brig_proto::{NodeRoute, Reply, Request, Tier};
+use brig_proto::{ControlOp, NodeRoute, Reply, Request, Tier};
 use brig_transport::{CertPin, ClientConnection};
 use tokio::sync::Mutex;
 
@@ -186,7 +186,7 @@ impl ClusterState {
 
 /// The request a leased-routes refresh sends.
 pub(crate) fn routes_request() -> Request {
-    Request::Routes { tier: Tier::Fncall }
+    Request::Control(ControlOp::Routes { tier: Tier::Fncall })
 }
 
 pub(crate) fn routes_from(reply: Reply) -> Option<Vec<NodeRoute>> {
@@ -199,7 +199,7 @@ pub(crate) fn routes_from(reply: Reply) -> Option<Vec<NodeRoute>> {
 impl crate::Client {
     /// The control plane's view of its nodes.
     pub async fn cluster_status(&self) -> Result<Vec<brig_proto::NodeSummary>, Error> {
-        match self.request(&Request::ClusterStatus).await? {
+        match self.request(&Request::Control(ControlOp::ClusterStatus)).await? {
             Reply::Cluster(nodes) => Ok(nodes),
             other => Err(crate::client::unexpected("cluster_status", &other)),
         }
@@ -211,13 +211,13 @@ impl crate::Client {
         name: &str,
         limits: brig_proto::ProjectLimits,
     ) -> Result<(), Error> {
-        let request = Request::ProjectPut { name: name.to_string(), limits };
+        let request = Request::Control(ControlOp::ProjectPut { name: name.to_string(), limits });
         crate::client::expect_done("project_put", self.request(&request).await?)
     }
 
     /// Projects with their limits and live sandboxes.
     pub async fn projects(&self) -> Result<Vec<brig_proto::ProjectInfo>, Error> {
-        match self.request(&Request::ProjectList).await? {
+        match self.request(&Request::Control(ControlOp::ProjectList)).await? {
             Reply::Projects(list) => Ok(list),
             other => Err(crate::client::unexpected("project_list", &other)),
         }
@@ -225,7 +225,10 @@ impl crate::Client {
 
     /// A new access token for `project` (admin); its holder sees only that project.
     pub async fn create_token(&self, project: &str) -> Result<String, Error> {
-        match self.request(&Request::TokenCreate { project: project.to_string() }).await? {
+        match self
+            .request(&Request::Control(ControlOp::TokenCreate { project: project.to_string() }))
+            .await?
+        {
             Reply::Token { token } => Ok(token),
             other => Err(crate::client::unexpected("token_create", &other)),
         }

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use brig_proto::{
-    ExecRequest, ExecResult, OutputStream, Reply, Request, SessionOpenRequest, StdinMode,
+    ExecOp, ExecRequest, ExecResult, OutputStream, Reply, Request, SessionOp, SessionOpenRequest,
+    StdinMode,
 };
 use brig_transport::ClientExchange;
 use bytes::Bytes;
@@ -252,7 +253,7 @@ impl Sandbox {
         let mut request = cmd.request;
         request.sandbox = self.id().to_string();
         let streaming = request.stdin == StdinMode::Stream;
-        let mut exchange = self.client().open(&Request::Exec(request)).await?;
+        let mut exchange = self.client().open(&Request::Exec(ExecOp::Start(request))).await?;
         if !streaming {
             exchange.finish_upload()?;
         }
@@ -261,17 +262,17 @@ impl Sandbox {
 
     /// Sets the window size of a command running on a terminal ([`Cmd::terminal`]).
     pub async fn resize_terminal(&self, exec_id: u64, rows: u16, cols: u16) -> Result<(), Error> {
-        let request = Request::ExecResize {
+        let request = Request::Exec(ExecOp::Resize {
             sandbox: self.id().to_string(),
             exec_id,
             size: brig_proto::TerminalSize { rows, cols },
-        };
+        });
         expect_done("exec_resize", self.client().request(&request).await?)
     }
 
     /// Kills a running command and everything it started.
     pub async fn kill(&self, exec_id: u64) -> Result<(), Error> {
-        let request = Request::ExecKill { sandbox: self.id().to_string(), exec_id };
+        let request = Request::Exec(ExecOp::Kill { sandbox: self.id().to_string(), exec_id });
         expect_done("exec_kill", self.client().request(&request).await?)
     }
 
@@ -286,7 +287,7 @@ impl Sandbox {
         mut options: SessionOpenRequest,
     ) -> Result<ShellSession, Error> {
         options.sandbox = self.id().to_string();
-        match self.client().request(&Request::SessionOpen(options)).await? {
+        match self.client().request(&Request::Session(SessionOp::Open(options))).await? {
             Reply::Session { session } => Ok(ShellSession { sandbox: self.clone(), id: session }),
             other => Err(unexpected("session_open", &other)),
         }
@@ -344,22 +345,22 @@ impl ShellSession {
         timeout: Duration,
         on_output: impl FnMut(bool, &[u8]),
     ) -> Result<SessionOutput, Error> {
-        let request = Request::SessionRun {
+        let request = Request::Session(SessionOp::Run {
             sandbox: self.sandbox.id().to_string(),
             session: self.id.clone(),
             command: command.to_string(),
             timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-        };
+        });
         self.stream(request, on_output).await
     }
 
     /// Waits for a command that outlived its `run`, with its output since then.
     pub async fn wait(&self, timeout: Duration) -> Result<SessionOutput, Error> {
-        let request = Request::SessionWait {
+        let request = Request::Session(SessionOp::Wait {
             sandbox: self.sandbox.id().to_string(),
             session: self.id.clone(),
             timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-        };
+        });
         self.stream(request, |_, _| {}).await
     }
 
@@ -393,29 +394,29 @@ impl ShellSession {
 
     /// Sends input to the running command (an interactive program).
     pub async fn input(&self, bytes: &[u8]) -> Result<(), Error> {
-        let request = Request::SessionInput {
+        let request = Request::Session(SessionOp::Input {
             sandbox: self.sandbox.id().to_string(),
             session: self.id.clone(),
             data: bytes.to_vec(),
-        };
+        });
         expect_done("session_input", self.sandbox.client().request(&request).await?)
     }
 
     /// Interrupts the running command (like Ctrl-C); the shell survives.
     pub async fn interrupt(&self) -> Result<(), Error> {
-        let request = Request::SessionInterrupt {
+        let request = Request::Session(SessionOp::Interrupt {
             sandbox: self.sandbox.id().to_string(),
             session: self.id.clone(),
-        };
+        });
         expect_done("session_interrupt", self.sandbox.client().request(&request).await?)
     }
 
     /// Ends the session and everything it started.
     pub async fn close(&self) -> Result<(), Error> {
-        let request = Request::SessionClose {
+        let request = Request::Session(SessionOp::Close {
             sandbox: self.sandbox.id().to_string(),
             session: self.id.clone(),
-        };
+        });
         expect_done("session_close", self.sandbox.client().request(&request).await?)
     }
 }

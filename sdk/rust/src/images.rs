@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use brig_proto::{
     CheckpointRequest, ImageFormat, ImageImportRequest, LayerInfo, NodeStatus, Reply, Request,
 };
+use brig_proto::{ImageOp, NodeOp};
 use bytes::BytesMut;
 use tokio::io::AsyncReadExt;
 
@@ -53,12 +54,12 @@ impl Client {
             ImageSource::Erofs(_) => (ImageFormat::Erofs, None),
             ImageSource::OnNode { path, format } => (*format, Some(path.clone())),
         };
-        let request = Request::ImageImport(ImageImportRequest {
+        let request = Request::Image(ImageOp::Import(ImageImportRequest {
             name: name.to_string(),
             version,
             format,
             node_path,
-        });
+        }));
         let mut exchange = self.open(&request).await?;
         match source {
             ImageSource::OnNode { .. } => {}
@@ -100,7 +101,7 @@ impl Client {
 
     /// Every tagged layer.
     pub async fn images(&self) -> Result<Vec<LayerInfo>, Error> {
-        match self.request(&Request::ImageList).await? {
+        match self.request(&Request::Image(ImageOp::List)).await? {
             Reply::Layers(list) => Ok(list),
             other => Err(unexpected("image_list", &other)),
         }
@@ -108,7 +109,10 @@ impl Client {
 
     /// A layer and the paths of its files.
     pub async fn inspect_image(&self, reference: &str) -> Result<(LayerInfo, Vec<String>), Error> {
-        match self.request(&Request::ImageInspect { reference: reference.to_string() }).await? {
+        match self
+            .request(&Request::Image(ImageOp::Inspect { reference: reference.to_string() }))
+            .await?
+        {
             Reply::LayerDetails { layer, paths } => Ok((layer, paths)),
             other => Err(unexpected("image_inspect", &other)),
         }
@@ -121,8 +125,11 @@ impl Client {
         name: &str,
         version: Option<u32>,
     ) -> Result<LayerInfo, Error> {
-        let request =
-            Request::ImageTag { reference: reference.to_string(), name: name.to_string(), version };
+        let request = Request::Image(ImageOp::Tag {
+            reference: reference.to_string(),
+            name: name.to_string(),
+            version,
+        });
         match self.request(&request).await? {
             Reply::Layer(info) => Ok(info),
             other => Err(unexpected("image_tag", &other)),
@@ -133,13 +140,17 @@ impl Client {
     pub async fn remove_image(&self, reference: &str) -> Result<(), Error> {
         expect_done(
             "image_remove",
-            self.request(&Request::ImageRemove { reference: reference.to_string() }).await?,
+            self.request(&Request::Image(ImageOp::Remove { reference: reference.to_string() }))
+                .await?,
         )
     }
 
     /// Fetches and checks every chunk of a layer.
     pub async fn verify_image(&self, reference: &str) -> Result<LayerInfo, Error> {
-        match self.request(&Request::ImageVerify { reference: reference.to_string() }).await? {
+        match self
+            .request(&Request::Image(ImageOp::Verify { reference: reference.to_string() }))
+            .await?
+        {
             Reply::Layer(info) => Ok(info),
             other => Err(unexpected("image_verify", &other)),
         }
@@ -147,7 +158,7 @@ impl Client {
 
     /// Removes layer data nothing references.
     pub async fn gc_images(&self) -> Result<GcSummary, Error> {
-        match self.request(&Request::ImageGc).await? {
+        match self.request(&Request::Image(ImageOp::Gc)).await? {
             Reply::Gc { removed_layers, removed_chunks, freed_bytes } => {
                 Ok(GcSummary { removed_layers, removed_chunks, freed_bytes })
             }
@@ -157,7 +168,7 @@ impl Client {
 
     /// Empties the node's chunk cache (for cold-start measurements).
     pub async fn drop_image_cache(&self) -> Result<(), Error> {
-        expect_done("image_cache_drop", self.request(&Request::ImageCacheDrop).await?)
+        expect_done("image_cache_drop", self.request(&Request::Image(ImageOp::CacheDrop)).await?)
     }
 
     /// Defines an environment: layer references, base first.
@@ -165,12 +176,13 @@ impl Client {
         let layers = layers.iter().map(|s| s.to_string()).collect();
         expect_done(
             "env_create",
-            self.request(&Request::EnvCreate { name: name.to_string(), layers }).await?,
+            self.request(&Request::Image(ImageOp::EnvCreate { name: name.to_string(), layers }))
+                .await?,
         )
     }
 
     pub async fn envs(&self) -> Result<Vec<(String, Vec<String>)>, Error> {
-        match self.request(&Request::EnvList).await? {
+        match self.request(&Request::Image(ImageOp::EnvList)).await? {
             Reply::Envs(envs) => Ok(envs),
             other => Err(unexpected("env_list", &other)),
         }
@@ -178,7 +190,7 @@ impl Client {
 
     /// What the node reports about itself.
     pub async fn node_status(&self) -> Result<NodeStatus, Error> {
-        match self.request(&Request::NodeStatus).await? {
+        match self.request(&Request::Node(NodeOp::Status)).await? {
             Reply::NodeStatus(status) => Ok(status),
             other => Err(unexpected("node_status", &other)),
         }
@@ -213,12 +225,12 @@ impl Sandbox {
         version: Option<u32>,
         scrub: &[&str],
     ) -> Result<LayerInfo, Error> {
-        let request = Request::Checkpoint(CheckpointRequest {
+        let request = Request::Image(ImageOp::Checkpoint(CheckpointRequest {
             sandbox: self.id().to_string(),
             name: name.to_string(),
             version,
             scrub: scrub.iter().map(|s| s.to_string()).collect(),
-        });
+        }));
         match self.client().request(&request).await? {
             Reply::Layer(info) => Ok(info),
             other => Err(unexpected("checkpoint", &other)),

@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use brig_proto::{ExecInfo, IdleAction, Reply, Request, Target, TtlUpdate};
+use brig_proto::{
+    ExecInfo, ExecOp, IdleAction, Reply, Request, SandboxOp, SessionOp, Target, TtlUpdate,
+};
 
 use crate::client::unexpected;
 use crate::exec::ExecStream;
@@ -94,12 +96,12 @@ impl Sandbox {
         labels: &[(&str, &str)],
         evaluation: bool,
     ) -> Result<Vec<Sandbox>, Error> {
-        let request = Request::Fork {
+        let request = Request::Sandbox(SandboxOp::Fork {
             sandbox: self.id().to_string(),
             count,
             labels: owned(labels),
             evaluation,
-        };
+        });
         match self.client().request(&request).await? {
             Reply::Sandboxes(children) => Ok(children
                 .into_iter()
@@ -113,7 +115,7 @@ impl Sandbox {
     pub async fn set_lifetimes(&self, lifetimes: Lifetimes) -> Result<SandboxInfo, Error> {
         let mut update = lifetimes.update;
         update.sandbox = self.id().to_string();
-        match self.client().request(&Request::SetTtl(update)).await? {
+        match self.client().request(&Request::Sandbox(SandboxOp::SetTtl(update))).await? {
             Reply::Sandbox(info) => Ok(info),
             other => Err(unexpected("set_ttl", &other)),
         }
@@ -122,7 +124,7 @@ impl Sandbox {
     /// Streams a command started earlier (by this or another client) again: all the output
     /// the node kept from its start, then the rest as it comes, then its result.
     pub async fn attach(&self, exec_id: u64) -> Result<ExecStream, Error> {
-        let request = Request::ExecAttach { sandbox: self.id().to_string(), exec_id };
+        let request = Request::Exec(ExecOp::Attach { sandbox: self.id().to_string(), exec_id });
         let mut exchange = self.client().open(&request).await?;
         exchange.finish_upload()?;
         ExecStream::started(exchange, "exec_attach").await
@@ -130,7 +132,11 @@ impl Sandbox {
 
     /// Running and recently finished commands.
     pub async fn execs(&self) -> Result<Vec<ExecInfo>, Error> {
-        match self.client().request(&Request::ExecList { sandbox: self.id().to_string() }).await? {
+        match self
+            .client()
+            .request(&Request::Exec(ExecOp::List { sandbox: self.id().to_string() }))
+            .await?
+        {
             Reply::Execs(list) => Ok(list),
             other => Err(unexpected("exec_list", &other)),
         }
@@ -138,7 +144,7 @@ impl Sandbox {
 
     /// Ids of the open shell sessions.
     pub async fn sessions(&self) -> Result<Vec<String>, Error> {
-        let request = Request::SessionList { sandbox: self.id().to_string() };
+        let request = Request::Session(SessionOp::List { sandbox: self.id().to_string() });
         match self.client().request(&request).await? {
             Reply::Sessions(list) => Ok(list),
             other => Err(unexpected("session_list", &other)),
@@ -155,11 +161,11 @@ impl Client {
     }
 
     async fn pause_target(&self, target: Target) -> Result<Vec<String>, Error> {
-        self.affected("pause", Request::Pause(target)).await
+        self.affected("pause", Request::Sandbox(SandboxOp::Pause(target))).await
     }
 
     async fn resume_target(&self, target: Target) -> Result<Vec<String>, Error> {
-        self.affected("resume", Request::Resume(target)).await
+        self.affected("resume", Request::Sandbox(SandboxOp::Resume(target))).await
     }
 
     /// Pauses every sandbox whose labels include all of `selector` (e.g. a training job's
@@ -179,7 +185,10 @@ impl Client {
         if selector.is_empty() {
             return Err(Error::Config("destroy_matching needs at least one label".into()));
         }
-        self.affected("destroy_matching", Request::DestroyMatching { labels: owned(selector) })
-            .await
+        self.affected(
+            "destroy_matching",
+            Request::Sandbox(SandboxOp::DestroyMatching { labels: owned(selector) }),
+        )
+        .await
     }
 }

@@ -7,6 +7,7 @@ use brig_proto::{
     CallRequest, CallResult, CreateRequest, FileReadRequest, FileStat, FileWriteRequest,
     IdleAction, Reply, Request, SandboxInfo, Tier,
 };
+use brig_proto::{FileOp, SandboxOp, ToolOp};
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -148,7 +149,7 @@ impl Sandbox {
     }
 
     pub async fn call_with(&self, call: CallRequest) -> Result<CallResult, Error> {
-        let request = Request::CallIn { sandbox: self.id.clone(), call };
+        let request = Request::Tool(ToolOp::CallIn { sandbox: self.id.clone(), call });
         match self.client.request(&request).await? {
             Reply::Called(result) => Ok(result),
             other => Err(unexpected("call_in", &other)),
@@ -156,7 +157,11 @@ impl Sandbox {
     }
 
     pub async fn status(&self) -> Result<SandboxInfo, Error> {
-        match self.client.request(&Request::Status { sandbox: self.id.clone() }).await? {
+        match self
+            .client
+            .request(&Request::Sandbox(SandboxOp::Status { sandbox: self.id.clone() }))
+            .await?
+        {
             Reply::Sandbox(info) => Ok(info),
             other => Err(unexpected("status", &other)),
         }
@@ -165,7 +170,9 @@ impl Sandbox {
     pub async fn destroy(&self) -> Result<(), Error> {
         expect_done(
             "destroy",
-            self.client.request(&Request::Destroy { sandbox: self.id.clone() }).await?,
+            self.client
+                .request(&Request::Sandbox(SandboxOp::Destroy { sandbox: self.id.clone() }))
+                .await?,
         )
     }
 
@@ -180,13 +187,13 @@ impl Sandbox {
         path: &str,
         mut reader: impl AsyncRead + Unpin,
     ) -> Result<u64, Error> {
-        let request = Request::FileWrite(FileWriteRequest {
+        let request = Request::File(FileOp::Write(FileWriteRequest {
             sandbox: self.id.clone(),
             path: path.to_string(),
             mode: None,
             append: false,
             parents: true,
-        });
+        }));
         let mut exchange = self.client.open(&request).await?;
         loop {
             let mut buf = BytesMut::with_capacity(UPLOAD_CHUNK);
@@ -234,12 +241,12 @@ impl Sandbox {
         path: &str,
         mut writer: impl AsyncWrite + Unpin,
     ) -> Result<u64, Error> {
-        let request = Request::FileRead(FileReadRequest {
+        let request = Request::File(FileOp::Read(FileReadRequest {
             sandbox: self.id.clone(),
             path: path.to_string(),
             offset: 0,
             len: None,
-        });
+        }));
         let mut exchange = self.client.open(&request).await?;
         exchange.finish_upload()?;
         let size = match exchange.reply().await? {
@@ -271,7 +278,8 @@ impl Sandbox {
     }
 
     pub async fn list_dir(&self, path: &str) -> Result<Vec<FileStat>, Error> {
-        let request = Request::FileList { sandbox: self.id.clone(), path: path.to_string() };
+        let request =
+            Request::File(FileOp::List { sandbox: self.id.clone(), path: path.to_string() });
         match self.client.request(&request).await? {
             Reply::Entries(entries) => Ok(entries),
             other => Err(unexpected("file_list", &other)),
@@ -279,7 +287,8 @@ impl Sandbox {
     }
 
     pub async fn stat(&self, path: &str) -> Result<FileStat, Error> {
-        let request = Request::FileStat { sandbox: self.id.clone(), path: path.to_string() };
+        let request =
+            Request::File(FileOp::Stat { sandbox: self.id.clone(), path: path.to_string() });
         match self.client.request(&request).await? {
             Reply::Stat(stat) => Ok(stat),
             other => Err(unexpected("file_stat", &other)),
@@ -287,14 +296,20 @@ impl Sandbox {
     }
 
     pub async fn mkdir(&self, path: &str, parents: bool) -> Result<(), Error> {
-        let request =
-            Request::FileMkdir { sandbox: self.id.clone(), path: path.to_string(), parents };
+        let request = Request::File(FileOp::Mkdir {
+            sandbox: self.id.clone(),
+            path: path.to_string(),
+            parents,
+        });
         expect_done("file_mkdir", self.client.request(&request).await?)
     }
 
     pub async fn remove(&self, path: &str, recursive: bool) -> Result<(), Error> {
-        let request =
-            Request::FileRemove { sandbox: self.id.clone(), path: path.to_string(), recursive };
+        let request = Request::File(FileOp::Remove {
+            sandbox: self.id.clone(),
+            path: path.to_string(),
+            recursive,
+        });
         expect_done("file_remove", self.client.request(&request).await?)
     }
 }

@@ -2,6 +2,7 @@
 
 use brig_proto::{
     AuditEvent, AuditRequest, Placement, ProtectedPath, QosClass, Reply, Request, SandboxInfo,
+    SandboxOp,
 };
 use brig_transport::ClientExchange;
 
@@ -59,7 +60,8 @@ impl Sandbox {
         rules: impl IntoIterator<Item = S>,
     ) -> Result<SandboxInfo, Error> {
         let rules = rules.into_iter().map(|r| r.as_ref().to_string()).collect();
-        let request = Request::SetEgress { sandbox: self.id().to_string(), rules };
+        let request =
+            Request::Sandbox(SandboxOp::SetEgress { sandbox: self.id().to_string(), rules });
         match self.client().request(&request).await? {
             Reply::Sandbox(info) => Ok(info),
             other => Err(unexpected("set_egress", &other)),
@@ -68,7 +70,7 @@ impl Sandbox {
 
     /// Moves the sandbox to another CPU QoS class now.
     pub async fn set_qos(&self, class: QosClass) -> Result<SandboxInfo, Error> {
-        let request = Request::SetQos { sandbox: self.id().to_string(), class };
+        let request = Request::Sandbox(SandboxOp::SetQos { sandbox: self.id().to_string(), class });
         match self.client().request(&request).await? {
             Reply::Sandbox(info) => Ok(info),
             other => Err(unexpected("set_qos", &other)),
@@ -88,8 +90,11 @@ impl Sandbox {
     /// The audit trail as a stream; with `follow`, events keep coming as they happen until
     /// the sandbox is gone.
     pub async fn audit_stream(&self, after_seq: u64, follow: bool) -> Result<AuditStream, Error> {
-        let request =
-            Request::Audit(AuditRequest { sandbox: self.id().to_string(), after_seq, follow });
+        let request = Request::Sandbox(SandboxOp::Audit(AuditRequest {
+            sandbox: self.id().to_string(),
+            after_seq,
+            follow,
+        }));
         let mut exchange = self.client().open(&request).await?;
         exchange.finish_upload()?;
         Ok(AuditStream { exchange, done: false })

@@ -58,11 +58,11 @@ pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{CallRequest, Request};
+    use crate::{CallRequest, Request, ToolOp};
 
     #[test]
     fn round_trip() {
-        let req = Request::Call(CallRequest::new("jq", "{}"));
+        let req = Request::Tool(ToolOp::Call(CallRequest::new("jq", "{}")));
         let frame = encode(&req).expect("encode");
         let len = body_len(frame[..4].try_into().expect("header")).expect("len");
         assert_eq!(len, frame.len() - 4);

@@ -40,7 +40,7 @@ pub use types_images::*;
 pub use types_sandbox::*;
 
 /// The protocol version this build speaks. Bump on any change to message encodings.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// TLS application protocol name (ALPN). Versioning happens in the hello, not here.
 pub const ALPN: &[u8] = b"brig";

@@ -6,16 +6,31 @@ use serde::{Deserialize, Serialize};
 use crate::error::WireError;
 use crate::*;
 
-/// Every request a client can send. One per stream.
+/// Every request a client can send, grouped by what it is about. One per stream.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub enum Request {
-    /// One-shot call: instantiate, run, destroy. The throughput path.
-    Call(CallRequest),
+    /// Creating, finding, pausing, forking and destroying sandboxes, and their policies.
+    Sandbox(SandboxOp),
+    /// Commands run in a sandbox.
+    Exec(ExecOp),
+    /// Shell sessions in a sandbox.
+    Session(SessionOp),
+    /// A sandbox's files.
+    File(FileOp),
+    /// One-shot tool calls and the tool registry.
+    Tool(ToolOp),
+    /// The layer store, environments and checkpoints.
+    Image(ImageOp),
+    /// The node itself.
+    Node(NodeOp),
+    /// For the control plane (node heartbeats, routing, projects).
+    Control(ControlOp),
+}
+
+/// Requests about sandboxes as a whole.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum SandboxOp {
     Create(CreateRequest),
-    CallIn {
-        sandbox: String,
-        call: CallRequest,
-    },
     Status {
         sandbox: String,
     },
@@ -23,99 +38,6 @@ pub enum Request {
         sandbox: String,
     },
     List(ListRequest),
-    /// Raw file bytes follow the frame until the stream ends.
-    FileWrite(FileWriteRequest),
-    /// The reply is [`Reply::FileData`], then raw bytes until the stream ends.
-    FileRead(FileReadRequest),
-    FileList {
-        sandbox: String,
-        path: String,
-    },
-    FileStat {
-        sandbox: String,
-        path: String,
-    },
-    FileMkdir {
-        sandbox: String,
-        path: String,
-        parents: bool,
-    },
-    FileRemove {
-        sandbox: String,
-        path: String,
-        recursive: bool,
-    },
-    /// Raw component bytes follow the frame until the stream ends.
-    ToolAdd {
-        name: String,
-    },
-    ToolList,
-    ToolRemove {
-        name: String,
-    },
-    /// Replies `ExecStarted`, then `Output` frames, then `Exited`.
-    Exec(ExecRequest),
-    /// Kills a running exec and everything it started.
-    ExecKill {
-        sandbox: String,
-        exec_id: u64,
-    },
-    SessionOpen(SessionOpenRequest),
-    /// Replies `Output` frames, then `SessionDone` or (timeout) `SessionPending`.
-    SessionRun {
-        sandbox: String,
-        session: String,
-        command: String,
-        timeout_ms: u64,
-    },
-    /// Waits on a command that outlived its `SessionRun`; replies as `SessionRun`.
-    SessionWait {
-        sandbox: String,
-        session: String,
-        timeout_ms: u64,
-    },
-    SessionInput {
-        sandbox: String,
-        session: String,
-        #[serde(with = "serde_bytes")]
-        data: Vec<u8>,
-    },
-    SessionInterrupt {
-        sandbox: String,
-        session: String,
-    },
-    SessionClose {
-        sandbox: String,
-        session: String,
-    },
-    /// Raw archive bytes follow unless `node_path` is set.
-    ImageImport(ImageImportRequest),
-    ImageList,
-    ImageInspect {
-        reference: String,
-    },
-    ImageTag {
-        reference: String,
-        name: String,
-        version: Option<u32>,
-    },
-    ImageRemove {
-        reference: String,
-    },
-    /// Fetches and checks every chunk of a layer.
-    ImageVerify {
-        reference: String,
-    },
-    ImageGc,
-    /// Empties the node's chunk cache (the next reads are cold).
-    ImageCacheDrop,
-    EnvCreate {
-        name: String,
-        layers: Vec<String>,
-    },
-    EnvList,
-    Checkpoint(CheckpointRequest),
-    NodeStatus,
     /// Replies `Affected` with the ids paused.
     Pause(Target),
     /// Replies `Affected` with the ids resumed.
@@ -133,32 +55,174 @@ pub enum Request {
         labels: Vec<(String, String)>,
         evaluation: bool,
     },
-    /// Streams a running or recently finished exec again: everything kept, then what follows.
-    ExecAttach {
-        sandbox: String,
-        exec_id: u64,
-    },
-    ExecList {
-        sandbox: String,
-    },
-    SessionList {
-        sandbox: String,
-    },
     /// Replaces a sandbox's egress rules (giving it a link first if it has none); replies
     /// `Sandbox`.
     SetEgress {
         sandbox: String,
         rules: Vec<String>,
     },
-    /// Replies `Audit` batches; with `follow`, goes on until the sandbox is gone, then `Done`.
-    Audit(AuditRequest),
     /// Moves a sandbox to another CPU QoS class; replies `Sandbox`.
     SetQos {
         sandbox: String,
         class: QosClass,
     },
+    /// Replies `Audit` batches; with `follow`, goes on until the sandbox is gone, then `Done`.
+    Audit(AuditRequest),
+}
+
+/// Requests about commands in a sandbox.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum ExecOp {
+    /// Replies `ExecStarted`, then `Output` frames, then `Exited`.
+    Start(ExecRequest),
+    /// Kills a running exec and everything it started.
+    Kill {
+        sandbox: String,
+        exec_id: u64,
+    },
+    /// Streams a running or recently finished exec again: everything kept, then what follows.
+    Attach {
+        sandbox: String,
+        exec_id: u64,
+    },
+    List {
+        sandbox: String,
+    },
+    /// Sets the window size of an exec that runs on a terminal; replies `Done`.
+    Resize {
+        sandbox: String,
+        exec_id: u64,
+        size: TerminalSize,
+    },
+}
+
+/// Requests about shell sessions in a sandbox.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum SessionOp {
+    Open(SessionOpenRequest),
+    /// Replies `Output` frames, then `SessionDone` or (timeout) `SessionPending`.
+    Run {
+        sandbox: String,
+        session: String,
+        command: String,
+        timeout_ms: u64,
+    },
+    /// Waits on a command that outlived its `Run`; replies as `Run`.
+    Wait {
+        sandbox: String,
+        session: String,
+        timeout_ms: u64,
+    },
+    Input {
+        sandbox: String,
+        session: String,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    Interrupt {
+        sandbox: String,
+        session: String,
+    },
+    Close {
+        sandbox: String,
+        session: String,
+    },
+    List {
+        sandbox: String,
+    },
+}
+
+/// Requests about a sandbox's files.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum FileOp {
+    /// Raw file bytes follow the frame until the stream ends.
+    Write(FileWriteRequest),
+    /// The reply is [`Reply::FileData`], then raw bytes until the stream ends.
+    Read(FileReadRequest),
+    List {
+        sandbox: String,
+        path: String,
+    },
+    Stat {
+        sandbox: String,
+        path: String,
+    },
+    Mkdir {
+        sandbox: String,
+        path: String,
+        parents: bool,
+    },
+    Remove {
+        sandbox: String,
+        path: String,
+        recursive: bool,
+    },
+}
+
+/// One-shot tool calls and the node's tool registry.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum ToolOp {
+    /// One-shot call: instantiate, run, destroy. The throughput path.
+    Call(CallRequest),
+    /// A call in a live fncall sandbox (its workspace kept between calls).
+    CallIn {
+        sandbox: String,
+        call: CallRequest,
+    },
+    /// Raw component bytes follow the frame until the stream ends.
+    Add {
+        name: String,
+    },
+    List,
+    Remove {
+        name: String,
+    },
+}
+
+/// The layer store, environments and checkpoints.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum ImageOp {
+    /// Raw archive bytes follow unless `node_path` is set.
+    Import(ImageImportRequest),
+    List,
+    Inspect {
+        reference: String,
+    },
+    Tag {
+        reference: String,
+        name: String,
+        version: Option<u32>,
+    },
+    Remove {
+        reference: String,
+    },
+    /// Fetches and checks every chunk of a layer.
+    Verify {
+        reference: String,
+    },
+    Gc,
+    /// Empties the node's chunk cache (the next reads are cold).
+    CacheDrop,
+    EnvCreate {
+        name: String,
+        layers: Vec<String>,
+    },
+    EnvList,
+    /// Saves a sandbox's filesystem changes as a new layer.
+    Checkpoint(CheckpointRequest),
+}
+
+/// Requests about the node itself.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum NodeOp {
+    Status,
+}
+
+/// Requests only the control plane serves.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum ControlOp {
     /// Node → control plane, once a second; replies `ClusterKey`.
-    NodeHeartbeat(NodeReport),
+    NodeHeartbeat(Box<NodeReport>),
     /// Where the sandbox lives; replies `Route` (or an error if its node is down).
     Route {
         sandbox: String,
@@ -179,117 +243,199 @@ pub enum Request {
     TokenCreate {
         project: String,
     },
-    /// Sets the window size of an exec that runs on a terminal; replies `Done`.
-    ExecResize {
-        sandbox: String,
-        exec_id: u64,
-        size: TerminalSize,
-    },
 }
 
 impl Request {
-    /// Closed-set name for logs and metrics.
+    /// Closed-set name for logs and metrics (the same names as before families existed).
     pub fn kind(&self) -> &'static str {
         match self {
-            Request::Call(_) => "call",
-            Request::Create(_) => "create",
-            Request::CallIn { .. } => "call_in",
-            Request::Status { .. } => "status",
-            Request::Destroy { .. } => "destroy",
-            Request::List(_) => "list",
-            Request::FileWrite(_) => "file_write",
-            Request::FileRead(_) => "file_read",
-            Request::FileList { .. } => "file_list",
-            Request::FileStat { .. } => "file_stat",
-            Request::FileMkdir { .. } => "file_mkdir",
-            Request::FileRemove { .. } => "file_remove",
-            Request::ToolAdd { .. } => "tool_add",
-            Request::ToolList => "tool_list",
-            Request::ToolRemove { .. } => "tool_remove",
-            Request::Exec(_) => "exec",
-            Request::ExecKill { .. } => "exec_kill",
-            Request::SessionOpen(_) => "session_open",
-            Request::SessionRun { .. } => "session_run",
-            Request::SessionWait { .. } => "session_wait",
-            Request::SessionInput { .. } => "session_input",
-            Request::SessionInterrupt { .. } => "session_interrupt",
-            Request::SessionClose { .. } => "session_close",
-            Request::ImageImport(_) => "image_import",
-            Request::ImageList => "image_list",
-            Request::ImageInspect { .. } => "image_inspect",
-            Request::ImageTag { .. } => "image_tag",
-            Request::ImageRemove { .. } => "image_remove",
-            Request::ImageVerify { .. } => "image_verify",
-            Request::ImageGc => "image_gc",
-            Request::ImageCacheDrop => "image_cache_drop",
-            Request::EnvCreate { .. } => "env_create",
-            Request::EnvList => "env_list",
-            Request::Checkpoint(_) => "checkpoint",
-            Request::NodeStatus => "node_status",
-            Request::Pause(_) => "pause",
-            Request::Resume(_) => "resume",
-            Request::DestroyMatching { .. } => "destroy_matching",
-            Request::SetTtl(_) => "set_ttl",
-            Request::Fork { .. } => "fork",
-            Request::ExecAttach { .. } => "exec_attach",
-            Request::ExecList { .. } => "exec_list",
-            Request::SessionList { .. } => "session_list",
-            Request::SetEgress { .. } => "set_egress",
-            Request::Audit(_) => "audit",
-            Request::SetQos { .. } => "set_qos",
-            Request::NodeHeartbeat(_) => "node_heartbeat",
-            Request::Route { .. } => "route",
-            Request::Routes { .. } => "routes",
-            Request::ClusterStatus => "cluster_status",
-            Request::ProjectPut { .. } => "project_put",
-            Request::ProjectList => "project_list",
-            Request::TokenCreate { .. } => "token_create",
-            Request::ExecResize { .. } => "exec_resize",
+            Request::Sandbox(op) => op.kind(),
+            Request::Exec(op) => op.kind(),
+            Request::Session(op) => op.kind(),
+            Request::File(op) => op.kind(),
+            Request::Tool(op) => op.kind(),
+            Request::Image(op) => op.kind(),
+            Request::Node(NodeOp::Status) => "node_status",
+            Request::Control(op) => op.kind(),
         }
     }
 
     /// The sandbox the request is about, if it names one (routing by the id's node).
     pub fn sandbox(&self) -> Option<&str> {
-        use Request as R;
         match self {
-            R::CallIn { sandbox, .. }
-            | R::Status { sandbox }
-            | R::Destroy { sandbox }
-            | R::FileList { sandbox, .. }
-            | R::FileStat { sandbox, .. }
-            | R::FileMkdir { sandbox, .. }
-            | R::FileRemove { sandbox, .. }
-            | R::ExecKill { sandbox, .. }
-            | R::ExecResize { sandbox, .. }
-            | R::SessionRun { sandbox, .. }
-            | R::SessionWait { sandbox, .. }
-            | R::SessionInput { sandbox, .. }
-            | R::SessionInterrupt { sandbox, .. }
-            | R::SessionClose { sandbox, .. }
-            | R::Fork { sandbox, .. }
-            | R::ExecAttach { sandbox, .. }
-            | R::ExecList { sandbox }
-            | R::SessionList { sandbox }
-            | R::SetEgress { sandbox, .. }
-            | R::SetQos { sandbox, .. }
-            | R::Route { sandbox } => Some(sandbox),
-            R::FileWrite(r) => Some(&r.sandbox),
-            R::FileRead(r) => Some(&r.sandbox),
-            R::Exec(r) => Some(&r.sandbox),
-            R::SessionOpen(r) => Some(&r.sandbox),
-            R::Checkpoint(r) => Some(&r.sandbox),
-            R::SetTtl(r) => Some(&r.sandbox),
-            R::Audit(r) => Some(&r.sandbox),
-            R::Pause(Target::Sandbox(s)) | R::Resume(Target::Sandbox(s)) => Some(s),
-            _ => None,
+            Request::Sandbox(op) => op.sandbox(),
+            Request::Exec(op) => Some(op.sandbox()),
+            Request::Session(op) => Some(op.sandbox()),
+            Request::File(op) => Some(op.sandbox()),
+            Request::Tool(ToolOp::CallIn { sandbox, .. }) => Some(sandbox),
+            Request::Image(ImageOp::Checkpoint(r)) => Some(&r.sandbox),
+            Request::Control(ControlOp::Route { sandbox }) => Some(sandbox),
+            Request::Tool(_) | Request::Image(_) | Request::Node(_) | Request::Control(_) => None,
         }
     }
 
     /// Whether raw bytes follow the request frame on the stream.
     pub fn has_upload(&self) -> bool {
-        matches!(self, Request::FileWrite(_) | Request::ToolAdd { .. })
-            || matches!(self, Request::Exec(e) if e.stdin == StdinMode::Stream)
-            || matches!(self, Request::ImageImport(i) if i.node_path.is_none())
+        match self {
+            Request::File(FileOp::Write(_)) | Request::Tool(ToolOp::Add { .. }) => true,
+            Request::Exec(ExecOp::Start(e)) => e.stdin == StdinMode::Stream,
+            Request::Image(ImageOp::Import(i)) => i.node_path.is_none(),
+            _ => false,
+        }
+    }
+}
+
+impl SandboxOp {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SandboxOp::Create(_) => "create",
+            SandboxOp::Status { .. } => "status",
+            SandboxOp::Destroy { .. } => "destroy",
+            SandboxOp::List(_) => "list",
+            SandboxOp::Pause(_) => "pause",
+            SandboxOp::Resume(_) => "resume",
+            SandboxOp::DestroyMatching { .. } => "destroy_matching",
+            SandboxOp::SetTtl(_) => "set_ttl",
+            SandboxOp::Fork { .. } => "fork",
+            SandboxOp::SetEgress { .. } => "set_egress",
+            SandboxOp::SetQos { .. } => "set_qos",
+            SandboxOp::Audit(_) => "audit",
+        }
+    }
+
+    /// The one sandbox the operation is about; `None` for create, list and label-wide ones.
+    pub fn sandbox(&self) -> Option<&str> {
+        match self {
+            SandboxOp::Status { sandbox }
+            | SandboxOp::Destroy { sandbox }
+            | SandboxOp::Fork { sandbox, .. }
+            | SandboxOp::SetEgress { sandbox, .. }
+            | SandboxOp::SetQos { sandbox, .. } => Some(sandbox),
+            SandboxOp::SetTtl(r) => Some(&r.sandbox),
+            SandboxOp::Audit(r) => Some(&r.sandbox),
+            SandboxOp::Pause(Target::Sandbox(s)) | SandboxOp::Resume(Target::Sandbox(s)) => Some(s),
+            SandboxOp::Create(_)
+            | SandboxOp::List(_)
+            | SandboxOp::Pause(Target::Labels(_))
+            | SandboxOp::Resume(Target::Labels(_))
+            | SandboxOp::DestroyMatching { .. } => None,
+        }
+    }
+}
+
+impl ExecOp {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ExecOp::Start(_) => "exec",
+            ExecOp::Kill { .. } => "exec_kill",
+            ExecOp::Attach { .. } => "exec_attach",
+            ExecOp::List { .. } => "exec_list",
+            ExecOp::Resize { .. } => "exec_resize",
+        }
+    }
+
+    pub fn sandbox(&self) -> &str {
+        match self {
+            ExecOp::Start(r) => &r.sandbox,
+            ExecOp::Kill { sandbox, .. }
+            | ExecOp::Attach { sandbox, .. }
+            | ExecOp::List { sandbox }
+            | ExecOp::Resize { sandbox, .. } => sandbox,
+        }
+    }
+}
+
+impl SessionOp {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SessionOp::Open(_) => "session_open",
+            SessionOp::Run { .. } => "session_run",
+            SessionOp::Wait { .. } => "session_wait",
+            SessionOp::Input { .. } => "session_input",
+            SessionOp::Interrupt { .. } => "session_interrupt",
+            SessionOp::Close { .. } => "session_close",
+            SessionOp::List { .. } => "session_list",
+        }
+    }
+
+    pub fn sandbox(&self) -> &str {
+        match self {
+            SessionOp::Open(r) => &r.sandbox,
+            SessionOp::Run { sandbox, .. }
+            | SessionOp::Wait { sandbox, .. }
+            | SessionOp::Input { sandbox, .. }
+            | SessionOp::Interrupt { sandbox, .. }
+            | SessionOp::Close { sandbox, .. }
+            | SessionOp::List { sandbox } => sandbox,
+        }
+    }
+}
+
+impl FileOp {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FileOp::Write(_) => "file_write",
+            FileOp::Read(_) => "file_read",
+            FileOp::List { .. } => "file_list",
+            FileOp::Stat { .. } => "file_stat",
+            FileOp::Mkdir { .. } => "file_mkdir",
+            FileOp::Remove { .. } => "file_remove",
+        }
+    }
+
+    pub fn sandbox(&self) -> &str {
+        match self {
+            FileOp::Write(r) => &r.sandbox,
+            FileOp::Read(r) => &r.sandbox,
+            FileOp::List { sandbox, .. }
+            | FileOp::Stat { sandbox, .. }
+            | FileOp::Mkdir { sandbox, .. }
+            | FileOp::Remove { sandbox, .. } => sandbox,
+        }
+    }
+}
+
+impl ToolOp {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ToolOp::Call(_) => "call",
+            ToolOp::CallIn { .. } => "call_in",
+            ToolOp::Add { .. } => "tool_add",
+            ToolOp::List => "tool_list",
+            ToolOp::Remove { .. } => "tool_remove",
+        }
+    }
+}
+
+impl ImageOp {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ImageOp::Import(_) => "image_import",
+            ImageOp::List => "image_list",
+            ImageOp::Inspect { .. } => "image_inspect",
+            ImageOp::Tag { .. } => "image_tag",
+            ImageOp::Remove { .. } => "image_remove",
+            ImageOp::Verify { .. } => "image_verify",
+            ImageOp::Gc => "image_gc",
+            ImageOp::CacheDrop => "image_cache_drop",
+            ImageOp::EnvCreate { .. } => "env_create",
+            ImageOp::EnvList => "env_list",
+            ImageOp::Checkpoint(_) => "checkpoint",
+        }
+    }
+}
+
+impl ControlOp {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ControlOp::NodeHeartbeat(_) => "node_heartbeat",
+            ControlOp::Route { .. } => "route",
+            ControlOp::Routes { .. } => "routes",
+            ControlOp::ClusterStatus => "cluster_status",
+            ControlOp::ProjectPut { .. } => "project_put",
+            ControlOp::ProjectList => "project_list",
+            ControlOp::TokenCreate { .. } => "token_create",
+        }
     }
 }
 
@@ -362,4 +508,74 @@ pub enum Reply {
     Token {
         token: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{decode, encode};
+
+    fn exec(stdin: StdinMode) -> ExecRequest {
+        ExecRequest {
+            sandbox: "sb-1".into(),
+            argv: vec!["true".into()],
+            stdin,
+            ..Default::default()
+        }
+    }
+
+    /// One request of each family: its kind (the pre-v6 metric name), the sandbox it routes by
+    /// and whether an upload follows, and that it survives the wire.
+    #[test]
+    fn each_family_keeps_its_kind_sandbox_and_upload_and_round_trips() {
+        let s = || "sb-1".to_string();
+        let cases: Vec<(Request, &str, Option<&str>, bool)> = vec![
+            (Request::Sandbox(SandboxOp::Status { sandbox: s() }), "status", Some("sb-1"), false),
+            (
+                Request::Sandbox(SandboxOp::DestroyMatching { labels: vec![] }),
+                "destroy_matching",
+                None,
+                false,
+            ),
+            (Request::Exec(ExecOp::Start(exec(StdinMode::Stream))), "exec", Some("sb-1"), true),
+            (Request::Exec(ExecOp::Start(exec(StdinMode::Empty))), "exec", Some("sb-1"), false),
+            (
+                Request::Exec(ExecOp::Kill { sandbox: s(), exec_id: 3 }),
+                "exec_kill",
+                Some("sb-1"),
+                false,
+            ),
+            (
+                Request::Session(SessionOp::List { sandbox: s() }),
+                "session_list",
+                Some("sb-1"),
+                false,
+            ),
+            (
+                Request::File(FileOp::Stat { sandbox: s(), path: "/".into() }),
+                "file_stat",
+                Some("sb-1"),
+                false,
+            ),
+            (Request::Tool(ToolOp::Add { name: "jq".into() }), "tool_add", None, true),
+            (
+                Request::Tool(ToolOp::CallIn { sandbox: s(), call: CallRequest::new("jq", "{}") }),
+                "call_in",
+                Some("sb-1"),
+                false,
+            ),
+            (Request::Image(ImageOp::CacheDrop), "image_cache_drop", None, false),
+            (Request::Node(NodeOp::Status), "node_status", None, false),
+            (Request::Control(ControlOp::Route { sandbox: s() }), "route", Some("sb-1"), false),
+            (Request::Control(ControlOp::ProjectList), "project_list", None, false),
+        ];
+        for (request, kind, sandbox, upload) in cases {
+            assert_eq!(request.kind(), kind);
+            assert_eq!(request.sandbox(), sandbox, "{kind}");
+            assert_eq!(request.has_upload(), upload, "{kind}");
+            let frame = encode(&request).expect("encode");
+            let back: Request = decode(&frame[4..]).expect("decode");
+            assert_eq!(back, request);
+        }
+    }
 }
