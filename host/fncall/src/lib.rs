@@ -18,6 +18,7 @@
 #![deny(unsafe_code)]
 
 mod config;
+mod cow;
 mod engine;
 mod error;
 mod invoke;
@@ -28,6 +29,7 @@ pub mod sandbox;
 pub mod workspace;
 
 pub use config::FncallConfig;
+pub use cow::MAX_DEPTH as MAX_LAYER_DEPTH;
 pub use error::FncallError;
 pub use registry::{ToolSummary, ToolWorld, MAX_COMPONENT_BYTES};
 pub use sandbox::FncallSandbox;
@@ -49,6 +51,7 @@ struct Inner {
     engine: engine::BrigEngine,
     registry: registry::ToolRegistry,
     workspaces: PathBuf,
+    layers: cow::Layers,
 }
 
 impl FncallBackend {
@@ -60,7 +63,10 @@ impl FncallBackend {
         let workspaces = state_dir.join("workspaces");
         std::fs::create_dir_all(&workspaces)
             .map_err(|source| FncallError::Io { path: workspaces.clone(), source })?;
-        Ok(FncallBackend { inner: Arc::new(Inner { config, engine, registry, workspaces }) })
+        let layers = cow::Layers::new(workspaces.clone());
+        Ok(FncallBackend {
+            inner: Arc::new(Inner { config, engine, registry, workspaces, layers }),
+        })
     }
 
     pub fn config(&self) -> &FncallConfig {
@@ -127,10 +133,41 @@ impl FncallBackend {
         Workspace::create(&self.inner.workspaces.join(key))
     }
 
+    /// New workspaces named `keys`, each starting with `parent`'s files: shared copy-on-write
+    /// through overlayfs where the node can mount, else copied. A call or upload writing to
+    /// the parent meanwhile may or may not be seen by the children (the sandbox holds calls
+    /// back while it forks). Blocking.
+    pub fn fork_workspaces(
+        &self,
+        parent: &Workspace,
+        keys: &[String],
+    ) -> Result<Vec<Workspace>, FncallError> {
+        let layers = &self.inner.layers;
+        match layers.fork(&workspace_key(parent)?, keys) {
+            Ok(()) => keys.iter().map(|k| self.open_existing(k)).collect(),
+            Err(cow::ForkError::Failed(e)) => Err(e),
+            Err(cow::ForkError::CannotShare(why)) => {
+                tracing::debug!(error = %brig_core::sandbox::chain(&why), "fork copies the workspace");
+                let mut made = Vec::with_capacity(keys.len());
+                for key in keys {
+                    match self.copy_workspace(parent.path(), key) {
+                        Ok(ws) => made.push(ws),
+                        Err(e) => {
+                            for ws in &made {
+                                let _ = self.remove_workspace(ws);
+                            }
+                            return Err(e);
+                        }
+                    }
+                }
+                Ok(made)
+            }
+        }
+    }
+
     /// A new workspace named `key` holding a copy of `parent`'s files (modes, symlinks and
-    /// timestamps kept). A call writing to the parent meanwhile may or may not be reflected.
-    /// `parent` is the parent workspace's directory ([`Workspace::path`]). Blocking: copies.
-    pub fn fork_workspace(&self, parent: &Path, key: &str) -> Result<Workspace, FncallError> {
+    /// timestamps kept). Blocking: copies.
+    fn copy_workspace(&self, parent: &Path, key: &str) -> Result<Workspace, FncallError> {
         let child = self.create_workspace(key)?;
         let status = std::process::Command::new("cp")
             .arg("-a")
@@ -151,8 +188,43 @@ impl FncallBackend {
         Ok(child)
     }
 
-    /// Opens the workspace of an existing sandbox (after a node restart).
-    pub fn open_workspace(&self, key: &str) -> Result<Workspace, FncallError> {
+    /// Removes a workspace and everything in it (its overlay and its use of shared layers
+    /// too). A call still running in it fails its file operations from then on.
+    pub fn remove_workspace(&self, workspace: &Workspace) -> Result<(), FncallError> {
+        if self.inner.layers.remove(&workspace_key(workspace)?)? {
+            return Ok(());
+        }
+        workspace.remove()
+    }
+
+    /// Frozen layers some workspace still shares.
+    pub fn shared_layers(&self) -> usize {
+        self.inner.layers.layer_count()
+    }
+
+    /// Removes the shared layers no workspace uses (left by a crash mid-fork); call after
+    /// every surviving sandbox's workspace was opened. Returns how many went.
+    pub fn sweep_layers(&self) -> usize {
+        self.inner.layers.sweep()
+    }
+
+    fn open_existing(&self, key: &str) -> Result<Workspace, FncallError> {
         Workspace::open(&self.inner.workspaces.join(key))
     }
+
+    /// Opens the workspace of an existing sandbox (after a node restart).
+    pub fn open_workspace(&self, key: &str) -> Result<Workspace, FncallError> {
+        self.inner.layers.adopt(key)?;
+        self.open_existing(key)
+    }
+}
+
+/// The name a workspace has under the node's workspace directory.
+fn workspace_key(workspace: &Workspace) -> Result<String, FncallError> {
+    workspace.path().file_name().map(|n| n.to_string_lossy().into_owned()).ok_or_else(|| {
+        FncallError::Io {
+            path: workspace.path().to_owned(),
+            source: std::io::Error::other("a workspace path without a name"),
+        }
+    })
 }

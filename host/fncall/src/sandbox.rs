@@ -1,6 +1,6 @@
 //! A stateful fncall sandbox as a [`brig_core::Sandbox`]: a workspace directory that tool calls
-//! see as their files. Nothing runs between calls, so a pause has nothing to stop, and a fork
-//! copies the files.
+//! see as their files. Nothing runs between calls, so a pause has nothing to stop, and a fork's
+//! children share the files copy-on-write.
 
 use std::sync::Arc;
 
@@ -26,11 +26,13 @@ pub const FNCALL_CAPS: Capabilities = Capabilities::new(
 pub struct FncallSandbox {
     workspace: Workspace,
     backend: FncallBackend,
+    /// Calls hold it shared; a fork holds it alone, so no call writes while the files freeze.
+    gate: tokio::sync::RwLock<()>,
 }
 
 impl FncallSandbox {
     pub fn new(workspace: Workspace, backend: FncallBackend) -> FncallSandbox {
-        FncallSandbox { workspace, backend }
+        FncallSandbox { workspace, backend, gate: tokio::sync::RwLock::new(()) }
     }
 
     pub fn workspace(&self) -> &Workspace {
@@ -48,7 +50,10 @@ impl Sandbox for FncallSandbox {
     }
 
     fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallReport, SandboxError>> {
-        Box::pin(async move { Ok(self.backend.call(call, Some(&self.workspace)).await?) })
+        Box::pin(async move {
+            let _calling = self.gate.read().await;
+            Ok(self.backend.call(call, Some(&self.workspace)).await?)
+        })
     }
 
     fn read<'a>(
@@ -91,37 +96,31 @@ impl Sandbox for FncallSandbox {
         Box::pin(async move { Ok(self.workspace.remove_path(path, recursive)?) })
     }
 
-    /// Children side by side, each with a copy of the workspace's files.
+    /// Children sharing the workspace's files copy-on-write (copies where the node cannot
+    /// mount overlays). Calls in the parent wait while it forks.
     fn fork(
         &self,
         children: Vec<ForkChild>,
         _options: ForkOptions,
     ) -> BoxFuture<'_, Result<Forked, SandboxError>> {
-        // The copies start at once, side by side on blocking threads.
-        let copies: Vec<_> = children
-            .into_iter()
-            .map(|child| {
-                let (backend, from) = (self.backend.clone(), self.workspace.path().to_owned());
-                tokio::task::spawn_blocking(move || {
-                    backend.fork_workspace(&from, &child.id.to_string())
-                })
-            })
-            .collect();
         Box::pin(async move {
-            let mut made: Forked = Vec::with_capacity(copies.len());
-            for copy in copies {
-                made.push(match copy.await {
-                    Ok(Ok(ws)) => Ok(Arc::new(FncallSandbox::new(ws, self.backend.clone())) as _),
-                    Ok(Err(e)) => Err(e.into()),
-                    Err(e) => Err(SandboxError::internal("forking a workspace", &e)),
-                });
-            }
-            Ok(made)
+            let _forking = self.gate.write().await;
+            let keys: Vec<String> = children.iter().map(|c| c.id.to_string()).collect();
+            let backend = self.backend.clone();
+            let parent = Workspace::open(self.workspace.path())?;
+            let made = tokio::task::spawn_blocking(move || backend.fork_workspaces(&parent, &keys))
+                .await
+                .map_err(|e| SandboxError::internal("forking a workspace", &e))??;
+            Ok(made
+                .into_iter()
+                .map(|ws| Ok(Arc::new(FncallSandbox::new(ws, self.backend.clone())) as _))
+                .collect())
         })
     }
 
     fn destroy(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
-        brig_core::sandbox::ready(self.workspace.remove().map_err(SandboxError::from))
+        let removed = self.backend.remove_workspace(&self.workspace).map_err(SandboxError::from);
+        brig_core::sandbox::ready(removed)
     }
 }
 

@@ -211,6 +211,10 @@ impl Node {
         if let Ok(tier) = self.container_tier() {
             tier.remove_orphans(&containers);
         }
+        let swept = self.inner.fncall.sweep_layers();
+        if swept > 0 {
+            tracing::info!(swept, "removed shared workspace layers no sandbox uses");
+        }
         if restored > 0 {
             tracing::info!(restored, containers = containers.len(), "sandboxes restored");
         }
