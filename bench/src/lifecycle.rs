@@ -7,7 +7,8 @@
 //! - memory freed: the container's memory cgroup charge (from sandbox status) before and after
 //!   pause. Without swap only page cache and reclaimable slab can leave RAM (the writable layer
 //!   is tmpfs, /dev/shm is tmpfs); `--swap-mib` adds a
-//!   swap file for the run (removed afterwards) so anonymous memory can go too;
+//!   swap file for the run (removed afterwards) so anonymous memory can go too; `--zram-mib`
+//!   gives the node a zram swap device of its own (its RAM cost reported beside what is freed);
 //! - fork of 16: wall time of `fork(16)` of a container whose writable layer holds a modified
 //!   workspace (`--files` files, `--workspace-mib` MiB in all), median over `--rounds`;
 //! - fncall: pause/resume of a stateful workspace and fork of 16.
@@ -45,12 +46,31 @@ pub struct Options {
     /// memory out.
     #[arg(long, default_value_t = 0)]
     swap_mib: u64,
+    /// Start the node with a zram swap device of this many MiB of its own (`[swap] zram_mib`),
+    /// removed after the run; the RAM it takes is reported next to what pause frees.
+    #[arg(long, default_value_t = 0)]
+    zram_mib: u64,
 }
 
 pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
     let _swap = if opts.swap_mib > 0 { Some(SwapFile::add(opts.swap_mib)?) } else { None };
-    let (daemon, rt) = crate::start_daemon(&[])?;
-    rt.block_on(measure(&daemon, &opts))
+    let config = brig_tests::artifacts().join("bench-lifecycle-node.toml");
+    std::fs::write(&config, format!("[swap]\nzram_mib = {}\n", opts.zram_mib))?;
+    let config = config.to_string_lossy().into_owned();
+    let (daemon, rt) = crate::start_daemon(&["--config", &config])?;
+    let result = rt.block_on(measure(&daemon, &opts));
+    let zram = rt.block_on(async {
+        let status = daemon.client().await?.node_status().await?;
+        anyhow::Ok(status.swap)
+    });
+    drop(daemon);
+    if let Ok(Some(swap)) = zram {
+        // The node keeps its device across restarts; the benchmark gives it back.
+        let dev = format!("/dev/{}", swap.device);
+        let _ = std::process::Command::new("swapoff").arg(&dev).status();
+        let _ = std::fs::write(format!("/sys/block/{}/reset", swap.device), "1");
+    }
+    result
 }
 
 /// The workload: a background process holding `anon` MiB in a shell variable, an `anon` MiB
@@ -79,6 +99,8 @@ struct ContainerNumbers {
     running: Latencies,
     freed_mib: f64,
     charged_mib: f64,
+    /// RAM the node's zram device took for what the pauses pushed into it, per sandbox.
+    zram_ram_mib: f64,
 }
 
 async fn container_pause_resume(
@@ -103,7 +125,13 @@ async fn container_pause_resume(
         running: Latencies::default(),
         freed_mib: 0.0,
         charged_mib: 0.0,
+        zram_ram_mib: 0.0,
     };
+    let zram_ram = || async {
+        let status = client.node_status().await?;
+        anyhow::Ok(status.swap.map_or(0, |s| s.ram_used_bytes))
+    };
+    let zram_before = zram_ram().await?;
     let (mut before_sum, mut freed_sum) = (0u64, 0u64);
     for sb in &sandboxes {
         let before = charged_bytes(sb).await?;
@@ -116,6 +144,8 @@ async fn container_pause_resume(
     }
     n.charged_mib = before_sum as f64 / (1 << 20) as f64 / sandboxes.len().max(1) as f64;
     n.freed_mib = freed_sum as f64 / (1 << 20) as f64 / sandboxes.len().max(1) as f64;
+    let zram_used = zram_ram().await?.saturating_sub(zram_before);
+    n.zram_ram_mib = zram_used as f64 / (1 << 20) as f64 / sandboxes.len().max(1) as f64;
     for sb in &sandboxes {
         let started = Instant::now();
         sb.resume().await?;
@@ -211,7 +241,12 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         opts.anon_mib,
         opts.anon_mib,
         opts.cache_mib,
-        if opts.swap_mib > 0 { format!(", {} MiB swap", opts.swap_mib) } else { ", no swap".into() }
+        match (opts.swap_mib, opts.zram_mib) {
+            (0, 0) => ", no swap".to_string(),
+            (0, z) => format!(", the node's {z} MiB zram swap"),
+            (f, 0) => format!(", {f} MiB swap file"),
+            (f, z) => format!(", {f} MiB swap file and the node's {z} MiB zram swap"),
+        }
     );
     row("container pause p50 / p99 ms", &mut c.pause);
     row("container resume p50 / p99 ms", &mut c.resume);
@@ -222,6 +257,7 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         "  {:<44} {:>9.2} of {:.2}",
         "memory freed per paused sandbox MiB", c.freed_mib, c.charged_mib
     );
+    println!("  {:<44} {:>9.2}", "zram RAM taken per paused sandbox MiB", c.zram_ram_mib);
     row("fncall pause p50 / p99 ms", &mut fpause);
     row("fncall resume p50 / p99 ms", &mut fresume);
     row("fncall fork(16) median / max ms", &mut ffork);
@@ -236,11 +272,15 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         "fork16_ms": round3(cfork.quantile_ms(0.5)),
         "freed_mib_per_sandbox": round3(c.freed_mib),
         "charged_mib_per_sandbox_before_pause": round3(c.charged_mib),
+        "freed_fraction": round3(c.freed_mib / c.charged_mib.max(f64::MIN_POSITIVE)),
+        "zram_ram_mib_per_sandbox": round3(c.zram_ram_mib),
+        "net_freed_mib_per_sandbox": round3(c.freed_mib - c.zram_ram_mib),
         "fncall_pause_p50_ms": round3(fpause.quantile_ms(0.5)),
         "fncall_resume_p50_ms": round3(fresume.quantile_ms(0.5)),
         "fncall_fork16_ms": round3(ffork.quantile_ms(0.5)),
         "sandboxes": opts.sandboxes,
         "swap_mib": opts.swap_mib,
+        "zram_mib": opts.zram_mib,
         "rounds": opts.rounds,
     }))
 }

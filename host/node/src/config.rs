@@ -38,6 +38,8 @@ pub struct NodeConfig {
     pub fullvm: crate::fullvm::FullvmConfig,
     /// Container-host VMs: containers on a guest's kernel instead of the node's.
     pub container_host: crate::container_host::ContainerHostConfig,
+    /// The node's own compressed swap, so that a paused sandbox's memory can leave RAM.
+    pub swap: crate::swap::SwapConfig,
 }
 
 /// What a stopping daemon does with its containers.
@@ -171,6 +173,7 @@ impl Default for NodeConfig {
             microvm: Default::default(),
             fullvm: Default::default(),
             container_host: Default::default(),
+            swap: Default::default(),
         }
     }
 }

@@ -50,6 +50,8 @@ pub enum NodeError {
     },
     #[error("transport failed")]
     Transport(#[from] TransportError),
+    #[error("the node's swap")]
+    Swap(#[from] crate::swap::SwapError),
     #[error("bad egress rules: {0}")]
     BadEgress(String),
     #[error("sandbox network")]
@@ -102,7 +104,7 @@ impl NodeError {
             NodeError::Container(brig_container::runtime::RuntimeError::Shim(
                 brig_container::shim_conn::ShimConnError::SpawnFailed(_),
             )) => ErrorCode::ResourceExhausted,
-            NodeError::Container(_) => ErrorCode::Internal,
+            NodeError::Container(_) | NodeError::Swap(_) => ErrorCode::Internal,
             NodeError::NoStore(_) => ErrorCode::Unavailable,
             NodeError::Build(_) => ErrorCode::BadRequest,
             NodeError::Store(e) => {

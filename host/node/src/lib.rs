@@ -38,6 +38,7 @@ mod routing_tests;
 mod sandboxes;
 mod scope;
 mod sessions;
+pub mod swap;
 
 pub use admission::AdmissionConfig;
 pub use config::{BlobBackendConfig, ContainerConfig, ImagesConfig, NodeConfig, OnExit};
@@ -90,6 +91,8 @@ struct Inner {
     audit: Arc<AuditLog>,
     metrics: Arc<Metrics>,
     egress: egress::EgressState,
+    /// The node's zram swap, if configured.
+    zram: Option<swap::ZramSwap>,
     /// The last measured container working set: (when, bytes, containers).
     working_set: parking_lot::Mutex<(std::time::Instant, u64, u64)>,
 }
@@ -99,6 +102,7 @@ impl Node {
     pub async fn open(config: NodeConfig, state_dir: &Path) -> Result<Node, NodeError> {
         raise_fd_limit();
         let fncall = FncallBackend::open(config.fncall.clone(), &state_dir.join("fncall"))?;
+        let zram = swap::ZramSwap::ensure(&config.swap, state_dir)?;
         // One run directory and cgroup parent per daemon state directory, so daemons sharing a
         // host never collide.
         let tag = hex::encode(
@@ -142,6 +146,7 @@ impl Node {
                 metrics: Arc::default(),
                 egress: egress::EgressState::default(),
                 working_set: parking_lot::Mutex::new((std::time::Instant::now(), 0, 0)),
+                zram,
             }),
         };
         node.restore().await;
@@ -318,6 +323,15 @@ impl Node {
             images: self.inner.store.as_ref().ok().map(|s| images::stats(s)),
             capacity: self.capacity(),
             daemon_rss_bytes: own_rss_bytes(),
+            swap: self.inner.zram.as_ref().map(|z| {
+                let stats = z.stats();
+                brig_proto::SwapStatus {
+                    device: z.name.clone(),
+                    size_bytes: stats.disksize_bytes,
+                    stored_bytes: stats.orig_data_bytes,
+                    ram_used_bytes: stats.mem_used_bytes,
+                }
+            }),
         }
     }
 

@@ -521,9 +521,10 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Node => {
             let s = client.node_status().await?;
             let images = s.images.as_ref().map(|i| serde_json::json!({ "backend": i.backend, "fetched_bytes": i.fetched_bytes, "fetched_chunks": i.fetched_chunks, "cache_bytes": i.cache_bytes, "corrupt_chunks": i.corrupt_chunks }));
+            let swap = s.swap.as_ref().map(|z| serde_json::json!({ "device": z.device, "size_bytes": z.size_bytes, "stored_bytes": z.stored_bytes, "ram_used_bytes": z.ram_used_bytes }));
             let c = &s.capacity;
             let capacity = serde_json::json!({ "memory_total_bytes": c.memory_total_bytes, "memory_available_bytes": c.memory_available_bytes, "memory_requested_bytes": c.memory_requested_bytes, "working_set_bytes": c.working_set_bytes, "containers": c.containers, "cpus": c.cpus, "cpu_requested_millis": c.cpu_requested_millis, "memory_overcommit_pct": c.memory_overcommit_pct, "cpu_overcommit_pct": c.cpu_overcommit_pct, "min_free_bytes": c.min_free_bytes, "latency_sensitive": c.latency_sensitive, "best_effort": c.best_effort });
-            let value = serde_json::json!({ "node_id": s.node_id, "tiers": s.tiers.iter().map(|t| format!("{t:?}").to_lowercase()).collect::<Vec<_>>(), "sandboxes": s.sandboxes, "images": images, "capacity": capacity, "daemon_rss_bytes": s.daemon_rss_bytes });
+            let value = serde_json::json!({ "node_id": s.node_id, "tiers": s.tiers.iter().map(|t| format!("{t:?}").to_lowercase()).collect::<Vec<_>>(), "sandboxes": s.sandboxes, "images": images, "capacity": capacity, "daemon_rss_bytes": s.daemon_rss_bytes, "swap": swap });
             if json {
                 println!("{value}");
             } else {

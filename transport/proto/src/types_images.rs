@@ -64,6 +64,19 @@ pub struct NodeStatus {
     pub capacity: NodeCapacity,
     /// Resident memory of the daemon process itself (brigd), in bytes.
     pub daemon_rss_bytes: u64,
+    /// The node's own compressed swap, if it has one.
+    pub swap: Option<SwapStatus>,
+}
+
+/// A node's zram swap device: what it holds and what that costs in RAM.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct SwapStatus {
+    pub device: String,
+    pub size_bytes: u64,
+    /// Uncompressed bytes swapped out to it.
+    pub stored_bytes: u64,
+    /// RAM it uses for them (compressed, allocator overhead included).
+    pub ram_used_bytes: u64,
 }
 
 /// What a node has, what its sandboxes ask for and what they use; the admission bounds.
