@@ -40,6 +40,30 @@ pub struct Options {
     sample: usize,
     #[arg(long, default_value_t = 100)]
     deadline_ms: u64,
+    /// Sandboxes sampled once more when the fill is done (`final_sample_*` keys).
+    #[arg(long, default_value_t = 200)]
+    final_sample: usize,
+}
+
+/// Creates per second over the first (`from_end` false) or last batches that add up to at
+/// least `n` creates; `batches` holds (creates, seconds) of each batch in order.
+fn rate_over(batches: &[(usize, f64)], n: usize, from_end: bool) -> f64 {
+    let (mut count, mut secs) = (0usize, 0f64);
+    let mut take = |b: &(usize, f64)| {
+        count += b.0;
+        secs += b.1;
+        count >= n
+    };
+    if from_end {
+        batches.iter().rev().any(&mut take);
+    } else {
+        batches.iter().any(&mut take);
+    }
+    if secs > 0.0 {
+        count as f64 / secs
+    } else {
+        0.0
+    }
 }
 
 /// Proportional set size of a process, KiB.
@@ -75,8 +99,17 @@ pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
         let max = opts.max.unwrap_or(2_000);
         return crate::microvm::density(max, opts.sample, opts.deadline_ms, 1024);
     }
+    // Idle containers ask for little CPU, but 10,000 of them ask for more than the default
+    // overcommit (200 times the cores): let the CPU they ask for fit, so what stops the fill
+    // is memory or the node, not this bound.
+    let max = opts.max.unwrap_or(4_000) as u64 + 1;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let cpu_pct = (max * opts.cpu_millis * 100).div_ceil(cores * 1000).max(20_000);
+    let config = format!("[admission]\ncpu_overcommit_pct = {cpu_pct}\n");
+    crate::build_daemon()?;
     // Tearing thousands of containers down takes a while; the daemon does it on drop.
-    let (daemon, rt) = crate::start_daemon(&["--log", "warn"])?;
+    let daemon = brig_tests::Daemon::start_with_config(&config, &["--log", "warn"])?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(measure(&daemon, &opts))
 }
 
@@ -117,10 +150,14 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
     let started = Instant::now();
     let mut live: Vec<Sandbox> = Vec::with_capacity(max);
     let mut samples = Latencies::default();
+    let mut batches: Vec<(usize, f64)> = Vec::new();
     let (mut slow, mut stopped_by) = (0usize, format!("limit of {max}"));
     'outer: while live.len() < max {
         let batch = opts.check_every.min(max - live.len());
+        let batch_started = Instant::now();
         let made = create_batch(&client, batch, opts.parallel, &options).await;
+        let made_ok = made.iter().filter(|r| r.is_ok()).count();
+        batches.push((made_ok, batch_started.elapsed().as_secs_f64()));
         for r in made {
             match r {
                 Ok(sb) => live.push(sb),
@@ -149,6 +186,14 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         );
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // How the last-filled node answers: a larger sample, spread over every sandbox.
+    let mut last_samples = Latencies::default();
+    for i in 0..if live.is_empty() { 0 } else { opts.final_sample } {
+        let sb = &live[(i * 7919 + 13) % live.len()];
+        let t = Instant::now();
+        probe(sb, container).await?;
+        last_samples.record(t.elapsed());
+    }
     let n = live.len().max(1) as f64;
     let pss_mib = node_pss_kib(brigd).saturating_sub(pss0) as f64 / 1024.0 / n;
     let host_mib = avail0.saturating_sub(crate::meminfo_kib("MemAvailable:")) as f64 / 1024.0 / n;
@@ -163,6 +208,16 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         "  {:<44} {:>6.2} / {:.2} ({} over {} ms)",
         "sampled answer p50 / p99 ms", p50, p99, slow, opts.deadline_ms
     );
+    let (first_rate, last_rate) = (rate_over(&batches, 500, false), rate_over(&batches, 500, true));
+    let (final_p50, final_p99) = (last_samples.quantile_ms(0.5), last_samples.quantile_ms(0.99));
+    println!("  {:<44} {:>6.1} / {:.1}", "creates/s, first 500 / last 500", first_rate, last_rate);
+    println!(
+        "  {:<44} {:>6.2} / {:.2} ({} samples)",
+        "sampled answer when full, p50 / p99 ms",
+        final_p50,
+        final_p99,
+        last_samples.len()
+    );
     println!("  stopped by: {stopped_by}");
     Ok(json!({
         "bench": "density",
@@ -176,6 +231,11 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         "slow_samples": slow,
         "samples": samples.len(),
         "fill_seconds": round3(elapsed),
+        "creates_per_sec_first_500": round3(first_rate),
+        "creates_per_sec_last_500": round3(last_rate),
+        "last_to_first_rate_pct": round3(if first_rate > 0.0 { 100.0 * last_rate / first_rate } else { 0.0 }),
+        "final_sample_p50_ms": round3(final_p50),
+        "final_sample_p99_ms": round3(final_p99),
     }))
 }
 

@@ -53,6 +53,28 @@ pub struct CgroupLimits {
     pub cpu_millis: Option<u64>,
 }
 
+/// Where the kernel keeps the CFS bandwidth slice (a host-wide setting).
+const BANDWIDTH_SLICE: &str = "/proc/sys/kernel/sched_cfs_bandwidth_slice_us";
+
+/// Lowers the host's CFS bandwidth slice to at most `us` microseconds; returns the previous
+/// value if it changed. A CPU takes runtime from its group's quota a slice at a time (5 ms by
+/// default), so with a quota of a millisecond or two the first CPU takes it all and a process
+/// woken on the other CPU (the child of every exec) waits for the next 100 ms period; with a
+/// slice below the quota, both CPUs get their share.
+pub fn lower_bandwidth_slice(us: u64) -> Result<Option<u64>, CgroupError> {
+    let path = Path::new(BANDWIDTH_SLICE);
+    let current: u64 = match std::fs::read_to_string(path) {
+        Ok(text) => text.trim().parse().unwrap_or(0),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(CgroupError::Io { what: "read", path: path.into(), source }),
+    };
+    if us == 0 || current <= us {
+        return Ok(None);
+    }
+    std::fs::write(path, us.to_string()).map_err(io("write", path))?;
+    Ok(Some(current))
+}
+
 /// Creates and finds container cgroups.
 #[derive(Debug, Clone)]
 pub struct CgroupManager {
@@ -154,8 +176,11 @@ impl CgroupManager {
         }
     }
 
-    /// Creates the cgroup of container `name` with `limits`. `owner` is the host uid of
-    /// container root (v2 delegation).
+    /// Creates the cgroup of container `name` with the memory and pids parts of `limits`.
+    /// `owner` is the host uid of container root (v2 delegation). The CPU quota is set by
+    /// [`ContainerCgroup::limit_cpu`] once the container has started: setting up namespaces
+    /// and mounts is the node's work, and a small quota charged with it throttled each create
+    /// for hundreds of milliseconds.
     pub fn create(
         &self,
         name: &str,
@@ -177,10 +202,6 @@ impl CgroupManager {
                 if let (Some(n), Some(d)) = (limits.pids, dir("pids")) {
                     write(d.join("pids.max"), n.to_string())?;
                 }
-                if let (Some(m), Some(d)) = (limits.cpu_millis, dir("cpu")) {
-                    write(d.join("cpu.cfs_period_us"), "100000".into())?;
-                    write(d.join("cpu.cfs_quota_us"), (m.max(1) * 100).to_string())?;
-                }
             }
             Version::V2 => {
                 let d = cg.dirs[0].1.clone();
@@ -190,9 +211,6 @@ impl CgroupManager {
                 if let Some(n) = limits.pids {
                     write(d.join("pids.max"), n.to_string())?;
                 }
-                if let Some(m) = limits.cpu_millis {
-                    write(d.join("cpu.max"), format!("{} 100000", m.max(1) * 100))?;
-                }
                 chown(&d.join("cgroup.procs"), owner)?;
             }
         }
@@ -201,6 +219,35 @@ impl CgroupManager {
 }
 
 impl ContainerCgroup {
+    /// Caps the container at `millis` thousandths of a core (period 100 ms), with a burst of
+    /// one more quota: an idle container answers a short exec at once instead of waiting for
+    /// the next period.
+    pub fn limit_cpu(&self, millis: u64) -> Result<(), CgroupError> {
+        let Some(d) = self.dir("cpu") else { return Ok(()) };
+        let quota = (millis.max(1) * 100).to_string();
+        let write = |name: &str, value: &str| {
+            let file = d.join(name);
+            std::fs::write(&file, value).map_err(io("write", &file))
+        };
+        // The burst is optional (kernels before 5.14 have none).
+        match self.version {
+            Version::V1 => {
+                write("cpu.cfs_period_us", "100000")?;
+                write("cpu.cfs_quota_us", &quota)?;
+                if d.join("cpu.cfs_burst_us").exists() {
+                    write("cpu.cfs_burst_us", &quota)?;
+                }
+            }
+            Version::V2 => {
+                write("cpu.max", &format!("{quota} 100000"))?;
+                if d.join("cpu.max.burst").exists() {
+                    write("cpu.max.burst", &quota)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// CPU QoS: best-effort gets the smallest weight and, where the kernel has `cpu.idle`, the
     /// idle scheduling policy for the whole group (it runs only on CPU nobody else wants);
     /// latency-sensitive gets the default weight.

@@ -23,6 +23,18 @@ pub fn send(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> nix::
     Ok(())
 }
 
+/// The length of the next message without taking it off the socket; `Ok(0)` also when the
+/// peer closed the socket (the following [`recv`] tells which). Lets an idle reader hold no
+/// buffer: [`MAX_MESSAGE_BYTES`] per connection, thousands of connections, was a GiB.
+pub fn peek_len(sock: BorrowedFd<'_>) -> nix::Result<usize> {
+    // MSG_TRUNC makes a datagram or seqpacket socket report the message's whole length.
+    nix::sys::socket::recv(
+        sock.as_raw_fd(),
+        &mut [],
+        MsgFlags::MSG_PEEK | MsgFlags::MSG_TRUNC | MsgFlags::MSG_DONTWAIT,
+    )
+}
+
 /// Receives one message into `buf`; `None` when the peer closed the socket.
 pub fn recv(sock: BorrowedFd<'_>, buf: &mut [u8]) -> nix::Result<Option<(usize, Vec<OwnedFd>)>> {
     let mut cmsg = cmsg_space!([RawFd; MAX_FDS]);

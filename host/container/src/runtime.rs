@@ -268,6 +268,14 @@ impl Runtime {
         };
         match tokio::time::timeout(START_TIMEOUT, self.start(spec, &rootfs, &cgroup)).await {
             Ok(Ok((shim, shim_child, init_pid, root))) => {
+                if let Some(millis) = spec.limits.cpu_millis {
+                    if let Err(e) = cgroup.limit_cpu(millis) {
+                        cgroup.kill_all();
+                        let _ = cgroup.remove();
+                        let _ = rootfs.remove();
+                        return Err(e.into());
+                    }
+                }
                 rootfs.detach();
                 let dispatcher = tokio::spawn(shim.clone().dispatch());
                 Ok(Container {

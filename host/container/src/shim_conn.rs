@@ -67,10 +67,13 @@ impl ShimConn {
 
     /// Receives one message and the descriptors attached to it.
     pub async fn recv_with_fds(&self) -> Result<(FromShim, Vec<OwnedFd>), ShimConnError> {
-        let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
         loop {
             let mut guard = self.fd.readable().await.map_err(ShimConnError::Socket)?;
+            // Sized to the message waiting (a longer one than allowed still fails in recv).
+            let mut buf = Vec::new();
             match guard.try_io(|fd| {
+                let len = control::peek_len(fd.get_ref().as_fd()).map_err(std::io::Error::from)?;
+                buf.resize(len.clamp(1, MAX_MESSAGE_BYTES), 0);
                 control::recv(fd.get_ref().as_fd(), &mut buf).map_err(std::io::Error::from)
             }) {
                 Ok(Ok(Some((len, fds)))) => {

@@ -41,7 +41,9 @@ struct Trail {
 /// The node's audit trails.
 pub struct AuditLog {
     dir: PathBuf,
-    trails: Mutex<HashMap<String, Trail>>,
+    /// One slot per sandbox with events this run; `None` until its first event reads where
+    /// the trail stands.
+    trails: Mutex<HashMap<String, Arc<Mutex<Option<Trail>>>>>,
     live: broadcast::Sender<(String, AuditEvent)>,
 }
 
@@ -65,21 +67,21 @@ impl AuditLog {
     }
 
     /// Appends one event to a sandbox's trail. Never fails the request it describes: an
-    /// unwritable trail is logged.
+    /// unwritable trail is logged. Each trail has its own lock, so a slow write (or a first
+    /// event reading a trail back after a restart) holds up only its own sandbox.
     pub fn record(&self, id: &str, kind: AuditKind) {
-        let mut trails = self.trails.lock();
-        if !trails.contains_key(id) {
+        let slot = self.trails.lock().entry(id.to_string()).or_default().clone();
+        let mut slot = slot.lock();
+        if slot.is_none() {
             match self.open_trail(id) {
-                Ok(trail) => {
-                    trails.insert(id.to_string(), trail);
-                }
+                Ok(trail) => *slot = Some(trail),
                 Err(e) => {
                     tracing::warn!(sandbox = id, error = %e, "audit trail unwritable");
                     return;
                 }
             }
         }
-        let Some(trail) = trails.get_mut(id) else { return };
+        let Some(trail) = slot.as_mut() else { return };
         let event = AuditEvent { seq: trail.next_seq, unix_ms: now_unix_ms(), kind };
         trail.next_seq += 1;
         let Ok(mut line) = serde_json::to_vec(&event) else { return };
@@ -92,7 +94,7 @@ impl AuditLog {
             tracing::warn!(sandbox = id, error = %e, "audit trail write");
         }
         trail.bytes += line.len() as u64;
-        drop(trails);
+        drop(slot);
         let _ = self.live.send((id.to_string(), event));
     }
 

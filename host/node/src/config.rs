@@ -119,6 +119,10 @@ pub struct ContainerConfig {
     pub max_memory_mib: u64,
     pub default_cpu_millis: u64,
     pub max_cpu_millis: u64,
+    /// Lower the host's CFS bandwidth slice (`kernel.sched_cfs_bandwidth_slice_us`) to this,
+    /// so containers with quotas of a millisecond or two run on every CPU instead of waiting
+    /// for the next period; 0 leaves the kernel's value.
+    pub cpu_bandwidth_slice_us: u64,
     pub default_pids: u64,
     pub max_pids: u64,
     pub default_disk_mib: u64,
@@ -142,6 +146,7 @@ impl Default for ContainerConfig {
             max_memory_mib: 16 * 1024,
             default_cpu_millis: 1000,
             max_cpu_millis: 16_000,
+            cpu_bandwidth_slice_us: 500,
             default_pids: 1024,
             max_pids: 32_768,
             default_disk_mib: 1024,

@@ -44,6 +44,15 @@ impl ContainerTier {
             return Err("brigd is not running as root".into());
         }
         let images_dir = config.images_dir.clone().unwrap_or_else(|| state_dir.join("images"));
+        match brig_container::cgroup::lower_bandwidth_slice(config.cpu_bandwidth_slice_us) {
+            Ok(Some(was)) => tracing::info!(
+                from_us = was,
+                to_us = config.cpu_bandwidth_slice_us,
+                "lowered the host's CFS bandwidth slice"
+            ),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot lower the CFS bandwidth slice"),
+        }
         let runtime = Runtime::new(RuntimeConfig {
             run_dir: run_dir.to_owned(),
             shim_path: config

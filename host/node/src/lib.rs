@@ -95,6 +95,8 @@ struct Inner {
     zram: Option<swap::ZramSwap>,
     /// The last measured container working set: (when, bytes, containers).
     working_set: parking_lot::Mutex<(std::time::Instant, u64, u64)>,
+    /// Set while a blocking task re-measures `working_set` (one at a time).
+    working_set_refreshing: std::sync::atomic::AtomicBool,
 }
 
 impl Node {
@@ -146,6 +148,7 @@ impl Node {
                 metrics: Arc::default(),
                 egress: egress::EgressState::default(),
                 working_set: parking_lot::Mutex::new((std::time::Instant::now(), 0, 0)),
+                working_set_refreshing: std::sync::atomic::AtomicBool::new(false),
                 zram,
             }),
         };

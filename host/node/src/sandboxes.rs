@@ -306,6 +306,14 @@ impl SandboxTable {
         self.live.read().values().cloned().collect()
     }
 
+    /// Calls `f` on every live sandbox under the table's read lock: `f` must be quick and must
+    /// not touch the table.
+    pub fn for_each(&self, mut f: impl FnMut(&SandboxEntry)) {
+        for e in self.live.read().values() {
+            f(e);
+        }
+    }
+
     pub fn list(&self, selector: &[(String, String)]) -> Vec<Arc<SandboxEntry>> {
         let mut out: Vec<_> = self
             .live

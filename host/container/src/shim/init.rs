@@ -8,6 +8,7 @@
 //! ```
 
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
@@ -83,8 +84,11 @@ fn build(config: &ShimConfig) -> Result<(), ShimError> {
     )
     .map_err(sys("mount sysfs"))?;
     build_dev(root)?;
+    // One empty read-only tmpfs serves every masked directory (bound over the rest): each
+    // superblock costs kernel memory and a shrinker, per container.
+    let mut empty_dir = None;
     for path in &config.masked_paths {
-        mask(root, path)?;
+        mask(root, path, &mut empty_dir)?;
     }
     for path in &config.readonly_paths {
         make_readonly(root, path)?;
@@ -136,16 +140,12 @@ fn build_dev(root: &Path) -> Result<(), ShimError> {
         Some("newinstance,ptmxmode=0666,mode=0620"),
     )
     .map_err(sys("mount devpts"))?;
+    // /dev/shm is a directory of /dev's tmpfs (sharing its 64 MiB), not a superblock of its
+    // own; nodev adds nothing there, as container root cannot make device nodes.
     let shm = dev.join("shm");
     mkdir_all(&shm)?;
-    mount(
-        Some("shm"),
-        &shm,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=1777,size=65536k"),
-    )
-    .map_err(sys("mount /dev/shm"))?;
+    std::fs::set_permissions(&shm, std::fs::Permissions::from_mode(0o1777))
+        .map_err(io("chmod /dev/shm"))?;
     for (link, target) in [
         ("ptmx", "pts/ptmx"),
         ("fd", "/proc/self/fd"),
@@ -158,12 +158,24 @@ fn build_dev(root: &Path) -> Result<(), ShimError> {
     Ok(())
 }
 
-fn mask(root: &Path, path: &str) -> Result<(), ShimError> {
+/// Hides `path` under an empty directory (the first masked directory's tmpfs, bound) or
+/// `/dev/null`.
+fn mask(root: &Path, path: &str, empty_dir: &mut Option<PathBuf>) -> Result<(), ShimError> {
     let target = inside(root, path);
     let Ok(meta) = std::fs::metadata(&target) else { return Ok(()) };
     if meta.is_dir() {
-        mount(Some("tmpfs"), &target, Some("tmpfs"), MsFlags::MS_RDONLY, Some("size=0"))
-            .map_err(sys("mask directory"))
+        match empty_dir {
+            Some(empty) => {
+                mount(Some(empty.as_path()), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+                    .map_err(sys("mask directory"))
+            }
+            None => {
+                mount(Some("tmpfs"), &target, Some("tmpfs"), MsFlags::MS_RDONLY, Some("size=0"))
+                    .map_err(sys("mask directory"))?;
+                *empty_dir = Some(target);
+                Ok(())
+            }
+        }
     } else {
         mount(
             Some(&inside(root, "dev/null")),
