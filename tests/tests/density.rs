@@ -121,3 +121,69 @@ async fn qos_classes_reach_the_cgroup_and_move_at_run_time() {
     let text = metrics_text(daemon.state_dir()).expect("metrics");
     assert_eq!(metric(&text, "brig_sandboxes_qos{class=\"best_effort\"}"), 1.0, "{text}");
 }
+
+/// Descriptors `pid` has open.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// A `/proc/<pid>/status` field, e.g. `PPid`.
+fn status_field(pid: u32, key: &str) -> Option<u32> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.trim().parse().ok())
+}
+
+fn cmdline(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn the_node_holds_one_descriptor_per_container_and_starts_shims_from_its_spawner() {
+    let daemon = Daemon::start().expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    let brigd = daemon.pid().expect("brigd pid");
+    let small = || SandboxOptions::container(&image("busybox")).cpu_millis(10).memory_mib(32);
+    let first = client.create(small()).await.expect("create");
+    // The quota is set once the container runs, with a burst of one more quota.
+    assert_eq!(cpu_file(first.id(), "cpu.cfs_quota_us", "cpu.max").as_deref(), Some("1000"));
+    if let Some(burst) = cpu_file(first.id(), "cpu.cfs_burst_us", "cpu.max.burst") {
+        assert_eq!(burst, "1000");
+    }
+    let before = open_fds(brigd);
+    let mut sandboxes = Vec::new();
+    for _ in 0..40 {
+        sandboxes.push(client.create(small()).await.expect("create"));
+    }
+    let added = open_fds(brigd).saturating_sub(before);
+    assert!(added <= 44, "40 containers took {added} descriptors in brigd");
+
+    // Every shim is a child of the one spawner, itself a child of brigd.
+    let spawner = std::fs::read_dir("/proc")
+        .expect("proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|&p| status_field(p, "PPid") == Some(brigd) && cmdline(p).contains("--spawner"))
+        .expect("a spawner under brigd");
+    let shims: Vec<u32> = std::fs::read_dir("/proc")
+        .expect("proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| status_field(p, "PPid") == Some(spawner))
+        .collect();
+    assert!(shims.len() >= 41, "{} shims under the spawner", shims.len());
+
+    // A spawner that dies is replaced; running containers never notice.
+    let killed = std::process::Command::new("kill").args(["-9", &spawner.to_string()]).status();
+    assert!(killed.expect("kill").success());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let after = client.create(small()).await.expect("create after the spawner died");
+    for sb in [&first, &sandboxes[39], &after] {
+        let out = sb.exec(["sh", "-c", "echo $((6 * 7))"]).await.expect("exec");
+        assert_eq!(out.stdout_text(), "42\n");
+    }
+    // Files still reach the root through an on-demand descriptor.
+    after.write_file("/tmp/x", b"kept").await.expect("write");
+    assert_eq!(after.read_file("/tmp/x").await.expect("read"), b"kept");
+}

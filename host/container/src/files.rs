@@ -49,6 +49,23 @@ pub struct RootDir<'a> {
     owner: u32,
 }
 
+/// A container's root directory opened for a few operations (see
+/// [`crate::runtime::Container::root_dir`]).
+pub struct OwnedRootDir {
+    root: OwnedFd,
+    owner: u32,
+}
+
+impl OwnedRootDir {
+    pub fn new(root: OwnedFd, owner: u32) -> Self {
+        OwnedRootDir { root, owner }
+    }
+
+    pub fn dir(&self) -> RootDir<'_> {
+        RootDir::new(self.root.as_fd(), self.owner)
+    }
+}
+
 impl<'a> RootDir<'a> {
     /// `owner`: host uid (and gid) new files get: container root.
     pub fn new(root: BorrowedFd<'a>, owner: u32) -> Self {

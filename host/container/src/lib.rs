@@ -28,4 +28,5 @@ pub mod session;
 pub mod shim;
 pub mod shim_conn;
 pub mod shim_proto;
+pub mod spawner;
 pub mod terminal;

@@ -160,6 +160,8 @@ pub struct Rootfs {
     /// The writable upper directory, held open so it stays reachable after the host-side
     /// mounts are detached (for checkpoints).
     upper: Option<std::os::fd::OwnedFd>,
+    /// Or a path through the shim's descriptor of it (see [`Rootfs::with_upper_link`]).
+    upper_link: Option<PathBuf>,
 }
 
 impl Rootfs {
@@ -182,7 +184,7 @@ impl Rootfs {
             .mode(0o711)
             .create(dir)
             .map_err(io("create", dir))?;
-        let mut rootfs = Rootfs { dir: dir.to_owned(), upper: None };
+        let mut rootfs = Rootfs { dir: dir.to_owned(), upper: None, upper_link: None };
         let upper_mnt = dir.join("upper");
         let merged = rootfs.path();
         for d in [&upper_mnt, &merged] {
@@ -269,13 +271,22 @@ impl Rootfs {
 
     /// The rootfs directory of an earlier run (to re-attach to or remove it).
     pub fn at(dir: &Path) -> Rootfs {
-        Rootfs { dir: dir.to_owned(), upper: None }
+        Rootfs { dir: dir.to_owned(), upper: None, upper_link: None }
     }
 
-    /// With the upper directory's descriptor (handed over by the shim on re-attach).
-    pub fn with_upper(mut self, upper: Option<std::os::fd::OwnedFd>) -> Rootfs {
-        self.upper = upper;
+    /// Reaches the upper directory through `link` (the shim's descriptor of it,
+    /// `/proc/<shim>/fd/<n>`) from now on, instead of a descriptor of this process: the node
+    /// holds one descriptor per container, not three, and 10,000 containers fit its limit.
+    pub fn with_upper_link(mut self, link: PathBuf) -> Rootfs {
+        self.upper = None;
+        self.upper_link = Some(link);
         self
+    }
+
+    /// As [`Rootfs::with_upper_link`], in place.
+    pub fn set_upper_link(&mut self, link: PathBuf) {
+        self.upper = None;
+        self.upper_link = Some(link);
     }
 
     /// The container's run directory.
@@ -289,7 +300,10 @@ impl Rootfs {
     pub fn upper_path(&self) -> Option<PathBuf> {
         use std::os::fd::AsRawFd;
         let pid = std::process::id();
-        self.upper.as_ref().map(|fd| PathBuf::from(format!("/proc/{pid}/fd/{}", fd.as_raw_fd())))
+        match &self.upper {
+            Some(fd) => Some(PathBuf::from(format!("/proc/{pid}/fd/{}", fd.as_raw_fd()))),
+            None => self.upper_link.clone(),
+        }
     }
 
     /// The merged root (host path, valid until [`Rootfs::detach`]).

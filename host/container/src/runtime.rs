@@ -1,6 +1,6 @@
 //! Creating and destroying containers, and starting processes in them from outside.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -10,9 +10,11 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::oneshot;
 
 use crate::cgroup::{CgroupError, CgroupLimits, CgroupManager, ContainerCgroup, ExecCgroup};
+use crate::files::{FileError, OwnedRootDir};
 use crate::rootfs::{LayerMounts, LayerSource, Rootfs, RootfsError};
 use crate::shim_conn::{ShimConn, ShimConnError};
 use crate::shim_proto::{ExitInfo, FromShim, ShimConfig, SpawnSpec, ToShim};
+use crate::spawner::{ShimSpawner, SpawnerError};
 
 /// Host uid/gid container root maps to by default; 65536 ids are mapped from it.
 pub const DEFAULT_ID_BASE: u32 = 100_000;
@@ -52,6 +54,8 @@ pub enum RuntimeError {
     Cgroup(#[from] CgroupError),
     #[error(transparent)]
     Shim(#[from] ShimConnError),
+    #[error(transparent)]
+    Spawner(#[from] SpawnerError),
     #[error("container shim {path} cannot start")]
     ShimStart {
         path: PathBuf,
@@ -114,6 +118,7 @@ pub struct Runtime {
     config: RuntimeConfig,
     cgroups: CgroupManager,
     layers: LayerMounts,
+    spawner: Arc<ShimSpawner>,
 }
 
 impl Runtime {
@@ -134,7 +139,8 @@ impl Runtime {
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
             });
         }
-        Ok(Runtime { config, cgroups, layers })
+        let spawner = Arc::new(ShimSpawner::new(config.shim_path.clone()));
+        Ok(Runtime { config, cgroups, layers, spawner })
     }
 
     /// Releases node-wide resources (layer mounts) at shutdown, after the containers are gone.
@@ -204,11 +210,15 @@ impl Runtime {
             .map_err(|e| io_err("shim socket path")(e.into()))?;
         nix::sys::socket::connect(std::os::fd::AsRawFd::as_raw_fd(&sock), &addr)
             .map_err(|e| io_err(format!("connect {}", socket.display()))(e.into()))?;
+        let shim_pid =
+            nix::sys::socket::getsockopt(&sock, nix::sys::socket::sockopt::PeerCredentials)
+                .map_err(|e| io_err("shim credentials")(e.into()))?
+                .pid();
         let shim = ShimConn::new(sock)?;
-        let (report, fds) = tokio::time::timeout(START_TIMEOUT, shim.recv_with_fds())
+        let report = tokio::time::timeout(START_TIMEOUT, shim.recv())
             .await
             .map_err(|_| RuntimeError::StartTimeout(START_TIMEOUT))??;
-        let FromShim::Reattached { init_pid, running, next_exec_id } = report else {
+        let FromShim::Reattached { init_pid, running, next_exec_id, upper_fd } = report else {
             return Err(RuntimeError::Setup(format!("unexpected shim message {report:?}")));
         };
         if !running.is_empty() {
@@ -218,19 +228,19 @@ impl Runtime {
                 "processes from before the restart keep running"
             );
         }
-        let upper = fds.into_iter().next();
-        let root = open_root(init_pid)?;
+        let init_start = process_start_time(init_pid)
+            .ok_or_else(|| RuntimeError::Setup(format!("container init {init_pid} is gone")))?;
         let dispatcher = tokio::spawn(shim.clone().dispatch());
         Ok(Container {
             name: name.to_string(),
             id_base: self.config.id_base,
-            rootfs: Rootfs::at(&dir).with_upper(upper),
+            rootfs: Rootfs::at(&dir).with_upper_link(upper_link(shim_pid, upper_fd)),
             cgroup: self.cgroups.attach(name),
             shim,
-            shim_child: tokio::sync::Mutex::new(None),
+            shim_pid,
             dispatcher,
             init_pid,
-            root,
+            init_start,
             next_exec: AtomicU64::new(next_exec_id),
             exec_cgroups: Arc::default(),
             oom_seen: AtomicU64::new(0),
@@ -267,7 +277,7 @@ impl Runtime {
             }
         };
         match tokio::time::timeout(START_TIMEOUT, self.start(spec, &rootfs, &cgroup)).await {
-            Ok(Ok((shim, shim_child, init_pid, root))) => {
+            Ok(Ok(Started { shim, shim_pid, init_pid, init_start, upper_fd })) => {
                 if let Some(millis) = spec.limits.cpu_millis {
                     if let Err(e) = cgroup.limit_cpu(millis) {
                         cgroup.kill_all();
@@ -277,6 +287,8 @@ impl Runtime {
                     }
                 }
                 rootfs.detach();
+                let mut rootfs = rootfs;
+                rootfs.set_upper_link(upper_link(shim_pid, upper_fd));
                 let dispatcher = tokio::spawn(shim.clone().dispatch());
                 Ok(Container {
                     name: spec.name.clone(),
@@ -284,10 +296,10 @@ impl Runtime {
                     rootfs,
                     cgroup,
                     shim,
-                    shim_child: tokio::sync::Mutex::new(Some(shim_child)),
+                    shim_pid,
                     dispatcher,
                     init_pid,
-                    root,
+                    init_start,
                     next_exec: AtomicU64::new(1),
                     exec_cgroups: Arc::default(),
                     oom_seen: AtomicU64::new(0),
@@ -305,36 +317,26 @@ impl Runtime {
         }
     }
 
-    /// Starts the shim and waits for the container's init.
+    /// Starts the shim (through the node's spawner) and waits for the container's init.
     async fn start(
         &self,
         spec: &ContainerSpec,
         rootfs: &Rootfs,
         cgroup: &ContainerCgroup,
-    ) -> Result<(Arc<ShimConn>, tokio::process::Child, i32, OwnedFd), RuntimeError> {
+    ) -> Result<Started, RuntimeError> {
         use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
         let (ours, theirs) =
             socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
                 .map_err(|e| io_err("control socketpair")(e.into()))?;
-        // stdin is the control socket, so the shim starts by posix_spawn: no fork of the node's
-        // large address space (page-table copies dominated container creation when forking).
-        let mut command = tokio::process::Command::new(&self.config.shim_path);
-        command
-            .stdin(std::process::Stdio::from(theirs))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            // A container that outlives the node must outlive this handle too.
-            .kill_on_drop(!self.config.survive_node);
-        let mut child = command.spawn().map_err(|source| RuntimeError::ShimStart {
-            path: self.config.shim_path.clone(),
-            source,
-        })?;
-        // The command owns our copy of the shim's socket end: drop it, or we never see EOF.
-        drop(command);
-        let pid = child.id().ok_or_else(|| RuntimeError::Setup("shim exited at once".into()))?;
-        let Some(stderr) = child.stderr.take() else {
-            return Err(RuntimeError::Setup("shim stderr missing".into()));
-        };
+        let (stderr, stderr_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| io_err("shim stderr pipe")(e.into()))?;
+        let spawner = self.spawner.clone();
+        // Our copies of the shim's ends drop with the task, or we would never see EOF.
+        let pid = tokio::task::spawn_blocking(move || spawner.spawn(&theirs, &stderr_w))
+            .await
+            .map_err(|e| RuntimeError::Setup(format!("spawn task: {e}")))??;
+        let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr)
+            .map_err(io_err("shim stderr pipe"))?;
         let errors = tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
             let mut collected = String::new();
@@ -376,8 +378,8 @@ impl Runtime {
             std::fs::write(&path, &map).map_err(io_err(path))?;
         }
         shim.send(&ToShim::IdsMapped).await?;
-        let init_pid = match shim.recv().await {
-            Ok(FromShim::Ready { init_pid }) => init_pid,
+        let (init_pid, upper_fd) = match shim.recv().await {
+            Ok(FromShim::Ready { init_pid, upper_fd }) => (init_pid, upper_fd),
             Ok(other) => {
                 return Err(RuntimeError::Setup(format!("unexpected shim message {other:?}")))
             }
@@ -389,17 +391,34 @@ impl Runtime {
                 tracing::warn!(stderr = %text.trim(), "container shim wrote to stderr");
             }
         });
-        let root = open_root(init_pid)?;
-        Ok((shim, child, init_pid, root))
+        let init_start = process_start_time(init_pid)
+            .ok_or_else(|| RuntimeError::Setup(format!("container init {init_pid} is gone")))?;
+        Ok(Started { shim, shim_pid: pid, init_pid, init_start, upper_fd })
     }
 }
 
-/// Opens the container's root directory (as init sees it) for confined file access.
-fn open_root(init_pid: i32) -> Result<OwnedFd, RuntimeError> {
-    use rustix::fs::{open, Mode, OFlags};
-    let path = format!("/proc/{init_pid}/root");
-    open(path.as_str(), OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-        .map_err(|e| io_err(path)(e.into()))
+/// A shim that has built its container.
+struct Started {
+    shim: Arc<ShimConn>,
+    shim_pid: i32,
+    init_pid: i32,
+    init_start: u64,
+    /// The shim's descriptor number of the writable upper directory.
+    upper_fd: i32,
+}
+
+/// The upper directory through the shim's descriptor of it.
+fn upper_link(shim_pid: i32, upper_fd: i32) -> PathBuf {
+    PathBuf::from(format!("/proc/{shim_pid}/fd/{upper_fd}"))
+}
+
+/// When process `pid` started (clock ticks after boot; field 22 of /proc/<pid>/stat), which
+/// tells it from a later process given the same pid.
+fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may contain anything: skip past it.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// A running container.
@@ -409,11 +428,12 @@ pub struct Container {
     rootfs: Rootfs,
     cgroup: ContainerCgroup,
     shim: Arc<ShimConn>,
-    /// The shim process, when this node started it (not after a re-attach).
-    shim_child: tokio::sync::Mutex<Option<tokio::process::Child>>,
+    /// The shim's host pid (alive while its control socket is open).
+    shim_pid: i32,
     dispatcher: tokio::task::JoinHandle<()>,
     init_pid: i32,
-    root: OwnedFd,
+    /// Start time of init (see [`process_start_time`]), checked whenever its root is opened.
+    init_start: u64,
     next_exec: AtomicU64,
     exec_cgroups: ExecCgroupPool,
     oom_seen: AtomicU64,
@@ -497,9 +517,20 @@ impl Container {
         self.init_pid
     }
 
-    /// The container's root directory, for confined file access.
-    pub fn root(&self) -> BorrowedFd<'_> {
-        self.root.as_fd()
+    /// Opens the container's root directory (as init sees it), for confined file access.
+    /// Opened per use rather than held: one descriptor fewer per live container.
+    pub fn root_dir(&self) -> Result<OwnedRootDir, FileError> {
+        use rustix::fs::{open, Mode, OFlags};
+        let failed = |source: std::io::Error| FileError::Io { path: "/".into(), source };
+        let path = format!("/proc/{}/root", self.init_pid);
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let fd = open(path.as_str(), flags, Mode::empty()).map_err(|e| failed(e.into()))?;
+        // Checked after the open: if init is still the process that started, the descriptor is
+        // its root, not that of a later process that took its pid.
+        if process_start_time(self.init_pid) != Some(self.init_start) {
+            return Err(failed(std::io::Error::from_raw_os_error(libc::ESRCH)));
+        }
+        Ok(OwnedRootDir::new(fd, self.id_base))
     }
 
     /// Host uid that container root maps to.
@@ -584,24 +615,17 @@ impl Container {
         tokio::task::spawn_blocking(move || cgroup.kill_all())
             .await
             .map_err(|e| RuntimeError::Setup(format!("cleanup task: {e}")))?;
-        {
-            let mut shim = self.shim_child.lock().await;
-            match shim.as_mut() {
-                Some(child) => {
-                    if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
-                        let _ = child.start_kill();
-                    }
-                }
-                // Re-attached: the shim exits when init does, which ends the dispatcher.
-                None => {
-                    for _ in 0..500 {
-                        if self.dispatcher.is_finished() {
-                            break;
-                        }
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                }
+        // The shim exits when init does, which ends the dispatcher (its connection).
+        for _ in 0..500 {
+            if self.dispatcher.is_finished() {
+                break;
             }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if !self.dispatcher.is_finished() {
+            // Its socket is still open, so the pid is still the shim's.
+            let shim = nix::unistd::Pid::from_raw(self.shim_pid);
+            let _ = nix::sys::signal::kill(shim, nix::sys::signal::Signal::SIGKILL);
         }
         self.dispatcher.abort();
         let cgroup = self.cgroup.clone();
@@ -610,6 +634,14 @@ impl Container {
             .map_err(|e| RuntimeError::Setup(format!("cleanup task: {e}")))??;
         self.rootfs.remove()?;
         Ok(())
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        // Closes the node's end of the control socket: a shim that is not to outlive the node
+        // takes its container down, one that is waits to be re-attached.
+        self.dispatcher.abort();
     }
 }
 

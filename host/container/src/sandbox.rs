@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 
 use crate::cgroup::CgroupLimits;
 use crate::exec::{Killer, Stdin as EngineStdin};
-use crate::files::{FileError, RootDir};
+use crate::files::{FileError, OwnedRootDir};
 use crate::protect::{Protected, Protections};
 use crate::rootfs::LayerSource;
 use crate::runtime::{Container, ContainerSpec, Runtime, RuntimeError};
@@ -96,8 +96,7 @@ impl ContainerSandbox {
         layer_digests: Vec<String>,
     ) -> Result<ContainerSandbox, RuntimeError> {
         let container = runtime.create(&spec).await?;
-        let has_bash =
-            RootDir::new(container.root(), container.id_base()).stat("/bin/bash").is_ok();
+        let has_bash = container.root_dir().is_ok_and(|r| r.dir().stat("/bin/bash").is_ok());
         Ok(ContainerSandbox {
             runtime: runtime.clone(),
             container: Arc::new(container),
@@ -143,8 +142,8 @@ impl ContainerSandbox {
         })
     }
 
-    fn root(&self) -> RootDir<'_> {
-        RootDir::new(self.container.root(), self.container.id_base())
+    fn root(&self) -> Result<OwnedRootDir, FileError> {
+        self.container.root_dir()
     }
 
     /// A child on the same layers, starting from a copy of the writable layer (the caller
@@ -331,7 +330,7 @@ impl Sandbox for ContainerSandbox {
         path: &'a str,
         _max_bytes: u64,
     ) -> BoxFuture<'a, Result<ReadSource, SandboxError>> {
-        Box::pin(async move { Ok(ReadSource::File(self.root().open_read(path)?)) })
+        Box::pin(async move { Ok(ReadSource::File(self.root()?.dir().open_read(path)?)) })
     }
 
     fn open_write<'a>(
@@ -339,15 +338,17 @@ impl Sandbox for ContainerSandbox {
         path: &'a str,
         o: WriteOptions,
     ) -> BoxFuture<'a, Result<std::fs::File, SandboxError>> {
-        Box::pin(async move { Ok(self.root().open_write(path, o.append, o.parents, o.mode)?) })
+        Box::pin(
+            async move { Ok(self.root()?.dir().open_write(path, o.append, o.parents, o.mode)?) },
+        )
     }
 
     fn stat<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Entry, SandboxError>> {
-        Box::pin(async move { Ok(self.root().stat(path)?) })
+        Box::pin(async move { Ok(self.root()?.dir().stat(path)?) })
     }
 
     fn list<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, SandboxError>> {
-        Box::pin(async move { Ok(self.root().list(path)?) })
+        Box::pin(async move { Ok(self.root()?.dir().list(path)?) })
     }
 
     fn mkdir<'a>(
@@ -355,7 +356,7 @@ impl Sandbox for ContainerSandbox {
         path: &'a str,
         parents: bool,
     ) -> BoxFuture<'a, Result<(), SandboxError>> {
-        Box::pin(async move { Ok(self.root().mkdir(path, parents)?) })
+        Box::pin(async move { Ok(self.root()?.dir().mkdir(path, parents)?) })
     }
 
     fn remove<'a>(
@@ -363,7 +364,7 @@ impl Sandbox for ContainerSandbox {
         path: &'a str,
         recursive: bool,
     ) -> BoxFuture<'a, Result<(), SandboxError>> {
-        Box::pin(async move { Ok(self.root().remove(path, recursive)?) })
+        Box::pin(async move { Ok(self.root()?.dir().remove(path, recursive)?) })
     }
 
     /// Freezes every process and pushes reclaimable memory out; the bytes freed.

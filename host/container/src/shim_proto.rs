@@ -8,12 +8,12 @@
 //! write uid_map/gid_map
 //!   ← IdsMapped
 //!                                         unshare(mnt, uts, ipc, net, cgroup, pid), fork init
-//!   → Ready { init_pid }                  (init has built the rootfs and pivoted into it)
+//!   → Ready { init_pid, upper_fd }        (init has built the rootfs and pivoted into it)
 //!   ← Spawn + SCM_RIGHTS fds              fork → setsid, cgroup, fds, user, caps, seccomp, exec
 //!   → Spawned / Exited
 //! … node gone: the shim keeps the container and waits on its socket …
 //! node connects to ShimConfig::socket
-//!   → Reattached { init_pid, running, next_exec_id } + upper directory fd
+//!   → Reattached { init_pid, running, next_exec_id, upper_fd }
 //! ```
 //! All of it travels on the shim's stdin, a `SOCK_SEQPACKET` socket: one message per packet,
 //! postcard-encoded, at most [`MAX_MESSAGE_BYTES`]. Using stdin (not an extra descriptor) lets
@@ -97,17 +97,21 @@ pub enum ExitInfo {
 pub enum FromShim {
     /// The shim is in its new user namespace and waits for its id maps.
     UserNamespace,
-    /// Sent to a node that reconnected, with the upper directory's descriptor attached.
-    /// `running` are processes started for an earlier connection; `next_exec_id` is above every
-    /// exec id the shim has seen.
+    /// Sent to a node that reconnected. `running` are processes started for an earlier
+    /// connection; `next_exec_id` is above every exec id the shim has seen; `upper_fd` as in
+    /// `Ready`.
     Reattached {
         init_pid: i32,
         running: Vec<(u64, i32)>,
         next_exec_id: u64,
+        upper_fd: i32,
     },
-    /// The container is built; `init_pid` is its pid 1 as the host sees it.
+    /// The container is built; `init_pid` is its pid 1 as the host sees it. `upper_fd` is the
+    /// shim's descriptor of the writable upper directory, which the node reaches as
+    /// `/proc/<shim>/fd/<upper_fd>` (after the host-side mounts are detached).
     Ready {
         init_pid: i32,
+        upper_fd: i32,
     },
     /// A spawn request failed before a process existed.
     SpawnFailed {
@@ -126,6 +130,25 @@ pub enum FromShim {
     /// The container's init died (the container is gone); the shim exits next.
     InitDied {
         status: ExitInfo,
+    },
+}
+
+/// Node → the node's shim spawner (`brig-shim --spawner`, one per node).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum ToSpawner {
+    /// Start a shim. Attached descriptors: its control socket (its stdin), then its stderr.
+    Spawn,
+}
+
+/// Spawner → node.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum FromSpawner {
+    /// The shim runs as host pid `pid`.
+    Spawned {
+        pid: i32,
+    },
+    Failed {
+        error: String,
     },
 }
 

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use brig_container::cgroup::CgroupLimits;
-use brig_container::files::{FileError, RootDir};
+use brig_container::files::FileError;
 use brig_container::rootfs::LayerSource;
 use brig_container::runtime::{Container, ContainerSpec, Runtime, RuntimeConfig, SpawnRequest};
 use brig_container::shim_proto::ExitInfo;
@@ -170,8 +170,8 @@ fn handle(
         }
         ContainerRequest::Put { name, path, len, append, mode } => {
             let container = svc.container(&name)?;
-            let root = RootDir::new(container.root(), container.id_base());
-            let mut file = root.open_write(&path, append, true, mode)?;
+            let root = container.root_dir()?;
+            let mut file = root.dir().open_write(&path, append, true, mode)?;
             let copied = std::io::copy(&mut (&mut reader).take(len), &mut file)?;
             if copied != len {
                 return Err(Refusal::bad("the upload was cut short"));
@@ -181,7 +181,7 @@ fn handle(
         }
         ContainerRequest::Get { name, path } => {
             let container = svc.container(&name)?;
-            let mut file = RootDir::new(container.root(), container.id_base()).open_read(&path)?;
+            let mut file = container.root_dir()?.dir().open_read(&path)?;
             let mut buf = vec![0u8; 64 << 10];
             loop {
                 let n = file.read(&mut buf)?;
@@ -193,22 +193,22 @@ fn handle(
         }
         ContainerRequest::Stat { name, path } => {
             let container = svc.container(&name)?;
-            let entry = RootDir::new(container.root(), container.id_base()).stat(&path)?;
+            let entry = container.root_dir()?.dir().stat(&path)?;
             json(out, &entry_to_wire(entry))
         }
         ContainerRequest::List { name, path } => {
             let container = svc.container(&name)?;
-            let entries = RootDir::new(container.root(), container.id_base()).list(&path)?;
+            let entries = container.root_dir()?.dir().list(&path)?;
             json(out, &entries.into_iter().map(entry_to_wire).collect::<Vec<_>>())
         }
         ContainerRequest::Mkdir { name, path, parents } => {
             let container = svc.container(&name)?;
-            RootDir::new(container.root(), container.id_base()).mkdir(&path, parents)?;
+            container.root_dir()?.dir().mkdir(&path, parents)?;
             Ok(DONE)
         }
         ContainerRequest::Remove { name, path, recursive } => {
             let container = svc.container(&name)?;
-            RootDir::new(container.root(), container.id_base()).remove(&path, recursive)?;
+            container.root_dir()?.dir().remove(&path, recursive)?;
             Ok(DONE)
         }
         ContainerRequest::Freeze { name, frozen } => {

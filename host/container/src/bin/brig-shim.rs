@@ -3,7 +3,11 @@
 #![forbid(unsafe_code)]
 
 fn main() {
-    if let Err(e) = brig_container::shim::run() {
+    // `--spawner`: the node's one helper that starts shims (see brig_container::shim::spawner).
+    let spawner = std::env::args().nth(1).as_deref() == Some("--spawner");
+    let result =
+        if spawner { brig_container::shim::spawner::run() } else { brig_container::shim::run() };
+    if let Err(e) = result {
         eprintln!("brig-shim: {}", brig_container::shim::describe(&e));
         std::process::exit(1);
     }

@@ -13,6 +13,7 @@
 mod child;
 mod init;
 pub mod security;
+pub mod spawner;
 mod sys;
 mod users;
 
@@ -127,7 +128,8 @@ pub fn run() -> Result<(), ShimError> {
     // Setup errors went to the node over stderr; from here on the node may go away, and a
     // write to a pipe nobody reads would kill the shim (SIGPIPE).
     sys::stderr_to_null()?;
-    send(&control, &FromShim::Ready { init_pid: init_pid.as_raw() })?;
+    let upper_fd = std::os::fd::AsRawFd::as_raw_fd(&upper);
+    send(&control, &FromShim::Ready { init_pid: init_pid.as_raw(), upper_fd })?;
     let links = Links { listener, upper, survive_node: config.survive_node };
     serve(Some(control), init_pid, &links)
 }
@@ -189,10 +191,11 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
                     init_pid: init.as_raw(),
                     running: running.iter().map(|(pid, id)| (*id, pid.as_raw())).collect(),
                     next_exec_id,
+                    upper_fd: std::os::fd::AsRawFd::as_raw_fd(&links.upper),
                 };
                 let bytes = postcard::to_allocvec(&report)
                     .map_err(|e| ShimError::Protocol(e.to_string()))?;
-                if control::send(conn.as_fd(), &bytes, &[links.upper.as_fd()]).is_ok() {
+                if control::send(conn.as_fd(), &bytes, &[]).is_ok() {
                     control = Some(conn);
                 }
             }

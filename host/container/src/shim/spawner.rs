@@ -1,0 +1,95 @@
+//! `brig-shim --spawner`: the node's one helper that starts shims.
+//!
+//! Starting a process from brigd costs time in the number of descriptors brigd holds: the
+//! child gets a copy of the descriptor table and exec closes every close-on-exec entry, one
+//! or more per live container. The spawner is started once, early, holds a handful of
+//! descriptors, and forks each shim from its own small address space; brigd only sends it the
+//! shim's control socket and stderr pipe and reads back the pid.
+//!
+//! ```text
+//! node ── ToSpawner::Spawn + [control, stderr] ──▶ spawner ── fork, exec /proc/self/exe ─▶ shim
+//!      ◀── FromSpawner::Spawned { pid } ──────────
+//! ```
+//! The spawner is the shims' parent: it reaps them as they exit. When the node hangs up it
+//! exits; its shims carry on (a shim's life follows its own control socket, not its parent).
+
+use std::os::fd::{AsFd, IntoRawFd, OwnedFd};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+
+use super::{sys, ShimError};
+use crate::control;
+use crate::shim_proto::{FromSpawner, ToSpawner, MAX_FDS};
+
+/// Serves spawn requests until the node hangs up.
+pub fn run() -> Result<(), ShimError> {
+    let control = sys::control_socket()?;
+    sys::stderr_to_null()?;
+    // Small: a spawn request is a tag and two descriptors.
+    let mut buf = vec![0u8; 256];
+    loop {
+        reap();
+        let mut fds = [PollFd::new(control.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(1000u16)) {
+            Ok(0) | Err(nix::Error::EINTR) => continue,
+            Ok(_) => {}
+            Err(e) => return Err(ShimError::Sys("poll", e)),
+        }
+        let (len, fds) = match control::recv(control.as_fd(), &mut buf) {
+            Ok(Some(message)) => message,
+            Ok(None) => return Ok(()),
+            Err(nix::Error::EINTR | nix::Error::EAGAIN) => continue,
+            Err(e) => return Err(ShimError::Sys("receive", e)),
+        };
+        let reply = match postcard::from_bytes::<ToSpawner>(&buf[..len]) {
+            Ok(ToSpawner::Spawn) if fds.len() == 2 && fds.len() <= MAX_FDS => spawn(fds),
+            Ok(ToSpawner::Spawn) => FromSpawner::Failed {
+                error: format!("a spawn request carries 2 descriptors, not {}", fds.len()),
+            },
+            Err(e) => FromSpawner::Failed { error: format!("undecodable request: {e}") },
+        };
+        let bytes =
+            postcard::to_allocvec(&reply).map_err(|e| ShimError::Protocol(e.to_string()))?;
+        control::send(control.as_fd(), &bytes, &[]).map_err(|e| ShimError::Sys("reply", e))?;
+    }
+}
+
+/// Forks a shim with `fds` = [control socket, stderr] as its stdin and stderr.
+fn spawn(fds: Vec<OwnedFd>) -> FromSpawner {
+    let null = match nix::fcntl::open(
+        "/dev/null",
+        nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(e) => return FromSpawner::Failed { error: format!("open /dev/null: {e}") },
+    };
+    match sys::fork() {
+        Ok(sys::Forked::Child) => {
+            let mut fds = fds.into_iter();
+            let (Some(stdin), Some(stderr)) = (fds.next(), fds.next()) else {
+                std::process::exit(126)
+            };
+            let raw = [stdin.into_raw_fd(), null.into_raw_fd(), stderr.into_raw_fd()];
+            if sys::install_fds(&raw).is_err() {
+                std::process::exit(126);
+            }
+            let Err(e) = nix::unistd::execv(c"/proc/self/exe", &[c"brig-shim"]);
+            let _ =
+                nix::unistd::write(std::io::stderr(), format!("brig-shim exec: {e}\n").as_bytes());
+            std::process::exit(127)
+        }
+        Ok(sys::Forked::Parent(pid)) => FromSpawner::Spawned { pid: pid.as_raw() },
+        Err(e) => FromSpawner::Failed { error: super::describe(&e) },
+    }
+}
+
+/// Collects every shim that has exited.
+fn reap() {
+    while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+        if status == WaitStatus::StillAlive {
+            break;
+        }
+    }
+}
