@@ -183,6 +183,18 @@ async fn the_node_holds_one_descriptor_per_container_and_starts_shims_from_its_s
         let out = sb.exec(["sh", "-c", "echo $((6 * 7))"]).await.expect("exec");
         assert_eq!(out.stdout_text(), "42\n");
     }
+    // Superblocks: the overlay, the upper tmpfs (also /dev and the masks), proc and devpts are
+    // the container's own; sysfs and the host's device nodes are shared.
+    let mounts = after.exec(["cat", "/proc/self/mountinfo"]).await.expect("mountinfo");
+    let text = mounts.stdout_text();
+    let devices: std::collections::BTreeSet<&str> =
+        text.lines().filter_map(|l| l.split_whitespace().nth(2)).collect();
+    assert!(devices.len() <= 6, "{} superblocks:\n{text}", devices.len());
+    let net = after.exec(["ls", "/sys/class/net"]).await.expect("ls");
+    assert_eq!(net.stdout_text(), "lo\n");
+    let shm =
+        after.exec(["sh", "-c", "echo x > /dev/shm/y && cat /dev/shm/y && ls /proc/acpi | wc -l"]);
+    assert_eq!(shm.await.expect("shm").stdout_text(), "x\n0\n");
     // Files still reach the root through an on-demand descriptor.
     after.write_file("/tmp/x", b"kept").await.expect("write");
     assert_eq!(after.read_file("/tmp/x").await.expect("read"), b"kept");

@@ -25,6 +25,7 @@ pub mod rootfs;
 pub mod runtime;
 pub mod sandbox;
 pub mod session;
+pub mod shared_sys;
 pub mod shim;
 pub mod shim_conn;
 pub mod shim_proto;

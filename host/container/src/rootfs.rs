@@ -153,6 +153,11 @@ fn is_mount_point(path: &Path) -> bool {
     }
 }
 
+/// The directory on the upper tmpfs that becomes the container's /dev.
+pub const DEV_DIR: &str = "dev";
+/// The empty directory on the upper tmpfs bound over masked directories.
+pub const EMPTY_DIR: &str = "empty";
+
 /// One container's assembled root filesystem on the host.
 #[derive(Debug)]
 pub struct Rootfs {
@@ -200,10 +205,14 @@ impl Rootfs {
         )
         .map_err(mnt("mount tmpfs upper", &upper_mnt))?;
         let (upper, work) = (upper_mnt.join("upper"), upper_mnt.join("work"));
-        for d in [&upper, &work] {
+        // /dev and the empty directory masks are bound from: on this tmpfs, not tmpfs mounts
+        // of their own (a superblock per container each).
+        let (dev, empty) = (upper_mnt.join(DEV_DIR), upper_mnt.join(EMPTY_DIR));
+        for d in [&upper, &work, &dev] {
             std::fs::create_dir(d).map_err(io("create", d))?;
             std::os::unix::fs::chown(d, Some(owner), Some(owner)).map_err(io("chown", d))?;
         }
+        std::fs::DirBuilder::new().mode(0o555).create(&empty).map_err(io("create", &empty))?;
         if let Some(seed) = seed {
             let status = std::process::Command::new("cp")
                 .arg("-a")
@@ -287,6 +296,16 @@ impl Rootfs {
     pub fn set_upper_link(&mut self, link: PathBuf) {
         self.upper = None;
         self.upper_link = Some(link);
+    }
+
+    /// The upper tmpfs's directory that becomes /dev.
+    pub fn dev_dir(&self) -> PathBuf {
+        self.dir.join("upper").join(DEV_DIR)
+    }
+
+    /// The upper tmpfs's empty directory, bound over masked directories.
+    pub fn empty_dir(&self) -> PathBuf {
+        self.dir.join("upper").join(EMPTY_DIR)
     }
 
     /// The container's run directory.

@@ -119,6 +119,8 @@ pub struct Runtime {
     cgroups: CgroupManager,
     layers: LayerMounts,
     spawner: Arc<ShimSpawner>,
+    /// The read-only sysfs containers share, if it could be mounted.
+    shared_sys: Option<crate::shared_sys::SharedSys>,
 }
 
 impl Runtime {
@@ -140,15 +142,26 @@ impl Runtime {
             });
         }
         let spawner = Arc::new(ShimSpawner::new(config.shim_path.clone()));
-        Ok(Runtime { config, cgroups, layers, spawner })
+        let shared_sys = match crate::shared_sys::mount_at(&config.run_dir.join("sys")) {
+            Ok(shared) => Some(shared),
+            Err(e) => {
+                tracing::warn!(error = %e, "no shared sysfs; each container mounts its own");
+                None
+            }
+        };
+        Ok(Runtime { config, cgroups, layers, spawner, shared_sys })
     }
 
     /// Releases node-wide resources (layer mounts) at shutdown, after the containers are gone.
     pub fn shutdown(&self) {
         self.layers.unmount_all();
+        if let Some(sys) = &self.shared_sys {
+            crate::shared_sys::unmount(&sys.path);
+        }
         self.cgroups.remove_parent();
         for dir in [
             self.config.run_dir.join("layers"),
+            self.config.run_dir.join("sys"),
             self.config.run_dir.join("c"),
             self.config.run_dir.clone(),
         ] {
@@ -357,6 +370,9 @@ impl Runtime {
             join_cgroups: cgroup.join_files(),
             id_base: self.config.id_base,
             masked_paths: MASKED_PATHS.iter().map(|s| s.to_string()).collect(),
+            dev_dir: rootfs.dev_dir(),
+            empty_dir: rootfs.empty_dir(),
+            shared_sys: self.shared_sys.as_ref().map(|s| s.path.clone()),
             readonly_paths: READONLY_PATHS.iter().map(|s| s.to_string()).collect(),
         };
         let shim_failed = |errors: tokio::task::JoinHandle<String>| async move {

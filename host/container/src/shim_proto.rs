@@ -43,8 +43,17 @@ pub struct ShimConfig {
     pub join_cgroups: Vec<PathBuf>,
     /// Host uid and gid that container root maps to; 65536 ids are mapped from there.
     pub id_base: u32,
-    /// Paths hidden from the container (a file gets /dev/null bound over it, a dir an empty tmpfs).
+    /// Paths hidden from the container (a file gets /dev/null bound over it, a dir
+    /// `empty_dir`).
     pub masked_paths: Vec<String>,
+    /// A directory on the container's upper tmpfs, owned by container root, that becomes
+    /// /dev (a tmpfs of its own would cost a superblock per container; see docs/density.md).
+    pub dev_dir: PathBuf,
+    /// An empty directory, bound read-only over masked directories.
+    pub empty_dir: PathBuf,
+    /// A read-only sysfs the node's containers share (mounted from an empty network
+    /// namespace), bound at /sys; `None`: the container mounts a sysfs of its own.
+    pub shared_sys: Option<PathBuf>,
     /// Paths made read-only.
     pub readonly_paths: Vec<String>,
     /// Where the shim listens (a host path, bound before it leaves the host's mount namespace)

@@ -75,20 +75,20 @@ fn build(config: &ShimConfig) -> Result<(), ShimError> {
     mount(Some("proc"), &inside(root, "proc"), Some("proc"), nosuid, None::<&str>)
         .map_err(sys("mount proc"))?;
     mkdir_all(&inside(root, "sys"))?;
-    mount(
-        Some("sysfs"),
-        &inside(root, "sys"),
-        Some("sysfs"),
-        nosuid | MsFlags::MS_RDONLY,
-        None::<&str>,
-    )
-    .map_err(sys("mount sysfs"))?;
-    build_dev(root)?;
-    // One empty read-only tmpfs serves every masked directory (bound over the rest): each
-    // superblock costs kernel memory and a shrinker, per container.
-    let mut empty_dir = None;
+    match &config.shared_sys {
+        Some(shared) => bind_readonly(shared, &inside(root, "sys"))?,
+        None => mount(
+            Some("sysfs"),
+            &inside(root, "sys"),
+            Some("sysfs"),
+            nosuid | MsFlags::MS_RDONLY,
+            None::<&str>,
+        )
+        .map_err(sys("mount sysfs"))?,
+    }
+    build_dev(root, &config.dev_dir)?;
     for path in &config.masked_paths {
-        mask(root, path, &mut empty_dir)?;
+        mask(root, path, &config.empty_dir)?;
     }
     for path in &config.readonly_paths {
         make_readonly(root, path)?;
@@ -107,17 +107,23 @@ fn mkdir_all(path: &Path) -> Result<(), ShimError> {
     std::fs::create_dir_all(path).map_err(io("mkdir"))
 }
 
-fn build_dev(root: &Path) -> Result<(), ShimError> {
+/// /dev: `dev_dir` (on the container's upper tmpfs) bound in, with the host's device nodes
+/// bound into it, a devpts of its own, and /dev/shm as a plain directory.
+fn build_dev(root: &Path, dev_dir: &Path) -> Result<(), ShimError> {
     let dev = inside(root, "dev");
     mkdir_all(&dev)?;
+    mount(Some(dev_dir), &dev, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .map_err(sys("bind /dev"))?;
+    // The upper tmpfs is nodev (locked in this namespace); the device nodes are binds of their
+    // own, so they work.
     mount(
-        Some("tmpfs"),
+        None::<&str>,
         &dev,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_STRICTATIME,
-        Some("mode=755,size=65536k"),
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        None::<&str>,
     )
-    .map_err(sys("mount /dev"))?;
+    .map_err(sys("remount /dev"))?;
     for name in DEVICES {
         let target = dev.join(name);
         std::fs::File::create(&target).map_err(io("create device node placeholder"))?;
@@ -140,8 +146,8 @@ fn build_dev(root: &Path) -> Result<(), ShimError> {
         Some("newinstance,ptmxmode=0666,mode=0620"),
     )
     .map_err(sys("mount devpts"))?;
-    // /dev/shm is a directory of /dev's tmpfs (sharing its 64 MiB), not a superblock of its
-    // own; nodev adds nothing there, as container root cannot make device nodes.
+    // /dev/shm is a directory of the upper tmpfs (its size counts against the disk quota),
+    // not a superblock of its own.
     let shm = dev.join("shm");
     mkdir_all(&shm)?;
     std::fs::set_permissions(&shm, std::fs::Permissions::from_mode(0o1777))
@@ -158,24 +164,12 @@ fn build_dev(root: &Path) -> Result<(), ShimError> {
     Ok(())
 }
 
-/// Hides `path` under an empty directory (the first masked directory's tmpfs, bound) or
-/// `/dev/null`.
-fn mask(root: &Path, path: &str, empty_dir: &mut Option<PathBuf>) -> Result<(), ShimError> {
+/// Hides `path` under `empty` (read-only) or `/dev/null`.
+fn mask(root: &Path, path: &str, empty: &Path) -> Result<(), ShimError> {
     let target = inside(root, path);
     let Ok(meta) = std::fs::metadata(&target) else { return Ok(()) };
     if meta.is_dir() {
-        match empty_dir {
-            Some(empty) => {
-                mount(Some(empty.as_path()), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-                    .map_err(sys("mask directory"))
-            }
-            None => {
-                mount(Some("tmpfs"), &target, Some("tmpfs"), MsFlags::MS_RDONLY, Some("size=0"))
-                    .map_err(sys("mask directory"))?;
-                *empty_dir = Some(target);
-                Ok(())
-            }
-        }
+        bind_readonly(empty, &target)
     } else {
         mount(
             Some(&inside(root, "dev/null")),
@@ -186,6 +180,19 @@ fn mask(root: &Path, path: &str, empty_dir: &mut Option<PathBuf>) -> Result<(), 
         )
         .map_err(sys("mask file"))
     }
+}
+
+/// Binds `source` at `target`, read-only, nosuid, nodev and noexec.
+fn bind_readonly(source: &Path, target: &Path) -> Result<(), ShimError> {
+    mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .map_err(sys("bind read-only"))?;
+    let flags = MsFlags::MS_BIND
+        | MsFlags::MS_REMOUNT
+        | MsFlags::MS_RDONLY
+        | MsFlags::MS_NOSUID
+        | MsFlags::MS_NODEV
+        | MsFlags::MS_NOEXEC;
+    mount(None::<&str>, target, None::<&str>, flags, None::<&str>).map_err(sys("remount read-only"))
 }
 
 fn make_readonly(root: &Path, path: &str) -> Result<(), ShimError> {

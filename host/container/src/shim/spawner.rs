@@ -10,26 +10,34 @@
 //! node ── ToSpawner::Spawn + [control, stderr] ──▶ spawner ── fork, exec /proc/self/exe ─▶ shim
 //!      ◀── FromSpawner::Spawned { pid } ──────────
 //! ```
-//! The spawner is the shims' parent: it reaps them as they exit. When the node hangs up it
-//! exits; its shims carry on (a shim's life follows its own control socket, not its parent).
+//! The spawner is the shims' parent, with SIGCHLD ignored so the kernel reaps them. When the
+//! node hangs up it exits; its shims carry on (a shim's life follows its own control socket,
+//! not its parent).
 
 use std::os::fd::{AsFd, IntoRawFd, OwnedFd};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 
 use super::{sys, ShimError};
 use crate::control;
-use crate::shim_proto::{FromSpawner, ToSpawner, MAX_FDS};
+use crate::shim_proto::{FromSpawner, ToSpawner};
 
 /// Serves spawn requests until the node hangs up.
 pub fn run() -> Result<(), ShimError> {
     let control = sys::control_socket()?;
     sys::stderr_to_null()?;
+    // Exited shims are reaped by the kernel: waitpid(-1) walks every child, 10,000 of them.
+    sys::ignore_signal(nix::sys::signal::Signal::SIGCHLD);
+    // Exec'd by path, so the shims are called brig-shim (not `exe`); /proc/self/exe if this
+    // binary has since been replaced on disk.
+    let exe = std::env::current_exe()
+        .ok()
+        .filter(|p| p.exists())
+        .and_then(|p| std::ffi::CString::new(p.into_os_string().into_encoded_bytes()).ok())
+        .unwrap_or_else(|| c"/proc/self/exe".to_owned());
     // Small: a spawn request is a tag and two descriptors.
     let mut buf = vec![0u8; 256];
     loop {
-        reap();
         let mut fds = [PollFd::new(control.as_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, PollTimeout::from(1000u16)) {
             Ok(0) | Err(nix::Error::EINTR) => continue,
@@ -43,7 +51,7 @@ pub fn run() -> Result<(), ShimError> {
             Err(e) => return Err(ShimError::Sys("receive", e)),
         };
         let reply = match postcard::from_bytes::<ToSpawner>(&buf[..len]) {
-            Ok(ToSpawner::Spawn) if fds.len() == 2 && fds.len() <= MAX_FDS => spawn(fds),
+            Ok(ToSpawner::Spawn) if fds.len() == 2 => spawn(&exe, fds),
             Ok(ToSpawner::Spawn) => FromSpawner::Failed {
                 error: format!("a spawn request carries 2 descriptors, not {}", fds.len()),
             },
@@ -56,7 +64,7 @@ pub fn run() -> Result<(), ShimError> {
 }
 
 /// Forks a shim with `fds` = [control socket, stderr] as its stdin and stderr.
-fn spawn(fds: Vec<OwnedFd>) -> FromSpawner {
+fn spawn(exe: &std::ffi::CStr, fds: Vec<OwnedFd>) -> FromSpawner {
     let null = match nix::fcntl::open(
         "/dev/null",
         nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
@@ -75,21 +83,14 @@ fn spawn(fds: Vec<OwnedFd>) -> FromSpawner {
             if sys::install_fds(&raw).is_err() {
                 std::process::exit(126);
             }
-            let Err(e) = nix::unistd::execv(c"/proc/self/exe", &[c"brig-shim"]);
+            // The shim reaps its own children (from a signalfd).
+            sys::default_signal(nix::sys::signal::Signal::SIGCHLD);
+            let Err(e) = nix::unistd::execv(exe, &[c"brig-shim"]);
             let _ =
                 nix::unistd::write(std::io::stderr(), format!("brig-shim exec: {e}\n").as_bytes());
             std::process::exit(127)
         }
         Ok(sys::Forked::Parent(pid)) => FromSpawner::Spawned { pid: pid.as_raw() },
         Err(e) => FromSpawner::Failed { error: super::describe(&e) },
-    }
-}
-
-/// Collects every shim that has exited.
-fn reap() {
-    while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-        if status == WaitStatus::StillAlive {
-            break;
-        }
     }
 }

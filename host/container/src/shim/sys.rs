@@ -100,6 +100,12 @@ pub fn install_fds(fds: &[std::os::fd::RawFd]) -> Result<(), nix::Error> {
     Ok(())
 }
 
+/// Ignores `sig` (for SIGCHLD: children are reaped by the kernel).
+pub fn ignore_signal(sig: nix::sys::signal::Signal) {
+    // SAFETY: installing SIG_IGN runs no handler code, so no signal-safety invariant applies.
+    let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigIgn) };
+}
+
 /// Resets `sig` to its default disposition.
 pub fn default_signal(sig: nix::sys::signal::Signal) {
     // SAFETY: installing SIG_DFL runs no handler code, so no signal-safety invariant applies.
