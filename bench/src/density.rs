@@ -185,6 +185,8 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
             samples.quantile_ms(0.99)
         );
     }
+    let elapsed = started.elapsed().as_secs_f64();
+    let count = live.len();
     tokio::time::sleep(Duration::from_secs(2)).await;
     // How the last-filled node answers: a larger sample, spread over every sandbox.
     let mut last_samples = Latencies::default();
@@ -194,20 +196,25 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         probe(sb, container).await?;
         last_samples.record(t.elapsed());
     }
-    let n = live.len().max(1) as f64;
+    let n = count.max(1) as f64;
     let pss_mib = node_pss_kib(brigd).saturating_sub(pss0) as f64 / 1024.0 / n;
     let host_mib = avail0.saturating_sub(crate::meminfo_kib("MemAvailable:")) as f64 / 1024.0 / n;
-    let elapsed = started.elapsed().as_secs_f64();
     let (p50, p99) = (samples.quantile_ms(0.5), samples.quantile_ms(0.99));
     println!("density ({} tier, release brigd)", opts.tier);
-    println!("  {:<44} {:>10}", "live at once", live.len());
+    println!("  {:<44} {:>10}", "live at once", count);
     println!("  {:<44} {:>10.3}", "PSS per sandbox MiB (brigd + shims + guests)", pss_mib);
     println!("  {:<44} {:>10.3}", "host available memory per sandbox MiB", host_mib);
-    println!("  {:<44} {:>10.1}", "creates/s while filling", live.len() as f64 / elapsed);
+    println!("  {:<44} {:>10.1}", "creates/s while filling", count as f64 / elapsed);
     println!(
         "  {:<44} {:>6.2} / {:.2} ({} over {} ms)",
         "sampled answer p50 / p99 ms", p50, p99, slow, opts.deadline_ms
     );
+    // Destroyed here, in parallel, not by the daemon's shutdown (which would be cut short
+    // after 20 s and leave thousands of cgroups behind to slow the next run).
+    let destroy_started = Instant::now();
+    let failed = destroy_all(live, opts.parallel).await;
+    let destroy_rate = count as f64 / destroy_started.elapsed().as_secs_f64().max(1e-9);
+    println!("  {:<44} {:>10.1} ({failed} failed)", "destroys/s", destroy_rate);
     let (first_rate, last_rate) = (rate_over(&batches, 500, false), rate_over(&batches, 500, true));
     let (final_p50, final_p99) = (last_samples.quantile_ms(0.5), last_samples.quantile_ms(0.99));
     println!("  {:<44} {:>6.1} / {:.1}", "creates/s, first 500 / last 500", first_rate, last_rate);
@@ -222,7 +229,7 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
     Ok(json!({
         "bench": "density",
         "tier": opts.tier,
-        "live": live.len(),
+        "live": count,
         "pss_per_sandbox_mib": round3(pss_mib),
         "host_mem_per_sandbox_mib": round3(host_mib),
         "stopped_by": stopped_by,
@@ -231,6 +238,7 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         "slow_samples": slow,
         "samples": samples.len(),
         "fill_seconds": round3(elapsed),
+        "destroys_per_sec": round3(destroy_rate),
         "creates_per_sec_first_500": round3(first_rate),
         "creates_per_sec_last_500": round3(last_rate),
         "last_to_first_rate_pct": round3(if first_rate > 0.0 { 100.0 * last_rate / first_rate } else { 0.0 }),
@@ -249,5 +257,15 @@ async fn create_batch(
     stream::iter((0..count).map(|_| client.create(options())))
         .buffer_unordered(parallel.max(1))
         .collect()
+        .await
+}
+
+/// Destroys every sandbox, `parallel` × 2 at a time; returns how many failed.
+async fn destroy_all(live: Vec<Sandbox>, parallel: usize) -> usize {
+    use futures::stream::{self, StreamExt};
+    stream::iter(live.into_iter().map(|sb| async move { sb.destroy().await.is_err() }))
+        .buffer_unordered(parallel.max(1) * 2)
+        .filter(|failed| std::future::ready(*failed))
+        .count()
         .await
 }

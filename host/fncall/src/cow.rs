@@ -95,6 +95,20 @@ impl Layers {
         std::fs::rename(&tmp, &path).map_err(io(&path))
     }
 
+    /// Detaches every workspace overlay (at shutdown: the next start mounts them again, see
+    /// [`Layers::adopt`]; a state directory removed after a stop must not leave mounts
+    /// behind). Returns how many were mounted.
+    pub(crate) fn unmount_all(&self) -> usize {
+        let Ok(entries) = std::fs::read_dir(self.root.join(".cow")) else { return 0 };
+        let mut count = 0;
+        for key in entries.flatten().filter_map(|e| e.file_name().into_string().ok()) {
+            if self.is_mounted(&key) && self.unmount(&key).is_ok() {
+                count += 1;
+            }
+        }
+        count
+    }
+
     fn is_mounted(&self, key: &str) -> bool {
         let (Ok(root), Ok(merged)) =
             (std::fs::metadata(&self.root), std::fs::metadata(self.merged(key)))

@@ -197,6 +197,15 @@ impl FncallBackend {
         workspace.remove()
     }
 
+    /// At node shutdown: detaches the workspaces' overlays (remounted when the node opens its
+    /// state again).
+    pub fn shutdown(&self) {
+        let detached = self.inner.layers.unmount_all();
+        if detached > 0 {
+            tracing::debug!(detached, "workspace overlays detached");
+        }
+    }
+
     /// Frozen layers some workspace still shares.
     pub fn shared_layers(&self) -> usize {
         self.inner.layers.layer_count()

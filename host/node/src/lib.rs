@@ -193,6 +193,7 @@ impl Node {
             let gone = || Gone::Expired("the node shut down".into());
             futures::future::join_all(containers.iter().map(|e| self.destroy(&e.id, gone()))).await;
         }
+        self.inner.fncall.shutdown();
         if let Ok(containers) = &self.inner.containers {
             containers.shutdown();
         }
