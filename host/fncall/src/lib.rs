@@ -54,6 +54,9 @@ struct Inner {
     layers: cow::Layers,
 }
 
+/// Workspace copies a fork runs at once where it cannot share them.
+const COPY_PARALLELISM: usize = 4;
+
 impl FncallBackend {
     /// Opens the tier with its state under `state_dir` (components, precompiled cache,
     /// workspaces), loading every registered tool.
@@ -148,19 +151,35 @@ impl FncallBackend {
             Err(cow::ForkError::Failed(e)) => Err(e),
             Err(cow::ForkError::CannotShare(why)) => {
                 tracing::debug!(error = %brig_core::sandbox::chain(&why), "fork copies the workspace");
-                let mut made = Vec::with_capacity(keys.len());
-                for key in keys {
-                    match self.copy_workspace(parent.path(), key) {
-                        Ok(ws) => made.push(ws),
-                        Err(e) => {
-                            for ws in &made {
-                                let _ = self.remove_workspace(ws);
-                            }
-                            return Err(e);
+                // Copies run a few at a time: each is a `cp` waiting on the disk.
+                let mut results = Vec::with_capacity(keys.len());
+                for batch in keys.chunks(COPY_PARALLELISM) {
+                    std::thread::scope(|scope| {
+                        let copies: Vec<_> = batch
+                            .iter()
+                            .map(|key| scope.spawn(move || self.copy_workspace(parent.path(), key)))
+                            .collect();
+                        for copy in copies {
+                            results.push(copy.join().unwrap_or_else(|_| {
+                                Err(FncallError::Io {
+                                    path: parent.path().to_owned(),
+                                    source: std::io::Error::other("a copy thread panicked"),
+                                })
+                            }));
                         }
+                    });
+                }
+                let (made, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
+                let made: Vec<Workspace> = made.into_iter().filter_map(Result::ok).collect();
+                match failed.into_iter().find_map(Result::err) {
+                    None => Ok(made),
+                    Some(e) => {
+                        for ws in &made {
+                            let _ = self.remove_workspace(ws);
+                        }
+                        Err(e)
                     }
                 }
-                Ok(made)
             }
         }
     }
