@@ -190,11 +190,18 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
     tokio::time::sleep(Duration::from_secs(2)).await;
     // How the last-filled node answers: a larger sample, spread over every sandbox.
     let mut last_samples = Latencies::default();
+    let mut final_failed = 0usize;
     for i in 0..if live.is_empty() { 0 } else { opts.final_sample } {
         let sb = &live[(i * 7919 + 13) % live.len()];
         let t = Instant::now();
-        probe(sb, container).await?;
-        last_samples.record(t.elapsed());
+        match probe(sb, container).await {
+            Ok(()) => last_samples.record(t.elapsed()),
+            // Counted, not fatal: what was created must still be destroyed below.
+            Err(e) => {
+                final_failed += 1;
+                eprintln!("  a sampled sandbox failed: {e}");
+            }
+        }
     }
     let n = count.max(1) as f64;
     let pss_mib = node_pss_kib(brigd).saturating_sub(pss0) as f64 / 1024.0 / n;
@@ -244,6 +251,7 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         "last_to_first_rate_pct": round3(if first_rate > 0.0 { 100.0 * last_rate / first_rate } else { 0.0 }),
         "final_sample_p50_ms": round3(final_p50),
         "final_sample_p99_ms": round3(final_p99),
+        "final_sample_failed": final_failed,
     }))
 }
 

@@ -147,7 +147,9 @@ async fn the_node_holds_one_descriptor_per_container_and_starts_shims_from_its_s
     let small = || SandboxOptions::container(&image("busybox")).cpu_millis(10).memory_mib(32);
     let first = client.create(small()).await.expect("create");
     // The quota is set once the container runs, with a burst of one more quota.
-    assert_eq!(cpu_file(first.id(), "cpu.cfs_quota_us", "cpu.max").as_deref(), Some("1000"));
+    // v2's cpu.max reads "1000 100000".
+    let quota = cpu_file(first.id(), "cpu.cfs_quota_us", "cpu.max").expect("quota");
+    assert_eq!(quota.split_whitespace().next(), Some("1000"), "{quota}");
     if let Some(burst) = cpu_file(first.id(), "cpu.cfs_burst_us", "cpu.max.burst") {
         assert_eq!(burst, "1000");
     }

@@ -75,6 +75,11 @@ pub fn lower_bandwidth_slice(us: u64) -> Result<Option<u64>, CgroupError> {
     Ok(Some(current))
 }
 
+/// Puts the host's CFS bandwidth slice back to `us` (what [`lower_bandwidth_slice`] found).
+pub fn restore_bandwidth_slice(us: u64) {
+    let _ = std::fs::write(BANDWIDTH_SLICE, us.to_string());
+}
+
 /// Creates and finds container cgroups.
 #[derive(Debug, Clone)]
 pub struct CgroupManager {
@@ -237,6 +242,10 @@ impl ContainerCgroup {
                 if d.join("cpu.cfs_burst_us").exists() {
                     write("cpu.cfs_burst_us", &quota)?;
                 }
+            }
+            // No cpu.max: the cpu controller is not delegated to this subtree.
+            Version::V2 if !d.join("cpu.max").exists() => {
+                tracing::warn!(cgroup = %d.display(), "no cpu controller: CPU limit not applied");
             }
             Version::V2 => {
                 write("cpu.max", &format!("{quota} 100000"))?;

@@ -283,6 +283,14 @@ impl Rootfs {
         Rootfs { dir: dir.to_owned(), upper: None, upper_link: None }
     }
 
+    /// With the upper directory's descriptor (handed over on re-attach by a shim from before
+    /// `FromShim::ReattachedAt`).
+    pub fn with_upper(mut self, upper: std::os::fd::OwnedFd) -> Rootfs {
+        self.upper = Some(upper);
+        self.upper_link = None;
+        self
+    }
+
     /// Reaches the upper directory through `link` (the shim's descriptor of it,
     /// `/proc/<shim>/fd/<n>`) from now on, instead of a descriptor of this process: the node
     /// holds one descriptor per container, not three, and 10,000 containers fit its limit.

@@ -227,12 +227,28 @@ impl Runtime {
             nix::sys::socket::getsockopt(&sock, nix::sys::socket::sockopt::PeerCredentials)
                 .map_err(|e| io_err("shim credentials")(e.into()))?
                 .pid();
+        let shim_start = process_start_time(shim_pid)
+            .ok_or_else(|| RuntimeError::Setup(format!("container shim {shim_pid} is gone")))?;
         let shim = ShimConn::new(sock)?;
-        let report = tokio::time::timeout(START_TIMEOUT, shim.recv())
+        let (report, fds) = tokio::time::timeout(START_TIMEOUT, shim.recv_with_fds())
             .await
             .map_err(|_| RuntimeError::StartTimeout(START_TIMEOUT))??;
-        let FromShim::Reattached { init_pid, running, next_exec_id, upper_fd } = report else {
-            return Err(RuntimeError::Setup(format!("unexpected shim message {report:?}")));
+        let rootfs = Rootfs::at(&dir);
+        let (init_pid, running, next_exec_id, rootfs) = match report {
+            FromShim::ReattachedAt { init_pid, running, next_exec_id, upper_fd } => (
+                init_pid,
+                running,
+                next_exec_id,
+                rootfs.with_upper_link(upper_link(shim_pid, upper_fd)),
+            ),
+            // A shim from an earlier version hands over its upper directory's descriptor.
+            FromShim::Reattached { init_pid, running, next_exec_id } => {
+                let Some(upper) = fds.into_iter().next() else {
+                    return Err(RuntimeError::Setup("shim sent no upper directory".into()));
+                };
+                (init_pid, running, next_exec_id, rootfs.with_upper(upper))
+            }
+            other => return Err(RuntimeError::Setup(format!("unexpected shim message {other:?}"))),
         };
         if !running.is_empty() {
             tracing::info!(
@@ -247,10 +263,11 @@ impl Runtime {
         Ok(Container {
             name: name.to_string(),
             id_base: self.config.id_base,
-            rootfs: Rootfs::at(&dir).with_upper_link(upper_link(shim_pid, upper_fd)),
+            rootfs,
             cgroup: self.cgroups.attach(name),
             shim,
             shim_pid,
+            shim_start,
             dispatcher,
             init_pid,
             init_start,
@@ -290,7 +307,7 @@ impl Runtime {
             }
         };
         match tokio::time::timeout(START_TIMEOUT, self.start(spec, &rootfs, &cgroup)).await {
-            Ok(Ok(Started { shim, shim_pid, init_pid, init_start, upper_fd })) => {
+            Ok(Ok(Started { shim, shim_pid, shim_start, init_pid, init_start, upper_fd })) => {
                 if let Some(millis) = spec.limits.cpu_millis {
                     if let Err(e) = cgroup.limit_cpu(millis) {
                         cgroup.kill_all();
@@ -310,6 +327,7 @@ impl Runtime {
                     cgroup,
                     shim,
                     shim_pid,
+                    shim_start,
                     dispatcher,
                     init_pid,
                     init_start,
@@ -348,6 +366,9 @@ impl Runtime {
         let pid = tokio::task::spawn_blocking(move || spawner.spawn(&theirs, &stderr_w))
             .await
             .map_err(|e| RuntimeError::Setup(format!("spawn task: {e}")))??;
+        // The shim holds its end of our socket until it exits, so it is alive here unless it
+        // failed at once (then the messages below fail too).
+        let shim_start = process_start_time(pid).unwrap_or(0);
         let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr)
             .map_err(io_err("shim stderr pipe"))?;
         let errors = tokio::spawn(async move {
@@ -409,7 +430,7 @@ impl Runtime {
         });
         let init_start = process_start_time(init_pid)
             .ok_or_else(|| RuntimeError::Setup(format!("container init {init_pid} is gone")))?;
-        Ok(Started { shim, shim_pid: pid, init_pid, init_start, upper_fd })
+        Ok(Started { shim, shim_pid: pid, shim_start, init_pid, init_start, upper_fd })
     }
 }
 
@@ -417,6 +438,7 @@ impl Runtime {
 struct Started {
     shim: Arc<ShimConn>,
     shim_pid: i32,
+    shim_start: u64,
     init_pid: i32,
     init_start: u64,
     /// The shim's descriptor number of the writable upper directory.
@@ -444,8 +466,9 @@ pub struct Container {
     rootfs: Rootfs,
     cgroup: ContainerCgroup,
     shim: Arc<ShimConn>,
-    /// The shim's host pid (alive while its control socket is open).
+    /// The shim's host pid (alive while its control socket is open) and start time.
     shim_pid: i32,
+    shim_start: u64,
     dispatcher: tokio::task::JoinHandle<()>,
     init_pid: i32,
     /// Start time of init (see [`process_start_time`]), checked whenever its root is opened.
@@ -558,8 +581,14 @@ impl Container {
         &self.cgroup
     }
 
-    /// The container's writable layer (host-side path valid in this process).
+    /// The container's writable layer (host-side path valid in this process); `None` if it
+    /// has none or its shim is gone. The path may run through the shim's descriptor: use it
+    /// while the container is frozen (the shim, in the container's cgroups, cannot exit then,
+    /// so its pid cannot pass to another process).
     pub fn upper_path(&self) -> Option<PathBuf> {
+        if process_start_time(self.shim_pid) != Some(self.shim_start) {
+            return None;
+        }
         self.rootfs.upper_path()
     }
 
@@ -625,8 +654,10 @@ impl Container {
     /// Kills everything and removes the container's mounts, cgroups and directories.
     /// Processes still referring to the container see it gone.
     pub async fn destroy(&self) -> Result<(), RuntimeError> {
-        let init = nix::unistd::Pid::from_raw(self.init_pid);
-        let _ = nix::sys::signal::kill(init, nix::sys::signal::Signal::SIGKILL);
+        if process_start_time(self.init_pid) == Some(self.init_start) {
+            let init = nix::unistd::Pid::from_raw(self.init_pid);
+            let _ = nix::sys::signal::kill(init, nix::sys::signal::Signal::SIGKILL);
+        }
         let cgroup = self.cgroup.clone();
         tokio::task::spawn_blocking(move || cgroup.kill_all())
             .await
@@ -638,8 +669,8 @@ impl Container {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        if !self.dispatcher.is_finished() {
-            // Its socket is still open, so the pid is still the shim's.
+        let shim_alive = process_start_time(self.shim_pid) == Some(self.shim_start);
+        if !self.dispatcher.is_finished() && shim_alive {
             let shim = nix::unistd::Pid::from_raw(self.shim_pid);
             let _ = nix::sys::signal::kill(shim, nix::sys::signal::Signal::SIGKILL);
         }

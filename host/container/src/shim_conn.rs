@@ -119,7 +119,10 @@ impl ShimConn {
                 FromShim::InitDied { status } => {
                     *self.init_died.lock() = Some(status);
                 }
-                FromShim::Ready { .. } | FromShim::UserNamespace | FromShim::Reattached { .. } => {}
+                FromShim::Ready { .. }
+                | FromShim::UserNamespace
+                | FromShim::Reattached { .. }
+                | FromShim::ReattachedAt { .. } => {}
             }
         }
         // Wake everyone still waiting: their senders drop, receivers see the shim gone.

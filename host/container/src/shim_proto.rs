@@ -106,14 +106,14 @@ pub enum ExitInfo {
 pub enum FromShim {
     /// The shim is in its new user namespace and waits for its id maps.
     UserNamespace,
-    /// Sent to a node that reconnected. `running` are processes started for an earlier
-    /// connection; `next_exec_id` is above every exec id the shim has seen; `upper_fd` as in
-    /// `Ready`.
+    /// Sent to a node that reconnected, by shims from before `ReattachedAt` (kept so a
+    /// newer node re-attaches their containers), with the upper directory's descriptor
+    /// attached. `running` are processes started for an earlier connection; `next_exec_id` is
+    /// above every exec id the shim has seen.
     Reattached {
         init_pid: i32,
         running: Vec<(u64, i32)>,
         next_exec_id: u64,
-        upper_fd: i32,
     },
     /// The container is built; `init_pid` is its pid 1 as the host sees it. `upper_fd` is the
     /// shim's descriptor of the writable upper directory, which the node reaches as
@@ -139,6 +139,14 @@ pub enum FromShim {
     /// The container's init died (the container is gone); the shim exits next.
     InitDied {
         status: ExitInfo,
+    },
+    /// As `Reattached`, with the upper directory as the shim's descriptor number (as in
+    /// `Ready`) instead of an attached descriptor. Last, so older variants keep their tags.
+    ReattachedAt {
+        init_pid: i32,
+        running: Vec<(u64, i32)>,
+        next_exec_id: u64,
+        upper_fd: i32,
     },
 }
 

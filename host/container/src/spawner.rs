@@ -32,6 +32,10 @@ pub enum SpawnerError {
     Gone,
     #[error("the shim spawner sent an undecodable reply")]
     Decode(#[source] postcard::Error),
+    #[error("cannot encode a spawn request")]
+    Encode(#[source] postcard::Error),
+    #[error("the shim spawner hung up before it answered")]
+    Lost,
     #[error("the shim spawner could not start a shim: {0}")]
     Failed(String),
 }
@@ -78,7 +82,7 @@ impl ShimSpawner {
                 }
                 // Lost mid-request: a shim may or may not run on `control`, so no retry (the
                 // caller drops its end, which ends such a shim). The next call starts afresh.
-                Err(e @ (SpawnerError::Gone | SpawnerError::Io(..))) => {
+                Err(e @ (SpawnerError::Gone | SpawnerError::Lost | SpawnerError::Io(..))) => {
                     *helper = None;
                     return Err(e);
                 }
@@ -109,7 +113,7 @@ impl ShimSpawner {
 }
 
 fn request(h: &Helper, control: &OwnedFd, stderr: &OwnedFd) -> Result<i32, SpawnerError> {
-    let bytes = postcard::to_allocvec(&ToSpawner::Spawn).map_err(SpawnerError::Decode)?;
+    let bytes = postcard::to_allocvec(&ToSpawner::Spawn).map_err(SpawnerError::Encode)?;
     control::send(h.sock.as_fd(), &bytes, &[control.as_fd(), stderr.as_fd()]).map_err(
         |e| match e {
             nix::Error::EPIPE | nix::Error::ECONNRESET => SpawnerError::Gone,
@@ -117,9 +121,15 @@ fn request(h: &Helper, control: &OwnedFd, stderr: &OwnedFd) -> Result<i32, Spawn
         },
     )?;
     let mut buf = [0u8; 1024];
-    let (len, _) = control::recv(h.sock.as_fd(), &mut buf)
-        .map_err(|e| SpawnerError::Io("receive", e))?
-        .ok_or(SpawnerError::Io("receive", nix::Error::ECONNRESET))?;
+    // A signal handled meanwhile interrupts the wait (a receive timeout is never restarted).
+    let received = loop {
+        match control::recv(h.sock.as_fd(), &mut buf) {
+            Err(nix::Error::EINTR) => continue,
+            other => break other,
+        }
+    };
+    let (len, _) =
+        received.map_err(|e| SpawnerError::Io("receive", e))?.ok_or(SpawnerError::Lost)?;
     match postcard::from_bytes(&buf[..len]).map_err(SpawnerError::Decode)? {
         FromSpawner::Spawned { pid } => Ok(pid),
         FromSpawner::Failed { error } => Err(SpawnerError::Failed(error)),

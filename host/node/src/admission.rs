@@ -178,10 +178,18 @@ impl Node {
         let (at, bytes, containers) = *self.inner.working_set.lock();
         let stale = at.elapsed() >= WORKING_SET_MAX_AGE || containers == 0;
         if stale && !self.inner.working_set_refreshing.swap(true, Ordering::AcqRel) {
-            let node = self.clone();
+            /// Clears the flag however the measurement ends (a panic, or a task dropped at
+            /// shutdown), so the next stale read starts another.
+            struct Refreshing(Node);
+            impl Drop for Refreshing {
+                fn drop(&mut self) {
+                    self.0.inner.working_set_refreshing.store(false, Ordering::Release);
+                }
+            }
+            let guard = Refreshing(self.clone());
             let refresh = move || {
-                node.capacity();
-                node.inner.working_set_refreshing.store(false, Ordering::Release);
+                guard.0.capacity();
+                drop(guard);
             };
             match tokio::runtime::Handle::try_current() {
                 Ok(rt) => drop(rt.spawn_blocking(refresh)),

@@ -38,12 +38,22 @@ struct Trail {
     bytes: u64,
 }
 
+/// One sandbox's place in the trail map.
+#[derive(Default)]
+enum Slot {
+    /// Its first event reads where the trail stands.
+    #[default]
+    Unopened,
+    Open(Trail),
+    /// Removed by `close`: writers take the map's current slot instead.
+    Closed,
+}
+
 /// The node's audit trails.
 pub struct AuditLog {
     dir: PathBuf,
-    /// One slot per sandbox with events this run; `None` until its first event reads where
-    /// the trail stands.
-    trails: Mutex<HashMap<String, Arc<Mutex<Option<Trail>>>>>,
+    /// One slot per sandbox with events this run.
+    trails: Mutex<HashMap<String, Arc<Mutex<Slot>>>>,
     live: broadcast::Sender<(String, AuditEvent)>,
 }
 
@@ -70,18 +80,24 @@ impl AuditLog {
     /// unwritable trail is logged. Each trail has its own lock, so a slow write (or a first
     /// event reading a trail back after a restart) holds up only its own sandbox.
     pub fn record(&self, id: &str, kind: AuditKind) {
+        // A slot closed between taking it from the map and locking it is retired: take the
+        // map's current one (a fresh slot reads the trail back, so numbers never repeat).
         let slot = self.trails.lock().entry(id.to_string()).or_default().clone();
-        let mut slot = slot.lock();
-        if slot.is_none() {
+        let mut state = slot.lock();
+        if matches!(*state, Slot::Closed) {
+            drop(state);
+            return self.record(id, kind);
+        }
+        if matches!(*state, Slot::Unopened) {
             match self.open_trail(id) {
-                Ok(trail) => *slot = Some(trail),
+                Ok(trail) => *state = Slot::Open(trail),
                 Err(e) => {
                     tracing::warn!(sandbox = id, error = %e, "audit trail unwritable");
                     return;
                 }
             }
         }
-        let Some(trail) = slot.as_mut() else { return };
+        let Slot::Open(trail) = &mut *state else { return };
         let event = AuditEvent { seq: trail.next_seq, unix_ms: now_unix_ms(), kind };
         trail.next_seq += 1;
         let Ok(mut line) = serde_json::to_vec(&event) else { return };
@@ -94,7 +110,7 @@ impl AuditLog {
             tracing::warn!(sandbox = id, error = %e, "audit trail write");
         }
         trail.bytes += line.len() as u64;
-        drop(slot);
+        drop(state);
         let _ = self.live.send((id.to_string(), event));
     }
 
@@ -141,7 +157,12 @@ impl AuditLog {
 
     /// Closes a destroyed sandbox's file (its trail stays readable until `RETENTION`).
     pub fn close(&self, id: &str) {
-        self.trails.lock().remove(id);
+        let slot = self.trails.lock().remove(id);
+        if let Some(slot) = slot {
+            // Waits for a write in flight; a record that took this slot before it left the map
+            // sees it closed and starts over.
+            *slot.lock() = Slot::Closed;
+        }
     }
 
     /// Deletes trails untouched for longer than `RETENTION`.

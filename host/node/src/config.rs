@@ -119,9 +119,10 @@ pub struct ContainerConfig {
     pub max_memory_mib: u64,
     pub default_cpu_millis: u64,
     pub max_cpu_millis: u64,
-    /// Lower the host's CFS bandwidth slice (`kernel.sched_cfs_bandwidth_slice_us`) to this,
-    /// so containers with quotas of a millisecond or two run on every CPU instead of waiting
-    /// for the next period; 0 leaves the kernel's value.
+    /// Lower the host's CFS bandwidth slice (`kernel.sched_cfs_bandwidth_slice_us`, a
+    /// host-wide setting) to this while the node runs, so containers with quotas of a
+    /// millisecond or two run on every CPU instead of waiting for the next period; the old
+    /// value is put back at shutdown. 0 leaves the kernel's value.
     pub cpu_bandwidth_slice_us: u64,
     pub default_pids: u64,
     pub max_pids: u64,

@@ -24,6 +24,8 @@ pub(crate) struct ContainerTier {
     runtime: Arc<Runtime>,
     config: ContainerConfig,
     images_dir: PathBuf,
+    /// The host's CFS bandwidth slice before this node lowered it.
+    slice_was: Option<u64>,
 }
 
 impl ContainerTier {
@@ -44,15 +46,22 @@ impl ContainerTier {
             return Err("brigd is not running as root".into());
         }
         let images_dir = config.images_dir.clone().unwrap_or_else(|| state_dir.join("images"));
-        match brig_container::cgroup::lower_bandwidth_slice(config.cpu_bandwidth_slice_us) {
-            Ok(Some(was)) => tracing::info!(
-                from_us = was,
-                to_us = config.cpu_bandwidth_slice_us,
-                "lowered the host's CFS bandwidth slice"
-            ),
-            Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, "cannot lower the CFS bandwidth slice"),
-        }
+        let slice_was =
+            match brig_container::cgroup::lower_bandwidth_slice(config.cpu_bandwidth_slice_us) {
+                Ok(Some(was)) => {
+                    tracing::info!(
+                        from_us = was,
+                        to_us = config.cpu_bandwidth_slice_us,
+                        "lowered the host's CFS bandwidth slice (restored at shutdown)"
+                    );
+                    Some(was)
+                }
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot lower the CFS bandwidth slice");
+                    None
+                }
+            };
         let runtime = Runtime::new(RuntimeConfig {
             run_dir: run_dir.to_owned(),
             shim_path: config
@@ -65,11 +74,19 @@ impl ContainerTier {
             survive_node,
         })
         .map_err(|e| crate::error::chain(&e))?;
-        Ok(ContainerTier { runtime: Arc::new(runtime), config: config.clone(), images_dir })
+        Ok(ContainerTier {
+            runtime: Arc::new(runtime),
+            config: config.clone(),
+            images_dir,
+            slice_was,
+        })
     }
 
     pub fn shutdown(&self) {
         self.runtime.shutdown();
+        if let Some(was) = self.slice_was {
+            brig_container::cgroup::restore_bandwidth_slice(was);
+        }
     }
 
     /// The layers of `image`, bottom first: `env:NAME`, or parts joined by `+`, each a store

@@ -178,7 +178,7 @@ pub(crate) async fn checkpoint(
     req: brig_proto::CheckpointRequest,
 ) -> Result<brig_images::LayerInfo, NodeError> {
     entry.require(brig_core::sandbox::Op::Checkpoint)?;
-    let upper = entry.sandbox.writable_layer().map_err(|e| entry.fail(e))?;
+    entry.sandbox.writable_layer().map_err(|e| entry.fail(e))?;
     for path in &req.scrub {
         if path.split('/').any(|p| p == "..") {
             return Err(NodeError::BadImage(path.clone(), "scrub paths may not contain ..".into()));
@@ -194,6 +194,15 @@ pub(crate) async fn checkpoint(
         .await
         .map_err(|source| NodeError::Io { what: "checkpoint staging".into(), source })?;
     entry.sandbox.freeze(true).await.map_err(|e| entry.fail(e))?;
+    // Asked for again now it is frozen: the path may run through the container's shim, which
+    // cannot exit (and give its pid away) until the container thaws.
+    let upper = match entry.sandbox.writable_layer() {
+        Ok(upper) => upper,
+        Err(e) => {
+            let _ = entry.sandbox.freeze(false).await;
+            return Err(entry.fail(e));
+        }
+    };
     let (from, to) = (upper, target.clone());
     let copied = tokio::task::spawn_blocking(move || brig_images::build::stage_dir(&from, &to))
         .await

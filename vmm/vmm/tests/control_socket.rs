@@ -74,7 +74,14 @@ fn the_control_socket_reports_memory_and_steers_the_balloon() {
     assert_eq!(stats(&mut stream, &mut reader).1, Some(32), "still serving this connection");
     // An oversized line is refused and ends that connection only.
     let huge = format!("{{\"op\":\"snapshot\",\"dir\":\"/{}\"}}", "a".repeat(MAX_LINE));
-    let answer = ask_raw(&mut stream, &mut reader, &huge);
+    // The VMM may answer and hang up before the whole line is written: a broken pipe on the
+    // write is expected then, and the answer is already waiting.
+    if let Err(e) = writeln!(stream, "{huge}") {
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "send: {e}");
+    }
+    let mut line = String::new();
+    reader.read_line(&mut line).expect("answer");
+    let answer = decode_line(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
     assert!(matches!(answer, ControlReply::Error { ref message } if message.contains("at most")));
     // Still serving, on a new connection.
     let mut again = UnixStream::connect(&path).expect("connect");

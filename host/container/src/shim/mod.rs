@@ -187,7 +187,7 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
         }
         if accept_ready {
             if let Ok(conn) = sys::accept(&links.listener) {
-                let report = FromShim::Reattached {
+                let report = FromShim::ReattachedAt {
                     init_pid: init.as_raw(),
                     running: running.iter().map(|(pid, id)| (*id, pid.as_raw())).collect(),
                     next_exec_id,
