@@ -64,9 +64,10 @@ impl LazyFs {
         runtime: tokio::runtime::Handle,
     ) -> Result<LazyFs, MountError> {
         let err = |source| MountError { path: mountpoint.to_owned(), source };
+        // Mounts left by crashed runs (a dead one answers ENOTCONN, even to mkdir) would make
+        // this one fail or stack on them: take them all off first.
+        detach_stale(mountpoint);
         std::fs::create_dir_all(mountpoint).map_err(err)?;
-        // A mount left by a crashed run would make this one fail.
-        let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
         let files = Arc::new(RwLock::new(Files { next_ino: ROOT + 1, ..Default::default() }));
         let fs = Fs { files: files.clone(), cache, runtime };
         let mut config = fuser::Config::default();
@@ -102,6 +103,22 @@ impl LazyFs {
         if let Some(ino) = files.by_name.remove(&file) {
             files.by_ino.remove(&ino);
         }
+    }
+}
+
+/// Detaches every mount stacked at `mountpoint` (at most 16).
+fn detach_stale(mountpoint: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let parent_dev = mountpoint.parent().and_then(|p| std::fs::metadata(p).ok()).map(|m| m.dev());
+    for _ in 0..16 {
+        let mounted = match std::fs::metadata(mountpoint) {
+            Ok(m) => Some(m.dev()) != parent_dev,
+            Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+        };
+        if !mounted || nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH).is_err() {
+            return;
+        }
+        tracing::info!(path = %mountpoint.display(), "detached a lazy mount left by an earlier run");
     }
 }
 
@@ -241,5 +258,37 @@ impl fuser::Filesystem for Fs {
             }
         }
         reply.ok();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stacked_mounts_left_behind_are_all_detached() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: mounting needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tmp");
+        let point = dir.path().join("lazy");
+        std::fs::create_dir(&point).expect("mkdir");
+        for _ in 0..3 {
+            nix::mount::mount(
+                Some("tmpfs"),
+                &point,
+                Some("tmpfs"),
+                nix::mount::MsFlags::empty(),
+                None::<&str>,
+            )
+            .expect("mount");
+        }
+        detach_stale(&point);
+        let mounts = std::fs::read_to_string("/proc/self/mounts").expect("mounts");
+        assert!(!mounts.contains(point.to_str().expect("utf-8")), "{mounts}");
+        // A plain directory is left as it is.
+        detach_stale(&point);
+        assert!(point.is_dir());
     }
 }
