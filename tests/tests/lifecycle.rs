@@ -390,6 +390,65 @@ async fn sandboxes_survive_brigd_restarts_and_crashes() {
     assert_eq!(sh(&client.sandbox(paused.id()), "cat /state").await, "before\n");
 }
 
+/// The freezer file of a container's cgroup (v1 or v2), found by sandbox id.
+fn freezer_file(id: &str) -> std::path::PathBuf {
+    for (root, file) in
+        [("/sys/fs/cgroup/freezer", "freezer.state"), ("/sys/fs/cgroup", "cgroup.freeze")]
+    {
+        let Ok(parents) = std::fs::read_dir(root) else { continue };
+        for p in parents.flatten().filter(|p| p.file_name().to_string_lossy().starts_with("brig-"))
+        {
+            let path = p.path().join(id).join(file);
+            if path.exists() {
+                return path;
+            }
+        }
+    }
+    panic!("no freezer for {id}");
+}
+
+/// A crash does not restart the TTL clocks (last use and pause time come back as they were),
+/// and a sandbox the node had frozen for a fork or checkpoint when it died comes back
+/// running, not hanging.
+#[tokio::test]
+async fn ttl_clocks_survive_a_crash_and_a_frozen_running_sandbox_is_thawed() {
+    let mut daemon = daemon_with(&["--on-exit", "keep"]);
+    let client = daemon.client().await.expect("connect");
+    let hour = Duration::from_secs(3600);
+    let options = || SandboxOptions::container(&image("busybox")).idle_ttl(hour);
+    let used = client.create(options()).await.expect("create");
+    let paused = client.create(options()).await.expect("create");
+    paused.pause().await.expect("pause");
+    let frozen = client.create(options()).await.expect("create");
+    // A use more than the 5 s slack after the record's is saved within a reaper tick.
+    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    sh(&used, "true").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = used.status().await.expect("status");
+    let paused_at = paused.status().await.expect("status").paused_unix_ms;
+    assert!(paused_at.is_some());
+    // As if the node died mid-fork: the container is frozen while its record says running.
+    let freezer = freezer_file(frozen.id());
+    let value = if freezer.ends_with("freezer.state") { "FROZEN" } else { "1" };
+    std::fs::write(&freezer, value).expect("freeze");
+
+    daemon.crash().expect("crash");
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    daemon.start_again().expect("start");
+    let client = daemon.client().await.expect("reconnect");
+    let after = client.sandbox(used.id()).status().await.expect("status");
+    assert_eq!(after.last_used_unix_ms, before.last_used_unix_ms, "the idle clock restarted");
+    let paused = client.sandbox(paused.id());
+    assert_eq!(paused.status().await.expect("status").paused_unix_ms, paused_at);
+    let frozen = client.sandbox(frozen.id());
+    assert_eq!(state(&frozen).await, SandboxState::Running);
+    let out = frozen
+        .exec_with(Cmd::shell("echo thawed").timeout(Duration::from_secs(10)))
+        .await
+        .expect("exec");
+    assert_eq!(out.stdout_text(), "thawed\n");
+}
+
 /// A create whose client is gone before the reply arrives made a sandbox nobody heard of:
 /// nobody could use or destroy it, so the node destroys it at once and nothing is left.
 #[tokio::test]

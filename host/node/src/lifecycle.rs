@@ -201,10 +201,17 @@ impl Node {
             if let Some(slot) = record.spec.net_slot {
                 self.reserve_network(&id.to_string(), slot);
             }
-            let entry = SandboxEntry::new(id, record.spec, record.created_unix_ms, sandbox);
-            entry.set_paused(record.paused_unix_ms != 0);
-            // The node was down: count idleness from now, not from before the restart.
-            entry.touch();
+            // Recorded as running but found frozen: the node died in a fork or checkpoint,
+            // which freeze the parent meanwhile. Thaw it (a no-op when it runs).
+            if record.paused_unix_ms == 0
+                && sandbox.capabilities().persistence == Persistence::Record
+            {
+                if let Err(e) = sandbox.freeze(false).await {
+                    tracing::warn!(sandbox = %id, error = %e, "cannot thaw a sandbox recorded as running");
+                }
+            }
+            let entry = SandboxEntry::new(id, record.spec.clone(), record.created_unix_ms, sandbox);
+            entry.restore_clocks(&record);
             self.inner.sandboxes.insert(entry);
             restored += 1;
         }
@@ -546,6 +553,9 @@ impl Node {
                 if let Ok(hosts) = &node.inner.container_hosts {
                     hosts.sweep().await;
                 }
+                let clocks = node.clone();
+                let _ =
+                    tokio::task::spawn_blocking(move || clocks.inner.sandboxes.save_clocks()).await;
                 // One slow pause or destroy must not hold up the others.
                 let due = node.inner.sandboxes.due(now_unix_ms());
                 join_all(due.into_iter().map(|(entry, due)| {

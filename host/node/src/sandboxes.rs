@@ -29,6 +29,8 @@ pub(crate) struct SandboxEntry {
     pub created_unix_ms: u64,
     spec: RwLock<SandboxSpec>,
     last_used_unix_ms: AtomicU64,
+    /// The last use its record holds (see [`SandboxTable::save_clocks`]).
+    saved_last_used_unix_ms: AtomicU64,
     /// When it was paused; 0 while it runs.
     paused_unix_ms: AtomicU64,
     /// The tier's sandbox: every request reaches the tier through it.
@@ -57,6 +59,7 @@ impl SandboxEntry {
             created_unix_ms,
             spec: RwLock::new(spec),
             last_used_unix_ms: AtomicU64::new(created_unix_ms),
+            saved_last_used_unix_ms: AtomicU64::new(created_unix_ms),
             paused_unix_ms: AtomicU64::new(0),
             sandbox,
             execs: ExecTable::default(),
@@ -101,6 +104,18 @@ impl SandboxEntry {
             0 => None,
             t => Some(t),
         }
+    }
+
+    /// Its clocks as its record left them before a restart: its TTLs count the time the node
+    /// was down. A record from before clocks were kept (no last use) counts idleness from now.
+    pub fn restore_clocks(&self, record: &SandboxRecord) {
+        let last_used = match record.last_used_unix_ms {
+            0 => now_unix_ms(),
+            t => t.max(self.created_unix_ms),
+        };
+        self.last_used_unix_ms.store(last_used, Ordering::Relaxed);
+        self.saved_last_used_unix_ms.store(last_used, Ordering::Relaxed);
+        self.paused_unix_ms.store(record.paused_unix_ms, Ordering::Relaxed);
     }
 
     pub fn set_paused(&self, paused: bool) {
@@ -148,6 +163,9 @@ pub(crate) enum Due {
     Destroy(String),
 }
 
+/// How far behind a sandbox's last use its record may fall.
+pub(crate) const CLOCK_SLACK_MS: u64 = 5_000;
+
 fn ms(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -160,6 +178,9 @@ pub(crate) struct SandboxRecord {
     pub created_unix_ms: u64,
     #[serde(default)]
     pub paused_unix_ms: u64,
+    /// Its last use, saved at most [`CLOCK_SLACK_MS`] behind (0 in records from before).
+    #[serde(default)]
+    pub last_used_unix_ms: u64,
     #[serde(default)]
     pub container: Option<ContainerRecord>,
 }
@@ -237,11 +258,13 @@ impl SandboxTable {
             // A VM's VMM dies with the daemon (it is not adopted back yet): no record.
             Persistence::Ephemeral => return Ok(()),
         };
+        let last_used = entry.last_used_unix_ms();
         let record = SandboxRecord {
             id: entry.id,
             spec: entry.spec(),
             created_unix_ms: entry.created_unix_ms,
             paused_unix_ms: entry.paused_unix_ms().unwrap_or(0),
+            last_used_unix_ms: last_used,
             container,
         };
         let bytes = serde_json::to_vec(&record).map_err(|e| NodeError::Io {
@@ -253,7 +276,35 @@ impl SandboxTable {
         std::fs::write(&tmp, bytes)
             .map_err(|source| NodeError::Io { what: tmp.display().to_string(), source })?;
         std::fs::rename(&tmp, &path)
-            .map_err(|source| NodeError::Io { what: path.display().to_string(), source })
+            .map_err(|source| NodeError::Io { what: path.display().to_string(), source })?;
+        entry.saved_last_used_unix_ms.store(last_used, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Saves the records of sandboxes used more than [`CLOCK_SLACK_MS`] after their record
+    /// says, so idle TTLs survive a restart (at most that much early). Blocking; returns how
+    /// many were written.
+    pub fn save_clocks(&self) -> usize {
+        let stale: Vec<Arc<SandboxEntry>> = self
+            .live
+            .read()
+            .values()
+            .filter(|e| {
+                e.last_used_unix_ms()
+                    > e.saved_last_used_unix_ms
+                        .load(Ordering::Relaxed)
+                        .saturating_add(CLOCK_SLACK_MS)
+            })
+            .cloned()
+            .collect();
+        let mut saved = 0;
+        for entry in stale {
+            match self.save(&entry) {
+                Ok(()) => saved += 1,
+                Err(e) => tracing::warn!(sandbox = %entry.id, error = %e, "cannot save its clock"),
+            }
+        }
+        saved
     }
 
     /// Adds a sandbox (its record is written separately, by [`SandboxTable::save`]).
