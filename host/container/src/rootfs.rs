@@ -300,12 +300,6 @@ impl Rootfs {
         self
     }
 
-    /// As [`Rootfs::with_upper_link`], in place.
-    pub fn set_upper_link(&mut self, link: PathBuf) {
-        self.upper = None;
-        self.upper_link = Some(link);
-    }
-
     /// The upper tmpfs's directory that becomes /dev.
     pub fn dev_dir(&self) -> PathBuf {
         self.dir.join("upper").join(DEV_DIR)

@@ -308,17 +308,8 @@ impl Runtime {
         };
         match tokio::time::timeout(START_TIMEOUT, self.start(spec, &rootfs, &cgroup)).await {
             Ok(Ok(Started { shim, shim_pid, shim_start, init_pid, init_start, upper_fd })) => {
-                if let Some(millis) = spec.limits.cpu_millis {
-                    if let Err(e) = cgroup.limit_cpu(millis) {
-                        cgroup.kill_all();
-                        let _ = cgroup.remove();
-                        let _ = rootfs.remove();
-                        return Err(e.into());
-                    }
-                }
                 rootfs.detach();
-                let mut rootfs = rootfs;
-                rootfs.set_upper_link(upper_link(shim_pid, upper_fd));
+                let rootfs = rootfs.with_upper_link(upper_link(shim_pid, upper_fd));
                 let dispatcher = tokio::spawn(shim.clone().dispatch());
                 Ok(Container {
                     name: spec.name.clone(),
@@ -430,6 +421,10 @@ impl Runtime {
         });
         let init_start = process_start_time(init_pid)
             .ok_or_else(|| RuntimeError::Setup(format!("container init {init_pid} is gone")))?;
+        // Only now: setting up the namespaces and mounts is the node's work, not the container's.
+        if let Some(millis) = spec.limits.cpu_millis {
+            cgroup.limit_cpu(millis)?;
+        }
         Ok(Started { shim, shim_pid: pid, shim_start, init_pid, init_start, upper_fd })
     }
 }

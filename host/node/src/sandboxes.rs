@@ -255,8 +255,12 @@ impl SandboxTable {
         let container = match entry.sandbox.capabilities().persistence {
             Persistence::Record => entry.sandbox.record(),
             Persistence::Spec => None,
-            // A VM's VMM dies with the daemon (it is not adopted back yet): no record.
-            Persistence::Ephemeral => return Ok(()),
+            // A VM's VMM dies with the daemon (it is not adopted back yet): no record, and no
+            // clock for `save_clocks` to come back for.
+            Persistence::Ephemeral => {
+                entry.saved_last_used_unix_ms.store(entry.last_used_unix_ms(), Ordering::Relaxed);
+                return Ok(());
+            }
         };
         let last_used = entry.last_used_unix_ms();
         let record = SandboxRecord {

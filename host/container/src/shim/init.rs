@@ -184,15 +184,8 @@ fn mask(root: &Path, path: &str, empty: &Path) -> Result<(), ShimError> {
 
 /// Binds `source` at `target`, read-only, nosuid, nodev and noexec.
 fn bind_readonly(source: &Path, target: &Path) -> Result<(), ShimError> {
-    mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-        .map_err(sys("bind read-only"))?;
-    let flags = MsFlags::MS_BIND
-        | MsFlags::MS_REMOUNT
-        | MsFlags::MS_RDONLY
-        | MsFlags::MS_NOSUID
-        | MsFlags::MS_NODEV
-        | MsFlags::MS_NOEXEC;
-    mount(None::<&str>, target, None::<&str>, flags, None::<&str>).map_err(sys("remount read-only"))
+    let locked = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    bind_with(source, target, MsFlags::empty(), locked)
 }
 
 fn make_readonly(root: &Path, path: &str) -> Result<(), ShimError> {
@@ -200,16 +193,17 @@ fn make_readonly(root: &Path, path: &str) -> Result<(), ShimError> {
     if !target.exists() {
         return Ok(());
     }
-    mount(Some(&target), &target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
-        .map_err(sys("bind read-only path"))?;
-    mount(
-        None::<&str>,
-        &target,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID,
-        None::<&str>,
-    )
-    .map_err(sys("remount read-only"))
+    bind_with(&target, &target, MsFlags::MS_REC, MsFlags::MS_NOSUID)
+}
+
+/// Binds `source` at `target` (`bind` adds e.g. MS_REC), then remounts it read-only with
+/// `flags`: a bind takes its flags only from a remount.
+fn bind_with(source: &Path, target: &Path, bind: MsFlags, flags: MsFlags) -> Result<(), ShimError> {
+    mount(Some(source), target, None::<&str>, MsFlags::MS_BIND | bind, None::<&str>)
+        .map_err(sys("bind read-only"))?;
+    let remount = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | flags;
+    mount(None::<&str>, target, None::<&str>, remount, None::<&str>)
+        .map_err(sys("remount read-only"))
 }
 
 /// Reaps every child that reaches us, forever. SIGCHLD stays blocked and is taken with sigwait,
