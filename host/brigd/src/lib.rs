@@ -162,7 +162,8 @@ pub async fn run(
             .with_context(|| format!("registering tools from {}", dir.display()))?;
         tracing::info!(dir = %dir.display(), tools = added.len(), "built-in tools registered");
     }
-    let server = Server::bind(opts.listen, &identity)?;
+    let server = Server::bind(opts.listen, &identity)?
+        .limit_open_requests(opts.node.limits.streams_per_connection);
     let local = server.local_addr()?;
     let (metrics_addr, metrics_task) = match opts.metrics {
         Some(addr) => match tokio::net::TcpListener::bind(addr).await {

@@ -297,6 +297,13 @@ impl Node {
         if !live && !self.inner.audit.exists(&id) {
             return Err(NodeError::SandboxNotFound(id));
         }
+        let max = self.inner.config.limits.audit_followers;
+        let _follower = match req.follow {
+            true => {
+                Some(self.inner.audit_followers.enter(max, crate::limits::Limit::AuditFollowers)?)
+            }
+            false => None,
+        };
         // Subscribe before reading the files, so nothing falls between the two.
         let mut events = self.inner.audit.subscribe();
         let mut last = req.after_seq;
@@ -313,8 +320,14 @@ impl Node {
         if !req.follow {
             return Ok(Some(Reply::Done));
         }
+        let peer_gone = exchange.peer_gone();
+        tokio::pin!(peer_gone);
         loop {
-            match tokio::time::timeout(Duration::from_millis(500), events.recv()).await {
+            let next = tokio::select! {
+                next = tokio::time::timeout(Duration::from_millis(500), events.recv()) => next,
+                () = &mut peer_gone => return Err(brig_transport::TransportError::PeerGone.into()),
+            };
+            match next {
                 Ok(Ok((sb, event))) if sb == id && event.seq > last => {
                     exchange.reply(&send(vec![event], &mut last)).await?;
                 }

@@ -40,6 +40,8 @@ pub struct NodeConfig {
     pub container_host: crate::container_host::ContainerHostConfig,
     /// The node's own compressed swap, so that a paused sandbox's memory can leave RAM.
     pub swap: crate::swap::SwapConfig,
+    /// Bounds per sandbox, per connection and per node that keep one client from taking all.
+    pub limits: crate::limits::LimitsConfig,
 }
 
 /// What a stopping daemon does with its containers.
@@ -180,6 +182,7 @@ impl Default for NodeConfig {
             fullvm: Default::default(),
             container_host: Default::default(),
             swap: Default::default(),
+            limits: Default::default(),
         }
     }
 }

@@ -38,6 +38,9 @@ pub enum NodeError {
     NoStore(String),
     #[error("this node holds its maximum of {0} sandboxes")]
     Full(usize),
+    /// A client reached one of the node's `[limits]`.
+    #[error("limit reached: at most {max} {} (the node's limits.{})", .limit.what(), .limit.setting())]
+    Limit { limit: crate::limits::Limit, max: u64 },
     #[error("upload exceeds the {0}-byte limit")]
     UploadTooLarge(u64),
     #[error(transparent)]
@@ -124,6 +127,7 @@ impl NodeError {
                 }
             }
             NodeError::Full(_) => ErrorCode::ResourceExhausted,
+            NodeError::Limit { .. } => ErrorCode::QuotaExceeded,
             NodeError::UploadTooLarge(_) => ErrorCode::TooLarge,
             NodeError::Fncall(e) => match e {
                 FncallError::ToolNotFound(_) => ErrorCode::NotFound,

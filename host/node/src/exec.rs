@@ -15,10 +15,11 @@ use std::time::Duration;
 use brig_core::sandbox::{ExecEvent, ExecExit, ExecSpec, Op, Stdin, TerminalSize};
 use brig_proto::{AuditKind, ExecResult, OutputStream, Reply, StdinMode};
 use brig_transport::Exchange;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::audit::Recorder;
 use crate::exec_hub::{ExecHub, Resizer};
+use crate::limits::Limit;
 use crate::{Node, NodeError};
 
 /// Stdin chunks buffered between the client's upload and the tier.
@@ -47,10 +48,15 @@ impl Node {
             .output_limit_bytes
             .unwrap_or(cfg.default_output_limit_bytes)
             .min(cfg.max_output_limit_bytes);
-        let stdin = match req.stdin {
-            StdinMode::Empty => Stdin::Empty,
-            StdinMode::Bytes(bytes) => Stdin::Bytes(bytes),
-            StdinMode::Stream => Stdin::Stream(stdin_of(exchange)),
+        let limits = &self.inner.config.limits;
+        entry.execs.make_room(limits.execs_per_sandbox)?;
+        let (stdin, stdin_over) = match req.stdin {
+            StdinMode::Empty => (Stdin::Empty, None),
+            StdinMode::Bytes(bytes) => (Stdin::Bytes(bytes), None),
+            StdinMode::Stream => {
+                let (chunks, over) = stdin_of(exchange, limits.exec_stdin_bytes);
+                (Stdin::Stream(chunks), Some(over))
+            }
         };
         let cwd = Some(req.cwd.clone()).filter(|c| !c.is_empty());
         let spec = ExecSpec {
@@ -81,25 +87,46 @@ impl Node {
         let hub = entry.execs.insert_with(exec_id, argv, Box::new(move || control.kill()), resizer);
         tokio::spawn(pump(running.events, hub.clone(), exec_id, recorder));
         exchange.reply(&Reply::ExecStarted { exec_id }).await?;
-        let streamed = hub.stream(exchange).await;
+        let streamed = match stdin_over {
+            None => hub.stream(exchange).await,
+            // Stdin over its limit ends this client's stream with the error; the command runs
+            // on (its stdin closed) and can be attached to by id.
+            Some(over) => tokio::select! {
+                streamed = hub.stream(exchange) => streamed,
+                Ok(max) = over => Err(Limit::ExecStdinBytes.reached(max)),
+            },
+        };
         entry.touch();
         streamed
     }
 }
 
-/// The client's upload as a channel of stdin chunks (no upload: end of input at once).
-fn stdin_of(exchange: &mut Exchange) -> mpsc::Receiver<bytes::Bytes> {
+/// The client's upload as a channel of stdin chunks (no upload: end of input at once). Past
+/// `max` bytes the upload is refused, the command's stdin closed, and `max` sent on the
+/// second channel.
+fn stdin_of(
+    exchange: &mut Exchange,
+    max: u64,
+) -> (mpsc::Receiver<bytes::Bytes>, oneshot::Receiver<u64>) {
     let (tx, rx) = mpsc::channel(STDIN_CHUNKS);
+    let (over_tx, over_rx) = oneshot::channel();
     if let Some(mut upload) = exchange.take_upload() {
         tokio::spawn(async move {
+            let mut total = 0u64;
             while let Ok(Some(chunk)) = upload.read().await {
+                total = total.saturating_add(chunk.len() as u64);
+                if total > max {
+                    upload.refuse();
+                    let _ = over_tx.send(max);
+                    break;
+                }
                 if tx.send(chunk).await.is_err() {
                     break;
                 }
             }
         });
     }
-    rx
+    (rx, over_rx)
 }
 
 /// Moves a command's events into its hub until it ends.

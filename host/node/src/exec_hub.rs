@@ -15,10 +15,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use brig_proto::{ExecInfo, ExecResult, OutputStream, Reply, TerminalSize};
-use brig_transport::Exchange;
+use brig_transport::{Exchange, TransportError};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use crate::limits::Limit;
 use crate::NodeError;
 
 /// Output kept per exec for reattaching clients.
@@ -93,6 +94,8 @@ impl ExecHub {
 
     /// Streams everything kept and then what follows, until the exec ends.
     pub(crate) async fn stream(&self, exchange: &mut Exchange) -> Result<Option<Reply>, NodeError> {
+        let peer_gone = exchange.peer_gone();
+        tokio::pin!(peer_gone);
         let mut next = 0u64;
         loop {
             let notified = self.changed.notified();
@@ -123,7 +126,10 @@ impl ExecHub {
             if let Some(result) = result {
                 return Ok(Some(Reply::Exited(result)));
             }
-            notified.await;
+            tokio::select! {
+                () = notified => {}
+                () = &mut peer_gone => return Err(TransportError::PeerGone.into()),
+            }
         }
     }
 }
@@ -159,6 +165,24 @@ impl ExecTable {
         self.prune();
         self.execs.lock().insert(exec_id, hub.clone());
         hub
+    }
+
+    /// Makes room for one more exec when `max` are kept: the oldest finished one is forgotten;
+    /// if every kept exec still runs, the limit error.
+    pub(crate) fn make_room(&self, max: usize) -> Result<(), NodeError> {
+        self.prune();
+        let mut execs = self.execs.lock();
+        while execs.len() >= max {
+            let oldest_finished = execs
+                .iter()
+                .filter_map(|(id, hub)| hub.state.lock().finished.map(|t| (t, *id)))
+                .min();
+            match oldest_finished {
+                Some((_, id)) => execs.remove(&id),
+                None => return Err(Limit::ExecsPerSandbox.reached(max)),
+            };
+        }
+        Ok(())
     }
 
     fn get(&self, exec_id: u64) -> Result<Arc<ExecHub>, NodeError> {

@@ -30,6 +30,7 @@ mod fullvm;
 mod hosted;
 mod images;
 mod lifecycle;
+mod limits;
 pub mod metrics;
 mod microvm;
 mod route;
@@ -44,6 +45,7 @@ pub use admission::AdmissionConfig;
 pub use config::{BlobBackendConfig, ContainerConfig, ImagesConfig, NodeConfig, OnExit};
 pub use container_host::{ContainerHostConfig, PlacementPolicy};
 pub use error::NodeError;
+pub use limits::LimitsConfig;
 pub use scope::{Principal, PROJECT_LABEL};
 
 use std::path::{Path, PathBuf};
@@ -97,6 +99,8 @@ struct Inner {
     working_set: parking_lot::Mutex<(std::time::Instant, u64, u64)>,
     /// Set while a blocking task re-measures `working_set` (one at a time).
     working_set_refreshing: std::sync::atomic::AtomicBool,
+    /// Clients following audit trails now (bounded by `limits.audit_followers`).
+    audit_followers: limits::Gauge,
 }
 
 impl Node {
@@ -149,6 +153,7 @@ impl Node {
                 egress: egress::EgressState::default(),
                 working_set: parking_lot::Mutex::new((std::time::Instant::now(), 0, 0)),
                 working_set_refreshing: std::sync::atomic::AtomicBool::new(false),
+                audit_followers: limits::Gauge::default(),
                 zram,
             }),
         };

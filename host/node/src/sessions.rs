@@ -12,6 +12,7 @@ use brig_proto::{AuditKind, OutputStream, Reply, SessionOpenRequest};
 use brig_transport::Exchange;
 use tokio::sync::mpsc;
 
+use crate::limits::Limit;
 use crate::sandboxes::SandboxEntry;
 use crate::{Node, NodeError};
 
@@ -23,11 +24,23 @@ pub(crate) struct SessionTable {
 }
 
 impl SessionTable {
-    /// Keeps an open session; returns its id.
-    pub fn add(&self, session: Box<dyn Session>) -> String {
+    /// Keeps an open session and returns its id, or gives it back when `max` are open.
+    pub fn add(&self, session: Box<dyn Session>, max: usize) -> Result<String, Box<dyn Session>> {
+        let mut sessions = self.sessions.lock();
+        if sessions.len() >= max {
+            return Err(session);
+        }
         let id = format!("s{}", self.next.fetch_add(1, Ordering::Relaxed) + 1);
-        self.sessions.lock().insert(id.clone(), Arc::from(session));
-        id
+        sessions.insert(id.clone(), Arc::from(session));
+        Ok(id)
+    }
+
+    /// Refuses a new session when `max` are open already.
+    pub fn check_room(&self, max: usize) -> Result<(), NodeError> {
+        match self.sessions.lock().len() < max {
+            true => Ok(()),
+            false => Err(Limit::SessionsPerSandbox.reached(max)),
+        }
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<dyn Session>> {
@@ -74,10 +87,18 @@ impl Node {
         brig_core::check_command(&[shell], &req.env, &req.cwd)?;
         let entry = self.session_host(&req.sandbox).await?;
         let spec = SessionSpec { shell: req.shell, env: req.env, cwd: req.cwd, user: req.user };
+        let max = self.inner.config.limits.sessions_per_sandbox;
+        entry.sessions.check_room(max)?;
         let session = entry.sandbox.open_session(spec).await.map_err(|e| entry.fail(e))?;
-        let id = entry.sessions.add(session);
         entry.touch();
-        Ok(id)
+        match entry.sessions.add(session, max) {
+            Ok(id) => Ok(id),
+            // Another client took the last place while this shell started.
+            Err(session) => {
+                session.close().await;
+                Err(Limit::SessionsPerSandbox.reached(max))
+            }
+        }
     }
 
     pub(crate) async fn session_input(

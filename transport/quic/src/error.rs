@@ -45,6 +45,9 @@ pub enum TransportError {
     Frame(#[source] FrameError),
     #[error("stream ended in the middle of a frame")]
     Truncated,
+    /// The client stopped reading this request's replies (it dropped the stream or left).
+    #[error("the client stopped reading the replies")]
+    PeerGone,
     /// The exchange's sending half was taken off (`ClientExchange::take_upload`).
     #[error("this exchange's upload half was taken off")]
     UploadTaken,

@@ -60,6 +60,11 @@ impl Upload {
     pub async fn read(&mut self) -> Result<Option<Bytes>, TransportError> {
         self.reader.read_raw().await
     }
+
+    /// Stops the upload: the client's further writes fail instead of blocking.
+    pub fn refuse(&mut self) {
+        self.reader.stop(0);
+    }
 }
 
 impl Exchange {
@@ -71,6 +76,20 @@ impl Exchange {
     /// Sends an error reply.
     pub async fn error(&mut self, error: WireError) -> Result<(), TransportError> {
         self.reply(&Reply::Error(error)).await
+    }
+
+    /// Completes when the client stops reading the replies: it dropped the stream, or its
+    /// connection is gone. A request that waits on events selects on this, so a client that
+    /// left does not hold its place (and its connection's request limit) until the next event.
+    pub fn peer_gone(&self) -> impl Future<Output = ()> + Send + 'static {
+        let stopped = self.send.stopped();
+        async move {
+            match stopped.await {
+                Ok(Some(_)) | Err(_) => {}
+                // Finished by us and acknowledged: nothing more will happen on this stream.
+                Ok(None) => std::future::pending().await,
+            }
+        }
     }
 
     /// Sends raw bytes after a reply frame (downloads).
@@ -116,6 +135,9 @@ impl Exchange {
 /// A bound QUIC server endpoint.
 pub struct Server {
     endpoint: quinn::Endpoint,
+    /// Requests one connection may have open at once; the next is refused with
+    /// `QuotaExceeded` until one ends.
+    open_requests: usize,
 }
 
 impl Server {
@@ -129,7 +151,15 @@ impl Server {
             Arc::new(quinn::TokioRuntime),
         )
         .map_err(|source| TransportError::Bind { addr, source })?;
-        Ok(Server { endpoint })
+        let open_requests = crate::tuning::MAX_CONCURRENT_STREAMS as usize;
+        Ok(Server { endpoint, open_requests })
+    }
+
+    /// Bounds the requests one connection has open at once (at most QUIC's stream limit):
+    /// the one over it gets a `QuotaExceeded` error, and the connection's others carry on.
+    pub fn limit_open_requests(mut self, max: usize) -> Server {
+        self.open_requests = max.clamp(1, crate::tuning::MAX_CONCURRENT_STREAMS as usize);
+        self
     }
 
     pub fn local_addr(&self) -> Result<SocketAddr, TransportError> {
@@ -149,8 +179,9 @@ impl Server {
                 incoming = self.endpoint.accept() => {
                     let Some(incoming) = incoming else { break };
                     let service = service.clone();
+                    let open_requests = self.open_requests;
                     tokio::spawn(async move {
-                        if let Err(e) = serve_connection(incoming, service).await {
+                        if let Err(e) = serve_connection(incoming, service, open_requests).await {
                             tracing::debug!(error = %e, "connection ended with error");
                         }
                     });
@@ -166,6 +197,7 @@ impl Server {
 async fn serve_connection<S: Service>(
     incoming: quinn::Incoming,
     service: Arc<S>,
+    open_requests: usize,
 ) -> Result<(), TransportError> {
     let conn = incoming.await.map_err(TransportError::Connection)?;
     let (status, principal) = tokio::time::timeout(HELLO_TIMEOUT, hello(&conn, service.as_ref()))
@@ -179,6 +211,7 @@ async fn serve_connection<S: Service>(
         return Ok(());
     };
     let principal = Arc::new(principal);
+    let open = Arc::new(tokio::sync::Semaphore::new(open_requests));
     loop {
         let (send, recv) = match conn.accept_bi().await {
             Ok(pair) => pair,
@@ -186,12 +219,29 @@ async fn serve_connection<S: Service>(
             | Err(quinn::ConnectionError::LocallyClosed) => return Ok(()),
             Err(e) => return Err(TransportError::Connection(e)),
         };
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            tokio::spawn(refuse_stream(send, recv, open_requests));
+            continue;
+        };
         let service = service.clone();
         let principal = principal.clone();
         tokio::spawn(async move {
             serve_stream(send, recv, service, &principal).await;
+            drop(permit);
         });
     }
+}
+
+/// Answers a request over the connection's limit without reading it.
+async fn refuse_stream(send: quinn::SendStream, recv: quinn::RecvStream, limit: usize) {
+    let mut exchange = Exchange { send, reader: Some(FrameReader::new(recv)) };
+    exchange.refuse_upload();
+    let message = format!(
+        "limit reached: at most {limit} requests open at once on one connection (the node's \
+         limits.streams_per_connection); wait for some to finish"
+    );
+    let _ = exchange.error(WireError::new(ErrorCode::QuotaExceeded, message)).await;
+    exchange.finish();
 }
 
 /// Runs the hello on the connection's first stream and returns what was decided.

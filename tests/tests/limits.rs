@@ -1,0 +1,122 @@
+//! Bounded everything: each of the node's `[limits]` reached by one client is a typed
+//! `QuotaExceeded` error for that client, while other requests and clients carry on.
+
+use std::time::Duration;
+
+use brig_sdk::{Cmd, Error, ErrorCode, ExecEvent, SandboxOptions};
+use brig_tests::{image, Daemon};
+
+const LIMITS: &str = "[limits]
+sessions_per_sandbox = 2
+execs_per_sandbox = 3
+streams_per_connection = 4
+audit_followers = 1
+exec_stdin_bytes = 65536
+";
+
+fn quota_exceeded<T: std::fmt::Debug>(what: &str, result: Result<T, Error>) -> String {
+    match result {
+        Err(e) if e.code() == Some(ErrorCode::QuotaExceeded) => e.to_string(),
+        other => panic!("{what}: expected QuotaExceeded, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn every_limit_is_a_typed_error_for_its_client_and_others_carry_on() {
+    let daemon = Daemon::start_with_config(LIMITS, &[]).expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    let sb = client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
+    let bystander = daemon.client().await.expect("second client");
+
+    // Sessions: two open, the third refused; closing one makes room.
+    let s1 = sb.open_session().await.expect("session 1");
+    let _s2 = sb.open_session().await.expect("session 2");
+    let text = quota_exceeded("third session", sb.open_session().await);
+    assert!(text.contains("limits.sessions_per_sandbox"), "{text}");
+    s1.close().await.expect("close");
+    let _s3 = sb.open_session().await.expect("a session once one closed");
+
+    // Execs: finished ones make room for new ones; three running fill the table.
+    for i in 0..5 {
+        let out = sb.exec(["echo", &i.to_string()]).await.expect("finished execs make room");
+        assert_eq!(out.stdout_text(), format!("{i}\n"));
+    }
+    let mut running = Vec::new();
+    for _ in 0..3 {
+        running.push(sb.exec_stream(Cmd::new(["sleep", "30"])).await.expect("running exec"));
+    }
+    let text = quota_exceeded("fourth running exec", sb.exec(["true"]).await);
+    assert!(text.contains("limits.execs_per_sandbox"), "{text}");
+
+    // Streams per connection: the three execs hold three streams; one more fits, then the
+    // next request on this connection is refused while another client is served.
+    let mut follow = sb.audit_stream(0, true).await.expect("audit follower");
+    assert!(follow.next_batch().await.expect("first batch").is_some());
+    let text = quota_exceeded("fifth open request", client.node_status().await);
+    assert!(text.contains("limits.streams_per_connection"), "{text}");
+    bystander.node_status().await.expect("another connection is served");
+
+    // Audit followers, node-wide: the bystander cannot follow while this client does.
+    let other = bystander.sandbox(sb.id());
+    let mut second = other.audit_stream(0, true).await.expect("open");
+    let text = quota_exceeded("second follower", second.next_batch().await);
+    assert!(text.contains("limits.audit_followers"), "{text}");
+    assert!(other.audit(0).await.expect("reading the trail is not following").len() > 1);
+
+    // Freeing the streams frees the connection.
+    drop(follow);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for exec in &running {
+        sb.kill(exec.exec_id()).await.expect("kill, on the stream the follower freed");
+    }
+    for mut exec in running {
+        while let Some(event) = exec.next().await {
+            if matches!(event, Ok(ExecEvent::Exited(_)) | Err(_)) {
+                break;
+            }
+        }
+    }
+    let mut status = None;
+    for _ in 0..50 {
+        status = client.node_status().await.ok();
+        if status.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(status.is_some(), "the connection serves again once its requests end");
+
+    // Streamed stdin past its byte limit: the client hears why, the command ran with what
+    // fitted and its stdin closed, and its output is kept for attach.
+    let mut exec =
+        sb.exec_stream(Cmd::shell("wc -c; echo done").stdin_stream()).await.expect("streamed exec");
+    let exec_id = exec.exec_id();
+    let mut stdin = exec.take_stdin().expect("stdin");
+    let feeder = tokio::spawn(async move {
+        let chunk = bytes::Bytes::from(vec![b'x'; 16 * 1024]);
+        for _ in 0..64 {
+            if stdin.write(chunk.clone()).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut refused = None;
+    while let Some(event) = exec.next().await {
+        if let Err(e) = event {
+            refused = Some(e);
+            break;
+        }
+    }
+    let refused = refused.expect("the exec ended without the stdin limit error");
+    let text = quota_exceeded("stdin over its limit", Err::<(), _>(refused));
+    assert!(text.contains("limits.exec_stdin_bytes"), "{text}");
+    feeder.await.expect("feeder");
+    let kept = sb.attach(exec_id).await.expect("attach").collect().await.expect("output");
+    let counted: u64 = kept.stdout_text().lines().next().unwrap_or("").trim().parse().expect("wc");
+    assert!(counted <= 65536, "the command read {counted} bytes, over the limit");
+    assert!(kept.stdout_text().ends_with("done\n"), "{}", kept.stdout_text());
+
+    // The node is healthy for everyone.
+    assert_eq!(sb.exec(["echo", "ok"]).await.expect("exec").stdout_text(), "ok\n");
+    sb.destroy().await.expect("destroy");
+}
