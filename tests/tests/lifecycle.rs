@@ -503,3 +503,113 @@ async fn a_sandbox_whose_create_was_never_acknowledged_is_destroyed() {
     let records = std::fs::read_dir(daemon.state_dir().join("sandboxes")).expect("records");
     assert_eq!(records.count(), 0, "a record outlived the sandbox");
 }
+
+/// Everything of sandbox `id` the host holds by name: cgroups and run-directory entries.
+fn host_objects_of(id: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let roots = ["/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/freezer"];
+    for root in roots.iter().map(std::path::Path::new).chain([std::path::Path::new("/run/brig")]) {
+        let Ok(parents) = std::fs::read_dir(root) else { continue };
+        for p in parents.flatten() {
+            let path = p.path().join(id);
+            if path.exists() {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// A fork the node dies in is rolled back at the next start, never left half done: its
+/// children are gone with everything they held, the parent runs thawed with its files, and the
+/// fork's intent is cleared. First a real crash while the children's layers are copied
+/// (nothing recorded yet); then, as if the node died right after recording the children and
+/// before clearing the intent, the intent of a finished fork is put back before a restart.
+#[tokio::test]
+async fn a_fork_cut_short_by_a_crash_is_rolled_back() {
+    let mut daemon = daemon_with(&["--on-exit", "keep"]);
+    for after_recording in [false, true] {
+        fork_then_crash(&mut daemon, after_recording).await;
+    }
+}
+
+async fn fork_then_crash(daemon: &mut Daemon, after_recording: bool) {
+    let client = daemon.client().await.expect("connect");
+    let options = SandboxOptions::container(&image("busybox")).memory_mib(2048).disk_mib(2048);
+    let parent = client.create(options).await.expect("create");
+    // A writable layer big enough that copying it into 8 children takes a while.
+    sh(&parent, "dd if=/dev/zero of=/big bs=1M count=192 2>/dev/null; echo kept > /note").await;
+    let ops = daemon.state_dir().join("ops");
+    let records = daemon.state_dir().join("sandboxes");
+    let children: Vec<String> = if after_recording {
+        let kids = parent.fork(8).await.expect("fork");
+        let children: Vec<String> = kids.iter().map(|k| k.id().to_string()).collect();
+        daemon.crash().expect("crash");
+        let intent = serde_json::json!({ "parent": parent.id(), "children": children });
+        let path = ops.join(format!("fork-{}.json", parent.id()));
+        std::fs::write(path, intent.to_string()).expect("put the intent back");
+        children
+    } else {
+        let forking = client.sandbox(parent.id());
+        let fork = tokio::spawn(async move { forking.fork(8).await });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let intent = loop {
+            let file = std::fs::read_dir(&ops).expect("ops dir").flatten().find(|e| {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                name.starts_with("fork-") && name.ends_with(".json")
+            });
+            if let Some(file) = file {
+                break std::fs::read(file.path()).expect("intent");
+            }
+            assert!(Instant::now() < deadline, "no fork intent appeared");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        daemon.crash().expect("crash");
+        // The client may go on trying to reach the dead node; it must not have been answered.
+        if fork.is_finished() {
+            assert!(fork.await.expect("task").is_err(), "the fork was answered before the crash");
+        } else {
+            fork.abort();
+        }
+        let intent: serde_json::Value = serde_json::from_slice(&intent).expect("json");
+        let ids = intent["children"].as_array().expect("children").iter();
+        ids.map(|c| c.as_str().expect("id").to_string()).collect()
+    };
+    assert_eq!(children.len(), 8);
+
+    daemon.start_again().expect("start");
+    let client = daemon.client().await.expect("reconnect");
+    let live: Vec<String> =
+        client.list(&[]).await.expect("list").into_iter().map(|s| s.id).collect();
+    assert_eq!(live, vec![parent.id().to_string()], "only the parent is left");
+    let parent = client.sandbox(parent.id());
+    assert_eq!(state(&parent).await, SandboxState::Running);
+    let out = parent
+        .exec_with(Cmd::shell("cat /note; ls -l /big | wc -l").timeout(Duration::from_secs(10)))
+        .await
+        .expect("exec in the thawed parent");
+    assert_eq!(out.stdout_text(), "kept\n1\n");
+    for child in &children {
+        let err = client.sandbox(child).status().await.expect_err("a rolled-back child");
+        assert_eq!(err.code(), Some(ErrorCode::NotFound), "{child}: {err}");
+        assert_eq!(
+            host_objects_of(child),
+            Vec::<std::path::PathBuf>::new(),
+            "{child} left objects"
+        );
+        assert!(!records.join(format!("{child}.json")).exists());
+    }
+    assert_eq!(std::fs::read_dir(&ops).expect("ops").count(), 0, "the intent was cleared");
+    let trail = parent.audit(0).await.expect("audit");
+    let rollback = trail
+        .iter()
+        .map(|e| format!("{:?}", e.kind))
+        .find(|k| k.contains("fork-rolled-back"))
+        .expect("the rollback is in the parent's audit trail");
+    if after_recording {
+        // Recorded children were restored, then destroyed by the rollback itself.
+        assert!(children.iter().all(|c| rollback.contains(c.as_str())), "{rollback}");
+    }
+    parent.destroy().await.expect("destroy");
+}

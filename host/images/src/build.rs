@@ -74,6 +74,38 @@ impl Drop for Staging {
     }
 }
 
+/// Removes the staging directories under `parent` whose process is gone (a build, import or
+/// checkpoint cut short by a crash); returns how many. Directories of live processes (another
+/// tool building into the same store) are left alone.
+pub fn sweep_staging(parent: &Path) -> usize {
+    let Ok(dir) = std::fs::read_dir(parent) else { return 0 };
+    let mut removed = 0;
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(".staging-")) else {
+            continue;
+        };
+        let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
+        let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
+        if alive && pid != Some(std::process::id()) {
+            continue;
+        }
+        let path = entry.path();
+        let gone = match entry.file_type() {
+            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path),
+            _ => std::fs::remove_file(&path),
+        };
+        match gone {
+            Ok(()) => removed += 1,
+            Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot remove staging"),
+        }
+    }
+    if removed > 0 {
+        tracing::info!(removed, dir = %parent.display(), "removed staging a crash left behind");
+    }
+    removed
+}
+
 /// Adds `base` to the owner and group of everything under `root` that is below it, keeping
 /// setuid/setgid bits (chown clears them).
 pub fn shift_ownership(root: &Path, base: u32) -> Result<(), BuildError> {
@@ -231,4 +263,23 @@ pub fn mkfs_chunked(
             .arg(meta)
             .arg(dir),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_of_dead_processes_is_swept_and_live_ones_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dead = dir.path().join(".staging-999999999-0000abcd");
+        std::fs::create_dir_all(dead.join("root/x")).expect("dead");
+        // pid 1 is always alive and never ours.
+        let live = dir.path().join(".staging-1-0000abcd");
+        std::fs::create_dir(&live).expect("live");
+        let other = dir.path().join("keep");
+        std::fs::create_dir(&other).expect("other");
+        assert_eq!(sweep_staging(dir.path()), 1);
+        assert!(!dead.exists() && live.exists() && other.exists());
+    }
 }

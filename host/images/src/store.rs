@@ -113,6 +113,7 @@ impl LayerStore {
         for d in [config.dir.join("layers"), config.dir.join("work")] {
             std::fs::create_dir_all(&d).map_err(io(d.display().to_string()))?;
         }
+        crate::build::sweep_staging(&config.dir.join("work"));
         let cache = Arc::new(ChunkCache::open(
             &config.cache_dir,
             config.cache_max_bytes,

@@ -29,6 +29,7 @@ mod files;
 mod fullvm;
 mod hosted;
 mod images;
+mod intents;
 mod lifecycle;
 mod limits;
 pub mod metrics;
@@ -99,6 +100,8 @@ struct Inner {
     working_set: parking_lot::Mutex<(std::time::Instant, u64, u64)>,
     /// Set while a blocking task re-measures `working_set` (one at a time).
     working_set_refreshing: std::sync::atomic::AtomicBool,
+    /// Forks under way, recorded so a crash in one is rolled back at the next start.
+    intents: intents::Intents,
     /// Clients following audit trails now (bounded by `limits.audit_followers`).
     audit_followers: limits::Gauge,
 }
@@ -136,6 +139,7 @@ impl Node {
             container_host::open(&config.container_host, &config.container, state_dir);
         let sandboxes = SandboxTable::new(&state_dir.join("sandboxes"))?;
         let audit = Arc::new(AuditLog::open(&state_dir.join("audit"))?);
+        let intents = intents::Intents::open(&state_dir.join("ops"))?;
         let node = Node {
             inner: Arc::new(Inner {
                 config,
@@ -154,6 +158,7 @@ impl Node {
                 working_set: parking_lot::Mutex::new((std::time::Instant::now(), 0, 0)),
                 working_set_refreshing: std::sync::atomic::AtomicBool::new(false),
                 audit_followers: limits::Gauge::default(),
+                intents,
                 zram,
             }),
         };

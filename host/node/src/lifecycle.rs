@@ -25,6 +25,7 @@ use brig_fncall::FncallSandbox;
 use brig_proto::{CreateRequest, SandboxInfo, Target, TtlUpdate};
 use brig_vmtier::VmSandbox;
 
+use crate::intents::ForkIntent;
 use crate::sandboxes::{now_unix_ms, Due, Gone, SandboxEntry};
 use crate::{convert, info, Node, NodeError};
 
@@ -218,12 +219,35 @@ impl Node {
         if let Ok(tier) = self.container_tier() {
             tier.remove_orphans(&containers);
         }
+        self.roll_back_forks().await;
         let swept = self.inner.fncall.sweep_layers();
         if swept > 0 {
             tracing::info!(swept, "removed shared workspace layers no sandbox uses");
         }
         if restored > 0 {
             tracing::info!(restored, containers = containers.len(), "sandboxes restored");
+        }
+    }
+
+    /// Undoes the forks an earlier run died in: their children are destroyed (no client was
+    /// told of them) and the parent, if restore found it frozen while recorded as running, was
+    /// thawed already.
+    async fn roll_back_forks(&self) {
+        for (intent, _file) in self.inner.intents.pending_forks() {
+            let mut undone = Vec::new();
+            for child in &intent.children {
+                let Ok(child) = child.parse::<SandboxId>() else { continue };
+                if self.inner.sandboxes.get(&child.to_string()).is_ok() {
+                    self.destroy(&child, Gone::Destroyed).await;
+                    undone.push(child.to_string());
+                }
+            }
+            tracing::warn!(parent = %intent.parent, children = ?undone, "rolled back a fork the node died in");
+            if self.inner.sandboxes.get(&intent.parent).is_ok() {
+                let detail =
+                    format!("the node died during a fork; children removed: {}", undone.join(" "));
+                self.audit_lifecycle(&intent.parent, "fork-rolled-back", detail);
+            }
         }
     }
 
@@ -356,6 +380,11 @@ impl Node {
         let was_paused = parent.paused_unix_ms().is_some();
         let ids: Vec<SandboxId> =
             (0..count).map(|_| SandboxId::generate(self.inner.config.node_id())).collect();
+        // Removed when this returns; found at the next start only if the node died meanwhile.
+        let _intent = self.inner.intents.begin_fork(&ForkIntent {
+            parent: id.to_string(),
+            children: ids.iter().map(|c| c.to_string()).collect(),
+        })?;
         let made =
             self.fork_children(&parent, &ids, egress.clone(), was_paused, evaluation).await?;
         let mut out = Vec::new();
