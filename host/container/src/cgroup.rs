@@ -324,6 +324,20 @@ impl ContainerCgroup {
         Ok(ExecCgroup { dir })
     }
 
+    /// The existing exec cgroup `name` (`e<n>`, from [`ExecCgroup::name`]).
+    pub fn exec_named(&self, name: &str) -> Option<ExecCgroup> {
+        let digits = name.strip_prefix('e')?;
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let parent = match self.version {
+            Version::V1 => self.dir(V1_EXEC_CONTROLLER),
+            Version::V2 => self.dir("unified"),
+        }?;
+        let dir = parent.join(name);
+        dir.is_dir().then_some(ExecCgroup { dir })
+    }
+
     /// Bytes of memory charged to the container now.
     pub fn memory_bytes(&self) -> Option<u64> {
         let file = match self.version {
@@ -477,6 +491,11 @@ pub struct ExecCgroup {
 }
 
 impl ExecCgroup {
+    /// Its directory's name, `e<n>`.
+    pub fn name(&self) -> String {
+        self.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    }
+
     /// Opens `cgroup.procs` for writing, to hand to the process that joins.
     pub fn open_procs(&self) -> Result<std::fs::File, CgroupError> {
         let path = self.dir.join("cgroup.procs");

@@ -12,15 +12,18 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, Notify};
 
+use serde::{Deserialize, Serialize};
+
 use crate::runtime::{Container, Process, RuntimeError, SpawnRequest};
 use crate::shim_proto::ExitInfo;
+use crate::spool::{Recovered, Spool, SpoolHeader, SpoolTarget};
 use crate::terminal::{TerminalMaster, TerminalSize};
 
 /// Read size for output pipes.
@@ -59,9 +62,12 @@ pub struct ExecRequest {
     /// Run on a terminal of this size: its output (stdout and stderr as one) comes as
     /// `Stdout`, its input goes through [`Exec::terminal`].
     pub terminal: Option<TerminalSize>,
+    /// Spool the output here, and have the shim keep the output pipes, so the command and
+    /// its output outlive the node (`crate::spool`, `crate::kept`).
+    pub spool: Option<SpoolTarget>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecExit {
     /// `None` if the process could not be waited for (the container died).
     pub status: Option<ExitInfo>,
@@ -122,6 +128,8 @@ fn receiver(fd: OwnedFd) -> Result<pipe::Receiver, RuntimeError> {
 /// Starts `request` in `container`: on pipes, or on a new terminal whose slave is the
 /// command's stdin, stdout and stderr.
 pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Exec, RuntimeError> {
+    let argv = request.spool.as_ref().map(|_| request.argv.clone()).unwrap_or_default();
+    let spooled = request.spool.is_some();
     let spawn = SpawnRequest {
         argv: request.argv,
         env: request.env,
@@ -135,8 +143,10 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
             let (in_r, in_w) = pipe_pair()?;
             let (out_r, out_w) = pipe_pair()?;
             let (err_r, err_w) = pipe_pair()?;
-            let process =
-                container.spawn(spawn, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()], &[]).await?;
+            let keep = if spooled { vec![out_r.as_fd(), err_r.as_fd()] } else { Vec::new() };
+            let stdio = [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()];
+            let process = container.spawn(spawn, stdio, &[], &keep).await?;
+            drop(keep);
             drop((in_r, out_w, err_w));
             let stdin_tx = pipe::Sender::from_owned_fd(in_w)
                 .map_err(|source| RuntimeError::Io { what: "pipe".into(), source })?;
@@ -161,8 +171,10 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
                     .map_err(|source| RuntimeError::Io { what: "terminal".into(), source })
             };
             let (out, err) = (dup(&slave)?, dup(&slave)?);
-            let process =
-                container.spawn(spawn, [slave.as_fd(), out.as_fd(), err.as_fd()], &[]).await?;
+            let keep = if spooled { vec![master.as_fd()] } else { Vec::new() };
+            let stdio = [slave.as_fd(), out.as_fd(), err.as_fd()];
+            let process = container.spawn(spawn, stdio, &[], &keep).await?;
+            drop(keep);
             drop((slave, out, err));
             let master = Arc::new(TerminalMaster::new(master)?);
             if let Stdin::Bytes(bytes) = request.stdin {
@@ -172,6 +184,21 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
             (process, Output::Terminal(master.clone()), None, None, Some(master))
         }
     };
+    let spool = request.spool.and_then(|target| {
+        let header = SpoolHeader {
+            exec_id: target.exec_id,
+            spawn_id: process.exec_id,
+            cgroup: process.cgroup_name(),
+            argv,
+            started_unix_ms: unix_ms(SystemTime::now()),
+            timeout_ms: request.timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+            output_limit: request.output_limit,
+            terminal: terminal.is_some(),
+        };
+        Spool::create(&target.dir, &header)
+            .inspect_err(|e| tracing::warn!(error = %e, "command not spooled"))
+            .ok()
+    });
     let (tx, rx) = mpsc::channel(EVENT_QUEUE);
     let kill = Arc::new(Notify::new());
     let pid = process.pid;
@@ -183,11 +210,67 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
         events: tx,
         kill: kill.clone(),
         timeout: request.timeout,
-        limit: request.output_limit,
+        budget: Budget::new(request.output_limit),
         started,
+        spool,
     };
     tokio::spawn(job.run());
     Ok(Exec { pid, events: rx, stdin, terminal, kill })
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Goes on with a command an earlier run of the node started, from its spool and the output
+/// descriptors its shim kept: reading resumes where the spool ends, the deadline counts from
+/// the command's start, and the output cap counts what was delivered before. `None` if the
+/// shim did not keep the command (its shim predates keeping, or it was not handed back).
+pub fn resume(
+    container: &Arc<Container>,
+    path: &std::path::Path,
+    recovered: &Recovered,
+) -> Option<Exec> {
+    let header = &recovered.header;
+    let (process, mut fds) = container.reclaim_process(header.spawn_id, &header.cgroup)?;
+    let (stdout, stderr, terminal) = if header.terminal {
+        let master = Arc::new(TerminalMaster::new(fds.pop()?).ok()?);
+        (Output::Terminal(master.clone()), None, Some(master))
+    } else {
+        let err = if fds.len() == 2 { fds.pop().and_then(|fd| receiver(fd).ok()) } else { None };
+        (Output::Pipe(receiver(fds.pop()?).ok()?), err, None)
+    };
+    let now = SystemTime::now();
+    let ran = now
+        .duration_since(SystemTime::UNIX_EPOCH + Duration::from_millis(header.started_unix_ms))
+        .unwrap_or_default();
+    let mut budget = Budget::new(header.output_limit);
+    for event in &recovered.events {
+        match event {
+            ExecEvent::Stdout(b) => budget.stdout_bytes += b.len() as u64,
+            ExecEvent::Stderr(b) => budget.stderr_bytes += b.len() as u64,
+            ExecEvent::Exit(_) => {}
+        }
+    }
+    budget.delivered = recovered.spooled_output;
+    budget.truncated = recovered.gap && recovered.spooled_output >= header.output_limit;
+    let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+    let kill = Arc::new(Notify::new());
+    let pid = process.pid;
+    let job = Job {
+        container: container.clone(),
+        process,
+        stdout,
+        stderr,
+        events: tx,
+        kill: kill.clone(),
+        timeout: header.timeout_ms.map(|t| Duration::from_millis(t).saturating_sub(ran)),
+        budget,
+        started: Instant::now().checked_sub(ran).unwrap_or_else(Instant::now),
+        spool: Some(Spool::reopen(path, recovered)),
+    };
+    tokio::spawn(job.run());
+    Some(Exec { pid, events: rx, stdin: None, terminal, kill })
 }
 
 /// Where a command's stdout comes from: a pipe, or its terminal.
@@ -232,8 +315,10 @@ struct Job {
     events: mpsc::Sender<ExecEvent>,
     kill: Arc<Notify>,
     timeout: Option<Duration>,
-    limit: u64,
+    budget: Budget,
     started: Instant,
+    /// Where each delivered chunk is written first.
+    spool: Option<Spool>,
 }
 
 /// Output accounting shared by both streams.
@@ -246,6 +331,10 @@ struct Budget {
 }
 
 impl Budget {
+    fn new(limit: u64) -> Budget {
+        Budget { limit, delivered: 0, truncated: false, stdout_bytes: 0, stderr_bytes: 0 }
+    }
+
     /// Takes what may still be delivered of `chunk`.
     fn admit(&mut self, chunk: &[u8], stdout: bool) -> Option<Bytes> {
         if stdout {
@@ -261,6 +350,20 @@ impl Budget {
         self.delivered += take as u64;
         (take > 0).then(|| Bytes::copy_from_slice(&chunk[..take]))
     }
+}
+
+/// Spools a chunk, then hands it on (so a node that dies now has it on disk).
+async fn deliver(
+    spool: &mut Option<Spool>,
+    events: &mpsc::Sender<ExecEvent>,
+    stdout: bool,
+    chunk: Bytes,
+) -> Result<(), ()> {
+    if let Some(spool) = spool {
+        spool.output(stdout, &chunk);
+    }
+    let event = if stdout { ExecEvent::Stdout(chunk) } else { ExecEvent::Stderr(chunk) };
+    events.send(event).await.map_err(|_| ())
 }
 
 impl Job {
@@ -287,13 +390,7 @@ impl Job {
                 tokio::task::spawn_blocking(cgroup_kill).await.ok();
             })
         };
-        let mut budget = Budget {
-            limit: self.limit,
-            delivered: 0,
-            truncated: false,
-            stdout_bytes: 0,
-            stderr_bytes: 0,
-        };
+        let mut budget = std::mem::replace(&mut self.budget, Budget::new(0));
         let mut out_buf = vec![0u8; READ_BYTES];
         let mut err_buf = vec![0u8; READ_BYTES];
         let (mut out_open, mut err_open) = (true, self.stderr.is_some());
@@ -310,13 +407,13 @@ impl Job {
                 n = self.stdout.read(&mut out_buf), if out_open => match n {
                     Ok(0) | Err(_) => out_open = false,
                     Ok(n) => if let Some(b) = budget.admit(&out_buf[..n], true) {
-                        if self.events.send(ExecEvent::Stdout(b)).await.is_err() { break; }
+                        if deliver(&mut self.spool, &self.events, true, b).await.is_err() { break; }
                     },
                 },
                 n = read_optional(&mut self.stderr, &mut err_buf), if err_open => match n {
                     Ok(0) | Err(_) => err_open = false,
                     Ok(n) => if let Some(b) = budget.admit(&err_buf[..n], false) {
-                        if self.events.send(ExecEvent::Stderr(b)).await.is_err() { break; }
+                        if deliver(&mut self.spool, &self.events, false, b).await.is_err() { break; }
                     },
                 },
                 exit = self.process.wait(), if status.is_none() => {
@@ -331,7 +428,7 @@ impl Job {
                         for _ in 0..DRAIN_READS {
                             let Ok(n @ 1..) = self.stdout.try_read(&mut out_buf) else { break };
                             if let Some(b) = budget.admit(&out_buf[..n], true) {
-                                let _ = self.events.send(ExecEvent::Stdout(b)).await;
+                                let _ = deliver(&mut self.spool, &self.events, true, b).await;
                             }
                         }
                     }
@@ -339,7 +436,7 @@ impl Job {
                         for _ in 0..DRAIN_READS {
                             let Ok(n @ 1..) = pipe.try_read(&mut err_buf) else { break };
                             if let Some(b) = budget.admit(&err_buf[..n], false) {
-                                let _ = self.events.send(ExecEvent::Stderr(b)).await;
+                                let _ = deliver(&mut self.spool, &self.events, false, b).await;
                             }
                         }
                     }
@@ -366,6 +463,9 @@ impl Job {
             stderr_bytes: budget.stderr_bytes,
         };
         let reusable = !exit.timed_out && !exit.killed;
+        if let Some(spool) = &mut self.spool {
+            spool.exit(&exit);
+        }
         let _ = self.events.send(ExecEvent::Exit(exit)).await;
         self.process.cleanup(reusable);
     }

@@ -1,6 +1,6 @@
 //! Creating and destroying containers, and starting processes in them from outside.
 
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -94,6 +94,15 @@ pub struct RuntimeConfig {
     pub cgroup_parent: String,
     /// Containers outlive the node process (their shims wait for it to reconnect).
     pub survive_node: bool,
+    /// Where commands' output is spooled, a directory per container (`crate::spool`); on
+    /// disk rather than in the run directory's memory. `None`: `<run_dir>/spool`.
+    pub spool_dir: Option<PathBuf>,
+}
+
+impl RuntimeConfig {
+    fn spool_root(&self) -> PathBuf {
+        self.spool_dir.clone().unwrap_or_else(|| self.run_dir.join("spool"))
+    }
 }
 
 /// What to create.
@@ -186,6 +195,13 @@ impl Runtime {
                 removed += 1;
             }
         }
+        if let Ok(entries) = std::fs::read_dir(self.config.spool_root()) {
+            for e in entries.flatten() {
+                if !keep.contains(&e.file_name().to_string_lossy().into_owned()) {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
         removed += self.cgroups.remove_all_except(keep);
         if removed > 0 {
             tracing::info!(removed, "removed containers left by an earlier run");
@@ -234,22 +250,26 @@ impl Runtime {
             .await
             .map_err(|_| RuntimeError::StartTimeout(START_TIMEOUT))??;
         let rootfs = Rootfs::at(&dir);
-        let (init_pid, running, next_exec_id, rootfs) = match report {
-            FromShim::ReattachedAt { init_pid, running, next_exec_id, upper_fd } => (
-                init_pid,
-                running,
-                next_exec_id,
-                rootfs.with_upper_link(upper_link(shim_pid, upper_fd)),
-            ),
-            // A shim from an earlier version hands over its upper directory's descriptor.
+        let (init_pid, running, next_exec_id, rootfs, kept) = match report {
+            FromShim::ReattachedKeeping { init_pid, running, next_exec_id, upper_fd, kept } => {
+                let upper = upper_link(shim_pid, upper_fd);
+                (init_pid, running, next_exec_id, rootfs.with_upper_link(upper), Some(kept))
+            }
+            // Shims from earlier versions keep no output descriptors.
+            FromShim::ReattachedAt { init_pid, running, next_exec_id, upper_fd } => {
+                let upper = upper_link(shim_pid, upper_fd);
+                (init_pid, running, next_exec_id, rootfs.with_upper_link(upper), None)
+            }
             FromShim::Reattached { init_pid, running, next_exec_id } => {
                 let Some(upper) = fds.into_iter().next() else {
                     return Err(RuntimeError::Setup("shim sent no upper directory".into()));
                 };
-                (init_pid, running, next_exec_id, rootfs.with_upper(upper))
+                (init_pid, running, next_exec_id, rootfs.with_upper(upper), None)
             }
             other => return Err(RuntimeError::Setup(format!("unexpected shim message {other:?}"))),
         };
+        let keeps_output = kept.is_some();
+        let kept = crate::kept::receive(&shim, kept.unwrap_or_default()).await?;
         if !running.is_empty() {
             tracing::info!(
                 container = name,
@@ -274,6 +294,9 @@ impl Runtime {
             next_exec: AtomicU64::new(next_exec_id),
             exec_cgroups: Arc::default(),
             oom_seen: AtomicU64::new(0),
+            keeps_output,
+            spool_dir: self.config.spool_root().join(name),
+            kept: parking_lot::Mutex::new(kept),
         })
     }
 
@@ -325,6 +348,9 @@ impl Runtime {
                     next_exec: AtomicU64::new(1),
                     exec_cgroups: Arc::default(),
                     oom_seen: AtomicU64::new(0),
+                    keeps_output: true,
+                    spool_dir: self.config.spool_root().join(&spec.name),
+                    kept: parking_lot::Mutex::default(),
                 })
             }
             failed => {
@@ -471,6 +497,12 @@ pub struct Container {
     next_exec: AtomicU64,
     exec_cgroups: ExecCgroupPool,
     oom_seen: AtomicU64,
+    /// Its shim holds output descriptors for a reconnecting node (shims from before
+    /// `SpawnKeeping` do not).
+    keeps_output: bool,
+    spool_dir: PathBuf,
+    /// Commands from an earlier run of the node, handed back by the shim, until claimed.
+    kept: parking_lot::Mutex<std::collections::HashMap<u64, crate::kept::KeptOutput>>,
 }
 
 /// Empty exec cgroups kept for reuse per container: creating and removing one per exec costs
@@ -493,6 +525,11 @@ impl Process {
     /// Waits for the process itself to exit (its children may live on).
     pub async fn wait(&mut self) -> Option<ExitInfo> {
         (&mut self.exit).await.ok()
+    }
+
+    /// Its exec cgroup's name (`e<n>`), by which [`Container::reclaim_process`] finds it again.
+    pub fn cgroup_name(&self) -> String {
+        self.cgroup.name()
     }
 
     /// Kills the process and everything it started.
@@ -614,12 +651,14 @@ impl Container {
     }
 
     /// Starts a process with `stdio` (stdin, stdout, stderr) and `extra` descriptors (which
-    /// become fds 3, 4, … in the process).
+    /// become fds 3, 4, … in the process). `keep`: the node's read ends of its output, which
+    /// the shim holds so the process outlives the node ([`crate::kept`]), where it can.
     pub async fn spawn(
         &self,
         request: SpawnRequest,
         stdio: [BorrowedFd<'_>; 3],
         extra: &[BorrowedFd<'_>],
+        keep: &[BorrowedFd<'_>],
     ) -> Result<Process, RuntimeError> {
         let exec_id = self.next_exec.fetch_add(1, Ordering::Relaxed);
         let pooled = self.exec_cgroups.lock().pop();
@@ -642,8 +681,37 @@ impl Container {
         let mut fds: Vec<BorrowedFd<'_>> = stdio.to_vec();
         fds.extend_from_slice(extra);
         fds.push(procs.as_fd());
-        let (pid, exit) = self.shim.spawn(spec, &fds).await?;
+        let keep = if self.keeps_output { keep } else { &[] };
+        fds.extend_from_slice(keep);
+        let keep_fds =
+            u8::try_from(keep.len()).map_err(|_| RuntimeError::Setup("too many fds".into()))?;
+        let (pid, exit) = self.shim.spawn(spec, &fds, keep_fds).await?;
         Ok(Process { exec_id, pid, exit, cgroup, pool: self.exec_cgroups.clone() })
+    }
+
+    /// Where its commands' output is spooled (`crate::spool`); removed with it.
+    pub fn spool_dir(&self) -> PathBuf {
+        self.spool_dir.clone()
+    }
+
+    /// Takes back process `exec_id`, started for an earlier run of the node in exec cgroup
+    /// `cgroup` ([`Process::cgroup_name`]): the process and its output's read ends. `None` if
+    /// its shim did not keep it.
+    pub fn reclaim_process(&self, exec_id: u64, cgroup: &str) -> Option<(Process, Vec<OwnedFd>)> {
+        let kept = self.kept.lock().remove(&exec_id)?;
+        let cgroup = self.cgroup.exec_named(cgroup)?;
+        let pool = self.exec_cgroups.clone();
+        let process = Process { exec_id, pid: kept.pid, exit: kept.exit, cgroup, pool };
+        Some((process, kept.fds))
+    }
+
+    /// Lets go of the kept processes nobody claimed (their output has nowhere to go: they get
+    /// end of pipe on their next write, as if the node had not kept them).
+    pub fn release_unclaimed(&self) -> usize {
+        let mut kept = self.kept.lock();
+        let n = kept.len();
+        kept.clear();
+        n
     }
 
     /// Kills everything and removes the container's mounts, cgroups and directories.
@@ -675,6 +743,12 @@ impl Container {
             .await
             .map_err(|e| RuntimeError::Setup(format!("cleanup task: {e}")))??;
         self.rootfs.remove()?;
+        match std::fs::remove_dir_all(&self.spool_dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                tracing::warn!(dir = %self.spool_dir.display(), error = %e, "cannot remove spools");
+            }
+            _ => {}
+        }
         Ok(())
     }
 }

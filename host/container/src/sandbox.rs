@@ -11,8 +11,8 @@ use brig_core::files::Entry;
 use brig_core::sandbox::{
     BoxFuture, Capabilities, Condition, ContainerRecord, ExecControl, ExecEvent, ExecExit,
     ExecSpec, FileAccess, ForkChild, ForkKind, ForkOptions, Forked, Op, PauseKind, Persistence,
-    ReadSource, Requested, RunningExec, Sandbox, SandboxError, SessionSpec, Stdin, TerminalSize,
-    Usage, WriteOptions,
+    ReadSource, RecoveredExec, Requested, RunningExec, Sandbox, SandboxError, SessionSpec, Stdin,
+    TerminalSize, Usage, WriteOptions,
 };
 use brig_core::{QosClass, SandboxId, Tier};
 use tokio::io::AsyncWriteExt;
@@ -223,6 +223,68 @@ fn exit_of(exit: crate::exec::ExecExit) -> ExecExit {
 
 /// Relays the engine's events as the interface's; `Exited` comes once, last, even if the
 /// engine's channel ends without one.
+/// Every this many execs, a container's spools of long-finished commands are removed.
+const SPOOL_SWEEP_EVERY: u64 = 64;
+
+/// A started engine command as the node sees it.
+fn running(exec: crate::exec::Exec) -> RunningExec {
+    let control = Arc::new(EngineControl { killer: exec.killer(), terminal: exec.terminal });
+    let (tx, rx) = mpsc::channel(EVENTS);
+    tokio::spawn(relay(exec.events, tx));
+    RunningExec { events: rx, control }
+}
+
+impl ContainerSandbox {
+    /// One spooled command: finished, resumed from the descriptors its shim kept, or ended
+    /// as lost (its shim kept nothing: the end is unknown, and the spool says so from now).
+    fn recover_one(
+        &self,
+        path: &std::path::Path,
+        recovered: crate::spool::Recovered,
+    ) -> RecoveredExec {
+        use crate::exec::ExecEvent as E;
+        let mut output: Vec<ExecEvent> = recovered
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                E::Stdout(b) => Some(ExecEvent::Stdout(b.clone())),
+                E::Stderr(b) => Some(ExecEvent::Stderr(b.clone())),
+                E::Exit(_) => None,
+            })
+            .collect();
+        let (running_exec, exit) = match &recovered.exit {
+            Some(exit) => (None, Some(exit_of(exit.clone()))),
+            None => match crate::exec::resume(&self.container, path, &recovered) {
+                Some(exec) => (Some(running(exec)), None),
+                None => {
+                    let note = "[brig: the node restarted and this command could not be followed further]\n";
+                    output.push(ExecEvent::Stderr(note.into()));
+                    let lost = crate::exec::ExecExit {
+                        status: None,
+                        timed_out: false,
+                        killed: false,
+                        truncated: recovered.gap,
+                        oom_killed: false,
+                        duration: std::time::Duration::ZERO,
+                        stdout_bytes: 0,
+                        stderr_bytes: 0,
+                    };
+                    crate::spool::Spool::reopen(path, &recovered).exit(&lost);
+                    (None, Some(exit_of(lost)))
+                }
+            },
+        };
+        RecoveredExec {
+            exec_id: recovered.header.exec_id,
+            argv: recovered.header.argv,
+            output,
+            gap: recovered.gap,
+            running: running_exec,
+            exit,
+        }
+    }
+}
+
 async fn relay(mut engine: mpsc::Receiver<crate::exec::ExecEvent>, out: mpsc::Sender<ExecEvent>) {
     use crate::exec::ExecEvent as E;
     while let Some(event) = engine.recv().await {
@@ -279,7 +341,15 @@ impl Sandbox for ContainerSandbox {
                 terminal: spec
                     .terminal
                     .map(|s| crate::terminal::TerminalSize { rows: s.rows, cols: s.cols }),
+                spool: Some(crate::spool::SpoolTarget {
+                    dir: self.container.spool_dir(),
+                    exec_id: spec.exec_id,
+                }),
             };
+            if spec.exec_id.is_multiple_of(SPOOL_SWEEP_EVERY) {
+                let dir = self.container.spool_dir();
+                tokio::task::spawn_blocking(move || crate::spool::sweep(&dir));
+            }
             let mut exec = crate::exec::exec(&self.container, request).await?;
             // Stdin as the client sends it: typed into the terminal (which has no end of
             // input), or into the pipe, closed when the client's input ends.
@@ -304,11 +374,32 @@ impl Sandbox for ContainerSandbox {
                 }
                 _ => {}
             }
-            let control =
-                Arc::new(EngineControl { killer: exec.killer(), terminal: exec.terminal });
-            let (tx, rx) = mpsc::channel(EVENTS);
-            tokio::spawn(relay(exec.events, tx));
-            Ok(RunningExec { events: rx, control })
+            Ok(running(exec))
+        })
+    }
+
+    fn recover_execs(&self) -> BoxFuture<'_, Vec<RecoveredExec>> {
+        Box::pin(async move {
+            let dir = self.container.spool_dir();
+            let spools = tokio::task::spawn_blocking(move || {
+                crate::spool::sweep(&dir);
+                crate::spool::read_all(&dir)
+            })
+            .await
+            .unwrap_or_default();
+            let mut out = Vec::with_capacity(spools.len());
+            for (path, recovered) in spools {
+                out.push(self.recover_one(&path, recovered));
+            }
+            let released = self.container.release_unclaimed();
+            if released > 0 {
+                tracing::warn!(
+                    container = self.container.name(),
+                    released,
+                    "kept commands with no spool were let go"
+                );
+            }
+            out
         })
     }
 

@@ -168,6 +168,7 @@ impl Session {
                 request,
                 [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()],
                 &[cmd_r.as_fd(), done_w.as_fd()],
+                &[],
             )
             .await?;
         drop((in_r, out_w, err_w, cmd_r, done_w));

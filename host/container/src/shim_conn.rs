@@ -122,7 +122,9 @@ impl ShimConn {
                 FromShim::Ready { .. }
                 | FromShim::UserNamespace
                 | FromShim::Reattached { .. }
-                | FromShim::ReattachedAt { .. } => {}
+                | FromShim::ReattachedAt { .. }
+                | FromShim::ReattachedKeeping { .. }
+                | FromShim::KeptFds { .. } => {}
             }
         }
         // Wake everyone still waiting: their senders drop, receivers see the shim gone.
@@ -152,11 +154,22 @@ impl ShimConn {
         }
     }
 
+    /// A receiver for the exit of process `exec_id`, started for an earlier connection.
+    /// Register before [`ShimConn::dispatch`] runs, or an exit reported meanwhile is missed.
+    pub fn expect_exit(&self, exec_id: u64) -> oneshot::Receiver<ExitInfo> {
+        let (exited_tx, exited_rx) = oneshot::channel();
+        self.waiters.lock().insert(exec_id, Waiter { spawned: None, exited: Some(exited_tx) });
+        exited_rx
+    }
+
     /// Asks the shim to start a process; returns its host pid and a receiver for its exit.
+    /// The last `keep_fds` of `fds` are held by the shim for a node that reconnects
+    /// ([`ToShim::SpawnKeeping`]).
     pub async fn spawn(
         &self,
         spec: SpawnSpec,
         fds: &[BorrowedFd<'_>],
+        keep_fds: u8,
     ) -> Result<(i32, oneshot::Receiver<ExitInfo>), ShimConnError> {
         let (spawned_tx, spawned_rx) = oneshot::channel();
         let (exited_tx, exited_rx) = oneshot::channel();
@@ -164,7 +177,11 @@ impl ShimConn {
         self.waiters
             .lock()
             .insert(exec_id, Waiter { spawned: Some(spawned_tx), exited: Some(exited_tx) });
-        let bytes = postcard::to_allocvec(&ToShim::Spawn(spec)).map_err(ShimConnError::Encode)?;
+        let msg = match keep_fds {
+            0 => ToShim::Spawn(spec),
+            keep_fds => ToShim::SpawnKeeping { spec, keep_fds },
+        };
+        let bytes = postcard::to_allocvec(&msg).map_err(ShimConnError::Encode)?;
         let sent = loop {
             let mut guard = self.fd.writable().await.map_err(ShimConnError::Socket)?;
             match guard.try_io(|fd| {

@@ -13,7 +13,8 @@
 //!   → Spawned / Exited
 //! … node gone: the shim keeps the container and waits on its socket …
 //! node connects to ShimConfig::socket
-//!   → Reattached { init_pid, running, next_exec_id, upper_fd }
+//!   → ReattachedKeeping { init_pid, running, next_exec_id, upper_fd, kept }
+//!   → KeptFds { exec_id } + SCM_RIGHTS fds   (one per kept process: its output read ends)
 //! ```
 //! All of it travels on the shim's stdin, a `SOCK_SEQPACKET` socket: one message per packet,
 //! postcard-encoded, at most [`MAX_MESSAGE_BYTES`]. Using stdin (not an extra descriptor) lets
@@ -77,6 +78,22 @@ pub enum ToShim {
     /// `extra_fds` descriptors that become fds 3, 4, … in the child, then `cgroup_fds`
     /// `cgroup.procs` files the child joins before anything else.
     Spawn(SpawnSpec),
+    /// As `Spawn`, with `keep_fds` more descriptors attached last: the node's read ends of the
+    /// process's output (stdout and stderr pipes, or its terminal). The shim holds them, so
+    /// the process does not die of SIGPIPE when the node does, and hands them to a node that
+    /// reconnects ([`FromShim::ReattachedKeeping`]) until it has reported the process's exit to
+    /// a connected node. Last, so older variants keep their tags.
+    SpawnKeeping { spec: SpawnSpec, keep_fds: u8 },
+}
+
+/// A process whose output descriptors the shim holds for a reconnecting node.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KeptSpawn {
+    pub exec_id: u64,
+    /// Host pid.
+    pub pid: i32,
+    /// How it ended while no node was connected; `None`: it still runs.
+    pub exit: Option<ExitInfo>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -147,6 +164,20 @@ pub enum FromShim {
         running: Vec<(u64, i32)>,
         next_exec_id: u64,
         upper_fd: i32,
+    },
+    /// As `ReattachedAt`, from a shim that keeps output descriptors (`SpawnKeeping`): `kept`
+    /// lists them, and one [`FromShim::KeptFds`] per entry follows, in order. Exits listed
+    /// here are reported once; the descriptors are kept until an exit is.
+    ReattachedKeeping {
+        init_pid: i32,
+        running: Vec<(u64, i32)>,
+        next_exec_id: u64,
+        upper_fd: i32,
+        kept: Vec<KeptSpawn>,
+    },
+    /// The kept output descriptors of process `exec_id`, attached.
+    KeptFds {
+        exec_id: u64,
     },
 }
 

@@ -28,6 +28,7 @@ fn runtime_named(run: &std::path::Path, tag: &str, survive_node: bool) -> Runtim
         cgroup_root: "/sys/fs/cgroup".into(),
         cgroup_parent: format!("brig-test-{tag}-{}", std::process::id()),
         survive_node,
+        spool_dir: None,
     })
     .expect("runtime")
 }
@@ -56,7 +57,7 @@ async fn run_capture(
     let req =
         SpawnRequest { argv: argv.iter().map(|s| s.to_string()).collect(), ..Default::default() };
     let mut p =
-        c.spawn(req, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()], &[]).await.expect("spawn");
+        c.spawn(req, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()], &[], &[]).await.expect("spawn");
     drop((in_r, in_w, out_w, err_w));
     let mut out = String::new();
     let mut err = String::new();
@@ -167,8 +168,10 @@ async fn a_kill_right_after_spawn_is_never_missed() {
             ..Default::default()
         };
         let null = std::fs::File::open("/dev/null").expect("null");
-        let mut p =
-            c.spawn(req, [null.as_fd(), null.as_fd(), null.as_fd()], &[]).await.expect("spawn");
+        let mut p = c
+            .spawn(req, [null.as_fd(), null.as_fd(), null.as_fd()], &[], &[])
+            .await
+            .expect("spawn");
         tokio::task::spawn_blocking(p.tree_killer()).await.expect("kill");
         let status = tokio::time::timeout(std::time::Duration::from_secs(10), p.wait())
             .await

@@ -271,6 +271,9 @@ pub enum Stdin {
 /// (`check_command`) and applied its policy to `timeout` and `output_limit`.
 #[derive(Debug)]
 pub struct ExecSpec {
+    /// The node's id for the command; a tier that keeps commands across node restarts
+    /// names them by it.
+    pub exec_id: u64,
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub cwd: Option<String>,
@@ -318,6 +321,20 @@ pub trait ExecControl: Send + Sync {
 pub struct RunningExec {
     pub events: mpsc::Receiver<ExecEvent>,
     pub control: Arc<dyn ExecControl>,
+}
+
+/// A command a tier kept across a restart of the node, handed back to be served again.
+pub struct RecoveredExec {
+    pub exec_id: u64,
+    pub argv: Vec<String>,
+    /// Its output up to the restart, in order (`Stdout` and `Stderr` only).
+    pub output: Vec<ExecEvent>,
+    /// Output past what the tier keeps on disk was lost between `output` and what follows.
+    pub gap: bool,
+    /// Still running: the rest of its events, as from [`Sandbox::exec`].
+    pub running: Option<RunningExec>,
+    /// It ended (`running` is `None`).
+    pub exit: Option<ExecExit>,
 }
 
 // ---- sessions -----------------------------------------------------------------------------
@@ -584,6 +601,11 @@ pub trait Sandbox: Send + Sync + 'static {
     /// get their link after they are made.
     fn net_pid(&self) -> Option<i32> {
         None
+    }
+    /// Commands it kept across a restart of the node (run once, when the node takes the
+    /// sandbox back); tiers that keep none have none.
+    fn recover_execs(&self) -> BoxFuture<'_, Vec<RecoveredExec>> {
+        Box::pin(async { Vec::new() })
     }
     /// Layer-store digests it holds (released by the node when it goes).
     fn held_layers(&self) -> Vec<String> {

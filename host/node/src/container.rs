@@ -72,6 +72,7 @@ impl ContainerTier {
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             cgroup_parent: cgroup_parent.to_string(),
             survive_node,
+            spool_dir: Some(state_dir.join("spool")),
         })
         .map_err(|e| crate::error::chain(&e))?;
         Ok(ContainerTier {

@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::audit::Recorder;
 use crate::exec_hub::{ExecHub, Resizer};
 use crate::limits::Limit;
+use crate::sandboxes::SandboxEntry;
 use crate::{Node, NodeError};
 
 /// Stdin chunks buffered between the client's upload and the tier.
@@ -59,7 +60,9 @@ impl Node {
             }
         };
         let cwd = Some(req.cwd.clone()).filter(|c| !c.is_empty());
+        let exec_id = entry.execs.next_id();
         let spec = ExecSpec {
+            exec_id,
             argv: req.argv.clone(),
             env: req.env,
             cwd: cwd.clone(),
@@ -70,7 +73,6 @@ impl Node {
             terminal: req.terminal.map(|s| TerminalSize { rows: s.rows, cols: s.cols }),
         };
         let running = entry.sandbox.exec(spec).await.map_err(|e| entry.fail(e))?;
-        let exec_id = entry.execs.next_id();
         let recorder = self.recorder(&entry);
         let argv = req.argv;
         recorder.record(AuditKind::ExecStart { exec_id, argv: argv.clone(), user: req.user, cwd });
@@ -98,6 +100,62 @@ impl Node {
         };
         entry.touch();
         streamed
+    }
+}
+
+impl Node {
+    /// Serves again the commands a sandbox's tier kept across a restart of the node: each
+    /// under its old id, with its output so far, then (if it still runs) the rest as it
+    /// comes. New execs get ids after theirs.
+    pub(crate) async fn recover_execs(&self, entry: &SandboxEntry) {
+        let recovered = entry.sandbox.recover_execs().await;
+        if recovered.is_empty() {
+            return;
+        }
+        let recorder = self.recorder(entry);
+        let mut resumed = 0;
+        for exec in recovered {
+            entry.execs.continue_after(exec.exec_id);
+            let (kill, resizer): (Box<dyn Fn() + Send + Sync>, Option<Resizer>) =
+                match &exec.running {
+                    Some(running) => {
+                        let (killer, resizer) = (running.control.clone(), running.control.clone());
+                        let resize: Resizer = Box::new(move |s: brig_proto::TerminalSize| {
+                            let size = TerminalSize { rows: s.rows, cols: s.cols };
+                            resizer.resize(size).unwrap_or_else(|| {
+                                Err(std::io::Error::other("the command is not on a terminal"))
+                            })
+                        });
+                        (Box::new(move || killer.kill()), Some(resize))
+                    }
+                    None => (Box::new(|| {}), None),
+                };
+            let hub = entry.execs.insert_with(exec.exec_id, exec.argv, kill, resizer);
+            for event in exec.output {
+                match event {
+                    ExecEvent::Stdout(b) => {
+                        hub.push(Reply::Output { stream: OutputStream::Stdout, data: b.to_vec() })
+                    }
+                    ExecEvent::Stderr(b) => {
+                        hub.push(Reply::Output { stream: OutputStream::Stderr, data: b.to_vec() })
+                    }
+                    ExecEvent::Exited(_) => {}
+                }
+            }
+            if exec.gap {
+                let note =
+                    "[brig: output past what is kept on disk was lost when the node restarted]\n";
+                hub.push(Reply::Output { stream: OutputStream::Stderr, data: note.into() });
+            }
+            match (exec.running, exec.exit) {
+                (Some(running), _) => {
+                    resumed += 1;
+                    tokio::spawn(pump(running.events, hub, exec.exec_id, recorder.clone()));
+                }
+                (None, exit) => hub.finish(result_of(exit.unwrap_or_default())),
+            }
+        }
+        tracing::info!(sandbox = %entry.id, resumed, "commands kept across the restart are served again");
     }
 }
 

@@ -146,6 +146,11 @@ impl ExecTable {
         self.next.fetch_add(1, Ordering::Relaxed) + 1
     }
 
+    /// Makes new ids follow `exec_id` (a command kept across a restart).
+    pub(crate) fn continue_after(&self, exec_id: u64) {
+        self.next.fetch_max(exec_id, Ordering::Relaxed);
+    }
+
     /// A hub for exec `exec_id` running `argv`; `kill` stops it, `resize` resizes its
     /// terminal (if it has one).
     pub(crate) fn insert_with(

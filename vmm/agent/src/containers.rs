@@ -103,6 +103,7 @@ fn service() -> Result<&'static Service, Refusal> {
                 cgroup_root: PathBuf::from("/sys/fs/cgroup"),
                 cgroup_parent: "brig".into(),
                 survive_node: false,
+                spool_dir: None,
             };
             let runtime = {
                 let _in_tokio = tokio.enter();
@@ -318,7 +319,7 @@ fn exec(
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
     let stdio = [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()];
-    let mut child = svc.tokio.block_on(container.spawn(spawn_request(process), stdio, &[]))?;
+    let mut child = svc.tokio.block_on(container.spawn(spawn_request(process), stdio, &[], &[]))?;
     drop((in_r, out_w, err_w));
     let stdin = stdin.then(|| File::from(in_w));
     // A hang-up before the process ends (the node's timeout or cap, a kill) kills its tree;
@@ -354,7 +355,8 @@ fn session(
     let (done_r, done_w) = pipe()?;
     let stdio = [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()];
     let extra = [cmd_r.as_fd(), done_w.as_fd()];
-    let mut child = svc.tokio.block_on(container.spawn(spawn_request(process), stdio, &extra))?;
+    let mut child =
+        svc.tokio.block_on(container.spawn(spawn_request(process), stdio, &extra, &[]))?;
     drop((in_r, out_w, err_w, cmd_r, done_w));
     // The shim makes every process the leader of its own group.
     let group = nix::unistd::Pid::from_raw(-child.pid);

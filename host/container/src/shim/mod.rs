@@ -162,6 +162,7 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
     let sigfd = SignalFd::with_flags(&chld, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .map_err(|e| ShimError::Sys("signalfd", e))?;
     let mut running: HashMap<Pid, u64> = HashMap::new();
+    let mut kept = Kept::default();
     let mut next_exec_id = 1u64;
     let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
     loop {
@@ -181,21 +182,21 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
         drop(fds);
         if child_ready {
             while let Ok(Some(_)) = sigfd.read_signal() {}
-            if reap(control.as_ref(), init, &mut running)? {
+            if reap(control.as_ref(), init, &mut running, &mut kept)? {
                 return Ok(());
             }
         }
         if accept_ready {
             if let Ok(conn) = sys::accept(&links.listener) {
-                let report = FromShim::ReattachedAt {
+                let report = FromShim::ReattachedKeeping {
                     init_pid: init.as_raw(),
                     running: running.iter().map(|(pid, id)| (*id, pid.as_raw())).collect(),
                     next_exec_id,
                     upper_fd: std::os::fd::AsRawFd::as_raw_fd(&links.upper),
+                    kept: kept.list(),
                 };
-                let bytes = postcard::to_allocvec(&report)
-                    .map_err(|e| ShimError::Protocol(e.to_string()))?;
-                if control::send(conn.as_fd(), &bytes, &[]).is_ok() {
+                if hand_over(&conn, &report, &kept).is_ok() {
+                    kept.delivered();
                     control = Some(conn);
                 }
             }
@@ -219,37 +220,41 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
             };
             let msg: ToShim = postcard::from_bytes(&buf[..len])
                 .map_err(|e| ShimError::Protocol(e.to_string()))?;
-            match msg {
+            let (spec, fds, keep) = match msg {
                 ToShim::Configure(_) | ToShim::IdsMapped => {
                     return Err(ShimError::Protocol("setup message after setup".into()))
                 }
-                ToShim::Spawn(spec) => {
-                    next_exec_id = next_exec_id.max(spec.exec_id + 1);
-                    match fork_for_spawn() {
-                        Ok(sys::Forked::Child) => child::run(&spec, fds),
-                        Ok(sys::Forked::Parent(pid)) => {
-                            // The child joins its cgroups itself, but maybe not before the node
-                            // acts on this reply (a kill right away would find the cgroup empty):
-                            // put it there now as well. A child already gone is refused (ESRCH).
-                            let extra = usize::from(spec.extra_fds);
-                            let pid_text = pid.as_raw().to_string();
-                            for fd in fds.iter().skip(3 + extra) {
-                                let _ = nix::unistd::write(fd, pid_text.as_bytes());
-                            }
-                            drop(fds);
-                            running.insert(pid, spec.exec_id);
-                            let spawned =
-                                FromShim::Spawned { exec_id: spec.exec_id, pid: pid.as_raw() };
-                            send(c, &spawned)?;
-                        }
-                        // A full pids cgroup (a fork bomb, say) refuses this one request; the
-                        // shim, and with it the container, stays up.
-                        Err(e) => {
-                            drop(fds);
-                            let error = describe(&e);
-                            send(c, &FromShim::SpawnFailed { exec_id: spec.exec_id, error })?;
-                        }
+                ToShim::Spawn(spec) => (spec, fds, Vec::new()),
+                ToShim::SpawnKeeping { spec, keep_fds } => {
+                    let mut fds = fds;
+                    let keep = fds.split_off(fds.len().saturating_sub(usize::from(keep_fds)));
+                    (spec, fds, keep)
+                }
+            };
+            next_exec_id = next_exec_id.max(spec.exec_id + 1);
+            match fork_for_spawn() {
+                Ok(sys::Forked::Child) => child::run(&spec, fds),
+                Ok(sys::Forked::Parent(pid)) => {
+                    // The child joins its cgroups itself, but maybe not before the node
+                    // acts on this reply (a kill right away would find the cgroup empty):
+                    // put it there now as well. A child already gone is refused (ESRCH).
+                    let extra = usize::from(spec.extra_fds);
+                    let pid_text = pid.as_raw().to_string();
+                    for fd in fds.iter().skip(3 + extra) {
+                        let _ = nix::unistd::write(fd, pid_text.as_bytes());
                     }
+                    drop(fds);
+                    running.insert(pid, spec.exec_id);
+                    kept.hold(spec.exec_id, pid, keep);
+                    let spawned = FromShim::Spawned { exec_id: spec.exec_id, pid: pid.as_raw() };
+                    send(c, &spawned)?;
+                }
+                // A full pids cgroup (a fork bomb, say) refuses this one request; the
+                // shim, and with it the container, stays up.
+                Err(e) => {
+                    drop(fds);
+                    let error = describe(&e);
+                    send(c, &FromShim::SpawnFailed { exec_id: spec.exec_id, error })?;
                 }
             }
         }
@@ -276,11 +281,80 @@ fn fork_for_spawn() -> Result<sys::Forked, ShimError> {
 /// How long a spawn request waits for room under the pids limit.
 const SPAWN_RETRY_BUDGET: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// Exits of kept processes remembered while no node is connected, at most; past it the
+/// oldest is forgotten (its output descriptors closed).
+const MAX_KEPT_EXITS: usize = 4096;
+
+/// Output descriptors held for processes started with `SpawnKeeping`, by exec id.
+#[derive(Default)]
+struct Kept {
+    by_exec: std::collections::BTreeMap<u64, KeptEntry>,
+}
+
+struct KeptEntry {
+    pid: Pid,
+    fds: Vec<OwnedFd>,
+    exit: Option<ExitInfo>,
+}
+
+impl Kept {
+    fn hold(&mut self, exec_id: u64, pid: Pid, fds: Vec<OwnedFd>) {
+        if !fds.is_empty() {
+            self.by_exec.insert(exec_id, KeptEntry { pid, fds, exit: None });
+        }
+    }
+
+    /// A kept process ended: reported to a connected node, its descriptors go; otherwise the
+    /// exit is remembered for the next node.
+    fn exited(&mut self, exec_id: u64, status: ExitInfo, reported: bool) {
+        if reported {
+            self.by_exec.remove(&exec_id);
+            return;
+        }
+        if let Some(entry) = self.by_exec.get_mut(&exec_id) {
+            entry.exit = Some(status);
+        }
+        while self.by_exec.values().filter(|e| e.exit.is_some()).count() > MAX_KEPT_EXITS {
+            let oldest = self.by_exec.iter().find(|(_, e)| e.exit.is_some()).map(|(id, _)| *id);
+            oldest.map(|id| self.by_exec.remove(&id));
+        }
+    }
+
+    fn list(&self) -> Vec<crate::shim_proto::KeptSpawn> {
+        let kept = self.by_exec.iter();
+        kept.map(|(id, e)| crate::shim_proto::KeptSpawn {
+            exec_id: *id,
+            pid: e.pid.as_raw(),
+            exit: e.exit,
+        })
+        .collect()
+    }
+
+    /// A node heard of the exits: their descriptors go (it holds its own copies now).
+    fn delivered(&mut self) {
+        self.by_exec.retain(|_, e| e.exit.is_none());
+    }
+}
+
+/// Sends a reconnecting node the report, then each kept process's descriptors.
+fn hand_over(conn: &OwnedFd, report: &FromShim, kept: &Kept) -> Result<(), ShimError> {
+    let bytes = postcard::to_allocvec(report).map_err(|e| ShimError::Protocol(e.to_string()))?;
+    control::send(conn.as_fd(), &bytes, &[]).map_err(|e| ShimError::Sys("send report", e))?;
+    for (exec_id, entry) in &kept.by_exec {
+        let msg = FromShim::KeptFds { exec_id: *exec_id };
+        let bytes = postcard::to_allocvec(&msg).map_err(|e| ShimError::Protocol(e.to_string()))?;
+        let fds: Vec<_> = entry.fds.iter().map(|fd| fd.as_fd()).collect();
+        control::send(conn.as_fd(), &bytes, &fds).map_err(|e| ShimError::Sys("send fds", e))?;
+    }
+    Ok(())
+}
+
 /// Reaps exited children; `true` when init died. Reports go to the connected node, if any.
 fn reap(
     control: Option<&OwnedFd>,
     init: Pid,
     running: &mut HashMap<Pid, u64>,
+    kept: &mut Kept,
 ) -> Result<bool, ShimError> {
     loop {
         let (pid, status) = match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
@@ -298,9 +372,9 @@ fn reap(
             return Ok(true);
         }
         if let Some(exec_id) = running.remove(&pid) {
-            if let Some(c) = control {
-                let _ = send(c, &FromShim::Exited { exec_id, status });
-            }
+            let reported =
+                control.is_some_and(|c| send(c, &FromShim::Exited { exec_id, status }).is_ok());
+            kept.exited(exec_id, status, reported);
         }
     }
 }

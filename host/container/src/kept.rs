@@ -1,0 +1,70 @@
+//! Commands that outlive the node: their shim holds a copy of the read ends of each command's
+//! output ([`ToShim::SpawnKeeping`]), so a node that dies does not kill them with SIGPIPE (a
+//! writer blocks on a full pipe instead), and hands the copies to the node that reconnects
+//! ([`FromShim::ReattachedKeeping`], then one [`FromShim::KeptFds`] per command). The node
+//! takes them back by exec id when it rebuilds the command from its spool (`crate::spool`).
+//!
+//! [`ToShim::SpawnKeeping`]: crate::shim_proto::ToShim::SpawnKeeping
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use crate::runtime::RuntimeError;
+use crate::shim_conn::ShimConn;
+use crate::shim_proto::{ExitInfo, FromShim, KeptSpawn};
+
+/// How long a reconnecting node waits for each kept command's descriptors.
+const KEPT_FDS_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most descriptors one kept command has (stdout and stderr, or a terminal).
+const MAX_KEPT_FDS: usize = 2;
+
+/// A command started for an earlier run of the node, as its shim handed it back.
+pub struct KeptOutput {
+    /// Host pid.
+    pub pid: i32,
+    /// Its output's read ends: stdout then stderr, or its terminal.
+    pub fds: Vec<OwnedFd>,
+    /// Its exit, reported once (already sent if it ended while no node was connected).
+    pub exit: oneshot::Receiver<ExitInfo>,
+}
+
+/// Receives the descriptors of each command in `kept`, in order, and registers for the exits
+/// of those still running. Call before the connection's dispatcher runs.
+pub(crate) async fn receive(
+    shim: &Arc<ShimConn>,
+    kept: Vec<KeptSpawn>,
+) -> Result<HashMap<u64, KeptOutput>, RuntimeError> {
+    let mut out = HashMap::with_capacity(kept.len());
+    for spawn in kept {
+        let (msg, fds) = tokio::time::timeout(KEPT_FDS_TIMEOUT, shim.recv_with_fds())
+            .await
+            .map_err(|_| RuntimeError::StartTimeout(KEPT_FDS_TIMEOUT))??;
+        match msg {
+            FromShim::KeptFds { exec_id } if exec_id == spawn.exec_id => {}
+            other => {
+                let want = spawn.exec_id;
+                return Err(RuntimeError::Setup(format!(
+                    "shim sent {other:?} where the descriptors of command {want} belong"
+                )));
+            }
+        }
+        if fds.is_empty() || fds.len() > MAX_KEPT_FDS {
+            let n = fds.len();
+            return Err(RuntimeError::Setup(format!("shim sent {n} descriptors for a command")));
+        }
+        let exit = match spawn.exit {
+            Some(status) => {
+                let (tx, rx) = oneshot::channel();
+                let _ = tx.send(status);
+                rx
+            }
+            None => shim.expect_exit(spawn.exec_id),
+        };
+        out.insert(spawn.exec_id, KeptOutput { pid: spawn.pid, fds, exit });
+    }
+    Ok(out)
+}

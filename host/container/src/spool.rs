@@ -1,0 +1,331 @@
+//! A command's output on disk, so a node that restarts can serve it again: the exec engine
+//! appends each chunk right after reading it from the command's pipe (before anyone else sees
+//! it) and the exit last. A restarted node replays the spool, then goes on reading the pipes
+//! the shim kept (`crate::kept`). Written with plain `write`: it survives the node process
+//! dying, not the machine.
+//!
+//! ```text
+//! <run>/c/<container>/spool/<exec id>.spool
+//!   frame = tag u8 | len u32 LE | payload
+//!   tag 0 header (JSON SpoolHeader), 1 stdout, 2 stderr, 3 gap (output past the cap),
+//!   4 exit (JSON ExecExit)
+//! ```
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::exec::{ExecEvent, ExecExit};
+
+/// Output kept on disk per command; past it a gap is marked and the rest is not written.
+pub const MAX_SPOOL_OUTPUT: u64 = 8 << 20;
+/// Largest frame read back.
+const MAX_FRAME: usize = 1 << 20;
+/// Finished spools are kept this long (as the node keeps finished commands attachable).
+pub const FINISHED_KEEP: Duration = Duration::from_secs(600);
+
+const TAG_HEADER: u8 = 0;
+const TAG_STDOUT: u8 = 1;
+const TAG_STDERR: u8 = 2;
+const TAG_GAP: u8 = 3;
+const TAG_EXIT: u8 = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpoolError {
+    #[error("spool {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("spool {path} is damaged: {why}")]
+    Damaged { path: PathBuf, why: String },
+}
+
+/// What a spool says about its command.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SpoolHeader {
+    /// The node's id of the exec.
+    pub exec_id: u64,
+    /// The shim's id of the process.
+    pub spawn_id: u64,
+    /// Its exec cgroup (`e<n>`).
+    pub cgroup: String,
+    pub argv: Vec<String>,
+    pub started_unix_ms: u64,
+    pub timeout_ms: Option<u64>,
+    pub output_limit: u64,
+    /// Runs on a terminal (one output stream).
+    pub terminal: bool,
+}
+
+/// Where a new command's spool goes, and the node's id for it.
+#[derive(Debug, Clone)]
+pub struct SpoolTarget {
+    pub dir: PathBuf,
+    pub exec_id: u64,
+}
+
+/// An open spool being written. Write failures (a full disk) are logged once and the spool
+/// stops: the command is never failed for it.
+pub struct Spool {
+    path: PathBuf,
+    file: Option<std::fs::File>,
+    output: u64,
+    gap: bool,
+}
+
+fn frame(tag: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(5 + payload.len());
+    out.push(tag);
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+impl Spool {
+    /// The spool file of exec `exec_id` in `dir`.
+    pub fn path_in(dir: &Path, exec_id: u64) -> PathBuf {
+        dir.join(format!("{exec_id}.spool"))
+    }
+
+    /// Starts the spool of a new command.
+    pub fn create(dir: &Path, header: &SpoolHeader) -> Result<Spool, SpoolError> {
+        let path = Self::path_in(dir, header.exec_id);
+        let io = |source| SpoolError::Io { path: path.clone(), source };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let mut file =
+            std::fs::OpenOptions::new().create_new(true).append(true).open(&path).map_err(io)?;
+        let json = serde_json::to_vec(header).map_err(|e| io(std::io::Error::other(e)))?;
+        file.write_all(&frame(TAG_HEADER, &json)).map_err(io)?;
+        Ok(Spool { path, file: Some(file), output: 0, gap: false })
+    }
+
+    /// Goes on writing the spool `recovered` was read from.
+    pub fn reopen(path: &Path, recovered: &Recovered) -> Spool {
+        let file = std::fs::OpenOptions::new().append(true).open(path);
+        if let Err(e) = &file {
+            tracing::warn!(path = %path.display(), error = %e, "cannot reopen a spool");
+        }
+        Spool {
+            path: path.to_path_buf(),
+            file: file.ok(),
+            output: recovered.spooled_output,
+            gap: recovered.gap,
+        }
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let Some(file) = &mut self.file else { return };
+        if let Err(e) = file.write_all(bytes) {
+            tracing::warn!(path = %self.path.display(), error = %e, "spool write failed; not spooling this command further");
+            self.file = None;
+        }
+    }
+
+    /// Appends output as it was delivered.
+    pub fn output(&mut self, stdout: bool, chunk: &[u8]) {
+        if self.gap {
+            return;
+        }
+        if self.output + chunk.len() as u64 > MAX_SPOOL_OUTPUT {
+            self.gap = true;
+            self.write(&frame(TAG_GAP, &[]));
+            return;
+        }
+        self.output += chunk.len() as u64;
+        self.write(&frame(if stdout { TAG_STDOUT } else { TAG_STDERR }, chunk));
+    }
+
+    /// Records the exit, last.
+    pub fn exit(&mut self, exit: &ExecExit) {
+        match serde_json::to_vec(exit) {
+            Ok(json) => self.write(&frame(TAG_EXIT, &json)),
+            Err(e) => tracing::warn!(error = %e, "cannot encode an exit for the spool"),
+        }
+        self.file = None;
+    }
+}
+
+/// A spool read back.
+#[derive(Debug, Clone)]
+pub struct Recovered {
+    pub header: SpoolHeader,
+    /// Output in order (`Stdout`/`Stderr` events).
+    pub events: Vec<ExecEvent>,
+    /// Output past [`MAX_SPOOL_OUTPUT`] was not written.
+    pub gap: bool,
+    /// Output bytes the spool holds.
+    pub spooled_output: u64,
+    pub exit: Option<ExecExit>,
+    /// When the spool was last written.
+    pub modified: SystemTime,
+}
+
+/// Reads a spool (at most its cap plus framing). A spool cut short in its last frame (the node
+/// died while writing it) reads as far as it is whole.
+pub fn read(path: &Path) -> Result<Recovered, SpoolError> {
+    let io = |source| SpoolError::Io { path: path.to_path_buf(), source };
+    let damaged = |why: &str| SpoolError::Damaged { path: path.to_path_buf(), why: why.into() };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let modified = file.metadata().and_then(|m| m.modified()).map_err(io)?;
+    let cap = MAX_SPOOL_OUTPUT + 2 * MAX_FRAME as u64;
+    let mut bytes = Vec::new();
+    file.take(cap + 1).read_to_end(&mut bytes).map_err(io)?;
+    if bytes.len() as u64 > cap {
+        return Err(damaged("larger than a spool can be"));
+    }
+    let mut at = 0usize;
+    let mut next = || -> Option<(u8, &[u8])> {
+        let head = bytes.get(at..at + 5)?;
+        let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        let payload = bytes.get(at + 5..at + 5 + len.min(MAX_FRAME))?;
+        if len > MAX_FRAME {
+            return None;
+        }
+        at += 5 + len;
+        Some((head[0], payload))
+    };
+    let header = match next() {
+        Some((TAG_HEADER, json)) => {
+            serde_json::from_slice(json).map_err(|e| damaged(&format!("header: {e}")))?
+        }
+        _ => return Err(damaged("no header")),
+    };
+    let mut out = Recovered {
+        header,
+        events: Vec::new(),
+        gap: false,
+        spooled_output: 0,
+        exit: None,
+        modified,
+    };
+    while let Some((tag, payload)) = next() {
+        match tag {
+            TAG_STDOUT | TAG_STDERR => {
+                out.spooled_output += payload.len() as u64;
+                let chunk = Bytes::copy_from_slice(payload);
+                out.events.push(match tag {
+                    TAG_STDOUT => ExecEvent::Stdout(chunk),
+                    _ => ExecEvent::Stderr(chunk),
+                });
+            }
+            TAG_GAP => out.gap = true,
+            TAG_EXIT => {
+                out.exit =
+                    Some(serde_json::from_slice(payload).map_err(|e| damaged(&e.to_string()))?);
+                break;
+            }
+            other => return Err(damaged(&format!("unknown frame {other}"))),
+        }
+    }
+    Ok(out)
+}
+
+/// Every spool in `dir`, oldest exec first; damaged ones are reported and removed.
+pub fn read_all(dir: &Path) -> Vec<(PathBuf, Recovered)> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "spool") {
+            continue;
+        }
+        match read(&path) {
+            Ok(recovered) => out.push((path, recovered)),
+            Err(e) => {
+                tracing::warn!(error = %e, "removing a spool that cannot be read");
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    out.sort_by_key(|(_, r)| r.header.exec_id);
+    out
+}
+
+/// Removes the spools in `dir` of commands that finished more than [`FINISHED_KEEP`] ago
+/// (written last that long ago, with their exit recorded).
+pub fn sweep(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > FINISHED_KEEP);
+        if old && read(&entry.path()).map(|r| r.exit.is_some()).unwrap_or(true) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(exec_id: u64) -> SpoolHeader {
+        SpoolHeader {
+            exec_id,
+            spawn_id: 9,
+            cgroup: "e9".into(),
+            argv: vec!["sh".into()],
+            started_unix_ms: 1,
+            timeout_ms: Some(1000),
+            output_limit: 100,
+            terminal: false,
+        }
+    }
+
+    #[test]
+    fn a_spool_reads_back_in_order_even_cut_short() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut spool = Spool::create(dir.path(), &header(3)).expect("create");
+        spool.output(true, b"one");
+        spool.output(false, b"two");
+        let path = Spool::path_in(dir.path(), 3);
+        // A frame cut short, as a crash mid-write leaves it.
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path).expect("open");
+        f.write_all(&[TAG_STDOUT, 10, 0, 0, 0, b'x']).expect("partial");
+        let r = read(&path).expect("read");
+        assert_eq!(r.header, header(3));
+        assert_eq!(
+            r.events,
+            vec![
+                ExecEvent::Stdout(Bytes::from_static(b"one")),
+                ExecEvent::Stderr(Bytes::from_static(b"two"))
+            ]
+        );
+        assert_eq!(r.spooled_output, 6);
+        assert!(r.exit.is_none() && !r.gap);
+    }
+
+    #[test]
+    fn past_the_cap_a_gap_is_marked_and_the_exit_still_recorded() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut spool = Spool::create(dir.path(), &header(4)).expect("create");
+        let chunk = vec![b'a'; 1 << 20];
+        for _ in 0..9 {
+            spool.output(true, &chunk);
+        }
+        let exit = ExecExit {
+            status: Some(crate::shim_proto::ExitInfo::Code(0)),
+            timed_out: false,
+            killed: false,
+            truncated: false,
+            oom_killed: false,
+            duration: Duration::from_millis(5),
+            stdout_bytes: 9 << 20,
+            stderr_bytes: 0,
+        };
+        spool.exit(&exit);
+        let r = read(&Spool::path_in(dir.path(), 4)).expect("read");
+        assert!(r.gap);
+        assert_eq!(r.spooled_output, MAX_SPOOL_OUTPUT);
+        assert_eq!(r.exit, Some(exit));
+        assert!(read_all(dir.path()).len() == 1);
+    }
+}

@@ -1,0 +1,78 @@
+//! Nothing lost across a brigd crash: commands keep running and their output, re-read by id
+//! after a `kill -9` of brigd and a restart, is complete and in order.
+
+use std::time::Duration;
+
+use brig_sdk::{Cmd, ExecEvent, SandboxOptions};
+use brig_tests::{image, Daemon};
+
+fn seq(from: u64, to: u64) -> String {
+    (from..=to).map(|i| format!("{i}\n")).collect()
+}
+
+#[tokio::test]
+async fn exec_output_survives_a_brigd_crash_complete_and_in_order() {
+    let mut daemon = Daemon::start_with(&["--on-exit", "keep"]).expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    let sb = client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
+
+    // Finished before the crash: re-read by id after it.
+    let done = sb.exec(["sh", "-c", "echo done; echo to-stderr >&2; exit 3"]).await.expect("exec");
+    // Writes steadily through the crash, on both streams, then exits 7.
+    let ticker = Cmd::shell(
+        "i=0; while [ $i -lt 60 ]; do i=$((i+1)); echo $i; echo e$i >&2; sleep 0.02; done; exit 7",
+    );
+    let mut ticking = sb.exec_stream(ticker).await.expect("ticker");
+    // Floods more than a pipe holds while brigd is down: it must block, not die of SIGPIPE.
+    let flood = Cmd::shell("sleep 0.3; seq 1 200000").output_limit(8 << 20);
+    let flooding = sb.exec_stream(flood).await.expect("flood");
+    // Silent through the crash, then speaks.
+    let late = sb.exec_stream(Cmd::shell("sleep 2; echo late")).await.expect("late");
+    let ids = (done.exec_id, ticking.exec_id(), flooding.exec_id(), late.exec_id());
+    let mut seen = String::new();
+    while seen.lines().count() < 5 {
+        match ticking.next().await.expect("event").expect("ticker event") {
+            ExecEvent::Stdout(b) => seen.push_str(&String::from_utf8_lossy(&b)),
+            ExecEvent::Stderr(_) => {}
+            ExecEvent::Exited(r) => panic!("the ticker ended early: {r:?}"),
+        }
+    }
+    drop((ticking, flooding, late));
+    daemon.crash().expect("crash");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    daemon.start_again().expect("start");
+    let client = daemon.client().await.expect("reconnect");
+    let sb = client.sandbox(sb.id());
+
+    let log = daemon.log_text();
+    let resumed = log.lines().find(|l| l.contains("commands kept across the restart"));
+    // Three were running (the log line ends with `resumed=3`, maybe coloured).
+    assert!(resumed.is_some_and(|l| l.trim_end().ends_with('3')), "{resumed:?}");
+
+    let again = sb.attach(ids.0).await.expect("attach finished").collect().await.expect("output");
+    assert_eq!(again.stdout_text(), "done\n");
+    assert_eq!(again.stderr_text(), "to-stderr\n");
+    assert_eq!(again.result.exit_code, Some(3));
+
+    let ticker = sb.attach(ids.1).await.expect("attach ticker").collect().await.expect("output");
+    assert_eq!(ticker.stdout_text(), seq(1, 60), "stdout complete and in order");
+    let stderr: String = (1..=60).map(|i| format!("e{i}\n")).collect();
+    assert_eq!(ticker.stderr_text(), stderr, "stderr complete and in order");
+    assert_eq!(ticker.result.exit_code, Some(7));
+
+    let flood = sb.attach(ids.2).await.expect("attach flood").collect().await.expect("output");
+    assert_eq!(flood.result.exit_code, Some(0), "{:?} {}", flood.result, flood.stderr_text());
+    assert!(flood.stdout_text() == seq(1, 200000), "the flood's output is not whole");
+
+    let late = sb.attach(ids.3).await.expect("attach late").collect().await.expect("output");
+    assert_eq!((late.stdout_text().as_str(), late.result.exit_code), ("late\n", Some(0)));
+
+    // Ids go on after the kept ones; the list shows them all.
+    let next = sb.exec(["echo", "next"]).await.expect("exec after restart");
+    assert!(next.exec_id > ids.3, "exec ids restarted: {} after {}", next.exec_id, ids.3);
+    let listed: Vec<u64> = sb.execs().await.expect("execs").iter().map(|e| e.exec_id).collect();
+    for id in [ids.0, ids.1, ids.2, ids.3, next.exec_id] {
+        assert!(listed.contains(&id), "{id} not in {listed:?}");
+    }
+    sb.destroy().await.expect("destroy");
+}
