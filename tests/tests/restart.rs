@@ -76,3 +76,47 @@ async fn exec_output_survives_a_brigd_crash_complete_and_in_order() {
     }
     sb.destroy().await.expect("destroy");
 }
+
+/// Sessions outlive a brigd crash: the shim keeps the node's ends of each shell's pipes and
+/// the session's record says what runs in it, so after a `kill -9` and a restart each session
+/// answers under its id with its working directory, environment and functions intact, and a
+/// command that ran through the crash reports its output and status.
+#[tokio::test]
+async fn sessions_survive_a_brigd_crash_with_their_state() {
+    let mut daemon = Daemon::start_with(&["--on-exit", "keep"]).expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    let sb = client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
+    let long = Duration::from_secs(10);
+    let idle = sb.open_session().await.expect("session");
+    let setup = "mkdir -p /work && cd /work && export ROLLOUT=r7 && f() { echo fn-$1; }";
+    assert_eq!(idle.run(setup, long).await.expect("setup").exit_code, Some(0));
+    let busy = sb.open_session().await.expect("second session");
+    let started = busy.run("cd /tmp; sleep 1.5; echo slept", Duration::from_millis(200)).await;
+    assert!(started.expect("start").is_running(), "the command should still run");
+    let ids = (idle.id().to_string(), busy.id().to_string());
+
+    daemon.crash().expect("crash");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    daemon.start_again().expect("start");
+    let client = daemon.client().await.expect("reconnect");
+    let sb = client.sandbox(sb.id());
+    let listed = sb.sessions().await.expect("sessions");
+    assert!(listed.contains(&ids.0) && listed.contains(&ids.1), "{listed:?}");
+
+    let idle = sb.session(&ids.0);
+    let out = idle.run("pwd; echo $ROLLOUT; f x", long).await.expect("run after the crash");
+    assert_eq!(out.stdout_text(), "/work\nr7\nfn-x\n");
+    assert_eq!((out.exit_code, out.cwd.as_str()), (Some(0), "/work"));
+
+    let busy = sb.session(&ids.1);
+    let out = busy.wait(long).await.expect("wait across the crash");
+    assert_eq!(out.stdout_text(), "slept\n");
+    assert_eq!((out.exit_code, out.cwd.as_str()), (Some(0), "/tmp"));
+
+    // New sessions take ids after the kept ones; a closed one is gone for good.
+    let third = sb.open_session().await.expect("a new session");
+    assert!(![&ids.0, &ids.1].contains(&&third.id().to_string()), "id {} reused", third.id());
+    idle.close().await.expect("close");
+    assert!(!sb.sessions().await.expect("sessions").contains(&ids.0));
+    sb.destroy().await.expect("destroy");
+}

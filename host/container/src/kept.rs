@@ -19,8 +19,8 @@ use crate::shim_proto::{ExitInfo, FromShim, KeptSpawn};
 
 /// How long a reconnecting node waits for each kept command's descriptors.
 const KEPT_FDS_TIMEOUT: Duration = Duration::from_secs(5);
-/// Most descriptors one kept command has (stdout and stderr, or a terminal).
-const MAX_KEPT_FDS: usize = 2;
+/// Most descriptors one kept process has (a session shell's five pipes).
+const MAX_KEPT_FDS: usize = 5;
 
 /// A command started for an earlier run of the node, as its shim handed it back.
 pub struct KeptOutput {

@@ -10,9 +10,9 @@ use std::time::Duration;
 use brig_core::files::Entry;
 use brig_core::sandbox::{
     BoxFuture, Capabilities, Condition, ContainerRecord, ExecControl, ExecEvent, ExecExit,
-    ExecSpec, FileAccess, ForkChild, ForkKind, ForkOptions, Forked, Op, PauseKind, Persistence,
-    ReadSource, RecoveredExec, Requested, RunningExec, Sandbox, SandboxError, SessionSpec, Stdin,
-    TerminalSize, Usage, WriteOptions,
+    ExecSpec, FileAccess, ForkChild, ForkKind, ForkOptions, Forked, KeptWork, Op, PauseKind,
+    Persistence, ReadSource, RecoveredExec, Requested, RunningExec, Sandbox, SandboxError,
+    SessionSpec, Stdin, TerminalSize, Usage, WriteOptions,
 };
 use brig_core::{QosClass, SandboxId, Tier};
 use tokio::io::AsyncWriteExt;
@@ -223,6 +223,9 @@ fn exit_of(exit: crate::exec::ExecExit) -> ExecExit {
 
 /// Relays the engine's events as the interface's; `Exited` comes once, last, even if the
 /// engine's channel ends without one.
+/// Where a container's session records live, under its spool directory.
+const SESSIONS_DIR: &str = "sessions";
+
 /// Every this many execs, a container's spools of long-finished commands are removed.
 const SPOOL_SWEEP_EVERY: u64 = 64;
 
@@ -378,28 +381,40 @@ impl Sandbox for ContainerSandbox {
         })
     }
 
-    fn recover_execs(&self) -> BoxFuture<'_, Vec<RecoveredExec>> {
+    fn recover_kept(&self) -> BoxFuture<'_, KeptWork> {
         Box::pin(async move {
             let dir = self.container.spool_dir();
-            let spools = tokio::task::spawn_blocking(move || {
+            let sessions_dir = dir.join(SESSIONS_DIR);
+            let (spools, records) = tokio::task::spawn_blocking(move || {
                 crate::spool::sweep(&dir);
-                crate::spool::read_all(&dir)
+                let records = crate::session::SessionJournal::read_all(&dir.join(SESSIONS_DIR));
+                (crate::spool::read_all(&dir), records)
             })
             .await
             .unwrap_or_default();
-            let mut out = Vec::with_capacity(spools.len());
+            let mut kept = KeptWork::default();
             for (path, recovered) in spools {
-                out.push(self.recover_one(&path, recovered));
+                kept.execs.push(self.recover_one(&path, recovered));
+            }
+            for record in records {
+                let id = record.session_id.clone();
+                match Session::resume(&self.container, &sessions_dir, record) {
+                    Some(session) => kept.sessions.push((id, Box::new(session) as _)),
+                    None => {
+                        tracing::warn!(container = self.container.name(), session = %id, "a session's shell was not kept");
+                        let _ = std::fs::remove_file(sessions_dir.join(format!("{id}.json")));
+                    }
+                }
             }
             let released = self.container.release_unclaimed();
             if released > 0 {
                 tracing::warn!(
                     container = self.container.name(),
                     released,
-                    "kept commands with no spool were let go"
+                    "kept processes with no record were let go"
                 );
             }
-            out
+            kept
         })
     }
 
@@ -411,7 +426,12 @@ impl Sandbox for ContainerSandbox {
             let cwd = spec.start_dir();
             let shell = spec.shell.unwrap_or_else(|| self.shell.clone());
             let env = merged_env(&self.env, spec.env);
-            let session = Session::open(&self.container, &shell, env, &cwd, spec.user).await?;
+            let keep = crate::session::SessionKeep {
+                dir: self.container.spool_dir().join(SESSIONS_DIR),
+                session_id: spec.id,
+            };
+            let session =
+                Session::open(&self.container, &shell, env, &cwd, spec.user, Some(keep)).await?;
             Ok(Box::new(session) as Box<dyn brig_core::sandbox::Session>)
         })
     }

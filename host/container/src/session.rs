@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, Mutex};
@@ -64,6 +65,89 @@ pub struct Session {
     state: Mutex<State>,
     control: mpsc::Sender<Control>,
     process: Mutex<Box<dyn SessionProcess>>,
+    journal: Option<Arc<SessionJournal>>,
+}
+
+/// What a restarted node needs to take a container's session back: its shell (by the shim's
+/// id and exec cgroup; the shim keeps the node's ends of its five pipes, `crate::kept`) and
+/// the nonce of the command running in it, if any.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SessionRecord {
+    pub session_id: String,
+    pub spawn_id: u64,
+    pub cgroup: String,
+    pub running: Option<String>,
+}
+
+/// A session's record on disk (`<spool>/sessions/<id>.json`), rewritten as commands start and
+/// finish, removed when the session closes.
+pub struct SessionJournal {
+    path: std::path::PathBuf,
+    record: parking_lot::Mutex<SessionRecord>,
+}
+
+/// Largest session record read back.
+const MAX_RECORD_BYTES: u64 = 64 << 10;
+
+impl SessionJournal {
+    fn create(dir: &std::path::Path, record: SessionRecord) -> std::io::Result<SessionJournal> {
+        std::fs::create_dir_all(dir)?;
+        let name = format!("{}.json", record.session_id);
+        let journal = SessionJournal { path: dir.join(name), record: record.into() };
+        journal.save()?;
+        Ok(journal)
+    }
+
+    fn save(&self) -> std::io::Result<()> {
+        let bytes = serde_json::to_vec(&*self.record.lock()).map_err(std::io::Error::other)?;
+        let tmp = self.path.with_extension("json.tmp");
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, &self.path)
+    }
+
+    /// Records the command now running (`None`: the shell is idle).
+    fn running(&self, nonce: Option<&str>) {
+        self.record.lock().running = nonce.map(str::to_string);
+        if let Err(e) = self.save() {
+            tracing::warn!(path = %self.path.display(), error = %e, "cannot record a session");
+        }
+    }
+
+    fn remove(&self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+
+    /// The session records in `dir` (unreadable ones removed).
+    pub fn read_all(dir: &std::path::Path) -> Vec<SessionRecord> {
+        let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let read = std::fs::File::open(&path).and_then(|f| {
+                let mut bytes = Vec::new();
+                std::io::Read::read_to_end(
+                    &mut std::io::Read::take(f, MAX_RECORD_BYTES),
+                    &mut bytes,
+                )?;
+                serde_json::from_slice::<SessionRecord>(&bytes).map_err(std::io::Error::other)
+            });
+            match read {
+                Ok(record) if path.extension().is_some_and(|e| e == "json") => out.push(record),
+                _ => {
+                    tracing::warn!(path = %path.display(), "removing an unreadable session record");
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Where a container's sessions are recorded so they outlive the node.
+#[derive(Debug, Clone)]
+pub struct SessionKeep {
+    pub dir: std::path::PathBuf,
+    pub session_id: String,
 }
 
 impl std::fmt::Debug for Session {
@@ -117,6 +201,12 @@ pub struct SessionParts {
     pub process: Box<dyn SessionProcess>,
 }
 
+/// A session taken back after a node restart: its record says whether a command runs.
+pub struct Resumed {
+    pub journal: Arc<SessionJournal>,
+    pub running: Option<String>,
+}
+
 /// The environment a session shell starts with: the caller's, plus settings that keep tools
 /// from paging or prompting.
 pub fn session_env(mut env: Vec<(String, String)>) -> Vec<(String, String)> {
@@ -140,13 +230,16 @@ fn io(e: std::io::Error) -> SessionError {
 }
 
 impl Session {
-    /// Starts a session running `shell` (e.g. `/bin/bash`) as `user` in `cwd`.
+    /// Starts a session running `shell` (e.g. `/bin/bash`) as `user` in `cwd`. With `keep`,
+    /// the shim holds the node's ends of its pipes and the session is recorded, so a restarted
+    /// node takes it back ([`Session::resume`]).
     pub async fn open(
         container: &Arc<Container>,
         shell: &str,
         env: Vec<(String, String)>,
         cwd: &str,
         user: Option<String>,
+        keep: Option<SessionKeep>,
     ) -> Result<Session, SessionError> {
         let pipe = || {
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SessionError::Io(e.into()))
@@ -163,45 +256,80 @@ impl Session {
             user,
             terminal: false,
         };
+        // The node's ends, in the order a restarted node gets them back (see `resume`).
+        let kept = [cmd_w.as_fd(), in_w.as_fd(), out_r.as_fd(), err_r.as_fd(), done_r.as_fd()];
+        let kept: &[_] = if keep.is_some() { &kept } else { &[] };
         let process = container
             .spawn(
                 request,
                 [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()],
                 &[cmd_r.as_fd(), done_w.as_fd()],
-                &[],
+                kept,
             )
             .await?;
         drop((in_r, out_w, err_w, cmd_r, done_w));
-        let sender = |fd| pipe::Sender::from_owned_fd(fd).map_err(io);
-        let receiver = |fd| pipe::Receiver::from_owned_fd(fd).map_err(io);
-        Ok(Session::from_parts(SessionParts {
-            commands: Box::new(sender(cmd_w)?),
-            stdin: Box::new(sender(in_w)?),
-            stdout: Box::new(receiver(out_r)?),
-            stderr: Box::new(receiver(err_r)?),
-            done: Box::new(receiver(done_r)?),
-            process: Box::new(process),
-        }))
+        let journal = match keep {
+            Some(keep) => {
+                let record = SessionRecord {
+                    session_id: keep.session_id,
+                    spawn_id: process.exec_id,
+                    cgroup: process.cgroup_name(),
+                    running: None,
+                };
+                SessionJournal::create(&keep.dir, record)
+                    .inspect_err(|e| tracing::warn!(error = %e, "session not recorded"))
+                    .ok()
+                    .map(Arc::new)
+            }
+            None => None,
+        };
+        let parts = parts_of([cmd_w, in_w, out_r, err_r, done_r], Box::new(process))?;
+        Ok(Session::with_journal(parts, journal.map(|journal| Resumed { journal, running: None })))
+    }
+
+    /// Takes back a session an earlier run of the node recorded, from the shell's pipes its
+    /// shim kept; `None` if the shim did not keep them.
+    pub fn resume(
+        container: &Arc<Container>,
+        dir: &std::path::Path,
+        record: SessionRecord,
+    ) -> Option<Session> {
+        let (process, fds) = container.reclaim_process(record.spawn_id, &record.cgroup)?;
+        let fds: [std::os::fd::OwnedFd; 5] = fds.try_into().ok()?;
+        let parts = parts_of(fds, Box::new(process)).ok()?;
+        let journal = SessionJournal {
+            path: dir.join(format!("{}.json", record.session_id)),
+            record: record.clone().into(),
+        };
+        let resumed = Resumed { journal: Arc::new(journal), running: record.running };
+        Some(Session::with_journal(parts, Some(resumed)))
     }
 
     /// A session over a shell that already runs [`DRIVER`] with these descriptors.
     pub fn from_parts(parts: SessionParts) -> Session {
+        Session::with_journal(parts, None)
+    }
+
+    fn with_journal(parts: SessionParts, resumed: Option<Resumed>) -> Session {
+        let (journal, running) = match resumed {
+            Some(r) => (Some(r.journal), r.running),
+            None => (None, None),
+        };
         let (control, control_rx) = mpsc::channel(16);
         let reader = Reader {
             stdout: parts.stdout,
             stderr: parts.stderr,
             done: parts.done,
             control: control_rx,
+            journal: journal.clone(),
+            nonce: running.clone().unwrap_or_default(),
         };
         tokio::spawn(reader.run());
         Session {
-            state: Mutex::new(State {
-                commands: parts.commands,
-                stdin: parts.stdin,
-                running: None,
-            }),
+            state: Mutex::new(State { commands: parts.commands, stdin: parts.stdin, running }),
             control,
             process: Mutex::new(parts.process),
+            journal,
         }
     }
 
@@ -223,6 +351,10 @@ impl Session {
                 .send(Control::Started(nonce.clone()))
                 .await
                 .map_err(|_| SessionError::Closed)?;
+            // Recorded before the shell can run it: a node that dies now resumes waiting on it.
+            if let Some(journal) = &self.journal {
+                journal.running(Some(&nonce));
+            }
             let mut message = Vec::with_capacity(nonce.len() + command.len() + 2);
             message.extend_from_slice(nonce.as_bytes());
             message.push(0);
@@ -296,8 +428,29 @@ impl Session {
 
     /// Ends the session: the shell and everything it started.
     pub async fn close(&self) {
+        if let Some(journal) = &self.journal {
+            journal.remove();
+        }
         self.process.lock().await.close();
     }
+}
+
+/// Parts of a container session from the node's ends of its pipes: fd 3's writer, stdin's
+/// writer, stdout's, stderr's and fd 4's readers.
+fn parts_of(
+    [cmd_w, in_w, out_r, err_r, done_r]: [std::os::fd::OwnedFd; 5],
+    process: Box<dyn SessionProcess>,
+) -> Result<SessionParts, SessionError> {
+    let sender = |fd| pipe::Sender::from_owned_fd(fd).map_err(io);
+    let receiver = |fd| pipe::Receiver::from_owned_fd(fd).map_err(io);
+    Ok(SessionParts {
+        commands: Box::new(sender(cmd_w)?),
+        stdin: Box::new(sender(in_w)?),
+        stdout: Box::new(receiver(out_r)?),
+        stderr: Box::new(receiver(err_r)?),
+        done: Box::new(receiver(done_r)?),
+        process,
+    })
 }
 
 /// Reads the shell's output and completion reports; routes them to the attached waiter.
@@ -306,6 +459,10 @@ struct Reader {
     stderr: ReadHalf,
     done: ReadHalf,
     control: mpsc::Receiver<Control>,
+    /// Told when a command finishes.
+    journal: Option<Arc<SessionJournal>>,
+    /// The running command's nonce (empty: idle), for a session taken back mid-command.
+    nonce: String,
 }
 
 /// Per-stream state: whether the sync marker of the finishing command was seen.
@@ -321,7 +478,7 @@ impl Reader {
         let mut backlog: Vec<SessionEvent> = Vec::new();
         let mut backlog_bytes = 0usize;
         let mut dropped = 0u64;
-        let mut nonce = String::new();
+        let mut nonce = std::mem::take(&mut self.nonce);
         let mut finished: Option<(i32, String)> = None;
         let mut out = Stream { pending: BytesMut::new(), synced: false, open: true };
         let mut err = Stream { pending: BytesMut::new(), synced: false, open: true };
@@ -388,6 +545,9 @@ impl Reader {
                     events.push(SessionEvent::Done { exit_code: *code, cwd: cwd.clone() });
                     finished = None;
                     nonce.clear();
+                    if let Some(journal) = &self.journal {
+                        journal.running(None);
+                    }
                 }
             }
             for event in events {

@@ -251,6 +251,9 @@ pub fn read_all(dir: &Path) -> Vec<(PathBuf, Recovered)> {
 pub fn sweep(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
+        if entry.path().extension().is_none_or(|e| e != "spool") {
+            continue;
+        }
         let old = entry
             .metadata()
             .and_then(|m| m.modified())

@@ -323,6 +323,14 @@ pub struct RunningExec {
     pub control: Arc<dyn ExecControl>,
 }
 
+/// What a tier kept across a restart of the node.
+#[derive(Default)]
+pub struct KeptWork {
+    pub execs: Vec<RecoveredExec>,
+    /// Open sessions, by the ids they were opened with.
+    pub sessions: Vec<(String, Box<dyn Session>)>,
+}
+
 /// A command a tier kept across a restart of the node, handed back to be served again.
 pub struct RecoveredExec {
     pub exec_id: u64,
@@ -342,6 +350,9 @@ pub struct RecoveredExec {
 /// A shell session to open.
 #[derive(Debug, Clone, Default)]
 pub struct SessionSpec {
+    /// The node's id for the session; a tier that keeps sessions across node restarts names
+    /// them by it.
+    pub id: String,
     /// `None`: the sandbox's default shell.
     pub shell: Option<String>,
     pub env: Vec<(String, String)>,
@@ -602,10 +613,10 @@ pub trait Sandbox: Send + Sync + 'static {
     fn net_pid(&self) -> Option<i32> {
         None
     }
-    /// Commands it kept across a restart of the node (run once, when the node takes the
-    /// sandbox back); tiers that keep none have none.
-    fn recover_execs(&self) -> BoxFuture<'_, Vec<RecoveredExec>> {
-        Box::pin(async { Vec::new() })
+    /// Commands and sessions it kept across a restart of the node (asked once, when the node
+    /// takes the sandbox back); tiers that keep none have none.
+    fn recover_kept(&self) -> BoxFuture<'_, KeptWork> {
+        Box::pin(async { KeptWork::default() })
     }
     /// Layer-store digests it holds (released by the node when it goes).
     fn held_layers(&self) -> Vec<String> {

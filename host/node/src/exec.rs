@@ -104,12 +104,17 @@ impl Node {
 }
 
 impl Node {
-    /// Serves again the commands a sandbox's tier kept across a restart of the node: each
-    /// under its old id, with its output so far, then (if it still runs) the rest as it
-    /// comes. New execs get ids after theirs.
-    pub(crate) async fn recover_execs(&self, entry: &SandboxEntry) {
-        let recovered = entry.sandbox.recover_execs().await;
-        if recovered.is_empty() {
+    /// Serves again the commands and sessions a sandbox's tier kept across a restart of the
+    /// node, each under its old id: a command with its output so far, then (if it still runs)
+    /// the rest as it comes. New execs and sessions get ids after theirs.
+    pub(crate) async fn recover_kept(&self, entry: &SandboxEntry) {
+        let kept = entry.sandbox.recover_kept().await;
+        let sessions = kept.sessions.len();
+        for (id, session) in kept.sessions {
+            entry.sessions.restore(id, session);
+        }
+        let recovered = kept.execs;
+        if recovered.is_empty() && sessions == 0 {
             return;
         }
         let recorder = self.recorder(entry);
@@ -155,7 +160,7 @@ impl Node {
                 (None, exit) => hub.finish(result_of(exit.unwrap_or_default())),
             }
         }
-        tracing::info!(sandbox = %entry.id, resumed, "commands kept across the restart are served again");
+        tracing::info!(sandbox = %entry.id, sessions, resumed, "commands kept across the restart are served again");
     }
 }
 

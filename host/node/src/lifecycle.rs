@@ -213,7 +213,7 @@ impl Node {
             }
             let entry = SandboxEntry::new(id, record.spec.clone(), record.created_unix_ms, sandbox);
             entry.restore_clocks(&record);
-            self.recover_execs(&entry).await;
+            self.recover_kept(&entry).await;
             self.inner.sandboxes.insert(entry);
             restored += 1;
         }

@@ -24,15 +24,32 @@ pub(crate) struct SessionTable {
 }
 
 impl SessionTable {
-    /// Keeps an open session and returns its id, or gives it back when `max` are open.
-    pub fn add(&self, session: Box<dyn Session>, max: usize) -> Result<String, Box<dyn Session>> {
+    /// The id the next session gets (`s1`, `s2`, …).
+    pub fn new_id(&self) -> String {
+        format!("s{}", self.next.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+
+    /// Keeps an open session under `id`, or gives it back when `max` are open.
+    pub fn add(
+        &self,
+        id: &str,
+        session: Box<dyn Session>,
+        max: usize,
+    ) -> Result<(), Box<dyn Session>> {
         let mut sessions = self.sessions.lock();
         if sessions.len() >= max {
             return Err(session);
         }
-        let id = format!("s{}", self.next.fetch_add(1, Ordering::Relaxed) + 1);
-        sessions.insert(id.clone(), Arc::from(session));
-        Ok(id)
+        sessions.insert(id.to_string(), Arc::from(session));
+        Ok(())
+    }
+
+    /// Keeps a session the tier kept across a restart, under its old id; new ids follow it.
+    pub fn restore(&self, id: String, session: Box<dyn Session>) {
+        if let Some(n) = id.strip_prefix('s').and_then(|n| n.parse::<u64>().ok()) {
+            self.next.fetch_max(n, Ordering::Relaxed);
+        }
+        self.sessions.lock().insert(id, Arc::from(session));
     }
 
     /// Refuses a new session when `max` are open already.
@@ -86,13 +103,20 @@ impl Node {
         let shell = req.shell.clone().unwrap_or_else(|| "/bin/sh".to_string());
         brig_core::check_command(&[shell], &req.env, &req.cwd)?;
         let entry = self.session_host(&req.sandbox).await?;
-        let spec = SessionSpec { shell: req.shell, env: req.env, cwd: req.cwd, user: req.user };
         let max = self.inner.config.limits.sessions_per_sandbox;
         entry.sessions.check_room(max)?;
+        let id = entry.sessions.new_id();
+        let spec = SessionSpec {
+            id: id.clone(),
+            shell: req.shell,
+            env: req.env,
+            cwd: req.cwd,
+            user: req.user,
+        };
         let session = entry.sandbox.open_session(spec).await.map_err(|e| entry.fail(e))?;
         entry.touch();
-        match entry.sessions.add(session, max) {
-            Ok(id) => Ok(id),
+        match entry.sessions.add(&id, session, max) {
+            Ok(()) => Ok(id),
             // Another client took the last place while this shell started.
             Err(session) => {
                 session.close().await;
