@@ -22,6 +22,8 @@ pub const DEFAULT_ID_BASE: u32 = 100_000;
 pub const ID_COUNT: u32 = 65_536;
 /// The shim's listening socket, in the container's run directory.
 const SHIM_SOCKET: &str = "shim.sock";
+/// Seconds between sweeps of a container's spools.
+const SPOOL_SWEEP_SECS: u64 = 60;
 /// How long a container may take to come up.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -296,6 +298,7 @@ impl Runtime {
             oom_seen: AtomicU64::new(0),
             keeps_output,
             spool_dir: self.config.spool_root().join(name),
+            spool_swept: AtomicU64::new(0),
             kept: parking_lot::Mutex::new(kept),
         })
     }
@@ -350,6 +353,7 @@ impl Runtime {
                     oom_seen: AtomicU64::new(0),
                     keeps_output: true,
                     spool_dir: self.config.spool_root().join(&spec.name),
+                    spool_swept: AtomicU64::new(0),
                     kept: parking_lot::Mutex::default(),
                 })
             }
@@ -501,6 +505,8 @@ pub struct Container {
     /// `SpawnKeeping` do not).
     keeps_output: bool,
     spool_dir: PathBuf,
+    /// When its spools were last swept (seconds on the monotonic clock since the node began).
+    spool_swept: AtomicU64,
     /// Commands from an earlier run of the node, handed back by the shim, until claimed.
     kept: parking_lot::Mutex<std::collections::HashMap<u64, crate::kept::KeptOutput>>,
 }
@@ -692,6 +698,19 @@ impl Container {
     /// Where its commands' output is spooled (`crate::spool`); removed with it.
     pub fn spool_dir(&self) -> PathBuf {
         self.spool_dir.clone()
+    }
+
+    /// Whether its spools are due a sweep of long-finished commands (at most once a minute:
+    /// a sweep stats every spool); marks them swept.
+    pub fn spool_sweep_due(&self) -> bool {
+        static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        let now = EPOCH.get_or_init(std::time::Instant::now).elapsed().as_secs() + SPOOL_SWEEP_SECS;
+        let last = self.spool_swept.load(Ordering::Relaxed);
+        now >= last + SPOOL_SWEEP_SECS
+            && self
+                .spool_swept
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// Takes back process `exec_id`, started for an earlier run of the node in exec cgroup

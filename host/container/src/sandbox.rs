@@ -226,9 +226,6 @@ fn exit_of(exit: crate::exec::ExecExit) -> ExecExit {
 /// Where a container's session records live, under its spool directory.
 const SESSIONS_DIR: &str = "sessions";
 
-/// Every this many execs, a container's spools of long-finished commands are removed.
-const SPOOL_SWEEP_EVERY: u64 = 64;
-
 /// A started engine command as the node sees it.
 fn running(exec: crate::exec::Exec) -> RunningExec {
     let control = Arc::new(EngineControl { killer: exec.killer(), terminal: exec.terminal });
@@ -349,7 +346,7 @@ impl Sandbox for ContainerSandbox {
                     exec_id: spec.exec_id,
                 }),
             };
-            if spec.exec_id.is_multiple_of(SPOOL_SWEEP_EVERY) {
+            if self.container.spool_sweep_due() {
                 let dir = self.container.spool_dir();
                 tokio::task::spawn_blocking(move || crate::spool::sweep(&dir));
             }
