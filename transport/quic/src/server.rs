@@ -144,8 +144,13 @@ impl Server {
     /// Binds `addr` with `identity`'s certificate.
     pub fn bind(addr: SocketAddr, identity: &Identity) -> Result<Server, TransportError> {
         let socket = crate::tuning::bind_udp(addr)?;
+        let mut config = quinn::EndpointConfig::new(identity.reset_key());
+        let cid_key = identity.connection_id_key();
+        config.cid_generator(move || {
+            Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
+        });
         let endpoint = quinn::Endpoint::new(
-            quinn::EndpointConfig::default(),
+            config,
             Some(identity.server_config()?),
             socket,
             Arc::new(quinn::TokioRuntime),

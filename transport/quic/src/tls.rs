@@ -69,6 +69,31 @@ impl Identity {
         hex::encode(Sha256::digest(self.cert.as_ref()))
     }
 
+    /// The key stateless resets are made with, derived from the private key, so a server that
+    /// restarts with the same identity can reset its predecessor's connections: a client's
+    /// requests on a connection the new process does not know fail at once (and the client
+    /// reconnects) instead of waiting out the idle timeout.
+    pub fn reset_key(&self) -> Arc<dyn quinn::crypto::HmacKey> {
+        let mut derive = Sha256::new();
+        derive.update(b"brig quic stateless reset key v1\0");
+        derive.update(self.key.secret_pkcs8_der());
+        let secret = derive.finalize();
+        Arc::new(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret))
+    }
+
+    /// A key for the connection ids a server hands out, derived like [`Identity::reset_key`]:
+    /// a restarted server must recognise its predecessor's ids as its own kind, or it drops
+    /// their packets instead of answering them with a stateless reset.
+    pub fn connection_id_key(&self) -> u64 {
+        let mut derive = Sha256::new();
+        derive.update(b"brig quic connection id key v1\0");
+        derive.update(self.key.secret_pkcs8_der());
+        let digest = derive.finalize();
+        let mut key = [0u8; 8];
+        key.copy_from_slice(&digest[..8]);
+        u64::from_le_bytes(key)
+    }
+
     /// quinn server configuration for this identity.
     pub fn server_config(&self) -> Result<quinn::ServerConfig, TransportError> {
         let mut tls = rustls::ServerConfig::builder_with_provider(provider())

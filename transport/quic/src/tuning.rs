@@ -13,8 +13,9 @@ use crate::TransportError;
 
 /// Concurrent bidirectional streams (= in-flight requests) a peer may open per connection.
 pub const MAX_CONCURRENT_STREAMS: u32 = 16_384;
-/// Keep-alive interval; well under [`IDLE_TIMEOUT`].
-pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
+/// Keep-alive interval; well under [`IDLE_TIMEOUT`]. It also bounds how long a client waits on
+/// a connection to a server that restarted: its next keep-alive draws a stateless reset.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(2);
 /// A connection with no traffic (keep-alives count) for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// UDP socket buffers requested; the kernel caps them at `net.core.{r,w}mem_max`, which the setup
