@@ -465,13 +465,17 @@ impl ContainerCgroup {
         }
     }
 
-    /// Whether the container is frozen (paused).
+    /// Whether the container is frozen (paused) or being frozen: a node that died while
+    /// freezing it can leave v1's freezer in FREEZING, whose tasks answer nothing.
     pub fn is_frozen(&self) -> bool {
-        let (file, frozen) = match self.version {
-            Version::V1 => (self.dir("freezer").map(|d| d.join("freezer.state")), "FROZEN"),
-            Version::V2 => (self.dir("unified").map(|d| d.join("cgroup.freeze")), "1"),
+        let (file, frozen): (_, &[&str]) = match self.version {
+            Version::V1 => {
+                (self.dir("freezer").map(|d| d.join("freezer.state")), &["FROZEN", "FREEZING"])
+            }
+            Version::V2 => (self.dir("unified").map(|d| d.join("cgroup.freeze")), &["1"]),
         };
-        file.and_then(|f| std::fs::read_to_string(f).ok()).is_some_and(|s| s.trim() == frozen)
+        let state = file.and_then(|f| std::fs::read_to_string(f).ok());
+        state.is_some_and(|s| frozen.contains(&s.trim()))
     }
 
     /// Removes the container's cgroups; processes must be gone (retries briefly while the

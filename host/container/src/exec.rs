@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, Notify};
 
@@ -232,7 +231,17 @@ pub fn resume(
     recovered: &Recovered,
 ) -> Option<Exec> {
     let header = &recovered.header;
-    let (process, mut fds) = container.reclaim_process(header.spawn_id, &header.cgroup)?;
+    let Some((process, mut fds)) = container.reclaim_process(header.spawn_id, &header.cgroup)
+    else {
+        tracing::warn!(
+            container = container.name(),
+            exec_id = header.exec_id,
+            spawn_id = header.spawn_id,
+            cgroup = %header.cgroup,
+            "the shim did not keep this command"
+        );
+        return None;
+    };
     let (stdout, stderr, terminal) = if header.terminal {
         let master = Arc::new(TerminalMaster::new(fds.pop()?).ok()?);
         (Output::Terminal(master.clone()), None, Some(master))
@@ -280,30 +289,29 @@ enum Output {
 }
 
 impl Output {
-    async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+    /// Waits for a pipe to have something, or reads a terminal.
+    async fn wait(&self, buf: &mut [u8]) -> std::io::Result<Got> {
         match self {
-            Output::Pipe(p) => p.read(buf).await,
-            Output::Terminal(t) => t.read(buf).await,
-        }
-    }
-
-    fn try_read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Output::Pipe(p) => p.try_read(buf),
-            Output::Terminal(t) => t.try_read(buf),
+            Output::Pipe(p) => p.readable().await.map(|()| Got::Ready),
+            Output::Terminal(t) => t.read(buf).await.map(Got::Read),
         }
     }
 }
 
-/// Reads `pipe` if there is one; never ready otherwise.
-async fn read_optional(
-    pipe: &mut Option<pipe::Receiver>,
-    buf: &mut [u8],
-) -> std::io::Result<usize> {
+/// Waits until `pipe` (if there is one) has something to take; never ready otherwise.
+async fn wait_optional(pipe: &Option<pipe::Receiver>) -> std::io::Result<()> {
     match pipe {
-        Some(p) => p.read(buf).await,
+        Some(p) => p.readable().await,
         None => std::future::pending().await,
     }
+}
+
+/// What waiting on a command's stdout gave.
+enum Got {
+    /// A pipe has something to take ([`take`]).
+    Ready,
+    /// A terminal's bytes, read into the buffer.
+    Read(usize),
 }
 
 struct Job {
@@ -352,16 +360,68 @@ impl Budget {
     }
 }
 
-/// Spools a chunk, then hands it on (so a node that dies now has it on disk).
+/// What one look at an output stream gave.
+enum Taken {
+    /// Moved through the spool already.
+    Spooled(Bytes),
+    /// Read into memory (a terminal, or past what the spool takes): spooled on delivery.
+    Read(Bytes),
+    /// Nothing to hand on (nothing waited, or all of it was over the output cap).
+    Nothing,
+    End,
+}
+
+/// Takes what waits in a command's output pipe: spliced through the spool while the spool and
+/// the output cap have room (so no byte taken from the pipe lives only in this process; see
+/// [`Spool::splice_from`]), read otherwise.
+fn take(
+    pipe: &pipe::Receiver,
+    spool: &mut Option<Spool>,
+    budget: &mut Budget,
+    stdout: bool,
+    buf: &mut [u8],
+) -> std::io::Result<Taken> {
+    let room = budget.limit.saturating_sub(budget.delivered);
+    let spool_room = spool.as_ref().map_or(0, Spool::room);
+    let taken = match spool {
+        Some(spool) if room > 0 && spool_room > 0 => {
+            let max = (buf.len() as u64).min(room).min(spool_room) as usize;
+            pipe.try_io(|| spool.splice_from(pipe.as_fd(), stdout, max)).map(|moved| match moved {
+                Some(chunk) => {
+                    budget.admit(&chunk, stdout);
+                    Taken::Spooled(chunk)
+                }
+                None => Taken::End,
+            })
+        }
+        _ => pipe.try_read(buf).map(|n| match n {
+            0 => Taken::End,
+            n => budget.admit(&buf[..n], stdout).map_or(Taken::Nothing, Taken::Read),
+        }),
+    };
+    match taken {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(Taken::Nothing),
+        other => other,
+    }
+}
+
+/// Spools a chunk read into memory, then hands it on (a spliced chunk is on disk already).
 async fn deliver(
     spool: &mut Option<Spool>,
     events: &mpsc::Sender<ExecEvent>,
     stdout: bool,
-    chunk: Bytes,
+    chunk: Taken,
 ) -> Result<(), ()> {
-    if let Some(spool) = spool {
-        spool.output(stdout, &chunk);
-    }
+    let chunk = match chunk {
+        Taken::Spooled(chunk) => chunk,
+        Taken::Read(chunk) => {
+            if let Some(spool) = spool {
+                spool.output(stdout, &chunk);
+            }
+            chunk
+        }
+        Taken::Nothing | Taken::End => return Ok(()),
+    };
     let event = if stdout { ExecEvent::Stdout(chunk) } else { ExecEvent::Stderr(chunk) };
     events.send(event).await.map_err(|_| ())
 }
@@ -404,17 +464,31 @@ impl Job {
                 }
             };
             tokio::select! {
-                n = self.stdout.read(&mut out_buf), if out_open => match n {
-                    Ok(0) | Err(_) => out_open = false,
-                    Ok(n) => if let Some(b) = budget.admit(&out_buf[..n], true) {
-                        if deliver(&mut self.spool, &self.events, true, b).await.is_err() { break; }
-                    },
+                got = self.stdout.wait(&mut out_buf), if out_open => {
+                    let taken = match got {
+                        Ok(Got::Ready) => match &self.stdout {
+                            Output::Pipe(p) => take(p, &mut self.spool, &mut budget, true, &mut out_buf),
+                            Output::Terminal(_) => Ok(Taken::Nothing),
+                        },
+                        Ok(Got::Read(0)) | Err(_) => Ok(Taken::End),
+                        Ok(Got::Read(n)) => Ok(budget.admit(&out_buf[..n], true).map_or(Taken::Nothing, Taken::Read)),
+                    };
+                    match taken {
+                        Ok(Taken::End) | Err(_) => out_open = false,
+                        Ok(Taken::Nothing) => {}
+                        Ok(chunk) => if deliver(&mut self.spool, &self.events, true, chunk).await.is_err() { break; },
+                    }
                 },
-                n = read_optional(&mut self.stderr, &mut err_buf), if err_open => match n {
-                    Ok(0) | Err(_) => err_open = false,
-                    Ok(n) => if let Some(b) = budget.admit(&err_buf[..n], false) {
-                        if deliver(&mut self.spool, &self.events, false, b).await.is_err() { break; }
-                    },
+                ready = wait_optional(&self.stderr), if err_open => {
+                    let taken = match (ready, &self.stderr) {
+                        (Ok(()), Some(p)) => take(p, &mut self.spool, &mut budget, false, &mut err_buf),
+                        _ => Ok(Taken::End),
+                    };
+                    match taken {
+                        Ok(Taken::End) | Err(_) => err_open = false,
+                        Ok(Taken::Nothing) => {}
+                        Ok(chunk) => if deliver(&mut self.spool, &self.events, false, chunk).await.is_err() { break; },
+                    }
                 },
                 exit = self.process.wait(), if status.is_none() => {
                     status = Some(exit);
@@ -426,17 +500,27 @@ impl Job {
                     // writers it left behind.
                     if out_open {
                         for _ in 0..DRAIN_READS {
-                            let Ok(n @ 1..) = self.stdout.try_read(&mut out_buf) else { break };
-                            if let Some(b) = budget.admit(&out_buf[..n], true) {
-                                let _ = deliver(&mut self.spool, &self.events, true, b).await;
+                            let taken = match &self.stdout {
+                                Output::Pipe(p) => take(p, &mut self.spool, &mut budget, true, &mut out_buf),
+                                Output::Terminal(t) => match t.try_read(&mut out_buf) {
+                                    Ok(n @ 1..) => Ok(budget.admit(&out_buf[..n], true).map_or(Taken::Nothing, Taken::Read)),
+                                    _ => Ok(Taken::End),
+                                },
+                            };
+                            match taken {
+                                Ok(Taken::Read(b)) => { let _ = deliver(&mut self.spool, &self.events, true, Taken::Read(b)).await; }
+                                Ok(Taken::Spooled(b)) => { let _ = deliver(&mut self.spool, &self.events, true, Taken::Spooled(b)).await; }
+                                _ => break,
                             }
                         }
                     }
                     if let (true, Some(pipe)) = (err_open, self.stderr.as_mut()) {
                         for _ in 0..DRAIN_READS {
-                            let Ok(n @ 1..) = pipe.try_read(&mut err_buf) else { break };
-                            if let Some(b) = budget.admit(&err_buf[..n], false) {
-                                let _ = deliver(&mut self.spool, &self.events, false, b).await;
+                            match take(pipe, &mut self.spool, &mut budget, false, &mut err_buf) {
+                                Ok(chunk @ (Taken::Read(_) | Taken::Spooled(_))) => {
+                                    let _ = deliver(&mut self.spool, &self.events, false, chunk).await;
+                                }
+                                _ => break,
                             }
                         }
                     }
@@ -465,6 +549,8 @@ impl Job {
         let reusable = !exit.timed_out && !exit.killed;
         if let Some(spool) = &mut self.spool {
             spool.exit(&exit);
+            // The spool has it all now: the shim may let go of its copies of the pipes.
+            self.process.release_kept();
         }
         let _ = self.events.send(ExecEvent::Exit(exit)).await;
         self.process.cleanup(reusable);

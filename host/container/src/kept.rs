@@ -68,3 +68,66 @@ pub(crate) async fn receive(
     }
     Ok(out)
 }
+
+impl crate::runtime::Container {
+    /// Whether its spools are due a sweep of long-finished commands (at most once a minute:
+    /// a sweep stats every spool); marks them swept.
+    pub fn spool_sweep_due(&self) -> bool {
+        static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        let now = EPOCH.get_or_init(std::time::Instant::now).elapsed().as_secs()
+            + crate::runtime::SPOOL_SWEEP_SECS;
+        let last = self.spool_swept.load(std::sync::atomic::Ordering::Relaxed);
+        now >= last + crate::runtime::SPOOL_SWEEP_SECS
+            && self
+                .spool_swept
+                .compare_exchange(
+                    last,
+                    now,
+                    std::sync::atomic::Ordering::Relaxed,
+                    std::sync::atomic::Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    /// Takes back process `exec_id`, started for an earlier run of the node in exec cgroup
+    /// `cgroup` ([`Process::cgroup_name`]): the process and its output's read ends. `None` if
+    /// its shim did not keep it.
+    pub fn reclaim_process(
+        &self,
+        exec_id: u64,
+        cgroup: &str,
+    ) -> Option<(crate::runtime::Process, Vec<OwnedFd>)> {
+        let kept = self.kept.lock().remove(&exec_id)?;
+        let Some(cgroup) = self.cgroup.exec_named(cgroup) else {
+            tracing::warn!(
+                container = self.name,
+                exec_id,
+                cgroup,
+                "a kept process's exec cgroup is gone"
+            );
+            return None;
+        };
+        let pool = self.exec_cgroups.clone();
+        let keeper = Some(self.shim.clone());
+        let process = crate::runtime::Process {
+            exec_id,
+            pid: kept.pid,
+            exit: kept.exit,
+            cgroup,
+            pool,
+            keeper,
+        };
+        Some((process, kept.fds))
+    }
+
+    /// Lets go of the kept processes nobody claimed (their output has nowhere to go: they get
+    /// end of pipe on their next write, as if the node had not kept them).
+    pub async fn release_unclaimed(&self) -> usize {
+        let unclaimed: Vec<u64> = self.kept.lock().drain().map(|(id, _)| id).collect();
+        for exec_id in &unclaimed {
+            let _ =
+                self.shim.send(&crate::shim_proto::ToShim::ReleaseKept { exec_id: *exec_id }).await;
+        }
+        unclaimed.len()
+    }
+}

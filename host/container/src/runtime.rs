@@ -1,6 +1,6 @@
 //! Creating and destroying containers, and starting processes in them from outside.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -23,7 +23,7 @@ pub const ID_COUNT: u32 = 65_536;
 /// The shim's listening socket, in the container's run directory.
 const SHIM_SOCKET: &str = "shim.sock";
 /// Seconds between sweeps of a container's spools.
-const SPOOL_SWEEP_SECS: u64 = 60;
+pub(crate) const SPOOL_SWEEP_SECS: u64 = 60;
 /// How long a container may take to come up.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -486,11 +486,11 @@ fn process_start_time(pid: i32) -> Option<u64> {
 
 /// A running container.
 pub struct Container {
-    name: String,
+    pub(crate) name: String,
     id_base: u32,
     rootfs: Rootfs,
-    cgroup: ContainerCgroup,
-    shim: Arc<ShimConn>,
+    pub(crate) cgroup: ContainerCgroup,
+    pub(crate) shim: Arc<ShimConn>,
     /// The shim's host pid (alive while its control socket is open) and start time.
     shim_pid: i32,
     shim_start: u64,
@@ -499,38 +499,51 @@ pub struct Container {
     /// Start time of init (see [`process_start_time`]), checked whenever its root is opened.
     init_start: u64,
     next_exec: AtomicU64,
-    exec_cgroups: ExecCgroupPool,
+    pub(crate) exec_cgroups: ExecCgroupPool,
     oom_seen: AtomicU64,
     /// Its shim holds output descriptors for a reconnecting node (shims from before
     /// `SpawnKeeping` do not).
     keeps_output: bool,
     spool_dir: PathBuf,
     /// When its spools were last swept (seconds on the monotonic clock since the node began).
-    spool_swept: AtomicU64,
+    pub(crate) spool_swept: AtomicU64,
     /// Commands from an earlier run of the node, handed back by the shim, until claimed.
-    kept: parking_lot::Mutex<std::collections::HashMap<u64, crate::kept::KeptOutput>>,
+    pub(crate) kept: parking_lot::Mutex<std::collections::HashMap<u64, crate::kept::KeptOutput>>,
 }
 
 /// Empty exec cgroups kept for reuse per container: creating and removing one per exec costs
 /// two cgroupfs operations on the exec path.
 const EXEC_CGROUP_POOL: usize = 8;
 
-type ExecCgroupPool = Arc<parking_lot::Mutex<Vec<ExecCgroup>>>;
+pub(crate) type ExecCgroupPool = Arc<parking_lot::Mutex<Vec<ExecCgroup>>>;
 
 /// A process started in a container.
 pub struct Process {
     pub exec_id: u64,
     /// Host pid.
     pub pid: i32,
-    exit: oneshot::Receiver<ExitInfo>,
-    cgroup: ExecCgroup,
-    pool: ExecCgroupPool,
+    pub(crate) exit: oneshot::Receiver<ExitInfo>,
+    pub(crate) cgroup: ExecCgroup,
+    pub(crate) pool: ExecCgroupPool,
+    /// The shim keeps its output descriptors (`crate::kept`) until told to let go.
+    pub(crate) keeper: Option<Arc<ShimConn>>,
 }
 
 impl Process {
     /// Waits for the process itself to exit (its children may live on).
     pub async fn wait(&mut self) -> Option<ExitInfo> {
         (&mut self.exit).await.ok()
+    }
+
+    /// Tells the shim to close the output descriptors it kept for this process: the node has
+    /// all of its output (or wants no more).
+    pub fn release_kept(&self) {
+        if let Some(shim) = &self.keeper {
+            let (shim, exec_id) = (shim.clone(), self.exec_id);
+            tokio::spawn(async move {
+                let _ = shim.send(&ToShim::ReleaseKept { exec_id }).await;
+            });
+        }
     }
 
     /// Its exec cgroup's name (`e<n>`), by which [`Container::reclaim_process`] finds it again.
@@ -692,45 +705,13 @@ impl Container {
         let keep_fds =
             u8::try_from(keep.len()).map_err(|_| RuntimeError::Setup("too many fds".into()))?;
         let (pid, exit) = self.shim.spawn(spec, &fds, keep_fds).await?;
-        Ok(Process { exec_id, pid, exit, cgroup, pool: self.exec_cgroups.clone() })
+        let keeper = (keep_fds > 0).then(|| self.shim.clone());
+        Ok(Process { exec_id, pid, exit, cgroup, pool: self.exec_cgroups.clone(), keeper })
     }
 
     /// Where its commands' output is spooled (`crate::spool`); removed with it.
     pub fn spool_dir(&self) -> PathBuf {
         self.spool_dir.clone()
-    }
-
-    /// Whether its spools are due a sweep of long-finished commands (at most once a minute:
-    /// a sweep stats every spool); marks them swept.
-    pub fn spool_sweep_due(&self) -> bool {
-        static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-        let now = EPOCH.get_or_init(std::time::Instant::now).elapsed().as_secs() + SPOOL_SWEEP_SECS;
-        let last = self.spool_swept.load(Ordering::Relaxed);
-        now >= last + SPOOL_SWEEP_SECS
-            && self
-                .spool_swept
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-    }
-
-    /// Takes back process `exec_id`, started for an earlier run of the node in exec cgroup
-    /// `cgroup` ([`Process::cgroup_name`]): the process and its output's read ends. `None` if
-    /// its shim did not keep it.
-    pub fn reclaim_process(&self, exec_id: u64, cgroup: &str) -> Option<(Process, Vec<OwnedFd>)> {
-        let kept = self.kept.lock().remove(&exec_id)?;
-        let cgroup = self.cgroup.exec_named(cgroup)?;
-        let pool = self.exec_cgroups.clone();
-        let process = Process { exec_id, pid: kept.pid, exit: kept.exit, cgroup, pool };
-        Some((process, kept.fds))
-    }
-
-    /// Lets go of the kept processes nobody claimed (their output has nowhere to go: they get
-    /// end of pipe on their next write, as if the node had not kept them).
-    pub fn release_unclaimed(&self) -> usize {
-        let mut kept = self.kept.lock();
-        let n = kept.len();
-        kept.clear();
-        n
     }
 
     /// Kills everything and removes the container's mounts, cgroups and directories.

@@ -403,7 +403,7 @@ impl Sandbox for ContainerSandbox {
                     }
                 }
             }
-            let released = self.container.release_unclaimed();
+            let released = self.container.release_unclaimed().await;
             if released > 0 {
                 tracing::warn!(
                     container = self.container.name(),

@@ -22,12 +22,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, Mutex};
 
 use crate::runtime::{Container, Process, RuntimeError, SpawnRequest};
+pub use crate::session_journal::{SessionJournal, SessionRecord};
 
 /// The driver loop. Runs under bash or busybox sh.
 pub const DRIVER: &str = r#"trap ':' INT
@@ -66,81 +66,12 @@ pub struct Session {
     control: mpsc::Sender<Control>,
     process: Mutex<Box<dyn SessionProcess>>,
     journal: Option<Arc<SessionJournal>>,
-}
-
-/// What a restarted node needs to take a container's session back: its shell (by the shim's
-/// id and exec cgroup; the shim keeps the node's ends of its five pipes, `crate::kept`) and
-/// the nonce of the command running in it, if any.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct SessionRecord {
-    pub session_id: String,
-    pub spawn_id: u64,
-    pub cgroup: String,
-    pub running: Option<String>,
-}
-
-/// A session's record on disk (`<spool>/sessions/<id>.json`), rewritten as commands start and
-/// finish, removed when the session closes.
-pub struct SessionJournal {
-    path: std::path::PathBuf,
-    record: parking_lot::Mutex<SessionRecord>,
-}
-
-/// Largest session record read back.
-const MAX_RECORD_BYTES: u64 = 64 << 10;
-
-impl SessionJournal {
-    fn create(dir: &std::path::Path, record: SessionRecord) -> std::io::Result<SessionJournal> {
-        std::fs::create_dir_all(dir)?;
-        let name = format!("{}.json", record.session_id);
-        let journal = SessionJournal { path: dir.join(name), record: record.into() };
-        journal.save()?;
-        Ok(journal)
-    }
-
-    fn save(&self) -> std::io::Result<()> {
-        let bytes = serde_json::to_vec(&*self.record.lock()).map_err(std::io::Error::other)?;
-        let tmp = self.path.with_extension("json.tmp");
-        std::fs::write(&tmp, bytes)?;
-        std::fs::rename(&tmp, &self.path)
-    }
-
-    /// Records the command now running (`None`: the shell is idle).
-    fn running(&self, nonce: Option<&str>) {
-        self.record.lock().running = nonce.map(str::to_string);
-        if let Err(e) = self.save() {
-            tracing::warn!(path = %self.path.display(), error = %e, "cannot record a session");
-        }
-    }
-
-    fn remove(&self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-
-    /// The session records in `dir` (unreadable ones removed).
-    pub fn read_all(dir: &std::path::Path) -> Vec<SessionRecord> {
-        let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-        let mut out = Vec::new();
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let read = std::fs::File::open(&path).and_then(|f| {
-                let mut bytes = Vec::new();
-                std::io::Read::read_to_end(
-                    &mut std::io::Read::take(f, MAX_RECORD_BYTES),
-                    &mut bytes,
-                )?;
-                serde_json::from_slice::<SessionRecord>(&bytes).map_err(std::io::Error::other)
-            });
-            match read {
-                Ok(record) if path.extension().is_some_and(|e| e == "json") => out.push(record),
-                _ => {
-                    tracing::warn!(path = %path.display(), "removing an unreadable session record");
-                    let _ = std::fs::remove_file(&path);
-                }
-            }
-        }
-        out
-    }
+    /// For a session taken back after a node restart: a command the node believed running
+    /// may never have reached the shell; a waiter that sees the shell idle twice, with no
+    /// report in between, forgets it.
+    idle_probe: Option<IdleProbe>,
+    /// The shell's host pid, where known (for the log).
+    shell_pid: Option<i32>,
 }
 
 /// Where a container's sessions are recorded so they outlive the node.
@@ -184,6 +115,7 @@ impl SessionProcess for Process {
 
     fn close(&mut self) {
         self.kill_tree();
+        self.release_kept();
     }
 }
 
@@ -205,7 +137,19 @@ pub struct SessionParts {
 pub struct Resumed {
     pub journal: Arc<SessionJournal>,
     pub running: Option<String>,
+    /// Whether the shell waits for a command now (a container's, from `/proc`).
+    pub idle_probe: Option<IdleProbe>,
+    /// The nonce of a command the shell may have got without the record saying so.
+    pub orphan: Option<String>,
+    /// The shell's host pid.
+    pub shell_pid: Option<i32>,
 }
+
+/// Tells whether a session's shell is between commands.
+pub type IdleProbe = Box<dyn Fn() -> bool + Send + Sync>;
+
+/// How often a waiter on a taken-back session checks that its command is really there.
+const IDLE_PROBE_EVERY: Duration = Duration::from_millis(500);
 
 /// The environment a session shell starts with: the caller's, plus settings that keep tools
 /// from paging or prompting.
@@ -275,6 +219,7 @@ impl Session {
                     spawn_id: process.exec_id,
                     cgroup: process.cgroup_name(),
                     running: None,
+                    next: crate::session_journal::new_nonce(),
                 };
                 SessionJournal::create(&keep.dir, record)
                     .inspect_err(|e| tracing::warn!(error = %e, "session not recorded"))
@@ -283,8 +228,18 @@ impl Session {
             }
             None => None,
         };
+        let shell_pid = Some(process.pid);
         let parts = parts_of([cmd_w, in_w, out_r, err_r, done_r], Box::new(process))?;
-        Ok(Session::with_journal(parts, journal.map(|journal| Resumed { journal, running: None })))
+        let resumed = journal.map(|journal| Resumed {
+            journal,
+            running: None,
+            idle_probe: None,
+            orphan: None,
+            shell_pid,
+        });
+        let mut session = Session::with_journal(parts, resumed);
+        session.shell_pid = shell_pid;
+        Ok(session)
     }
 
     /// Takes back a session an earlier run of the node recorded, from the shell's pipes its
@@ -296,12 +251,28 @@ impl Session {
     ) -> Option<Session> {
         let (process, fds) = container.reclaim_process(record.spawn_id, &record.cgroup)?;
         let fds: [std::os::fd::OwnedFd; 5] = fds.try_into().ok()?;
+        // What runs is what the shell shows, not only what was recorded: the node may have
+        // died between handing over a command (or seeing one finish) and recording it.
+        let pipe = crate::session_journal::pipe_name(&fds[0])?;
+        let pid = process.pid;
+        // A command is recorded as running once the shell has it; the node may have died
+        // after handing one over and before recording it: that one's nonce was the recorded
+        // next, whose markers and report are then dropped (its output goes to the next
+        // waiter). New commands draw a fresh nonce.
+        let running = record.running.clone();
+        let orphan = running.is_none().then(|| record.next.clone());
         let parts = parts_of(fds, Box::new(process)).ok()?;
-        let journal = SessionJournal {
-            path: dir.join(format!("{}.json", record.session_id)),
-            record: record.clone().into(),
+        let journal = SessionJournal::reopen(dir, record);
+        journal.rotate_next();
+        let probe: IdleProbe =
+            Box::new(move || crate::session_journal::shell_waits_for_command(pid, &pipe, 1));
+        let resumed = Resumed {
+            journal: Arc::new(journal),
+            running,
+            idle_probe: Some(probe),
+            orphan,
+            shell_pid: Some(pid),
         };
-        let resumed = Resumed { journal: Arc::new(journal), running: record.running };
         Some(Session::with_journal(parts, Some(resumed)))
     }
 
@@ -311,9 +282,9 @@ impl Session {
     }
 
     fn with_journal(parts: SessionParts, resumed: Option<Resumed>) -> Session {
-        let (journal, running) = match resumed {
-            Some(r) => (Some(r.journal), r.running),
-            None => (None, None),
+        let (journal, running, idle_probe, orphan, shell_pid) = match resumed {
+            Some(r) => (Some(r.journal), r.running, r.idle_probe, r.orphan, r.shell_pid),
+            None => (None, None, None, None, None),
         };
         let (control, control_rx) = mpsc::channel(16);
         let reader = Reader {
@@ -323,6 +294,7 @@ impl Session {
             control: control_rx,
             journal: journal.clone(),
             nonce: running.clone().unwrap_or_default(),
+            orphan_marker: orphan.map(|n| format!("\x1e{n}\x1e")),
         };
         tokio::spawn(reader.run());
         Session {
@@ -330,6 +302,8 @@ impl Session {
             control,
             process: Mutex::new(parts.process),
             journal,
+            idle_probe,
+            shell_pid,
         }
     }
 
@@ -346,21 +320,25 @@ impl Session {
             if state.running.is_some() {
                 return Err(SessionError::Busy);
             }
-            let nonce = hex::encode(rand::random::<[u8; 12]>());
+            // A recorded session's nonces are drawn ahead and recorded, so a node that dies
+            // after handing the shell a command but before recording it still knows its nonce.
+            let nonce = match &self.journal {
+                Some(journal) => journal.take_next(),
+                None => crate::session_journal::new_nonce(),
+            };
             self.control
                 .send(Control::Started(nonce.clone()))
                 .await
                 .map_err(|_| SessionError::Closed)?;
-            // Recorded before the shell can run it: a node that dies now resumes waiting on it.
-            if let Some(journal) = &self.journal {
-                journal.running(Some(&nonce));
-            }
             let mut message = Vec::with_capacity(nonce.len() + command.len() + 2);
             message.extend_from_slice(nonce.as_bytes());
             message.push(0);
             message.extend_from_slice(command.replace('\0', "").as_bytes());
             message.push(0);
             state.commands.write_all(&message).await.map_err(|_| SessionError::Closed)?;
+            if let Some(journal) = &self.journal {
+                journal.running(Some(&nonce));
+            }
             state.running = Some(nonce);
         }
         self.wait_on(timeout, sink).await
@@ -388,10 +366,27 @@ impl Session {
         self.control.send(Control::Attach(tx)).await.map_err(|_| SessionError::Closed)?;
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
+        let mut probe = tokio::time::interval(IDLE_PROBE_EVERY);
+        probe.tick().await;
+        let mut idle_seen = 0;
         loop {
             tokio::select! {
+                _ = probe.tick(), if self.idle_probe.is_some() => {
+                    let idle = self.idle_probe.as_ref().is_some_and(|p| p());
+                    idle_seen = if idle { idle_seen + 1 } else { 0 };
+                    if idle_seen >= 2 {
+                        // Nothing runs: the node died before the command reached the shell.
+                        self.state.lock().await.running = None;
+                        if let Some(journal) = &self.journal {
+                            journal.running(None);
+                        }
+                        let _ = self.control.send(Control::Detach).await;
+                        return Err(SessionError::Idle);
+                    }
+                }
                 event = rx.recv() => match event {
                     Some(event) => {
+                        idle_seen = 0;
                         let done = matches!(event, SessionEvent::Done { .. });
                         if done {
                             self.state.lock().await.running = None;
@@ -406,6 +401,10 @@ impl Session {
                     }
                 },
                 () = &mut deadline => {
+                    if let Some(pid) = self.shell_pid {
+                        let shell = crate::session_journal::shell_state(pid);
+                        tracing::debug!(pid, %shell, "a session command is still running");
+                    }
                     let _ = sink.send(SessionEvent::Pending).await;
                     break;
                 }
@@ -463,6 +462,9 @@ struct Reader {
     journal: Option<Arc<SessionJournal>>,
     /// The running command's nonce (empty: idle), for a session taken back mid-command.
     nonce: String,
+    /// Markers of a command handed to the shell by a node that died before recording it:
+    /// removed from the output.
+    orphan_marker: Option<String>,
 }
 
 /// Per-stream state: whether the sync marker of the finishing command was seen.
@@ -527,6 +529,14 @@ impl Reader {
                 },
             }
             let marker = format!("\x1e{nonce}\x1e");
+            if let Some(orphan) = &self.orphan_marker {
+                for stream in [&mut out, &mut err] {
+                    if let Some(pos) = find(&stream.pending, orphan.as_bytes()) {
+                        let tail = stream.pending.split_off(pos);
+                        stream.pending.extend_from_slice(&tail[orphan.len()..]);
+                    }
+                }
+            }
             for (stream, is_out) in [(&mut out, true), (&mut err, false)] {
                 take_output(stream, &marker, !nonce.is_empty(), is_out, &mut events);
             }

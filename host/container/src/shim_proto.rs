@@ -81,9 +81,14 @@ pub enum ToShim {
     /// As `Spawn`, with `keep_fds` more descriptors attached last: the node's read ends of the
     /// process's output (stdout and stderr pipes, or its terminal). The shim holds them, so
     /// the process does not die of SIGPIPE when the node does, and hands them to a node that
-    /// reconnects ([`FromShim::ReattachedKeeping`]) until it has reported the process's exit to
-    /// a connected node. Last, so older variants keep their tags.
+    /// reconnects ([`FromShim::ReattachedKeeping`]) until the node releases them
+    /// ([`ToShim::ReleaseKept`]): a node that dies after hearing of the exit but before reading
+    /// the rest of the output gets them again. Last, so older variants keep their tags.
     SpawnKeeping { spec: SpawnSpec, keep_fds: u8 },
+    /// The node has everything of process `exec_id`'s output (its spool holds the exit): the
+    /// shim closes the descriptors it kept. Sent only to shims that keep (they reported
+    /// `ReattachedKeeping` or were started by a node that knows it).
+    ReleaseKept { exec_id: u64 },
 }
 
 /// A process whose output descriptors the shim holds for a reconnecting node.
@@ -166,8 +171,8 @@ pub enum FromShim {
         upper_fd: i32,
     },
     /// As `ReattachedAt`, from a shim that keeps output descriptors (`SpawnKeeping`): `kept`
-    /// lists them, and one [`FromShim::KeptFds`] per entry follows, in order. Exits listed
-    /// here are reported once; the descriptors are kept until an exit is.
+    /// lists them, and one [`FromShim::KeptFds`] per entry follows, in order. The descriptors
+    /// stay kept until the node releases them.
     ReattachedKeeping {
         init_pid: i32,
         running: Vec<(u64, i32)>,

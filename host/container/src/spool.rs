@@ -12,6 +12,7 @@
 //! ```
 
 use std::io::{Read, Write};
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -70,13 +71,20 @@ pub struct SpoolTarget {
 }
 
 /// An open spool being written. Write failures (a full disk) are logged once and the spool
-/// stops: the command is never failed for it.
+/// stops: the command is never failed for it. Written at explicit offsets (not `O_APPEND`, with
+/// which Linux ignores `pwrite`'s offset), so a frame's length can be filled in after its
+/// payload was spliced in.
 pub struct Spool {
     path: PathBuf,
     file: Option<std::fs::File>,
+    /// Where the next frame goes.
+    end: u64,
     output: u64,
     gap: bool,
 }
+
+/// A frame length not yet filled in: the payload runs to the end of the file.
+const UNFINISHED: u32 = u32::MAX;
 
 fn frame(tag: u8, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(5 + payload.len());
@@ -97,32 +105,58 @@ impl Spool {
         let path = Self::path_in(dir, header.exec_id);
         let io = |source| SpoolError::Io { path: path.clone(), source };
         std::fs::create_dir_all(dir).map_err(io)?;
-        let mut file =
-            std::fs::OpenOptions::new().create_new(true).append(true).open(&path).map_err(io)?;
+        let options = std::fs::OpenOptions::new().create_new(true).read(true).write(true).clone();
+        let mut file = options.open(&path).map_err(io)?;
         let json = serde_json::to_vec(header).map_err(|e| io(std::io::Error::other(e)))?;
-        file.write_all(&frame(TAG_HEADER, &json)).map_err(io)?;
-        Ok(Spool { path, file: Some(file), output: 0, gap: false })
+        let head = frame(TAG_HEADER, &json);
+        file.write_all(&head).map_err(io)?;
+        Ok(Spool { path, file: Some(file), end: head.len() as u64, output: 0, gap: false })
     }
 
-    /// Goes on writing the spool `recovered` was read from.
+    /// Goes on writing the spool `recovered` was read from (filling in the length of a frame
+    /// a crash left unfinished).
     pub fn reopen(path: &Path, recovered: &Recovered) -> Spool {
-        let file = std::fs::OpenOptions::new().append(true).open(path);
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(path);
+        let file = file.and_then(|f| {
+            if let Some((at, len)) = recovered.unfinished {
+                f.write_all_at(&len.to_le_bytes(), at)?;
+            }
+            // A frame cut short (not spliced) is dropped, to be written over.
+            f.set_len(recovered.end)?;
+            Ok(f)
+        });
         if let Err(e) = &file {
             tracing::warn!(path = %path.display(), error = %e, "cannot reopen a spool");
         }
         Spool {
             path: path.to_path_buf(),
             file: file.ok(),
+            end: recovered.end,
             output: recovered.spooled_output,
             gap: recovered.gap,
         }
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        let Some(file) = &mut self.file else { return };
-        if let Err(e) = file.write_all(bytes) {
-            tracing::warn!(path = %self.path.display(), error = %e, "spool write failed; not spooling this command further");
-            self.file = None;
+        use std::os::unix::fs::FileExt;
+        let Some(file) = &self.file else { return };
+        match file.write_all_at(bytes, self.end) {
+            Ok(()) => self.end += bytes.len() as u64,
+            Err(e) => self.fail(&e),
+        }
+    }
+
+    fn fail(&mut self, e: &std::io::Error) {
+        tracing::warn!(path = %self.path.display(), error = %e, "spool write failed; not spooling this command further");
+        self.file = None;
+    }
+
+    /// Output it can still take whole before its cap (0 once stopped).
+    pub fn room(&self) -> u64 {
+        match (&self.file, self.gap) {
+            (Some(_), false) => MAX_SPOOL_OUTPUT.saturating_sub(self.output),
+            _ => 0,
         }
     }
 
@@ -138,6 +172,45 @@ impl Spool {
         }
         self.output += chunk.len() as u64;
         self.write(&frame(if stdout { TAG_STDOUT } else { TAG_STDERR }, chunk));
+    }
+
+    /// Moves up to `max` bytes waiting in `pipe` into the spool inside the kernel (`splice`),
+    /// then reads them back: no byte taken from the pipe exists only in this process, so a
+    /// node killed at any instant loses none. `Ok(None)` at the end of the pipe;
+    /// `WouldBlock` when nothing waits. Call only while [`Spool::room`] covers `max`.
+    pub fn splice_from(
+        &mut self,
+        pipe: BorrowedFd<'_>,
+        stdout: bool,
+        max: usize,
+    ) -> std::io::Result<Option<Bytes>> {
+        use std::os::unix::fs::FileExt;
+        let Some(file) = &self.file else { return Err(std::io::ErrorKind::BrokenPipe.into()) };
+        let at = self.end;
+        let tag = if stdout { TAG_STDOUT } else { TAG_STDERR };
+        let mut head = [tag, 0, 0, 0, 0];
+        head[1..].copy_from_slice(&UNFINISHED.to_le_bytes());
+        file.write_all_at(&head, at)?;
+        let mut to = (at + 5) as libc::loff_t;
+        let flags = nix::fcntl::SpliceFFlags::SPLICE_F_NONBLOCK;
+        let moved = match nix::fcntl::splice(pipe, None, file, Some(&mut to), max, flags) {
+            Ok(0) => None,
+            Ok(n) => Some(n),
+            Err(e) => {
+                file.set_len(at)?;
+                return Err(e.into());
+            }
+        };
+        let Some(n) = moved else {
+            file.set_len(at)?;
+            return Ok(None);
+        };
+        file.write_all_at(&(n as u32).to_le_bytes(), at + 1)?;
+        let mut chunk = vec![0u8; n];
+        file.read_exact_at(&mut chunk, at + 5)?;
+        self.end = at + 5 + n as u64;
+        self.output += n as u64;
+        Ok(Some(Bytes::from(chunk)))
     }
 
     /// Records the exit, last.
@@ -163,6 +236,11 @@ pub struct Recovered {
     pub exit: Option<ExecExit>,
     /// When the spool was last written.
     pub modified: SystemTime,
+    /// Where writing goes on.
+    pub end: u64,
+    /// A last frame a crash left with its length unfilled: where its length field is, and
+    /// the length its payload has.
+    pub unfinished: Option<(u64, u32)>,
 }
 
 /// Reads a spool (at most its cap plus framing). A spool cut short in its last frame (the node
@@ -179,13 +257,22 @@ pub fn read(path: &Path) -> Result<Recovered, SpoolError> {
         return Err(damaged("larger than a spool can be"));
     }
     let mut at = 0usize;
+    let mut unfinished = None;
     let mut next = || -> Option<(u8, &[u8])> {
         let head = bytes.get(at..at + 5)?;
-        let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
-        let payload = bytes.get(at + 5..at + 5 + len.min(MAX_FRAME))?;
+        let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
+        if len == UNFINISHED {
+            // Spliced in, length not yet filled in: the payload runs to the end.
+            let payload = bytes.get(at + 5..)?;
+            unfinished = Some(((at + 1) as u64, payload.len() as u32));
+            at = bytes.len();
+            return Some((head[0], payload));
+        }
+        let len = len as usize;
         if len > MAX_FRAME {
             return None;
         }
+        let payload = bytes.get(at + 5..at + 5 + len)?;
         at += 5 + len;
         Some((head[0], payload))
     };
@@ -202,6 +289,8 @@ pub fn read(path: &Path) -> Result<Recovered, SpoolError> {
         spooled_output: 0,
         exit: None,
         modified,
+        end: 0,
+        unfinished: None,
     };
     while let Some((tag, payload)) = next() {
         match tag {
@@ -222,6 +311,9 @@ pub fn read(path: &Path) -> Result<Recovered, SpoolError> {
             other => return Err(damaged(&format!("unknown frame {other}"))),
         }
     }
+    // Writing goes on after the last whole frame (a frame cut short is overwritten).
+    out.end = at as u64;
+    out.unfinished = unfinished;
     Ok(out)
 }
 
@@ -304,6 +396,39 @@ mod tests {
         );
         assert_eq!(r.spooled_output, 6);
         assert!(r.exit.is_none() && !r.gap);
+    }
+
+    #[test]
+    fn spliced_output_survives_a_crash_between_the_splice_and_its_length() {
+        use std::os::fd::AsFd;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut spool = Spool::create(dir.path(), &header(5)).expect("create");
+        let (r, w) = nix::unistd::pipe().expect("pipe");
+        nix::unistd::write(&w, b"first").expect("write");
+        let got = spool.splice_from(r.as_fd(), true, 64).expect("splice");
+        assert_eq!(got.as_deref(), Some(&b"first"[..]));
+        let nothing = spool.splice_from(r.as_fd(), true, 64);
+        assert_eq!(nothing.err().map(|e| e.kind()), Some(std::io::ErrorKind::WouldBlock));
+        // As a crash leaves it: the payload is in, its length not yet filled in.
+        let path = Spool::path_in(dir.path(), 5);
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path).expect("open");
+        f.write_all(&[TAG_STDERR, 0xff, 0xff, 0xff, 0xff, b'a', b'b']).expect("unfinished");
+        let r1 = read(&path).expect("read");
+        assert_eq!(
+            r1.events,
+            vec![
+                ExecEvent::Stdout(Bytes::from_static(b"first")),
+                ExecEvent::Stderr(Bytes::from_static(b"ab"))
+            ]
+        );
+        let mut again = Spool::reopen(&path, &r1);
+        again.output(true, b"after");
+        drop(w);
+        assert!(again.splice_from(r.as_fd(), true, 64).expect("end").is_none());
+        let r2 = read(&path).expect("read again");
+        assert_eq!(r2.events.len(), 3);
+        assert_eq!(r2.events[2], ExecEvent::Stdout(Bytes::from_static(b"after")));
+        assert!(r2.unfinished.is_none());
     }
 
     #[test]

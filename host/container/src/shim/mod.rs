@@ -196,7 +196,6 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
                     kept: kept.list(),
                 };
                 if hand_over(&conn, &report, &kept).is_ok() {
-                    kept.delivered();
                     control = Some(conn);
                 }
             }
@@ -224,6 +223,10 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
                 ToShim::Configure(_) | ToShim::IdsMapped => {
                     return Err(ShimError::Protocol("setup message after setup".into()))
                 }
+                ToShim::ReleaseKept { exec_id } => {
+                    kept.by_exec.remove(&exec_id);
+                    continue;
+                }
                 ToShim::Spawn(spec) => (spec, fds, Vec::new()),
                 ToShim::SpawnKeeping { spec, keep_fds } => {
                     let mut fds = fds;
@@ -232,7 +235,9 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
                 }
             };
             next_exec_id = next_exec_id.max(spec.exec_id + 1);
-            match fork_for_spawn() {
+            // A reply the node is no longer there to take is its hang-up, not the shim's
+            // failure: the container must not die because the node did mid-spawn.
+            let delivered = match fork_for_spawn() {
                 Ok(sys::Forked::Child) => child::run(&spec, fds),
                 Ok(sys::Forked::Parent(pid)) => {
                     // The child joins its cgroups itself, but maybe not before the node
@@ -247,15 +252,22 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
                     running.insert(pid, spec.exec_id);
                     kept.hold(spec.exec_id, pid, keep);
                     let spawned = FromShim::Spawned { exec_id: spec.exec_id, pid: pid.as_raw() };
-                    send(c, &spawned)?;
+                    send(c, &spawned).is_ok()
                 }
                 // A full pids cgroup (a fork bomb, say) refuses this one request; the
                 // shim, and with it the container, stays up.
                 Err(e) => {
                     drop(fds);
                     let error = describe(&e);
-                    send(c, &FromShim::SpawnFailed { exec_id: spec.exec_id, error })?;
+                    send(c, &FromShim::SpawnFailed { exec_id: spec.exec_id, error }).is_ok()
                 }
+            };
+            if !delivered {
+                if !links.survive_node {
+                    let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
+                    return Ok(());
+                }
+                control = None;
             }
         }
     }
@@ -281,9 +293,9 @@ fn fork_for_spawn() -> Result<sys::Forked, ShimError> {
 /// How long a spawn request waits for room under the pids limit.
 const SPAWN_RETRY_BUDGET: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// Exits of kept processes remembered while no node is connected, at most; past it the
-/// oldest is forgotten (its output descriptors closed).
-const MAX_KEPT_EXITS: usize = 4096;
+/// Ended kept processes the node has not released, at most; past it the oldest is forgotten
+/// (its output descriptors closed).
+const MAX_KEPT_EXITS: usize = 1024;
 
 /// Output descriptors held for processes started with `SpawnKeeping`, by exec id.
 #[derive(Default)]
@@ -304,13 +316,9 @@ impl Kept {
         }
     }
 
-    /// A kept process ended: reported to a connected node, its descriptors go; otherwise the
-    /// exit is remembered for the next node.
-    fn exited(&mut self, exec_id: u64, status: ExitInfo, reported: bool) {
-        if reported {
-            self.by_exec.remove(&exec_id);
-            return;
-        }
+    /// A kept process ended: its exit is remembered (with its descriptors) until the node
+    /// releases it, so a node that dies before reading the rest gets both again.
+    fn exited(&mut self, exec_id: u64, status: ExitInfo) {
         if let Some(entry) = self.by_exec.get_mut(&exec_id) {
             entry.exit = Some(status);
         }
@@ -328,11 +336,6 @@ impl Kept {
             exit: e.exit,
         })
         .collect()
-    }
-
-    /// A node heard of the exits: their descriptors go (it holds its own copies now).
-    fn delivered(&mut self) {
-        self.by_exec.retain(|_, e| e.exit.is_none());
     }
 }
 
@@ -372,9 +375,10 @@ fn reap(
             return Ok(true);
         }
         if let Some(exec_id) = running.remove(&pid) {
-            let reported =
-                control.is_some_and(|c| send(c, &FromShim::Exited { exec_id, status }).is_ok());
-            kept.exited(exec_id, status, reported);
+            if let Some(c) = control {
+                let _ = send(c, &FromShim::Exited { exec_id, status });
+            }
+            kept.exited(exec_id, status);
         }
     }
 }
