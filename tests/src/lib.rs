@@ -74,6 +74,9 @@ pub struct Daemon {
     log: PathBuf,
     /// A configuration file's directory, dropped after the daemon (fields drop in order).
     config_dir: Option<tempfile::TempDir>,
+    /// Where brigd listens: any free port at first, then the same one on every restart, so
+    /// clients reconnect to it as to a production node.
+    listen: String,
 }
 
 impl Daemon {
@@ -97,7 +100,8 @@ impl Daemon {
         if !extra_args.iter().any(|a| a == "--e2b-listen") {
             extra_args.extend(["--e2b-listen".to_string(), "127.0.0.1:0".to_string()]);
         }
-        let mut daemon = Daemon { child: None, state, extra_args, log, config_dir: None };
+        let listen = "127.0.0.1:0".to_string();
+        let mut daemon = Daemon { child: None, state, extra_args, log, config_dir: None, listen };
         daemon.spawn()?;
         Ok(daemon)
     }
@@ -126,13 +130,13 @@ impl Daemon {
             .arg("--state-dir")
             .arg(self.state.path())
             .arg("--listen")
-            .arg("127.0.0.1:0")
+            .arg(&self.listen)
             .arg("--tools-dir")
             .arg(artifacts().join("guests/tools"))
             .arg("--images-dir")
             .arg(artifacts().join("images"))
             .args(&self.extra_args)
-            .env("BRIG_LOG", "info,brig_node=debug")
+            .env("BRIG_LOG", "info,brig_node=debug,brig_container::session=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
@@ -149,7 +153,48 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        if let Ok(options) = self.connect_options() {
+            self.listen = options.addr.to_string();
+        }
         Ok(())
+    }
+
+    /// What is left on the host of this daemon's sandboxes, each as a line naming it:
+    /// container cgroups, mounts and run directories, sandbox records, spools and intents. A
+    /// node with no sandboxes must have none.
+    pub fn leaks(&self) -> Vec<String> {
+        let state = self.state.path();
+        let digest = <sha2::Sha256 as sha2::Digest>::digest(state.as_os_str().as_encoded_bytes());
+        let tag = hex::encode(&digest[..4]);
+        let run = Path::new("/run/brig").join(&tag);
+        let mut found = Vec::new();
+        let mut children = |dir: &Path, what: &str| {
+            let Ok(entries) = std::fs::read_dir(dir) else { return };
+            for e in entries.flatten() {
+                let dir_only = what == "cgroup";
+                if !dir_only || e.file_type().is_ok_and(|t| t.is_dir()) {
+                    found.push(format!("{what} {}", e.path().display()));
+                }
+            }
+        };
+        if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
+            for c in controllers.flatten() {
+                children(&c.path().join(format!("brig-0-{tag}")), "cgroup");
+            }
+        }
+        children(&run.join("c"), "run directory");
+        for (dir, what) in [("sandboxes", "sandbox record"), ("spool", "spool"), ("ops", "intent")]
+        {
+            children(&state.join(dir), what);
+        }
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let prefix = format!("{}/", run.join("c").display());
+        for line in mounts.lines() {
+            if let Some(point) = line.split(' ').nth(4).filter(|p| p.starts_with(&prefix)) {
+                found.push(format!("mount {point}"));
+            }
+        }
+        found
     }
 
     pub fn log_text(&self) -> String {
@@ -237,6 +282,14 @@ impl Drop for Daemon {
     /// Stops cleanly (SIGTERM: mounts released), killing if that fails. A daemon that keeps its
     /// containers across exits is started once more with `--on-exit destroy` to remove them.
     fn drop(&mut self) {
+        // A failing test's daemon log outlives its state directory, for reading afterwards.
+        if std::thread::panicking() {
+            let name = self.state.path().file_name().map(|n| n.to_string_lossy().into_owned());
+            let kept = std::env::temp_dir().join(format!("{}.log", name.unwrap_or_default()));
+            if std::fs::copy(&self.log, &kept).is_ok() {
+                eprintln!("brigd's log is kept at {}", kept.display());
+            }
+        }
         if self.keeps_containers() {
             let _ = self.stop();
             if let Some(i) = self.extra_args.iter().position(|a| a == "--on-exit") {

@@ -1,0 +1,255 @@
+//! Chaos: 16 clients run a mixed load (creates, execs with streamed output, sessions, file
+//! writes, pauses, forks, one-shot calls) against brigd while the test `kill -9`s it at random
+//! moments 10 times and starts it again on the same port. Each client keeps its `Client` (the
+//! SDK reconnects) and retries what a crash interrupted. Then every acknowledged create
+//! exists or was destroyed by its client, every acknowledged exec's output re-read by id is
+//! complete and in order with its exit status, every session answers with its cwd and
+//! environment, every written file reads back, the audit trail has every acknowledged exec,
+//! and once everything is destroyed nothing of any sandbox is left on the host.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use brig_sdk::{AuditKind, Client, Cmd, ErrorCode, Sandbox, SandboxOptions};
+use brig_tests::{image, Daemon};
+
+const CLIENTS: usize = 16;
+const CRASHES: usize = 10;
+
+/// What a client was told happened, to check against what the node says afterwards.
+#[derive(Default, Debug)]
+struct Acknowledged {
+    sandbox: Option<String>,
+    /// Exec id, expected stdout, expected exit code.
+    execs: Vec<(u64, String, i32)>,
+    session: Option<(String, String, String)>,
+    files: Vec<(String, String)>,
+    /// Fork children told to the client, and whether the client destroyed them since.
+    children: Vec<(String, bool)>,
+    calls: u64,
+}
+
+fn counted(n: u64) -> String {
+    (1..=n).map(|i| format!("{i}\n")).collect()
+}
+
+/// Retries `op` through crashes until it succeeds (or the test's patience ends).
+async fn retry<T, F, Fut>(what: &str, mut op: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, brig_sdk::Error>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        match op().await {
+            Ok(v) => return v,
+            Err(e) if Instant::now() > deadline => panic!("{what} never succeeded: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// One client's load until `stop`; returns what it was told.
+async fn client_load(client: Client, n: usize, stop: Arc<AtomicBool>) -> Acknowledged {
+    let mut ack = Acknowledged::default();
+    let opts = || SandboxOptions::container(&image("busybox"));
+    let created = retry("create", || client.create(opts())).await;
+    ack.sandbox = Some(created.id().to_string());
+    let sb: Sandbox = client.sandbox(created.id());
+    let session = retry("open session", || sb.open_session()).await;
+    let mut round = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        round += 1;
+        let op_started = Instant::now();
+        match round % 6 {
+            // A command whose output streams for a while; the stream is read a little or
+            // not at all, and re-read by id at the end.
+            0 | 3 => {
+                let lines = 20 + (round % 7) * 10;
+                let code = (round % 5) as i32;
+                let script = format!(
+                    "i=0; while [ $i -lt {lines} ]; do i=$((i+1)); echo $i; sleep 0.01; done; exit {code}"
+                );
+                if let Ok(mut stream) = sb.exec_stream(Cmd::shell(&script)).await {
+                    ack.execs.push((stream.exec_id(), counted(lines), code));
+                    if round.is_multiple_of(2) {
+                        let _ = stream.next().await;
+                    }
+                }
+            }
+            1 => {
+                let dir = format!("/w{n}-{round}");
+                let cmd = format!("mkdir -p {dir} && cd {dir} && export ROUND={round}");
+                let done = retry("session run", || async {
+                    // A run a crash cut off may still be running (or done, unheard): wait
+                    // on it before running again, as a client that reconnects does.
+                    let ran = session.run(&cmd, Duration::from_secs(20)).await;
+                    if ran.is_err() {
+                        let _ = session.wait(Duration::from_secs(20)).await;
+                    }
+                    ran
+                })
+                .await;
+                if done.exit_code == Some(0) {
+                    ack.session = Some((session.id().to_string(), dir, round.to_string()));
+                }
+            }
+            2 => {
+                let (path, text) = (format!("/data/f{round}"), format!("client {n} round {round}"));
+                retry("write", || sb.write_file(&path, text.as_bytes())).await;
+                ack.files.push((path, text));
+            }
+            4 => {
+                retry("pause", || sb.pause()).await;
+                retry("resume", || sb.resume()).await;
+                if let Ok(call) = client.call("jq", r#"{"query":"$","json":1}"#).await {
+                    assert!(call.is_success(), "a one-shot call failed: {call:?}");
+                    ack.calls += 1;
+                }
+            }
+            _ => {
+                if round % 12 == 5 {
+                    if let Ok(kids) = sb.fork(1).await {
+                        for kid in kids {
+                            let id = kid.id().to_string();
+                            // A destroy whose reply a crash cut off is retried; "no such
+                            // sandbox" then means it was done.
+                            retry("destroy", || async {
+                                match kid.destroy().await {
+                                    Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(()),
+                                    other => other,
+                                }
+                            })
+                            .await;
+                            ack.children.push((id, true));
+                        }
+                    }
+                }
+            }
+        }
+        if op_started.elapsed() > Duration::from_secs(5) {
+            println!(
+                "client {n}: round {round} (op {}) took {:?}",
+                round % 6,
+                op_started.elapsed()
+            );
+        }
+        // A mixed load, not a flood: everything acknowledged is re-read at the end.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ack
+}
+
+/// Checks what the node says against what the client was told.
+async fn verify(client: &Client, ack: &Acknowledged) {
+    let Some(id) = &ack.sandbox else { return };
+    let sb = client.sandbox(id);
+    if let Err(e) = sb.status().await {
+        panic!("acknowledged sandbox {id}: {e}");
+    }
+    for (exec_id, stdout, code) in &ack.execs {
+        let reread = retry("attach", || async { sb.attach(*exec_id).await?.collect().await });
+        let out = tokio::time::timeout(Duration::from_secs(60), reread)
+            .await
+            .unwrap_or_else(|_| panic!("exec {exec_id} of {id} never ended"));
+        let whole = &out.stdout_text() == stdout;
+        assert!(whole, "exec {exec_id} of {id}: output not whole: {out:?}");
+        assert_eq!(out.result.exit_code, Some(*code), "exec {exec_id} of {id}: {:?}", out.result);
+    }
+    if let Some((session, dir, round)) = &ack.session {
+        let out = sb.session(session).run("pwd; echo $ROUND", Duration::from_secs(20)).await;
+        let out = out.unwrap_or_else(|e| panic!("session {session} of {id}: {e}"));
+        assert_eq!(out.stdout_text(), format!("{dir}\n{round}\n"), "session {session} of {id}");
+    }
+    for (path, text) in &ack.files {
+        let bytes = sb.read_file(path).await.unwrap_or_else(|e| panic!("{path} of {id}: {e}"));
+        assert_eq!(String::from_utf8_lossy(&bytes), *text, "{path} of {id}");
+    }
+    let trail = sb.audit(0).await.expect("audit");
+    for (exec_id, _, _) in &ack.execs {
+        let recorded = trail
+            .iter()
+            .any(|e| matches!(&e.kind, AuditKind::ExecStart { exec_id: x, .. } if x == exec_id));
+        assert!(recorded, "exec {exec_id} of {id} is not in the audit trail");
+    }
+}
+
+// Not yet reliable, so not in CI: in about one run in three, after repeated crashes, a
+// resumed command's exit never reaches its engine task (its output is all spooled, the
+// process is gone, the exec stays "running"), or a session stays busy with a command its
+// shell no longer runs. Run it with `cargo nextest run -p brig-tests --test chaos
+// --run-ignored all`.
+#[ignore = "flaky: a resumed command's exit can be lost after repeated crashes (see above)"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixteen_clients_lose_nothing_through_ten_crashes() {
+    let mut daemon = Daemon::start_with(&["--on-exit", "keep"]).expect("brigd");
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    let mut workers = Vec::new();
+    for n in 0..CLIENTS {
+        let client = daemon.client().await.expect("connect");
+        clients.push(client.clone());
+        workers.push(tokio::spawn(client_load(client, n, stop.clone())));
+    }
+    let started = Instant::now();
+    for i in 0..CRASHES {
+        // Random moments: 0.5 to 3 s apart.
+        let nanos = u64::from(started.elapsed().subsec_nanos());
+        let wait = 500 + (nanos ^ (i as u64 * 7919)) % 2500;
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        daemon.crash().expect("crash");
+        daemon.start_again().expect("start again");
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    let crashed_for = started.elapsed();
+    let mut acks = Vec::new();
+    for (n, worker) in workers.into_iter().enumerate() {
+        acks.push(worker.await.expect("client task"));
+        println!("client {n} done at {:?}", started.elapsed());
+    }
+    let execs: usize = acks.iter().map(|a| a.execs.len()).sum();
+    let calls: u64 = acks.iter().map(|a| a.calls).sum();
+    println!(
+        "{CRASHES} crashes in {crashed_for:?}, load over at {:?}; {execs} execs and {calls} calls acknowledged",
+        started.elapsed()
+    );
+    assert!(execs >= CLIENTS, "too little load ran: {execs} execs");
+
+    // The daemon's log, for reading after a failure.
+    let _ = std::fs::write(std::env::temp_dir().join("chaos-brigd.log"), daemon.log_text());
+    let client = &clients[0];
+    futures::future::join_all(acks.iter().map(|ack| verify(client, ack))).await;
+    // Everything acknowledged and not destroyed is there. A create or fork whose reply a
+    // crash cut off may have made a sandbox no client heard of (the reply, not the work, was
+    // lost); those are counted, and found by the client's labels in real use.
+    let live: Vec<String> =
+        client.list(&[]).await.expect("list").into_iter().map(|s| s.id).collect();
+    for ack in &acks {
+        let id = ack.sandbox.as_ref().expect("each client created one");
+        assert!(live.contains(id), "{id} is missing");
+        for (child, destroyed) in &ack.children {
+            assert_eq!(live.contains(child), !destroyed, "fork child {child} of {id}");
+        }
+    }
+    let unheard = live
+        .iter()
+        .filter(|id| {
+            !acks.iter().any(|a| {
+                a.sandbox.as_ref() == Some(*id) || a.children.iter().any(|(c, _)| c == *id)
+            })
+        })
+        .count();
+    println!("{unheard} sandboxes whose create or fork reply a crash cut off");
+    for id in &live {
+        client.sandbox(id).destroy().await.expect("destroy");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut leaks = daemon.leaks();
+    while !leaks.is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        leaks = daemon.leaks();
+    }
+    assert!(leaks.is_empty(), "left on the host: {leaks:#?}");
+}
