@@ -198,23 +198,50 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
             .inspect_err(|e| tracing::warn!(error = %e, "command not spooled"))
             .ok()
     });
-    let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-    let kill = Arc::new(Notify::new());
-    let pid = process.pid;
-    let job = Job {
+    let (pid, events, kill) = start_job(JobSpec {
         container: container.clone(),
         process,
         stdout,
         stderr,
-        events: tx,
-        kill: kill.clone(),
         timeout: request.timeout,
         budget: Budget::new(request.output_limit),
         started,
         spool,
+    });
+    Ok(Exec { pid, events, stdin, terminal, kill })
+}
+
+/// A job to start: everything but its event channel and kill switch.
+struct JobSpec {
+    container: Arc<Container>,
+    process: Process,
+    stdout: Output,
+    stderr: Option<pipe::Receiver>,
+    timeout: Option<Duration>,
+    budget: Budget,
+    started: Instant,
+    spool: Option<Spool>,
+}
+
+/// Starts a job's task; returns the command's pid, its events and its kill switch.
+fn start_job(spec: JobSpec) -> (i32, mpsc::Receiver<ExecEvent>, Arc<Notify>) {
+    let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+    let kill = Arc::new(Notify::new());
+    let pid = spec.process.pid;
+    let job = Job {
+        container: spec.container,
+        process: spec.process,
+        stdout: spec.stdout,
+        stderr: spec.stderr,
+        events: tx,
+        kill: kill.clone(),
+        timeout: spec.timeout,
+        budget: spec.budget,
+        started: spec.started,
+        spool: spec.spool,
     };
     tokio::spawn(job.run());
-    Ok(Exec { pid, events: rx, stdin, terminal, kill })
+    (pid, rx, kill)
 }
 
 fn unix_ms(t: SystemTime) -> u64 {
@@ -263,23 +290,17 @@ pub fn resume(
     }
     budget.delivered = recovered.spooled_output;
     budget.truncated = recovered.gap && recovered.spooled_output >= header.output_limit;
-    let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-    let kill = Arc::new(Notify::new());
-    let pid = process.pid;
-    let job = Job {
+    let (pid, events, kill) = start_job(JobSpec {
         container: container.clone(),
         process,
         stdout,
         stderr,
-        events: tx,
-        kill: kill.clone(),
         timeout: header.timeout_ms.map(|t| Duration::from_millis(t).saturating_sub(ran)),
         budget,
         started: Instant::now().checked_sub(ran).unwrap_or_else(Instant::now),
         spool: Some(Spool::reopen(path, recovered)),
-    };
-    tokio::spawn(job.run());
-    Some(Exec { pid, events: rx, stdin: None, terminal, kill })
+    });
+    Some(Exec { pid, events, stdin: None, terminal, kill })
 }
 
 /// Where a command's stdout comes from: a pipe, or its terminal.
