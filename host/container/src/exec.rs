@@ -381,6 +381,30 @@ impl Budget {
     }
 }
 
+/// How often a command whose output has ended is checked for being gone.
+const GONE_CHECK: Duration = Duration::from_secs(2);
+
+/// Waits for the command's exit report; if the process is gone and the report still has not
+/// come (it can be lost across repeated node restarts), ends with the status unknown rather
+/// than leave the exec running forever.
+async fn wait_or_gone(process: &mut Process) -> Option<ExitInfo> {
+    let pid = nix::unistd::Pid::from_raw(process.pid);
+    let mut seen_gone = false;
+    loop {
+        tokio::select! {
+            exit = process.wait() => return exit,
+            () = tokio::time::sleep(GONE_CHECK) => {
+                let gone = nix::sys::signal::kill(pid, None) == Err(nix::Error::ESRCH);
+                if gone && seen_gone {
+                    tracing::warn!(pid = process.pid, exec = process.exec_id, "a command's exit report never came; its status is unknown");
+                    return None;
+                }
+                seen_gone = gone;
+            }
+        }
+    }
+}
+
 /// What one look at an output stream gave.
 enum Taken {
     /// Moved through the spool already.
@@ -551,7 +575,7 @@ impl Job {
         }
         let status = match status {
             Some(s) => s,
-            None => self.process.wait().await,
+            None => wait_or_gone(&mut self.process).await,
         };
         killer.abort();
         // Only a SIGKILL can be the OOM killer; read the counter just then.
