@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use brig_core::sandbox::{ExecEvent, ExecExit, ExecSpec, Op, Stdin, TerminalSize};
+use brig_core::sandbox::{ExecControl, ExecEvent, ExecExit, ExecSpec, Op, Stdin, TerminalSize};
 use brig_proto::{AuditKind, ExecResult, OutputStream, Reply, StdinMode};
 use brig_transport::Exchange;
 use tokio::sync::{mpsc, oneshot};
@@ -76,17 +76,8 @@ impl Node {
         let recorder = self.recorder(&entry);
         let argv = req.argv;
         recorder.record(AuditKind::ExecStart { exec_id, argv: argv.clone(), user: req.user, cwd });
-        let control = running.control;
-        let resizer = req.terminal.map(|_| -> Resizer {
-            let control = control.clone();
-            Box::new(move |s: brig_proto::TerminalSize| {
-                let size = TerminalSize { rows: s.rows, cols: s.cols };
-                control.resize(size).unwrap_or_else(|| {
-                    Err(std::io::Error::other("the command is not on a terminal"))
-                })
-            })
-        });
-        let hub = entry.execs.insert_with(exec_id, argv, Box::new(move || control.kill()), resizer);
+        let (kill, resizer) = controls(running.control, req.terminal.is_some());
+        let hub = entry.execs.insert_with(exec_id, argv, kill, resizer);
         tokio::spawn(pump(running.events, hub.clone(), exec_id, recorder));
         exchange.reply(&Reply::ExecStarted { exec_id }).await?;
         let streamed = match stdin_over {
@@ -121,32 +112,13 @@ impl Node {
         let mut resumed = 0;
         for exec in recovered {
             entry.execs.continue_after(exec.exec_id);
-            let (kill, resizer): (Box<dyn Fn() + Send + Sync>, Option<Resizer>) =
-                match &exec.running {
-                    Some(running) => {
-                        let (killer, resizer) = (running.control.clone(), running.control.clone());
-                        let resize: Resizer = Box::new(move |s: brig_proto::TerminalSize| {
-                            let size = TerminalSize { rows: s.rows, cols: s.cols };
-                            resizer.resize(size).unwrap_or_else(|| {
-                                Err(std::io::Error::other("the command is not on a terminal"))
-                            })
-                        });
-                        (Box::new(move || killer.kill()), Some(resize))
-                    }
-                    None => (Box::new(|| {}), None),
-                };
+            // Whether a kept command is on a terminal is not recorded here: its control says.
+            let (kill, resizer) = match &exec.running {
+                Some(running) => controls(running.control.clone(), true),
+                None => (Box::new(|| {}) as Killer, None),
+            };
             let hub = entry.execs.insert_with(exec.exec_id, exec.argv, kill, resizer);
-            for event in exec.output {
-                match event {
-                    ExecEvent::Stdout(b) => {
-                        hub.push(Reply::Output { stream: OutputStream::Stdout, data: b.to_vec() })
-                    }
-                    ExecEvent::Stderr(b) => {
-                        hub.push(Reply::Output { stream: OutputStream::Stderr, data: b.to_vec() })
-                    }
-                    ExecEvent::Exited(_) => {}
-                }
-            }
+            exec.output.into_iter().filter_map(output_reply).for_each(|reply| hub.push(reply));
             if exec.gap {
                 let note =
                     "[brig: output past what is kept on disk was lost when the node restarted]\n";
@@ -192,6 +164,36 @@ fn stdin_of(
     (rx, over_rx)
 }
 
+/// Stops a running command.
+type Killer = Box<dyn Fn() + Send + Sync>;
+
+/// A running command's kill switch and, on a terminal, its resizer, from its control.
+fn controls(control: Arc<dyn ExecControl>, on_terminal: bool) -> (Killer, Option<Resizer>) {
+    let resizer = on_terminal.then(|| -> Resizer {
+        let control = control.clone();
+        Box::new(move |s: brig_proto::TerminalSize| {
+            let size = TerminalSize { rows: s.rows, cols: s.cols };
+            control
+                .resize(size)
+                .unwrap_or_else(|| Err(std::io::Error::other("the command is not on a terminal")))
+        })
+    });
+    (Box::new(move || control.kill()), resizer)
+}
+
+/// The reply a command's output event becomes (`None` for its exit).
+fn output_reply(event: ExecEvent) -> Option<Reply> {
+    match event {
+        ExecEvent::Stdout(b) => {
+            Some(Reply::Output { stream: OutputStream::Stdout, data: b.to_vec() })
+        }
+        ExecEvent::Stderr(b) => {
+            Some(Reply::Output { stream: OutputStream::Stderr, data: b.to_vec() })
+        }
+        ExecEvent::Exited(_) => None,
+    }
+}
+
 /// Moves a command's events into its hub until it ends.
 async fn pump(
     mut events: mpsc::Receiver<ExecEvent>,
@@ -202,16 +204,11 @@ async fn pump(
     let mut result = ExecResult::default();
     while let Some(event) = events.recv().await {
         match event {
-            ExecEvent::Stdout(b) => {
-                hub.push(Reply::Output { stream: OutputStream::Stdout, data: b.to_vec() })
-            }
-            ExecEvent::Stderr(b) => {
-                hub.push(Reply::Output { stream: OutputStream::Stderr, data: b.to_vec() })
-            }
             ExecEvent::Exited(exit) => {
                 result = result_of(exit);
                 break;
             }
+            output => output_reply(output).into_iter().for_each(|reply| hub.push(reply)),
         }
     }
     recorder.exec_end(exec_id, &result);

@@ -167,13 +167,13 @@ impl ExecTable {
             state: Mutex::default(),
             changed: Notify::new(),
         });
-        self.prune();
         self.execs.lock().insert(exec_id, hub.clone());
         hub
     }
 
-    /// Makes room for one more exec when `max` are kept: the oldest finished one is forgotten;
-    /// if every kept exec still runs, the limit error.
+    /// Forgets execs that finished long ago, then makes room for one more when `max` are
+    /// kept: the oldest finished one is forgotten; if every kept exec still runs, the limit
+    /// error. Called before each exec is inserted.
     pub(crate) fn make_room(&self, max: usize) -> Result<(), NodeError> {
         self.prune();
         let mut execs = self.execs.lock();
