@@ -136,7 +136,14 @@ impl Daemon {
             .arg("--images-dir")
             .arg(artifacts().join("images"))
             .args(&self.extra_args)
-            .env("BRIG_LOG", "info,brig_node=debug,brig_container::session=debug")
+            // BRIG_TEST_LOG overrides the daemon's log filter, e.g. to add
+            // `brig_container::exec=debug` while chasing a test failure.
+            .env(
+                "BRIG_LOG",
+                std::env::var("BRIG_TEST_LOG").unwrap_or_else(|_| {
+                    "info,brig_node=debug,brig_container::session=debug".into()
+                }),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))

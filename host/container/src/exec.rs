@@ -290,6 +290,14 @@ pub fn resume(
     }
     budget.delivered = recovered.spooled_output;
     budget.truncated = recovered.gap && recovered.spooled_output >= header.output_limit;
+    tracing::debug!(
+        container = container.name(),
+        exec_id = header.exec_id,
+        spawn_id = header.spawn_id,
+        pid = process.pid,
+        replayed = recovered.events.len(),
+        "a kept command goes on"
+    );
     let (pid, events, kill) = start_job(JobSpec {
         container: container.clone(),
         process,
@@ -388,13 +396,14 @@ const GONE_CHECK: Duration = Duration::from_secs(2);
 /// come (it can be lost across repeated node restarts), ends with the status unknown rather
 /// than leave the exec running forever.
 async fn wait_or_gone(process: &mut Process) -> Option<ExitInfo> {
-    let pid = nix::unistd::Pid::from_raw(process.pid);
     let mut seen_gone = false;
     loop {
         tokio::select! {
             exit = process.wait() => return exit,
             () = tokio::time::sleep(GONE_CHECK) => {
-                let gone = nix::sys::signal::kill(pid, None) == Err(nix::Error::ESRCH);
+                // Looked for in its exec cgroup, not by pid alone: pids are reused (a node
+                // that starts many threads goes round pid_max in a minute).
+                let gone = !process.cgroup.pids().contains(&process.pid);
                 if gone && seen_gone {
                     tracing::warn!(pid = process.pid, exec = process.exec_id, "a command's exit report never came; its status is unknown");
                     return None;
@@ -573,10 +582,22 @@ impl Job {
                 }
             }
         }
+        tracing::debug!(
+            pid = self.process.pid,
+            spawn_id = self.process.exec_id,
+            reported = status.is_some(),
+            "a command's output ended"
+        );
         let status = match status {
             Some(s) => s,
             None => wait_or_gone(&mut self.process).await,
         };
+        tracing::debug!(
+            pid = self.process.pid,
+            spawn_id = self.process.exec_id,
+            ?status,
+            "a command ended"
+        );
         killer.abort();
         // Only a SIGKILL can be the OOM killer; read the counter just then.
         let oom_killed =

@@ -112,8 +112,13 @@ impl ShimConn {
                     }
                 }
                 FromShim::Exited { exec_id, status } => {
-                    if let Some(tx) = waiters.remove(&exec_id).and_then(|mut w| w.exited.take()) {
-                        let _ = tx.send(status);
+                    match waiters.remove(&exec_id).and_then(|mut w| w.exited.take()) {
+                        Some(tx) => {
+                            let _ = tx.send(status);
+                        }
+                        None => {
+                            tracing::debug!(spawn_id = exec_id, "an exit report nobody waits for")
+                        }
                     }
                 }
                 FromShim::InitDied { status } => {

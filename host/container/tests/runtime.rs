@@ -181,3 +181,57 @@ async fn a_kill_right_after_spawn_is_never_missed() {
     c.destroy().await.expect("destroy");
     rt.shutdown();
 }
+
+/// A node that reconnects while the shim has yet to notice its predecessor hang up (both show
+/// in one wake-up of the shim) still hears the exit of a command started before: the shim
+/// must not wait on the new connection, reaping nothing, until the new node speaks.
+#[tokio::test]
+async fn an_exit_during_a_reconnect_is_still_reported() {
+    use nix::sys::signal::{kill, Signal};
+    let run = tempfile::tempdir().expect("tmp");
+    let rt = runtime_named(run.path(), "reconnect", true);
+    let c = rt.create(&busybox_spec("reconnect")).await.expect("create");
+    let (out_r, out_w) = nix::unistd::pipe().expect("pipe");
+    let null = std::fs::File::open("/dev/null").expect("null");
+    let req = SpawnRequest {
+        argv: ["sh", "-c", "sleep 1; echo done"].iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let p = c
+        .spawn(req, [null.as_fd(), out_w.as_fd(), null.as_fd()], &[], &[out_r.as_fd()])
+        .await
+        .expect("spawn");
+    drop((out_w, out_r));
+    let (spawn_id, cgroup) = (p.exec_id, p.cgroup_name());
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", c.init_pid())).expect("stat");
+    let shim: i32 = stat
+        .rsplit(") ")
+        .next()
+        .and_then(|s| s.split(' ').nth(1))
+        .expect("ppid")
+        .parse()
+        .expect("ppid");
+    let shim = nix::unistd::Pid::from_raw(shim);
+    // The shim is held still while the node hangs up and a new one connects, so it sees
+    // both at once when it goes on.
+    kill(shim, Signal::SIGSTOP).expect("stop the shim");
+    drop(p);
+    drop(c);
+    drop(rt);
+    let rt = runtime_named(run.path(), "reconnect", true);
+    let attach = tokio::spawn(async move {
+        let c = rt.attach("reconnect").await;
+        (rt, c)
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    kill(shim, Signal::SIGCONT).expect("continue the shim");
+    let (rt, c) = attach.await.expect("attach task");
+    let c = c.expect("attach");
+    let (mut p, _fds) = c.reclaim_process(spawn_id, &cgroup).expect("the command was kept");
+    let status = tokio::time::timeout(std::time::Duration::from_secs(10), p.wait())
+        .await
+        .expect("the exit of a command that ended during the reconnect was never reported");
+    assert_eq!(status, Some(ExitInfo::Code(0)));
+    c.destroy().await.expect("destroy");
+    rt.shutdown();
+}

@@ -231,8 +231,14 @@ impl SandboxTable {
         let mut out = Vec::new();
         for entry in entries.flatten() {
             let path = entry.path();
-            if path.extension().and_then(|e| e.to_str()) != Some("json") {
-                continue;
+            match path.extension().and_then(|e| e.to_str()) {
+                Some("json") => {}
+                // A write a crash cut short; the record it was to replace (if any) is whole.
+                Some("tmp") => {
+                    let _ = std::fs::remove_file(&path);
+                    continue;
+                }
+                _ => continue,
             }
             match std::fs::read(&path).map(|b| serde_json::from_slice::<SandboxRecord>(&b)) {
                 Ok(Ok(record)) => out.push(record),
@@ -276,11 +282,16 @@ impl SandboxTable {
             source: std::io::Error::other(e),
         })?;
         let path = self.record_path(&entry.id);
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, bytes)
-            .map_err(|source| NodeError::Io { what: tmp.display().to_string(), source })?;
-        std::fs::rename(&tmp, &path)
-            .map_err(|source| NodeError::Io { what: path.display().to_string(), source })?;
+        // One temporary file per writer (a clock save and a state change may race), removed
+        // at the next start if a crash leaves it.
+        let io = |source| NodeError::Io { what: path.display().to_string(), source };
+        let mut tmp = tempfile::Builder::new()
+            .prefix(&format!("{}.", entry.id))
+            .suffix(".tmp")
+            .tempfile_in(&self.dir)
+            .map_err(io)?;
+        std::io::Write::write_all(&mut tmp, &bytes).map_err(io)?;
+        tmp.persist(&path).map_err(|e| io(e.error))?;
         entry.saved_last_used_unix_ms.store(last_used, Ordering::Relaxed);
         Ok(())
     }
@@ -395,4 +406,23 @@ pub(crate) fn now_unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_write_cut_short_is_removed_at_the_next_start() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let table = SandboxTable::new(dir.path()).expect("table");
+        let cut = dir.path().join("sb-00000000-0000000000000001.a1b2c3.tmp");
+        std::fs::write(&cut, b"{\"id\":").expect("write");
+        let damaged = dir.path().join("sb-00000000-0000000000000002.json");
+        std::fs::write(&damaged, b"{").expect("write");
+        assert!(table.saved_records().is_empty());
+        assert!(!cut.exists(), "a temporary record outlived the start");
+        // A whole-looking name with damaged contents is not the restart's to delete.
+        assert!(damaged.exists());
+    }
 }

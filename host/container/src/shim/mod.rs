@@ -186,6 +186,10 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
                 return Ok(());
             }
         }
+        // A node that reconnects replaces the connection it was polled with: what made that
+        // one ready (its predecessor's hang-up, say) is not the new one's, whose receive would
+        // block (no reaping meanwhile) until the new node sends something.
+        let mut replaced = false;
         if accept_ready {
             if let Ok(conn) = sys::accept(&links.listener) {
                 let report = FromShim::ReattachedKeeping {
@@ -197,10 +201,11 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
                 };
                 if hand_over(&conn, &report, &kept).is_ok() {
                     control = Some(conn);
+                    replaced = true;
                 }
             }
         }
-        if control_ready {
+        if control_ready && !replaced {
             let Some(c) = control.as_ref() else { continue };
             let received =
                 control::recv(c.as_fd(), &mut buf).map_err(|e| ShimError::Sys("receive", e));
