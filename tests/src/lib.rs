@@ -171,9 +171,8 @@ impl Daemon {
     /// node with no sandboxes must have none.
     pub fn leaks(&self) -> Vec<String> {
         let state = self.state.path();
-        let digest = <sha2::Sha256 as sha2::Digest>::digest(state.as_os_str().as_encoded_bytes());
-        let tag = hex::encode(&digest[..4]);
-        let run = Path::new("/run/brig").join(&tag);
+        let tag = self.tag();
+        let run = self.run_dir();
         let mut found = Vec::new();
         let mut children = |dir: &Path, what: &str| {
             let Ok(entries) = std::fs::read_dir(dir) else { return };
@@ -202,6 +201,17 @@ impl Daemon {
             }
         }
         found
+    }
+
+    /// What names this daemon's run directory, cgroups and network (from its state directory).
+    pub fn tag(&self) -> String {
+        let state = self.state.path().as_os_str().as_encoded_bytes();
+        hex::encode(&<sha2::Sha256 as sha2::Digest>::digest(state)[..4])
+    }
+
+    /// Its run directory (`/run/brig/<tag>`).
+    pub fn run_dir(&self) -> PathBuf {
+        Path::new("/run/brig").join(self.tag())
     }
 
     pub fn log_text(&self) -> String {

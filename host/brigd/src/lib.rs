@@ -194,6 +194,7 @@ pub async fn run(
     endpoint.write(state)?;
     tracing::info!(addr = %local, state_dir = %state.display(), fingerprint = %endpoint.cert_sha256, "brigd listening");
     let reaper = node.spawn_reaper();
+    let census = node.spawn_stray_census();
     match &opts.role {
         RoleOptions::Node { controls, join_token, advertise } => {
             let keys = Arc::new(parking_lot::RwLock::new(Vec::new()));
@@ -220,6 +221,7 @@ pub async fn run(
         }
     }
     reaper.abort();
+    census.abort();
     if let Some(task) = metrics_task {
         task.abort();
     }

@@ -142,6 +142,27 @@ impl CgroupManager {
         }
     }
 
+    /// Names of the container cgroups under the parent, in any controller.
+    pub fn names(&self) -> std::collections::BTreeSet<String> {
+        let parents: Vec<PathBuf> = match self.version {
+            Version::V1 => {
+                V1_CONTROLLERS.iter().map(|c| self.root.join(c).join(&self.parent)).collect()
+            }
+            Version::V2 => vec![self.root.join(&self.parent)],
+        };
+        let mut names = std::collections::BTreeSet::new();
+        for parent in parents {
+            let Ok(entries) = std::fs::read_dir(&parent) else { continue };
+            names.extend(
+                entries
+                    .flatten()
+                    .filter(|e| e.path().is_dir())
+                    .map(|e| e.file_name().to_string_lossy().into_owned()),
+            );
+        }
+        names
+    }
+
     /// The cgroup of an existing container, by name.
     pub fn attach(&self, name: &str) -> ContainerCgroup {
         ContainerCgroup { version: self.version, dirs: self.dirs(name) }
@@ -302,6 +323,24 @@ impl ContainerCgroup {
             .iter()
             .find(|(c, _)| *c == controller || *c == "unified")
             .map(|(_, d)| d.as_path())
+    }
+
+    /// Its directories that exist (one per controller).
+    pub fn existing_dirs(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|(_, d)| d.clone()).filter(|d| d.is_dir()).collect()
+    }
+
+    /// Host pids of every process in its tree (its exec cgroups too), each once.
+    pub fn tree_pids(&self) -> Vec<i32> {
+        let mut pids = std::collections::BTreeSet::new();
+        let mut stack = self.existing_dirs();
+        while let Some(d) = stack.pop() {
+            pids.extend(read_pids(&d));
+            if let Ok(entries) = std::fs::read_dir(&d) {
+                stack.extend(entries.flatten().filter(|e| e.path().is_dir()).map(|e| e.path()));
+            }
+        }
+        pids.into_iter().collect()
     }
 
     /// `cgroup.procs` files a process writes to join this container.

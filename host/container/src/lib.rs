@@ -33,4 +33,5 @@ pub mod shim_conn;
 pub mod shim_proto;
 pub mod spawner;
 pub mod spool;
+pub mod strays;
 pub mod terminal;

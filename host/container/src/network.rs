@@ -430,6 +430,24 @@ impl Network {
         self.slots.lock().remove(&slot);
     }
 
+    /// Host-side links of this daemon's slots that no sandbox holds (left by a sandbox whose
+    /// removal failed half way, say).
+    pub fn stray_links(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir("/sys/class/net") else { return Vec::new() };
+        let names = entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned());
+        // Held: by a live sandbox, one restored after a restart, or the warm pool (whose
+        // slots have no link).
+        let held = self.slots.lock();
+        names.filter(|n| self.slot_of_ifname(n).is_some_and(|slot| !held.contains(&slot))).collect()
+    }
+
+    /// Deletes a link [`Network::stray_links`] listed.
+    pub fn remove_stray_link(&self, ifname: &str) {
+        if self.slot_of_ifname(ifname).is_some() {
+            let _ = run("ip", &["link", "del", ifname], "");
+        }
+    }
+
     /// Removes the whole table (the daemon is going away with no networked sandboxes left).
     pub fn remove(&self) {
         let _ = run("nft", &["delete", "table", "inet", &self.table], "");

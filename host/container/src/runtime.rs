@@ -102,7 +102,7 @@ pub struct RuntimeConfig {
 }
 
 impl RuntimeConfig {
-    fn spool_root(&self) -> PathBuf {
+    pub(crate) fn spool_root(&self) -> PathBuf {
         self.spool_dir.clone().unwrap_or_else(|| self.run_dir.join("spool"))
     }
 }
@@ -126,8 +126,8 @@ pub struct ContainerSpec {
 
 /// The container runtime of one node.
 pub struct Runtime {
-    config: RuntimeConfig,
-    cgroups: CgroupManager,
+    pub(crate) config: RuntimeConfig,
+    pub(crate) cgroups: CgroupManager,
     layers: LayerMounts,
     spawner: Arc<ShimSpawner>,
     /// The read-only sysfs containers share, if it could be mounted.

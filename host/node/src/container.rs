@@ -240,6 +240,11 @@ impl ContainerTier {
     }
 
     /// Removes containers an earlier run left that the node has no record of.
+    /// The runtime, for what acts on its containers as a whole (strays).
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
     pub fn remove_orphans(&self, keep: &[String]) {
         self.runtime.remove_orphans(keep);
     }

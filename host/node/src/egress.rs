@@ -23,6 +23,13 @@ pub(crate) struct EgressState {
     owners: Arc<Mutex<HashMap<u32, String>>>,
 }
 
+impl EgressState {
+    /// The network, if a sandbox has opened it.
+    pub(crate) fn opened(&self) -> Option<Arc<Network>> {
+        self.network.lock().clone()
+    }
+}
+
 /// A sandbox's network namespace, owned (see `brig_container::network::Netns`).
 pub(crate) enum NetnsRef {
     Pid(i32),

@@ -43,6 +43,10 @@ impl Drop for IntentFile {
 }
 
 impl Intents {
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     pub fn open(dir: &Path) -> Result<Intents, NodeError> {
         std::fs::create_dir_all(dir).map_err(|source| NodeError::Io {
             what: format!("create {}", dir.display()),

@@ -21,6 +21,7 @@ mod config;
 mod container;
 mod container_host;
 mod convert;
+mod doctor;
 mod egress;
 mod error;
 mod exec;
@@ -211,6 +212,20 @@ impl Node {
             hosts.shutdown().await;
         }
         self.close_network();
+        // With no container left to read lazily served layers, their mount and the run
+        // directory go too (a restart would detach the mount anyway).
+        let kept = self
+            .inner
+            .sandboxes
+            .list(&[])
+            .iter()
+            .any(|e| e.sandbox.capabilities().persistence == Persistence::Record);
+        if !kept {
+            let lazy = self.inner.run_dir.join("lazy");
+            let _ = nix::mount::umount2(&lazy, nix::mount::MntFlags::MNT_DETACH);
+            let _ = std::fs::remove_dir(&lazy);
+            let _ = std::fs::remove_dir(&self.inner.run_dir);
+        }
     }
 
     /// The Prometheus text exposition of this node's metrics (live gauges refreshed first).

@@ -65,6 +65,8 @@ pub struct Metrics {
     pub audit_events: Counter,
     pub admission: Family<AdmissionLabels, Counter>,
     pub qos: Family<QosLabel, Gauge>,
+    /// Objects on the host that belong to no sandbox (`brig doctor`).
+    pub stray_objects: Gauge,
 }
 
 impl Default for Metrics {
@@ -112,7 +114,14 @@ impl Default for Metrics {
         );
         let qos = Family::<QosLabel, Gauge>::default();
         registry.register("sandboxes_qos", "Sandboxes per CPU QoS class", qos.clone());
+        let stray_objects = Gauge::default();
+        registry.register(
+            "stray_objects",
+            "Objects on the host that belong to no sandbox of the node (brig doctor lists them)",
+            stray_objects.clone(),
+        );
         Metrics {
+            stray_objects,
             admission,
             qos,
             registry,

@@ -40,6 +40,15 @@ impl Node {
             Request::Tool(op) => self.handle_tool(op).await?,
             Request::Image(op) => self.handle_image(op).await?,
             Request::Node(NodeOp::Status) => Reply::NodeStatus(self.status()),
+            Request::Node(NodeOp::Doctor { remove, min_age_secs }) => {
+                let node = self.clone();
+                let min_age = std::time::Duration::from_secs(u64::from(min_age_secs));
+                let found = tokio::task::spawn_blocking(move || node.doctor(remove, min_age));
+                Reply::Strays(found.await.map_err(|e| NodeError::Io {
+                    what: "doctor".into(),
+                    source: std::io::Error::other(e),
+                })?)
+            }
             Request::Control(op) => return Err(NodeError::ControlOnly(op.kind())),
         };
         Ok(Some(reply))

@@ -248,6 +248,11 @@ impl SandboxTable {
         out
     }
 
+    /// Where the records are.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     fn record_path(&self, id: &SandboxId) -> PathBuf {
         self.dir.join(format!("{id}.json"))
     }

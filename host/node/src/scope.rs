@@ -5,7 +5,7 @@
 //! A sandbox's project is its `brig.project` label, set at create from the request the control
 //! plane forwards and inherited by forks; clients cannot set or change it.
 
-use brig_proto::{ImageOp, Request, SandboxOp, Target, ToolOp};
+use brig_proto::{ImageOp, NodeOp, Request, SandboxOp, Target, ToolOp};
 
 use crate::{Node, NodeError};
 
@@ -95,7 +95,8 @@ impl Node {
             | R::Image(ImageOp::Gc)
             | R::Image(ImageOp::CacheDrop)
             | R::Image(ImageOp::Verify { .. })
-            | R::Image(ImageOp::EnvCreate { .. }) => {
+            | R::Image(ImageOp::EnvCreate { .. })
+            | R::Node(NodeOp::Doctor { .. }) => {
                 return Err(NodeError::Forbidden(format!(
                     "{} changes the node for everyone and needs an admin token",
                     request.kind()

@@ -29,6 +29,7 @@ pub use sandbox::VmSandbox;
 pub mod lifecycle;
 mod pool;
 mod session;
+pub mod strays;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -693,39 +694,16 @@ impl VmTier {
     }
 }
 
-/// Stops VMMs a previous daemon left running (it crashed before destroying them) and removes
-/// their files: VMs are not adopted back yet, and a stray VMM must not hold memory forever.
 /// The MAC of a VM's network device (each VM is alone behind its own tap).
 const DEFAULT_MAC: [u8; 6] = [0x06, 0xb7, 0x16, 0x00, 0x00, 0x02];
 
+/// Stops VMMs a previous daemon left running (it crashed before destroying them) and removes
+/// their files: VMs are not adopted back yet, and a stray VMM must not hold memory forever.
 fn reap_orphans(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    let dir_text = dir.to_string_lossy().into_owned();
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.extension().is_none_or(|e| e != "pid") {
-            continue;
+    for id in strays::vm_ids(dir) {
+        if let Some(pid) = strays::vmm_of(dir, &id) {
+            tracing::warn!(vm = %id, pid, "stopping a VMM left by a previous daemon");
         }
-        let Some(id) = path.file_stem().map(|s| s.to_string_lossy().into_owned()) else { continue };
-        let pid: Option<i32> =
-            std::fs::read_to_string(&path).ok().and_then(|t| t.trim().parse().ok());
-        if let Some(pid) = pid {
-            // Only a brig-vmm serving this VM's socket, or a warm one of this tier (its
-            // command line names the tier's directory): a reused pid is left alone.
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let text = String::from_utf8_lossy(&cmdline);
-            let ours = text.contains(&format!("{id}.sock"))
-                || (text.contains("standby") && text.contains(&dir_text));
-            if text.contains("brig-vmm") && ours {
-                tracing::warn!(vm = %id, pid, "stopping a VMM left by a previous daemon");
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-        }
-        for ext in ["pid", "sock", "ctl", "log", "disk"] {
-            let _ = std::fs::remove_file(dir.join(format!("{id}.{ext}")));
-        }
+        strays::remove_vm(dir, &id);
     }
 }

@@ -166,6 +166,17 @@ enum Command {
     },
     /// What the node reports about itself.
     Node,
+    /// List what the node left on its host that belongs to none of its sandboxes (processes,
+    /// cgroups, mounts, links, VMMs, files); exits 1 if it finds any and was not told to
+    /// remove them.
+    Doctor {
+        /// Remove what is found.
+        #[arg(long)]
+        remove: bool,
+        /// Leave out anything touched in the last this many seconds (a create under way).
+        #[arg(long, default_value_t = 60)]
+        min_age_secs: u32,
+    },
     /// Move files in and out of a sandbox.
     #[command(subcommand)]
     File(FileCommand),
@@ -531,6 +542,12 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 println!("{}", serde_json::to_string_pretty(&value)?);
             }
             Ok(0)
+        }
+        Command::Doctor { remove, min_age_secs } => {
+            let min_age = std::time::Duration::from_secs(u64::from(min_age_secs));
+            let found = client.doctor(remove, min_age).await?;
+            output::strays(&found, json);
+            Ok(i32::from(!found.is_empty() && !remove))
         }
         Command::File(cmd) => file(&client, cmd, json).await,
     }

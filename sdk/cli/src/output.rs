@@ -225,3 +225,28 @@ pub fn entries(list: &[FileStat], json: bool) {
         println!("{:<8} {:>5o} {:>12}  {}", kind(e.kind), e.mode, e.size, e.path);
     }
 }
+
+/// What `brig doctor` found: one JSON object per stray, or a block per stray and a summary.
+pub fn strays(found: &[brig_sdk::StrayObject], json: bool) {
+    if json {
+        for s in found {
+            println!(
+                "{}",
+                json!({ "kind": s.kind, "name": s.name, "parts": s.parts, "removed": s.removed })
+            );
+        }
+        return;
+    }
+    for s in found {
+        let state = if s.removed { "removed" } else { "stray" };
+        println!("{state} {} {}", s.kind, s.name);
+        for part in &s.parts {
+            println!("  {part}");
+        }
+    }
+    match found.len() {
+        0 => println!("nothing stray on the node's host"),
+        n if found.iter().all(|s| s.removed) => println!("{n} stray objects removed"),
+        n => println!("{n} stray objects (brig doctor --remove removes them)"),
+    }
+}

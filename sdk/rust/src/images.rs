@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use brig_proto::{
     CheckpointRequest, ImageFormat, ImageImportRequest, LayerInfo, NodeStatus, Reply, Request,
 };
-use brig_proto::{ImageOp, NodeOp};
+use brig_proto::{ImageOp, NodeOp, StrayObject};
 use bytes::BytesMut;
 use tokio::io::AsyncReadExt;
 
@@ -185,6 +185,21 @@ impl Client {
         match self.request(&Request::Image(ImageOp::EnvList)).await? {
             Reply::Envs(envs) => Ok(envs),
             other => Err(unexpected("env_list", &other)),
+        }
+    }
+
+    /// What the node left on its host that belongs to none of its sandboxes (processes,
+    /// cgroups, mounts, links, files), leaving out what was touched in the last `min_age`;
+    /// with `remove`, removes it. Needs an admin connection.
+    pub async fn doctor(
+        &self,
+        remove: bool,
+        min_age: std::time::Duration,
+    ) -> Result<Vec<StrayObject>, Error> {
+        let min_age_secs = u32::try_from(min_age.as_secs()).unwrap_or(u32::MAX);
+        match self.request(&Request::Node(NodeOp::Doctor { remove, min_age_secs })).await? {
+            Reply::Strays(found) => Ok(found),
+            other => Err(unexpected("node_doctor", &other)),
         }
     }
 

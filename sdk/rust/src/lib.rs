@@ -48,6 +48,6 @@ pub use brig_proto::{
     AuditEvent, AuditKind, CallLimits, CallOutcome, CallRequest, CallResult, ErrorCode, ExecInfo,
     ExecResult, FileKind, FileStat, IdleAction, ImageFormat, ImageStats, LayerInfo, NodeCapacity,
     NodeRoute, NodeStatus, NodeSummary, Placement, ProjectInfo, ProjectLimits, QosClass,
-    SandboxInfo, SandboxLimits, SandboxState, SandboxUsage, SessionOpenRequest, Tier, ToolInfo,
-    ToolWorld,
+    SandboxInfo, SandboxLimits, SandboxState, SandboxUsage, SessionOpenRequest, StrayObject, Tier,
+    ToolInfo, ToolWorld,
 };

@@ -216,6 +216,13 @@ pub enum ImageOp {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub enum NodeOp {
     Status,
+    /// Lists what the node left on the host that belongs to no sandbox it has (processes,
+    /// cgroups, mounts, links, files), leaving out anything touched in the last
+    /// `min_age_secs`; removes it too when `remove`. Admin only. Replies `Strays`.
+    Doctor {
+        remove: bool,
+        min_age_secs: u32,
+    },
 }
 
 /// Requests only the control plane serves.
@@ -256,6 +263,7 @@ impl Request {
             Request::Tool(op) => op.kind(),
             Request::Image(op) => op.kind(),
             Request::Node(NodeOp::Status) => "node_status",
+            Request::Node(NodeOp::Doctor { .. }) => "node_doctor",
             Request::Control(op) => op.kind(),
         }
     }
@@ -490,6 +498,8 @@ pub enum Reply {
     },
     Envs(Vec<(String, Vec<String>)>),
     NodeStatus(NodeStatus),
+    /// What `NodeOp::Doctor` found (and removed, if asked).
+    Strays(Vec<StrayObject>),
     /// Sandboxes an operation acted on.
     Affected(Vec<String>),
     Execs(Vec<ExecInfo>),
@@ -566,6 +576,12 @@ mod tests {
             ),
             (Request::Image(ImageOp::CacheDrop), "image_cache_drop", None, false),
             (Request::Node(NodeOp::Status), "node_status", None, false),
+            (
+                Request::Node(NodeOp::Doctor { remove: true, min_age_secs: 60 }),
+                "node_doctor",
+                None,
+                false,
+            ),
             (Request::Control(ControlOp::Route { sandbox: s() }), "route", Some("sb-1"), false),
             (Request::Control(ControlOp::ProjectList), "project_list", None, false),
         ];

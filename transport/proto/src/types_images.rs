@@ -68,6 +68,19 @@ pub struct NodeStatus {
     pub swap: Option<SwapStatus>,
 }
 
+/// Something on a node's host that belongs to no sandbox the node has.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct StrayObject {
+    /// `container`, `vm`, `link`, `record`, `intent` or `temporary file`.
+    pub kind: String,
+    /// The sandbox (or link, or file) it is named for.
+    pub name: String,
+    /// What was found, one line each (`cgroup /sys/fs/…`, `mount …`, `process 123 (sh)`).
+    pub parts: Vec<String>,
+    /// Removed by this request.
+    pub removed: bool,
+}
+
 /// A node's zram swap device: what it holds and what that costs in RAM.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct SwapStatus {

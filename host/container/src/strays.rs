@@ -1,0 +1,115 @@
+//! What is left on the host of containers the node no longer has: their cgroups (and any
+//! process still in them), run directories, mounts and spools. Found by name against the
+//! node's live containers; removed the way a restart removes orphans.
+
+use std::collections::{BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use crate::rootfs::Rootfs;
+use crate::runtime::Runtime;
+
+/// One container's leftovers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StrayContainer {
+    pub name: String,
+    /// What was found, one line each (`cgroup /sys/fs/…`, `mount /run/brig/…`, `process 123
+    /// (sh)`, `run directory …`, `spool …`).
+    pub parts: Vec<String>,
+}
+
+/// Mount points under `prefix`, deepest first.
+fn mounts_under(prefix: &Path) -> Vec<String> {
+    let prefix = format!("{}/", prefix.display());
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut points: Vec<String> = table
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| p.starts_with(&prefix))
+        .map(str::to_string)
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    points
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim().to_string())
+        .unwrap_or_default()
+}
+
+impl Runtime {
+    fn container_dir(&self, name: &str) -> PathBuf {
+        self.config.run_dir.join("c").join(name)
+    }
+
+    fn names_in(dir: &Path) -> BTreeSet<String> {
+        let Ok(entries) = std::fs::read_dir(dir) else { return BTreeSet::new() };
+        entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()
+    }
+
+    /// Containers with something on the host that are not in `live`, leaving out any touched
+    /// in the last `min_age` (a create under way has its directories before the node lists
+    /// it).
+    pub fn stray_containers(
+        &self,
+        live: &HashSet<String>,
+        min_age: Duration,
+    ) -> Vec<StrayContainer> {
+        let mut names = Self::names_in(&self.config.run_dir.join("c"));
+        names.extend(Self::names_in(&self.config.spool_root()));
+        names.extend(self.cgroups.names());
+        let now = SystemTime::now();
+        let mut out = Vec::new();
+        for name in names.into_iter().filter(|n| !live.contains(n)) {
+            let cgroup = self.cgroups.attach(&name);
+            let dir = self.container_dir(&name);
+            let spool = self.config.spool_root().join(&name);
+            let mut places: Vec<PathBuf> = cgroup.existing_dirs();
+            places.extend([dir.clone(), spool.clone()].into_iter().filter(|p| p.exists()));
+            let newest = places.iter().filter_map(|p| modified(p)).max();
+            if newest.is_some_and(|t| now.duration_since(t).unwrap_or_default() < min_age) {
+                continue;
+            }
+            let mut parts: Vec<String> = cgroup
+                .tree_pids()
+                .into_iter()
+                .map(|pid| format!("process {pid} ({})", comm(pid)))
+                .collect();
+            parts.extend(mounts_under(&dir).into_iter().map(|m| format!("mount {m}")));
+            parts.extend(places.iter().map(|p| {
+                let what = if *p == dir {
+                    "run directory"
+                } else if *p == spool {
+                    "spool"
+                } else {
+                    "cgroup"
+                };
+                format!("{what} {}", p.display())
+            }));
+            out.push(StrayContainer { name, parts });
+        }
+        out
+    }
+
+    /// Removes what is left of container `name` (which must not be live): kills what runs in
+    /// its cgroups, unmounts and removes its run directory, removes its cgroups and spool.
+    pub fn remove_stray_container(&self, name: &str) {
+        let cgroup = self.cgroups.attach(name);
+        cgroup.kill_all();
+        let dir = self.container_dir(name);
+        let _ = Rootfs::at(&dir).remove();
+        // Whatever mount the rootfs did not know of (a FUSE or bind mount) goes too.
+        for point in mounts_under(&dir) {
+            let _ = nix::mount::umount2(point.as_str(), nix::mount::MntFlags::MNT_DETACH);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = cgroup.remove();
+        let _ = std::fs::remove_dir_all(self.config.spool_root().join(name));
+        tracing::info!(container = name, "removed a stray container's leftovers");
+    }
+}
