@@ -18,6 +18,7 @@ mod microvm;
 mod python;
 mod qos;
 mod sim;
+mod soak;
 mod stats;
 
 use clap::{Parser, Subcommand};
@@ -55,6 +56,8 @@ enum Bench {
     E2b(e2b::Options),
     /// The Python SDK (release module) against the Rust SDK: calls/s and create→exec, same run.
     Python(python::Options),
+    /// A mixed load for `--minutes`: served, p99 and brigd RSS per minute, leaks at the end.
+    Soak(soak::Options),
     /// Placement for a simulated 160-node unit: decisions/s and load spread, power-of-k vs random.
     Sim(sim::Options),
 }
@@ -69,6 +72,7 @@ fn main() -> anyhow::Result<()> {
         Bench::Density(opts) => density::run(opts)?,
         Bench::Qos(opts) => qos::run(opts)?,
         Bench::Sim(opts) => sim::run(opts)?,
+        Bench::Soak(opts) => soak::run(opts)?,
         Bench::Microvm(opts) => microvm::run(opts)?,
         Bench::Ksm(opts) => ksm::run(opts)?,
         Bench::Fullvm(opts) => fullvm::run(opts)?,

@@ -11,8 +11,9 @@ use crate::Daemon;
 
 /// A one-member etcd with its data in a temporary directory; killed on drop.
 pub struct Etcd {
-    child: Child,
-    _dir: tempfile::TempDir,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    ports: (u16, u16),
     pub endpoint: String,
 }
 
@@ -23,13 +24,25 @@ fn free_port() -> anyhow::Result<u16> {
 impl Etcd {
     pub fn start() -> anyhow::Result<Etcd> {
         let dir = tempfile::Builder::new().prefix("etcd-test-").tempdir()?;
-        let (client, peer) = (free_port()?, free_port()?);
+        let ports = (free_port()?, free_port()?);
+        let endpoint = format!("http://127.0.0.1:{}", ports.0);
+        let mut etcd = Etcd { child: None, dir, ports, endpoint };
+        etcd.start_again()?;
+        Ok(etcd)
+    }
+
+    /// Starts it (again) on its ports and data; returns once it listens.
+    pub fn start_again(&mut self) -> anyhow::Result<()> {
+        let (client, peer) = self.ports;
         let client_url = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
-        let log = std::fs::File::create(dir.path().join("etcd.log"))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("etcd.log"))?;
         let child = Command::new("etcd")
             .arg("--name=test")
-            .arg(format!("--data-dir={}", dir.path().join("data").display()))
+            .arg(format!("--data-dir={}", self.dir.path().join("data").display()))
             .arg(format!("--listen-client-urls={client_url}"))
             .arg(format!("--advertise-client-urls={client_url}"))
             .arg(format!("--listen-peer-urls={peer_url}"))
@@ -40,7 +53,7 @@ impl Etcd {
             .stderr(Stdio::from(log))
             .spawn()
             .context("spawning etcd (Debian package etcd-server; scripts/install-deps.sh)")?;
-        let etcd = Etcd { child, _dir: dir, endpoint: client_url };
+        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         let addr: SocketAddr = ([127, 0, 0, 1], client).into();
         while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
@@ -49,14 +62,21 @@ impl Etcd {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Ok(etcd)
+        Ok(())
+    }
+
+    /// Kills it (its data stays for [`Etcd::start_again`]).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
 impl Drop for Etcd {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
     }
 }
 

@@ -77,6 +77,8 @@ pub struct Daemon {
     /// Where brigd listens: any free port at first, then the same one on every restart, so
     /// clients reconnect to it as to a production node.
     listen: String,
+    /// The state directory is a tmpfs of its own (unmounted after the daemon stops).
+    state_mounted: bool,
 }
 
 impl Daemon {
@@ -89,6 +91,14 @@ impl Daemon {
     /// daemon (`--on-exit destroy`) unless the arguments say `--on-exit keep`.
     pub fn start_with(extra_args: &[&str]) -> anyhow::Result<Daemon> {
         let state = tempfile::Builder::new().prefix("brigd-test-").tempdir()?;
+        Self::start_in(state, false, extra_args)
+    }
+
+    fn start_in(
+        state: tempfile::TempDir,
+        state_mounted: bool,
+        extra_args: &[&str],
+    ) -> anyhow::Result<Daemon> {
         let log = state.path().join("brigd.log");
         let mut extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
         if !extra_args.iter().any(|a| a == "--on-exit") {
@@ -101,9 +111,22 @@ impl Daemon {
             extra_args.extend(["--e2b-listen".to_string(), "127.0.0.1:0".to_string()]);
         }
         let listen = "127.0.0.1:0".to_string();
-        let mut daemon = Daemon { child: None, state, extra_args, log, config_dir: None, listen };
+        let mut daemon =
+            Daemon { child: None, state, extra_args, log, config_dir: None, listen, state_mounted };
         daemon.spawn()?;
         Ok(daemon)
+    }
+
+    /// Starts brigd with its state directory on a tmpfs of `bytes`, so a test can fill it.
+    pub fn start_on_small_disk(bytes: u64, extra_args: &[&str]) -> anyhow::Result<Daemon> {
+        let state = tempfile::Builder::new().prefix("brigd-test-").tempdir()?;
+        let size = format!("size={bytes}");
+        let point = state.path().to_str().context("state path is not UTF-8")?;
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &size, "brigd-state", point])
+            .status()?;
+        anyhow::ensure!(mounted.success(), "mounting a tmpfs on {point}");
+        Self::start_in(state, true, extra_args)
     }
 
     /// Starts brigd with a node configuration file (TOML) kept in its state directory, so it
@@ -321,6 +344,9 @@ impl Drop for Daemon {
                 let _ = child.kill();
                 let _ = child.wait();
             }
+        }
+        if self.state_mounted {
+            let _ = Command::new("umount").arg("-l").arg(self.state.path()).status();
         }
     }
 }

@@ -120,3 +120,26 @@ async fn every_limit_is_a_typed_error_for_its_client_and_others_carry_on() {
     assert_eq!(sb.exec(["echo", "ok"]).await.expect("exec").stdout_text(), "ok\n");
     sb.destroy().await.expect("destroy");
 }
+
+/// A connection's stream credit starts small and grows with use: a thousand requests open at
+/// once on one connection (four times the first credit) are all served.
+#[tokio::test]
+async fn a_thousand_requests_open_at_once_on_one_connection_are_served() {
+    let daemon = Daemon::start().expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    let sb = client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
+    let stream = sb.exec_stream(Cmd::shell("sleep 30")).await.expect("exec");
+    let exec_id = stream.exec_id();
+    let attached = futures::future::join_all((0..1000).map(|_| sb.attach(exec_id))).await;
+    let failed: Vec<_> = attached.iter().filter_map(|a| a.as_ref().err()).collect();
+    assert!(failed.is_empty(), "{} of 1000 attaches failed: {:?}", failed.len(), failed.first());
+    sb.kill(exec_id).await.expect("kill");
+    for mut a in attached.into_iter().flatten().take(3) {
+        while let Some(event) = a.next().await {
+            if matches!(event, Ok(ExecEvent::Exited(_)) | Err(_)) {
+                break;
+            }
+        }
+    }
+    sb.destroy().await.expect("destroy");
+}

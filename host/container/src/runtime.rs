@@ -666,7 +666,16 @@ impl Container {
 
     /// Whether the container's init is still alive.
     pub fn is_alive(&self) -> bool {
-        self.shim.init_died().is_none() && !self.dispatcher.is_finished()
+        self.death().is_none()
+    }
+
+    /// Why the container is gone, if it is: its init ended, or its shim (without which the
+    /// node cannot reach it) did.
+    pub fn death(&self) -> Option<String> {
+        if let Some(status) = self.shim.init_died() {
+            return Some(format!("its init ended ({status:?})"));
+        }
+        self.dispatcher.is_finished().then(|| crate::sandbox::SHIM_ENDED.into())
     }
 
     /// Starts a process with `stdio` (stdin, stdout, stderr) and `extra` descriptors (which

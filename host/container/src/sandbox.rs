@@ -319,6 +319,10 @@ impl Sandbox for ContainerSandbox {
         }
     }
 
+    fn lost(&self) -> Option<String> {
+        self.container.death()
+    }
+
     fn placement(&self) -> Option<String> {
         Some("host-kernel".into())
     }
@@ -600,12 +604,30 @@ impl brig_core::sandbox::Session for Session {
     }
 }
 
+/// Why a container whose shim hung up is lost.
+pub(crate) const SHIM_ENDED: &str = "its shim ended, and the node cannot reach it";
+
 impl From<RuntimeError> for SandboxError {
     fn from(e: RuntimeError) -> SandboxError {
         match &e {
             // The shim refuses a spawn only when it cannot fork: the sandbox's pids are used up.
             RuntimeError::Shim(crate::shim_conn::ShimConnError::SpawnFailed(_)) => {
                 SandboxError::Exhausted(brig_core::sandbox::chain(&e))
+            }
+            // The shim hung up (it died, taking the container): the same answer the node
+            // gives once it has noticed (`Container::death`).
+            RuntimeError::Shim(crate::shim_conn::ShimConnError::Gone) => {
+                SandboxError::Lost(SHIM_ENDED.into())
+            }
+            RuntimeError::Shim(crate::shim_conn::ShimConnError::Socket(io))
+                if matches!(
+                    io.kind(),
+                    std::io::ErrorKind::BrokenPipe
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::NotConnected
+                ) =>
+            {
+                SandboxError::Lost(SHIM_ENDED.into())
             }
             _ => SandboxError::Internal(brig_core::sandbox::chain(&e)),
         }

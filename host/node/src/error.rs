@@ -140,6 +140,11 @@ impl NodeError {
                     ErrorCode::Internal
                 }
             },
+            // A full state disk is the node's resources running out, not a bug: retryable
+            // elsewhere, and the message names the file.
+            NodeError::Io { source, .. } if io_code(source) == ErrorCode::ResourceExhausted => {
+                ErrorCode::ResourceExhausted
+            }
             NodeError::Io { .. } | NodeError::Transport(_) => ErrorCode::Internal,
             NodeError::BadEgress(_) | NodeError::BadProtected(_) => ErrorCode::BadRequest,
             NodeError::Overcommitted(_) => ErrorCode::ResourceExhausted,

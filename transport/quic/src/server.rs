@@ -217,7 +217,14 @@ async fn serve_connection<S: Service>(
     };
     let principal = Arc::new(principal);
     let open = Arc::new(tokio::sync::Semaphore::new(open_requests));
+    let mut credit = crate::tuning::INITIAL_STREAM_CREDIT;
     loop {
+        // More credit before the client runs out (see `tuning::INITIAL_STREAM_CREDIT`).
+        let open_now = open_requests - open.available_permits();
+        if credit < crate::tuning::MAX_CONCURRENT_STREAMS && open_now * 4 >= credit as usize * 3 {
+            credit = (credit * 2).min(crate::tuning::MAX_CONCURRENT_STREAMS);
+            conn.set_max_concurrent_bi_streams(credit.into());
+        }
         let (send, recv) = match conn.accept_bi().await {
             Ok(pair) => pair,
             Err(quinn::ConnectionError::ApplicationClosed(_))

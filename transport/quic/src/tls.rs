@@ -107,7 +107,7 @@ impl Identity {
         let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
             .map_err(|e| TransportError::Tls(rustls::Error::General(e.to_string())))?;
         let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-        config.transport_config(crate::tuning::transport_config());
+        config.transport_config(crate::tuning::transport_config(crate::tuning::End::Server));
         Ok(config)
     }
 }
@@ -185,7 +185,7 @@ impl CertPin {
         let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls)
             .map_err(|e| TransportError::Tls(rustls::Error::General(e.to_string())))?;
         let mut config = quinn::ClientConfig::new(Arc::new(crypto));
-        config.transport_config(crate::tuning::transport_config());
+        config.transport_config(crate::tuning::transport_config(crate::tuning::End::Client));
         Ok(config)
     }
 }
