@@ -18,16 +18,17 @@ pub struct StrayContainer {
     pub parts: Vec<String>,
 }
 
-/// Mount points under `prefix`, deepest first.
-fn mounts_under(prefix: &Path) -> Vec<String> {
-    let prefix = format!("{}/", prefix.display());
+/// Every mount point on the host (this process's view).
+fn mount_points() -> Vec<String> {
     let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let mut points: Vec<String> = table
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|p| p.starts_with(&prefix))
-        .map(str::to_string)
-        .collect();
+    table.lines().filter_map(|l| l.split(' ').nth(4)).map(str::to_string).collect()
+}
+
+/// The mount points in `mounts` under `prefix`, deepest first.
+fn under(mounts: &[String], prefix: &Path) -> Vec<String> {
+    let prefix = format!("{}/", prefix.display());
+    let mut points: Vec<String> =
+        mounts.iter().filter(|p| p.starts_with(&prefix)).cloned().collect();
     points.sort_by_key(|p| std::cmp::Reverse(p.len()));
     points
 }
@@ -64,14 +65,20 @@ impl Runtime {
         names.extend(Self::names_in(&self.config.spool_root()));
         names.extend(self.cgroups.names());
         let now = SystemTime::now();
+        // One read of the mount table for the whole scan.
+        let mounts = mount_points();
         let mut out = Vec::new();
         for name in names.into_iter().filter(|n| !live.contains(n)) {
             let cgroup = self.cgroups.attach(&name);
             let dir = self.container_dir(&name);
-            let spool = self.config.spool_root().join(&name);
-            let mut places: Vec<PathBuf> = cgroup.existing_dirs();
-            places.extend([dir.clone(), spool.clone()].into_iter().filter(|p| p.exists()));
-            let newest = places.iter().filter_map(|p| modified(p)).max();
+            let mut places: Vec<(&str, PathBuf)> =
+                cgroup.existing_dirs().into_iter().map(|d| ("cgroup", d)).collect();
+            places.extend(
+                [("run directory", dir.clone()), ("spool", self.config.spool_root().join(&name))]
+                    .into_iter()
+                    .filter(|(_, p)| p.exists()),
+            );
+            let newest = places.iter().filter_map(|(_, p)| modified(p)).max();
             if newest.is_some_and(|t| now.duration_since(t).unwrap_or_default() < min_age) {
                 continue;
             }
@@ -80,17 +87,8 @@ impl Runtime {
                 .into_iter()
                 .map(|pid| format!("process {pid} ({})", comm(pid)))
                 .collect();
-            parts.extend(mounts_under(&dir).into_iter().map(|m| format!("mount {m}")));
-            parts.extend(places.iter().map(|p| {
-                let what = if *p == dir {
-                    "run directory"
-                } else if *p == spool {
-                    "spool"
-                } else {
-                    "cgroup"
-                };
-                format!("{what} {}", p.display())
-            }));
+            parts.extend(under(&mounts, &dir).into_iter().map(|m| format!("mount {m}")));
+            parts.extend(places.iter().map(|(what, p)| format!("{what} {}", p.display())));
             out.push(StrayContainer { name, parts });
         }
         out
@@ -104,7 +102,7 @@ impl Runtime {
         let dir = self.container_dir(name);
         let _ = Rootfs::at(&dir).remove();
         // Whatever mount the rootfs did not know of (a FUSE or bind mount) goes too.
-        for point in mounts_under(&dir) {
+        for point in under(&mount_points(), &dir) {
             let _ = nix::mount::umount2(point.as_str(), nix::mount::MntFlags::MNT_DETACH);
         }
         let _ = std::fs::remove_dir_all(&dir);
