@@ -48,9 +48,23 @@ ip addr add 10.0.2.15/24 dev eth0; ip link set eth0 up
 # Guest file reads capped at 16 MiB here, so the test's endless reads end soon under TCG.
 printf 'max_guest_read_mib = 16\n[microvm]\nkernel = "/l2/vmlinuz"\ninitrd = "/l2/initrd.gz"\nvmm = "/bin/brig-vmm"\nimages_dir = "/l2"\nboot_limit_s = 420\n' > /etc/brigd.toml
 export BRIG_STATE_DIR=/tmp/brig
-/bin/brigd --config /etc/brigd.toml --listen 10.0.2.15:7070 --metrics off --on-exit destroy --log warn &
+brigd_flags="--config /etc/brigd.toml --listen 10.0.2.15:7070 --metrics off --on-exit destroy --log warn"
+/bin/brigd $brigd_flags &
+brigd=$!
 i=0; until [ -e /tmp/brig/endpoint.json ] || [ $i -ge 300 ]; do sleep 0.2; i=$((i + 1)); done
 . /announce.sh
+# The test outside asks for a crash: brigd is killed (kill -9) and started again, and the new
+# one adopts the VMs the old one left running. The VMM of the sandbox labelled role=doomed is
+# killed too, and removing the phase=restart marker tells the test both are done.
+wait_label restart 4200
+kill -9 $brigd
+echo "BRIG-L1-BRIGD-KILLED"
+/bin/brigd $brigd_flags &
+i=0; until /bin/brig ls >/dev/null 2>&1 || [ $i -ge 900 ]; do sleep 0.2; i=$((i + 1)); done
+doomed=$(/bin/brig ls --label role=doomed | grep -o 'sb-[0-9a-z-]*' | head -1)
+[ -n "$doomed" ] && kill -9 "$(cut -d' ' -f1 /tmp/brig/microvm/$doomed.pid)" && echo "BRIG-L1-VMM-KILLED $doomed"
+/bin/brig rm --label phase=restart >/dev/null
+echo "BRIG-L1-BRIGD-RESTARTED"
 wait_label done 4200
 echo "BRIG-L1-OUTSIDE-DONE"
 reboot -f

@@ -78,6 +78,12 @@ async fn doctor_lists_and_removes_what_belongs_to_no_sandbox() {
     // A veth pair (no dummy driver here); its peer's name is no slot's.
     let peer = format!("xs{}", std::process::id());
     run("ip", &["link", "add", &link, "type", "veth", "peer", "name", &peer]);
+    // A full VM's network namespace of this node, and one of another daemon (not its own).
+    let netns_id = "sb-00000000-00000000000000fd";
+    let netns = format!("brig-{tag}-{netns_id}");
+    let foreign = format!("brig-0ther{}-{netns_id}", std::process::id());
+    run("ip", &["netns", "add", &netns]);
+    run("ip", &["netns", "add", &foreign]);
 
     // Fresh leftovers may be a create under way: the default minimum age leaves them out,
     // except the link (the node holds a slot before it makes the slot's link).
@@ -96,10 +102,11 @@ async fn doctor_lists_and_removes_what_belongs_to_no_sandbox() {
         ("record", "sb-00000000-00000000000000fe.json"),
         ("intent", &format!("fork-{name}.json")),
         ("link", &link),
+        ("netns", netns_id),
     ] {
         assert!(kinds.contains(&want), "{want:?} not in {found:#?}");
     }
-    assert_eq!(found.len(), 4, "{found:#?}");
+    assert_eq!(found.len(), 5, "{found:#?}");
     assert!(!kinds.iter().any(|(_, n)| n.contains(&sb.id()[3..])), "a live sandbox listed");
     let container = found.iter().find(|s| s["kind"] == "container").expect("container");
     let parts: Vec<&str> =
@@ -109,10 +116,10 @@ async fn doctor_lists_and_removes_what_belongs_to_no_sandbox() {
     assert!(parts.contains(&format!("mount {}", rootfs.display()).as_str()), "{parts:?}");
     assert!(has("cgroup ") && has("run directory ") && has("spool "), "{parts:?}");
     assert!(found.iter().all(|s| s["removed"] == false));
-    assert_eq!(stray_metric(&daemon), 4.0);
+    assert_eq!(stray_metric(&daemon), 5.0);
 
     let (code, found) = doctor(&daemon, &["--remove", "--min-age-secs", "0"]);
-    assert_eq!((code, found.len()), (0, 4), "{found:#?}");
+    assert_eq!((code, found.len()), (0, 5), "{found:#?}");
     assert!(found.iter().all(|s| s["removed"] == true));
     let deadline = Instant::now() + Duration::from_secs(5);
     let status = loop {
@@ -133,6 +140,10 @@ async fn doctor_lists_and_removes_what_belongs_to_no_sandbox() {
         assert!(!gone.exists(), "{} is still there", gone.display());
     }
     assert!(!Path::new("/sys/class/net").join(&link).exists(), "the stray link is still there");
+    assert!(!Path::new("/run/netns").join(&netns).exists(), "the stray namespace is still there");
+    // Another daemon's namespace is not this node's to remove.
+    assert!(Path::new("/run/netns").join(&foreign).exists(), "another daemon's namespace went");
+    run("ip", &["netns", "del", &foreign]);
     assert_eq!(stray_metric(&daemon), 0.0);
     let (code, found) = doctor(&daemon, &["--min-age-secs", "0"]);
     assert_eq!((code, found.len()), (0, 0), "{found:?}");

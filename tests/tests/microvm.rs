@@ -82,7 +82,7 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
         "pause stops the VMM",
         "fork: two children start from the running VM's state and diverge",
         "destroy reaps the VMM",
-        "a restarted tier stops VMMs its predecessor left",
+        "a restarted tier adopts the VMs it recorded and stops the rest",
     ] {
         assert!(has(&format!("BRIG-VMTIER-OK {step}")), "vmtier step {step:?} missing:\n{log}");
     }
@@ -92,6 +92,8 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
     if let Err(e) = &outside {
         panic!("driving the emulated host's brigd from outside failed: {e}\n{log}");
     }
+    assert!(has("BRIG-L1-BRIGD-RESTARTED"), "brigd was not restarted:\n{log}");
+    assert!(has("BRIG-L1-VMM-KILLED sb-"), "no VMM was killed under brigd:\n{log}");
     assert!(has("BRIG-L1-OUTSIDE-DONE"), "the emulated host did not see the end:\n{log}");
 }
 
@@ -213,10 +215,88 @@ async fn drive_from_outside(client: Client) -> Result<(), String> {
     }
     kid.destroy().await.map_err(e("destroy"))?;
     stacked.destroy().await.map_err(e("destroy"))?;
+    check_adoption(&client).await?;
     client
         .create(SandboxOptions::tier(Tier::Microvm).label("phase", "done"))
         .await
         .map_err(e("create the done marker"))?;
+    Ok(())
+}
+
+/// brigd is killed (kill -9) in the emulated host and started again: a running microVM is
+/// adopted with its processes and memory, a command that ran through the crash is read again
+/// by id whole and with its real status, a paused one resumes on its next request, and a
+/// sandbox whose VMM was killed meanwhile answers `sandbox_lost` and can be destroyed.
+async fn check_adoption(client: &Client) -> Result<(), String> {
+    // A process of the guest's own (a session of its own), besides the memory.
+    const ADOPTED_SETUP: &str = "echo alive-$$ > /tmp/state; \
+        setsid sleep 100000 </dev/null >/dev/null 2>&1 & echo $! > /tmp/bg; cat /tmp/state";
+    let e = |what: &'static str| move |err: brig_sdk::Error| format!("{what}: {err}");
+    let vm = || SandboxOptions::tier(Tier::Microvm);
+    let running = client.create(vm()).await.map_err(e("create"))?;
+    let state = running.exec(["sh", "-c", ADOPTED_SETUP]).await.map_err(e("exec"))?.stdout;
+    // A command that runs through the crash: it waits for a file the test makes afterwards.
+    let script = "echo before; while [ ! -e /tmp/go ]; do sleep 0.1; done; echo after >&2; exit 5";
+    let mut through =
+        running.exec_stream(Cmd::new(["sh", "-c", script])).await.map_err(e("exec_stream"))?;
+    let through_id = through.exec_id();
+    match through.next().await {
+        Some(Ok(ExecEvent::Stdout(b))) if &b[..] == b"before\n" => {}
+        other => return Err(format!("the kept command's first event: {other:?}")),
+    }
+    drop(through);
+    let paused = client.create(vm()).await.map_err(e("create"))?;
+    paused.exec(["sh", "-c", "echo paused-memory > /tmp/state"]).await.map_err(e("exec"))?;
+    paused.pause().await.map_err(e("pause"))?;
+    let doomed = client.create(vm().label("role", "doomed")).await.map_err(e("create"))?;
+    let marker = client.create(vm().label("phase", "restart")).await.map_err(e("create"))?;
+    // The emulated host removes the marker once the new brigd serves.
+    let started = std::time::Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        client.close().await;
+        match marker.status().await {
+            Err(err) if err.code() == Some(brig_sdk::ErrorCode::NotFound) => break,
+            _ if started.elapsed() > Duration::from_secs(900) => {
+                return Err("brigd did not come back after its kill".into());
+            }
+            _ => {}
+        }
+    }
+    let out = running
+        .exec(["sh", "-c", "cat /tmp/state; kill -0 $(cat /tmp/bg) && echo bg-alive"])
+        .await
+        .map_err(e("exec after the restart"))?;
+    let want = [state.as_slice(), b"bg-alive\n"].concat();
+    if out.stdout != want {
+        return Err(format!("the adopted VM's state: {out:?}, wanted {want:?}"));
+    }
+    running.exec(["touch", "/tmp/go"]).await.map_err(e("touch"))?;
+    let out = running
+        .attach(through_id)
+        .await
+        .map_err(e("attach after the restart"))?
+        .collect()
+        .await
+        .map_err(e("collect after the restart"))?;
+    if out.stdout != b"before\n" || out.stderr != b"after\n" || out.result.exit_code != Some(5) {
+        return Err(format!("the command that ran through the crash: {out:?}"));
+    }
+    let status = paused.status().await.map_err(e("status of the paused VM"))?;
+    if status.state != SandboxState::Paused {
+        return Err(format!("the paused VM came back as {:?}", status.state));
+    }
+    let out = paused.exec(["cat", "/tmp/state"]).await.map_err(e("exec resumes"))?;
+    if out.stdout != b"paused-memory\n" {
+        return Err(format!("the paused VM after resume: {out:?}"));
+    }
+    match doomed.exec(["true"]).await {
+        Err(err) if err.code() == Some(brig_sdk::ErrorCode::SandboxLost) => {}
+        other => return Err(format!("a VM whose VMM was killed answered {other:?}")),
+    }
+    for sb in [&running, &paused, &doomed] {
+        sb.destroy().await.map_err(e("destroy after the restart"))?;
+    }
     Ok(())
 }
 

@@ -477,7 +477,7 @@ fn upper_link(shim_pid: i32, upper_fd: i32) -> PathBuf {
 
 /// When process `pid` started (clock ticks after boot; field 22 of /proc/<pid>/stat), which
 /// tells it from a later process given the same pid.
-fn process_start_time(pid: i32) -> Option<u64> {
+pub fn process_start_time(pid: i32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) is in parentheses and may contain anything: skip past it.
     let rest = &stat[stat.rfind(')')? + 1..];

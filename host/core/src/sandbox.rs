@@ -135,6 +135,8 @@ pub enum Persistence {
     Spec,
     /// Its spec and a [`ContainerRecord`].
     Record,
+    /// Its spec and a [`MachineRecord`]: a VM whose VMM outlives the daemon.
+    Machine,
 }
 
 /// What one sandbox serves, as data: "this tier cannot" is one typed answer.
@@ -487,6 +489,29 @@ pub struct ContainerRecord {
     pub protected: Vec<(String, bool)>,
 }
 
+/// What a restarted node needs to adopt a VM back (the on-disk format of a sandbox record's
+/// `machine` field). Which VMM process serves it, and proof that it is the one the node
+/// started, are the VM tier's own (its pid file holds pid and start time).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MachineRecord {
+    /// The snapshot its memory is mapped from (its environment's, or a saved one).
+    pub memory_from: PathBuf,
+    /// Its image's read-only layers, base first.
+    #[serde(default)]
+    pub layers: Vec<PathBuf>,
+    /// Its own writable disk, and the read-only base that disk overlays (a full VM's image).
+    #[serde(default)]
+    pub writable: Option<PathBuf>,
+    #[serde(default)]
+    pub cow_base: Option<PathBuf>,
+    /// Its network device: namespace and tap.
+    #[serde(default)]
+    pub net: Option<(PathBuf, String)>,
+    /// Saved to `memory_from` with no VMM running.
+    pub paused: bool,
+}
+
 /// The children a fork made, each made or not.
 pub type Forked = Vec<Result<Arc<dyn Sandbox>, SandboxError>>;
 
@@ -627,6 +652,11 @@ pub trait Sandbox: Send + Sync + 'static {
         Err(SandboxError::Unsupported { op: Op::Checkpoint, note: None })
     }
     fn record(&self) -> Option<ContainerRecord> {
+        None
+    }
+    /// What a restarted node needs to adopt it (VM tiers whose persistence is
+    /// [`Persistence::Machine`]).
+    fn machine_record(&self) -> Option<MachineRecord> {
         None
     }
 }

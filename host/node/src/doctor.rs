@@ -1,7 +1,8 @@
 //! `brig doctor`: what the node left on the host that belongs to no sandbox it has. Each
 //! tier reports its own leftovers by sandbox name (a container's cgroups, processes, mounts,
 //! run directory and spool; a VM's VMM and files), the network its links, and the node its
-//! files (records, fork intents, temporary files). Anything touched more recently than the
+//! full VMs' network namespaces (named with its tag, so another daemon's are not its own) and
+//! its files (records, fork intents, temporary files). Anything touched more recently than the
 //! asked minimum age is left out: a create or fork under way has its pieces before the node
 //! lists the sandbox. Links are listed whatever their age (sysfs keeps no times, and the
 //! network holds a slot before it makes the slot's link, so none is ever in flight). What
@@ -14,6 +15,9 @@ use std::time::{Duration, SystemTime};
 use brig_proto::StrayObject;
 
 use crate::Node;
+
+/// Where `ip netns` keeps named network namespaces.
+const NETNS_DIR: &str = "/run/netns";
 
 /// How often the metric is brought up to date, and the age it counts from.
 pub(crate) const METRIC_EVERY: Duration = Duration::from_secs(60);
@@ -50,6 +54,16 @@ impl Node {
                 found.push(stray("vm", vm.id, vm.parts, remove));
             }
         }
+        for (name, id) in self.vm_netns() {
+            if live.contains(&id) || !older_than(&Path::new(NETNS_DIR).join(&name), min_age) {
+                continue;
+            }
+            if remove {
+                brig_container::network::remove_vm_netns(&name);
+            }
+            let parts = vec![format!("network namespace {NETNS_DIR}/{name} (and its tap)")];
+            found.push(stray("netns", id, parts, remove));
+        }
         if let Some(net) = self.inner.egress.opened() {
             for link in net.stray_links() {
                 if remove {
@@ -66,6 +80,17 @@ impl Node {
         let left = found.iter().filter(|s| !s.removed).count();
         self.inner.metrics.stray_objects.set(i64::try_from(left).unwrap_or(i64::MAX));
         found
+    }
+
+    /// This node's VM network namespaces: (name, sandbox id).
+    fn vm_netns(&self) -> Vec<(String, String)> {
+        let prefix = self.netns_prefix();
+        let Ok(entries) = std::fs::read_dir(NETNS_DIR) else { return Vec::new() };
+        entries
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter_map(|name| Some((name.clone(), name.strip_prefix(&prefix)?.to_string())))
+            .collect()
     }
 
     /// Records of sandboxes the node does not have, fork intents no fork is writing, and

@@ -112,7 +112,7 @@ impl Node {
         id: &SandboxId,
         dests: Vec<Destination>,
     ) -> Result<(VmNet, u32), NodeError> {
-        let ns = netns_name(id);
+        let ns = self.netns_name(id);
         let made = {
             let ns = ns.clone();
             tokio::task::spawn_blocking(move || network::create_vm_netns(&ns)).await
@@ -139,7 +139,15 @@ impl Node {
     }
 }
 
-/// The network namespace of a full-VM sandbox (`ip netns` name).
-pub(crate) fn netns_name(id: &SandboxId) -> String {
-    format!("brig-{id}")
+impl Node {
+    /// The network namespace of a full-VM sandbox (`ip netns` name): the node's tag first, so
+    /// `brig doctor` tells its own from another daemon's on the same host.
+    pub(crate) fn netns_name(&self, id: &SandboxId) -> String {
+        format!("{}{id}", self.netns_prefix())
+    }
+
+    /// What the names of this node's VM network namespaces start with.
+    pub(crate) fn netns_prefix(&self) -> String {
+        format!("brig-{}-", self.inner.tag)
+    }
 }

@@ -190,8 +190,8 @@ impl Node {
         &self.inner.config
     }
 
-    /// Ends the node. With `on_exit = destroy` every container goes with it; with `keep` (the
-    /// default) containers keep running and the next run of the node takes them back.
+    /// Ends the node. With `on_exit = destroy` every container and VM goes with it; with
+    /// `keep` (the default) they keep running and the next run of the node takes them back.
     pub async fn shutdown(&self) {
         if self.inner.config.on_exit == OnExit::Destroy {
             let containers: Vec<_> = self
@@ -199,7 +199,12 @@ impl Node {
                 .sandboxes
                 .list(&[])
                 .into_iter()
-                .filter(|e| e.sandbox.capabilities().persistence == Persistence::Record)
+                .filter(|e| {
+                    matches!(
+                        e.sandbox.capabilities().persistence,
+                        Persistence::Record | Persistence::Machine
+                    )
+                })
                 .collect();
             let gone = || Gone::Expired("the node shut down".into());
             futures::future::join_all(containers.iter().map(|e| self.destroy(&e.id, gone()))).await;

@@ -167,6 +167,7 @@ impl Node {
     pub(crate) async fn restore(&self) {
         let mut restored = 0;
         let mut containers = Vec::new();
+        let (mut microvms, mut fullvms) = (Vec::new(), Vec::new());
         for record in self.inner.sandboxes.saved_records() {
             let id = record.id;
             let sandbox: Result<Arc<dyn Sandbox>, NodeError> =
@@ -184,6 +185,21 @@ impl Node {
                         }
                         Err(e) => Err(e),
                     },
+                    (tier @ (Tier::Microvm | Tier::Fullvm), _) => {
+                        let adopted = match &record.machine {
+                            Some(machine) => self.adopt_vm(&id, tier, machine).await,
+                            None => Err(NodeError::TierUnavailable {
+                                tier,
+                                why: "a record from before VMs were adopted".into(),
+                            }),
+                        };
+                        if adopted.is_ok() {
+                            let ids =
+                                if tier == Tier::Microvm { &mut microvms } else { &mut fullvms };
+                            ids.push(id.to_string());
+                        }
+                        adopted
+                    }
                     (tier, _) => {
                         Err(NodeError::TierUnavailable { tier, why: "not restorable".into() })
                     }
@@ -220,13 +236,23 @@ impl Node {
         if let Ok(tier) = self.container_tier() {
             tier.remove_orphans(&containers);
         }
+        // VMMs, files and snapshots of VMs no record claimed (or that could not be adopted).
+        for (tier, adopted) in [(self.vmtier(), &microvms), (self.fullvm_tier(), &fullvms)] {
+            if let Ok(tier) = tier {
+                let removed = tier.remove_orphans(adopted);
+                if removed > 0 {
+                    tracing::info!(removed, "removed what VMs of an earlier run left");
+                }
+            }
+        }
         self.roll_back_forks().await;
         let swept = self.inner.fncall.sweep_layers();
         if swept > 0 {
             tracing::info!(swept, "removed shared workspace layers no sandbox uses");
         }
         if restored > 0 {
-            tracing::info!(restored, containers = containers.len(), "sandboxes restored");
+            let vms = microvms.len() + fullvms.len();
+            tracing::info!(restored, containers = containers.len(), vms, "sandboxes restored");
         }
     }
 

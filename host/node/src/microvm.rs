@@ -7,8 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use brig_core::sandbox::{MachineRecord, Sandbox};
 use brig_core::{SandboxId, Tier};
-use brig_vmtier::{MicroVm, VmTier, VmTierConfig, VmTierError};
+use brig_vmtier::{MicroVm, VmSandbox, VmTier, VmTierConfig, VmTierError};
 use serde::{Deserialize, Serialize};
 
 use crate::{Node, NodeError};
@@ -133,6 +134,18 @@ impl Node {
             Some(name) => self.microvm_layers(name)?,
         };
         self.vmtier()?.create(&id.to_string(), &layers).await.map_err(vm_error(id, Tier::Microvm))
+    }
+
+    /// Takes back a VM sandbox an earlier run of the node made (see `VmTier::adopt`).
+    pub(crate) async fn adopt_vm(
+        &self,
+        id: &SandboxId,
+        tier: Tier,
+        machine: &MachineRecord,
+    ) -> Result<Arc<dyn Sandbox>, NodeError> {
+        let vmtier = if tier == Tier::Fullvm { self.fullvm_tier()? } else { self.vmtier()? };
+        let vm = vmtier.adopt(&id.to_string(), machine).await.map_err(vm_error(id, tier))?;
+        Ok(Arc::new(VmSandbox::new(vm, vmtier.clone(), tier)))
     }
 
     /// The EROFS files of an image's layers (`base+workspace+toolkit`, base first), each a

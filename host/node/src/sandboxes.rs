@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-pub(crate) use brig_core::sandbox::ContainerRecord;
+pub(crate) use brig_core::sandbox::{ContainerRecord, MachineRecord};
 use brig_core::sandbox::{Op, Persistence, Sandbox, SandboxError};
 use brig_core::{IdleAction, SandboxId, SandboxSpec, Tier};
 use parking_lot::{Mutex, RwLock};
@@ -183,6 +183,9 @@ pub(crate) struct SandboxRecord {
     pub last_used_unix_ms: u64,
     #[serde(default)]
     pub container: Option<ContainerRecord>,
+    /// A VM's: what adopting it back needs.
+    #[serde(default)]
+    pub machine: Option<MachineRecord>,
 }
 
 pub(crate) struct SandboxTable {
@@ -263,11 +266,11 @@ impl SandboxTable {
 
     /// Writes the sandbox's record (atomically).
     pub fn save(&self, entry: &SandboxEntry) -> Result<(), NodeError> {
-        let container = match entry.sandbox.capabilities().persistence {
-            Persistence::Record => entry.sandbox.record(),
-            Persistence::Spec => None,
-            // A VM's VMM dies with the daemon (it is not adopted back yet): no record, and no
-            // clock for `save_clocks` to come back for.
+        let (container, machine) = match entry.sandbox.capabilities().persistence {
+            Persistence::Record => (entry.sandbox.record(), None),
+            Persistence::Machine => (None, entry.sandbox.machine_record()),
+            Persistence::Spec => (None, None),
+            // Dies with the daemon: no record, and no clock for `save_clocks` to come back for.
             Persistence::Ephemeral => {
                 entry.saved_last_used_unix_ms.store(entry.last_used_unix_ms(), Ordering::Relaxed);
                 return Ok(());
@@ -281,6 +284,7 @@ impl SandboxTable {
             paused_unix_ms: entry.paused_unix_ms().unwrap_or(0),
             last_used_unix_ms: last_used,
             container,
+            machine,
         };
         let bytes = serde_json::to_vec(&record).map_err(|e| NodeError::Io {
             what: "sandbox record".into(),

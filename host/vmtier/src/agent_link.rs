@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use brig_vmm_api::agent::{self, AgentRequest, ProcessRun};
+use brig_vmm_api::agent::{self, AgentRequest, KeepExec, KeptInfo, ProcessRun};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
@@ -84,20 +84,88 @@ impl ExecStream {
 }
 
 /// Starts `process` in the guest behind `uds` with its stdin streamed through the returned
-/// [`GuestStdin`].
+/// [`GuestStdin`]; with `keep`, the agent keeps it across the node's restarts.
 pub async fn exec_stream_input(
     uds: &Path,
     process: ProcessRun,
+    keep: Option<KeepExec>,
 ) -> Result<(ExecStream, GuestStdin), VmTierError> {
-    let request = AgentRequest::Exec { process, stdin_frames: true };
+    let request = AgentRequest::Exec { process, stdin_frames: true, keep };
     let (reader, write) = request_stream(uds, &request).await?.into_parts();
     let write = write.ok_or_else(|| VmTierError::Agent("no connection to write to".into()))?;
     Ok((ExecStream { reader, write: None }, GuestStdin { write }))
 }
 
-/// Starts `process` in the guest behind `uds`, its stdin empty.
-pub async fn exec_stream(uds: &Path, process: ProcessRun) -> Result<ExecStream, VmTierError> {
-    request_stream(uds, &AgentRequest::Exec { process, stdin_frames: false }).await
+/// Starts `process` in the guest behind `uds`, its stdin empty; with `keep`, the agent keeps
+/// it across the node's restarts.
+pub async fn exec_stream(
+    uds: &Path,
+    process: ProcessRun,
+    keep: Option<KeepExec>,
+) -> Result<ExecStream, VmTierError> {
+    request_stream(uds, &AgentRequest::Exec { process, stdin_frames: false, keep }).await
+}
+
+/// The commands the agent behind `uds` keeps (at most [`agent::MAX_KEPT`], each in a frame).
+pub async fn kept_commands(uds: &Path) -> Result<Vec<KeptInfo>, VmTierError> {
+    let limit = Duration::from_secs(10);
+    let listing = async {
+        let mut stream = request_stream(uds, &AgentRequest::Kept {}).await?;
+        let mut out = Vec::new();
+        loop {
+            match stream.next().await? {
+                ExecEvent::Stdout(data) if out.len() < agent::MAX_KEPT => {
+                    let info = serde_json::from_slice(&data).map_err(|e| {
+                        VmTierError::Agent(format!("an unreadable kept command: {e}"))
+                    })?;
+                    out.push(info);
+                }
+                ExecEvent::Exit(0) => return Ok(out),
+                other => {
+                    return Err(VmTierError::Agent(format!("listing kept commands: {other:?}")))
+                }
+            }
+        }
+    };
+    tokio::time::timeout(limit, listing).await.map_err(|_| VmTierError::ReplyTimeout(limit))?
+}
+
+/// Kept command `id`'s output from its first byte, then the rest as it comes, then its end.
+pub async fn attach_kept(uds: &Path, id: u64) -> Result<ExecStream, VmTierError> {
+    request_stream(uds, &AgentRequest::Attach { id }).await
+}
+
+/// Kills every command the agent behind `uds` keeps (best effort: a VM resumed from a saved
+/// state, whose commands' connections ended at the save).
+pub(crate) async fn kill_all_kept(uds: &Path) {
+    // Once more after a moment: a guest just restored may refuse a connection while its
+    // vsock transport settles.
+    let listed = match kept_commands(uds).await {
+        Err(_) => {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            kept_commands(uds).await
+        }
+        listed => listed,
+    };
+    match listed {
+        Ok(listed) => {
+            for info in listed.iter().filter(|i| !i.ended) {
+                if let Err(e) = kill_kept(uds, info.keep.id).await {
+                    tracing::debug!(exec = info.keep.id, error = %e, "a kept command not killed");
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot list a guest's kept commands"),
+    }
+}
+
+/// Kills kept command `id` in the guest behind `uds`.
+pub async fn kill_kept(uds: &Path, id: u64) -> Result<(), VmTierError> {
+    let out = request_within(uds, &AgentRequest::Kill { id }, Duration::from_secs(10)).await?;
+    if out.exit_code != 0 {
+        return Err(VmTierError::Agent(String::from_utf8_lossy(&out.stderr).trim().to_string()));
+    }
+    Ok(())
 }
 
 /// Sends one agent request and returns the reply stream.
@@ -162,7 +230,8 @@ pub(crate) async fn exec_inner(
     process: ProcessRun,
     deadline: Duration,
 ) -> Result<ExecOutput, VmTierError> {
-    request_within(uds, &AgentRequest::Exec { process, stdin_frames: false }, deadline).await
+    let request = AgentRequest::Exec { process, stdin_frames: false, keep: None };
+    request_within(uds, &request, deadline).await
 }
 
 /// Sends `request` and collects its reply, all within `deadline` (a reply that runs past it

@@ -24,6 +24,17 @@ impl ExecControl for Hangup {
     }
 }
 
+/// A command the guest's agent keeps across the node's restarts (`keep`): ending it early
+/// takes a kill request, since a hang-up leaves it running.
+#[derive(Debug, Clone)]
+pub struct KeptCommand {
+    /// The agent's socket (the VM's vsock Unix socket).
+    pub uds: std::path::PathBuf,
+    pub id: u64,
+    /// How long it ran before this node serves it (a command taken back after a restart).
+    pub ran_for: Duration,
+}
+
 /// Serves a started guest command: `stdin` goes to `input` (needed unless `stdin` is
 /// [`Stdin::Empty`]), the output comes as events, within `timeout` and `output_limit`.
 pub fn serve(
@@ -33,7 +44,21 @@ pub fn serve(
     timeout: Duration,
     output_limit: u64,
 ) -> RunningExec {
-    let started = Instant::now();
+    serve_kept(stream, input, stdin, timeout, output_limit, None)
+}
+
+/// As [`serve`], for a command the agent keeps: `timeout` counts from its start, and a
+/// timeout, cap or kill asks the agent to kill it.
+pub fn serve_kept(
+    stream: ExecStream,
+    input: Option<GuestStdin>,
+    stdin: Stdin,
+    timeout: Duration,
+    output_limit: u64,
+    kept: Option<KeptCommand>,
+) -> RunningExec {
+    let ran_for = kept.as_ref().map_or(Duration::ZERO, |k| k.ran_for);
+    let started = Instant::now().checked_sub(ran_for).unwrap_or_else(Instant::now);
     let feeder = input.map(|input| feed(stdin, input));
     let kill = Arc::new(Notify::new());
     let (tx, rx) = mpsc::channel(EVENTS);
@@ -46,6 +71,14 @@ pub fn serve(
     };
     tokio::spawn(async move {
         let mut exit = pump.run().await;
+        let ended =
+            exit.exit_code.is_some() || (exit.signal.is_some() && !exit.killed && !exit.truncated);
+        if let (Some(kept), false) = (&kept, ended) {
+            // Killed, timed out or capped: a kept command does not end with the hang-up.
+            if let Err(e) = crate::agent_link::kill_kept(&kept.uds, kept.id).await {
+                tracing::warn!(exec = kept.id, error = %e, "cannot kill a kept guest command");
+            }
+        }
         // The feeder holds the write half: the agent sees the hang-up once it goes.
         if let Some(feeder) = feeder {
             feeder.abort();

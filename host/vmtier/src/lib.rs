@@ -13,6 +13,7 @@
 //! The tier is offered only where Linux guests run: hardware virtualization.
 #![forbid(unsafe_code)]
 
+mod adopt;
 mod agent_link;
 mod container_host;
 pub use brig_vmm_api::agent::ProcessRun;
@@ -30,6 +31,9 @@ pub mod lifecycle;
 mod pool;
 mod session;
 pub mod strays;
+mod vmm_process;
+pub use vmm_process::VmmId;
+use vmm_process::VmmProcess;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -101,6 +105,9 @@ pub enum VmTierError {
     Control(String),
     #[error("the VM is paused")]
     Paused,
+    /// The VM is gone (its VMM ended), or could not be taken back after a restart.
+    #[error("the VM is lost: {0}")]
+    Lost(String),
     #[error("not supported: {0}")]
     Unsupported(&'static str),
     /// A container request the container-host VM's agent refused.
@@ -125,8 +132,9 @@ pub struct ExecOutput {
 #[derive(Debug)]
 pub struct MicroVm {
     pub id: String,
-    child: Mutex<Option<tokio::process::Child>>,
-    pid: std::sync::Mutex<Option<u32>>,
+    process: Mutex<Option<VmmProcess>>,
+    /// The running VMM's pid and start time (read without waiting for `process`).
+    pid: std::sync::Mutex<Option<VmmId>>,
     pub uds: PathBuf,
     /// The VMM's control socket.
     control: PathBuf,
@@ -163,7 +171,7 @@ impl MicroVm {
     ) -> MicroVm {
         MicroVm {
             id: id.to_string(),
-            child: Mutex::new(None),
+            process: Mutex::new(None),
             pid: std::sync::Mutex::new(None),
             uds: dir.join(format!("{id}.sock")),
             control: dir.join(format!("{id}.ctl")),
@@ -225,12 +233,8 @@ pub const MAX_LAYERS: usize = 16;
 /// The cgroup every VMM of the tier in `dir` sits under: `brig-vm-<hash of dir>`, so two
 /// daemons on one host never reap each other's VMMs.
 fn cgroup_parent(dir: &Path) -> String {
-    // FNV-1a: stable across builds, which a restarted daemon needs to find its predecessor's.
-    let hash = dir
-        .to_string_lossy()
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
-    format!("brig-vm-{:08x}", hash as u32)
+    // Stable across builds, which a restarted daemon needs to find its predecessor's.
+    format!("brig-vm-{:08x}", adopt::fnv64(&dir.to_string_lossy()) as u32)
 }
 /// Memory a VMM may use beyond its guest's (its own code and device buffers, and the page
 /// cache of the snapshots it writes, which on a tmpfs cannot be reclaimed: as much again as the
@@ -254,7 +258,7 @@ impl MicroVm {
 
     /// The VMM's pid (none while paused).
     pub fn pid(&self) -> Option<u32> {
-        *locked(&self.pid)
+        locked(&self.pid).map(|id| id.pid)
     }
 
     /// Whether the VM is paused: saved to disk, no VMM running.
@@ -264,8 +268,8 @@ impl MicroVm {
 
     /// How its VMM ended, once it has (none while it runs, is paused, or is busy elsewhere).
     pub fn exit_status(&self) -> Option<std::process::ExitStatus> {
-        let mut child = self.child.try_lock().ok()?;
-        child.as_mut()?.try_wait().ok().flatten()
+        let mut process = self.process.try_lock().ok()?;
+        process.as_mut()?.try_exit_status()
     }
 
     /// Whether the VM is in order: paused, or its VMM still runs (it may have died on its own:
@@ -274,10 +278,8 @@ impl MicroVm {
         if self.is_paused() {
             return true;
         }
-        let Some(pid) = self.pid() else { return false };
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        // The state follows the command name's closing parenthesis; Z is a zombie.
-        stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X']))
+        // Its pid with its start time: a later process given the same pid is not it.
+        locked(&self.pid).is_some_and(|id| id.alive())
     }
 }
 
@@ -322,15 +324,11 @@ impl VmTier {
             VmTier::check_image(image)?;
         }
         std::fs::create_dir_all(&cfg.dir).map_err(io(format!("creating {}", cfg.dir.display())))?;
-        reap_orphans(&cfg.dir);
-        // Saved snapshots belong to VMs of a previous daemon, which are gone.
-        let _ = std::fs::remove_dir_all(cfg.dir.join(lifecycle::SAVED_DIR));
+        // VMs of a previous daemon stay until the node has adopted what it recorded and
+        // called `remove_orphans` for the rest.
         let parent = cgroup_parent(&cfg.dir);
         let cgroups = match CgroupManager::detect(Path::new("/sys/fs/cgroup"), &parent) {
-            Ok(manager) => {
-                manager.remove_all_except(&[]);
-                Some(manager)
-            }
+            Ok(manager) => Some(manager),
             Err(e) => {
                 tracing::warn!(error = %e, "VMMs run without cgroups of their own");
                 None
@@ -342,7 +340,13 @@ impl VmTier {
             virtualization,
             environments: Mutex::new(Default::default()),
             saved: Default::default(),
-            next_saved: Default::default(),
+            // Saved snapshots of adopted VMs keep their names: new ones count on from now.
+            next_saved: std::sync::atomic::AtomicU64::new(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as u64)
+                    .unwrap_or(0),
+            ),
             pool: Default::default(),
             next_standby: Default::default(),
         })
@@ -365,8 +369,25 @@ impl VmTier {
         if let Some(env) = envs.get(&key) {
             return Ok(env.clone());
         }
-        let name = format!("env-{}", envs.len());
+        // Named by what it was made for, so a restarted daemon finds it again.
+        let fingerprint = self.environment_fingerprint(&key);
+        let name = format!("env-{:016x}", adopt::fnv64(&fingerprint));
         let dir = self.cfg.dir.join(&name);
+        let writable = self.cfg.dir.join(format!("{name}.disk"));
+        let marker = dir.join(adopt::ENV_MARKER);
+        let whole = layers.is_empty() || writable.exists();
+        if whole && std::fs::read_to_string(&marker).ok().as_deref() == Some(fingerprint.as_str()) {
+            let disks = (!layers.is_empty()).then(|| Disks {
+                layers: layers.to_vec(),
+                writable: Some(writable),
+                cow_base: None,
+            });
+            tracing::info!(dir = %dir.display(), image = %key, "microvm environment snapshot reused");
+            self.refill();
+            let env = Environment { dir, disks };
+            envs.insert(key, env.clone());
+            return Ok(env);
+        }
         let _ = std::fs::remove_dir_all(&dir);
         let log = self.cfg.dir.join(format!("{name}.log"));
         let log_file = std::fs::File::create(&log).map_err(io("snapshot log"))?;
@@ -375,7 +396,6 @@ impl VmTier {
             None
         } else {
             cmdline = format!("brig.layers={}", layers.len());
-            let writable = self.cfg.dir.join(format!("{name}.disk"));
             let f = std::fs::File::create(&writable).map_err(io("writable disk"))?;
             f.set_len(SCRATCH_BYTES).map_err(io("writable disk"))?;
             Some(Disks { layers: layers.to_vec(), writable: Some(writable), cow_base: None })
@@ -391,7 +411,7 @@ impl VmTier {
             ksm: false,
             jail: Some(JailSpec { writable: vec![self.cfg.dir.clone()], cgroup_procs: vec![] }),
         };
-        let mut child = self.launch_vmm(&launch, log_file).await?;
+        let mut child = self.launch_vmm(&launch, log_file, true).await?;
         let status = child.wait().await.map_err(io("waiting for the snapshot VMM"))?;
         if status.code() != Some(4) {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
@@ -399,6 +419,8 @@ impl VmTier {
                 text.chars().rev().take(2000).collect::<Vec<_>>().into_iter().rev().collect();
             return Err(VmTierError::Snapshot { code: status.code(), log: tail });
         }
+        // Last: a snapshot cut short has no marker and is made again.
+        std::fs::write(&marker, &fingerprint).map_err(io("environment snapshot marker"))?;
         tracing::info!(dir = %dir.display(), image = %key, "microvm environment snapshot made");
         // The first use of the tier starts its warm VMMs.
         self.refill();
@@ -493,7 +515,7 @@ impl VmTier {
         let child = match standby {
             Some(standby) => {
                 // A warm VMM: already jailed; it joins the VM's cgroup from here.
-                if let Some(pid) = standby.child.id() {
+                if let Some(pid) = standby.pid() {
                     for procs in &cgroup {
                         std::fs::write(procs, pid.to_string()).map_err(io("VMM cgroup"))?;
                     }
@@ -509,17 +531,18 @@ impl VmTier {
                 // The jail: only the tier's directory is writable; the VMM joins its cgroup.
                 launch.jail =
                     Some(JailSpec { writable: vec![self.cfg.dir.clone()], cgroup_procs: cgroup });
-                let child = self.launch_vmm(&launch, log_file).await?;
-                if let Some(pid) = child.id() {
-                    // Recorded so a later daemon can stop this VMM if this one dies first.
-                    let _ = std::fs::write(&pid_file, pid.to_string());
-                }
-                child
+                // Not killed when dropped: a VM the node keeps outlives the daemon.
+                self.launch_vmm(&launch, log_file, false).await?
             }
         };
-        let pid = child.id();
-        *vm.child.lock().await = Some(child);
-        *locked(&vm.pid) = pid;
+        let (process, id) = VmmProcess::started(child);
+        if let Some(id) = id {
+            // Recorded so a later daemon can adopt this VMM, or stop it, if this one dies
+            // first; pid and start time prove it is the same process.
+            id.write(&pid_file).map_err(io("VMM pid file"))?;
+        }
+        *vm.process.lock().await = Some(process);
+        *locked(&vm.pid) = id;
         let limit = if boots { self.cfg.boot_limit } else { Duration::from_secs(60) };
         let started = std::time::Instant::now();
         loop {
@@ -527,11 +550,8 @@ impl VmTier {
                 Ok(out) if out.exit_code == 0 => return Ok(()),
                 _ if started.elapsed() > limit => return Err(VmTierError::StartTimeout(limit)),
                 _ => {
-                    let exited = match vm.child.lock().await.as_mut() {
-                        Some(child) => child.try_wait(),
-                        None => Ok(None),
-                    };
-                    if let Ok(Some(status)) = exited {
+                    let exited = vm.process.lock().await.as_mut().and_then(|p| p.try_exit_status());
+                    if let Some(status) = exited {
                         let text = std::fs::read_to_string(&vm.log).unwrap_or_default();
                         return Err(VmTierError::Agent(format!("VMM exited ({status}): {text}")));
                     }
@@ -560,11 +580,12 @@ impl VmTier {
     }
 
     /// Starts `brig-vmm launch` (its own process group, output to `log`) and hands it `launch`
-    /// on stdin.
+    /// on stdin; `kill_on_drop`: the process ends when its handle is dropped.
     async fn launch_vmm(
         &self,
         launch: &LaunchConfig,
         log: std::fs::File,
+        kill_on_drop: bool,
     ) -> Result<tokio::process::Child, VmTierError> {
         use tokio::io::AsyncWriteExt;
         let mut child = tokio::process::Command::new(&self.cfg.vmm)
@@ -573,7 +594,7 @@ impl VmTier {
             .stdout(log.try_clone().map_err(io("VMM log"))?)
             .stderr(log)
             .process_group(0)
-            .kill_on_drop(true)
+            .kill_on_drop(kill_on_drop)
             .spawn()
             .map_err(io(format!("starting {}", self.cfg.vmm.display())))?;
         let mut stdin =
@@ -675,9 +696,8 @@ impl VmTier {
 
     /// Kills `vm`'s VMM (if it runs) and forgets its pid and cgroup.
     pub(crate) async fn stop_vmm(&self, vm: &MicroVm) {
-        if let Some(mut child) = vm.child.lock().await.take() {
-            let _ = child.start_kill();
-            let _ = child.wait().await;
+        if let Some(mut process) = vm.process.lock().await.take() {
+            process.kill().await;
         }
         *locked(&vm.pid) = None;
         let _ = std::fs::remove_file(self.cfg.dir.join(format!("{}.pid", vm.id)));
@@ -696,14 +716,3 @@ impl VmTier {
 
 /// The MAC of a VM's network device (each VM is alone behind its own tap).
 const DEFAULT_MAC: [u8; 6] = [0x06, 0xb7, 0x16, 0x00, 0x00, 0x02];
-
-/// Stops VMMs a previous daemon left running (it crashed before destroying them) and removes
-/// their files: VMs are not adopted back yet, and a stray VMM must not hold memory forever.
-fn reap_orphans(dir: &Path) {
-    for id in strays::vm_ids(dir) {
-        if let Some(pid) = strays::vmm_of(dir, &id) {
-            tracing::warn!(vm = %id, pid, "stopping a VMM left by a previous daemon");
-        }
-        strays::remove_vm(dir, &id);
-    }
-}

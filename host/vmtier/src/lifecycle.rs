@@ -95,7 +95,7 @@ impl VmTier {
     }
 
     /// Counts `count` more VMs mapping saved snapshot `dir`.
-    fn hold(&self, dir: &Path, count: usize) {
+    pub(crate) fn hold(&self, dir: &Path, count: usize) {
         *locked(&self.saved).entry(dir.to_owned()).or_default() += count;
     }
 
@@ -169,11 +169,8 @@ impl VmTier {
         }
         vm.paused.store(true, Ordering::SeqCst);
         // The VMM exits on its own once it answered.
-        if let Some(mut child) = vm.child.lock().await.take() {
-            if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_err() {
-                let _ = child.start_kill();
-                let _ = child.wait().await;
-            }
+        if let Some(mut process) = vm.process.lock().await.take() {
+            process.end_within(Duration::from_secs(10)).await;
         }
         *locked(&vm.pid) = None;
         let _ = std::fs::remove_file(self.cfg.dir.join(format!("{}.pid", vm.id)));
@@ -196,6 +193,8 @@ impl VmTier {
             vm.paused.store(true, Ordering::SeqCst);
             return Err(e);
         }
+        // The node's view of commands running at the pause ended with the VMM's sockets.
+        crate::agent_link::kill_all_kept(&vm.uds).await;
         tracing::debug!(vm = %vm.id, "microvm resumed");
         Ok(())
     }
@@ -247,7 +246,12 @@ impl VmTier {
         let mut made = Vec::with_capacity(children.len());
         for (child, net) in children {
             // start_from takes over one hold; a failed start gives it back through destroy.
-            made.push(self.start_from(child, &dir, disk.clone(), net.clone()).await);
+            let started = self.start_from(child, &dir, disk.clone(), net.clone()).await;
+            if let Ok(vm) = &started {
+                // A child starts with its parent's kept commands, which are not its own.
+                crate::agent_link::kill_all_kept(&vm.uds).await;
+            }
+            made.push(started);
         }
         if !vm.is_paused() {
             // The fork point's own disk copy is not needed once every child has its copy.

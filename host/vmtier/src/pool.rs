@@ -14,10 +14,11 @@ use tokio::process::{Child, ChildStdin};
 
 use crate::{io, locked, VmTier, VmTierError};
 
-/// One waiting VMM.
+/// One waiting VMM, killed if dropped still waiting (a VMM it became is not: a VM the node
+/// keeps outlives the daemon).
 #[derive(Debug)]
 pub(crate) struct Standby {
-    pub child: Child,
+    child: Option<Child>,
     stdin: ChildStdin,
     /// Its console log and pid file, renamed to the VM's when it is taken.
     pub log: PathBuf,
@@ -29,7 +30,24 @@ impl Standby {
     pub async fn resume(mut self, launch: &LaunchConfig) -> Result<Child, VmTierError> {
         let line = launch.to_line();
         self.stdin.write_all(line.as_bytes()).await.map_err(io("handing a warm VMM its VM"))?;
-        Ok(self.child)
+        self.child.take().ok_or_else(|| VmTierError::Agent("a warm VMM taken twice".into()))
+    }
+
+    /// Its pid, while it waits.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
+    fn waiting(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+}
+
+impl Drop for Standby {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.start_kill();
+        }
     }
 }
 
@@ -51,15 +69,14 @@ impl VmTier {
             .stdout(log_file.try_clone().map_err(io("standby log"))?)
             .stderr(log_file)
             .process_group(0)
-            .kill_on_drop(true)
             .spawn()
             .map_err(io(format!("starting {}", self.cfg.vmm.display())))?;
         let stdin = child.stdin.take().ok_or_else(|| VmTierError::Agent("no stdin".into()))?;
         let pid_file = self.cfg.dir.join(format!("{name}.pid"));
-        if let Some(pid) = child.id() {
-            let _ = std::fs::write(&pid_file, pid.to_string());
+        if let Some(id) = child.id().and_then(crate::VmmId::of) {
+            let _ = id.write(&pid_file);
         }
-        Ok(Standby { child, stdin, log, pid_file })
+        Ok(Standby { child: Some(child), stdin, log, pid_file })
     }
 
     /// Tops the pool up to its size.
@@ -79,7 +96,7 @@ impl VmTier {
     pub(crate) fn take_standby(&self) -> Option<Standby> {
         loop {
             let mut standby = locked(&self.pool).pop()?;
-            if matches!(standby.child.try_wait(), Ok(None)) {
+            if standby.waiting() {
                 return Some(standby);
             }
             tracing::warn!(log = %standby.log.display(), "a warm VMM died while waiting");

@@ -6,11 +6,16 @@ use std::sync::Arc;
 
 use brig_core::sandbox::{
     BoxFuture, Capabilities, Condition, ExecSpec, FileAccess, ForkChild, ForkKind, ForkOptions,
-    Forked, Op, PauseKind, Persistence, ReadSource, RunningExec, Sandbox, SandboxError, Session,
-    SessionSpec, Stdin, WriteOptions,
+    Forked, KeptWork, MachineRecord, Op, PauseKind, Persistence, ReadSource, RecoveredExec,
+    RunningExec, Sandbox, SandboxError, Session, SessionSpec, Stdin, WriteOptions,
 };
 use brig_core::Tier;
 
+use std::time::Duration;
+
+use brig_vmm_api::agent::KeepExec;
+
+use crate::guest_exec::{serve_kept, KeptCommand};
 use crate::{MicroVm, ProcessRun, VmNet, VmTier, VmTierError};
 
 const VM_OPS: [Op; 6] = [Op::Exec, Op::Sessions, Op::Files, Op::Pause, Op::Fork, Op::Qos];
@@ -21,7 +26,7 @@ pub const MICROVM_CAPS: Capabilities = Capabilities::new(
     FileAccess::Guest,
     PauseKind::Snapshot,
     ForkKind::Machine,
-    Persistence::Ephemeral,
+    Persistence::Machine,
 );
 
 /// What a full VM serves: a microVM's, and egress rules on the link it is made with.
@@ -30,7 +35,7 @@ pub const FULLVM_CAPS: Capabilities = Capabilities::new(
     FileAccess::Guest,
     PauseKind::Snapshot,
     ForkKind::Machine,
-    Persistence::Ephemeral,
+    Persistence::Machine,
 );
 
 /// A VM and the tier that runs it.
@@ -58,6 +63,19 @@ impl VmSandbox {
     pub fn vm(&self) -> &MicroVm {
         &self.vm
     }
+
+    /// A VM whose VMM ended (killed, crashed, out of memory) serves nothing more: requests
+    /// hear that it is lost, and why, rather than a socket error.
+    fn alive(&self) -> Result<(), SandboxError> {
+        if self.vm.is_running() {
+            return Ok(());
+        }
+        let how = match self.vm.exit_status() {
+            Some(status) => format!("brig-vmm ended: {status}"),
+            None => "brig-vmm is gone".to_string(),
+        };
+        Err(SandboxError::Lost(format!("its VM stopped ({how}); destroy it and make another")))
+    }
 }
 
 impl Sandbox for VmSandbox {
@@ -83,6 +101,7 @@ impl Sandbox for VmSandbox {
 
     fn exec(&self, spec: ExecSpec) -> BoxFuture<'_, Result<RunningExec, SandboxError>> {
         Box::pin(async move {
+            self.alive()?;
             if spec.user.is_some() {
                 return Err(SandboxError::unsupported(Op::ExecAsUser, "VM commands run as root"));
             }
@@ -91,14 +110,23 @@ impl Sandbox for VmSandbox {
             }
             // Argv, environment and directory go to the agent as data and reach execve as sent.
             let process = ProcessRun { argv: spec.argv, env: spec.env, cwd: spec.cwd };
+            // The agent keeps the command under the node's id: it outlives a node restart.
+            let keep = KeepExec {
+                id: spec.exec_id,
+                timeout_ms: u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX),
+                output_limit: spec.output_limit,
+            };
+            let uds = &self.vm.uds;
             let (stream, input) = match spec.stdin {
-                Stdin::Empty => (crate::exec_stream(&self.vm.uds, process).await?, None),
+                Stdin::Empty => (crate::exec_stream(uds, process, Some(keep)).await?, None),
                 _ => {
-                    let (stream, input) = crate::exec_stream_input(&self.vm.uds, process).await?;
+                    let (stream, input) =
+                        crate::exec_stream_input(uds, process, Some(keep)).await?;
                     (stream, Some(input))
                 }
             };
-            Ok(crate::guest_exec::serve(stream, input, spec.stdin, spec.timeout, spec.output_limit))
+            let kept = KeptCommand { uds: uds.clone(), id: spec.exec_id, ran_for: Duration::ZERO };
+            Ok(serve_kept(stream, input, spec.stdin, spec.timeout, spec.output_limit, Some(kept)))
         })
     }
 
@@ -107,6 +135,7 @@ impl Sandbox for VmSandbox {
         spec: SessionSpec,
     ) -> BoxFuture<'_, Result<Box<dyn Session>, SandboxError>> {
         Box::pin(async move {
+            self.alive()?;
             if spec.user.is_some() {
                 return Err(SandboxError::unsupported(
                     Op::SessionAsUser,
@@ -126,6 +155,7 @@ impl Sandbox for VmSandbox {
         max_bytes: u64,
     ) -> BoxFuture<'a, Result<ReadSource, SandboxError>> {
         Box::pin(async move {
+            self.alive()?;
             let limit = usize::try_from(max_bytes).unwrap_or(usize::MAX);
             Ok(ReadSource::Bytes(self.tier.read_file(&self.vm, &guest_path(path), limit).await?))
         })
@@ -138,6 +168,7 @@ impl Sandbox for VmSandbox {
         data: Vec<u8>,
     ) -> BoxFuture<'a, Result<(), SandboxError>> {
         Box::pin(async move {
+            self.alive()?;
             if options.append {
                 return Err(SandboxError::unsupported(Op::FileAppend, "not in the VM tiers yet"));
             }
@@ -147,7 +178,10 @@ impl Sandbox for VmSandbox {
 
     /// Saves the VM to disk and stops its VMM; the bytes that frees.
     fn pause(&self) -> BoxFuture<'_, Result<u64, SandboxError>> {
-        Box::pin(async move { Ok(self.tier.pause(&self.vm).await?) })
+        Box::pin(async move {
+            self.alive()?;
+            Ok(self.tier.pause(&self.vm).await?)
+        })
     }
 
     fn resume(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
@@ -162,6 +196,7 @@ impl Sandbox for VmSandbox {
         _options: ForkOptions,
     ) -> BoxFuture<'_, Result<Forked, SandboxError>> {
         Box::pin(async move {
+            self.alive()?;
             let children: Vec<(String, Option<VmNet>)> = children
                 .into_iter()
                 .map(|c| {
@@ -191,6 +226,59 @@ impl Sandbox for VmSandbox {
             Ok(())
         })
     }
+
+    fn machine_record(&self) -> Option<MachineRecord> {
+        Some(self.vm.record())
+    }
+
+    /// Commands the guest's agent kept while the node was down: each read again from its
+    /// first byte, with its deadline counted from its start.
+    fn recover_kept(&self) -> BoxFuture<'_, KeptWork> {
+        Box::pin(async move {
+            let mut work = KeptWork::default();
+            if self.vm.is_paused() || !self.vm.is_running() {
+                return work;
+            }
+            let uds = &self.vm.uds;
+            let listed = match crate::agent_link::kept_commands(uds).await {
+                Ok(listed) => listed,
+                Err(e) => {
+                    tracing::warn!(vm = %self.vm.id, error = %e, "cannot list the guest's kept commands");
+                    return work;
+                }
+            };
+            for info in listed {
+                let id = info.keep.id;
+                let stream = match crate::agent_link::attach_kept(uds, id).await {
+                    Ok(stream) => stream,
+                    Err(e) => {
+                        tracing::warn!(vm = %self.vm.id, exec = id, error = %e, "cannot attach a kept command");
+                        continue;
+                    }
+                };
+                let ran_for = Duration::from_millis(info.elapsed_ms);
+                let kept = KeptCommand { uds: uds.clone(), id, ran_for };
+                let timeout = Duration::from_millis(info.keep.timeout_ms);
+                let running = serve_kept(
+                    stream,
+                    None,
+                    Stdin::Empty,
+                    timeout,
+                    info.keep.output_limit,
+                    Some(kept),
+                );
+                work.execs.push(RecoveredExec {
+                    exec_id: id,
+                    argv: info.argv,
+                    output: Vec::new(),
+                    gap: info.gap,
+                    running: Some(running),
+                    exit: None,
+                });
+            }
+            work
+        })
+    }
 }
 
 impl From<VmTierError> for SandboxError {
@@ -205,6 +293,7 @@ impl From<VmTierError> for SandboxError {
             }
             e @ VmTierError::ReplyTooLarge { .. } => SandboxError::TooLarge(e.to_string()),
             e @ VmTierError::Paused => SandboxError::Conflict(e.to_string()),
+            VmTierError::Lost(why) => SandboxError::Lost(why),
             other => SandboxError::Internal(brig_core::sandbox::chain(&other)),
         }
     }
@@ -230,6 +319,7 @@ mod tests {
             assert!(!caps.supports(Op::Terminal));
             assert!(!caps.supports(Op::ExecAsUser));
             assert_eq!(caps.pause, PauseKind::Snapshot);
+            assert_eq!(caps.persistence, Persistence::Machine);
         }
         assert!(FULLVM_CAPS.supports(Op::Egress) && !MICROVM_CAPS.supports(Op::Egress));
     }

@@ -1,48 +1,42 @@
 //! VMs a tier's directory still has files for: `<id>.pid` (and `.sock`, `.ctl`, `.log`,
 //! `.disk`) and, while it runs, the `brig-vmm` process serving it. A node finds those whose
-//! sandbox it no longer has ([`stray_vms`]) and stops and removes them ([`remove_vm`]).
+//! sandbox it no longer has ([`VmTier::stray_vms`]) and stops and removes them
+//! ([`remove_vm`]). Environment snapshots (`env-*`) are the tier's own and not listed.
 
 use std::collections::HashSet;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use crate::VmTier;
+use crate::{VmTier, VmmId};
 
 /// The files a VM has in its tier's directory, by extension.
 const VM_FILES: [&str; 5] = ["pid", "sock", "ctl", "log", "disk"];
 
-/// Ids of the VMs with a pid file in `dir`.
+/// Ids of the VMs (sandboxes and warm VMMs, not environment snapshots) with files in `dir`.
 pub fn vm_ids(dir: &Path) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    entries
+    let mut ids: Vec<String> = entries
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "pid"))
+        .filter(|p| p.extension().is_some_and(|e| VM_FILES.iter().any(|ext| e == *ext)))
         .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
-        .collect()
+        .filter(|id| !id.starts_with("env-"))
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
 }
 
-/// The pid of the `brig-vmm` serving VM `id` of `dir`, if it runs: only a VMM serving this
-/// VM's socket, or a warm one of this tier (its command line names the directory), so a
-/// reused pid is never taken for it.
-pub fn vmm_of(dir: &Path, id: &str) -> Option<i32> {
-    let text = std::fs::read_to_string(dir.join(format!("{id}.pid"))).ok()?;
-    let pid: i32 = text.trim().parse().ok()?;
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let cmdline = String::from_utf8_lossy(&cmdline);
-    let dir_text = dir.to_string_lossy();
-    let ours = cmdline.contains(&format!("{id}.sock"))
-        || (cmdline.contains("standby") && cmdline.contains(dir_text.as_ref()));
-    (cmdline.contains("brig-vmm") && ours).then_some(pid)
+/// The `brig-vmm` serving VM `id` of `dir`, if it runs: the process its pid file names, with
+/// the start time recorded there, so a reused pid is never taken for it.
+pub fn vmm_of(dir: &Path, id: &str) -> Option<VmmId> {
+    VmmId::read(&dir.join(format!("{id}.pid"))).filter(VmmId::alive)
 }
 
 /// Stops VM `id`'s VMM, if it runs, and removes its files.
 pub fn remove_vm(dir: &Path, id: &str) {
-    if let Some(pid) = vmm_of(dir, id) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
+    if let Some(vmm) = vmm_of(dir, id) {
+        vmm.kill();
     }
     for ext in VM_FILES {
         let _ = std::fs::remove_file(dir.join(format!("{id}.{ext}")));
@@ -58,20 +52,23 @@ pub struct StrayVm {
 
 impl VmTier {
     /// Sandbox VMs (ids `sb-…`; snapshot and warm VMs are the tier's own) with files in this
-    /// tier's directory that are not in `live`, leaving out any whose pid file is younger than
+    /// tier's directory that are not in `live`, leaving out any with a file younger than
     /// `min_age`.
     pub fn stray_vms(&self, live: &HashSet<String>, min_age: Duration) -> Vec<StrayVm> {
         let dir = &self.cfg.dir;
         let now = SystemTime::now();
         let mut out = Vec::new();
         for id in vm_ids(dir).into_iter().filter(|id| id.starts_with("sb-") && !live.contains(id)) {
-            let pid_file = dir.join(format!("{id}.pid"));
-            let born = std::fs::metadata(&pid_file).and_then(|m| m.modified()).ok();
-            if born.is_some_and(|t| now.duration_since(t).unwrap_or_default() < min_age) {
+            let touched = VM_FILES
+                .iter()
+                .filter_map(|ext| std::fs::symlink_metadata(dir.join(format!("{id}.{ext}"))).ok())
+                .filter_map(|m| m.modified().ok())
+                .max();
+            if touched.is_some_and(|t| now.duration_since(t).unwrap_or_default() < min_age) {
                 continue;
             }
             let mut parts: Vec<String> = vmm_of(dir, &id)
-                .map(|pid| format!("process {pid} (brig-vmm)"))
+                .map(|vmm| format!("process {} (brig-vmm)", vmm.pid))
                 .into_iter()
                 .collect();
             parts.extend(

@@ -13,9 +13,10 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
 mod containers;
+mod kept;
 mod session;
 
-use brig_vmm_api::agent::{self, AgentRequest, ProcessRun};
+use brig_vmm_api::agent::{self, AgentRequest, KeepExec, ProcessRun};
 use nix::sys::socket::{
     accept, bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, VsockAddr,
 };
@@ -168,7 +169,23 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
     };
     match request {
         AgentRequest::Container { request } => containers::serve(request, reader, out),
-        AgentRequest::Exec { process, stdin_frames } => exec(&process, stdin_frames, reader, &out),
+        AgentRequest::Exec { process, stdin_frames, keep } => {
+            exec(&process, stdin_frames, keep, reader, &out)
+        }
+        AgentRequest::Kept {} => {
+            // One frame per command: a frame's cap is never reached however many there are.
+            for info in kept::list() {
+                frame(&out, agent::STDOUT, &serde_json::to_vec(&info).unwrap_or_default())?;
+            }
+            done(&out, Ok(()))
+        }
+        AgentRequest::Attach { id } => kept::attach(id, reader, &out),
+        AgentRequest::Kill { id } => done(
+            &out,
+            kept::kill(id).then_some(()).ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::NotFound, format!("no kept command {id}"))
+            }),
+        ),
         AgentRequest::Session { process } => match session::serve(reader, out.clone(), &process) {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -184,10 +201,12 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
     }
 }
 
-/// Runs `process` with its output as frames and its status last.
+/// Runs `process` with its output as frames and its status last; with `keep`, it outlives
+/// the connection and its output and status are kept (see `kept`).
 fn exec(
     process: &ProcessRun,
     stdin_frames: bool,
+    keep: Option<KeepExec>,
     reader: BufReader<std::fs::File>,
     out: &Arc<Mutex<std::fs::File>>,
 ) -> std::io::Result<()> {
@@ -209,19 +228,32 @@ fn exec(
         }
     };
     // When the host hangs up (its timeout, or it went away), the command and everything it
-    // started are killed. With streamed stdin, the same reader feeds it first.
-    let group = nix::unistd::Pid::from_raw(-(child.id() as i32));
+    // started are killed, unless it is kept. With streamed stdin, the same reader feeds it
+    // first (a kept command's stdin ends with the connection).
+    let group_id = child.id() as i32;
+    let kept = keep.and_then(|keep| kept::register(keep, &process.argv, group_id));
+    let kill_on_hangup = kept.is_none();
+    let group = nix::unistd::Pid::from_raw(-group_id);
     let stdin = child.stdin.take();
     feed_until_hangup(reader, stdin, move || {
-        let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
+        if kill_on_hangup {
+            let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
+        }
     });
     let pipes: Vec<(u8, Box<dyn Read + Send>)> = vec![
         (agent::STDOUT, Box::new(child.stdout.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),
         (agent::STDERR, Box::new(child.stderr.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),
     ];
-    pump(pipes, out);
-    let status = child.wait()?;
-    frame(out, agent::EXIT, &exit_code(status).to_le_bytes())
+    pump(pipes, out, kept.clone());
+    let status = exit_code(child.wait()?);
+    if let Some(kept) = &kept {
+        kept.finish(agent::EXIT, status);
+    }
+    frame(out, agent::EXIT, &status.to_le_bytes())?;
+    if let Some(kept) = kept {
+        kept.delivered();
+    }
+    Ok(())
 }
 
 /// Feeds `stdin` (if any) from the connection's IN_STDIN frames until an empty one, then
@@ -291,19 +323,29 @@ fn enter_root(command: &mut Command, root: std::ffi::CString, cwd: std::ffi::CSt
     }
 }
 
-/// Sends what each pipe produces as frames of its kind until every pipe is closed.
-fn pump(pipes: Vec<(u8, Box<dyn Read + Send>)>, out: &Arc<Mutex<std::fs::File>>) {
+/// Sends what each pipe produces as frames of its kind until every pipe is closed. A kept
+/// command's output is kept as well, and read on after the host hangs up.
+fn pump(
+    pipes: Vec<(u8, Box<dyn Read + Send>)>,
+    out: &Arc<Mutex<std::fs::File>>,
+    kept: Option<Arc<kept::KeptExec>>,
+) {
     let pumps: Vec<_> = pipes
         .into_iter()
         .map(|(kind, mut pipe)| {
-            let out = out.clone();
+            let (out, kept) = (out.clone(), kept.clone());
             std::thread::spawn(move || {
                 let mut buf = [0u8; 16 << 10];
+                let mut connected = true;
                 loop {
                     match pipe.read(&mut buf) {
                         Ok(0) | Err(_) => break,
                         Ok(n) => {
-                            if frame(&out, kind, &buf[..n]).is_err() {
+                            if let Some(kept) = &kept {
+                                kept.record(kind, &buf[..n]);
+                            }
+                            connected = connected && frame(&out, kind, &buf[..n]).is_ok();
+                            if !connected && kept.is_none() {
                                 break;
                             }
                         }

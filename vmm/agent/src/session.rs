@@ -119,6 +119,6 @@ impl Relay {
             (agent::STDERR, Box::new(stderr)),
             (agent::SESSION_DONE, Box::new(done)),
         ];
-        crate::pump(pipes, out);
+        crate::pump(pipes, out, None);
     }
 }

@@ -16,7 +16,10 @@
 //!
 //! A command's argv, environment and working directory travel as data and reach `execve` as
 //! they are: nothing is spliced into a shell line. A host hang-up kills what the request
-//! started. The host reads every reply with a byte cap and a deadline (`brig_vmtier`).
+//! started, except a command started with `keep`: the agent keeps it running and keeps its
+//! output (up to [`MAX_KEPT_OUTPUT`]) and status under the host's id, so a restarted host
+//! lists them (`kept`), reads each again from its first byte (`attach`) and stops one
+//! (`kill`). The host reads every reply with a byte cap and a deadline (`brig_vmtier`).
 
 use std::io::{Read, Write};
 
@@ -74,8 +77,21 @@ impl ProcessRun {
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum AgentRequest {
     /// Starts a process; `stdin_frames`: its stdin comes as IN_STDIN frames (otherwise it is
-    /// empty).
-    Exec { process: ProcessRun, stdin_frames: bool },
+    /// empty); `keep`: it outlives the connection (see the module's text).
+    Exec {
+        process: ProcessRun,
+        stdin_frames: bool,
+        #[serde(default)]
+        keep: Option<KeepExec>,
+    },
+    /// Commands kept (started with `keep`) and not yet read to their end: one STDOUT frame,
+    /// a JSON list of [`KeptInfo`], then EXIT 0.
+    Kept {},
+    /// A kept command's output from its first byte, then what it writes next, then its
+    /// EXIT; EXIT 1 with a message when the agent keeps no such command.
+    Attach { id: u64 },
+    /// Kills a kept command's process group.
+    Kill { id: u64 },
     /// Stirs `seed_hex` into the guest's random pool and makes the CRNG reseed, so VMs resumed
     /// from one snapshot stop sharing a random stream.
     Seed { seed_hex: String },
@@ -88,6 +104,36 @@ pub enum AgentRequest {
     Session { process: ProcessRun },
     /// A request for the container service of a container-host VM.
     Container { request: ContainerRequest },
+}
+
+/// Output the agent keeps per kept command; past it, output still goes to a connected host
+/// but is not kept (a later attach reports the gap).
+pub const MAX_KEPT_OUTPUT: usize = 8 << 20;
+/// Commands the agent keeps at once; past it, a command runs as if not kept.
+pub const MAX_KEPT: usize = 1024;
+
+/// Asks the agent to keep a command across the host's restarts, under the host's `id`, with
+/// its deadline and output cap (a restarted host enforces them again).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct KeepExec {
+    pub id: u64,
+    pub timeout_ms: u64,
+    pub output_limit: u64,
+}
+
+/// One kept command, as `kept` lists it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct KeptInfo {
+    pub keep: KeepExec,
+    /// Its argv, at most 16 arguments of at most 256 bytes each (enough to name it).
+    pub argv: Vec<String>,
+    /// Since it started.
+    pub elapsed_ms: u64,
+    pub ended: bool,
+    /// Output past [`MAX_KEPT_OUTPUT`] was not kept.
+    pub gap: bool,
 }
 
 /// A request or frame the other side cannot take.
@@ -175,6 +221,7 @@ mod tests {
                 cwd: Some("/tmp/a b".into()),
             },
             stdin_frames: true,
+            keep: Some(KeepExec { id: 3, timeout_ms: 60_000, output_limit: 1 << 20 }),
         }
     }
 
@@ -193,6 +240,9 @@ mod tests {
             AgentRequest::Seed { seed_hex: "00ff".into() },
             AgentRequest::Put { path: "/a b".into(), len: 5 },
             AgentRequest::Get { path: "/etc/x".into() },
+            AgentRequest::Kept {},
+            AgentRequest::Attach { id: 9 },
+            AgentRequest::Kill { id: 9 },
             AgentRequest::Container { request: ContainerRequest::Destroy { name: "sb-1".into() } },
         ] {
             assert_eq!(AgentRequest::read(&mut &request.to_frame()[..]).expect("r"), request);

@@ -44,7 +44,7 @@ proptest! {
     #[test]
     fn exec_and_session_requests_carry_their_strings_unchanged(run in process(), stdin in any::<bool>()) {
         for request in [
-            AgentRequest::Exec { process: run.clone(), stdin_frames: stdin },
+            AgentRequest::Exec { process: run.clone(), stdin_frames: stdin, keep: None },
             AgentRequest::Session { process: run.clone() },
         ] {
             let back = AgentRequest::read(&mut &request.to_frame()[..]).expect("round trip");

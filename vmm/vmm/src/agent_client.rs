@@ -33,7 +33,9 @@ pub fn exec(uds: &Path, port: u32, command: &str) -> Result<i32, AgentError> {
         return Err(AgentError::Refused(port));
     }
     let process = agent::ProcessRun::shell(command);
-    stream.write_all(&agent::AgentRequest::Exec { process, stdin_frames: false }.to_frame())?;
+    stream.write_all(
+        &agent::AgentRequest::Exec { process, stdin_frames: false, keep: None }.to_frame(),
+    )?;
     loop {
         let Ok((kind, data)) = agent::read_frame(&mut reader) else {
             return Err(AgentError::Refused(port));

@@ -247,8 +247,10 @@ fn main() -> anyhow::Result<()> {
         boot_limit: std::time::Duration::from_secs(180),
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let restart_cfg = cfg.clone();
     rt.block_on(async {
         let tier = VmTier::open(cfg)?;
+        tier.remove_orphans(&[]);
         println!("BRIG-VMTIER-OK tier open on {}", tier.virtualization().as_str());
         let t = std::time::Instant::now();
         let a = tier.create("vm-a", &[]).await?;
@@ -334,34 +336,73 @@ fn main() -> anyhow::Result<()> {
         anyhow::ensure!(out.stdout == b"still-here\n", "vm-b after vm-a's destroy: {out:?}");
         tier.destroy(&b).await;
         println!("BRIG-VMTIER-OK destroy reaps the VMM and removes its socket");
-        // A daemon that dies without destroying its VMs: the next one stops the strays.
-        let stray = tier.create("vm-stray", &[]).await?;
-        let stray_pid = stray.pid().ok_or_else(|| anyhow::anyhow!("no pid"))?;
-        std::mem::forget(stray);
-        drop(tier);
-        anyhow::ensure!(
-            std::path::Path::new(&format!("/proc/{stray_pid}")).exists(),
-            "stray gone too early"
-        );
-        let _next = VmTier::open(VmTierConfig {
-            vmm: std::env::current_exe()?.with_file_name("brig-vmm"),
-            kernel: args[1].clone().into(),
-            initrd: args[2].clone().into(),
-            cmdline: args[3].clone(),
-            mem_mib: 256,
-            vcpus: 2,
-            dir: args[4].clone().into(),
-            ksm: false,
-            warm: 0,
-            root_image: None,
-            boot_limit: std::time::Duration::from_secs(180),
-        })?;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let status = std::fs::read_to_string(format!("/proc/{stray_pid}/stat")).unwrap_or_default();
-        let gone = status.is_empty() || status.contains(") Z ");
-        anyhow::ensure!(gone, "the stray VMM {stray_pid} still runs: {status}");
-        anyhow::ensure!(!dir_has(&args[4], "vm-stray"), "the stray's files were left behind");
-        println!("BRIG-VMTIER-OK a restarted tier stops VMMs its predecessor left");
-        anyhow::Ok(())
+        restart_steps(tier, restart_cfg).await
     })
+}
+
+/// A daemon that dies without destroying its VMs: the next one adopts the VMs it recorded (a
+/// running one keeps its VMM and guest state, a paused one resumes on demand), refuses a pid
+/// file it cannot prove, reuses the environment snapshot, and stops the VMM no record claims.
+async fn restart_steps(tier: VmTier, cfg: VmTierConfig) -> anyhow::Result<()> {
+    let limit = Duration::from_secs(30);
+    let dir = cfg.dir.clone();
+    let kept = tier.create("vm-kept", &[]).await?;
+    let state = tier.exec(&kept, "echo kept-$$ > /tmp/state; cat /tmp/state", limit).await?.stdout;
+    let paused = tier.create("vm-paused", &[]).await?;
+    tier.exec(&paused, "echo paused-state > /tmp/state", limit).await?;
+    tier.pause(&paused).await?;
+    let stray = tier.create("vm-stray", &[]).await?;
+    let (kept_record, paused_record) = (kept.record(), paused.record());
+    let (kept_pid, stray_pid) = (kept.pid(), stray.pid().ok_or_else(|| anyhow::anyhow!("no pid"))?);
+    let marker = std::fs::read_dir(&dir)?
+        .flatten()
+        .map(|e| e.path().join("made-for"))
+        .find(|p| p.exists())
+        .ok_or_else(|| anyhow::anyhow!("no environment snapshot marker"))?;
+    let marker_made = std::fs::metadata(&marker)?.modified()?;
+    // The daemon dies: nothing is destroyed.
+    for vm in [kept, paused, stray] {
+        std::mem::forget(vm);
+    }
+    drop(tier);
+    // A pid file naming the kept VM's VMM for a VM that VMM does not serve.
+    std::fs::copy(dir.join("vm-kept.pid"), dir.join("vm-forged.pid"))?;
+    let next = VmTier::open(cfg)?;
+    let forged = next.adopt("vm-forged", &kept_record).await;
+    anyhow::ensure!(matches!(forged, Err(VmTierError::Lost(_))), "forged: {forged:?}");
+    let kept = next.adopt("vm-kept", &kept_record).await?;
+    anyhow::ensure!(
+        kept.pid() == kept_pid && kept.is_running(),
+        "vm-kept adopted as {:?}",
+        kept.pid()
+    );
+    let paused = next.adopt("vm-paused", &paused_record).await?;
+    anyhow::ensure!(paused.is_paused() && paused.pid().is_none(), "vm-paused not paused");
+    next.remove_orphans(&["vm-kept".to_string(), "vm-paused".to_string()]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let status = std::fs::read_to_string(format!("/proc/{stray_pid}/stat")).unwrap_or_default();
+    anyhow::ensure!(status.is_empty() || status.contains(") Z "), "the stray VMM runs: {status}");
+    let dir_text = dir.to_string_lossy();
+    for gone in ["vm-stray", "vm-forged"] {
+        anyhow::ensure!(!dir_has(&dir_text, gone), "{gone}'s files were left behind");
+    }
+    anyhow::ensure!(kept.is_running(), "the adopted VMM was stopped with the strays");
+    let again = next.exec(&kept, "cat /tmp/state", limit).await?.stdout;
+    anyhow::ensure!(again == state, "vm-kept's guest state: {again:?} vs {state:?}");
+    next.resume(&paused).await?;
+    let out = next.exec(&paused, "cat /tmp/state", limit).await?.stdout;
+    anyhow::ensure!(out == b"paused-state\n", "vm-paused after resume: {out:?}");
+    let fresh = next.create("vm-fresh", &[]).await?;
+    anyhow::ensure!(
+        std::fs::metadata(&marker)?.modified()? == marker_made,
+        "the environment snapshot was made again"
+    );
+    for vm in [&kept, &paused, &fresh] {
+        next.destroy(vm).await;
+    }
+    let saved = dir.join("saved");
+    let left = std::fs::read_dir(&saved).map(|d| d.flatten().count()).unwrap_or(0);
+    anyhow::ensure!(left == 0, "{left} saved snapshots left after destroy");
+    println!("BRIG-VMTIER-OK a restarted tier adopts the VMs it recorded and stops the rest");
+    Ok(())
 }
