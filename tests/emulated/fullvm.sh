@@ -20,8 +20,10 @@ mkdir -p /run/netns /srv/www && echo "hello from the allowed service" > /srv/www
 /bin/ip netns exec remote busybox httpd -p 8080 -h /srv/www && /bin/ip netns exec remote busybox httpd -p 8081 -h /srv/www || echo "BRIG-L1-FULLVM no remote service"
 printf '[fullvm]\nimage = "/dev/vda"\nkernel = "%s"\ninitrd = "%s"\nvmm = "/bin/brig-vmm"\nboot_limit_s = 420\n' "$k" "$i" > /etc/brigd.toml
 export BRIG_STATE_DIR=/tmp/brig
-/bin/brigd --config /etc/brigd.toml --listen 10.0.2.15:7070 --metrics off --on-exit destroy --log warn \
-    --egress-service web=10.77.0.2:8080 &
+brigd_flags="--config /etc/brigd.toml --listen 10.0.2.15:7070 --metrics off --on-exit destroy \
+    --log warn --egress-service web=10.77.0.2:8080"
+/bin/brigd $brigd_flags &
+brigd=$!
 n=0; until [ -e /tmp/brig/endpoint.json ] || [ $n -ge 300 ]; do sleep 0.2; n=$((n + 1)); done
 # brig-bench fullvm (brig.l1=fullvm-bench brig.bench.count=N): boots and measures, then stops.
 if grep -q brig.l1=fullvm-bench /proc/cmdline; then
@@ -30,6 +32,14 @@ if grep -q brig.l1=fullvm-bench /proc/cmdline; then
     reboot -f
 fi
 . /announce.sh
+# The test asks for a crash: brigd is killed (kill -9) and started again; the new one adopts
+# the running full VM with its network. Removing the phase=restart marker says it is back.
+wait_label restart 6000
+kill -9 $brigd
+echo "BRIG-L1-FULLVM brigd killed"
+/bin/brigd $brigd_flags &
+n=0; until /bin/brig ls >/dev/null 2>&1 || [ $n -ge 900 ]; do sleep 0.2; n=$((n + 1)); done
+/bin/brig rm --label phase=restart >/dev/null && echo "BRIG-L1-FULLVM brigd restarted"
 wait_label done 6000
 # What the removed sandboxes left: disks, control sockets, network namespaces.
 left=$(ls /tmp/brig/fullvm 2>/dev/null | grep -c -e '\.disk$' -e '\.sock$')

@@ -5,6 +5,7 @@
 //! `cargo build --workspace --bins` before the tests (`scripts/test.sh` does).
 #![forbid(unsafe_code)]
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -100,6 +101,14 @@ impl Daemon {
         extra_args: &[&str],
     ) -> anyhow::Result<Daemon> {
         let log = state.path().join("brigd.log");
+        // Which test each daemon served, so what a run leaves on the host (named by the
+        // daemon's tag, a hash of its state directory) can be traced to its test.
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let test = format!("{} {}", std::thread::current().name().unwrap_or("?"), args.join(" "));
+        let ledger = std::env::temp_dir().join("brig-test-daemons.log");
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(ledger) {
+            let _ = writeln!(f, "{} {test}", state.path().display());
+        }
         let mut extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
         if !extra_args.iter().any(|a| a == "--on-exit") {
             extra_args.extend(["--on-exit".to_string(), "destroy".to_string()]);

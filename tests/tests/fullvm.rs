@@ -42,6 +42,7 @@ fn a_debian_vm_boots_systemd_serves_postgres_and_forks_inside_an_emulated_host()
         Ok(report) => println!("{report}"),
         Err(e) => panic!("driving brigd in the emulated host failed: {e}\n{log}"),
     }
+    assert!(has("BRIG-L1-FULLVM brigd restarted"), "brigd was not restarted:\n{log}");
     // Counted by the emulated host after the test destroyed everything it made.
     assert!(has("BRIG-L1-FULLVM leftovers=0 netns=0"), "a removed VM left something:\n{log}");
 }
@@ -166,6 +167,27 @@ async fn drive_from_outside(client: Client) -> Result<String, String> {
     }
     report.push_str(&format!("forked: {} runs the database, hostnames {hosts:?}\n", child.id()));
     child.destroy().await.map_err(e("destroy the child"))?;
+    // brigd is killed (kill -9) and restarted in the emulated host: the VM is adopted with
+    // its running service, its files and its network (egress rules included).
+    let marker = client
+        .create(SandboxOptions::fncall().label("phase", "restart"))
+        .await
+        .map_err(e("create the restart marker"))?;
+    let asked = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        client.close().await;
+        match marker.status().await {
+            Err(err) if err.code() == Some(brig_sdk::ErrorCode::NotFound) => break,
+            _ if asked.elapsed() > Duration::from_secs(900) => {
+                return Err("brigd did not come back after its kill".into());
+            }
+            _ => {}
+        }
+    }
+    expect(&sb, "after brigd's restart", alive, carried).await?;
+    expect(&sb, "the service after brigd's restart", WEB, PAGE).await?;
+    report.push_str("brigd killed and restarted: the VM was adopted with service and network\n");
     sb.destroy().await.map_err(e("destroy"))?;
     client
         .create(SandboxOptions::fncall().label("phase", "done"))

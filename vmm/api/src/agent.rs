@@ -81,7 +81,8 @@ pub enum AgentRequest {
     Exec {
         process: ProcessRun,
         stdin_frames: bool,
-        #[serde(default)]
+        /// Left out when none, so an agent older than `keep` still runs plain commands.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         keep: Option<KeepExec>,
     },
     /// Commands kept (started with `keep`) and not yet read to their end: one STDOUT frame,
