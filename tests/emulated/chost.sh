@@ -12,7 +12,8 @@ export BRIG_STATE_DIR=/tmp/brig
 n=0; until [ -e /tmp/brig/endpoint.json ] || [ $n -ge 300 ]; do sleep 0.2; n=$((n + 1)); done
 . /announce.sh
 wait_label kill-host 2400
-pid=$(cat /tmp/brig/container-host/chost-0.pid 2>/dev/null)
+# The pid file holds the pid and its start time.
+pid=$(cut -d" " -f1 /tmp/brig/container-host/chost-0.pid 2>/dev/null)
 [ -n "$pid" ] && kill -9 "$pid" && echo "BRIG-L1-CHOST killed chost-0 pid=$pid"
 wait_label done 2400
 echo "BRIG-L1-OUTSIDE-DONE"

@@ -27,12 +27,18 @@ pub fn pipe_name(end: &OwnedFd) -> Option<String> {
     Some(format!("pipe:[{}]", stat.st_ino))
 }
 
-/// Syscalls a shell waits for input in, besides `read`.
+/// Syscalls a shell waits for input in, besides `read`. A poll that a stop or a freeze
+/// interrupted (a pause of the sandbox) goes on as `restart_syscall`.
 #[cfg(target_arch = "x86_64")]
-const WAIT_SYSCALLS: [i64; 4] =
-    [libc::SYS_poll, libc::SYS_ppoll, libc::SYS_select, libc::SYS_pselect6];
+const WAIT_SYSCALLS: [i64; 5] = [
+    libc::SYS_poll,
+    libc::SYS_ppoll,
+    libc::SYS_select,
+    libc::SYS_pselect6,
+    libc::SYS_restart_syscall,
+];
 #[cfg(not(target_arch = "x86_64"))]
-const WAIT_SYSCALLS: [i64; 2] = [libc::SYS_ppoll, libc::SYS_pselect6];
+const WAIT_SYSCALLS: [i64; 3] = [libc::SYS_ppoll, libc::SYS_pselect6, libc::SYS_restart_syscall];
 
 /// Whether the session shell `pid` is blocked reading its next command: waiting on fd 0 (in
 /// `read` of it, or polling) with fd 0 being the command pipe whose write end is `commands` (the driver reads commands
@@ -159,5 +165,47 @@ impl SessionJournal {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    use std::time::{Duration, Instant};
+
+    /// Waits up to 5 s for the probe to say `want`.
+    fn probe_says(pid: i32, pipe: &str, want: bool) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if shell_waits_for_command(pid, pipe, 1) == want {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    /// A shell waiting for its next command is seen as idle, also after a stop and continue
+    /// (what a pause and resume of its sandbox does), when its poll goes on as
+    /// `restart_syscall`; a chaos run found a session stuck as running after exactly that.
+    #[test]
+    fn a_shell_polling_for_input_is_idle_also_after_a_stop() {
+        let (read, _write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
+        let pipe = pipe_name(&read).expect("pipe name");
+        let mut shell = std::process::Command::new("busybox")
+            .args(["sh", "-c", "read -r line"])
+            .stdin(std::process::Stdio::from(read))
+            .spawn()
+            .expect("busybox sh");
+        let pid = i32::try_from(shell.id()).expect("pid");
+        assert!(probe_says(pid, &pipe, true), "{}", shell_state(pid));
+        kill(Pid::from_raw(pid), Signal::SIGSTOP).expect("stop");
+        std::thread::sleep(Duration::from_millis(50));
+        kill(Pid::from_raw(pid), Signal::SIGCONT).expect("continue");
+        assert!(probe_says(pid, &pipe, true), "after a stop: {}", shell_state(pid));
+        let _ = shell.kill();
+        let _ = shell.wait();
     }
 }
