@@ -47,7 +47,9 @@ impl VmTier {
              ip addr add {}/30 dev $dev && ip link set $dev up && ip route add default via {}",
             guest.addr, guest.gateway
         );
-        let out = self.exec(vm, &script, Duration::from_secs(30)).await?;
+        // Part of the boot: a slow host (an emulated one under load) gets the boot's limit.
+        let limit = self.cfg.boot_limit.max(Duration::from_secs(30));
+        let out = self.exec(vm, &script, limit).await?;
         if out.exit_code != 0 {
             return Err(VmTierError::Agent(format!(
                 "configuring the guest's network: {}",
