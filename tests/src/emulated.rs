@@ -182,3 +182,24 @@ pub fn run(mut cmd: Command, limit: Duration, report: &str) -> (String, std::pro
     keep_report(report, &log);
     (log, status)
 }
+
+/// Waits until the emulated host has killed and restarted brigd, which it says by removing
+/// `marker` once the new brigd serves; the client reconnects on every try. Fails after 15
+/// minutes.
+pub async fn wait_for_restart(
+    client: &brig_sdk::Client,
+    marker: &brig_sdk::Sandbox,
+) -> Result<(), String> {
+    let asked = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        client.close().await;
+        match marker.status().await {
+            Err(err) if err.code() == Some(brig_sdk::ErrorCode::NotFound) => return Ok(()),
+            _ if asked.elapsed() > Duration::from_secs(900) => {
+                return Err("brigd did not come back after its kill".into());
+            }
+            _ => {}
+        }
+    }
+}

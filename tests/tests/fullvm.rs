@@ -173,18 +173,7 @@ async fn drive_from_outside(client: Client) -> Result<String, String> {
         .create(SandboxOptions::fncall().label("phase", "restart"))
         .await
         .map_err(e("create the restart marker"))?;
-    let asked = Instant::now();
-    loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        client.close().await;
-        match marker.status().await {
-            Err(err) if err.code() == Some(brig_sdk::ErrorCode::NotFound) => break,
-            _ if asked.elapsed() > Duration::from_secs(900) => {
-                return Err("brigd did not come back after its kill".into());
-            }
-            _ => {}
-        }
-    }
+    emulated::wait_for_restart(&client, &marker).await?;
     expect(&sb, "after brigd's restart", alive, carried).await?;
     expect(&sb, "the service after brigd's restart", WEB, PAGE).await?;
     report.push_str("brigd killed and restarted: the VM was adopted with service and network\n");

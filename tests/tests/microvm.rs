@@ -250,19 +250,7 @@ async fn check_adoption(client: &Client) -> Result<(), String> {
     paused.pause().await.map_err(e("pause"))?;
     let doomed = client.create(vm().label("role", "doomed")).await.map_err(e("create"))?;
     let marker = client.create(vm().label("phase", "restart")).await.map_err(e("create"))?;
-    // The emulated host removes the marker once the new brigd serves.
-    let started = std::time::Instant::now();
-    loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        client.close().await;
-        match marker.status().await {
-            Err(err) if err.code() == Some(brig_sdk::ErrorCode::NotFound) => break,
-            _ if started.elapsed() > Duration::from_secs(900) => {
-                return Err("brigd did not come back after its kill".into());
-            }
-            _ => {}
-        }
-    }
+    emulated::wait_for_restart(client, &marker).await?;
     let out = running
         .exec(["sh", "-c", "cat /tmp/state; kill -0 $(cat /tmp/bg) && echo bg-alive"])
         .await
