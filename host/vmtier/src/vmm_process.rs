@@ -37,16 +37,18 @@ impl VmmId {
         Some(VmmId { pid, start })
     }
 
-    /// Whether this process still runs: the pid has the same start time and is not a zombie.
+    /// Whether this process still runs: the pid has the same start time and is not a zombie
+    /// (one read of its stat: requests to a VM ask this first).
     pub fn alive(&self) -> bool {
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) else {
             return false;
         };
-        // The state follows the command name's closing parenthesis; Z is a zombie.
-        let state_ok = stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X']));
-        state_ok && VmmId::of(self.pid) == Some(*self)
+        // After the command name's closing parenthesis: the state (Z is a zombie) first, the
+        // start time 20 fields on (field 22 of the whole line).
+        let Some((_, rest)) = stat.rsplit_once(')') else { return false };
+        let mut fields = rest.split_whitespace();
+        let running = fields.next().is_some_and(|state| !matches!(state, "Z" | "X"));
+        running && fields.nth(18).and_then(|s| s.parse().ok()) == Some(self.start)
     }
 
     /// SIGKILL, only if it is still this process.
