@@ -220,6 +220,11 @@ async fn protected_paths_hold_and_evaluation_forks_reveal_them() {
         .await
         .expect_err("missing path");
     assert!(missing.to_string().contains("/no/such/path"), "{missing}");
+    // A refused create leaves nothing mounted (live containers hold their mounts in their own
+    // namespaces, not the host's).
+    let mounts: Vec<String> =
+        daemon.leaks().into_iter().filter(|l| l.starts_with("mount ")).collect();
+    assert!(mounts.is_empty(), "a refused create left mounts: {mounts:?}");
 }
 
 #[tokio::test]

@@ -190,8 +190,32 @@ impl Rootfs {
             .create(dir)
             .map_err(io("create", dir))?;
         let mut rootfs = Rootfs { dir: dir.to_owned(), upper: None, upper_link: None };
+        // A step that fails (a protected path missing from the image, a full disk while a
+        // fork's layer is copied) leaves nothing mounted or on disk.
+        match rootfs.fill(layers, disk_bytes, owner, hostname, seed, protect) {
+            Ok(()) => Ok(rootfs),
+            Err(e) => {
+                let _ = rootfs.remove();
+                Err(e)
+            }
+        }
+    }
+
+    /// Mounts and fills an assembled rootfs's directory (see [`Rootfs::assemble`]).
+    fn fill(
+        &mut self,
+        layers: &[PathBuf],
+        disk_bytes: u64,
+        owner: u32,
+        hostname: &str,
+        seed: Option<&Path>,
+        protect: &crate::protect::Protections,
+    ) -> Result<(), RootfsError> {
+        use std::os::unix::fs::DirBuilderExt;
+        let dir = self.dir.clone();
+        let dir = dir.as_path();
         let upper_mnt = dir.join("upper");
-        let merged = rootfs.path();
+        let merged = self.path();
         for d in [&upper_mnt, &merged] {
             std::fs::create_dir_all(d).map_err(io("create", d))?;
         }
@@ -239,7 +263,7 @@ impl Rootfs {
             .map_err(mnt("mount overlay", &merged))?;
         mount(None::<&str>, &merged, None::<&str>, MsFlags::MS_PRIVATE, None::<&str>)
             .map_err(mnt("make rootfs private", &merged))?;
-        rootfs.write_identity(hostname, owner)?;
+        self.write_identity(hostname, owner)?;
         if !protect.paths.is_empty() {
             let pristine = match layers {
                 [only] => only.clone(),
@@ -274,8 +298,8 @@ impl Rootfs {
             path: upper.clone(),
             source: e.into(),
         })?;
-        rootfs.upper = Some(fd);
-        Ok(rootfs)
+        self.upper = Some(fd);
+        Ok(())
     }
 
     /// The rootfs directory of an earlier run (to re-attach to or remove it).
