@@ -81,10 +81,12 @@ impl Drop for Etcd {
 }
 
 /// etcd, control-plane replicas and nodes.
+/// Fields drop in order: nodes first (a crashed one starts again to clean up, and it reads
+/// its join token from a control plane's state directory), etcd last.
 pub struct Cluster {
-    pub etcd: Etcd,
-    pub controls: Vec<Daemon>,
     pub nodes: Vec<Daemon>,
+    pub controls: Vec<Daemon>,
+    pub etcd: Etcd,
 }
 
 impl Cluster {

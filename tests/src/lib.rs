@@ -80,6 +80,8 @@ pub struct Daemon {
     listen: String,
     /// The state directory is a tmpfs of its own (unmounted after the daemon stops).
     state_mounted: bool,
+    /// Killed by [`Daemon::crash`] and not started since: what it ran is still on the host.
+    crashed: bool,
 }
 
 impl Daemon {
@@ -120,8 +122,16 @@ impl Daemon {
             extra_args.extend(["--e2b-listen".to_string(), "127.0.0.1:0".to_string()]);
         }
         let listen = "127.0.0.1:0".to_string();
-        let mut daemon =
-            Daemon { child: None, state, extra_args, log, config_dir: None, listen, state_mounted };
+        let mut daemon = Daemon {
+            child: None,
+            state,
+            extra_args,
+            log,
+            config_dir: None,
+            listen,
+            state_mounted,
+            crashed: false,
+        };
         daemon.spawn()?;
         Ok(daemon)
     }
@@ -182,6 +192,7 @@ impl Daemon {
             .spawn()
             .context("spawning brigd")?;
         self.child = Some(child);
+        self.crashed = false;
         let deadline = Instant::now() + Duration::from_secs(60);
         while !endpoint.exists() {
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
@@ -314,6 +325,7 @@ impl Daemon {
         let Some(mut child) = self.child.take() else { bail!("not running") };
         child.kill()?;
         child.wait()?;
+        self.crashed = true;
         Ok(())
     }
 
@@ -329,7 +341,8 @@ impl Daemon {
 
 impl Drop for Daemon {
     /// Stops cleanly (SIGTERM: mounts released), killing if that fails. A daemon that keeps its
-    /// containers across exits is started once more with `--on-exit destroy` to remove them.
+    /// containers across exits, or one left crashed, is started once more with
+    /// `--on-exit destroy` to remove them.
     fn drop(&mut self) {
         // A failing test's daemon log outlives its state directory, for reading afterwards.
         if std::thread::panicking() {
@@ -339,13 +352,15 @@ impl Drop for Daemon {
                 eprintln!("brigd's log is kept at {}", kept.display());
             }
         }
-        if self.keeps_containers() {
-            let _ = self.stop();
+        if self.keeps_containers() || (self.crashed && self.child.is_none()) {
+            if self.child.is_some() {
+                let _ = self.stop();
+            }
             if let Some(i) = self.extra_args.iter().position(|a| a == "--on-exit") {
                 self.extra_args[i + 1] = "destroy".to_string();
             }
-            if self.spawn().is_err() {
-                return;
+            if let Err(e) = self.spawn() {
+                eprintln!("brigd did not start again to clean up: {e}");
             }
         }
         if self.child.is_some() && self.stop().is_err() {
