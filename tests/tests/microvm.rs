@@ -75,6 +75,7 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
         "two vCPUs online after restore",
         "files move in and out of the guest intact",
         "a shell session keeps its state",
+        "a kept session outlives its connection and is taken back by id",
         "each VM has its own hostname and random stream",
         "a timed-out command is killed in the guest",
         "free-page reporting: the VMM held",
@@ -225,8 +226,10 @@ async fn drive_from_outside(client: Client) -> Result<(), String> {
 
 /// brigd is killed (kill -9) in the emulated host and started again: a running microVM is
 /// adopted with its processes and memory, a command that ran through the crash is read again
-/// by id whole and with its real status, a paused one resumes on its next request, and a
-/// sandbox whose VMM was killed meanwhile answers `sandbox_lost` and can be destroyed.
+/// by id whole and with its real status, sessions answer under their ids with their state
+/// (one idle, one with a command running through the crash), a paused one resumes on its next
+/// request, and a sandbox whose VMM was killed meanwhile answers `sandbox_lost` and can be
+/// destroyed.
 async fn check_adoption(client: &Client) -> Result<(), String> {
     // A process of the guest's own (a session of its own), besides the memory.
     const ADOPTED_SETUP: &str = "echo alive-$$ > /tmp/state; \
@@ -245,6 +248,20 @@ async fn check_adoption(client: &Client) -> Result<(), String> {
         other => return Err(format!("the kept command's first event: {other:?}")),
     }
     drop(through);
+    let long = Duration::from_secs(60);
+    let idle = running.open_session().await.map_err(e("open a session"))?;
+    let setup = "mkdir -p /work && cd /work && export ROLLOUT=r7 && f() { echo fn-$1; }";
+    let out = idle.run(setup, long).await.map_err(e("session setup"))?;
+    if out.exit_code != Some(0) {
+        return Err(format!("session setup: {out:?}"));
+    }
+    let busy = running.open_session().await.map_err(e("open a second session"))?;
+    let waits = "cd /tmp; while [ ! -e /tmp/go ]; do sleep 0.1; done; echo waited";
+    let started = busy.run(waits, Duration::from_millis(300)).await.map_err(e("session run"))?;
+    if !started.is_running() {
+        return Err(format!("the session command should still run: {started:?}"));
+    }
+    let sessions = (idle.id().to_string(), busy.id().to_string());
     let paused = client.create(vm()).await.map_err(e("create"))?;
     paused.exec(["sh", "-c", "echo paused-memory > /tmp/state"]).await.map_err(e("exec"))?;
     paused.pause().await.map_err(e("pause"))?;
@@ -259,7 +276,28 @@ async fn check_adoption(client: &Client) -> Result<(), String> {
     if out.stdout != want {
         return Err(format!("the adopted VM's state: {out:?}, wanted {want:?}"));
     }
+    let listed = running.sessions().await.map_err(e("sessions after the restart"))?;
+    if !listed.contains(&sessions.0) || !listed.contains(&sessions.1) {
+        return Err(format!("sessions after the restart: {listed:?}, wanted {sessions:?}"));
+    }
+    let out = running
+        .session(&sessions.0)
+        .run("pwd; echo $ROLLOUT; f x", long)
+        .await
+        .map_err(e("session run after the restart"))?;
+    if out.stdout_text() != "/work\nr7\nfn-x\n" || out.exit_code != Some(0) {
+        return Err(format!("the idle session after the restart: {out:?}"));
+    }
     running.exec(["touch", "/tmp/go"]).await.map_err(e("touch"))?;
+    let busy = running.session(&sessions.1);
+    let out = busy.wait(long).await.map_err(e("session wait across the restart"))?;
+    if out.stdout_text() != "waited\n" || out.exit_code != Some(0) || out.cwd != "/tmp" {
+        return Err(format!("the session command that ran through the crash: {out:?}"));
+    }
+    busy.close().await.map_err(e("close a session"))?;
+    if running.sessions().await.map_err(e("sessions"))?.contains(&sessions.1) {
+        return Err("a closed session is still listed".into());
+    }
     let out = running
         .attach(through_id)
         .await

@@ -141,12 +141,12 @@ pub struct Resumed {
     pub idle_probe: Option<IdleProbe>,
     /// The nonce of a command the shell may have got without the record saying so.
     pub orphan: Option<String>,
-    /// The shell's host pid.
-    pub shell_pid: Option<i32>,
 }
 
 /// Tells whether a session's shell is between commands.
-pub type IdleProbe = Box<dyn Fn() -> bool + Send + Sync>;
+pub type IdleProbe = Box<
+    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>> + Send + Sync,
+>;
 
 /// How often a waiter on a taken-back session checks that its command is really there.
 const IDLE_PROBE_EVERY: Duration = Duration::from_millis(500);
@@ -212,34 +212,44 @@ impl Session {
             )
             .await?;
         drop((in_r, out_w, err_w, cmd_r, done_w));
-        let journal = match keep {
-            Some(keep) => {
-                let record = SessionRecord {
-                    session_id: keep.session_id,
-                    spawn_id: process.exec_id,
-                    cgroup: process.cgroup_name(),
-                    running: None,
-                    next: crate::session_journal::new_nonce(),
-                };
-                SessionJournal::create(&keep.dir, record)
-                    .inspect_err(|e| tracing::warn!(error = %e, "session not recorded"))
-                    .ok()
-                    .map(Arc::new)
-            }
-            None => None,
-        };
         let shell_pid = Some(process.pid);
+        let (spawn_id, cgroup) = (process.exec_id, process.cgroup_name());
         let parts = parts_of([cmd_w, in_w, out_r, err_r, done_r], Box::new(process))?;
+        let mut session = match keep {
+            Some(keep) => Session::recorded(parts, keep, spawn_id, cgroup),
+            None => Session::from_parts(parts),
+        };
+        session.shell_pid = shell_pid;
+        Ok(session)
+    }
+
+    /// A session over a shell that already runs [`DRIVER`], recorded in `keep.dir` so a
+    /// restarted node takes it back ([`Session::resume_parts`]); `spawn_id` and `cgroup` name
+    /// the shell for the tier (a container's shim), empty where the tier needs neither.
+    pub fn recorded(
+        parts: SessionParts,
+        keep: SessionKeep,
+        spawn_id: u64,
+        cgroup: String,
+    ) -> Session {
+        let record = SessionRecord {
+            session_id: keep.session_id,
+            spawn_id,
+            cgroup,
+            running: None,
+            next: crate::session_journal::new_nonce(),
+        };
+        let journal = SessionJournal::create(&keep.dir, record)
+            .inspect_err(|e| tracing::warn!(error = %e, "session not recorded"))
+            .ok()
+            .map(Arc::new);
         let resumed = journal.map(|journal| Resumed {
             journal,
             running: None,
             idle_probe: None,
             orphan: None,
-            shell_pid,
         });
-        let mut session = Session::with_journal(parts, resumed);
-        session.shell_pid = shell_pid;
-        Ok(session)
+        Session::with_journal(parts, resumed)
     }
 
     /// Takes back a session an earlier run of the node recorded, from the shell's pipes its
@@ -255,25 +265,35 @@ impl Session {
         // died between handing over a command (or seeing one finish) and recording it.
         let pipe = crate::session_journal::pipe_name(&fds[0])?;
         let pid = process.pid;
+        let parts = parts_of(fds, Box::new(process)).ok()?;
+        let probe: IdleProbe = Box::new(move || {
+            let idle = crate::session_journal::shell_waits_for_command(pid, &pipe, 1);
+            Box::pin(std::future::ready(idle))
+        });
+        let mut session = Session::resume_parts(parts, dir, record, probe);
+        session.shell_pid = Some(pid);
+        Some(session)
+    }
+
+    /// Takes back a recorded session whose shell's descriptors the tier got back (`parts`);
+    /// `probe` tells whether the shell waits for a command.
+    pub fn resume_parts(
+        parts: SessionParts,
+        dir: &std::path::Path,
+        record: SessionRecord,
+        probe: IdleProbe,
+    ) -> Session {
         // A command is recorded as running once the shell has it; the node may have died
         // after handing one over and before recording it: that one's nonce was the recorded
         // next, whose markers and report are then dropped (its output goes to the next
         // waiter). New commands draw a fresh nonce.
         let running = record.running.clone();
         let orphan = running.is_none().then(|| record.next.clone());
-        let parts = parts_of(fds, Box::new(process)).ok()?;
         let journal = SessionJournal::reopen(dir, record);
         journal.rotate_next();
-        let probe: IdleProbe =
-            Box::new(move || crate::session_journal::shell_waits_for_command(pid, &pipe, 1));
-        let resumed = Resumed {
-            journal: Arc::new(journal),
-            running,
-            idle_probe: Some(probe),
-            orphan,
-            shell_pid: Some(pid),
-        };
-        Some(Session::with_journal(parts, Some(resumed)))
+        let resumed =
+            Resumed { journal: Arc::new(journal), running, idle_probe: Some(probe), orphan };
+        Session::with_journal(parts, Some(resumed))
     }
 
     /// A session over a shell that already runs [`DRIVER`] with these descriptors.
@@ -282,9 +302,9 @@ impl Session {
     }
 
     fn with_journal(parts: SessionParts, resumed: Option<Resumed>) -> Session {
-        let (journal, running, idle_probe, orphan, shell_pid) = match resumed {
-            Some(r) => (Some(r.journal), r.running, r.idle_probe, r.orphan, r.shell_pid),
-            None => (None, None, None, None, None),
+        let (journal, running, idle_probe, orphan) = match resumed {
+            Some(r) => (Some(r.journal), r.running, r.idle_probe, r.orphan),
+            None => (None, None, None, None),
         };
         let (control, control_rx) = mpsc::channel(16);
         let reader = Reader {
@@ -303,7 +323,7 @@ impl Session {
             process: Mutex::new(parts.process),
             journal,
             idle_probe,
-            shell_pid,
+            shell_pid: None,
         }
     }
 
@@ -372,7 +392,10 @@ impl Session {
         loop {
             tokio::select! {
                 _ = probe.tick(), if self.idle_probe.is_some() => {
-                    let idle = self.idle_probe.as_ref().is_some_and(|p| p());
+                    let idle = match &self.idle_probe {
+                        Some(probe) => probe().await,
+                        None => false,
+                    };
                     idle_seen = if idle { idle_seen + 1 } else { 0 };
                     if idle_seen >= 2 {
                         // Nothing runs: the node died before the command reached the shell.

@@ -135,8 +135,8 @@ pub async fn attach_kept(uds: &Path, id: u64) -> Result<ExecStream, VmTierError>
     request_stream(uds, &AgentRequest::Attach { id }).await
 }
 
-/// Kills every command the agent behind `uds` keeps (best effort: a VM resumed from a saved
-/// state, whose commands' connections ended at the save).
+/// Kills every command and ends every session the agent behind `uds` keeps (best effort: a
+/// VM resumed from a saved state, whose connections ended at the save).
 pub(crate) async fn kill_all_kept(uds: &Path) {
     // Once more after a moment: a guest just restored may refuse a connection while its
     // vsock transport settles.
@@ -156,6 +156,17 @@ pub(crate) async fn kill_all_kept(uds: &Path) {
             }
         }
         Err(e) => tracing::warn!(error = %e, "cannot list a guest's kept commands"),
+    }
+    // Its kept sessions too: their connections ended at the save as well.
+    match crate::session::kept_sessions(uds).await {
+        Ok(ids) => {
+            for id in ids {
+                if let Err(e) = crate::session::close_kept_session(uds, &id).await {
+                    tracing::debug!(session = %id, error = %e, "a kept session not ended");
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot list a guest's kept sessions"),
     }
 }
 

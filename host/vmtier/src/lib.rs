@@ -688,6 +688,7 @@ impl VmTier {
         for path in [&vm.uds, &vm.control, &vm.log] {
             let _ = std::fs::remove_file(path);
         }
+        let _ = std::fs::remove_dir_all(self.sessions_dir(vm));
         if let Some(writable) = vm.disks.as_ref().and_then(|d| d.writable.as_ref()) {
             let _ = std::fs::remove_file(writable);
         }

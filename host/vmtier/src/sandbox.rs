@@ -144,7 +144,12 @@ impl Sandbox for VmSandbox {
             }
             let cwd = spec.start_dir();
             let shell = spec.shell.unwrap_or_else(|| "/bin/sh".to_string());
-            let session = self.tier.open_session(&self.vm, &shell, spec.env, &cwd).await?;
+            // Kept in the guest and recorded, so a restarted node takes it back.
+            let keep = (!spec.id.is_empty()).then(|| brig_container::session::SessionKeep {
+                dir: self.tier.sessions_dir(&self.vm),
+                session_id: spec.id.clone(),
+            });
+            let session = self.tier.open_session(&self.vm, &shell, spec.env, &cwd, keep).await?;
             Ok(Box::new(session) as Box<dyn Session>)
         })
     }
@@ -232,12 +237,15 @@ impl Sandbox for VmSandbox {
     }
 
     /// Commands the guest's agent kept while the node was down: each read again from its
-    /// first byte, with its deadline counted from its start.
+    /// first byte, with its deadline counted from its start; and its sessions, taken back.
     fn recover_kept(&self) -> BoxFuture<'_, KeptWork> {
         Box::pin(async move {
             let mut work = KeptWork::default();
             if self.vm.is_paused() || !self.vm.is_running() {
                 return work;
+            }
+            for (id, session) in self.tier.resume_sessions(&self.vm).await {
+                work.sessions.push((id, Box::new(session) as Box<dyn Session>));
             }
             let uds = &self.vm.uds;
             let listed = match crate::agent_link::kept_commands(uds).await {

@@ -2,35 +2,75 @@
 //! (`brig_container::session`) driving a shell the guest's agent runs, its descriptors carried
 //! over one vsock connection (the agent protocol's SESSION request). Each descriptor becomes an
 //! in-memory pipe on this side, so the engine cannot tell the shell is in another kernel.
+//!
+//! A sandbox's sessions are kept: the agent keeps the shell when the connection ends, the
+//! session is recorded in `<tier dir>/<id>.sessions/`, and a restarted node takes it back
+//! ([`VmTier::resume_sessions`]): the agent hands the shell's descriptors to the new
+//! connection, and tells whether the shell waits for a command (the engine's idle probe).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use brig_container::session::{
-    session_env, Session, SessionError, SessionParts, SessionProcess, DRIVER,
+    session_env, IdleProbe, Session, SessionError, SessionJournal, SessionKeep, SessionParts,
+    SessionProcess, DRIVER,
 };
-use brig_vmm_api::agent::{self, AgentRequest, ProcessRun};
+use brig_vmm_api::agent::{self, AgentRequest, ProcessRun, SessionProbe};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::agent_link::request_with_body;
+use crate::agent_link::{request_with_body, request_within};
 use crate::{MicroVm, VmTier, VmTierError};
 
 /// Buffer of each in-memory pipe.
 const PIPE_BYTES: usize = 256 << 10;
+/// How long a closing session's last frame (IN_CLOSE) gets to reach the agent.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+/// Deadline of a short session request (probe, list, close).
+const SESSION_REQUEST: Duration = Duration::from_secs(10);
 
 /// The session's shell as the engine sees it: interrupt and close travel to the agent.
 struct GuestShell {
-    frames: mpsc::UnboundedSender<(u8, Vec<u8>)>,
+    /// `None` once closed.
+    frames: Option<mpsc::UnboundedSender<(u8, Vec<u8>)>>,
+    /// Agent frames to the engine, and the engine's writers to frames.
     tasks: Vec<JoinHandle<()>>,
+    /// Frames to the agent.
+    to_agent: Option<JoinHandle<()>>,
+    /// The agent keeps the shell when the connection ends; closing it takes IN_CLOSE.
+    kept: bool,
 }
 
 impl SessionProcess for GuestShell {
     fn interrupt(&mut self) -> Result<(), SessionError> {
-        self.frames.send((agent::IN_INTERRUPT, Vec::new())).map_err(|_| SessionError::Closed)
+        let frames = self.frames.as_ref().ok_or(SessionError::Closed)?;
+        frames.send((agent::IN_INTERRUPT, Vec::new())).map_err(|_| SessionError::Closed)
     }
 
-    /// Hangs up: the agent kills the shell and everything it started.
+    /// Ends the shell and everything it started: a kept session's with IN_CLOSE (sent before
+    /// the connection ends), another's by hanging up.
     fn close(&mut self) {
-        for task in &self.tasks {
+        let frames = self.frames.take();
+        if self.kept {
+            if let (Some(frames), Some(to_agent)) = (frames, self.to_agent.take()) {
+                let _ = frames.send((agent::IN_CLOSE, Vec::new()));
+                let abort = to_agent.abort_handle();
+                tokio::spawn(async move {
+                    if tokio::time::timeout(CLOSE_GRACE, to_agent).await.is_err() {
+                        abort.abort();
+                    }
+                });
+            }
+        }
+        self.hang_up();
+    }
+}
+
+impl GuestShell {
+    /// Ends the connection; a kept session's shell goes on in the guest.
+    fn hang_up(&mut self) {
+        for task in self.tasks.iter().chain(&self.to_agent) {
             task.abort();
         }
     }
@@ -38,7 +78,7 @@ impl SessionProcess for GuestShell {
 
 impl Drop for GuestShell {
     fn drop(&mut self) {
-        self.close();
+        self.hang_up();
     }
 }
 
@@ -59,14 +99,21 @@ fn forward(
 }
 
 impl VmTier {
+    /// Where `vm`'s sessions are recorded.
+    pub fn sessions_dir(&self, vm: &MicroVm) -> PathBuf {
+        self.cfg.dir.join(format!("{}.{SESSIONS_EXT}", vm.id))
+    }
+
     /// Opens a shell session in `vm`: `shell` (an absolute path in the guest) with `env`, in
-    /// `cwd`, kept between commands.
+    /// `cwd`, kept between commands. With `keep`, the session outlives this node: the agent
+    /// keeps it under `keep.session_id` and it is recorded in `keep.dir`.
     pub async fn open_session(
         &self,
         vm: &MicroVm,
         shell: &str,
         env: Vec<(String, String)>,
         cwd: &str,
+        keep: Option<SessionKeep>,
     ) -> Result<Session, VmTierError> {
         if vm.is_paused() {
             return Err(VmTierError::Paused);
@@ -82,14 +129,116 @@ impl VmTier {
             env: session_env(env),
             cwd: Some(cwd.to_string()).filter(|c| !c.is_empty()),
         };
-        let request = AgentRequest::Session { process };
-        over_agent(request_with_body(&vm.uds, &request, &[]).await?)
+        let request =
+            AgentRequest::Session { process, keep: keep.as_ref().map(|k| k.session_id.clone()) };
+        let stream = request_with_body(&vm.uds, &request, &[]).await?;
+        Ok(match keep {
+            Some(keep) => {
+                Session::recorded(parts_over_agent(stream, true)?, keep, 0, String::new())
+            }
+            None => over_agent(stream)?,
+        })
     }
+
+    /// Takes back the sessions recorded for `vm` whose shells its agent kept, by the node's
+    /// session ids; records of shells the agent no longer has are removed, and kept shells
+    /// with no record are ended.
+    pub async fn resume_sessions(&self, vm: &MicroVm) -> Vec<(String, Session)> {
+        let dir = self.sessions_dir(vm);
+        let records = {
+            let dir = dir.clone();
+            tokio::task::spawn_blocking(move || SessionJournal::read_all(&dir))
+                .await
+                .unwrap_or_default()
+        };
+        let kept = match kept_sessions(&vm.uds).await {
+            Ok(kept) => kept,
+            Err(e) => {
+                tracing::warn!(vm = %vm.id, error = %e, "cannot list the guest's kept sessions");
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        for record in records {
+            let id = record.session_id.clone();
+            if !kept.contains(&id) {
+                tracing::warn!(vm = %vm.id, session = %id, "the guest no longer keeps a session");
+                let _ = std::fs::remove_file(dir.join(format!("{id}.json")));
+                continue;
+            }
+            let request = AgentRequest::SessionAttach { id: id.clone() };
+            let parts = match request_with_body(&vm.uds, &request, &[]).await {
+                Ok(stream) => parts_over_agent(stream, true),
+                Err(e) => Err(e),
+            };
+            match parts {
+                Ok(parts) => {
+                    let probe = idle_probe(vm.uds.clone(), id.clone());
+                    out.push((id, Session::resume_parts(parts, &dir, record, probe)));
+                }
+                Err(e) => {
+                    tracing::warn!(vm = %vm.id, session = %id, error = %e, "cannot attach a kept session");
+                }
+            }
+        }
+        for id in kept.iter().filter(|id| !out.iter().any(|(taken, _)| taken == *id)) {
+            tracing::info!(vm = %vm.id, session = %id, "ending a kept session with no record");
+            if let Err(e) = close_kept_session(&vm.uds, id).await {
+                tracing::debug!(session = %id, error = %e, "a kept session not ended");
+            }
+        }
+        out
+    }
+}
+
+/// The extension of a VM's session records directory in its tier's directory.
+pub(crate) const SESSIONS_EXT: &str = "sessions";
+
+/// Asks the agent behind `uds` whether kept session `id`'s shell waits for a command (an
+/// unanswered probe says no, so a waiter keeps waiting).
+fn idle_probe(uds: PathBuf, id: String) -> IdleProbe {
+    Box::new(move || {
+        let (uds, id) = (uds.clone(), id.clone());
+        Box::pin(async move {
+            let request = AgentRequest::SessionProbe { id };
+            let Ok(out) = request_within(&uds, &request, SESSION_REQUEST).await else {
+                return false;
+            };
+            out.exit_code == 0
+                && serde_json::from_slice::<SessionProbe>(&out.stdout).is_ok_and(|p| p.idle)
+        })
+    })
+}
+
+/// The ids of the sessions the agent behind `uds` keeps.
+pub(crate) async fn kept_sessions(uds: &Path) -> Result<Vec<String>, VmTierError> {
+    let out = request_within(uds, &AgentRequest::Sessions {}, SESSION_REQUEST).await?;
+    if out.exit_code != 0 {
+        return Err(VmTierError::Agent(String::from_utf8_lossy(&out.stderr).trim().to_string()));
+    }
+    serde_json::from_slice(&out.stdout)
+        .map_err(|e| VmTierError::Agent(format!("the agent's session list: {e}")))
+}
+
+/// Ends kept session `id` in the guest behind `uds`.
+pub(crate) async fn close_kept_session(uds: &Path, id: &str) -> Result<(), VmTierError> {
+    let request = AgentRequest::SessionClose { id: id.to_string() };
+    let out = request_within(uds, &request, SESSION_REQUEST).await?;
+    if out.exit_code != 0 {
+        return Err(VmTierError::Agent(String::from_utf8_lossy(&out.stderr).trim().to_string()));
+    }
+    Ok(())
 }
 
 /// A session over an agent connection that has just started a session shell (the SESSION
 /// request, or a container's): its frames become the engine's in-memory pipes.
 pub(crate) fn over_agent(stream: crate::ExecStream) -> Result<Session, VmTierError> {
+    Ok(Session::from_parts(parts_over_agent(stream, false)?))
+}
+
+/// The engine's parts over an agent connection carrying a session shell's descriptors;
+/// `kept`: the agent keeps the shell when the connection ends.
+fn parts_over_agent(stream: crate::ExecStream, kept: bool) -> Result<SessionParts, VmTierError> {
     let (mut reader, writer) = stream.into_parts();
     let mut writer =
         writer.ok_or_else(|| VmTierError::Agent("no connection to write to".into()))?;
@@ -132,17 +281,17 @@ pub(crate) fn over_agent(stream: crate::ExecStream) -> Result<Session, VmTierErr
     let (commands_w, commands_r) = tokio::io::duplex(PIPE_BYTES);
     let tasks = vec![
         from_agent,
-        to_agent,
         forward(stdin_r, agent::IN_STDIN, frames_tx.clone()),
         forward(commands_r, agent::IN_COMMAND, frames_tx.clone()),
     ];
     let boxed = |r: DuplexStream| -> Box<dyn AsyncRead + Send + Unpin> { Box::new(r) };
-    Ok(Session::from_parts(SessionParts {
+    let shell = GuestShell { frames: Some(frames_tx), tasks, to_agent: Some(to_agent), kept };
+    Ok(SessionParts {
         commands: Box::new(commands_w),
         stdin: Box::new(stdin_w),
         stdout: boxed(out_r),
         stderr: boxed(err_r),
         done: boxed(done_r),
-        process: Box::new(GuestShell { frames: frames_tx, tasks }),
-    }))
+        process: Box::new(shell),
+    })
 }

@@ -1,5 +1,5 @@
 //! VMs a tier's directory still has files for: `<id>.pid` (and `.sock`, `.ctl`, `.log`,
-//! `.disk`) and, while it runs, the `brig-vmm` process serving it. A node finds those whose
+//! `.disk`, and the `.sessions` directory) and, while it runs, the `brig-vmm` process serving it. A node finds those whose
 //! sandbox it no longer has ([`VmTier::stray_vms`]) and stops and removes them
 //! ([`remove_vm`]). Environment snapshots (`env-*`) are the tier's own and not listed.
 
@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 
 use crate::{VmTier, VmmId};
 
-/// The files a VM has in its tier's directory, by extension.
-const VM_FILES: [&str; 5] = ["pid", "sock", "ctl", "log", "disk"];
+/// The files a VM has in its tier's directory, by extension (`sessions` is a directory).
+const VM_FILES: [&str; 6] = ["pid", "sock", "ctl", "log", "disk", crate::session::SESSIONS_EXT];
 
 /// Ids of the VMs (sandboxes and warm VMMs, not environment snapshots) with files in `dir`.
 pub fn vm_ids(dir: &Path) -> Vec<String> {
@@ -39,7 +39,12 @@ pub fn remove_vm(dir: &Path, id: &str) {
         vmm.kill();
     }
     for ext in VM_FILES {
-        let _ = std::fs::remove_file(dir.join(format!("{id}.{ext}")));
+        let path = dir.join(format!("{id}.{ext}"));
+        if path.is_dir() {
+            let _ = std::fs::remove_dir_all(path);
+        } else {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 

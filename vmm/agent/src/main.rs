@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 
 mod containers;
 mod kept;
+mod kept_session;
 mod session;
 
 use brig_vmm_api::agent::{self, AgentRequest, KeepExec, ProcessRun};
@@ -186,19 +187,48 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
                 std::io::Error::new(std::io::ErrorKind::NotFound, format!("no kept command {id}"))
             }),
         ),
-        AgentRequest::Session { process } => match session::serve(reader, out.clone(), &process) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                frame(&out, agent::STDERR, format!("brig-agent: session: {e}\n").as_bytes())?;
-                frame(&out, agent::EXIT, &1i32.to_le_bytes())
+        AgentRequest::Session { process, keep } => {
+            let started = match keep {
+                Some(id) => kept_session::start(id, &process, reader, out.clone()),
+                None => session::serve(reader, out.clone(), &process),
+            };
+            match started {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    frame(&out, agent::STDERR, format!("brig-agent: session: {e}\n").as_bytes())?;
+                    frame(&out, agent::EXIT, &1i32.to_le_bytes())
+                }
             }
+        }
+        AgentRequest::SessionAttach { id } => kept_session::attach(&id, reader, out),
+        AgentRequest::SessionProbe { id } => match kept_session::probe(&id) {
+            Some(probe) => {
+                frame(&out, agent::STDOUT, &serde_json::to_vec(&probe).unwrap_or_default())?;
+                done(&out, Ok(()))
+            }
+            None => done(&out, Err(no_session(&id))),
         },
+        AgentRequest::Sessions {} => {
+            frame(
+                &out,
+                agent::STDOUT,
+                &serde_json::to_vec(&kept_session::list()).unwrap_or_default(),
+            )?;
+            done(&out, Ok(()))
+        }
+        AgentRequest::SessionClose { id } => {
+            done(&out, kept_session::close(&id).then_some(()).ok_or_else(|| no_session(&id)))
+        }
         AgentRequest::Seed { seed_hex } => done(&out, reseed(&seed_hex)),
         AgentRequest::Put { path, len } => {
             done(&out, rooted(&path).and_then(|p| put(&mut reader, &p, len)))
         }
         AgentRequest::Get { path } => done(&out, rooted(&path).and_then(|p| get(&out, &p))),
     }
+}
+
+fn no_session(id: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::NotFound, format!("no kept session {id:?}"))
 }
 
 /// Runs `process` with its output as frames and its status last; with `keep`, it outlives

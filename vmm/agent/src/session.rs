@@ -33,17 +33,24 @@ fn wire(fd: i32, target: i32) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Runs `process` (a shell and the host's driver script) as a session: its fds 0-4 carried
-/// over this connection.
-pub fn serve(
-    reader: BufReader<File>,
-    out: Arc<Mutex<File>>,
-    process: &ProcessRun,
-) -> std::io::Result<()> {
+/// A session shell just started: the child, its process group, and the agent's ends of its
+/// descriptors.
+pub struct Shell {
+    pub child: std::process::Child,
+    pub group: nix::unistd::Pid,
+    pub relay: Relay,
+    /// How `/proc/<pid>/fd/N` names its command pipe (to tell when it waits for a command).
+    pub commands_pipe: String,
+}
+
+/// Starts `process` (a shell and the host's driver script) with fds 0-4 on pipes.
+pub fn spawn(process: &ProcessRun) -> std::io::Result<Shell> {
     let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from);
     let (cmd_r, cmd_w) = pipe()?;
     let (done_r, done_w) = pipe()?;
     let (cmd_fd, done_fd) = (cmd_r.as_raw_fd(), done_w.as_raw_fd());
+    let commands_pipe = brig_container::session_journal::pipe_name(&cmd_w)
+        .ok_or_else(|| std::io::Error::other("cannot name the command pipe"))?;
     let mut command = crate::command(process)?;
     command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
     // SAFETY: the closure runs in the forked child before exec and calls only `wire`
@@ -68,6 +75,17 @@ pub fn serve(
         )),
         done: File::from(done_r),
     };
+    Ok(Shell { child, group, relay, commands_pipe })
+}
+
+/// Runs `process` (a shell and the host's driver script) as a session: its fds 0-4 carried
+/// over this connection; a hang-up ends it.
+pub fn serve(
+    reader: BufReader<File>,
+    out: Arc<Mutex<File>>,
+    process: &ProcessRun,
+) -> std::io::Result<()> {
+    let Shell { mut child, group, relay, .. } = spawn(process)?;
     relay.run(reader, &out, group, move || {
         let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
     });

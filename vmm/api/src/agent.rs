@@ -8,7 +8,8 @@
 //! host → agent   REQUEST frame: one AgentRequest as JSON, first
 //!   exec           then, with stdin_frames, IN_STDIN frames (an empty one ends the input)
 //!   put            then exactly `len` raw bytes of the file (not framed)
-//!   session        then IN_STDIN (to fd 0), IN_COMMAND (to fd 3), IN_INTERRUPT frames
+//!   session        then IN_STDIN (to fd 0), IN_COMMAND (to fd 3), IN_INTERRUPT, IN_CLOSE
+//!   session_attach the same, for a kept session
 //!   container      as `crate::container` says for the request inside
 //! agent → host   STDOUT / STDERR as produced (a session adds SESSION_DONE from its fd 4),
 //!                then EXIT (i32 LE status) or SIGNALED (i32 LE signal), last
@@ -19,7 +20,11 @@
 //! started, except a command started with `keep`: the agent keeps it running and keeps its
 //! output (up to [`MAX_KEPT_OUTPUT`]) and status under the host's id, so a restarted host
 //! lists them (`kept`), reads each again from its first byte (`attach`) and stops one
-//! (`kill`). The host reads every reply with a byte cap and a deadline (`brig_vmtier`).
+//! (`kill`). A session started with `keep` outlives the connection too: its shell blocks on
+//! full pipes while no host is attached, and a restarted host takes it back by id
+//! (`session_attach`), asks whether its shell waits for a command (`session_probe`), lists the
+//! kept sessions (`sessions`) and ends one (`session_close`, or IN_CLOSE on its connection).
+//! The host reads every reply with a byte cap and a deadline (`brig_vmtier`).
 
 use std::io::{Read, Write};
 
@@ -41,6 +46,9 @@ pub const SIGNALED: u8 = 5;
 pub const IN_STDIN: u8 = 16;
 pub const IN_COMMAND: u8 = 17;
 pub const IN_INTERRUPT: u8 = 18;
+/// Host → agent, on a kept session's connection: end the shell and all it started (a hang-up
+/// does not).
+pub const IN_CLOSE: u8 = 19;
 /// Host → agent, first on every connection: the request.
 pub const REQUEST: u8 = 32;
 /// Largest frame a reader accepts.
@@ -101,11 +109,38 @@ pub enum AgentRequest {
     /// Sends `path`'s bytes as STDOUT frames.
     Get { path: String },
     /// Starts a session shell (`process.argv` is `[shell, "-c", driver]`) with fds 3 and 4
-    /// carried as frames.
-    Session { process: ProcessRun },
+    /// carried as frames; with `keep` (the host's session id), it outlives the connection.
+    Session {
+        process: ProcessRun,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        keep: Option<String>,
+    },
+    /// Carries a kept session's descriptors over this connection (replacing the connection
+    /// that had them); EXIT 1 with a message when the agent keeps no such session.
+    SessionAttach { id: String },
+    /// Whether a kept session's shell waits for its next command: one STDOUT frame, a JSON
+    /// [`SessionProbe`], then EXIT 0.
+    SessionProbe { id: String },
+    /// The kept sessions' ids: one STDOUT frame, a JSON list, then EXIT 0.
+    Sessions {},
+    /// Ends a kept session: its shell and everything it started.
+    SessionClose { id: String },
     /// A request for the container service of a container-host VM.
     Container { request: ContainerRequest },
 }
+
+/// What `session_probe` tells of a kept session's shell.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SessionProbe {
+    /// Blocked reading its next command (between commands).
+    pub idle: bool,
+}
+
+/// Longest session id the agent keeps a session under.
+pub const MAX_SESSION_ID: usize = 128;
+/// Sessions the agent keeps at once; past it, a session is refused.
+pub const MAX_KEPT_SESSIONS: usize = 256;
 
 /// Output the agent keeps per kept command; past it, output still goes to a connected host
 /// but is not kept (a later attach reports the gap).
@@ -244,6 +279,11 @@ mod tests {
             AgentRequest::Kept {},
             AgentRequest::Attach { id: 9 },
             AgentRequest::Kill { id: 9 },
+            AgentRequest::Session { process: ProcessRun::shell("true"), keep: Some("s-1".into()) },
+            AgentRequest::SessionAttach { id: "s-1".into() },
+            AgentRequest::SessionProbe { id: "s-1".into() },
+            AgentRequest::Sessions {},
+            AgentRequest::SessionClose { id: "s-1".into() },
             AgentRequest::Container { request: ContainerRequest::Destroy { name: "sb-1".into() } },
         ] {
             assert_eq!(AgentRequest::read(&mut &request.to_frame()[..]).expect("r"), request);

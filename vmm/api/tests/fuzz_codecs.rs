@@ -45,7 +45,8 @@ proptest! {
     fn exec_and_session_requests_carry_their_strings_unchanged(run in process(), stdin in any::<bool>()) {
         for request in [
             AgentRequest::Exec { process: run.clone(), stdin_frames: stdin, keep: None },
-            AgentRequest::Session { process: run.clone() },
+            AgentRequest::Session { process: run.clone(), keep: None },
+            AgentRequest::Session { process: run.clone(), keep: run.argv.first().cloned() },
         ] {
             let back = AgentRequest::read(&mut &request.to_frame()[..]).expect("round trip");
             prop_assert_eq!(back, request);

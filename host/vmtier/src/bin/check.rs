@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use brig_container::session::{Session, SessionEvent};
+use brig_container::session::{Session, SessionEvent, SessionKeep};
 use brig_vmtier::{MicroVm, VmStats, VmTier, VmTierConfig, VmTierError};
 
 /// Whether `dir` holds a file of VM `id`.
@@ -72,7 +72,7 @@ async fn session_run(
 async fn session_steps(tier: &VmTier, vm: &MicroVm) -> anyhow::Result<()> {
     let limit = Duration::from_secs(30);
     let session =
-        tier.open_session(vm, "/bin/sh", vec![("GREETING".into(), "hi".into())], "/").await?;
+        tier.open_session(vm, "/bin/sh", vec![("GREETING".into(), "hi".into())], "/", None).await?;
     session_run(&session, Some("cd /tmp && export STEP=two"), limit).await?;
     let (out, last) = session_run(&session, Some("echo $GREETING $STEP $(pwd)"), limit).await?;
     anyhow::ensure!(out == b"hi two /tmp\n", "session state: {out:?} {last:?}");
@@ -109,6 +109,34 @@ async fn session_steps(tier: &VmTier, vm: &MicroVm) -> anyhow::Result<()> {
     println!(
         "BRIG-VMTIER-OK a shell session keeps its state, takes input and survives an interrupt"
     );
+    kept_session_steps(tier, vm).await
+}
+
+/// A kept session outlives its connection (the node going away) with its state and the
+/// command running in it; it is taken back from its record, and closing it ends it for good.
+async fn kept_session_steps(tier: &VmTier, vm: &MicroVm) -> anyhow::Result<()> {
+    let limit = Duration::from_secs(30);
+    let keep = SessionKeep { dir: tier.sessions_dir(vm), session_id: "s-check".into() };
+    let session = tier.open_session(vm, "/bin/sh", Vec::new(), "/", Some(keep)).await?;
+    session_run(&session, Some("cd /tmp && export KEPT=yes"), limit).await?;
+    let (_, pending) =
+        session_run(&session, Some("sleep 2; echo after-$KEPT"), Duration::from_millis(300))
+            .await?;
+    anyhow::ensure!(matches!(pending, Some(SessionEvent::Pending)), "{pending:?}");
+    drop(session);
+    let mut taken = tier.resume_sessions(vm).await;
+    anyhow::ensure!(taken.len() == 1 && taken[0].0 == "s-check", "taken back: {}", taken.len());
+    let (_, session) = taken.remove(0);
+    let (out, done) = session_run(&session, None, limit).await?;
+    anyhow::ensure!(out == b"after-yes\n", "the running command's output: {out:?}");
+    anyhow::ensure!(matches!(done, Some(SessionEvent::Done { exit_code: 0, .. })), "{done:?}");
+    let (out, _) = session_run(&session, Some("echo $KEPT $(pwd)"), limit).await?;
+    anyhow::ensure!(out == b"yes /tmp\n", "the kept shell's state: {out:?}");
+    session.close().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let again = tier.resume_sessions(vm).await;
+    anyhow::ensure!(again.is_empty(), "a closed session came back: {}", again.len());
+    println!("BRIG-VMTIER-OK a kept session outlives its connection and is taken back by id");
     Ok(())
 }
 
