@@ -4,16 +4,18 @@
 //! brig-vmm (Debian's kernel, the layer images as disks, brig-agent running the node's own
 //! container runtime) and places container sandboxes in it. From outside, through QEMU's UDP
 //! forward, the SDK creates one and reads where it runs, and runs the same container checks the
-//! host-kernel test runs (`brig_tests::behaviour`); then the emulated host kills the VM's VMM
-//! (`tests/emulated/chost.sh`), and the test sees its sandbox fail with `sandbox_lost` and the
-//! reason, and a new container land in a fresh VM.
+//! host-kernel test runs (`brig_tests::behaviour`); then the emulated host kills brigd
+//! (`kill -9`) and starts it again, and the test sees a running and a paused container come
+//! back in the adopted VM with their files and processes; then the emulated host kills the VM's
+//! VMM (`tests/emulated/chost.sh`), and the test sees its sandbox fail with `sandbox_lost` and
+//! the reason, and a new container land in a fresh VM.
 //! Emulated timings prove nothing about speed and are not asserted.
 
 use std::time::{Duration, Instant};
 
 use brig_sdk::{Client, ErrorCode, Placement, SandboxOptions, SandboxState, Tier};
 use brig_tests::behaviour::{check_container, check_oversized_reads, Pace};
-use brig_tests::emulated::{self, free_udp_port};
+use brig_tests::emulated::{self, free_udp_port, wait_for_restart};
 
 #[test]
 fn containers_run_in_a_container_host_vm_and_a_dead_vm_fails_them_inside_an_emulated_host() {
@@ -34,6 +36,7 @@ fn containers_run_in_a_container_host_vm_and_a_dead_vm_fails_them_inside_an_emul
         Err(e) => panic!("driving brigd from outside failed: {e}\n{log}"),
     };
     println!("{report}");
+    assert!(has("BRIG-L1-BRIGD-RESTARTED"), "brigd was not restarted:\n{log}");
     assert!(has("BRIG-L1-CHOST killed chost-0"), "the VM was not killed:\n{log}");
     assert!(has("BRIG-L1-OUTSIDE-DONE"), "{log}");
 }
@@ -78,6 +81,8 @@ async fn drive_from_outside(client: Client) -> Result<String, String> {
     report.push('\n');
     reader.destroy().await.map_err(e("destroy"))?;
 
+    report.push_str(&check_adoption(&client).await?);
+
     // The VM dies under a running sandbox.
     let victim = client.create(in_vm()).await.map_err(e("create"))?;
     victim.exec(["true"]).await.map_err(e("exec before the kill"))?;
@@ -120,4 +125,48 @@ async fn drive_from_outside(client: Client) -> Result<String, String> {
         .await
         .map_err(e("create the done marker"))?;
     Ok(report)
+}
+
+/// brigd is killed (`kill -9`) and started again: it adopts the container-host VM, and a
+/// running container comes back with its files and a process of its own, a paused one comes
+/// back paused and resumes on its next request.
+async fn check_adoption(client: &Client) -> Result<String, String> {
+    const SETUP: &str = "echo alive-$$ > /tmp/state; \
+        setsid sleep 100000 </dev/null >/dev/null 2>&1 & echo $! > /tmp/bg; cat /tmp/state";
+    let e = |what: &'static str| move |err: brig_sdk::Error| format!("{what}: {err}");
+    let in_vm = || SandboxOptions::container("busybox").placement(Placement::Vm);
+    let running = client.create(in_vm()).await.map_err(e("create"))?;
+    let state = running.exec(["sh", "-c", SETUP]).await.map_err(e("exec"))?.stdout;
+    let paused = client.create(in_vm()).await.map_err(e("create"))?;
+    paused.exec(["sh", "-c", "echo paused > /tmp/state"]).await.map_err(e("exec"))?;
+    paused.pause().await.map_err(e("pause"))?;
+    let marker = client
+        .create(SandboxOptions::fncall().label("phase", "restart"))
+        .await
+        .map_err(e("create the restart marker"))?;
+    wait_for_restart(client, &marker).await?;
+    let placement = running.status().await.map_err(e("status"))?.placement.unwrap_or_default();
+    if placement != "vm:chost-0" {
+        return Err(format!("after the restart, the container is placed at {placement:?}"));
+    }
+    let out = running
+        .exec(["sh", "-c", "cat /tmp/state; kill -0 $(cat /tmp/bg) && echo bg-alive"])
+        .await
+        .map_err(e("exec after the restart"))?;
+    let want = [state.as_slice(), b"bg-alive\n"].concat();
+    if out.stdout != want {
+        return Err(format!("the adopted container's state: {out:?}, wanted {want:?}"));
+    }
+    let status = paused.status().await.map_err(e("status of the paused container"))?;
+    if status.state != SandboxState::Paused {
+        return Err(format!("the paused container came back as {:?}", status.state));
+    }
+    let out = paused.exec(["cat", "/tmp/state"]).await.map_err(e("exec resumes"))?;
+    if out.stdout != b"paused\n" {
+        return Err(format!("the paused container after resume: {out:?}"));
+    }
+    for sb in [&running, &paused] {
+        sb.destroy().await.map_err(e("destroy after the restart"))?;
+    }
+    Ok("after a kill -9 of brigd: a running and a paused container adopted in vm:chost-0\n".into())
 }

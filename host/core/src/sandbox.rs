@@ -137,6 +137,9 @@ pub enum Persistence {
     Record,
     /// Its spec and a [`MachineRecord`]: a VM whose VMM outlives the daemon.
     Machine,
+    /// Its spec and a [`HostedRecord`]: a container in a container-host VM that outlives the
+    /// daemon.
+    Hosted,
 }
 
 /// What one sandbox serves, as data: "this tier cannot" is one typed answer.
@@ -512,6 +515,22 @@ pub struct MachineRecord {
     pub paused: bool,
 }
 
+/// What a restarted node needs to take back a container in a container-host VM: the VM (by
+/// name, with the layer disks it was booted with) and what the container's commands start
+/// with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostedRecord {
+    /// The container-host VM's name (`chost-N`).
+    pub vm: String,
+    /// Its disks, in order.
+    pub vm_layers: Vec<PathBuf>,
+    pub env: Vec<(String, String)>,
+    pub shell: String,
+    pub memory_bytes: u64,
+    pub cpu_millis: u64,
+}
+
 /// The children a fork made, each made or not.
 pub type Forked = Vec<Result<Arc<dyn Sandbox>, SandboxError>>;
 
@@ -657,6 +676,11 @@ pub trait Sandbox: Send + Sync + 'static {
     /// What a restarted node needs to adopt it (VM tiers whose persistence is
     /// [`Persistence::Machine`]).
     fn machine_record(&self) -> Option<MachineRecord> {
+        None
+    }
+    /// What a restarted node needs to take it back (containers in a container-host VM, whose
+    /// persistence is [`Persistence::Hosted`]).
+    fn hosted_record(&self) -> Option<HostedRecord> {
         None
     }
 }

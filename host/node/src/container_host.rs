@@ -94,8 +94,7 @@ pub(crate) fn open(
         boot_limit: std::time::Duration::from_secs(cfg.boot_limit_s.max(1)),
     });
     let tier = crate::microvm::offered(Tier::Container, tier)?;
-    // Container-host VMs are not adopted across a restart: a previous daemon's are stopped.
-    tier.remove_orphans(&[]);
+    // A previous daemon's VMs are adopted or stopped by `Node::restore`, which has the records.
     let images_dir = containers.images_dir.clone().unwrap_or_else(|| state_dir.join("images"));
     Ok(Arc::new(ContainerHosts::new(tier, cfg.max_vms, images_dir)))
 }

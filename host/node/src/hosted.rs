@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use brig_proto::Placement;
 
+use brig_core::sandbox::{HostedRecord, Sandbox};
+use brig_core::{SandboxId, Tier};
 use brig_vmtier::hosts::ContainerHosts;
 
 use crate::container_host::PlacementPolicy;
@@ -16,6 +18,24 @@ impl Node {
             tier: brig_core::Tier::Container,
             why: format!("no container-host VMs here: {why}"),
         })
+    }
+
+    /// Takes back a container an earlier run placed in a container-host VM (restore).
+    pub(crate) async fn adopt_hosted(
+        &self,
+        id: &SandboxId,
+        record: Option<&HostedRecord>,
+    ) -> Result<Arc<dyn Sandbox>, NodeError> {
+        let record = record.ok_or_else(|| NodeError::TierUnavailable {
+            tier: Tier::Container,
+            why: "no container-host record".into(),
+        })?;
+        let hosts = self.container_hosts()?;
+        let sandbox = hosts
+            .adopt(&id.to_string(), record)
+            .await
+            .map_err(|e| NodeError::sandbox(&id.to_string(), Tier::Container, e))?;
+        Ok(Arc::new(sandbox))
     }
 
     /// Where a new container goes: where the create asks, else the node's policy (`vm` never

@@ -202,7 +202,7 @@ impl Node {
                 .filter(|e| {
                     matches!(
                         e.sandbox.capabilities().persistence,
-                        Persistence::Record | Persistence::Machine
+                        Persistence::Record | Persistence::Machine | Persistence::Hosted
                     )
                 })
                 .collect();
@@ -213,8 +213,11 @@ impl Node {
         if let Ok(containers) = &self.inner.containers {
             containers.shutdown();
         }
-        if let Ok(hosts) = &self.inner.container_hosts {
-            hosts.shutdown().await;
+        // Kept with `on_exit = keep`: a restarted node adopts them with their containers.
+        if self.inner.config.on_exit == OnExit::Destroy {
+            if let Ok(hosts) = &self.inner.container_hosts {
+                hosts.shutdown().await;
+            }
         }
         self.close_network();
         // With no container left to read lazily served layers, their mount and the run

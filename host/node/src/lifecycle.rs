@@ -185,6 +185,9 @@ impl Node {
                         }
                         Err(e) => Err(e),
                     },
+                    (Tier::Container, None) if record.hosted.is_some() => {
+                        self.adopt_hosted(&id, record.hosted.as_ref()).await
+                    }
                     (tier @ (Tier::Microvm | Tier::Fullvm), _) => {
                         let adopted = match &record.machine {
                             Some(machine) => self.adopt_vm(&id, tier, machine).await,
@@ -235,6 +238,13 @@ impl Node {
         }
         if let Ok(tier) = self.container_tier() {
             tier.remove_orphans(&containers);
+        }
+        // Container-host VMs no record claimed (after every record had its chance to adopt).
+        if let Ok(hosts) = &self.inner.container_hosts {
+            let removed = hosts.remove_orphans().await;
+            if removed > 0 {
+                tracing::info!(removed, "stopped container-host VMs of an earlier run");
+            }
         }
         // VMMs, files and snapshots of VMs no record claimed (or that could not be adopted).
         for (tier, adopted) in [(self.vmtier(), &microvms), (self.fullvm_tier(), &fullvms)] {

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-pub(crate) use brig_core::sandbox::{ContainerRecord, MachineRecord};
+pub(crate) use brig_core::sandbox::{ContainerRecord, HostedRecord, MachineRecord};
 use brig_core::sandbox::{Op, Persistence, Sandbox, SandboxError};
 use brig_core::{IdleAction, SandboxId, SandboxSpec, Tier};
 use parking_lot::{Mutex, RwLock};
@@ -186,6 +186,9 @@ pub(crate) struct SandboxRecord {
     /// A VM's: what adopting it back needs.
     #[serde(default)]
     pub machine: Option<MachineRecord>,
+    /// A container's in a container-host VM: what taking it back needs.
+    #[serde(default)]
+    pub hosted: Option<HostedRecord>,
 }
 
 pub(crate) struct SandboxTable {
@@ -266,10 +269,11 @@ impl SandboxTable {
 
     /// Writes the sandbox's record (atomically).
     pub fn save(&self, entry: &SandboxEntry) -> Result<(), NodeError> {
-        let (container, machine) = match entry.sandbox.capabilities().persistence {
-            Persistence::Record => (entry.sandbox.record(), None),
-            Persistence::Machine => (None, entry.sandbox.machine_record()),
-            Persistence::Spec => (None, None),
+        let (container, machine, hosted) = match entry.sandbox.capabilities().persistence {
+            Persistence::Record => (entry.sandbox.record(), None, None),
+            Persistence::Machine => (None, entry.sandbox.machine_record(), None),
+            Persistence::Hosted => (None, None, entry.sandbox.hosted_record()),
+            Persistence::Spec => (None, None, None),
             // Dies with the daemon: no record, and no clock for `save_clocks` to come back for.
             Persistence::Ephemeral => {
                 entry.saved_last_used_unix_ms.store(entry.last_used_unix_ms(), Ordering::Relaxed);
@@ -285,6 +289,7 @@ impl SandboxTable {
             last_used_unix_ms: last_used,
             container,
             machine,
+            hosted,
         };
         let bytes = serde_json::to_vec(&record).map_err(|e| NodeError::Io {
             what: "sandbox record".into(),

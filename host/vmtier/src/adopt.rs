@@ -96,7 +96,11 @@ impl VmTier {
         // A record is read from disk: everything it names of the VM's own is in this tier's
         // directory, so adoption cannot be steered to another file.
         let ours = |p: &Path| p.starts_with(dir) && !p.components().any(|c| c.as_os_str() == "..");
-        if !ours(&record.memory_from) || record.writable.as_deref().is_some_and(|w| !ours(w)) {
+        // A VM that booted (a container-host VM) maps no snapshot.
+        let booted = record.memory_from.as_os_str().is_empty() && !record.paused;
+        if !(booted || ours(&record.memory_from))
+            || record.writable.as_deref().is_some_and(|w| !ours(w))
+        {
             return Err(VmTierError::Lost(format!(
                 "its record names files outside {}",
                 dir.display()

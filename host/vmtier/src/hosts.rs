@@ -12,6 +12,9 @@
 //! sweep (the node's reaper tick): a VM whose VMM died, or whose agent missed three pings in
 //!     a row, is marked lost (its sandboxes report failed, requests to them the reason),
 //!     stopped, and replaced
+//! restart: each container's record names its VM and the VM's disks; the restarted node
+//!     adopts the VM (`VmTier::adopt`: pid file, start time, control socket) and takes the
+//!     container back if its init still runs; VMs no record claims are stopped
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -22,9 +25,9 @@ use std::time::{Duration, Instant};
 use brig_container::sandbox::merged_env;
 use brig_core::files::{Entry, EntryKind};
 use brig_core::sandbox::{
-    BoxFuture, Capabilities, Condition, ExecSpec, FileAccess, ForkKind, Op, PauseKind, Persistence,
-    ReadSource, Requested, RunningExec, Sandbox, SandboxError, Session, SessionSpec, Stdin, Usage,
-    WriteOptions,
+    BoxFuture, Capabilities, Condition, ExecSpec, FileAccess, ForkKind, HostedRecord,
+    MachineRecord, Op, PauseKind, Persistence, ReadSource, Requested, RunningExec, Sandbox,
+    SandboxError, Session, SessionSpec, Stdin, Usage, WriteOptions,
 };
 use brig_core::{QosClass, SandboxId, Tier};
 
@@ -86,6 +89,19 @@ const PING_LIMIT: Duration = Duration::from_secs(20);
 const PINGS_MISSED: u32 = 3;
 
 impl HostVm {
+    fn new(name: String, vm: MicroVm, layers: Vec<PathBuf>) -> Arc<HostVm> {
+        Arc::new(HostVm {
+            name,
+            vm,
+            layers,
+            lost: OnceLock::new(),
+            hosted: AtomicUsize::new(0),
+            last_answer: Mutex::new(Instant::now()),
+            missed: AtomicU32::new(0),
+            pinging: AtomicBool::new(false),
+        })
+    }
+
     /// Why the VM is gone, if it is (its VMM died: a guest kernel crash, an OOM kill, a kill).
     pub fn lost(&self) -> Option<String> {
         if let Some(why) = self.lost.get() {
@@ -190,7 +206,7 @@ pub const HOSTED_CAPS: Capabilities = Capabilities::new(
     FileAccess::Guest,
     PauseKind::Freeze,
     ForkKind::No,
-    Persistence::Ephemeral,
+    Persistence::Hosted,
 );
 
 impl Sandbox for HostedSandbox {
@@ -324,6 +340,17 @@ impl Sandbox for HostedSandbox {
     }
 
     /// Removes the container from its VM (nothing to do once the VM is gone).
+    fn hosted_record(&self) -> Option<HostedRecord> {
+        Some(HostedRecord {
+            vm: self.host.name.clone(),
+            vm_layers: self.host.layers.clone(),
+            env: self.env.clone(),
+            shell: self.shell.clone(),
+            memory_bytes: self.memory_bytes,
+            cpu_millis: self.cpu_millis,
+        })
+    }
+
     fn destroy(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
         Box::pin(async move {
             self.host.hosted.fetch_sub(1, Ordering::Relaxed);
@@ -440,18 +467,69 @@ impl ContainerHosts {
         let name = format!("chost-{}", self.next.fetch_add(1, Ordering::Relaxed));
         let disks = self.disk_set(layers);
         let vm = self.tier.boot_container_host(&name, &disks).await?;
-        let host = Arc::new(HostVm {
-            name,
-            vm,
-            layers: disks,
-            lost: OnceLock::new(),
-            hosted: AtomicUsize::new(0),
-            last_answer: Mutex::new(Instant::now()),
-            missed: AtomicU32::new(0),
-            pinging: AtomicBool::new(false),
-        });
+        let host = HostVm::new(name, vm, disks);
         vms.push(host.clone());
         Ok(host)
+    }
+
+    /// Takes back container `id` an earlier run of the node recorded: its VM adopted (once,
+    /// for all its containers) and the container found running in it.
+    pub async fn adopt(
+        &self,
+        id: &str,
+        record: &HostedRecord,
+    ) -> Result<HostedSandbox, SandboxError> {
+        let host = {
+            let mut vms = self.vms.lock().await;
+            match vms.iter().find(|vm| vm.name == record.vm) {
+                Some(host) => host.clone(),
+                None => {
+                    let machine = MachineRecord {
+                        memory_from: PathBuf::new(),
+                        layers: record.vm_layers.clone(),
+                        writable: None,
+                        cow_base: None,
+                        net: None,
+                        paused: false,
+                    };
+                    let vm = self.tier.adopt(&record.vm, &machine).await?;
+                    // New VMs are named after the adopted ones.
+                    if let Some(n) =
+                        record.vm.strip_prefix("chost-").and_then(|n| n.parse::<u64>().ok())
+                    {
+                        self.next.fetch_max(n + 1, Ordering::Relaxed);
+                    }
+                    self.wanted.store(true, Ordering::Relaxed);
+                    let host = HostVm::new(record.vm.clone(), vm, record.vm_layers.clone());
+                    tracing::info!(vm = %host.name, "container-host VM adopted");
+                    vms.push(host.clone());
+                    host
+                }
+            }
+        };
+        let usage = HostedContainer::new(&host.vm, id).usage().await?;
+        if !usage.alive {
+            return Err(SandboxError::Lost(format!(
+                "its container in {} no longer runs",
+                host.name
+            )));
+        }
+        host.hosted.fetch_add(1, Ordering::Relaxed);
+        Ok(HostedSandbox {
+            host,
+            name: id.to_string(),
+            env: record.env.clone(),
+            shell: record.shell.clone(),
+            memory_bytes: record.memory_bytes,
+            cpu_millis: record.cpu_millis,
+        })
+    }
+
+    /// After restore: stops every container-host VM of an earlier run that no record claimed
+    /// (or that could not be adopted) and removes its files. Returns how many.
+    pub async fn remove_orphans(&self) -> usize {
+        let adopted: Vec<String> = self.vms.lock().await.iter().map(|vm| vm.name.clone()).collect();
+        self.tier.remove_orphans(&adopted)
     }
 
     /// Creates a container in a container-host VM.
