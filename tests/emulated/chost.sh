@@ -15,8 +15,12 @@ brigd=$!
 n=0; until [ -e /tmp/brig/endpoint.json ] || [ $n -ge 300 ]; do sleep 0.2; n=$((n + 1)); done
 . /announce.sh
 wait_label restart 2400
+# The sandbox labelled role=unrecorded loses its record while brigd is down, as one made just
+# before a crash would: the restarted brigd must destroy its container in the VM.
+unrecorded=$(/bin/brig ls --label role=unrecorded | grep -o 'sb-[0-9a-z-]*' | head -1)
 kill -9 $brigd
 echo "BRIG-L1-BRIGD-KILLED"
+[ -n "$unrecorded" ] && rm -f "/tmp/brig/sandboxes/$unrecorded.json" && echo "BRIG-L1-UNRECORDED $unrecorded"
 /bin/brigd $brigd_flags &
 n=0; until /bin/brig ls >/dev/null 2>&1 || [ $n -ge 900 ]; do sleep 0.2; n=$((n + 1)); done
 /bin/brig rm --label phase=restart >/dev/null

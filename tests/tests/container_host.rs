@@ -37,6 +37,11 @@ fn containers_run_in_a_container_host_vm_and_a_dead_vm_fails_them_inside_an_emul
     };
     println!("{report}");
     assert!(has("BRIG-L1-BRIGD-RESTARTED"), "brigd was not restarted:\n{log}");
+    assert!(has("BRIG-L1-UNRECORDED sb-"), "no record was removed:\n{log}");
+    assert!(
+        has("destroying a container no record claims"),
+        "the unrecorded container was not destroyed in its VM:\n{log}"
+    );
     assert!(has("BRIG-L1-CHOST killed chost-0"), "the VM was not killed:\n{log}");
     assert!(has("BRIG-L1-OUTSIDE-DONE"), "{log}");
 }
@@ -129,7 +134,8 @@ async fn drive_from_outside(client: Client) -> Result<String, String> {
 
 /// brigd is killed (`kill -9`) and started again: it adopts the container-host VM, and a
 /// running container comes back with its files and a process of its own, a paused one comes
-/// back paused and resumes on its next request.
+/// back paused and resumes on its next request; one whose record the emulated host removed
+/// meanwhile is gone (its container destroyed in the VM, which the console log shows).
 async fn check_adoption(client: &Client) -> Result<String, String> {
     const SETUP: &str = "echo alive-$$ > /tmp/state; \
         setsid sleep 100000 </dev/null >/dev/null 2>&1 & echo $! > /tmp/bg; cat /tmp/state";
@@ -140,6 +146,8 @@ async fn check_adoption(client: &Client) -> Result<String, String> {
     let paused = client.create(in_vm()).await.map_err(e("create"))?;
     paused.exec(["sh", "-c", "echo paused > /tmp/state"]).await.map_err(e("exec"))?;
     paused.pause().await.map_err(e("pause"))?;
+    let unrecorded =
+        client.create(in_vm().label("role", "unrecorded")).await.map_err(e("create"))?;
     let marker = client
         .create(SandboxOptions::fncall().label("phase", "restart"))
         .await
@@ -164,6 +172,10 @@ async fn check_adoption(client: &Client) -> Result<String, String> {
     let out = paused.exec(["cat", "/tmp/state"]).await.map_err(e("exec resumes"))?;
     if out.stdout != b"paused\n" {
         return Err(format!("the paused container after resume: {out:?}"));
+    }
+    match unrecorded.status().await {
+        Err(err) if err.code() == Some(ErrorCode::NotFound) => {}
+        other => return Err(format!("a sandbox with no record after the restart: {other:?}")),
     }
     for sb in [&running, &paused] {
         sb.destroy().await.map_err(e("destroy after the restart"))?;

@@ -166,7 +166,7 @@ impl Node {
     /// Takes back the sandboxes an earlier run of the node recorded; removes what it cannot.
     pub(crate) async fn restore(&self) {
         let mut restored = 0;
-        let mut containers = Vec::new();
+        let (mut containers, mut hosted) = (Vec::new(), Vec::new());
         let (mut microvms, mut fullvms) = (Vec::new(), Vec::new());
         for record in self.inner.sandboxes.saved_records() {
             let id = record.id;
@@ -215,8 +215,10 @@ impl Node {
                     continue;
                 }
             };
-            if sandbox.capabilities().persistence == Persistence::Record {
-                containers.push(id.to_string());
+            match sandbox.capabilities().persistence {
+                Persistence::Record => containers.push(id.to_string()),
+                Persistence::Hosted => hosted.push(id.to_string()),
+                _ => {}
             }
             if let Some(slot) = record.spec.net_slot {
                 self.reserve_network(&id.to_string(), slot);
@@ -241,7 +243,7 @@ impl Node {
         }
         // Container-host VMs no record claimed (after every record had its chance to adopt).
         if let Ok(hosts) = &self.inner.container_hosts {
-            let removed = hosts.remove_orphans().await;
+            let removed = hosts.remove_orphans(&hosted).await;
             if removed > 0 {
                 tracing::info!(removed, "stopped container-host VMs of an earlier run");
             }

@@ -211,4 +211,9 @@ impl<'a> HostedContainer<'a> {
     pub async fn usage(&self) -> Result<ContainerUsage, VmTierError> {
         self.call_json(&ContainerRequest::Usage { name: self.name.into() }).await
     }
+
+    /// The names of every container `vm`'s service runs.
+    pub async fn names(vm: &MicroVm) -> Result<Vec<String>, VmTierError> {
+        HostedContainer::new(vm, "").call_json(&ContainerRequest::Names {}).await
+    }
 }

@@ -526,10 +526,30 @@ impl ContainerHosts {
     }
 
     /// After restore: stops every container-host VM of an earlier run that no record claimed
-    /// (or that could not be adopted) and removes its files. Returns how many.
-    pub async fn remove_orphans(&self) -> usize {
-        let adopted: Vec<String> = self.vms.lock().await.iter().map(|vm| vm.name.clone()).collect();
-        self.tier.remove_orphans(&adopted)
+    /// (or that could not be adopted) and removes its files, and in the adopted ones destroys
+    /// the containers not in `claimed` (made just before a crash, with no record yet, or whose
+    /// record could not be read). Returns how many VMs and containers it removed.
+    pub async fn remove_orphans(&self, claimed: &[String]) -> usize {
+        let vms: Vec<Arc<HostVm>> = self.vms.lock().await.clone();
+        let names: Vec<String> = vms.iter().map(|vm| vm.name.clone()).collect();
+        let mut removed = self.tier.remove_orphans(&names);
+        for vm in vms {
+            let listed = match HostedContainer::names(&vm.vm).await {
+                Ok(listed) => listed,
+                Err(e) => {
+                    tracing::warn!(vm = %vm.name, error = %e, "cannot list a container-host VM's containers");
+                    continue;
+                }
+            };
+            for name in listed.iter().filter(|n| !claimed.contains(n)) {
+                tracing::warn!(vm = %vm.name, container = %name, "destroying a container no record claims");
+                match HostedContainer::new(&vm.vm, name).destroy().await {
+                    Ok(()) => removed += 1,
+                    Err(e) => tracing::warn!(container = %name, error = %e, "cannot destroy it"),
+                }
+            }
+        }
+        removed
     }
 
     /// Creates a container in a container-host VM.

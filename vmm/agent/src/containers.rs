@@ -26,7 +26,7 @@ use brig_container::runtime::{Container, ContainerSpec, Runtime, RuntimeConfig, 
 use brig_container::shim_proto::ExitInfo;
 use brig_vmm_api::agent;
 use brig_vmm_api::container::{
-    ContainerRequest, ContainerUsage, CreateSpec, Failure, FileEntry, ProcessSpec,
+    ContainerRequest, ContainerUsage, CreateSpec, Failure, FileEntry, ProcessSpec, MAX_CONTAINERS,
 };
 
 /// The environment variable that turns the service on: the runtime's scratch directory.
@@ -221,6 +221,12 @@ fn handle(
             let (cpu_ns, memory_bytes) = container.usage();
             json(out, &ContainerUsage { cpu_ns, memory_bytes, alive: container.is_alive() })
         }
+        ContainerRequest::Names {} => {
+            let mut names: Vec<String> = locked(&svc.containers).keys().cloned().collect();
+            names.sort();
+            names.truncate(MAX_CONTAINERS);
+            json(out, &names)
+        }
     }
 }
 
@@ -260,6 +266,9 @@ fn create(svc: &Service, spec: CreateSpec) -> Result<(), Refusal> {
     }
     if locked(&svc.containers).contains_key(&spec.name) {
         return Err(Refusal(Failure::AlreadyExists, format!("container {:?} exists", spec.name)));
+    }
+    if locked(&svc.containers).len() >= MAX_CONTAINERS {
+        return Err(Refusal::bad(format!("this VM runs {MAX_CONTAINERS} containers already")));
     }
     let runtime_spec = ContainerSpec {
         name: spec.name.clone(),

@@ -108,12 +108,19 @@ pub enum ContainerRequest {
     Usage {
         name: String,
     },
+    /// The names of the containers the service runs: one STDOUT frame, a JSON list (a
+    /// restarted node removes those no record claims).
+    Names {},
 }
 
+/// Most containers one container-host VM runs (what `names` lists at most).
+pub const MAX_CONTAINERS: usize = 4096;
+
 impl ContainerRequest {
-    /// The container the request is about.
-    pub fn container(&self) -> &str {
-        match self {
+    /// The container the request is about (none for `names`).
+    pub fn container(&self) -> Option<&str> {
+        Some(match self {
+            ContainerRequest::Names {} => return None,
             ContainerRequest::Create(spec) => &spec.name,
             ContainerRequest::Exec { process, .. } | ContainerRequest::Session { process } => {
                 &process.name
@@ -127,7 +134,7 @@ impl ContainerRequest {
             | ContainerRequest::Remove { name, .. }
             | ContainerRequest::Freeze { name, .. }
             | ContainerRequest::Usage { name } => name,
-        }
+        })
     }
 }
 
@@ -243,7 +250,11 @@ mod tests {
         let body = serde_json::to_vec(&req).expect("encode");
         let back: ContainerRequest = serde_json::from_slice(&body).expect("decode");
         assert_eq!(back, req);
-        assert_eq!(back.container(), "sb-1");
+        assert_eq!(back.container(), Some("sb-1"));
+        let names = serde_json::to_vec(&ContainerRequest::Names {}).expect("encode");
+        let back: ContainerRequest = serde_json::from_slice(&names).expect("decode");
+        assert_eq!(back, ContainerRequest::Names {});
+        assert_eq!(back.container(), None);
         assert!(serde_json::from_slice::<ContainerRequest>(br#"{"op":"nuke","name":"x"}"#).is_err());
         for (f, _) in FAILURES {
             assert_eq!(Failure::from_code(f.code()), f);
