@@ -203,3 +203,28 @@ pub async fn wait_for_restart(
         }
     }
 }
+
+/// Run in a sandbox before brigd is killed: a file naming the shell, and a process of the
+/// sandbox's own (in a session of its own); prints the file (what [`check_adopted`] wants).
+const ADOPTED_SETUP: &str = "echo alive-$$ > /tmp/state; \
+    setsid sleep 100000 </dev/null >/dev/null 2>&1 & echo $! > /tmp/bg; cat /tmp/state";
+
+/// Prepares `sb` for [`check_adopted`]; returns what it wants to see again.
+pub async fn prepare_adopted(sb: &brig_sdk::Sandbox) -> Result<Vec<u8>, String> {
+    let out = sb.exec(["sh", "-c", ADOPTED_SETUP]).await.map_err(|e| format!("exec: {e}"))?;
+    Ok(out.stdout.to_vec())
+}
+
+/// After brigd's restart: `sb` still has the file [`prepare_adopted`] wrote (`state`) and its
+/// own process still runs.
+pub async fn check_adopted(sb: &brig_sdk::Sandbox, state: &[u8]) -> Result<(), String> {
+    let out = sb
+        .exec(["sh", "-c", "cat /tmp/state; kill -0 $(cat /tmp/bg) && echo bg-alive"])
+        .await
+        .map_err(|e| format!("exec after the restart: {e}"))?;
+    let want = [state, b"bg-alive\n"].concat();
+    if out.stdout != want {
+        return Err(format!("the adopted sandbox's state: {out:?}, wanted {want:?}"));
+    }
+    Ok(())
+}

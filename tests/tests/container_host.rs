@@ -137,12 +137,10 @@ async fn drive_from_outside(client: Client) -> Result<String, String> {
 /// back paused and resumes on its next request; one whose record the emulated host removed
 /// meanwhile is gone (its container destroyed in the VM, which the console log shows).
 async fn check_adoption(client: &Client) -> Result<String, String> {
-    const SETUP: &str = "echo alive-$$ > /tmp/state; \
-        setsid sleep 100000 </dev/null >/dev/null 2>&1 & echo $! > /tmp/bg; cat /tmp/state";
     let e = |what: &'static str| move |err: brig_sdk::Error| format!("{what}: {err}");
     let in_vm = || SandboxOptions::container("busybox").placement(Placement::Vm);
     let running = client.create(in_vm()).await.map_err(e("create"))?;
-    let state = running.exec(["sh", "-c", SETUP]).await.map_err(e("exec"))?.stdout;
+    let state = emulated::prepare_adopted(&running).await?;
     let paused = client.create(in_vm()).await.map_err(e("create"))?;
     paused.exec(["sh", "-c", "echo paused > /tmp/state"]).await.map_err(e("exec"))?;
     paused.pause().await.map_err(e("pause"))?;
@@ -157,14 +155,7 @@ async fn check_adoption(client: &Client) -> Result<String, String> {
     if placement != "vm:chost-0" {
         return Err(format!("after the restart, the container is placed at {placement:?}"));
     }
-    let out = running
-        .exec(["sh", "-c", "cat /tmp/state; kill -0 $(cat /tmp/bg) && echo bg-alive"])
-        .await
-        .map_err(e("exec after the restart"))?;
-    let want = [state.as_slice(), b"bg-alive\n"].concat();
-    if out.stdout != want {
-        return Err(format!("the adopted container's state: {out:?}, wanted {want:?}"));
-    }
+    emulated::check_adopted(&running, &state).await?;
     let status = paused.status().await.map_err(e("status of the paused container"))?;
     if status.state != SandboxState::Paused {
         return Err(format!("the paused container came back as {:?}", status.state));

@@ -231,13 +231,11 @@ async fn drive_from_outside(client: Client) -> Result<(), String> {
 /// request, and a sandbox whose VMM was killed meanwhile answers `sandbox_lost` and can be
 /// destroyed.
 async fn check_adoption(client: &Client) -> Result<(), String> {
-    // A process of the guest's own (a session of its own), besides the memory.
-    const ADOPTED_SETUP: &str = "echo alive-$$ > /tmp/state; \
-        setsid sleep 100000 </dev/null >/dev/null 2>&1 & echo $! > /tmp/bg; cat /tmp/state";
     let e = |what: &'static str| move |err: brig_sdk::Error| format!("{what}: {err}");
     let vm = || SandboxOptions::tier(Tier::Microvm);
     let running = client.create(vm()).await.map_err(e("create"))?;
-    let state = running.exec(["sh", "-c", ADOPTED_SETUP]).await.map_err(e("exec"))?.stdout;
+    // A file and a process of the guest's own (a session of its own).
+    let state = emulated::prepare_adopted(&running).await?;
     // A command that runs through the crash: it waits for a file the test makes afterwards.
     let script = "echo before; while [ ! -e /tmp/go ]; do sleep 0.1; done; echo after >&2; exit 5";
     let mut through =
@@ -268,14 +266,7 @@ async fn check_adoption(client: &Client) -> Result<(), String> {
     let doomed = client.create(vm().label("role", "doomed")).await.map_err(e("create"))?;
     let marker = client.create(vm().label("phase", "restart")).await.map_err(e("create"))?;
     emulated::wait_for_restart(client, &marker).await?;
-    let out = running
-        .exec(["sh", "-c", "cat /tmp/state; kill -0 $(cat /tmp/bg) && echo bg-alive"])
-        .await
-        .map_err(e("exec after the restart"))?;
-    let want = [state.as_slice(), b"bg-alive\n"].concat();
-    if out.stdout != want {
-        return Err(format!("the adopted VM's state: {out:?}, wanted {want:?}"));
-    }
+    emulated::check_adopted(&running, &state).await?;
     let listed = running.sessions().await.map_err(e("sessions after the restart"))?;
     if !listed.contains(&sessions.0) || !listed.contains(&sessions.1) {
         return Err(format!("sessions after the restart: {listed:?}, wanted {sessions:?}"));
