@@ -412,7 +412,15 @@ impl VmTier {
             jail: Some(JailSpec { writable: vec![self.cfg.dir.clone()], cgroup_procs: vec![] }),
         };
         let mut child = self.launch_vmm(&launch, log_file, true).await?;
-        let status = child.wait().await.map_err(io("waiting for the snapshot VMM"))?;
+        // The VMM ends itself at the boot limit; past it (and a margin), it is stuck.
+        let limit = self.cfg.boot_limit + Duration::from_secs(60);
+        let status = match tokio::time::timeout(limit, child.wait()).await {
+            Ok(status) => status.map_err(io("waiting for the snapshot VMM"))?,
+            Err(_) => {
+                let _ = child.start_kill();
+                return Err(VmTierError::StartTimeout(limit));
+            }
+        };
         if status.code() != Some(4) {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             let tail: String =

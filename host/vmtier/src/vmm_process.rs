@@ -93,6 +93,9 @@ impl VmmId {
     }
 }
 
+/// How long a killed VMM gets to end before the caller goes on without it.
+const KILL_LIMIT: Duration = Duration::from_secs(10);
+
 impl VmmProcess {
     /// A VMM this daemon just spawned.
     pub fn started(child: tokio::process::Child) -> (VmmProcess, Option<VmmId>) {
@@ -115,13 +118,17 @@ impl VmmProcess {
             VmmProcess::Started(child) => {
                 if tokio::time::timeout(limit, child.wait()).await.is_err() {
                     let _ = child.start_kill();
-                    let _ = child.wait().await;
+                    // A process stuck in the kernel (uninterruptible sleep) does not die of
+                    // SIGKILL until it leaves it: the caller is not held hostage by it.
+                    if tokio::time::timeout(KILL_LIMIT, child.wait()).await.is_err() {
+                        tracing::warn!(pid = ?child.id(), "a killed VMM has not ended; going on without it");
+                    }
                 }
             }
             VmmProcess::Adopted(id) => {
                 if !id.ended_within(limit).await {
                     id.kill();
-                    id.ended_within(Duration::from_secs(10)).await;
+                    id.ended_within(KILL_LIMIT).await;
                 }
             }
         }
