@@ -67,6 +67,22 @@ impl LayerSource {
     }
 }
 
+/// A rootfs directory being assembled: removed (unmounted first) when dropped before
+/// [`Unfinished::done`], so a step that fails leaves nothing behind.
+struct Unfinished<'a>(&'a Path);
+
+impl Unfinished<'_> {
+    fn done(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        let _ = Rootfs::at(self.0).remove();
+    }
+}
+
 /// Read-only layer mounts shared by all containers of a node.
 #[derive(Debug)]
 pub struct LayerMounts {
@@ -192,30 +208,9 @@ impl Rootfs {
         let mut rootfs = Rootfs { dir: dir.to_owned(), upper: None, upper_link: None };
         // A step that fails (a protected path missing from the image, a full disk while a
         // fork's layer is copied) leaves nothing mounted or on disk.
-        match rootfs.fill(layers, disk_bytes, owner, hostname, seed, protect) {
-            Ok(()) => Ok(rootfs),
-            Err(e) => {
-                let _ = rootfs.remove();
-                Err(e)
-            }
-        }
-    }
-
-    /// Mounts and fills an assembled rootfs's directory (see [`Rootfs::assemble`]).
-    fn fill(
-        &mut self,
-        layers: &[PathBuf],
-        disk_bytes: u64,
-        owner: u32,
-        hostname: &str,
-        seed: Option<&Path>,
-        protect: &crate::protect::Protections,
-    ) -> Result<(), RootfsError> {
-        use std::os::unix::fs::DirBuilderExt;
-        let dir = self.dir.clone();
-        let dir = dir.as_path();
+        let unfinished = Unfinished(dir);
         let upper_mnt = dir.join("upper");
-        let merged = self.path();
+        let merged = rootfs.path();
         for d in [&upper_mnt, &merged] {
             std::fs::create_dir_all(d).map_err(io("create", d))?;
         }
@@ -263,7 +258,7 @@ impl Rootfs {
             .map_err(mnt("mount overlay", &merged))?;
         mount(None::<&str>, &merged, None::<&str>, MsFlags::MS_PRIVATE, None::<&str>)
             .map_err(mnt("make rootfs private", &merged))?;
-        self.write_identity(hostname, owner)?;
+        rootfs.write_identity(hostname, owner)?;
         if !protect.paths.is_empty() {
             let pristine = match layers {
                 [only] => only.clone(),
@@ -298,8 +293,9 @@ impl Rootfs {
             path: upper.clone(),
             source: e.into(),
         })?;
-        self.upper = Some(fd);
-        Ok(())
+        rootfs.upper = Some(fd);
+        unfinished.done();
+        Ok(rootfs)
     }
 
     /// The rootfs directory of an earlier run (to re-attach to or remove it).

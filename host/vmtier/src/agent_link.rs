@@ -158,10 +158,10 @@ pub(crate) async fn kill_all_kept(uds: &Path) {
         Err(e) => tracing::warn!(error = %e, "cannot list a guest's kept commands"),
     }
     // Its kept sessions too: their connections ended at the save as well.
-    match crate::session::kept_sessions(uds).await {
+    match kept_sessions(uds).await {
         Ok(ids) => {
             for id in ids {
-                if let Err(e) = crate::session::close_kept_session(uds, &id).await {
+                if let Err(e) = close_kept_session(uds, &id).await {
                     tracing::debug!(session = %id, error = %e, "a kept session not ended");
                 }
             }
@@ -170,13 +170,34 @@ pub(crate) async fn kill_all_kept(uds: &Path) {
     }
 }
 
-/// Kills kept command `id` in the guest behind `uds`.
-pub async fn kill_kept(uds: &Path, id: u64) -> Result<(), VmTierError> {
-    let out = request_within(uds, &AgentRequest::Kill { id }, Duration::from_secs(10)).await?;
+/// Deadline of a short request about kept commands and sessions (kill, list, probe, close).
+pub(crate) const KEPT_REQUEST: Duration = Duration::from_secs(10);
+
+/// Sends a short request and collects its reply within [`KEPT_REQUEST`]; a refusal (a
+/// nonzero status) is an error with the agent's message.
+async fn request_ok(uds: &Path, request: &AgentRequest) -> Result<ExecOutput, VmTierError> {
+    let out = request_within(uds, request, KEPT_REQUEST).await?;
     if out.exit_code != 0 {
         return Err(VmTierError::Agent(String::from_utf8_lossy(&out.stderr).trim().to_string()));
     }
-    Ok(())
+    Ok(out)
+}
+
+/// Kills kept command `id` in the guest behind `uds`.
+pub async fn kill_kept(uds: &Path, id: u64) -> Result<(), VmTierError> {
+    request_ok(uds, &AgentRequest::Kill { id }).await.map(drop)
+}
+
+/// The ids of the sessions the agent behind `uds` keeps.
+pub(crate) async fn kept_sessions(uds: &Path) -> Result<Vec<String>, VmTierError> {
+    let out = request_ok(uds, &AgentRequest::Sessions {}).await?;
+    serde_json::from_slice(&out.stdout)
+        .map_err(|e| VmTierError::Agent(format!("the agent's session list: {e}")))
+}
+
+/// Ends kept session `id` in the guest behind `uds`.
+pub(crate) async fn close_kept_session(uds: &Path, id: &str) -> Result<(), VmTierError> {
+    request_ok(uds, &AgentRequest::SessionClose { id: id.to_string() }).await.map(drop)
 }
 
 /// Sends one agent request and returns the reply stream.

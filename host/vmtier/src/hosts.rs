@@ -339,7 +339,6 @@ impl Sandbox for HostedSandbox {
         })
     }
 
-    /// Removes the container from its VM (nothing to do once the VM is gone).
     fn hosted_record(&self) -> Option<HostedRecord> {
         Some(HostedRecord {
             vm: self.host.name.clone(),
@@ -351,6 +350,7 @@ impl Sandbox for HostedSandbox {
         })
     }
 
+    /// Removes the container from its VM (nothing to do once the VM is gone).
     fn destroy(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
         Box::pin(async move {
             self.host.hosted.fetch_sub(1, Ordering::Relaxed);

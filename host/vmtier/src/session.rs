@@ -8,7 +8,7 @@
 //! ([`VmTier::resume_sessions`]): the agent hands the shell's descriptors to the new
 //! connection, and tells whether the shell waits for a command (the engine's idle probe).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use brig_container::session::{
@@ -20,15 +20,15 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::agent_link::{request_with_body, request_within};
+use crate::agent_link::{
+    close_kept_session, kept_sessions, request_with_body, request_within, KEPT_REQUEST,
+};
 use crate::{MicroVm, VmTier, VmTierError};
 
 /// Buffer of each in-memory pipe.
 const PIPE_BYTES: usize = 256 << 10;
 /// How long a closing session's last frame (IN_CLOSE) gets to reach the agent.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
-/// Deadline of a short session request (probe, list, close).
-const SESSION_REQUEST: Duration = Duration::from_secs(10);
 
 /// The session's shell as the engine sees it: interrupt and close travel to the agent.
 struct GuestShell {
@@ -201,33 +201,13 @@ fn idle_probe(uds: PathBuf, id: String) -> IdleProbe {
         let (uds, id) = (uds.clone(), id.clone());
         Box::pin(async move {
             let request = AgentRequest::SessionProbe { id };
-            let Ok(out) = request_within(&uds, &request, SESSION_REQUEST).await else {
+            let Ok(out) = request_within(&uds, &request, KEPT_REQUEST).await else {
                 return false;
             };
             out.exit_code == 0
                 && serde_json::from_slice::<SessionProbe>(&out.stdout).is_ok_and(|p| p.idle)
         })
     })
-}
-
-/// The ids of the sessions the agent behind `uds` keeps.
-pub(crate) async fn kept_sessions(uds: &Path) -> Result<Vec<String>, VmTierError> {
-    let out = request_within(uds, &AgentRequest::Sessions {}, SESSION_REQUEST).await?;
-    if out.exit_code != 0 {
-        return Err(VmTierError::Agent(String::from_utf8_lossy(&out.stderr).trim().to_string()));
-    }
-    serde_json::from_slice(&out.stdout)
-        .map_err(|e| VmTierError::Agent(format!("the agent's session list: {e}")))
-}
-
-/// Ends kept session `id` in the guest behind `uds`.
-pub(crate) async fn close_kept_session(uds: &Path, id: &str) -> Result<(), VmTierError> {
-    let request = AgentRequest::SessionClose { id: id.to_string() };
-    let out = request_within(uds, &request, SESSION_REQUEST).await?;
-    if out.exit_code != 0 {
-        return Err(VmTierError::Agent(String::from_utf8_lossy(&out.stderr).trim().to_string()));
-    }
-    Ok(())
 }
 
 /// A session over an agent connection that has just started a session shell (the SESSION
