@@ -228,3 +228,17 @@ pub async fn check_adopted(sb: &brig_sdk::Sandbox, state: &[u8]) -> Result<(), S
     }
     Ok(())
 }
+
+/// After brigd's restart: `sb`, paused before it, is still paused, and its next command
+/// resumes it with its memory (`cat /tmp/state` prints `state`).
+pub async fn check_paused_adopted(sb: &brig_sdk::Sandbox, state: &[u8]) -> Result<(), String> {
+    let status = sb.status().await.map_err(|e| format!("status of the paused sandbox: {e}"))?;
+    if status.state != brig_sdk::SandboxState::Paused {
+        return Err(format!("the paused sandbox came back as {:?}", status.state));
+    }
+    let out = sb.exec(["cat", "/tmp/state"]).await.map_err(|e| format!("exec resumes: {e}"))?;
+    if out.stdout != state {
+        return Err(format!("the paused sandbox after resume: {out:?}"));
+    }
+    Ok(())
+}

@@ -156,14 +156,7 @@ async fn check_adoption(client: &Client) -> Result<String, String> {
         return Err(format!("after the restart, the container is placed at {placement:?}"));
     }
     emulated::check_adopted(&running, &state).await?;
-    let status = paused.status().await.map_err(e("status of the paused container"))?;
-    if status.state != SandboxState::Paused {
-        return Err(format!("the paused container came back as {:?}", status.state));
-    }
-    let out = paused.exec(["cat", "/tmp/state"]).await.map_err(e("exec resumes"))?;
-    if out.stdout != b"paused\n" {
-        return Err(format!("the paused container after resume: {out:?}"));
-    }
+    emulated::check_paused_adopted(&paused, b"paused\n").await?;
     match unrecorded.status().await {
         Err(err) if err.code() == Some(ErrorCode::NotFound) => {}
         other => return Err(format!("a sandbox with no record after the restart: {other:?}")),

@@ -299,14 +299,7 @@ async fn check_adoption(client: &Client) -> Result<(), String> {
     if out.stdout != b"before\n" || out.stderr != b"after\n" || out.result.exit_code != Some(5) {
         return Err(format!("the command that ran through the crash: {out:?}"));
     }
-    let status = paused.status().await.map_err(e("status of the paused VM"))?;
-    if status.state != SandboxState::Paused {
-        return Err(format!("the paused VM came back as {:?}", status.state));
-    }
-    let out = paused.exec(["cat", "/tmp/state"]).await.map_err(e("exec resumes"))?;
-    if out.stdout != b"paused-memory\n" {
-        return Err(format!("the paused VM after resume: {out:?}"));
-    }
+    emulated::check_paused_adopted(&paused, b"paused-memory\n").await?;
     match doomed.exec(["true"]).await {
         Err(err) if err.code() == Some(brig_sdk::ErrorCode::SandboxLost) => {}
         other => return Err(format!("a VM whose VMM was killed answered {other:?}")),
