@@ -3,7 +3,7 @@
 //! names its node, and everything after the create goes from the SDK to that node directly.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -70,6 +70,10 @@ pub struct ControlPlane {
     cfg: ControlConfig,
     store: StateStore,
     state: RwLock<ClusterState>,
+    /// Bumped, under `state`'s write lock, by every write this replica makes to its cached
+    /// state; a refresh whose read began before such a write does not replace the cache (its
+    /// read may predate the write).
+    cache_writes: AtomicU64,
     signer: Signer,
     registry: Registry,
     placer: Mutex<Placer>,
@@ -111,6 +115,7 @@ impl ControlPlane {
             cfg,
             store,
             state: RwLock::new(state),
+            cache_writes: AtomicU64::new(0),
             signer,
             placer: Mutex::new(placer),
             quotas: Quotas::default(),
@@ -139,8 +144,14 @@ impl ControlPlane {
             }
             n += 1;
             if n.is_multiple_of(4) {
+                let writes_before = self.cache_writes.load(Ordering::Acquire);
                 match self.store.load().await {
-                    Ok(state) => *self.state.write() = state,
+                    Ok(state) => {
+                        let mut cached = self.state.write();
+                        if self.cache_writes.load(Ordering::Acquire) == writes_before {
+                            *cached = state;
+                        }
+                    }
                     Err(e) => tracing::warn!(error = %e, "cluster state not refreshed"),
                 }
                 if let Ok(count) = self.store.replica_count().await {
@@ -148,6 +159,14 @@ impl ControlPlane {
                 }
             }
         }
+    }
+
+    /// Changes the cached state after a write to the store, so that a refresh already in
+    /// flight (which may have read the store before the write) does not undo it.
+    fn write_cache(&self, change: impl FnOnce(&mut ClusterState)) {
+        let mut cached = self.state.write();
+        change(&mut cached);
+        self.cache_writes.fetch_add(1, Ordering::AcqRel);
     }
 
     pub fn store(&self) -> &StateStore {
@@ -214,7 +233,9 @@ impl ControlPlane {
                 admin_only()?;
                 valid_project(&name)?;
                 self.store.put_project(&name, &limits).await.map_err(unavailable)?;
-                self.state.write().projects.insert(name, limits);
+                self.write_cache(|s| {
+                    s.projects.insert(name, limits);
+                });
                 Ok(Reply::Done)
             }
             Request::Control(ControlOp::ProjectList) => {
@@ -244,7 +265,9 @@ impl ControlPlane {
                 let grant = Grant { project: Some(project), admin: false };
                 let hash = token_hash(&token);
                 self.store.put_grant(&hash, &grant).await.map_err(unavailable)?;
-                self.state.write().grants.insert(hash, grant);
+                self.write_cache(|s| {
+                    s.grants.insert(hash, grant);
+                });
                 Ok(Reply::Token { token })
             }
             other => match other.sandbox() {
@@ -462,7 +485,9 @@ impl Service for ControlPlane {
             // A token another replica made a moment ago: read it through.
             None => {
                 let g = self.store.grant(&hash).await.ok().flatten()?;
-                self.state.write().grants.insert(hash, g.clone());
+                self.write_cache(|s| {
+                    s.grants.insert(hash, g.clone());
+                });
                 g
             }
         };
