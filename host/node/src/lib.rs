@@ -340,8 +340,9 @@ impl Node {
             // Sandboxes made for a client that is gone, who never heard of them: nobody could
             // use or destroy them, so they go now.
             for id in made_sandboxes(kind, &result) {
-                tracing::warn!(sandbox = %id, request = kind, "the client left before the reply; destroying");
                 self.destroy(&id, Gone::Destroyed).await;
+                // Logged once the sandbox and its record are gone.
+                tracing::warn!(sandbox = %id, request = kind, "the client left before the reply; destroyed");
             }
         }
         exchange.finish();

@@ -17,7 +17,7 @@ use brig_proto::{
 };
 use tokio::sync::mpsc;
 
-use crate::sandboxes::{now_unix_ms, SandboxEntry};
+use crate::sandboxes::{now_unix_ms, Gone, SandboxEntry};
 use crate::{Node, NodeConfig, NodeError};
 
 /// What the fake tier saw.
@@ -244,4 +244,27 @@ async fn requests_to_a_sandbox_whose_vm_is_gone_say_why() {
     let e = node.handle(stat).await.expect_err("lost");
     assert_eq!(code(&e), ErrorCode::SandboxLost);
     assert_eq!(e.to_string(), format!("sandbox {id} is gone: container-host VM chost-0 stopped"));
+}
+
+#[tokio::test]
+async fn a_record_saved_as_its_sandbox_is_destroyed_does_not_outlive_it() {
+    let (node, dir) = node().await;
+    let caps = Capabilities::new(
+        &[Op::Sessions, Op::Files, Op::Pause],
+        FileAccess::Guest,
+        PauseKind::Snapshot,
+        ForkKind::No,
+        Persistence::Spec,
+    );
+    let (id, _) = add(&node, caps, None);
+    let parsed: SandboxId = id.parse().expect("id");
+    let entry = node.inner.sandboxes.get(&id).expect("live");
+    node.inner.sandboxes.save(&entry).expect("save");
+    let records = || std::fs::read_dir(dir.path().join("sandboxes")).expect("records").count();
+    assert_eq!(records(), 1);
+    // The reaper's clock save holds the entry it collected while destroy removes it: its
+    // late write must not bring the record back.
+    node.inner.sandboxes.remove(&parsed, Gone::Destroyed).expect("removed");
+    node.inner.sandboxes.save(&entry).expect("late save");
+    assert_eq!(records(), 0, "a record outlived its sandbox");
 }

@@ -305,7 +305,16 @@ impl SandboxTable {
             .tempfile_in(&self.dir)
             .map_err(io)?;
         std::io::Write::write_all(&mut tmp, &bytes).map_err(io)?;
+        if entry.gone.get().is_some() {
+            // Destroyed while this was written: the record must not outlive the sandbox.
+            return Ok(());
+        }
         tmp.persist(&path).map_err(|e| io(e.error))?;
+        if entry.gone.get().is_some() {
+            // `remove` marks the entry gone before it deletes the record, so a record this
+            // save put back after that deletion is seen here and deleted again.
+            self.forget(&entry.id);
+        }
         entry.saved_last_used_unix_ms.store(last_used, Ordering::Relaxed);
         Ok(())
     }
