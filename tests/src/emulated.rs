@@ -242,3 +242,85 @@ pub async fn check_paused_adopted(sb: &brig_sdk::Sandbox, state: &[u8]) -> Resul
     }
     Ok(())
 }
+
+/// Work started in a sandbox before brigd is killed that must come back after its restart:
+/// a command that runs through the crash (read again by its exec id), an idle session with
+/// state (directory, an exported variable, a function) and a session whose command runs
+/// through the crash. Both the command and the busy session wait for `/tmp/go`, which
+/// [`check_kept_work`] makes after the restart.
+pub struct KeptWork {
+    through_id: u64,
+    idle: String,
+    busy: String,
+}
+
+const SESSION_LIMIT: Duration = Duration::from_secs(60);
+
+/// Starts [`KeptWork`] in `sb`.
+pub async fn start_kept_work(sb: &brig_sdk::Sandbox) -> Result<KeptWork, String> {
+    use brig_sdk::{Cmd, ExecEvent};
+    let e = |what: &'static str| move |err: brig_sdk::Error| format!("{what}: {err}");
+    let script = "echo before; while [ ! -e /tmp/go ]; do sleep 0.1; done; echo after >&2; exit 5";
+    let mut through = sb.exec_stream(Cmd::new(["sh", "-c", script])).await.map_err(e("exec"))?;
+    let through_id = through.exec_id();
+    match through.next().await {
+        Some(Ok(ExecEvent::Stdout(b))) if &b[..] == b"before\n" => {}
+        other => return Err(format!("the kept command's first event: {other:?}")),
+    }
+    drop(through);
+    let idle = sb.open_session().await.map_err(e("open a session"))?;
+    let setup = "mkdir -p /work && cd /work && export ROLLOUT=r7 && f() { echo fn-$1; }";
+    let out = idle.run(setup, SESSION_LIMIT).await.map_err(e("session setup"))?;
+    if out.exit_code != Some(0) {
+        return Err(format!("session setup: {out:?}"));
+    }
+    let busy = sb.open_session().await.map_err(e("open a second session"))?;
+    let waits = "cd /tmp; while [ ! -e /tmp/go ]; do sleep 0.1; done; echo waited";
+    let started = busy.run(waits, Duration::from_millis(300)).await.map_err(e("session run"))?;
+    if !started.is_running() {
+        return Err(format!("the session command should still run: {started:?}"));
+    }
+    Ok(KeptWork { through_id, idle: idle.id().to_string(), busy: busy.id().to_string() })
+}
+
+/// After brigd's restart: both sessions are listed; the idle one answers with its state; the
+/// busy one's command, let go, reports its output, status and directory; a closed session is
+/// no longer listed; the command that ran through the crash, read again by id, has all its
+/// output and its real status.
+pub async fn check_kept_work(sb: &brig_sdk::Sandbox, work: &KeptWork) -> Result<(), String> {
+    let e = |what: &'static str| move |err: brig_sdk::Error| format!("{what}: {err}");
+    let listed = sb.sessions().await.map_err(e("sessions after the restart"))?;
+    if !listed.contains(&work.idle) || !listed.contains(&work.busy) {
+        let wanted = (&work.idle, &work.busy);
+        return Err(format!("sessions after the restart: {listed:?}, wanted {wanted:?}"));
+    }
+    let out = sb
+        .session(&work.idle)
+        .run("pwd; echo $ROLLOUT; f x", SESSION_LIMIT)
+        .await
+        .map_err(e("session run after the restart"))?;
+    if out.stdout_text() != "/work\nr7\nfn-x\n" || out.exit_code != Some(0) {
+        return Err(format!("the idle session after the restart: {out:?}"));
+    }
+    sb.exec(["touch", "/tmp/go"]).await.map_err(e("touch"))?;
+    let busy = sb.session(&work.busy);
+    let out = busy.wait(SESSION_LIMIT).await.map_err(e("session wait across the restart"))?;
+    if out.stdout_text() != "waited\n" || out.exit_code != Some(0) || out.cwd != "/tmp" {
+        return Err(format!("the session command that ran through the crash: {out:?}"));
+    }
+    busy.close().await.map_err(e("close a session"))?;
+    if sb.sessions().await.map_err(e("sessions"))?.contains(&work.busy) {
+        return Err("a closed session is still listed".into());
+    }
+    let out = sb
+        .attach(work.through_id)
+        .await
+        .map_err(e("attach after the restart"))?
+        .collect()
+        .await
+        .map_err(e("collect after the restart"))?;
+    if out.stdout != b"before\n" || out.stderr != b"after\n" || out.result.exit_code != Some(5) {
+        return Err(format!("the command that ran through the crash: {out:?}"));
+    }
+    Ok(())
+}

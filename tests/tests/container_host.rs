@@ -6,7 +6,8 @@
 //! forward, the SDK creates one and reads where it runs, and runs the same container checks the
 //! host-kernel test runs (`brig_tests::behaviour`); then the emulated host kills brigd
 //! (`kill -9`) and starts it again, and the test sees a running and a paused container come
-//! back in the adopted VM with their files and processes; then the emulated host kills the VM's
+//! back in the adopted VM with their files and processes, and a command and two sessions that
+//! ran through the crash answer again; then the emulated host kills the VM's
 //! VMM (`tests/emulated/chost.sh`), and the test sees its sandbox fail with `sandbox_lost` and
 //! the reason, and a new container land in a fresh VM.
 //! Emulated timings prove nothing about speed and are not asserted.
@@ -133,14 +134,17 @@ async fn drive_from_outside(client: Client) -> Result<String, String> {
 }
 
 /// brigd is killed (`kill -9`) and started again: it adopts the container-host VM, and a
-/// running container comes back with its files and a process of its own, a paused one comes
-/// back paused and resumes on its next request; one whose record the emulated host removed
+/// running container comes back with its files and a process of its own, a command and
+/// sessions that ran through the crash (read again by id, answering with their state), a
+/// paused one comes back paused and resumes on its next request; one whose record the emulated host removed
 /// meanwhile is gone (its container destroyed in the VM, which the console log shows).
 async fn check_adoption(client: &Client) -> Result<String, String> {
     let e = |what: &'static str| move |err: brig_sdk::Error| format!("{what}: {err}");
     let in_vm = || SandboxOptions::container("busybox").placement(Placement::Vm);
     let running = client.create(in_vm()).await.map_err(e("create"))?;
     let state = emulated::prepare_adopted(&running).await?;
+    // A command and two sessions that run through the crash.
+    let kept = emulated::start_kept_work(&running).await?;
     let paused = client.create(in_vm()).await.map_err(e("create"))?;
     paused.exec(["sh", "-c", "echo paused > /tmp/state"]).await.map_err(e("exec"))?;
     paused.pause().await.map_err(e("pause"))?;
@@ -156,6 +160,7 @@ async fn check_adoption(client: &Client) -> Result<String, String> {
         return Err(format!("after the restart, the container is placed at {placement:?}"));
     }
     emulated::check_adopted(&running, &state).await?;
+    emulated::check_kept_work(&running, &kept).await?;
     emulated::check_paused_adopted(&paused, b"paused\n").await?;
     match unrecorded.status().await {
         Err(err) if err.code() == Some(ErrorCode::NotFound) => {}
@@ -164,5 +169,7 @@ async fn check_adoption(client: &Client) -> Result<String, String> {
     for sb in [&running, &paused] {
         sb.destroy().await.map_err(e("destroy after the restart"))?;
     }
-    Ok("after a kill -9 of brigd: a running and a paused container adopted in vm:chost-0\n".into())
+    Ok("after a kill -9 of brigd: a running and a paused container adopted in vm:chost-0, \
+        with a command and two sessions that ran through it\n"
+        .into())
 }

@@ -236,30 +236,8 @@ async fn check_adoption(client: &Client) -> Result<(), String> {
     let running = client.create(vm()).await.map_err(e("create"))?;
     // A file and a process of the guest's own (a session of its own).
     let state = emulated::prepare_adopted(&running).await?;
-    // A command that runs through the crash: it waits for a file the test makes afterwards.
-    let script = "echo before; while [ ! -e /tmp/go ]; do sleep 0.1; done; echo after >&2; exit 5";
-    let mut through =
-        running.exec_stream(Cmd::new(["sh", "-c", script])).await.map_err(e("exec_stream"))?;
-    let through_id = through.exec_id();
-    match through.next().await {
-        Some(Ok(ExecEvent::Stdout(b))) if &b[..] == b"before\n" => {}
-        other => return Err(format!("the kept command's first event: {other:?}")),
-    }
-    drop(through);
-    let long = Duration::from_secs(60);
-    let idle = running.open_session().await.map_err(e("open a session"))?;
-    let setup = "mkdir -p /work && cd /work && export ROLLOUT=r7 && f() { echo fn-$1; }";
-    let out = idle.run(setup, long).await.map_err(e("session setup"))?;
-    if out.exit_code != Some(0) {
-        return Err(format!("session setup: {out:?}"));
-    }
-    let busy = running.open_session().await.map_err(e("open a second session"))?;
-    let waits = "cd /tmp; while [ ! -e /tmp/go ]; do sleep 0.1; done; echo waited";
-    let started = busy.run(waits, Duration::from_millis(300)).await.map_err(e("session run"))?;
-    if !started.is_running() {
-        return Err(format!("the session command should still run: {started:?}"));
-    }
-    let sessions = (idle.id().to_string(), busy.id().to_string());
+    // A command and two sessions that run through the crash.
+    let kept = emulated::start_kept_work(&running).await?;
     let paused = client.create(vm()).await.map_err(e("create"))?;
     paused.exec(["sh", "-c", "echo paused-memory > /tmp/state"]).await.map_err(e("exec"))?;
     paused.pause().await.map_err(e("pause"))?;
@@ -267,38 +245,7 @@ async fn check_adoption(client: &Client) -> Result<(), String> {
     let marker = client.create(vm().label("phase", "restart")).await.map_err(e("create"))?;
     emulated::wait_for_restart(client, &marker).await?;
     emulated::check_adopted(&running, &state).await?;
-    let listed = running.sessions().await.map_err(e("sessions after the restart"))?;
-    if !listed.contains(&sessions.0) || !listed.contains(&sessions.1) {
-        return Err(format!("sessions after the restart: {listed:?}, wanted {sessions:?}"));
-    }
-    let out = running
-        .session(&sessions.0)
-        .run("pwd; echo $ROLLOUT; f x", long)
-        .await
-        .map_err(e("session run after the restart"))?;
-    if out.stdout_text() != "/work\nr7\nfn-x\n" || out.exit_code != Some(0) {
-        return Err(format!("the idle session after the restart: {out:?}"));
-    }
-    running.exec(["touch", "/tmp/go"]).await.map_err(e("touch"))?;
-    let busy = running.session(&sessions.1);
-    let out = busy.wait(long).await.map_err(e("session wait across the restart"))?;
-    if out.stdout_text() != "waited\n" || out.exit_code != Some(0) || out.cwd != "/tmp" {
-        return Err(format!("the session command that ran through the crash: {out:?}"));
-    }
-    busy.close().await.map_err(e("close a session"))?;
-    if running.sessions().await.map_err(e("sessions"))?.contains(&sessions.1) {
-        return Err("a closed session is still listed".into());
-    }
-    let out = running
-        .attach(through_id)
-        .await
-        .map_err(e("attach after the restart"))?
-        .collect()
-        .await
-        .map_err(e("collect after the restart"))?;
-    if out.stdout != b"before\n" || out.stderr != b"after\n" || out.result.exit_code != Some(5) {
-        return Err(format!("the command that ran through the crash: {out:?}"));
-    }
+    emulated::check_kept_work(&running, &kept).await?;
     emulated::check_paused_adopted(&paused, b"paused-memory\n").await?;
     match doomed.exec(["true"]).await {
         Err(err) if err.code() == Some(brig_sdk::ErrorCode::SandboxLost) => {}

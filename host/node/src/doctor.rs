@@ -46,7 +46,10 @@ impl Node {
                 found.push(stray("container", c.name, c.parts, remove));
             }
         }
-        for tier in [self.vmtier().ok(), self.fullvm_tier().ok()].into_iter().flatten() {
+        // The container-host tier's directory has session records of its containers (named
+        // after their sandboxes, as VMs are).
+        let hosts = self.inner.container_hosts.as_ref().ok().map(|h| h.vm_tier());
+        for tier in [self.vmtier().ok(), self.fullvm_tier().ok(), hosts].into_iter().flatten() {
             for vm in tier.stray_vms(&live, min_age) {
                 if remove {
                     tier.remove_stray_vm(&vm.id);

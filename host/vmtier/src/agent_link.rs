@@ -106,11 +106,17 @@ pub async fn exec_stream(
     request_stream(uds, &AgentRequest::Exec { process, stdin_frames: false, keep }).await
 }
 
-/// The commands the agent behind `uds` keeps (at most [`agent::MAX_KEPT`], each in a frame).
-pub async fn kept_commands(uds: &Path) -> Result<Vec<KeptInfo>, VmTierError> {
+/// The commands the agent behind `uds` keeps (at most [`agent::MAX_KEPT`], each in a frame):
+/// the VM's own, or with `container`, that container's (each of these functions takes it).
+pub async fn kept_commands(
+    uds: &Path,
+    container: Option<&str>,
+) -> Result<Vec<KeptInfo>, VmTierError> {
     let limit = Duration::from_secs(10);
     let listing = async {
-        let mut stream = request_stream(uds, &AgentRequest::Kept {}).await?;
+        let mut stream =
+            request_stream(uds, &AgentRequest::Kept { container: container.map(str::to_string) })
+                .await?;
         let mut out = Vec::new();
         loop {
             match stream.next().await? {
@@ -131,8 +137,13 @@ pub async fn kept_commands(uds: &Path) -> Result<Vec<KeptInfo>, VmTierError> {
 }
 
 /// Kept command `id`'s output from its first byte, then the rest as it comes, then its end.
-pub async fn attach_kept(uds: &Path, id: u64) -> Result<ExecStream, VmTierError> {
-    request_stream(uds, &AgentRequest::Attach { id }).await
+pub async fn attach_kept(
+    uds: &Path,
+    id: u64,
+    container: Option<&str>,
+) -> Result<ExecStream, VmTierError> {
+    let container = container.map(str::to_string);
+    request_stream(uds, &AgentRequest::Attach { id, container }).await
 }
 
 /// Kills every command and ends every session the agent behind `uds` keeps (best effort: a
@@ -140,17 +151,17 @@ pub async fn attach_kept(uds: &Path, id: u64) -> Result<ExecStream, VmTierError>
 pub(crate) async fn kill_all_kept(uds: &Path) {
     // Once more after a moment: a guest just restored may refuse a connection while its
     // vsock transport settles.
-    let listed = match kept_commands(uds).await {
+    let listed = match kept_commands(uds, None).await {
         Err(_) => {
             tokio::time::sleep(Duration::from_millis(200)).await;
-            kept_commands(uds).await
+            kept_commands(uds, None).await
         }
         listed => listed,
     };
     match listed {
         Ok(listed) => {
             for info in listed.iter().filter(|i| !i.ended) {
-                if let Err(e) = kill_kept(uds, info.keep.id).await {
+                if let Err(e) = kill_kept(uds, info.keep.id, None).await {
                     tracing::debug!(exec = info.keep.id, error = %e, "a kept command not killed");
                 }
             }
@@ -158,10 +169,10 @@ pub(crate) async fn kill_all_kept(uds: &Path) {
         Err(e) => tracing::warn!(error = %e, "cannot list a guest's kept commands"),
     }
     // Its kept sessions too: their connections ended at the save as well.
-    match kept_sessions(uds).await {
+    match kept_sessions(uds, None).await {
         Ok(ids) => {
             for id in ids {
-                if let Err(e) = close_kept_session(uds, &id).await {
+                if let Err(e) = close_kept_session(uds, &id, None).await {
                     tracing::debug!(session = %id, error = %e, "a kept session not ended");
                 }
             }
@@ -184,20 +195,31 @@ async fn request_ok(uds: &Path, request: &AgentRequest) -> Result<ExecOutput, Vm
 }
 
 /// Kills kept command `id` in the guest behind `uds`.
-pub async fn kill_kept(uds: &Path, id: u64) -> Result<(), VmTierError> {
-    request_ok(uds, &AgentRequest::Kill { id }).await.map(drop)
+pub async fn kill_kept(uds: &Path, id: u64, container: Option<&str>) -> Result<(), VmTierError> {
+    let container = container.map(str::to_string);
+    request_ok(uds, &AgentRequest::Kill { id, container }).await.map(drop)
 }
 
 /// The ids of the sessions the agent behind `uds` keeps.
-pub(crate) async fn kept_sessions(uds: &Path) -> Result<Vec<String>, VmTierError> {
-    let out = request_ok(uds, &AgentRequest::Sessions {}).await?;
+pub(crate) async fn kept_sessions(
+    uds: &Path,
+    container: Option<&str>,
+) -> Result<Vec<String>, VmTierError> {
+    let container = container.map(str::to_string);
+    let out = request_ok(uds, &AgentRequest::Sessions { container }).await?;
     serde_json::from_slice(&out.stdout)
         .map_err(|e| VmTierError::Agent(format!("the agent's session list: {e}")))
 }
 
 /// Ends kept session `id` in the guest behind `uds`.
-pub(crate) async fn close_kept_session(uds: &Path, id: &str) -> Result<(), VmTierError> {
-    request_ok(uds, &AgentRequest::SessionClose { id: id.to_string() }).await.map(drop)
+pub(crate) async fn close_kept_session(
+    uds: &Path,
+    id: &str,
+    container: Option<&str>,
+) -> Result<(), VmTierError> {
+    let request =
+        AgentRequest::SessionClose { id: id.to_string(), container: container.map(str::to_string) };
+    request_ok(uds, &request).await.map(drop)
 }
 
 /// Sends one agent request and returns the reply stream.

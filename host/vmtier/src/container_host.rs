@@ -11,7 +11,8 @@
 
 use std::path::{Path, PathBuf};
 
-use brig_container::session::Session;
+use brig_container::session::{session_env, Session, SessionKeep, DRIVER};
+use brig_vmm_api::agent::KeepExec;
 use brig_vmm_api::container::{
     ContainerRequest, ContainerUsage, CreateSpec, Failure, FileEntry, ProcessSpec,
 };
@@ -125,7 +126,8 @@ impl<'a> HostedContainer<'a> {
     }
 
     /// Starts a process; with `stdin`, its input is streamed through the returned writer.
-    /// Dropping the stream (and the writer) hangs up, which kills the process tree.
+    /// Dropping the stream (and the writer) hangs up, which kills the process tree, unless
+    /// the agent keeps it (`keep`: then it takes a kill request, `agent_link::kill_kept`).
     pub async fn exec(
         &self,
         argv: Vec<String>,
@@ -133,8 +135,10 @@ impl<'a> HostedContainer<'a> {
         cwd: &str,
         user: Option<String>,
         stdin: bool,
+        keep: Option<KeepExec>,
     ) -> Result<(ExecStream, Option<GuestStdin>), VmTierError> {
-        let req = ContainerRequest::Exec { process: self.process(argv, env, cwd, user), stdin };
+        let process = self.process(argv, env, cwd, user);
+        let req = ContainerRequest::Exec { process, stdin, keep };
         let stream = self.send(&req, &[]).await?;
         if !stdin {
             return Ok((stream, None));
@@ -144,20 +148,34 @@ impl<'a> HostedContainer<'a> {
         Ok((ExecStream { reader, write: None }, Some(GuestStdin { write })))
     }
 
-    /// Opens a shell session (the container tier's session engine) running `shell`.
+    /// Opens a shell session (the container tier's session engine) running `shell`. With
+    /// `keep`, the session outlives this node: the agent keeps it under the container's name
+    /// and `keep.session_id`, and it is recorded in `keep.dir`.
     pub async fn open_session(
         &self,
         shell: &str,
         env: Vec<(String, String)>,
         cwd: &str,
         user: Option<String>,
+        keep: Option<SessionKeep>,
     ) -> Result<Session, VmTierError> {
-        use brig_container::session::{session_env, DRIVER};
         let argv = vec![shell.to_string(), "-c".to_string(), DRIVER.to_string()];
-        let req =
-            ContainerRequest::Session { process: self.process(argv, session_env(env), cwd, user) };
+        let process = self.process(argv, session_env(env), cwd, user);
+        let req = ContainerRequest::Session {
+            process,
+            keep: keep.as_ref().map(|k| k.session_id.clone()),
+        };
         let request = AgentRequest::Container { request: req };
-        crate::session::over_agent(request_with_body(self.uds, &request, &[]).await?)
+        let stream = request_with_body(self.uds, &request, &[]).await?;
+        Ok(match keep {
+            Some(keep) => Session::recorded(
+                crate::session::parts_over_agent(stream, true)?,
+                keep,
+                0,
+                String::new(),
+            ),
+            None => crate::session::over_agent(stream)?,
+        })
     }
 
     /// Writes `data` to `path` in the container (parents created, owned by container root).

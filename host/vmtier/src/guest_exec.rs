@@ -31,6 +31,8 @@ pub struct KeptCommand {
     /// The agent's socket (the VM's vsock Unix socket).
     pub uds: std::path::PathBuf,
     pub id: u64,
+    /// The container of a container-host VM it runs in (none: the VM's own command).
+    pub container: Option<String>,
     /// How long it ran before this node serves it (a command taken back after a restart).
     pub ran_for: Duration,
 }
@@ -75,7 +77,8 @@ pub fn serve_kept(
             exit.exit_code.is_some() || (exit.signal.is_some() && !exit.killed && !exit.truncated);
         if let (Some(kept), false) = (&kept, ended) {
             // Killed, timed out or capped: a kept command does not end with the hang-up.
-            if let Err(e) = crate::agent_link::kill_kept(&kept.uds, kept.id).await {
+            let container = kept.container.as_deref();
+            if let Err(e) = crate::agent_link::kill_kept(&kept.uds, kept.id, container).await {
                 tracing::warn!(exec = kept.id, error = %e, "cannot kill a kept guest command");
             }
         }

@@ -14,7 +14,9 @@
 //!     stopped, and replaced
 //! restart: each container's record names its VM and the VM's disks; the restarted node
 //!     adopts the VM (`VmTier::adopt`: pid file, start time, control socket) and takes the
-//!     container back if its init still runs; VMs no record claims are stopped
+//!     container back if its init still runs, with the commands and sessions the agent kept
+//!     for it (started with `keep`, under the container's name; sessions recorded in
+//!     `<tier dir>/<sandbox id>.sessions/`); VMs no record claims are stopped
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -25,12 +27,15 @@ use std::time::{Duration, Instant};
 use brig_container::sandbox::merged_env;
 use brig_core::files::{Entry, EntryKind};
 use brig_core::sandbox::{
-    BoxFuture, Capabilities, Condition, ExecSpec, FileAccess, ForkKind, HostedRecord,
+    BoxFuture, Capabilities, Condition, ExecSpec, FileAccess, ForkKind, HostedRecord, KeptWork,
     MachineRecord, Op, PauseKind, Persistence, ReadSource, Requested, RunningExec, Sandbox,
     SandboxError, Session, SessionSpec, Stdin, Usage, WriteOptions,
 };
 use brig_core::{QosClass, SandboxId, Tier};
 
+use brig_vmm_api::agent::KeepExec;
+
+use crate::guest_exec::{serve_kept, KeptCommand};
 use crate::{locked, HostedContainer, MicroVm, VmTier};
 
 /// A container to make in a container-host VM, its limits chosen by the node.
@@ -169,6 +174,8 @@ impl HostVm {
 pub struct HostedSandbox {
     pub host: Arc<HostVm>,
     pub name: String,
+    /// Where its sessions are recorded (in the container-host tier's directory).
+    pub sessions_dir: PathBuf,
     /// Environment every command starts with.
     pub env: Vec<(String, String)>,
     pub shell: String,
@@ -241,8 +248,23 @@ impl Sandbox for HostedSandbox {
             let env = merged_env(&self.env, spec.env);
             let cwd = spec.cwd.unwrap_or_default();
             let stdin = !matches!(spec.stdin, Stdin::Empty);
-            let (stream, input) = self.guest().exec(spec.argv, env, &cwd, spec.user, stdin).await?;
-            Ok(crate::guest_exec::serve(stream, input, spec.stdin, spec.timeout, spec.output_limit))
+            // The agent keeps the command under the node's id: it outlives a node restart.
+            let keep = KeepExec {
+                id: spec.exec_id,
+                timeout_ms: u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX),
+                output_limit: spec.output_limit,
+            };
+            let guest = self.guest();
+            let (stream, input) =
+                guest.exec(spec.argv, env, &cwd, spec.user, stdin, Some(keep)).await?;
+            let kept = KeptCommand {
+                uds: self.host.vm.uds.clone(),
+                id: spec.exec_id,
+                container: Some(self.name.clone()),
+                ran_for: Duration::ZERO,
+            };
+            let (timeout, limit) = (spec.timeout, spec.output_limit);
+            Ok(serve_kept(stream, input, spec.stdin, timeout, limit, Some(kept)))
         })
     }
 
@@ -254,7 +276,12 @@ impl Sandbox for HostedSandbox {
             let cwd = spec.start_dir();
             let shell = spec.shell.unwrap_or_else(|| self.shell.clone());
             let env = merged_env(&self.env, spec.env);
-            let session = self.guest().open_session(&shell, env, &cwd, spec.user).await?;
+            // Kept in the guest and recorded, so a restarted node takes it back.
+            let keep = (!spec.id.is_empty()).then(|| brig_container::session::SessionKeep {
+                dir: self.sessions_dir.clone(),
+                session_id: spec.id.clone(),
+            });
+            let session = self.guest().open_session(&shell, env, &cwd, spec.user, keep).await?;
             Ok(Box::new(session) as Box<dyn Session>)
         })
     }
@@ -350,7 +377,8 @@ impl Sandbox for HostedSandbox {
         })
     }
 
-    /// Removes the container from its VM (nothing to do once the VM is gone).
+    /// Removes the container from its VM (nothing to do once the VM is gone) and its session
+    /// records.
     fn destroy(&self) -> BoxFuture<'_, Result<(), SandboxError>> {
         Box::pin(async move {
             self.host.hosted.fetch_sub(1, Ordering::Relaxed);
@@ -359,7 +387,20 @@ impl Sandbox for HostedSandbox {
                     tracing::warn!(container = %self.name, error = %e, "removing an in-VM container failed");
                 }
             }
+            let _ = std::fs::remove_dir_all(&self.sessions_dir);
             Ok(())
+        })
+    }
+
+    /// The commands and sessions the VM's agent kept for this container while the node was
+    /// down.
+    fn recover_kept(&self) -> BoxFuture<'_, KeptWork> {
+        Box::pin(async move {
+            if self.host.lost().is_some() {
+                return KeptWork::default();
+            }
+            let (uds, name) = (&self.host.vm.uds, self.name.as_str());
+            crate::kept_work::recover(uds, Some(name), &self.sessions_dir, name).await
         })
     }
 
@@ -472,6 +513,12 @@ impl ContainerHosts {
         Ok(host)
     }
 
+    /// The VM tier its VMs run on (its directory holds their files and the containers'
+    /// session records).
+    pub fn vm_tier(&self) -> &Arc<VmTier> {
+        &self.tier
+    }
+
     /// Takes back container `id` an earlier run of the node recorded: its VM adopted (once,
     /// for all its containers) and the container found running in it.
     pub async fn adopt(
@@ -518,6 +565,7 @@ impl ContainerHosts {
         Ok(HostedSandbox {
             host,
             name: id.to_string(),
+            sessions_dir: self.tier.sessions_dir_named(id),
             env: record.env.clone(),
             shell: record.shell.clone(),
             memory_bytes: record.memory_bytes,
@@ -580,6 +628,7 @@ impl ContainerHosts {
         };
         Ok(HostedSandbox {
             host,
+            sessions_dir: self.tier.sessions_dir_named(&name),
             name,
             env: req.env,
             shell: shell.into(),

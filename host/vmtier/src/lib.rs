@@ -25,6 +25,7 @@ mod fullvm;
 pub use fullvm::GuestAddress;
 pub mod guest_exec;
 pub mod hosts;
+mod kept_work;
 pub mod sandbox;
 pub use sandbox::VmSandbox;
 pub mod lifecycle;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use brig_core::sandbox::{
     BoxFuture, Capabilities, Condition, ExecSpec, FileAccess, ForkChild, ForkKind, ForkOptions,
-    Forked, KeptWork, MachineRecord, Op, PauseKind, Persistence, ReadSource, RecoveredExec,
-    RunningExec, Sandbox, SandboxError, Session, SessionSpec, Stdin, WriteOptions,
+    Forked, KeptWork, MachineRecord, Op, PauseKind, Persistence, ReadSource, RunningExec, Sandbox,
+    SandboxError, Session, SessionSpec, Stdin, WriteOptions,
 };
 use brig_core::Tier;
 
@@ -125,7 +125,12 @@ impl Sandbox for VmSandbox {
                     (stream, Some(input))
                 }
             };
-            let kept = KeptCommand { uds: uds.clone(), id: spec.exec_id, ran_for: Duration::ZERO };
+            let kept = KeptCommand {
+                uds: uds.clone(),
+                id: spec.exec_id,
+                container: None,
+                ran_for: Duration::ZERO,
+            };
             Ok(serve_kept(stream, input, spec.stdin, spec.timeout, spec.output_limit, Some(kept)))
         })
     }
@@ -240,51 +245,11 @@ impl Sandbox for VmSandbox {
     /// first byte, with its deadline counted from its start; and its sessions, taken back.
     fn recover_kept(&self) -> BoxFuture<'_, KeptWork> {
         Box::pin(async move {
-            let mut work = KeptWork::default();
             if self.vm.is_paused() || !self.vm.is_running() {
-                return work;
+                return KeptWork::default();
             }
-            for (id, session) in self.tier.resume_sessions(&self.vm).await {
-                work.sessions.push((id, Box::new(session) as Box<dyn Session>));
-            }
-            let uds = &self.vm.uds;
-            let listed = match crate::agent_link::kept_commands(uds).await {
-                Ok(listed) => listed,
-                Err(e) => {
-                    tracing::warn!(vm = %self.vm.id, error = %e, "cannot list the guest's kept commands");
-                    return work;
-                }
-            };
-            for info in listed {
-                let id = info.keep.id;
-                let stream = match crate::agent_link::attach_kept(uds, id).await {
-                    Ok(stream) => stream,
-                    Err(e) => {
-                        tracing::warn!(vm = %self.vm.id, exec = id, error = %e, "cannot attach a kept command");
-                        continue;
-                    }
-                };
-                let ran_for = Duration::from_millis(info.elapsed_ms);
-                let kept = KeptCommand { uds: uds.clone(), id, ran_for };
-                let timeout = Duration::from_millis(info.keep.timeout_ms);
-                let running = serve_kept(
-                    stream,
-                    None,
-                    Stdin::Empty,
-                    timeout,
-                    info.keep.output_limit,
-                    Some(kept),
-                );
-                work.execs.push(RecoveredExec {
-                    exec_id: id,
-                    argv: info.argv,
-                    output: Vec::new(),
-                    gap: info.gap,
-                    running: Some(running),
-                    exit: None,
-                });
-            }
-            work
+            let sessions = self.tier.sessions_dir(&self.vm);
+            crate::kept_work::recover(&self.vm.uds, None, &sessions, &self.vm.id).await
         })
     }
 }

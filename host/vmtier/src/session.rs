@@ -8,7 +8,7 @@
 //! ([`VmTier::resume_sessions`]): the agent hands the shell's descriptors to the new
 //! connection, and tells whether the shell waits for a command (the engine's idle probe).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use brig_container::session::{
@@ -101,7 +101,13 @@ fn forward(
 impl VmTier {
     /// Where `vm`'s sessions are recorded.
     pub fn sessions_dir(&self, vm: &MicroVm) -> PathBuf {
-        self.cfg.dir.join(format!("{}.{SESSIONS_EXT}", vm.id))
+        self.sessions_dir_named(&vm.id)
+    }
+
+    /// Where the sessions of `name` (a VM, or a container of a container-host VM) are
+    /// recorded.
+    pub fn sessions_dir_named(&self, name: &str) -> PathBuf {
+        self.cfg.dir.join(format!("{name}.{SESSIONS_EXT}"))
     }
 
     /// Opens a shell session in `vm`: `shell` (an absolute path in the guest) with `env`, in
@@ -140,67 +146,81 @@ impl VmTier {
         })
     }
 
-    /// Takes back the sessions recorded for `vm` whose shells its agent kept, by the node's
-    /// session ids; records of shells the agent no longer has are removed, and kept shells
-    /// with no record are ended.
+    /// Takes back the sessions recorded for `vm` whose shells its agent kept (see
+    /// [`resume_kept_sessions`]).
     pub async fn resume_sessions(&self, vm: &MicroVm) -> Vec<(String, Session)> {
-        let dir = self.sessions_dir(vm);
-        let records = {
-            let dir = dir.clone();
-            tokio::task::spawn_blocking(move || SessionJournal::read_all(&dir))
-                .await
-                .unwrap_or_default()
-        };
-        let kept = match kept_sessions(&vm.uds).await {
-            Ok(kept) => kept,
-            Err(e) => {
-                tracing::warn!(vm = %vm.id, error = %e, "cannot list the guest's kept sessions");
-                return Vec::new();
-            }
-        };
-        let mut out = Vec::new();
-        for record in records {
-            let id = record.session_id.clone();
-            if !kept.contains(&id) {
-                tracing::warn!(vm = %vm.id, session = %id, "the guest no longer keeps a session");
-                let _ = std::fs::remove_file(dir.join(format!("{id}.json")));
-                continue;
-            }
-            let request = AgentRequest::SessionAttach { id: id.clone() };
-            let parts = match request_with_body(&vm.uds, &request, &[]).await {
-                Ok(stream) => parts_over_agent(stream, true),
-                Err(e) => Err(e),
-            };
-            match parts {
-                Ok(parts) => {
-                    let probe = idle_probe(vm.uds.clone(), id.clone());
-                    out.push((id, Session::resume_parts(parts, &dir, record, probe)));
-                }
-                Err(e) => {
-                    tracing::warn!(vm = %vm.id, session = %id, error = %e, "cannot attach a kept session");
-                }
-            }
-        }
-        for id in kept.iter().filter(|id| !out.iter().any(|(taken, _)| taken == *id)) {
-            tracing::info!(vm = %vm.id, session = %id, "ending a kept session with no record");
-            if let Err(e) = close_kept_session(&vm.uds, id).await {
-                tracing::debug!(session = %id, error = %e, "a kept session not ended");
-            }
-        }
-        out
+        resume_kept_sessions(&vm.uds, &self.sessions_dir(vm), None, &vm.id).await
     }
+}
+
+/// Takes back the sessions recorded in `dir` whose shells the agent behind `uds` kept (the
+/// VM's own, or `container`'s), by the node's session ids; records of shells the agent no
+/// longer has are removed, and kept shells with no record are ended. `owner` names the VM or
+/// container in logs.
+pub(crate) async fn resume_kept_sessions(
+    uds: &Path,
+    dir: &Path,
+    container: Option<&str>,
+    owner: &str,
+) -> Vec<(String, Session)> {
+    let records = {
+        let dir = dir.to_owned();
+        tokio::task::spawn_blocking(move || SessionJournal::read_all(&dir))
+            .await
+            .unwrap_or_default()
+    };
+    let kept = match kept_sessions(uds, container).await {
+        Ok(kept) => kept,
+        Err(e) => {
+            tracing::warn!(owner, error = %e, "cannot list the guest's kept sessions");
+            return Vec::new();
+        }
+    };
+    let mut out = Vec::new();
+    for record in records {
+        let id = record.session_id.clone();
+        if !kept.contains(&id) {
+            tracing::warn!(owner, session = %id, "the guest no longer keeps a session");
+            let _ = std::fs::remove_file(dir.join(format!("{id}.json")));
+            continue;
+        }
+        let request = AgentRequest::SessionAttach {
+            id: id.clone(),
+            container: container.map(str::to_string),
+        };
+        let parts = match request_with_body(uds, &request, &[]).await {
+            Ok(stream) => parts_over_agent(stream, true),
+            Err(e) => Err(e),
+        };
+        match parts {
+            Ok(parts) => {
+                let probe = idle_probe(uds.to_owned(), id.clone(), container.map(str::to_string));
+                out.push((id, Session::resume_parts(parts, dir, record, probe)));
+            }
+            Err(e) => {
+                tracing::warn!(owner, session = %id, error = %e, "cannot attach a kept session");
+            }
+        }
+    }
+    for id in kept.iter().filter(|id| !out.iter().any(|(taken, _)| taken == *id)) {
+        tracing::info!(owner, session = %id, "ending a kept session with no record");
+        if let Err(e) = close_kept_session(uds, id, container).await {
+            tracing::debug!(session = %id, error = %e, "a kept session not ended");
+        }
+    }
+    out
 }
 
 /// The extension of a VM's session records directory in its tier's directory.
 pub(crate) const SESSIONS_EXT: &str = "sessions";
 
-/// Asks the agent behind `uds` whether kept session `id`'s shell waits for a command (an
-/// unanswered probe says no, so a waiter keeps waiting).
-fn idle_probe(uds: PathBuf, id: String) -> IdleProbe {
+/// Asks the agent behind `uds` whether kept session `id`'s shell (of `container`, or the
+/// VM's own) waits for a command (an unanswered probe says no, so a waiter keeps waiting).
+fn idle_probe(uds: PathBuf, id: String, container: Option<String>) -> IdleProbe {
     Box::new(move || {
-        let (uds, id) = (uds.clone(), id.clone());
+        let (uds, id, container) = (uds.clone(), id.clone(), container.clone());
         Box::pin(async move {
-            let request = AgentRequest::SessionProbe { id };
+            let request = AgentRequest::SessionProbe { id, container };
             let Ok(out) = request_within(&uds, &request, KEPT_REQUEST).await else {
                 return false;
             };
@@ -218,7 +238,10 @@ pub(crate) fn over_agent(stream: crate::ExecStream) -> Result<Session, VmTierErr
 
 /// The engine's parts over an agent connection carrying a session shell's descriptors;
 /// `kept`: the agent keeps the shell when the connection ends.
-fn parts_over_agent(stream: crate::ExecStream, kept: bool) -> Result<SessionParts, VmTierError> {
+pub(crate) fn parts_over_agent(
+    stream: crate::ExecStream,
+    kept: bool,
+) -> Result<SessionParts, VmTierError> {
     let (mut reader, writer) = stream.into_parts();
     let mut writer =
         writer.ok_or_else(|| VmTierError::Agent("no connection to write to".into()))?;

@@ -9,7 +9,9 @@
 //! ```
 //! Processes start through each container's shim, outside the container's pid namespace, as
 //! on the host kernel; nothing in a container can reach the agent. A connection's processes
-//! die with it (a host hang-up kills the tree).
+//! die with it (a host hang-up kills the tree), unless they are kept: a command or session
+//! started with `keep` outlives the connection (a restart of the node), kept under the
+//! container's name (`kept`, `kept_session`), and goes with its container.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -134,9 +136,18 @@ pub fn serve(
     reader: BufReader<File>,
     out: Arc<Mutex<File>>,
 ) -> std::io::Result<()> {
-    let result = service().and_then(|svc| handle(svc, request, reader, &out));
+    // A kept command whose end this request reports: forgotten once the host has its end.
+    let mut ended = None;
+    let result = service().and_then(|svc| handle(svc, request, reader, &out, &mut ended));
     match result {
-        Ok((kind, value)) => crate::frame(&out, kind, &value.to_le_bytes()),
+        Ok(NO_END) => Ok(()),
+        Ok((kind, value)) => {
+            crate::frame(&out, kind, &value.to_le_bytes())?;
+            if let Some(kept) = ended {
+                kept.delivered();
+            }
+            Ok(())
+        }
         Err(Refusal(failure, message)) => {
             crate::frame(&out, agent::STDERR, format!("{message}\n").as_bytes())?;
             crate::frame(&out, agent::EXIT, &failure.code().to_le_bytes())
@@ -146,10 +157,11 @@ pub fn serve(
 
 /// Runs a request; the last frame it answers with.
 fn handle(
-    svc: &Service,
+    svc: &'static Service,
     request: ContainerRequest,
     mut reader: BufReader<File>,
     out: &Arc<Mutex<File>>,
+    ended: &mut Option<Arc<crate::kept::KeptExec>>,
 ) -> Result<End, Refusal> {
     match request {
         ContainerRequest::Create(spec) => create(svc, spec).map(|()| DONE),
@@ -158,16 +170,33 @@ fn handle(
             let container = container.ok_or_else(|| {
                 Refusal(Failure::NoSuchContainer, format!("no container {name:?}"))
             })?;
+            crate::kept::forget_scope(&name);
+            crate::kept_session::close_scope(&name);
             svc.tokio.block_on(container.destroy())?;
             Ok(DONE)
         }
-        ContainerRequest::Exec { process, stdin } => {
+        ContainerRequest::Exec { process, stdin, keep } => {
             let container = svc.container(&process.name)?;
-            exec(svc, &container, process, stdin, reader, out)
+            let (end, kept) = exec(svc, &container, process, stdin, keep, reader, out)?;
+            *ended = kept;
+            Ok(end)
         }
-        ContainerRequest::Session { process } => {
+        ContainerRequest::Session { process, keep: None } => {
             let container = svc.container(&process.name)?;
             session(svc, &container, process, reader, out)
+        }
+        ContainerRequest::Session { process, keep: Some(id) } => {
+            let container = svc.container(&process.name)?;
+            let name = process.name.clone();
+            let spawn = || {
+                kept_shell(svc, container, process)
+                    .map_err(|Refusal(_, m)| std::io::Error::other(m))
+            };
+            crate::kept_session::start_with(&name, &id, spawn, reader, out.clone())
+                .map_err(|e| Refusal::bad(format!("session: {e}")))?;
+            // The session ended here by a hang-up or a close; its EXIT, when the shell ends,
+            // goes to whichever connection is attached then.
+            Ok(NO_END)
         }
         ContainerRequest::Put { name, path, len, append, mode } => {
             let container = svc.container(&name)?;
@@ -303,6 +332,9 @@ type End = (u8, i32);
 /// A request that ran to its end.
 const DONE: End = (agent::EXIT, 0);
 
+/// A request whose last frame is not this connection's to send (a kept session's).
+const NO_END: End = (0, 0);
+
 /// The last frame for how a process ended: EXIT with its code, SIGNALED with its signal, or
 /// EXIT -1 when the container went away first.
 fn end_of(exit: Option<ExitInfo>) -> End {
@@ -313,17 +345,21 @@ fn end_of(exit: Option<ExitInfo>) -> End {
     }
 }
 
+/// Runs a process to its end; with `keep`, it is kept under the container's name (the kept
+/// command is returned: forget it once the host has its end).
 fn exec(
     svc: &Service,
     container: &Container,
     process: ProcessSpec,
     stdin: bool,
+    keep: Option<agent::KeepExec>,
     reader: BufReader<File>,
     out: &Arc<Mutex<File>>,
-) -> Result<End, Refusal> {
+) -> Result<(End, Option<Arc<crate::kept::KeptExec>>), Refusal> {
     if process.argv.is_empty() {
         return Err(Refusal::bad("an empty command"));
     }
+    let (name, argv) = (process.name.clone(), process.argv.clone());
     let (in_r, in_w) = pipe()?;
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
@@ -331,12 +367,18 @@ fn exec(
     let mut child = svc.tokio.block_on(container.spawn(spawn_request(process), stdio, &[], &[]))?;
     drop((in_r, out_w, err_w));
     let stdin = stdin.then(|| File::from(in_w));
-    // A hang-up before the process ends (the node's timeout or cap, a kill) kills its tree;
-    // after it ended, what it left in the background runs on, as on the node's kernel.
+    // The shim makes every process the leader of its own group.
+    let kept = keep.and_then(|keep| {
+        let tree_kill: crate::kept::TreeKill = Box::new(child.tree_killer());
+        crate::kept::register(&name, keep, &argv, child.pid, Some(tree_kill))
+    });
+    // A hang-up before the process ends (the node's timeout or cap, a kill) kills its tree,
+    // unless it is kept; after it ended, what it left in the background runs on, as on the
+    // node's kernel.
     let finished = Arc::new(AtomicBool::new(false));
-    let (done, kill_tree) = (finished.clone(), child.tree_killer());
+    let (done, kill_tree, kill_on_hangup) = (finished.clone(), child.tree_killer(), kept.is_none());
     crate::feed_until_hangup(reader, stdin, move || {
-        if !done.load(Ordering::SeqCst) {
+        if kill_on_hangup && !done.load(Ordering::SeqCst) {
             kill_tree();
         }
     });
@@ -344,10 +386,61 @@ fn exec(
         (agent::STDOUT, Box::new(File::from(out_r))),
         (agent::STDERR, Box::new(File::from(err_r))),
     ];
-    let exit = crate::pump_until_exit(pipes, out, || svc.tokio.block_on(child.wait()));
+    // A kept command's output is kept (and read on after the host left) until it ends.
+    let exit =
+        crate::pump_until_exit(pipes, out, kept.clone(), || svc.tokio.block_on(child.wait()));
+    let end = end_of(exit);
+    if let Some(kept) = &kept {
+        kept.finish(end.0, end.1);
+    }
     finished.store(true, Ordering::SeqCst);
     child.cleanup(true);
-    Ok(end_of(exit))
+    Ok((end, kept))
+}
+
+/// Starts a session shell in `container` for a kept session: the shim's child, waited for
+/// on the service's runtime.
+fn kept_shell(
+    svc: &'static Service,
+    container: Arc<Container>,
+    process: ProcessSpec,
+) -> Result<crate::kept_session::KeptShell, Refusal> {
+    let (in_r, in_w) = pipe()?;
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    let (cmd_r, cmd_w) = pipe()?;
+    let (done_r, done_w) = pipe()?;
+    let commands_pipe = brig_container::session_journal::pipe_name(&cmd_w)
+        .ok_or_else(|| Refusal::bad("cannot name the command pipe"))?;
+    let stdio = [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()];
+    let extra = [cmd_r.as_fd(), done_w.as_fd()];
+    let mut child =
+        svc.tokio.block_on(container.spawn(spawn_request(process), stdio, &extra, &[]))?;
+    drop((in_r, out_w, err_w, cmd_r, done_w));
+    let pid = child.pid;
+    let wait = move || {
+        let (kind, value) = end_of(svc.tokio.block_on(child.wait()));
+        child.cleanup(false);
+        drop(container);
+        if kind == agent::SIGNALED {
+            128 + value
+        } else {
+            value
+        }
+    };
+    Ok(crate::kept_session::KeptShell {
+        wait: Box::new(wait),
+        group: nix::unistd::Pid::from_raw(-pid),
+        shell_pid: pid,
+        commands_pipe,
+        relay: crate::session::Relay {
+            stdin: File::from(in_w),
+            commands: File::from(cmd_w),
+            stdout: File::from(out_r),
+            stderr: File::from(err_r),
+            done: File::from(done_r),
+        },
+    })
 }
 
 fn session(

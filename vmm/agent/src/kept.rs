@@ -3,6 +3,9 @@
 //! `MAX_KEPT_OUTPUT`) and its status; a host reads one again from its first byte with
 //! `attach`, and an entry goes once a host has read its EXIT, or [`FORGET_AFTER`] after it
 //! ended unread. All kept output together is capped at [`MAX_TOTAL`] (the guest's memory).
+//!
+//! Commands are kept by scope and id: the scope is a container's name (a container-host VM's
+//! service keeps each container's commands apart) or empty (the VM's own commands).
 
 /// How long an ended command nobody read to its end is kept.
 const FORGET_AFTER: Duration = Duration::from_secs(600);
@@ -22,6 +25,8 @@ use brig_vmm_api::agent::{self, KeepExec, KeptInfo, MAX_KEPT, MAX_KEPT_OUTPUT};
 pub struct KeptExec {
     /// Tells this entry from a later one under the same id.
     serial: u64,
+    /// The container it runs in, or empty.
+    scope: String,
     keep: KeepExec,
     argv: Vec<String>,
     started: Instant,
@@ -39,7 +44,13 @@ struct State {
     /// The EXIT or SIGNALED frame, once it ended, and when.
     exit: Option<(u8, i32)>,
     ended: Option<Instant>,
+    /// Kills everything it started (a container's exec cgroup), until it ends: the cgroup may
+    /// serve another command after that.
+    tree_kill: Option<TreeKill>,
 }
+
+/// Kills a command's whole process tree.
+pub type TreeKill = Box<dyn FnOnce() + Send>;
 
 impl Drop for KeptExec {
     fn drop(&mut self) {
@@ -48,35 +59,50 @@ impl Drop for KeptExec {
     }
 }
 
-fn table() -> &'static Mutex<HashMap<u64, Arc<KeptExec>>> {
-    static TABLE: OnceLock<Mutex<HashMap<u64, Arc<KeptExec>>>> = OnceLock::new();
+/// A kept command's scope (a container's name, or empty) and id.
+type Key = (String, u64);
+
+fn table() -> &'static Mutex<HashMap<Key, Arc<KeptExec>>> {
+    static TABLE: OnceLock<Mutex<HashMap<Key, Arc<KeptExec>>>> = OnceLock::new();
     TABLE.get_or_init(Default::default)
+}
+
+fn key(scope: &str, id: u64) -> Key {
+    (scope.to_string(), id)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Keeps the command `keep` names (process group `group`); none when the agent keeps
-/// [`MAX_KEPT`] already (it then runs as if not kept).
-pub fn register(keep: KeepExec, argv: &[String], group: i32) -> Option<Arc<KeptExec>> {
+/// Keeps the command `keep` names in `scope` (process group `group`, and what else
+/// `tree_kill` kills); none when the agent keeps [`MAX_KEPT`] already (it then runs as if not
+/// kept).
+pub fn register(
+    scope: &str,
+    keep: KeepExec,
+    argv: &[String],
+    group: i32,
+    tree_kill: Option<TreeKill>,
+) -> Option<Arc<KeptExec>> {
     let mut table = lock(table());
     table.retain(|_, e| lock(&e.state).ended.is_none_or(|t| t.elapsed() < FORGET_AFTER));
-    if table.len() >= MAX_KEPT && !table.contains_key(&keep.id) {
+    if table.len() >= MAX_KEPT && !table.contains_key(&key(scope, keep.id)) {
         return None;
     }
     let argv = argv.iter().take(16).map(|a| a.chars().take(256).collect()).collect();
     static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let exec = Arc::new(KeptExec {
         serial: SERIAL.fetch_add(1, Ordering::Relaxed),
+        scope: scope.to_string(),
         keep,
         argv,
         started: Instant::now(),
         group,
-        state: Mutex::default(),
+        state: Mutex::new(State { tree_kill, ..State::default() }),
         changed: Condvar::new(),
     });
-    table.insert(keep.id, exec.clone());
+    table.insert(key(scope, keep.id), exec.clone());
     Some(exec)
 }
 
@@ -84,6 +110,10 @@ impl KeptExec {
     /// Keeps an output frame (past the cap, notes the gap instead).
     pub fn record(&self, kind: u8, data: &[u8]) {
         let mut state = lock(&self.state);
+        if state.exit.is_some() {
+            // What a background process writes after the command's end is not its output.
+            return;
+        }
         let total = TOTAL.load(Ordering::Relaxed);
         if state.bytes + data.len() > MAX_KEPT_OUTPUT || total + data.len() > MAX_TOTAL {
             state.gap = true;
@@ -100,6 +130,7 @@ impl KeptExec {
         let mut state = lock(&self.state);
         state.exit = Some((kind, status));
         state.ended = Some(Instant::now());
+        state.tree_kill = None;
         drop(state);
         self.changed.notify_all();
     }
@@ -107,17 +138,19 @@ impl KeptExec {
     /// A host has its EXIT: the entry goes (unless a later command took its id).
     pub fn delivered(&self) {
         let mut table = lock(table());
-        if table.get(&self.keep.id).is_some_and(|e| e.serial == self.serial) {
-            table.remove(&self.keep.id);
+        let key = key(&self.scope, self.keep.id);
+        if table.get(&key).is_some_and(|e| e.serial == self.serial) {
+            table.remove(&key);
         }
     }
 }
 
-/// The kept commands, for `kept`.
-pub fn list() -> Vec<KeptInfo> {
+/// The kept commands of `scope`, for `kept`.
+pub fn list(scope: &str) -> Vec<KeptInfo> {
     let table = lock(table());
     let mut out: Vec<KeptInfo> = table
         .values()
+        .filter(|e| e.scope == scope)
         .map(|e| {
             let state = lock(&e.state);
             KeptInfo {
@@ -134,25 +167,56 @@ pub fn list() -> Vec<KeptInfo> {
 }
 
 /// Kills kept command `id`'s process group; whether the agent keeps it.
-pub fn kill(id: u64) -> bool {
-    let Some(exec) = lock(table()).get(&id).cloned() else { return false };
-    if exec.group > 0 {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(-exec.group),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
+pub fn kill(scope: &str, id: u64) -> bool {
+    let Some(exec) = lock(table()).get(&key(scope, id)).cloned() else { return false };
+    exec.kill();
     true
+}
+
+/// Kills every command kept in `scope` and forgets them (its container is destroyed).
+pub fn forget_scope(scope: &str) {
+    let mut gone = Vec::new();
+    lock(table()).retain(|_, e| {
+        let keep = e.scope != scope;
+        if !keep {
+            gone.push(e.clone());
+        }
+        keep
+    });
+    for exec in gone {
+        exec.kill();
+    }
+}
+
+impl KeptExec {
+    /// Kills it and what it started, unless it has ended (its group and cgroup may be
+    /// another's by then). The state stays locked meanwhile, so it cannot end halfway.
+    fn kill(&self) {
+        let mut state = lock(&self.state);
+        if state.exit.is_some() {
+            return;
+        }
+        if self.group > 0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(-self.group),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        if let Some(tree_kill) = state.tree_kill.take() {
+            tree_kill();
+        }
+    }
 }
 
 /// Sends kept command `id`'s output from its first byte, then what follows, then its end,
 /// to `out`; stops early when the host hangs up (`reader` reaches its end).
 pub fn attach(
+    scope: &str,
     id: u64,
     mut reader: impl Read + Send + 'static,
     out: &Mutex<std::fs::File>,
 ) -> std::io::Result<()> {
-    let Some(exec) = lock(table()).get(&id).cloned() else {
+    let Some(exec) = lock(table()).get(&key(scope, id)).cloned() else {
         crate::frame(out, agent::STDERR, format!("brig-agent: no kept command {id}\n").as_bytes())?;
         return crate::frame(out, agent::EXIT, &1i32.to_le_bytes());
     };
@@ -197,5 +261,41 @@ pub fn attach(
                 return Ok(());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two containers' commands under one id are two commands: each is listed, killed and
+    /// forgotten in its own scope only, and a tree kill does not outlive the command's end.
+    #[test]
+    fn each_container_has_its_own_command_ids() {
+        let keep = KeepExec { id: 7, timeout_ms: 1000, output_limit: 1 << 10 };
+        let killed = Arc::new(AtomicBool::new(false));
+        let tree_kill: TreeKill = {
+            let killed = killed.clone();
+            Box::new(move || killed.store(true, Ordering::SeqCst))
+        };
+        // Group 0: no process group is signalled.
+        let a = register("t-sb-a", keep, &["sleep".into()], 0, Some(tree_kill)).expect("a");
+        let b = register("t-sb-b", keep, &["true".into()], 0, None).expect("b");
+        assert_eq!(list("t-sb-a").len(), 1);
+        assert_eq!(list("t-sb-b")[0].argv, vec!["true".to_string()]);
+        assert!(list("").iter().all(|i| i.keep.id != 7 || i.argv != ["sleep"]));
+
+        b.finish(agent::EXIT, 0);
+        assert!(kill("t-sb-b", 7), "an ended command is still kept until read");
+        assert!(!killed.load(Ordering::SeqCst));
+        assert!(kill("t-sb-a", 7));
+        assert!(killed.load(Ordering::SeqCst), "the tree kill ran");
+
+        forget_scope("t-sb-a");
+        assert!(list("t-sb-a").is_empty());
+        assert_eq!(list("t-sb-b").len(), 1);
+        b.delivered();
+        assert!(list("t-sb-b").is_empty());
+        drop(a);
     }
 }

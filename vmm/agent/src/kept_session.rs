@@ -9,6 +9,9 @@
 //! input and interrupts come from the attached connection; IN_CLOSE (or `session_close`)
 //! ends the shell and everything in its process group. When the shell ends, its EXIT goes to
 //! the attached connection and the session is forgotten.
+//!
+//! Sessions are kept by scope and id, as commands are (`kept`): a container's name, or empty
+//! for the VM's own.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -23,7 +26,8 @@ type Out = Arc<Mutex<File>>;
 
 /// One kept session.
 pub struct KeptSession {
-    id: String,
+    /// Its key in the table (scope and id, see [`key`]).
+    key: String,
     /// Tells this entry from a later one under the same id.
     serial: u64,
     /// Its process group, negated (for `kill`).
@@ -58,45 +62,93 @@ fn invalid(message: String) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidInput, message)
 }
 
+/// A session's key in the table: `id` alone in the empty scope, else `scope/id` (an id has no
+/// `/`, so keys of different scopes never meet).
+fn key(scope: &str, id: &str) -> String {
+    if scope.is_empty() {
+        id.to_string()
+    } else {
+        format!("{scope}/{id}")
+    }
+}
+
+/// A session shell just started, as a kept session holds it: how to wait for its end (its
+/// exit status), its process group, its pid and command pipe (for the probe) and the agent's
+/// ends of its descriptors.
+pub struct KeptShell {
+    pub wait: Box<dyn FnOnce() -> i32 + Send>,
+    pub group: nix::unistd::Pid,
+    pub shell_pid: i32,
+    pub commands_pipe: String,
+    pub relay: crate::session::Relay,
+}
+
+impl From<crate::session::Shell> for KeptShell {
+    fn from(shell: crate::session::Shell) -> KeptShell {
+        let crate::session::Shell { mut child, group, relay, commands_pipe } = shell;
+        KeptShell {
+            shell_pid: i32::try_from(child.id()).unwrap_or(-1),
+            wait: Box::new(move || child.wait().map_or(-1, crate::exit_code)),
+            group,
+            commands_pipe,
+            relay,
+        }
+    }
+}
+
 fn valid_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= MAX_SESSION_ID
         && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-/// Starts a kept session `id` and serves it on this connection.
+/// Starts a kept session `id` of the VM (a shell running `process`) and serves it on this
+/// connection.
 pub fn start(
     id: String,
     process: &ProcessRun,
     reader: BufReader<File>,
     out: Out,
 ) -> std::io::Result<()> {
-    if !valid_id(&id) {
+    start_with("", &id, || crate::session::spawn(process).map(KeptShell::from), reader, out)
+}
+
+/// Starts a kept session `id` in `scope` with the shell `spawn` starts, and serves it on this
+/// connection.
+pub fn start_with(
+    scope: &str,
+    id: &str,
+    spawn: impl FnOnce() -> std::io::Result<KeptShell>,
+    reader: BufReader<File>,
+    out: Out,
+) -> std::io::Result<()> {
+    if !valid_id(id) {
         return Err(invalid(format!("session id {id:?} (1-{MAX_SESSION_ID} of [A-Za-z0-9_-])")));
     }
+    let key = key(scope, id);
     // The table stays locked while the shell starts, so two starts cannot both take the id.
     let mut table = lock(table());
-    if table.contains_key(&id) {
+    if table.contains_key(&key) {
         return Err(invalid(format!("a session {id:?} is kept already")));
     }
-    if table.len() >= MAX_KEPT_SESSIONS {
+    // Per scope: one container's sessions do not refuse another's.
+    if table.keys().filter(|k| id_in(scope, k).is_some()).count() >= MAX_KEPT_SESSIONS {
         return Err(invalid(format!("{MAX_KEPT_SESSIONS} sessions are kept already")));
     }
-    let crate::session::Shell { child, group, relay, commands_pipe } =
-        crate::session::spawn(process)?;
+    let KeptShell { wait, group, shell_pid, commands_pipe, relay } = spawn()?;
     static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let session = Arc::new(KeptSession {
-        id: id.clone(),
+        key: key.clone(),
         serial: SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         group,
-        shell_pid: i32::try_from(child.id()).unwrap_or(-1),
+        shell_pid,
         commands_pipe,
         stdin: Mutex::new(relay.stdin),
         commands: Mutex::new(relay.commands),
         link: Mutex::default(),
         changed: Condvar::new(),
     });
-    table.insert(id, session.clone());
+    table.insert(key, session.clone());
     drop(table);
     let pipes: Vec<(u8, File)> = vec![
         (agent::STDOUT, relay.stdout),
@@ -105,15 +157,15 @@ pub fn start(
     ];
     {
         let session = session.clone();
-        std::thread::spawn(move || session.run(child, pipes));
+        std::thread::spawn(move || session.run(wait, pipes));
     }
     session.serve(reader, out);
     Ok(())
 }
 
-/// Serves kept session `id` on this connection (the one it had is detached).
-pub fn attach(id: &str, reader: BufReader<File>, out: Out) -> std::io::Result<()> {
-    let Some(session) = lock(table()).get(id).cloned() else {
+/// Serves kept session `id` of `scope` on this connection (the one it had is detached).
+pub fn attach(scope: &str, id: &str, reader: BufReader<File>, out: Out) -> std::io::Result<()> {
+    let Some(session) = lock(table()).get(&key(scope, id)).cloned() else {
         crate::frame(
             &out,
             agent::STDERR,
@@ -126,8 +178,8 @@ pub fn attach(id: &str, reader: BufReader<File>, out: Out) -> std::io::Result<()
 }
 
 /// Whether kept session `id`'s shell waits for its next command; `None`: no such session.
-pub fn probe(id: &str) -> Option<SessionProbe> {
-    let session = lock(table()).get(id).cloned()?;
+pub fn probe(scope: &str, id: &str) -> Option<SessionProbe> {
+    let session = lock(table()).get(&key(scope, id)).cloned()?;
     let idle = brig_container::session_journal::shell_waits_for_command(
         session.shell_pid,
         &session.commands_pipe,
@@ -136,24 +188,44 @@ pub fn probe(id: &str) -> Option<SessionProbe> {
     Some(SessionProbe { idle })
 }
 
-/// The kept sessions' ids, sorted.
-pub fn list() -> Vec<String> {
-    let mut ids: Vec<String> = lock(table()).keys().cloned().collect();
+/// The ids of the sessions kept in `scope`, sorted.
+pub fn list(scope: &str) -> Vec<String> {
+    let mut ids: Vec<String> = lock(table()).keys().filter_map(|k| id_in(scope, k)).collect();
     ids.sort();
     ids
 }
 
-/// Ends kept session `id`; whether the agent kept it.
-pub fn close(id: &str) -> bool {
-    let Some(session) = lock(table()).get(id).cloned() else { return false };
+/// The id a key has in `scope`, if it is of that scope.
+fn id_in(scope: &str, key: &str) -> Option<String> {
+    if scope.is_empty() {
+        return (!key.contains('/')).then(|| key.to_string());
+    }
+    key.strip_prefix(scope)?.strip_prefix('/').map(str::to_string)
+}
+
+/// Ends kept session `id` of `scope`; whether the agent kept it.
+pub fn close(scope: &str, id: &str) -> bool {
+    let Some(session) = lock(table()).get(&key(scope, id)).cloned() else { return false };
     session.close();
     true
+}
+
+/// Ends every session kept in `scope` (its container is destroyed).
+pub fn close_scope(scope: &str) {
+    let sessions: Vec<Arc<KeptSession>> = lock(table())
+        .iter()
+        .filter(|(k, _)| id_in(scope, k).is_some())
+        .map(|(_, s)| s.clone())
+        .collect();
+    for session in sessions {
+        session.close();
+    }
 }
 
 impl KeptSession {
     /// Pumps the shell's output to whoever is attached until its pipes close, then reports
     /// its end and forgets it.
-    fn run(self: Arc<Self>, mut child: std::process::Child, pipes: Vec<(u8, File)>) {
+    fn run(self: Arc<Self>, wait: Box<dyn FnOnce() -> i32 + Send>, pipes: Vec<(u8, File)>) {
         let pumps: Vec<_> = pipes
             .into_iter()
             .map(|(kind, mut pipe)| {
@@ -169,11 +241,11 @@ impl KeptSession {
         for pump in pumps {
             let _ = pump.join();
         }
-        let status = child.wait().map_or(-1, crate::exit_code);
+        let status = wait();
         {
             let mut table = lock(table());
-            if table.get(&self.id).is_some_and(|s| s.serial == self.serial) {
-                table.remove(&self.id);
+            if table.get(&self.key).is_some_and(|s| s.serial == self.serial) {
+                table.remove(&self.key);
             }
         }
         let attached = lock(&self.link).out.clone();
@@ -330,22 +402,22 @@ mod tests {
         let late = "n2\0sleep 0.3; echo late-$ROLLOUT\0";
         agent::write_frame(&mut host, agent::IN_COMMAND, late.as_bytes()).expect("command");
         drop(host);
-        assert!(list().contains(&"t-kept".to_string()), "{:?}", list());
+        assert!(list("").contains(&"t-kept".to_string()), "{:?}", list(""));
         std::thread::sleep(Duration::from_millis(600));
 
         let (mut host, reader, out) = connection();
-        std::thread::spawn(move || attach("t-kept", reader, out));
+        std::thread::spawn(move || attach("", "t-kept", reader, out));
         let (stdout, report) = result(&mut host, "n2");
         assert_eq!((stdout.as_str(), report.as_str()), ("late-r7\n", "n2 0 /tmp"));
-        eventually("the shell waits for a command", || probe("t-kept").is_some_and(|p| p.idle));
+        eventually("the shell waits for a command", || probe("", "t-kept").is_some_and(|p| p.idle));
         let (stdout, report) = run(&mut host, "n3", "echo $ROLLOUT $PWD");
         assert_eq!((stdout.as_str(), report.as_str()), ("r7 /tmp\n", "n3 0 /tmp"));
 
         agent::write_frame(&mut host, agent::IN_CLOSE, &[]).expect("close");
-        eventually("the closed session is forgotten", || !list().contains(&"t-kept".to_string()));
-        assert!(probe("t-kept").is_none());
+        eventually("the closed session is forgotten", || !list("").contains(&"t-kept".to_string()));
+        assert!(probe("", "t-kept").is_none());
         let (mut host, reader, out) = connection();
-        attach("t-kept", reader, out).expect("attach");
+        attach("", "t-kept", reader, out).expect("attach");
         let (kind, data) = agent::read_frame(&mut host).expect("refusal");
         assert_eq!(kind, agent::STDERR, "{}", String::from_utf8_lossy(&data));
     }
@@ -358,5 +430,15 @@ mod tests {
             assert!(!valid_id(bad), "{bad:?}");
         }
         assert!(!valid_id(&"a".repeat(MAX_SESSION_ID + 1)));
+    }
+
+    #[test]
+    fn each_container_has_its_own_session_ids() {
+        assert_eq!(key("", "s-1"), "s-1");
+        assert_eq!(key("sb-a", "s-1"), "sb-a/s-1");
+        assert_eq!(id_in("sb-a", "sb-a/s-1").as_deref(), Some("s-1"));
+        assert_eq!(id_in("sb-a", "sb-ab/s-1"), None);
+        assert_eq!(id_in("", "sb-a/s-1"), None);
+        assert_eq!(id_in("", "s-1").as_deref(), Some("s-1"));
     }
 }

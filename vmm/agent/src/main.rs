@@ -173,17 +173,17 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
         AgentRequest::Exec { process, stdin_frames, keep } => {
             exec(&process, stdin_frames, keep, reader, &out)
         }
-        AgentRequest::Kept {} => {
+        AgentRequest::Kept { container } => {
             // One frame per command: a frame's cap is never reached however many there are.
-            for info in kept::list() {
+            for info in kept::list(scope(&container)) {
                 frame(&out, agent::STDOUT, &serde_json::to_vec(&info).unwrap_or_default())?;
             }
             done(&out, Ok(()))
         }
-        AgentRequest::Attach { id } => kept::attach(id, reader, &out),
-        AgentRequest::Kill { id } => done(
+        AgentRequest::Attach { id, container } => kept::attach(scope(&container), id, reader, &out),
+        AgentRequest::Kill { id, container } => done(
             &out,
-            kept::kill(id).then_some(()).ok_or_else(|| {
+            kept::kill(scope(&container), id).then_some(()).ok_or_else(|| {
                 std::io::Error::new(std::io::ErrorKind::NotFound, format!("no kept command {id}"))
             }),
         ),
@@ -200,31 +200,43 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
                 }
             }
         }
-        AgentRequest::SessionAttach { id } => kept_session::attach(&id, reader, out),
-        AgentRequest::SessionProbe { id } => match kept_session::probe(&id) {
-            Some(probe) => {
-                frame(&out, agent::STDOUT, &serde_json::to_vec(&probe).unwrap_or_default())?;
-                done(&out, Ok(()))
+        AgentRequest::SessionAttach { id, container } => {
+            kept_session::attach(scope(&container), &id, reader, out)
+        }
+        AgentRequest::SessionProbe { id, container } => {
+            match kept_session::probe(scope(&container), &id) {
+                Some(probe) => {
+                    frame(&out, agent::STDOUT, &serde_json::to_vec(&probe).unwrap_or_default())?;
+                    done(&out, Ok(()))
+                }
+                None => done(&out, Err(no_session(&id))),
             }
-            None => done(&out, Err(no_session(&id))),
-        },
-        AgentRequest::Sessions {} => {
+        }
+        AgentRequest::Sessions { container } => {
             frame(
                 &out,
                 agent::STDOUT,
-                &serde_json::to_vec(&kept_session::list()).unwrap_or_default(),
+                &serde_json::to_vec(&kept_session::list(scope(&container))).unwrap_or_default(),
             )?;
             done(&out, Ok(()))
         }
-        AgentRequest::SessionClose { id } => {
-            done(&out, kept_session::close(&id).then_some(()).ok_or_else(|| no_session(&id)))
-        }
+        AgentRequest::SessionClose { id, container } => done(
+            &out,
+            kept_session::close(scope(&container), &id)
+                .then_some(())
+                .ok_or_else(|| no_session(&id)),
+        ),
         AgentRequest::Seed { seed_hex } => done(&out, reseed(&seed_hex)),
         AgentRequest::Put { path, len } => {
             done(&out, rooted(&path).and_then(|p| put(&mut reader, &p, len)))
         }
         AgentRequest::Get { path } => done(&out, rooted(&path).and_then(|p| get(&out, &p))),
     }
+}
+
+/// The scope a request's kept commands and sessions are in: its container's, or the VM's own.
+fn scope(container: &Option<String>) -> &str {
+    container.as_deref().unwrap_or("")
 }
 
 fn no_session(id: &str) -> std::io::Error {
@@ -261,7 +273,7 @@ fn exec(
     // started are killed, unless it is kept. With streamed stdin, the same reader feeds it
     // first (a kept command's stdin ends with the connection).
     let group_id = child.id() as i32;
-    let kept = keep.and_then(|keep| kept::register(keep, &process.argv, group_id));
+    let kept = keep.and_then(|keep| kept::register("", keep, &process.argv, group_id, None));
     let kill_on_hangup = kept.is_none();
     let group = nix::unistd::Pid::from_raw(-group_id);
     let stdin = child.stdin.take();
@@ -394,20 +406,27 @@ fn pump(
 const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// As [`pump`], for a process whose end `wait` reports: once it has ended, its pipes get
-/// [`DRAIN_GRACE`] to close, and what is still open is left to its pump.
+/// [`DRAIN_GRACE`] to close, and what is still open is left to its pump (a kept command's
+/// output is kept until its end is, see `kept`).
 fn pump_until_exit<T>(
     pipes: Vec<(u8, Box<dyn Read + Send>)>,
     out: &Arc<Mutex<std::fs::File>>,
+    kept: Option<Arc<kept::KeptExec>>,
     wait: impl FnOnce() -> T,
 ) -> T {
     let (closed_tx, closed) = std::sync::mpsc::channel();
     let count = pipes.len();
     for (kind, mut pipe) in pipes {
-        let (out, closed_tx) = (out.clone(), closed_tx.clone());
+        let (out, closed_tx, kept) = (out.clone(), closed_tx.clone(), kept.clone());
         std::thread::spawn(move || {
             let mut buf = [0u8; 16 << 10];
+            let mut connected = true;
             while let Ok(n @ 1..) = pipe.read(&mut buf) {
-                if frame(&out, kind, &buf[..n]).is_err() {
+                if let Some(kept) = &kept {
+                    kept.record(kind, &buf[..n]);
+                }
+                connected = connected && frame(&out, kind, &buf[..n]).is_ok();
+                if !connected && kept.is_none() {
                     break;
                 }
             }

@@ -95,12 +95,27 @@ pub enum AgentRequest {
     },
     /// Commands kept (started with `keep`) and not yet read to their end: one STDOUT frame,
     /// a JSON list of [`KeptInfo`], then EXIT 0.
-    Kept {},
+    ///
+    /// This request and the other kept-command and kept-session requests name a `container`
+    /// of a container-host VM's service (kept with the container's EXEC or SESSION and `keep`)
+    /// or, left out, the VM's own: each container's ids are its own.
+    Kept {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        container: Option<String>,
+    },
     /// A kept command's output from its first byte, then what it writes next, then its
     /// EXIT; EXIT 1 with a message when the agent keeps no such command.
-    Attach { id: u64 },
+    Attach {
+        id: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        container: Option<String>,
+    },
     /// Kills a kept command's process group.
-    Kill { id: u64 },
+    Kill {
+        id: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        container: Option<String>,
+    },
     /// Stirs `seed_hex` into the guest's random pool and makes the CRNG reseed, so VMs resumed
     /// from one snapshot stop sharing a random stream.
     Seed { seed_hex: String },
@@ -117,14 +132,29 @@ pub enum AgentRequest {
     },
     /// Carries a kept session's descriptors over this connection (replacing the connection
     /// that had them); EXIT 1 with a message when the agent keeps no such session.
-    SessionAttach { id: String },
+    SessionAttach {
+        id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        container: Option<String>,
+    },
     /// Whether a kept session's shell waits for its next command: one STDOUT frame, a JSON
     /// [`SessionProbe`], then EXIT 0.
-    SessionProbe { id: String },
+    SessionProbe {
+        id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        container: Option<String>,
+    },
     /// The kept sessions' ids: one STDOUT frame, a JSON list, then EXIT 0.
-    Sessions {},
+    Sessions {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        container: Option<String>,
+    },
     /// Ends a kept session: its shell and everything it started.
-    SessionClose { id: String },
+    SessionClose {
+        id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        container: Option<String>,
+    },
     /// A request for the container service of a container-host VM.
     Container { request: ContainerRequest },
 }
@@ -139,7 +169,8 @@ pub struct SessionProbe {
 
 /// Longest session id the agent keeps a session under.
 pub const MAX_SESSION_ID: usize = 128;
-/// Sessions the agent keeps at once; past it, a session is refused.
+/// Sessions the agent keeps at once for the VM, or for one container of a container-host VM;
+/// past it, a session is refused.
 pub const MAX_KEPT_SESSIONS: usize = 256;
 
 /// Output the agent keeps per kept command; past it, output still goes to a connected host
@@ -276,14 +307,15 @@ mod tests {
             AgentRequest::Seed { seed_hex: "00ff".into() },
             AgentRequest::Put { path: "/a b".into(), len: 5 },
             AgentRequest::Get { path: "/etc/x".into() },
-            AgentRequest::Kept {},
-            AgentRequest::Attach { id: 9 },
-            AgentRequest::Kill { id: 9 },
+            AgentRequest::Kept { container: None },
+            AgentRequest::Kept { container: Some("sb-1".into()) },
+            AgentRequest::Attach { id: 9, container: None },
+            AgentRequest::Kill { id: 9, container: Some("sb-1".into()) },
             AgentRequest::Session { process: ProcessRun::shell("true"), keep: Some("s-1".into()) },
-            AgentRequest::SessionAttach { id: "s-1".into() },
-            AgentRequest::SessionProbe { id: "s-1".into() },
-            AgentRequest::Sessions {},
-            AgentRequest::SessionClose { id: "s-1".into() },
+            AgentRequest::SessionAttach { id: "s-1".into(), container: None },
+            AgentRequest::SessionProbe { id: "s-1".into(), container: Some("sb-1".into()) },
+            AgentRequest::Sessions { container: None },
+            AgentRequest::SessionClose { id: "s-1".into(), container: Some("sb-1".into()) },
             AgentRequest::Container { request: ContainerRequest::Destroy { name: "sb-1".into() } },
         ] {
             assert_eq!(AgentRequest::read(&mut &request.to_frame()[..]).expect("r"), request);

@@ -61,15 +61,22 @@ pub enum ContainerRequest {
     Destroy {
         name: String,
     },
-    /// Starts a process; `stdin`: IN_STDIN frames follow (otherwise its stdin is empty).
+    /// Starts a process; `stdin`: IN_STDIN frames follow (otherwise its stdin is empty);
+    /// `keep`: it outlives the connection, kept under the container's name and `keep.id` (the
+    /// agent's KEPT, ATTACH and KILL with `container`).
     Exec {
         process: ProcessSpec,
         stdin: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        keep: Option<crate::agent::KeepExec>,
     },
     /// Starts a session shell (`process.argv` is `[shell, "-c", driver]`) with fds 3 and 4
-    /// carried as frames, as the agent's SESSION request does.
+    /// carried as frames, as the agent's SESSION request does; with `keep` (the host's session
+    /// id), it outlives the connection, kept under the container's name.
     Session {
         process: ProcessSpec,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        keep: Option<String>,
     },
     Put {
         name: String,
@@ -122,7 +129,7 @@ impl ContainerRequest {
         Some(match self {
             ContainerRequest::Names {} => return None,
             ContainerRequest::Create(spec) => &spec.name,
-            ContainerRequest::Exec { process, .. } | ContainerRequest::Session { process } => {
+            ContainerRequest::Exec { process, .. } | ContainerRequest::Session { process, .. } => {
                 &process.name
             }
             ContainerRequest::Destroy { name }
@@ -246,6 +253,7 @@ mod tests {
                 user: None,
             },
             stdin: true,
+            keep: Some(crate::agent::KeepExec { id: 4, timeout_ms: 1000, output_limit: 64 }),
         };
         let body = serde_json::to_vec(&req).expect("encode");
         let back: ContainerRequest = serde_json::from_slice(&body).expect("decode");

@@ -1,0 +1,63 @@
+//! Taking back what a guest's agent kept while the node was down: commands started with
+//! `keep` and kept sessions, of a microVM or full VM (its own) or of one container of a
+//! container-host VM (kept under the container's name). Each command is read again from its
+//! first byte, with its deadline counted from its start; each session is attached again by
+//! the node's session id, with its record (see `session`).
+
+use std::path::Path;
+use std::time::Duration;
+
+use brig_core::sandbox::{KeptWork, RecoveredExec, Session, Stdin};
+
+use crate::agent_link::{attach_kept, kept_commands};
+use crate::guest_exec::{serve_kept, KeptCommand};
+use crate::session::resume_kept_sessions;
+
+/// What the agent behind `uds` kept for `container` (none: the VM's own), with the session
+/// records in `sessions_dir`; `owner` names the VM or container in logs.
+pub(crate) async fn recover(
+    uds: &Path,
+    container: Option<&str>,
+    sessions_dir: &Path,
+    owner: &str,
+) -> KeptWork {
+    let mut work = KeptWork::default();
+    for (id, session) in resume_kept_sessions(uds, sessions_dir, container, owner).await {
+        work.sessions.push((id, Box::new(session) as Box<dyn Session>));
+    }
+    let listed = match kept_commands(uds, container).await {
+        Ok(listed) => listed,
+        Err(e) => {
+            tracing::warn!(owner, error = %e, "cannot list the guest's kept commands");
+            return work;
+        }
+    };
+    for info in listed {
+        let id = info.keep.id;
+        let stream = match attach_kept(uds, id, container).await {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::warn!(owner, exec = id, error = %e, "cannot attach a kept command");
+                continue;
+            }
+        };
+        let kept = KeptCommand {
+            uds: uds.to_owned(),
+            id,
+            container: container.map(str::to_string),
+            ran_for: Duration::from_millis(info.elapsed_ms),
+        };
+        let timeout = Duration::from_millis(info.keep.timeout_ms);
+        let running =
+            serve_kept(stream, None, Stdin::Empty, timeout, info.keep.output_limit, Some(kept));
+        work.execs.push(RecoveredExec {
+            exec_id: id,
+            argv: info.argv,
+            output: Vec::new(),
+            gap: info.gap,
+            running: Some(running),
+            exit: None,
+        });
+    }
+    work
+}
