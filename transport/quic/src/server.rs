@@ -246,6 +246,7 @@ async fn serve_connection<S: Service>(
 
 /// Answers a request over the connection's limit without reading it.
 async fn refuse_stream(send: quinn::SendStream, recv: quinn::RecvStream, limit: usize) {
+    tracing::debug!(limit, "request refused: its connection has as many requests open as allowed");
     let mut exchange = Exchange { send, reader: Some(FrameReader::new(recv)) };
     exchange.refuse_upload();
     let message = format!(
