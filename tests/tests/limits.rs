@@ -54,7 +54,7 @@ async fn every_limit_is_a_typed_error_for_its_client_and_others_carry_on() {
     // the moment the refused exec's error arrives may still find the connection full (seen on
     // a loaded machine): the follower is retried while that is so.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let mut follow = loop {
+    let follow = loop {
         let mut follow = sb.audit_stream(0, true).await.expect("audit follower");
         match follow.next_batch().await {
             Ok(batch) => {
