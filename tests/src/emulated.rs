@@ -243,11 +243,11 @@ pub async fn check_paused_adopted(sb: &brig_sdk::Sandbox, state: &[u8]) -> Resul
     Ok(())
 }
 
-/// Work started in a sandbox before brigd is killed that must come back after its restart:
-/// a command that runs through the crash (read again by its exec id), an idle session with
-/// state (directory, an exported variable, a function) and a session whose command runs
-/// through the crash. Both the command and the busy session wait for `/tmp/go`, which
-/// [`check_kept_work`] makes after the restart.
+/// Work started in a sandbox before a break (brigd killed and restarted, or the sandbox's VM
+/// saved by a pause and resumed) that must come back after it: a command that runs through
+/// the break (read again by its exec id), an idle session with state (directory, an exported
+/// variable, a function) and a session whose command runs through the break. Both the command
+/// and the busy session wait for `/tmp/go`, which [`check_kept_work`] makes after the break.
 pub struct KeptWork {
     through_id: u64,
     idle: String,
@@ -283,30 +283,35 @@ pub async fn start_kept_work(sb: &brig_sdk::Sandbox) -> Result<KeptWork, String>
     Ok(KeptWork { through_id, idle: idle.id().to_string(), busy: busy.id().to_string() })
 }
 
-/// After brigd's restart: both sessions are listed; the idle one answers with its state; the
-/// busy one's command, let go, reports its output, status and directory; a closed session is
-/// no longer listed; the command that ran through the crash, read again by id, has all its
-/// output and its real status.
-pub async fn check_kept_work(sb: &brig_sdk::Sandbox, work: &KeptWork) -> Result<(), String> {
-    let e = |what: &'static str| move |err: brig_sdk::Error| format!("{what}: {err}");
-    let listed = sb.sessions().await.map_err(e("sessions after the restart"))?;
+/// After the break (`after` names it: "the restart", "the pause"): both sessions are listed;
+/// the idle one answers with its state; the busy one's command, let go, reports its output,
+/// status and directory; a closed session is no longer listed; the command that ran through
+/// the break, read again by id, has all its output and its real status.
+pub async fn check_kept_work(
+    sb: &brig_sdk::Sandbox,
+    work: &KeptWork,
+    after: &str,
+) -> Result<(), String> {
+    let e =
+        |what: &'static str| move |err: brig_sdk::Error| format!("after {after}, {what}: {err}");
+    let listed = sb.sessions().await.map_err(e("sessions"))?;
     if !listed.contains(&work.idle) || !listed.contains(&work.busy) {
         let wanted = (&work.idle, &work.busy);
-        return Err(format!("sessions after the restart: {listed:?}, wanted {wanted:?}"));
+        return Err(format!("sessions after {after}: {listed:?}, wanted {wanted:?}"));
     }
     let out = sb
         .session(&work.idle)
         .run("pwd; echo $ROLLOUT; f x", SESSION_LIMIT)
         .await
-        .map_err(e("session run after the restart"))?;
+        .map_err(e("session run"))?;
     if out.stdout_text() != "/work\nr7\nfn-x\n" || out.exit_code != Some(0) {
-        return Err(format!("the idle session after the restart: {out:?}"));
+        return Err(format!("the idle session after {after}: {out:?}"));
     }
     sb.exec(["touch", "/tmp/go"]).await.map_err(e("touch"))?;
     let busy = sb.session(&work.busy);
-    let out = busy.wait(SESSION_LIMIT).await.map_err(e("session wait across the restart"))?;
+    let out = busy.wait(SESSION_LIMIT).await.map_err(e("session wait"))?;
     if out.stdout_text() != "waited\n" || out.exit_code != Some(0) || out.cwd != "/tmp" {
-        return Err(format!("the session command that ran through the crash: {out:?}"));
+        return Err(format!("the session command that ran through {after}: {out:?}"));
     }
     busy.close().await.map_err(e("close a session"))?;
     if sb.sessions().await.map_err(e("sessions"))?.contains(&work.busy) {
@@ -315,12 +320,12 @@ pub async fn check_kept_work(sb: &brig_sdk::Sandbox, work: &KeptWork) -> Result<
     let out = sb
         .attach(work.through_id)
         .await
-        .map_err(e("attach after the restart"))?
+        .map_err(e("attach"))?
         .collect()
         .await
-        .map_err(e("collect after the restart"))?;
+        .map_err(e("collect"))?;
     if out.stdout != b"before\n" || out.stderr != b"after\n" || out.result.exit_code != Some(5) {
-        return Err(format!("the command that ran through the crash: {out:?}"));
+        return Err(format!("the command that ran through {after}: {out:?}"));
     }
     Ok(())
 }

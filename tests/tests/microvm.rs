@@ -163,6 +163,9 @@ async fn drive_from_outside(client: Client) -> Result<(), String> {
     }
     check_oversized_reads(&client, &sb).await?;
     sb.exec(["sh", "-c", "echo kept-in-memory > /tmp/state"]).await.map_err(e("exec"))?;
+    // A command and two sessions that run through the pause (the guest keeps them in the
+    // saved VM; brigd takes them back after the resume).
+    let kept = emulated::start_kept_work(&sb).await?;
     sb.pause().await.map_err(e("pause"))?;
     let state = sb.status().await.map_err(e("status"))?.state;
     if state != SandboxState::Paused {
@@ -173,6 +176,7 @@ async fn drive_from_outside(client: Client) -> Result<(), String> {
     if !out.stdout.starts_with(b"kept-in-memory\n") || out.stdout.len() != 15 + blob.len() {
         return Err(format!("after resume: {} bytes, {:?}", out.stdout.len(), out.stderr));
     }
+    emulated::check_kept_work(&sb, &kept, "the pause").await?;
     check_fork_mid_stream(&sb, pace).await?;
     let kids = sb.fork(2).await.map_err(e("fork"))?;
     let mut names = vec![sb.exec(["hostname"]).await.map_err(e("exec"))?.stdout];
@@ -245,7 +249,7 @@ async fn check_adoption(client: &Client) -> Result<(), String> {
     let marker = client.create(vm().label("phase", "restart")).await.map_err(e("create"))?;
     emulated::wait_for_restart(client, &marker).await?;
     emulated::check_adopted(&running, &state).await?;
-    emulated::check_kept_work(&running, &kept).await?;
+    emulated::check_kept_work(&running, &kept, "the restart").await?;
     emulated::check_paused_adopted(&paused, b"paused-memory\n").await?;
     match doomed.exec(["true"]).await {
         Err(err) if err.code() == Some(brig_sdk::ErrorCode::SandboxLost) => {}

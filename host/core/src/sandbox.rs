@@ -309,6 +309,10 @@ pub enum ExecEvent {
     Stderr(Bytes),
     /// Sent once, last.
     Exited(ExecExit),
+    /// Sent instead of `Exited` when the tier lost sight of a command that goes on where the
+    /// sandbox is kept (a VM saved by a pause, its agent's connections ended with the VMM):
+    /// [`Sandbox::recover_kept`] serves it again once the sandbox runs. The text says why.
+    Detached(String),
 }
 
 /// Controls a running command.
@@ -328,7 +332,7 @@ pub struct RunningExec {
     pub control: Arc<dyn ExecControl>,
 }
 
-/// What a tier kept across a restart of the node.
+/// What a tier kept across a restart of the node, or through a pause that saved it.
 #[derive(Default)]
 pub struct KeptWork {
     pub execs: Vec<RecoveredExec>,
@@ -657,8 +661,9 @@ pub trait Sandbox: Send + Sync + 'static {
     fn net_pid(&self) -> Option<i32> {
         None
     }
-    /// Commands and sessions it kept across a restart of the node (asked once, when the node
-    /// takes the sandbox back); tiers that keep none have none.
+    /// Commands and sessions it kept across a restart of the node (asked when the node takes
+    /// the sandbox back) or through a pause that saved it (asked after the resume, and after
+    /// a save that failed); tiers that keep none have none.
     fn recover_kept(&self) -> BoxFuture<'_, KeptWork> {
         Box::pin(async { KeptWork::default() })
     }

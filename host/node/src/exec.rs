@@ -18,13 +18,18 @@ use brig_transport::Exchange;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::audit::Recorder;
-use crate::exec_hub::{ExecHub, Resizer};
+use crate::exec_hub::{ExecHub, Killer, Resizer, Seen};
 use crate::limits::Limit;
 use crate::sandboxes::SandboxEntry;
 use crate::{Node, NodeError};
 
 /// Stdin chunks buffered between the client's upload and the tier.
 const STDIN_CHUNKS: usize = 16;
+/// How long a resumed sandbox's commands may take, in all, to be seen detached by their old
+/// pumps (the hang-up reaches them a moment after the VM stopped).
+const DETACH_SEEN_WITHIN: Duration = Duration::from_secs(5);
+/// The same after a save that failed, where most connections outlived it.
+const FAILED_SAVE_DETACH_WITHIN: Duration = Duration::from_secs(1);
 
 impl Node {
     /// Runs a command: `ExecStarted`, its output, `Exited`. The command runs on, and its output
@@ -78,7 +83,7 @@ impl Node {
         recorder.record(AuditKind::ExecStart { exec_id, argv: argv.clone(), user: req.user, cwd });
         let (kill, resizer) = controls(running.control, req.terminal.is_some());
         let hub = entry.execs.insert_with(exec_id, argv, kill, resizer);
-        tokio::spawn(pump(running.events, hub.clone(), exec_id, recorder));
+        tokio::spawn(pump(running.events, hub.clone(), exec_id, recorder, Seen::default()));
         exchange.reply(&Reply::ExecStarted { exec_id }).await?;
         let streamed = match stdin_over {
             None => hub.stream(exchange).await,
@@ -99,40 +104,86 @@ impl Node {
     /// node, each under its old id: a command with its output so far, then (if it still runs)
     /// the rest as it comes. New execs and sessions get ids after theirs.
     pub(crate) async fn recover_kept(&self, entry: &SandboxEntry) {
+        let (sessions, resumed) = self.take_back_kept(entry, Duration::ZERO).await;
+        if resumed > 0 || sessions > 0 {
+            tracing::info!(sandbox = %entry.id, sessions, resumed, "commands kept across the restart are served again");
+        }
+    }
+
+    /// After a VM saved by a pause runs again: its commands and sessions, detached at the save,
+    /// are taken back under their ids, each command going on from the output its clients had
+    /// (read again from the guest's first byte, what they had is skipped). A command the guest
+    /// no longer has is finished as lost. After a pause that failed, `resumed` is false: the
+    /// commands whose connections outlived it are left to their pumps.
+    pub(crate) async fn take_back_after_pause(&self, entry: &SandboxEntry, resumed: bool) {
+        let wait = if resumed { DETACH_SEEN_WITHIN } else { FAILED_SAVE_DETACH_WITHIN };
+        let (sessions, resumed) = self.take_back_kept(entry, wait).await;
+        let lost = entry.execs.finish_detached(
+            "[brig: the command was not in the VM when it resumed; its status is unknown]\n",
+        );
+        if resumed > 0 || sessions > 0 || lost > 0 {
+            tracing::debug!(sandbox = %entry.id, sessions, resumed, lost, "commands and sessions taken back after a pause");
+        }
+    }
+
+    /// Takes back what `entry`'s tier kept: sessions, and commands (into the hub a detached one
+    /// has, or a new one), waiting up to `wait` in all for the old pumps of commands the node
+    /// follows to see them detached. Returns the sessions and the running commands taken back.
+    async fn take_back_kept(&self, entry: &SandboxEntry, wait: Duration) -> (usize, usize) {
+        let detach_deadline = tokio::time::Instant::now() + wait;
         let kept = entry.sandbox.recover_kept().await;
         let sessions = kept.sessions.len();
         for (id, session) in kept.sessions {
             entry.sessions.restore(id, session);
         }
-        let recovered = kept.execs;
-        if recovered.is_empty() && sessions == 0 {
-            return;
-        }
         let recorder = self.recorder(entry);
         let mut resumed = 0;
-        for exec in recovered {
+        for exec in kept.execs {
             entry.execs.continue_after(exec.exec_id);
             // Whether a kept command is on a terminal is not recorded here: its control says.
             let (kill, resizer) = match &exec.running {
                 Some(running) => controls(running.control.clone(), true),
                 None => (Box::new(|| {}) as Killer, None),
             };
-            let hub = entry.execs.insert_with(exec.exec_id, exec.argv, kill, resizer);
-            exec.output.into_iter().filter_map(output_reply).for_each(|reply| hub.push(reply));
+            let (hub, mut skip, gap_note) = match entry.execs.find(exec.exec_id) {
+                Some(hub) => {
+                    // Detached by a pause: it goes on in the hub its clients read.
+                    if !hub.detached_by(detach_deadline).await {
+                        // Its pump still relays it (a save that failed left its connection).
+                        tracing::debug!(sandbox = %entry.id, exec = exec.exec_id, "a kept command the node still follows is left to its pump");
+                        continue;
+                    }
+                    let Some(seen) = hub.reattach(kill) else { continue };
+                    (hub, seen, "output past what the guest keeps was lost while its VM was paused")
+                }
+                None => {
+                    let hub = entry.execs.insert_with(exec.exec_id, exec.argv, kill, resizer);
+                    (
+                        hub,
+                        Seen::default(),
+                        "output past what is kept on disk was lost when the node restarted",
+                    )
+                }
+            };
+            // Read again from its first byte: what the hub has already is skipped.
+            for reply in exec.output.into_iter().filter_map(output_reply) {
+                if let Some(reply) = skip.skip(reply) {
+                    hub.push(reply);
+                }
+            }
             if exec.gap {
-                let note =
-                    "[brig: output past what is kept on disk was lost when the node restarted]\n";
-                hub.push(Reply::Output { stream: OutputStream::Stderr, data: note.into() });
+                let note = format!("[brig: {gap_note}]\n");
+                hub.push(Reply::Output { stream: OutputStream::Stderr, data: note.into_bytes() });
             }
             match (exec.running, exec.exit) {
                 (Some(running), _) => {
                     resumed += 1;
-                    tokio::spawn(pump(running.events, hub, exec.exec_id, recorder.clone()));
+                    tokio::spawn(pump(running.events, hub, exec.exec_id, recorder.clone(), skip));
                 }
                 (None, exit) => hub.finish(result_of(exit.unwrap_or_default())),
             }
         }
-        tracing::info!(sandbox = %entry.id, sessions, resumed, "commands kept across the restart are served again");
+        (sessions, resumed)
     }
 }
 
@@ -164,9 +215,6 @@ fn stdin_of(
     (rx, over_rx)
 }
 
-/// Stops a running command.
-type Killer = Box<dyn Fn() + Send + Sync>;
-
 /// A running command's kill switch and, on a terminal, its resizer, from its control.
 fn controls(control: Arc<dyn ExecControl>, on_terminal: bool) -> (Killer, Option<Resizer>) {
     let resizer = on_terminal.then(|| -> Resizer {
@@ -190,16 +238,19 @@ fn output_reply(event: ExecEvent) -> Option<Reply> {
         ExecEvent::Stderr(b) => {
             Some(Reply::Output { stream: OutputStream::Stderr, data: b.to_vec() })
         }
-        ExecEvent::Exited(_) => None,
+        ExecEvent::Exited(_) | ExecEvent::Detached(_) => None,
     }
 }
 
-/// Moves a command's events into its hub until it ends.
-async fn pump(
+/// Moves a command's events into its hub until it ends, or until the tier detaches it (then
+/// the hub waits to be taken back). The first `skip` bytes of each stream are the hub's already
+/// (a command read again from its first byte after a pause).
+pub(crate) async fn pump(
     mut events: mpsc::Receiver<ExecEvent>,
     hub: Arc<ExecHub>,
     exec_id: u64,
     recorder: Recorder,
+    mut skip: Seen,
 ) {
     let mut result = ExecResult::default();
     while let Some(event) = events.recv().await {
@@ -208,7 +259,16 @@ async fn pump(
                 result = result_of(exit);
                 break;
             }
-            output => output_reply(output).into_iter().for_each(|reply| hub.push(reply)),
+            ExecEvent::Detached(why) => {
+                tracing::debug!(exec = exec_id, why, "a command goes on out of the node's sight");
+                hub.detach();
+                return;
+            }
+            output => {
+                if let Some(reply) = output_reply(output).and_then(|r| skip.skip(r)) {
+                    hub.push(reply);
+                }
+            }
         }
     }
     recorder.exec_end(exec_id, &result);

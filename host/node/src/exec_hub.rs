@@ -29,11 +29,14 @@ const FINISHED_KEEP: Duration = Duration::from_secs(600);
 
 /// Sets an exec's terminal size.
 pub(crate) type Resizer = Box<dyn Fn(TerminalSize) -> std::io::Result<()> + Send + Sync>;
+/// Stops a running command.
+pub(crate) type Killer = Box<dyn Fn() + Send + Sync>;
 
 /// One exec's output and outcome, shared by its pump and its readers.
 pub(crate) struct ExecHub {
     argv: Vec<String>,
-    killer: Box<dyn Fn() + Send + Sync>,
+    /// Replaced when a detached command is taken back (its new pump has the new control).
+    killer: Mutex<Killer>,
     /// Sets the window size, for an exec on a terminal.
     resizer: Option<Resizer>,
     state: Mutex<HubState>,
@@ -47,8 +50,49 @@ struct HubState {
     first: u64,
     bytes: usize,
     dropped_bytes: u64,
+    /// Output bytes pushed so far, stdout and stderr (kept or dropped): where a command taken
+    /// back after a pause, whose output is read again from its first byte, goes on from.
+    seen: Seen,
+    /// Its pump stopped with the command still running where the node cannot see it (a VM
+    /// saved by a pause); it is taken back, or finished as lost.
+    detached: bool,
     result: Option<ExecResult>,
     finished: Option<Instant>,
+}
+
+/// Output bytes of one command, by stream.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Seen {
+    pub stdout: u64,
+    pub stderr: u64,
+}
+
+impl Seen {
+    /// What of `reply` is new, counting down what is seen already of its stream.
+    pub(crate) fn skip(&mut self, reply: Reply) -> Option<Reply> {
+        let Reply::Output { stream, mut data } = reply else { return Some(reply) };
+        let seen = match stream {
+            OutputStream::Stdout => &mut self.stdout,
+            OutputStream::Stderr => &mut self.stderr,
+        };
+        let n = (*seen).min(data.len() as u64);
+        *seen -= n;
+        data.drain(..n as usize);
+        (!data.is_empty()).then_some(Reply::Output { stream, data })
+    }
+
+    /// Counts `reply`'s output.
+    pub(crate) fn add(&mut self, reply: &Reply) {
+        match reply {
+            Reply::Output { stream: OutputStream::Stdout, data } => {
+                self.stdout += data.len() as u64
+            }
+            Reply::Output { stream: OutputStream::Stderr, data } => {
+                self.stderr += data.len() as u64
+            }
+            _ => {}
+        }
+    }
 }
 
 fn output_len(reply: &Reply) -> usize {
@@ -61,6 +105,7 @@ fn output_len(reply: &Reply) -> usize {
 impl ExecHub {
     pub(crate) fn push(&self, reply: Reply) {
         let mut st = self.state.lock();
+        st.seen.add(&reply);
         st.bytes += output_len(&reply);
         st.events.push_back(reply);
         while st.bytes > HUB_BYTES {
@@ -74,12 +119,70 @@ impl ExecHub {
         self.changed.notify_waiters();
     }
 
+    /// Marks the command detached: its pump stopped, and no result comes until it is taken
+    /// back ([`ExecHub::reattach`]) or finished. Readers keep waiting.
+    pub(crate) fn detach(&self) {
+        self.state.lock().detached = true;
+        self.changed.notify_waiters();
+    }
+
+    /// Waits until `deadline` for the pump to see its command detached (a pause's hang-up
+    /// reaches it a moment after the VM stopped); false if it finished or never did.
+    pub(crate) async fn detached_by(&self, deadline: tokio::time::Instant) -> bool {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let st = self.state.lock();
+                if st.result.is_some() {
+                    return false;
+                }
+                if st.detached {
+                    return true;
+                }
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// A detached command taken back: the output it already has (to skip in what is read
+    /// again), after its kill switch was replaced by `killer`. `None` if it was not detached.
+    pub(crate) fn reattach(&self, killer: Killer) -> Option<Seen> {
+        let mut st = self.state.lock();
+        if !st.detached || st.result.is_some() {
+            return None;
+        }
+        st.detached = false;
+        *self.killer.lock() = killer;
+        Some(st.seen)
+    }
+
     pub(crate) fn finish(&self, result: ExecResult) {
         let mut st = self.state.lock();
+        st.detached = false;
         st.result = Some(result);
         st.finished = Some(Instant::now());
         drop(st);
         self.changed.notify_waiters();
+    }
+
+    /// Its stdout and stderr as kept, and its result (for tests).
+    #[cfg(test)]
+    pub(crate) fn kept_output(&self) -> (String, String, Option<ExecResult>) {
+        let st = self.state.lock();
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        for reply in &st.events {
+            match reply {
+                Reply::Output { stream: OutputStream::Stdout, data } => out.extend(data),
+                Reply::Output { stream: OutputStream::Stderr, data } => err.extend(data),
+                _ => {}
+            }
+        }
+        let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+        (text(out), text(err), st.result.clone())
     }
 
     fn info(&self, exec_id: u64) -> ExecInfo {
@@ -162,7 +265,7 @@ impl ExecTable {
     ) -> Arc<ExecHub> {
         let hub = Arc::new(ExecHub {
             argv,
-            killer: kill,
+            killer: Mutex::new(kill),
             resizer: resize,
             state: Mutex::default(),
             changed: Notify::new(),
@@ -190,6 +293,26 @@ impl ExecTable {
         Ok(())
     }
 
+    /// Exec `exec_id`'s hub, if the node has it.
+    pub(crate) fn find(&self, exec_id: u64) -> Option<Arc<ExecHub>> {
+        self.execs.lock().get(&exec_id).cloned()
+    }
+
+    /// Finishes every detached command nobody took back (its sandbox came back without it):
+    /// `note` goes to its stderr, and its status is unknown.
+    pub(crate) fn finish_detached(&self, note: &str) -> usize {
+        let hubs: Vec<_> = self.execs.lock().values().cloned().collect();
+        let mut finished = 0;
+        for hub in hubs {
+            if hub.state.lock().detached {
+                hub.push(Reply::Output { stream: OutputStream::Stderr, data: note.into() });
+                hub.finish(ExecResult::default());
+                finished += 1;
+            }
+        }
+        finished
+    }
+
     fn get(&self, exec_id: u64) -> Result<Arc<ExecHub>, NodeError> {
         self.execs.lock().get(&exec_id).cloned().ok_or(NodeError::NoSuchExec(exec_id))
     }
@@ -206,7 +329,8 @@ impl ExecTable {
     }
 
     pub(crate) fn kill(&self, exec_id: u64) -> Result<(), NodeError> {
-        (self.get(exec_id)?.killer)();
+        let hub = self.get(exec_id)?;
+        (hub.killer.lock())();
         Ok(())
     }
 

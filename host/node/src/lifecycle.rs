@@ -296,11 +296,22 @@ impl Node {
         if entry.paused_unix_ms().is_some() {
             return Ok(0);
         }
-        if entry.sandbox.capabilities().pause == PauseKind::Snapshot {
-            // A session's connection to the guest does not survive the saved machine.
-            entry.sessions.close_all().await;
+        let saved = entry.sandbox.capabilities().pause == PauseKind::Snapshot;
+        if saved {
+            // A session's connection to the guest does not survive the saved machine; the
+            // guest keeps its shell, and the node takes it back at the resume.
+            entry.sessions.detach_all();
         }
-        let freed = entry.sandbox.pause().await.map_err(|e| entry.fail(e))?;
+        let freed = match entry.sandbox.pause().await {
+            Ok(freed) => freed,
+            Err(e) => {
+                if saved {
+                    // Whatever the failed save detached is taken back (or ended as lost).
+                    self.take_back_after_pause(entry, false).await;
+                }
+                return Err(entry.fail(e));
+            }
+        };
         entry.set_paused(true);
         self.inner.sandboxes.save(entry)?;
         self.inner.metrics.reclaimed_bytes.inc_by(freed);
@@ -315,6 +326,9 @@ impl Node {
             return Ok(());
         }
         entry.sandbox.resume().await.map_err(|e| entry.fail(e))?;
+        if entry.sandbox.capabilities().pause == PauseKind::Snapshot {
+            self.take_back_after_pause(entry, true).await;
+        }
         entry.set_paused(false);
         entry.touch();
         self.inner.sandboxes.save(entry)?;

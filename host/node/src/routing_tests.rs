@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use brig_core::files::{Entry, EntryKind};
 use brig_core::sandbox::{
-    ready, BoxFuture, Capabilities, FileAccess, ForkKind, Op, PauseKind, Persistence, Sandbox,
-    SandboxError, Session, SessionEvent, SessionSpec, Usage,
+    ready, BoxFuture, Capabilities, ExecControl, ExecEvent, ExecExit, FileAccess, ForkKind,
+    KeptWork, Op, PauseKind, Persistence, RecoveredExec, RunningExec, Sandbox, SandboxError,
+    Session, SessionEvent, SessionSpec, Usage,
 };
 use brig_core::{IdleAction, QosClass, SandboxId, SandboxSpec, Tier};
 use brig_proto::{
@@ -20,12 +21,14 @@ use tokio::sync::mpsc;
 use crate::sandboxes::{now_unix_ms, Gone, SandboxEntry};
 use crate::{Node, NodeConfig, NodeError};
 
-/// What the fake tier saw.
+/// What the fake tier saw, and what it gives back after a resume.
 #[derive(Default)]
 struct Seen {
     paused: AtomicUsize,
     sessions_closed: AtomicUsize,
     destroyed: AtomicBool,
+    /// Handed to the node by `recover_kept` (once).
+    kept: std::sync::Mutex<Option<KeptWork>>,
 }
 
 struct FakeSandbox {
@@ -113,6 +116,10 @@ impl Sandbox for FakeSandbox {
     fn usage(&self) -> BoxFuture<'_, Option<Usage>> {
         ready(Some(Usage { cpu_ns: 7, memory_bytes: 11 }))
     }
+    fn recover_kept(&self) -> BoxFuture<'_, KeptWork> {
+        let kept = self.seen.kept.lock().expect("kept").take();
+        ready(kept.unwrap_or_default())
+    }
 }
 
 /// A VM-like tier: sessions, files through a guest, pause as a snapshot; no exec.
@@ -199,7 +206,7 @@ async fn file_answers_keep_their_kind() {
 }
 
 #[tokio::test]
-async fn a_snapshot_pause_ends_the_sandboxs_sessions_and_destroy_ends_the_rest() {
+async fn a_snapshot_pause_leaves_sessions_to_the_tier_and_destroy_ends_them() {
     let (node, _dir) = node().await;
     let (id, seen) = add(&node, FAKE_CAPS, None);
     let open = brig_proto::SessionOpenRequest { sandbox: id.clone(), ..Default::default() };
@@ -220,7 +227,9 @@ async fn a_snapshot_pause_ends_the_sandboxs_sessions_and_destroy_ends_the_rest()
         .await;
     assert!(paused.is_ok(), "{paused:?}");
     assert_eq!(seen.paused.load(Ordering::SeqCst), 1);
-    assert_eq!(seen.sessions_closed.load(Ordering::SeqCst), 1);
+    // The saved guest keeps its shells; the node lists what the tier gives back at the resume
+    // (this one, none).
+    assert_eq!(seen.sessions_closed.load(Ordering::SeqCst), 0);
     let listed =
         node.handle(Request::Session(SessionOp::List { sandbox: id.clone() })).await.expect("list");
     assert!(matches!(listed, Some(Reply::Sessions(ids)) if ids.is_empty()));
@@ -267,4 +276,108 @@ async fn a_record_saved_as_its_sandbox_is_destroyed_does_not_outlive_it() {
     node.inner.sandboxes.remove(&parsed, Gone::Destroyed).expect("removed");
     node.inner.sandboxes.save(&entry).expect("late save");
     assert_eq!(records(), 0, "a record outlived its sandbox");
+}
+
+/// A kept command's control, for the fake tier.
+struct NoControl;
+
+impl ExecControl for NoControl {
+    fn kill(&self) {}
+}
+
+fn output(text: &str) -> ExecEvent {
+    ExecEvent::Stdout(bytes::Bytes::copy_from_slice(text.as_bytes()))
+}
+
+#[tokio::test]
+async fn commands_and_sessions_a_pause_detached_go_on_after_the_resume() {
+    let (node, _dir) = node().await;
+    let caps = Capabilities::new(
+        &[Op::Exec, Op::Sessions, Op::Files, Op::Pause],
+        FileAccess::Guest,
+        PauseKind::Snapshot,
+        ForkKind::No,
+        Persistence::Ephemeral,
+    );
+    let (id, seen) = add(&node, caps, None);
+    let entry = node.inner.sandboxes.get(&id).expect("live");
+    // Two running commands, as the tier serves them; the pause detaches both.
+    let mut senders = Vec::new();
+    let mut hubs = Vec::new();
+    for exec_id in [1, 2] {
+        let (tx, rx) = mpsc::channel(8);
+        let hub = entry.execs.insert_with(exec_id, vec!["cmd".into()], Box::new(|| {}), None);
+        let recorder = node.recorder(&entry);
+        tokio::spawn(crate::exec::pump(rx, hub.clone(), exec_id, recorder, Default::default()));
+        senders.push(tx);
+        hubs.push(hub);
+    }
+    senders[0].send(output("one\n")).await.expect("send");
+    senders[0].send(ExecEvent::Stderr("warn\n".into())).await.expect("send");
+    senders[0].send(output("tw")).await.expect("send");
+    let open = brig_proto::SessionOpenRequest { sandbox: id.clone(), ..Default::default() };
+    node.handle(Request::Session(SessionOp::Open(open))).await.expect("open");
+    let pause = Request::Sandbox(SandboxOp::Pause(brig_proto::Target::Sandbox(id.clone())));
+    node.handle(pause).await.expect("pause");
+    for tx in &senders {
+        tx.send(ExecEvent::Detached("the VMM stopped".into())).await.expect("send");
+    }
+    drop(senders);
+
+    // After the resume the tier reads command 1 again from its first byte, and has a session
+    // and no command 2 (a guest that lost it).
+    let (tx, rx) = mpsc::channel(8);
+    for event in [output("one\n"), ExecEvent::Stderr("warn\n".into()), output("two\n")] {
+        tx.send(event).await.expect("send");
+    }
+    tx.send(ExecEvent::Exited(ExecExit { exit_code: Some(3), ..Default::default() }))
+        .await
+        .expect("send");
+    let running = RunningExec { events: rx, control: Arc::new(NoControl) };
+    let kept = KeptWork {
+        execs: vec![RecoveredExec {
+            exec_id: 1,
+            argv: vec!["cmd".into()],
+            output: Vec::new(),
+            gap: false,
+            running: Some(running),
+            exit: None,
+        }],
+        sessions: vec![("s1".into(), Box::new(FakeSession(seen.clone())) as Box<dyn Session>)],
+    };
+    *seen.kept.lock().expect("kept") = Some(kept);
+    let resume = Request::Sandbox(SandboxOp::Resume(brig_proto::Target::Sandbox(id.clone())));
+    node.handle(resume).await.expect("resume");
+    assert_eq!(seen.sessions_closed.load(Ordering::SeqCst), 0, "the pause closed a session");
+
+    // Command 1 goes on where its clients were: nothing twice, nothing missing.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while hubs[0].kept_output().2.is_none() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (stdout, stderr, result) = hubs[0].kept_output();
+    assert_eq!(stdout, "one\ntwo\n");
+    assert_eq!(stderr, "warn\n");
+    assert_eq!(result.expect("ended").exit_code, Some(3));
+    // Command 2 did not come back: it ends, saying so.
+    let (_, stderr, result) = hubs[1].kept_output();
+    assert!(stderr.contains("was not in the VM when it resumed"), "{stderr}");
+    assert_eq!(result.expect("ended").exit_code, None);
+    let listed =
+        node.handle(Request::Session(SessionOp::List { sandbox: id.clone() })).await.expect("list");
+    assert!(matches!(listed, Some(Reply::Sessions(ids)) if ids == vec!["s1".to_string()]));
+    // A kill reaches command 1's new control (it ended: nothing to do, but no error).
+    node.handle(Request::Exec(ExecOp::Kill { sandbox: id, exec_id: 1 })).await.expect("kill");
+}
+
+#[test]
+fn output_seen_already_is_skipped_across_chunk_boundaries() {
+    use crate::exec_hub::Seen as Had;
+    let out = |s: &str| Reply::Output { stream: brig_proto::OutputStream::Stdout, data: s.into() };
+    let mut had = Had { stdout: 5, stderr: 0 };
+    assert!(had.skip(out("abc")).is_none());
+    assert!(matches!(had.skip(out("defg")), Some(Reply::Output { data, .. }) if data == b"fg"));
+    assert!(matches!(had.skip(out("h")), Some(Reply::Output { data, .. }) if data == b"h"));
+    let err = Reply::Output { stream: brig_proto::OutputStream::Stderr, data: b"e".to_vec() };
+    assert!(had.skip(err).is_some());
 }

@@ -77,6 +77,13 @@ impl SessionTable {
     }
 
     /// Ends every session (their shells and all they started).
+    /// Forgets every session without closing it: the tier keeps their shells (a VM saved by
+    /// a pause) and hands them back later under the same ids.
+    pub fn detach_all(&self) {
+        let detached = std::mem::take(&mut *self.sessions.lock());
+        drop(detached);
+    }
+
     pub async fn close_all(&self) {
         let sessions: Vec<_> = self.sessions.lock().drain().map(|(_, s)| s).collect();
         for s in sessions {

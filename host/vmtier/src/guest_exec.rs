@@ -3,6 +3,7 @@
 //! command's output cap and deadline, its stdin fed as frames, and a kill that hangs up. The
 //! agent kills the command's process group when the connection goes.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,6 +36,11 @@ pub struct KeptCommand {
     pub container: Option<String>,
     /// How long it ran before this node serves it (a command taken back after a restart).
     pub ran_for: Duration,
+    /// Set while its VM is being saved by a pause (none: a container-host VM's container,
+    /// paused in place): a connection that ends then is the VMM stopping with the command
+    /// kept in the saved guest, so the command is detached ([`ExecEvent::Detached`]) rather
+    /// than killed and ended.
+    pub saving: Option<Arc<AtomicBool>>,
 }
 
 /// Serves a started guest command: `stdin` goes to `input` (needed unless `stdin` is
@@ -72,7 +78,23 @@ pub fn serve_kept(
         limit: output_limit,
     };
     tokio::spawn(async move {
-        let mut exit = pump.run().await;
+        let mut exit = match pump.run().await {
+            Ended::Exit(exit) => exit,
+            Ended::AgentGone { exit, why } => {
+                let saved = kept.as_ref().and_then(|k| k.saving.as_ref());
+                if saved.is_some_and(|s| s.load(Ordering::SeqCst)) {
+                    // The VM is being saved with the command in it: it goes on at resume.
+                    if let Some(feeder) = feeder {
+                        feeder.abort();
+                    }
+                    let _ = tx.send(ExecEvent::Detached(why)).await;
+                    return;
+                }
+                let note = format!("[brig: the guest's agent went away: {why}]\n");
+                let _ = tx.send(ExecEvent::Stderr(Bytes::from(note))).await;
+                exit
+            }
+        };
         let ended =
             exit.exit_code.is_some() || (exit.signal.is_some() && !exit.killed && !exit.truncated);
         if let (Some(kept), false) = (&kept, ended) {
@@ -116,6 +138,14 @@ fn feed(stdin: Stdin, mut input: GuestStdin) -> tokio::task::JoinHandle<()> {
     })
 }
 
+/// How a command's relay ended.
+enum Ended {
+    /// It exited, was signalled, killed, timed out or capped.
+    Exit(ExecExit),
+    /// The agent's connection ended first (what was relayed so far is in `exit`).
+    AgentGone { exit: ExecExit, why: String },
+}
+
 /// One command's output, moved from the agent to the node.
 struct Pump {
     stream: ExecStream,
@@ -127,8 +157,9 @@ struct Pump {
 
 impl Pump {
     /// Relays output until the command exits, runs past its deadline or its cap, or is
-    /// killed. Then the stream is dropped: the agent sees the hang-up and kills the command.
-    async fn run(mut self) -> ExecExit {
+    /// killed, or the agent's connection ends. Then the stream is dropped: the agent sees the
+    /// hang-up and kills the command (unless it keeps it).
+    async fn run(mut self) -> Ended {
         let mut exit = ExecExit::default();
         loop {
             let next = tokio::time::timeout_at(
@@ -140,19 +171,15 @@ impl Pump {
                 () = self.kill.notified() => {
                     exit.killed = true;
                     exit.signal = Some(9);
-                    return exit;
+                    return Ended::Exit(exit);
                 }
             };
             let event = match event {
                 Err(_) => {
                     exit.timed_out = true;
-                    return exit;
+                    return Ended::Exit(exit);
                 }
-                Ok(Err(e)) => {
-                    let note = format!("[brig: the guest's agent went away: {e}]\n");
-                    let _ = self.out.send(ExecEvent::Stderr(Bytes::from(note))).await;
-                    return exit;
-                }
+                Ok(Err(e)) => return Ended::AgentGone { exit, why: e.to_string() },
                 Ok(Ok(event)) => event,
             };
             let (stdout, mut data) = match event {
@@ -160,11 +187,11 @@ impl Pump {
                 AgentEvent::Stderr(d) => (false, d),
                 AgentEvent::Signaled(signal) => {
                     exit.signal = Some(signal);
-                    return exit;
+                    return Ended::Exit(exit);
                 }
                 AgentEvent::Exit(code) => {
                     exit.exit_code = Some(code);
-                    return exit;
+                    return Ended::Exit(exit);
                 }
             };
             let room = self.limit.saturating_sub(exit.stdout_bytes + exit.stderr_bytes);
@@ -186,7 +213,7 @@ impl Pump {
             }
             if exit.truncated {
                 exit.signal = Some(9);
-                return exit;
+                return Ended::Exit(exit);
             }
         }
     }

@@ -262,6 +262,7 @@ impl Sandbox for HostedSandbox {
                 id: spec.exec_id,
                 container: Some(self.name.clone()),
                 ran_for: Duration::ZERO,
+                saving: None,
             };
             let (timeout, limit) = (spec.timeout, spec.output_limit);
             Ok(serve_kept(stream, input, spec.stdin, timeout, limit, Some(kept)))
@@ -400,7 +401,7 @@ impl Sandbox for HostedSandbox {
                 return KeptWork::default();
             }
             let (uds, name) = (&self.host.vm.uds, self.name.as_str());
-            crate::kept_work::recover(uds, Some(name), &self.sessions_dir, name).await
+            crate::kept_work::recover(uds, Some(name), &self.sessions_dir, name, None).await
         })
     }
 

@@ -1,10 +1,12 @@
-//! Taking back what a guest's agent kept while the node was down: commands started with
-//! `keep` and kept sessions, of a microVM or full VM (its own) or of one container of a
+//! Taking back what a guest's agent kept while the node was down, or while its VM was saved
+//! by a pause: commands started with `keep` and kept sessions, of a microVM or full VM (its own) or of one container of a
 //! container-host VM (kept under the container's name). Each command is read again from its
 //! first byte, with its deadline counted from its start; each session is attached again by
 //! the node's session id, with its record (see `session`).
 
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Duration;
 
 use brig_core::sandbox::{KeptWork, RecoveredExec, Session, Stdin};
@@ -14,18 +16,29 @@ use crate::guest_exec::{serve_kept, KeptCommand};
 use crate::session::resume_kept_sessions;
 
 /// What the agent behind `uds` kept for `container` (none: the VM's own), with the session
-/// records in `sessions_dir`; `owner` names the VM or container in logs.
+/// records in `sessions_dir`; `owner` names the VM or container in logs; `saving` is the VM's
+/// pause flag (see [`KeptCommand::saving`]).
 pub(crate) async fn recover(
     uds: &Path,
     container: Option<&str>,
     sessions_dir: &Path,
     owner: &str,
+    saving: Option<Arc<AtomicBool>>,
 ) -> KeptWork {
     let mut work = KeptWork::default();
+    // Once more after a moment: a guest just restored from a pause may refuse a connection
+    // while its vsock transport settles.
+    let listed = match kept_commands(uds, container).await {
+        Err(_) => {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            kept_commands(uds, container).await
+        }
+        listed => listed,
+    };
     for (id, session) in resume_kept_sessions(uds, sessions_dir, container, owner).await {
         work.sessions.push((id, Box::new(session) as Box<dyn Session>));
     }
-    let listed = match kept_commands(uds, container).await {
+    let listed = match listed {
         Ok(listed) => listed,
         Err(e) => {
             tracing::warn!(owner, error = %e, "cannot list the guest's kept commands");
@@ -46,6 +59,7 @@ pub(crate) async fn recover(
             id,
             container: container.map(str::to_string),
             ran_for: Duration::from_millis(info.elapsed_ms),
+            saving: saving.clone(),
         };
         let timeout = Duration::from_millis(info.keep.timeout_ms);
         let running =

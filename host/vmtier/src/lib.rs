@@ -149,12 +149,21 @@ pub struct MicroVm {
     memory_from: std::sync::Mutex<PathBuf>,
     /// Saved to `memory_from` with no VMM running.
     paused: std::sync::atomic::AtomicBool,
+    /// Set when a pause starts saving the VM, until it resumes (or the save fails): a kept
+    /// command's connection that ends meanwhile is detached, not ended (see
+    /// `guest_exec::KeptCommand::saving`).
+    saving: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl MicroVm {
     /// Its network device's tap and namespace, if it has one.
     pub fn net(&self) -> Option<&VmNet> {
         self.net.as_ref()
+    }
+
+    /// What a kept command of this VM watches to tell a pause's hang-up from an end.
+    pub(crate) fn saving_flag(&self) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+        self.saving.clone()
     }
 
     /// A VM named `id` with its sockets and log in `dir`, not started; `memory_from` is the
@@ -181,6 +190,7 @@ impl MicroVm {
             net,
             memory_from: std::sync::Mutex::new(memory_from),
             paused: Default::default(),
+            saving: Default::default(),
         }
     }
 }

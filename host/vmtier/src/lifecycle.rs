@@ -149,8 +149,10 @@ impl VmTier {
             return Ok(0);
         }
         let freed = self.stats(vm).await.map(|s| s.rss_kib << 10).unwrap_or(0);
-        // A session's connection to the agent does not survive the VMM: the caller ends the
-        // VM's sessions first (the node keeps them).
+        // The agent's connections end with the VMM; its kept commands and sessions stay in the
+        // saved guest, and the node takes them back after the resume (`recover_kept`). From
+        // here a kept command's hang-up detaches it instead of ending it.
+        vm.saving.store(true, Ordering::SeqCst);
         let dir = self.saved_dir(&vm.id);
         if let Some(parent) = dir.parent() {
             std::fs::create_dir_all(parent).map_err(io("saved snapshots"))?;
@@ -164,6 +166,7 @@ impl VmTier {
                 Err(e) => Err(e),
             };
         if let Err(e) = saved {
+            vm.saving.store(false, Ordering::SeqCst);
             let _ = std::fs::remove_dir_all(&dir);
             return Err(e);
         }
@@ -193,8 +196,8 @@ impl VmTier {
             vm.paused.store(true, Ordering::SeqCst);
             return Err(e);
         }
-        // The node's view of commands running at the pause ended with the VMM's sockets.
-        crate::agent_link::kill_all_kept(&vm.uds).await;
+        // Commands and sessions the agent kept through the pause are the node's to take back.
+        vm.saving.store(false, Ordering::SeqCst);
         tracing::debug!(vm = %vm.id, "microvm resumed");
         Ok(())
     }

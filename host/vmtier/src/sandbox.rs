@@ -130,6 +130,7 @@ impl Sandbox for VmSandbox {
                 id: spec.exec_id,
                 container: None,
                 ran_for: Duration::ZERO,
+                saving: Some(self.vm.saving_flag()),
             };
             Ok(serve_kept(stream, input, spec.stdin, spec.timeout, spec.output_limit, Some(kept)))
         })
@@ -249,7 +250,8 @@ impl Sandbox for VmSandbox {
                 return KeptWork::default();
             }
             let sessions = self.tier.sessions_dir(&self.vm);
-            crate::kept_work::recover(&self.vm.uds, None, &sessions, &self.vm.id).await
+            let saving = Some(self.vm.saving_flag());
+            crate::kept_work::recover(&self.vm.uds, None, &sessions, &self.vm.id, saving).await
         })
     }
 }
