@@ -283,10 +283,11 @@ impl Session {
         record: SessionRecord,
         probe: IdleProbe,
     ) -> Session {
-        // A command is recorded as running once the shell has it; the node may have died
-        // after handing one over and before recording it: that one's nonce was the recorded
-        // next, whose markers and report are then dropped (its output goes to the next
-        // waiter). New commands draw a fresh nonce.
+        // A command is recorded as running just before the shell gets it, so a record that
+        // says idle means the shell got nothing after its last recorded end. Records written
+        // by earlier versions recorded the command just after handing it over: the recorded
+        // next nonce may be in the shell then, and its markers and report are dropped (its
+        // output goes to the next waiter). New commands draw a fresh nonce.
         let running = record.running.clone();
         let orphan = running.is_none().then(|| record.next.clone());
         let journal = SessionJournal::reopen(dir, record);
@@ -355,9 +356,18 @@ impl Session {
             message.push(0);
             message.extend_from_slice(command.replace('\0', "").as_bytes());
             message.push(0);
-            state.commands.write_all(&message).await.map_err(|_| SessionError::Closed)?;
+            // Recorded before the shell has it: a quick command's end, recorded by the
+            // reader, must not come before its start (a restart would take an idle session
+            // for a busy one). A node that dies between the two finds the shell idle when
+            // it waits ([`IdleProbe`]).
             if let Some(journal) = &self.journal {
                 journal.running(Some(&nonce));
+            }
+            if state.commands.write_all(&message).await.is_err() {
+                if let Some(journal) = &self.journal {
+                    journal.running(None);
+                }
+                return Err(SessionError::Closed);
             }
             state.running = Some(nonce);
         }
