@@ -2,7 +2,8 @@
 //!
 //! - create-to-first-exec: create a busybox container and run `true` in it, one at a time;
 //! - creates per second: `--parallel` creators for `--seconds`, each create followed by destroy;
-//! - exec round trip: `true` in one container, one at a time;
+//! - exec round trip: `true` in one container, one at a time, and the CPU time each one is
+//!   charged in the container's cgroup (the shim's fork or clone, the child's setup, `true`);
 //! - idle memory: host MemAvailable before and after `--idle` idle containers, per container.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -65,6 +66,8 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
     let creates = throughput(&client, opts, options).await?;
 
     let sb = client.create(options()).await?;
+    sb.exec(["true"]).await?;
+    let cpu_before = cgroup_cpu_ns(sb.id());
     let mut rtt = Latencies::default();
     for _ in 0..opts.execs {
         let started = Instant::now();
@@ -72,7 +75,12 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         anyhow::ensure!(out.success(), "true failed");
         rtt.record(started.elapsed());
     }
+    let cpu_after = cgroup_cpu_ns(sb.id());
     sb.destroy().await?;
+    let (Some(cpu_before), Some(cpu_after)) = (cpu_before, cpu_after) else {
+        anyhow::bail!("no cpu accounting cgroup found for {}", sb.id());
+    };
+    let exec_cpu_us = cpu_after.saturating_sub(cpu_before) as f64 / 1e3 / opts.execs.max(1) as f64;
 
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = crate::meminfo_kib("MemAvailable:");
@@ -106,6 +114,7 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         creates
     );
     println!("  {:<40} {:>10.3} / {:.3}", "exec `true` round trip p50 / p99 ms", r50, r99);
+    println!("  {:<40} {:>10.1}", "container CPU per exec `true` µs", exec_cpu_us);
     println!(
         "  {:<40} {:>10.2}",
         format!("memory per idle container MiB ({} idle)", opts.idle),
@@ -118,6 +127,7 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         "creates_per_sec": round3(creates),
         "exec_rtt_p50_ms": round3(r50),
         "exec_rtt_p99_ms": round3(r99),
+        "exec_cpu_us": round3(exec_cpu_us),
         "idle_mem_mib": round3(idle_mib),
         "host_mem_drop_per_container_mib": round3(host_delta_mib),
         "samples": opts.samples,
@@ -142,6 +152,23 @@ fn cgroup_memory(id: &str) -> Option<u64> {
         }
     }
     None
+}
+
+/// CPU time charged to a container's cgroup so far, in nanoseconds (v1 cpuacct or v2 cpu.stat).
+fn cgroup_cpu_ns(id: &str) -> Option<u64> {
+    let in_parent = |root: &str, file: &str| -> Option<String> {
+        let parents = std::fs::read_dir(root).ok()?;
+        parents
+            .flatten()
+            .filter(|p| p.file_name().to_string_lossy().starts_with("brig-"))
+            .find_map(|p| std::fs::read_to_string(p.path().join(id).join(file)).ok())
+    };
+    if let Some(text) = in_parent("/sys/fs/cgroup/cpuacct", "cpuacct.usage") {
+        return text.trim().parse().ok();
+    }
+    let stat = in_parent("/sys/fs/cgroup", "cpu.stat")?;
+    let usec = stat.lines().find_map(|l| l.strip_prefix("usage_usec "))?;
+    usec.trim().parse::<u64>().ok().map(|u| u * 1000)
 }
 
 async fn throughput(

@@ -395,6 +395,27 @@ async fn wrong_tier_and_bad_images_get_typed_errors() {
     let out = c.exec(["no-such-command"]).await.expect("exec");
     assert_eq!(out.result.exit_code, Some(127));
     assert!(out.stderr_text().contains("no-such-command"), "{}", out.stderr_text());
+    // What the child of the shim cannot set up is its exit status and one line on its stderr,
+    // as from a shell; the container carries on.
+    for (cmd, code, says) in [
+        (Cmd::new(["true"]).user("no-such-user"), 126, "brig: no user \"no-such-user\""),
+        (
+            Cmd::new(["true"]).cwd("/no/such/dir"),
+            126,
+            "cannot enter working directory /no/such/dir",
+        ),
+        (Cmd::new(["/tmp"]), 126, "brig: /tmp: Permission denied"),
+        (Cmd::new(["/no/such/program"]), 127, "brig: /no/such/program: No such file"),
+    ] {
+        let out = c.exec_with(cmd).await.expect("exec");
+        assert_eq!(out.result.exit_code, Some(code), "{says}: {}", out.stderr_text());
+        assert!(out.stderr_text().contains(says), "{says}: {}", out.stderr_text());
+    }
+    let err = c.exec_with(Cmd::new(["true"]).env("BAD", "a\0b")).await.expect_err("NUL");
+    assert_eq!(err.code(), Some(ErrorCode::BadRequest), "{err}");
+    let out =
+        c.exec_with(Cmd::new(["sh", "-c", "id -u; pwd"]).user("65534:65534").cwd("/tmp")).await;
+    assert_eq!(out.expect("exec").stdout_text(), "65534\n/tmp\n");
     c.destroy().await.expect("destroy");
     assert_eq!(c.exec(["true"]).await.expect_err("gone").code(), Some(ErrorCode::NotFound));
 }

@@ -1,80 +1,101 @@
-//! A process started in the container on the node's request: runs in the shim's child after
-//! fork, then execs. On any failure it prints why to its stderr and exits with
-//! [`EXIT_BAD_SETUP`] or [`EXIT_CANNOT_EXEC`], like a shell would.
+//! A process started in the container on the node's request, prepared by the shim. Everything
+//! that allocates or reads files (the user lookup, argv and the environment as C strings, the
+//! PATH candidates, the text of a setup error) is done here, in the shim; the child that
+//! [`super::spawn`] starts only makes system calls on the result, then execs. On a failure it
+//! prints why to its stderr and exits with [`EXIT_BAD_SETUP`] or [`EXIT_CANNOT_EXEC`], like a
+//! shell would.
 
-use std::ffi::CString;
+use std::ffi::{c_char, CString};
 use std::os::fd::OwnedFd;
-
-use nix::sys::signal::{SigSet, Signal};
 
 use crate::shim_proto::{SpawnSpec, EXIT_BAD_SETUP, EXIT_CANNOT_EXEC};
 
 /// Default PATH when the request sets none.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-fn fail(code: i32, message: &str) -> ! {
-    let _ = nix::unistd::write(std::io::stderr(), format!("brig: {message}\n").as_bytes());
-    std::process::exit(code)
+/// A setup error found while preparing, reported by the child (exit code and message).
+pub struct Failure {
+    pub code: i32,
+    pub message: String,
+    /// Reported before the child joins its cgroups and installs its descriptors (the request
+    /// itself is malformed), rather than where the old child would have found it.
+    pub early: bool,
 }
 
-/// Sets up and execs. `fds`: stdin, stdout, stderr, extras, then cgroup.procs files.
-pub fn run(spec: &SpawnSpec, fds: Vec<OwnedFd>) -> ! {
+/// What the child needs, ready to use without allocating.
+pub struct Prepared {
+    /// stdin, stdout, stderr, then the extra descriptors: installed as 0, 1, 2, 3, ...
+    pub stdio: Vec<OwnedFd>,
+    /// The cgroup.procs files the child joins first.
+    pub cgroups: Vec<OwnedFd>,
+    pub terminal: bool,
+    pub failure: Option<Failure>,
+    pub cwd: CString,
+    pub cwd_text: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<libc::gid_t>,
+    pub program: String,
+    /// The paths to try, in order (the program itself when it has a `/`, else PATH's).
+    pub candidates: Vec<CString>,
+    /// NULL-terminated pointers into `_argv` and `_envp`, which own the strings.
+    pub argv: Vec<*const c_char>,
+    pub envp: Vec<*const c_char>,
+    _argv: Vec<CString>,
+    _envp: Vec<CString>,
+}
+
+/// Prepares `spec`. `fds`: stdin, stdout, stderr, extras, then cgroup.procs files.
+pub fn prepare(spec: &SpawnSpec, mut fds: Vec<OwnedFd>) -> Prepared {
     let extra = usize::from(spec.extra_fds);
-    let cgroups = usize::from(spec.cgroup_fds);
-    if fds.len() != 3 + extra + cgroups {
-        fail(EXIT_BAD_SETUP, "wrong number of descriptors in spawn request");
+    let mut prepared = Prepared {
+        stdio: Vec::new(),
+        cgroups: Vec::new(),
+        terminal: spec.terminal,
+        failure: None,
+        cwd: CString::default(),
+        cwd_text: spec.cwd.clone(),
+        uid: 0,
+        gid: 0,
+        groups: Vec::new(),
+        program: spec.argv.first().cloned().unwrap_or_default(),
+        candidates: Vec::new(),
+        argv: vec![std::ptr::null()],
+        envp: vec![std::ptr::null()],
+        _argv: Vec::new(),
+        _envp: Vec::new(),
+    };
+    if fds.len() != 3 + extra + usize::from(spec.cgroup_fds) {
+        prepared.failure = Some(Failure {
+            code: EXIT_BAD_SETUP,
+            message: "wrong number of descriptors in spawn request".into(),
+            early: true,
+        });
+        return prepared;
     }
-    // Join the exec's cgroup first, so everything it becomes is counted and can be killed.
-    for fd in &fds[3 + extra..] {
-        if let Err(e) = nix::unistd::write(fd, b"0") {
-            fail(EXIT_BAD_SETUP, &format!("cannot join cgroup: {e}"));
-        }
-    }
-    let _ = nix::unistd::setsid();
-    if spec.terminal {
-        // Without it the shell runs, but with no job control and no ^C.
-        if let Err(e) = rustix::process::ioctl_tiocsctty(&fds[0]) {
-            fail(EXIT_BAD_SETUP, &format!("cannot take the terminal: {e}"));
-        }
-    }
-    // From here descriptors are raw numbers: install_fds closes everything it does not install.
-    let raw: Vec<std::os::fd::RawFd> =
-        fds.into_iter().map(std::os::fd::IntoRawFd::into_raw_fd).collect();
-    if let Err(e) = super::sys::install_fds(&raw[..3 + extra]) {
-        fail(EXIT_BAD_SETUP, &format!("cannot install descriptors: {e}"));
-    }
-    restore_signals();
+    prepared.cgroups = fds.split_off(3 + extra);
+    prepared.stdio = fds;
+    let late = |code: i32, message: String| Some(Failure { code, message, early: false });
     let user = match super::users::resolve(spec.user.as_deref()) {
         Ok(u) => u,
-        Err(message) => fail(EXIT_BAD_SETUP, &message),
+        Err(message) => {
+            prepared.failure = late(EXIT_BAD_SETUP, message);
+            return prepared;
+        }
     };
-    if let Err(e) = nix::unistd::chdir(spec.cwd.as_str()) {
-        fail(EXIT_BAD_SETUP, &format!("cannot enter working directory {}: {e}", spec.cwd));
+    prepared.uid = user.uid.as_raw();
+    prepared.gid = user.gid.as_raw();
+    prepared.groups = user.groups.iter().map(|g| g.as_raw()).collect();
+    let Ok(cwd) = CString::new(spec.cwd.as_str()) else {
+        prepared.failure =
+            late(EXIT_BAD_SETUP, format!("NUL byte in working directory {:?}", spec.cwd));
+        return prepared;
+    };
+    prepared.cwd = cwd;
+    if spec.argv.is_empty() {
+        prepared.failure = late(EXIT_CANNOT_EXEC, "empty command".into());
+        return prepared;
     }
-    if let Err(e) = nix::unistd::setgroups(&user.groups) {
-        fail(EXIT_BAD_SETUP, &format!("setgroups: {e}"));
-    }
-    if let Err(e) = nix::unistd::setresgid(user.gid, user.gid, user.gid) {
-        fail(EXIT_BAD_SETUP, &format!("setgid {}: {e}", user.gid));
-    }
-    if let Err(e) = nix::unistd::setresuid(user.uid, user.uid, user.uid) {
-        fail(EXIT_BAD_SETUP, &format!("setuid {}: {e}", user.uid));
-    }
-    // The shim confined itself (bounding set, no_new_privs, seccomp, no core dumps) before it
-    // started serving, so this process inherited all of it; exec leaves a root process exactly
-    // the bounding set's capabilities, a non-root one none.
-    exec(spec, &user)
-}
-
-fn restore_signals() {
-    let _ = SigSet::all().thread_unblock();
-    for sig in [Signal::SIGPIPE, Signal::SIGCHLD, Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
-        super::sys::default_signal(sig);
-    }
-}
-
-fn exec(spec: &SpawnSpec, user: &super::users::User) -> ! {
-    let Some(program) = spec.argv.first() else { fail(EXIT_CANNOT_EXEC, "empty command") };
     let mut env: Vec<(String, String)> = spec.env.clone();
     for (key, value) in [
         ("PATH", DEFAULT_PATH.to_string()),
@@ -86,26 +107,31 @@ fn exec(spec: &SpawnSpec, user: &super::users::User) -> ! {
             env.push((key.to_string(), value));
         }
     }
-    let cstr = |s: &str| {
-        CString::new(s)
-            .unwrap_or_else(|_| fail(EXIT_CANNOT_EXEC, "NUL byte in command or environment"))
-    };
-    let argv: Vec<CString> = spec.argv.iter().map(|a| cstr(a)).collect();
-    let envp: Vec<CString> = env.iter().map(|(k, v)| cstr(&format!("{k}={v}"))).collect();
     let path = env.iter().find(|(k, _)| k == "PATH").map_or(DEFAULT_PATH, |(_, v)| v.as_str());
-    let candidates: Vec<String> = if program.contains('/') {
-        vec![program.clone()]
+    let candidates: Vec<String> = if prepared.program.contains('/') {
+        vec![prepared.program.clone()]
     } else {
-        path.split(':').filter(|d| !d.is_empty()).map(|d| format!("{d}/{program}")).collect()
+        path.split(':')
+            .filter(|d| !d.is_empty())
+            .map(|d| format!("{d}/{}", prepared.program))
+            .collect()
     };
-    let mut last = nix::Error::ENOENT;
-    for candidate in candidates {
-        let c = cstr(&candidate);
-        let Err(e) = nix::unistd::execve(&c, &argv, &envp);
-        if e != nix::Error::ENOENT && e != nix::Error::ENOTDIR {
-            last = e;
-        }
-    }
-    let code = if last == nix::Error::ENOENT { EXIT_CANNOT_EXEC } else { EXIT_BAD_SETUP };
-    fail(code, &format!("{program}: {}", last.desc()))
+    let strings = |texts: &mut dyn Iterator<Item = String>| -> Option<Vec<CString>> {
+        texts.map(|t| CString::new(t).ok()).collect()
+    };
+    let (Some(argv), Some(envp), Some(candidates)) = (
+        strings(&mut spec.argv.iter().cloned()),
+        strings(&mut env.iter().map(|(k, v)| format!("{k}={v}"))),
+        strings(&mut candidates.into_iter()),
+    ) else {
+        prepared.failure = late(EXIT_CANNOT_EXEC, "NUL byte in command or environment".into());
+        return prepared;
+    };
+    prepared.argv = argv.iter().map(|s| s.as_ptr()).chain([std::ptr::null()]).collect();
+    prepared.envp = envp.iter().map(|s| s.as_ptr()).chain([std::ptr::null()]).collect();
+    // Moving the vectors keeps each string's heap buffer where the pointers point.
+    prepared._argv = argv;
+    prepared._envp = envp;
+    prepared.candidates = candidates;
+    prepared
 }

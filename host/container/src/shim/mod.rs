@@ -8,11 +8,13 @@
 //! ```
 //! The shim itself stays in the host pid namespace, so nothing inside the container can see,
 //! signal or trace it; it talks only to the node over an inherited socket. It is
-//! single-threaded (so `fork` is sound), blocks SIGCHLD and reads it from a signalfd.
+//! single-threaded (so `fork` is sound, and so is a child that shares its memory until exec:
+//! see `spawn`), blocks SIGCHLD and reads it from a signalfd.
 
 mod child;
 mod init;
 pub mod security;
+mod spawn;
 pub mod spawner;
 mod sys;
 mod users;
@@ -165,6 +167,7 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
     let mut kept = Kept::default();
     let mut next_exec_id = 1u64;
     let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
+    let mut stack = spawn::ChildStack::new();
     loop {
         let mut fds = vec![
             PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
@@ -242,18 +245,12 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
             next_exec_id = next_exec_id.max(spec.exec_id + 1);
             // A reply the node is no longer there to take is its hang-up, not the shim's
             // failure: the container must not die because the node did mid-spawn.
-            let delivered = match fork_for_spawn() {
-                Ok(sys::Forked::Child) => child::run(&spec, fds),
-                Ok(sys::Forked::Parent(pid)) => {
-                    // The child joins its cgroups itself, but maybe not before the node
-                    // acts on this reply (a kill right away would find the cgroup empty):
-                    // put it there now as well. A child already gone is refused (ESRCH).
-                    let extra = usize::from(spec.extra_fds);
-                    let pid_text = pid.as_raw().to_string();
-                    for fd in fds.iter().skip(3 + extra) {
-                        let _ = nix::unistd::write(fd, pid_text.as_bytes());
-                    }
-                    drop(fds);
+            let prepared = child::prepare(&spec, fds);
+            let delivered = match spawn_retrying(&prepared, &mut stack) {
+                Ok(pid) => {
+                    // The child joined its cgroups before it exec'd, and the shim resumes only
+                    // after that exec: a kill right after this reply finds it there.
+                    drop(prepared);
                     running.insert(pid, spec.exec_id);
                     kept.hold(spec.exec_id, pid, keep);
                     let spawned = FromShim::Spawned { exec_id: spec.exec_id, pid: pid.as_raw() };
@@ -262,7 +259,7 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
                 // A full pids cgroup (a fork bomb, say) refuses this one request; the
                 // shim, and with it the container, stays up.
                 Err(e) => {
-                    drop(fds);
+                    drop(prepared);
                     let error = describe(&e);
                     send(c, &FromShim::SpawnFailed { exec_id: spec.exec_id, error }).is_ok()
                 }
@@ -278,19 +275,22 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
     }
 }
 
-/// Forks for a spawn request. EAGAIN (the container's pids limit is reached) is retried for
+/// Starts a prepared process. EAGAIN (the container's pids limit is reached) is retried for
 /// about half a second, long enough for the processes a timeout just killed to be reaped.
-fn fork_for_spawn() -> Result<sys::Forked, ShimError> {
+fn spawn_retrying(
+    prepared: &child::Prepared,
+    stack: &mut spawn::ChildStack,
+) -> Result<Pid, ShimError> {
     let mut delay = std::time::Duration::from_millis(2);
     let mut waited = std::time::Duration::ZERO;
     loop {
-        match sys::fork() {
-            Err(ShimError::Sys(_, nix::Error::EAGAIN)) if waited < SPAWN_RETRY_BUDGET => {
+        match spawn::spawn(prepared, stack) {
+            Err(nix::Error::EAGAIN) if waited < SPAWN_RETRY_BUDGET => {
                 std::thread::sleep(delay);
                 waited += delay;
                 delay = (delay * 2).min(std::time::Duration::from_millis(100));
             }
-            other => return other,
+            other => return other.map_err(|e| ShimError::Sys("spawn", e)),
         }
     }
 }
