@@ -154,21 +154,31 @@ fn cgroup_memory(id: &str) -> Option<u64> {
     None
 }
 
+/// A file of a container's cgroup under the first `brig-*` node directory in `root` that has it.
+fn cgroup_file(root: &str, id: &str, file: &str) -> Option<String> {
+    let parents = std::fs::read_dir(root).ok()?;
+    parents
+        .flatten()
+        .filter(|p| p.file_name().to_string_lossy().starts_with("brig-"))
+        .find_map(|p| std::fs::read_to_string(p.path().join(id).join(file)).ok())
+}
+
 /// CPU time charged to a container's cgroup so far, in nanoseconds (v1 cpuacct or v2 cpu.stat).
-fn cgroup_cpu_ns(id: &str) -> Option<u64> {
-    let in_parent = |root: &str, file: &str| -> Option<String> {
-        let parents = std::fs::read_dir(root).ok()?;
-        parents
-            .flatten()
-            .filter(|p| p.file_name().to_string_lossy().starts_with("brig-"))
-            .find_map(|p| std::fs::read_to_string(p.path().join(id).join(file)).ok())
-    };
-    if let Some(text) = in_parent("/sys/fs/cgroup/cpuacct", "cpuacct.usage") {
+pub(crate) fn cgroup_cpu_ns(id: &str) -> Option<u64> {
+    if let Some(text) = cgroup_file("/sys/fs/cgroup/cpuacct", id, "cpuacct.usage") {
         return text.trim().parse().ok();
     }
-    let stat = in_parent("/sys/fs/cgroup", "cpu.stat")?;
+    let stat = cgroup_file("/sys/fs/cgroup", id, "cpu.stat")?;
     let usec = stat.lines().find_map(|l| l.strip_prefix("usage_usec "))?;
     usec.trim().parse::<u64>().ok().map(|u| u * 1000)
+}
+
+/// How many CFS periods a container's cgroup has been throttled in so far (v1 or v2).
+pub(crate) fn cgroup_throttled_periods(id: &str) -> Option<u64> {
+    let stat = cgroup_file("/sys/fs/cgroup/cpu", id, "cpu.stat")
+        .or_else(|| cgroup_file("/sys/fs/cgroup", id, "cpu.stat"))?;
+    let n = stat.lines().find_map(|l| l.strip_prefix("nr_throttled "))?;
+    n.trim().parse().ok()
 }
 
 async fn throughput(

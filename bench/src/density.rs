@@ -190,12 +190,29 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
     tokio::time::sleep(Duration::from_secs(2)).await;
     // How the last-filled node answers: a larger sample, spread over every sandbox.
     let mut last_samples = Latencies::default();
+    // For containers, also what each sampled exec cost the container's CPU quota and whether
+    // the kernel throttled it (an exec that needs more than the quota waits for a period).
+    let (mut sample_cpu, mut throttled_samples) = (Latencies::default(), 0usize);
     let mut final_failed = 0usize;
     for i in 0..if live.is_empty() { 0 } else { opts.final_sample } {
         let sb = &live[(i * 7919 + 13) % live.len()];
+        let before = container
+            .then(|| {
+                crate::container::cgroup_cpu_ns(sb.id())
+                    .zip(crate::container::cgroup_throttled_periods(sb.id()))
+            })
+            .flatten();
         let t = Instant::now();
         match probe(sb, container).await {
-            Ok(()) => last_samples.record(t.elapsed()),
+            Ok(()) => {
+                last_samples.record(t.elapsed());
+                let after = crate::container::cgroup_cpu_ns(sb.id())
+                    .zip(crate::container::cgroup_throttled_periods(sb.id()));
+                if let (Some((cpu0, thr0)), Some((cpu1, thr1))) = (before, after) {
+                    sample_cpu.record(Duration::from_nanos(cpu1.saturating_sub(cpu0)));
+                    throttled_samples += usize::from(thr1 > thr0);
+                }
+            }
             // Counted, not fatal: what was created must still be destroyed below.
             Err(e) => {
                 final_failed += 1;
@@ -232,6 +249,18 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         final_p99,
         last_samples.len()
     );
+    let (cpu_p50_us, cpu_p99_us) =
+        (sample_cpu.quantile_ms(0.5) * 1e3, sample_cpu.quantile_ms(0.99) * 1e3);
+    if sample_cpu.len() > 0 {
+        println!(
+            "  {:<44} {:>6.0} / {:.0} ({} of {} throttled)",
+            "CPU charged per sampled exec p50 / p99 µs",
+            cpu_p50_us,
+            cpu_p99_us,
+            throttled_samples,
+            sample_cpu.len()
+        );
+    }
     println!("  stopped by: {stopped_by}");
     Ok(json!({
         "bench": "density",
@@ -252,6 +281,9 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         "final_sample_p50_ms": round3(final_p50),
         "final_sample_p99_ms": round3(final_p99),
         "final_sample_failed": final_failed,
+        "final_sample_cpu_p50_us": round3(cpu_p50_us),
+        "final_sample_cpu_p99_us": round3(cpu_p99_us),
+        "final_sample_throttled": throttled_samples,
     }))
 }
 

@@ -146,12 +146,15 @@ async fn the_node_holds_one_descriptor_per_container_and_starts_shims_from_its_s
     let brigd = daemon.pid().expect("brigd pid");
     let small = || SandboxOptions::container(&image("busybox")).cpu_millis(10).memory_mib(32);
     let first = client.create(small()).await.expect("create");
-    // The quota is set once the container runs, with a burst of one more quota.
-    // v2's cpu.max reads "1000 100000".
+    // The quota is set once the container runs, with a burst of one more quota; 10 millicores
+    // are 5 ms per 500 ms periods (the node's smallest quota), not 1 ms per 100 ms.
+    // v2's cpu.max reads "5000 500000".
     let quota = cpu_file(first.id(), "cpu.cfs_quota_us", "cpu.max").expect("quota");
-    assert_eq!(quota.split_whitespace().next(), Some("1000"), "{quota}");
+    assert_eq!(quota.split_whitespace().next(), Some("5000"), "{quota}");
+    let period = cpu_file(first.id(), "cpu.cfs_period_us", "cpu.max").expect("period");
+    assert_eq!(period.split_whitespace().last(), Some("500000"), "{period}");
     if let Some(burst) = cpu_file(first.id(), "cpu.cfs_burst_us", "cpu.max.burst") {
-        assert_eq!(burst, "1000");
+        assert_eq!(burst, "5000");
     }
     let before = open_fds(brigd);
     let mut sandboxes = Vec::new();

@@ -244,13 +244,36 @@ impl CgroupManager {
     }
 }
 
+/// The CFS period and quota, in µs, that cap a container at `millis` thousandths of a core.
+/// The period is the usual 100 ms unless its quota would be under `min_quota_us`; then it is
+/// as long as needed for that quota, up to the kernel's limit of 1 s. The rate is the same
+/// either way; what changes is how much CPU a quiet container may use at once. A quota of
+/// 1 ms per 100 ms (10 millicores) is less than one `exec true` costs on a loaded node, so
+/// every such exec would wait for the next period; 5 ms per 500 ms holds it.
+pub fn cpu_period_and_quota(millis: u64, min_quota_us: u64) -> (u64, u64) {
+    const DEFAULT_PERIOD_US: u64 = 100_000;
+    const MAX_PERIOD_US: u64 = 1_000_000;
+    /// The kernel refuses quotas under 1 ms.
+    const MIN_QUOTA_US: u64 = 1_000;
+    let millis = millis.max(1);
+    let period =
+        min_quota_us.saturating_mul(1000).div_ceil(millis).clamp(DEFAULT_PERIOD_US, MAX_PERIOD_US);
+    (period, (millis.saturating_mul(period) / 1000).max(MIN_QUOTA_US))
+}
+
+/// Default of [`cpu_period_and_quota`]'s `min_quota_us` (node config
+/// `[container] cpu_min_quota_us`).
+pub const DEFAULT_CPU_MIN_QUOTA_US: u64 = 5_000;
+
 impl ContainerCgroup {
-    /// Caps the container at `millis` thousandths of a core (period 100 ms), with a burst of
-    /// one more quota: an idle container answers a short exec at once instead of waiting for
-    /// the next period.
-    pub fn limit_cpu(&self, millis: u64) -> Result<(), CgroupError> {
+    /// Caps the container at `millis` thousandths of a core, with a burst of one more quota:
+    /// an idle container answers a short exec at once instead of waiting for the next period.
+    /// The period is 100 ms, or longer when that would leave a quota under `min_quota_us`
+    /// (see [`cpu_period_and_quota`]).
+    pub fn limit_cpu(&self, millis: u64, min_quota_us: u64) -> Result<(), CgroupError> {
         let Some(d) = self.dir("cpu") else { return Ok(()) };
-        let quota = (millis.max(1) * 100).to_string();
+        let (period, quota) = cpu_period_and_quota(millis, min_quota_us);
+        let (period, quota) = (period.to_string(), quota.to_string());
         let write = |name: &str, value: &str| {
             let file = d.join(name);
             std::fs::write(&file, value).map_err(io("write", &file))
@@ -258,7 +281,7 @@ impl ContainerCgroup {
         // The burst is optional (kernels before 5.14 have none).
         match self.version {
             Version::V1 => {
-                write("cpu.cfs_period_us", "100000")?;
+                write("cpu.cfs_period_us", &period)?;
                 write("cpu.cfs_quota_us", &quota)?;
                 if d.join("cpu.cfs_burst_us").exists() {
                     write("cpu.cfs_burst_us", &quota)?;
@@ -269,7 +292,7 @@ impl ContainerCgroup {
                 tracing::warn!(cgroup = %d.display(), "no cpu controller: CPU limit not applied");
             }
             Version::V2 => {
-                write("cpu.max", &format!("{quota} 100000"))?;
+                write("cpu.max", &format!("{quota} {period}"))?;
                 if d.join("cpu.max.burst").exists() {
                     write("cpu.max.burst", &quota)?;
                 }
@@ -630,4 +653,33 @@ fn remove_tree(dir: &Path) -> Result<(), CgroupError> {
         path: dir.to_owned(),
         source: last.unwrap_or_else(|| std::io::Error::other("busy")),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cpu_period_and_quota;
+
+    #[test]
+    fn small_quotas_get_longer_periods_at_the_same_rate() {
+        // A core or more: the usual 100 ms period.
+        assert_eq!(cpu_period_and_quota(1000, 5_000), (100_000, 100_000));
+        assert_eq!(cpu_period_and_quota(2500, 5_000), (100_000, 250_000));
+        assert_eq!(cpu_period_and_quota(50, 5_000), (100_000, 5_000));
+        // 10 millicores: 5 ms per 500 ms instead of 1 ms per 100 ms.
+        assert_eq!(cpu_period_and_quota(10, 5_000), (500_000, 5_000));
+        assert_eq!(cpu_period_and_quota(30, 5_000), (166_667, 5_000));
+        // The kernel's longest period, then its smallest quota.
+        assert_eq!(cpu_period_and_quota(2, 5_000), (1_000_000, 2_000));
+        assert_eq!(cpu_period_and_quota(0, 5_000), (1_000_000, 1_000));
+        // 0 keeps 100 ms periods, never under the kernel's 1 ms quota.
+        assert_eq!(cpu_period_and_quota(10, 0), (100_000, 1_000));
+        assert_eq!(cpu_period_and_quota(3, 0), (100_000, 1_000));
+        for millis in [1, 7, 10, 33, 99, 100, 101, 999, 16_000] {
+            let (period, quota) = cpu_period_and_quota(millis, 5_000);
+            assert!((100_000..=1_000_000).contains(&period), "{millis}: {period}");
+            // The rate asked for, to within the rounding of one µs per period.
+            let rate = quota as f64 * 1000.0 / period as f64;
+            assert!((rate - millis as f64).abs() <= millis as f64 * 0.01 + 1.0, "{millis}: {rate}");
+        }
+    }
 }

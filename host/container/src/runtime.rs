@@ -99,6 +99,9 @@ pub struct RuntimeConfig {
     /// Where commands' output is spooled, a directory per container (`crate::spool`); on
     /// disk rather than in the run directory's memory. `None`: `<run_dir>/spool`.
     pub spool_dir: Option<PathBuf>,
+    /// The smallest CPU quota per period a container gets: smaller quotas get longer periods
+    /// ([`crate::cgroup::cpu_period_and_quota`]).
+    pub cpu_min_quota_us: u64,
 }
 
 impl RuntimeConfig {
@@ -453,7 +456,7 @@ impl Runtime {
             .ok_or_else(|| RuntimeError::Setup(format!("container init {init_pid} is gone")))?;
         // Only now: setting up the namespaces and mounts is the node's work, not the container's.
         if let Some(millis) = spec.limits.cpu_millis {
-            cgroup.limit_cpu(millis)?;
+            cgroup.limit_cpu(millis, self.config.cpu_min_quota_us)?;
         }
         Ok(Started { shim, shim_pid: pid, shim_start, init_pid, init_start, upper_fd })
     }

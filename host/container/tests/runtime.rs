@@ -29,6 +29,7 @@ fn runtime_named(run: &std::path::Path, tag: &str, survive_node: bool) -> Runtim
         cgroup_parent: format!("brig-test-{tag}-{}", std::process::id()),
         survive_node,
         spool_dir: None,
+        cpu_min_quota_us: brig_container::cgroup::DEFAULT_CPU_MIN_QUOTA_US,
     })
     .expect("runtime")
 }

@@ -126,6 +126,10 @@ pub struct ContainerConfig {
     /// millisecond or two run on every CPU instead of waiting for the next period; the old
     /// value is put back at shutdown. 0 leaves the kernel's value.
     pub cpu_bandwidth_slice_us: u64,
+    /// The smallest CPU quota per CFS period: a container capped so low that a 100 ms period
+    /// would give it less gets a longer period (up to 1 s) at the same rate, so a short exec
+    /// in a quiet container is not held for the next period. 0 keeps 100 ms periods.
+    pub cpu_min_quota_us: u64,
     pub default_pids: u64,
     pub max_pids: u64,
     pub default_disk_mib: u64,
@@ -150,6 +154,7 @@ impl Default for ContainerConfig {
             default_cpu_millis: 1000,
             max_cpu_millis: 16_000,
             cpu_bandwidth_slice_us: 500,
+            cpu_min_quota_us: brig_container::cgroup::DEFAULT_CPU_MIN_QUOTA_US,
             default_pids: 1024,
             max_pids: 32_768,
             default_disk_mib: 1024,

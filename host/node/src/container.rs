@@ -73,6 +73,7 @@ impl ContainerTier {
             cgroup_parent: cgroup_parent.to_string(),
             survive_node,
             spool_dir: Some(state_dir.join("spool")),
+            cpu_min_quota_us: config.cpu_min_quota_us,
         })
         .map_err(|e| crate::error::chain(&e))?;
         Ok(ContainerTier {

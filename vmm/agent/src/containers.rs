@@ -106,6 +106,7 @@ fn service() -> Result<&'static Service, Refusal> {
                 cgroup_parent: "brig".into(),
                 survive_node: false,
                 spool_dir: None,
+                cpu_min_quota_us: brig_container::cgroup::DEFAULT_CPU_MIN_QUOTA_US,
             };
             let runtime = {
                 let _in_tokio = tokio.enter();

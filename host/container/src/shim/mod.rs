@@ -167,7 +167,7 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
     let mut kept = Kept::default();
     let mut next_exec_id = 1u64;
     let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
-    let mut stack = spawn::ChildStack::new();
+    let mut stack = spawn::ChildStack::new().map_err(|e| ShimError::Sys("child stack", e))?;
     loop {
         let mut fds = vec![
             PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),

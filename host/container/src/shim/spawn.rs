@@ -23,15 +23,67 @@ use crate::shim_proto::{EXIT_BAD_SETUP, EXIT_CANNOT_EXEC};
 /// The child's stack: it runs a few system-call wrappers and formats at most one error line.
 const CHILD_STACK_BYTES: usize = 64 * 1024;
 
+/// A page below the stack that faults: a child that overran its stack dies of SIGSEGV
+/// instead of writing into the shim's memory.
+const GUARD_BYTES: usize = 4096;
+
 /// Descriptors the child installs at most: stdin, stdout, stderr and 255 extras.
 const MAX_INSTALLED: usize = 3 + u8::MAX as usize;
 
-/// The stack children run on, reused: a child is done with it once `spawn` returns.
-pub struct ChildStack(Box<[u8]>);
+/// The stack children run on, reused: a child is done with it once `spawn` returns, which
+/// gives its pages back, so an idle shim holds none of it.
+pub struct ChildStack {
+    base: std::ptr::NonNull<u8>,
+}
 
 impl ChildStack {
-    pub fn new() -> Self {
-        Self(vec![0u8; CHILD_STACK_BYTES].into_boxed_slice())
+    pub fn new() -> Result<Self, Errno> {
+        // SAFETY: a new private anonymous mapping; no existing memory is touched.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                GUARD_BYTES + CHILD_STACK_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        let Some(base) =
+            std::ptr::NonNull::new(base.cast::<u8>()).filter(|_| base != libc::MAP_FAILED)
+        else {
+            return Err(Errno::last());
+        };
+        let stack = Self { base };
+        // SAFETY: the lowest page of the mapping just made, which nothing uses.
+        if unsafe { libc::mprotect(base.as_ptr().cast(), GUARD_BYTES, libc::PROT_NONE) } < 0 {
+            return Err(Errno::last());
+        }
+        Ok(stack)
+    }
+
+    fn usable(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping above the guard page is this value's, readable and writable,
+        // for as long as it lives; `&mut self` makes this the only reference to it.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.base.as_ptr().add(GUARD_BYTES), CHILD_STACK_BYTES)
+        }
+    }
+
+    /// Returns the pages a child touched (they read back as zeros on the next use).
+    fn give_back(&mut self) {
+        let stack = self.usable();
+        // SAFETY: MADV_DONTNEED on this value's own private anonymous pages, which nothing
+        // refers to any more: the child that used them has exec'd or exited.
+        let _ =
+            unsafe { libc::madvise(stack.as_mut_ptr().cast(), stack.len(), libc::MADV_DONTNEED) };
+    }
+}
+
+impl Drop for ChildStack {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping `new` made; no reference into it outlives `self`.
+        let _ = unsafe { libc::munmap(self.base.as_ptr().cast(), GUARD_BYTES + CHILD_STACK_BYTES) };
     }
 }
 
@@ -52,11 +104,12 @@ pub fn spawn(prepared: &Prepared, stack: &mut ChildStack) -> Result<Pid, Errno> 
     let started = unsafe {
         nix::sched::clone(
             callback,
-            &mut stack.0,
+            stack.usable(),
             CloneFlags::CLONE_VM | CloneFlags::CLONE_VFORK,
             Some(libc::SIGCHLD),
         )
     };
+    stack.give_back();
     let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&saved), None);
     started
 }
