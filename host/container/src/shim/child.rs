@@ -17,8 +17,9 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 pub struct Failure {
     pub code: i32,
     pub message: String,
-    /// Reported before the child joins its cgroups and installs its descriptors (the request
-    /// itself is malformed), rather than where the old child would have found it.
+    /// The request itself is malformed: reported before the child joins its cgroups or
+    /// installs its descriptors (so on the shim's stderr, /dev/null). Otherwise it is reported
+    /// on the command's stderr once that is installed.
     pub early: bool,
 }
 
