@@ -193,6 +193,9 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
     // For containers, also what each sampled exec cost the container's CPU quota and whether
     // the kernel throttled it (an exec that needs more than the quota waits for a period).
     let (mut sample_cpu, mut throttled_samples) = (Latencies::default(), 0usize);
+    // Each final sample as (ms, CPU µs charged, throttled), to tell a slow answer that used
+    // the container's CPU from one that waited elsewhere.
+    let mut each_sample: Vec<(f64, f64, bool)> = Vec::new();
     let mut final_failed = 0usize;
     for i in 0..if live.is_empty() { 0 } else { opts.final_sample } {
         let sb = &live[(i * 7919 + 13) % live.len()];
@@ -205,12 +208,19 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         let t = Instant::now();
         match probe(sb, container).await {
             Ok(()) => {
-                last_samples.record(t.elapsed());
+                let took = t.elapsed();
+                last_samples.record(took);
                 let after = crate::container::cgroup_cpu_ns(sb.id())
                     .zip(crate::container::cgroup_throttled_periods(sb.id()));
                 if let (Some((cpu0, thr0)), Some((cpu1, thr1))) = (before, after) {
-                    sample_cpu.record(Duration::from_nanos(cpu1.saturating_sub(cpu0)));
+                    let cpu = Duration::from_nanos(cpu1.saturating_sub(cpu0));
+                    sample_cpu.record(cpu);
                     throttled_samples += usize::from(thr1 > thr0);
+                    each_sample.push((
+                        took.as_secs_f64() * 1e3,
+                        cpu.as_secs_f64() * 1e6,
+                        thr1 > thr0,
+                    ));
                 }
             }
             // Counted, not fatal: what was created must still be destroyed below.
@@ -261,6 +271,17 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
             sample_cpu.len()
         );
     }
+    each_sample.sort_by(|a, b| b.0.total_cmp(&a.0));
+    each_sample.truncate(5);
+    if !each_sample.is_empty() {
+        let text: Vec<String> = each_sample
+            .iter()
+            .map(|(ms, cpu, thr)| {
+                format!("{ms:.1} ms ({cpu:.0} µs CPU{})", if *thr { ", throttled" } else { "" })
+            })
+            .collect();
+        println!("  slowest when full: {}", text.join(", "));
+    }
     println!("  stopped by: {stopped_by}");
     Ok(json!({
         "bench": "density",
@@ -284,6 +305,10 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         "final_sample_cpu_p50_us": round3(cpu_p50_us),
         "final_sample_cpu_p99_us": round3(cpu_p99_us),
         "final_sample_throttled": throttled_samples,
+        "final_sample_slowest": each_sample
+            .iter()
+            .map(|(ms, cpu, thr)| json!({"ms": round3(*ms), "cpu_us": round3(*cpu), "throttled": thr}))
+            .collect::<Vec<_>>(),
     }))
 }
 
