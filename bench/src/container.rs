@@ -139,19 +139,11 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
 
 /// Bytes charged to a container's memory cgroup (v1 or v2), found by sandbox id.
 fn cgroup_memory(id: &str) -> Option<u64> {
-    for (root, file) in
-        [("/sys/fs/cgroup/memory", "memory.usage_in_bytes"), ("/sys/fs/cgroup", "memory.current")]
-    {
-        let Ok(parents) = std::fs::read_dir(root) else { continue };
-        for parent in
-            parents.flatten().filter(|p| p.file_name().to_string_lossy().starts_with("brig-"))
-        {
-            if let Ok(text) = std::fs::read_to_string(parent.path().join(id).join(file)) {
-                return text.trim().parse().ok();
-            }
-        }
-    }
-    None
+    cgroup_file("/sys/fs/cgroup/memory", id, "memory.usage_in_bytes")
+        .or_else(|| cgroup_file("/sys/fs/cgroup", id, "memory.current"))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// A file of a container's cgroup under the first `brig-*` node directory in `root` that has it.

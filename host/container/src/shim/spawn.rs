@@ -95,12 +95,13 @@ pub fn spawn(prepared: &Prepared, stack: &mut ChildStack) -> Result<Pid, Errno> 
     let mut saved = SigSet::empty();
     nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::all()), Some(&mut saved))?;
     let callback: nix::sched::CloneCb<'_> = Box::new(|| run(prepared));
-    // SAFETY: CLONE_VM | CLONE_VFORK: the shim is single-threaded and suspended until the child
-    // execs or exits, so nothing else touches the memory they share meanwhile. The child runs
-    // `run` on `stack`, which nothing else uses while it lives (the shim is suspended, and the
-    // stack is reused only by a later spawn); `run` never returns, allocates nothing and
-    // changes no shared memory except its own stack and errno (the shim reads errno only
-    // after a failed call of its own).
+    // CLONE_VM | CLONE_VFORK: the shim is single-threaded and suspended until the child execs
+    // or exits, so nothing else touches the memory they share meanwhile. The child runs `run`
+    // on `stack`, which nothing else uses while it lives (the stack is reused only by a later
+    // spawn); `run` never returns, allocates nothing and changes no shared memory except its
+    // own stack and errno (the shim reads errno only after a failed call of its own).
+    // SAFETY: the shim is single-threaded and suspended while the child shares its memory, and
+    // the child runs only `run` (no allocation, no return) on a stack nothing else uses.
     let started = unsafe {
         nix::sched::clone(
             callback,
