@@ -93,7 +93,13 @@ async fn sessions_survive_a_brigd_crash_with_their_state() {
     let busy = sb.open_session().await.expect("second session");
     let started = busy.run("cd /tmp; sleep 1.5; echo slept", Duration::from_millis(200)).await;
     assert!(started.expect("start").is_running(), "the command should still run");
-    let ids = (idle.id().to_string(), busy.id().to_string());
+    // Finishes before the crash while nobody waits: brigd has read its output and its end.
+    let unwaited = sb.open_session().await.expect("third session");
+    let script = "echo early; sleep 0.4; cd /etc; echo late; echo bad >&2; (exit 4)";
+    let first = unwaited.run(script, Duration::from_millis(150)).await.expect("start");
+    assert!(first.is_running(), "the command should still run");
+    let ids = (idle.id().to_string(), busy.id().to_string(), unwaited.id().to_string());
+    tokio::time::sleep(Duration::from_millis(900)).await;
 
     daemon.crash().expect("crash");
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -113,9 +119,23 @@ async fn sessions_survive_a_brigd_crash_with_their_state() {
     assert_eq!(out.stdout_text(), "slept\n");
     assert_eq!((out.exit_code, out.cwd.as_str()), (Some(0), "/tmp"));
 
+    // Its output and end were kept on disk, not only in the dead brigd's memory.
+    let unwaited = sb.session(&ids.2);
+    let rest = unwaited.wait(long).await.expect("wait for what nobody waited for");
+    let stdout = format!("{}{}", first.stdout_text(), rest.stdout_text());
+    assert_eq!(stdout, "early\nlate\n");
+    assert_eq!(rest.stderr_text(), "bad\n");
+    assert_eq!((rest.exit_code, rest.cwd.as_str()), (Some(4), "/etc"));
+    let next = unwaited.run("pwd", long).await.expect("the next command");
+    assert_eq!((next.stdout_text().as_str(), next.exit_code), ("/etc\n", Some(0)));
+
     // New sessions take ids after the kept ones; a closed one is gone for good.
-    let third = sb.open_session().await.expect("a new session");
-    assert!(![&ids.0, &ids.1].contains(&&third.id().to_string()), "id {} reused", third.id());
+    let fourth = sb.open_session().await.expect("a new session");
+    assert!(
+        ![&ids.0, &ids.1, &ids.2].contains(&&fourth.id().to_string()),
+        "id {} reused",
+        fourth.id()
+    );
     idle.close().await.expect("close");
     assert!(!sb.sessions().await.expect("sessions").contains(&ids.0));
     sb.destroy().await.expect("destroy");

@@ -26,6 +26,7 @@ pub mod rootfs;
 pub mod runtime;
 pub mod sandbox;
 pub mod session;
+pub mod session_backlog;
 pub mod session_journal;
 pub mod shared_sys;
 pub mod shim;

@@ -403,7 +403,7 @@ impl Sandbox for ContainerSandbox {
                     Some(session) => kept.sessions.push((id, Box::new(session) as _)),
                     None => {
                         tracing::warn!(container = self.container.name(), session = %id, "a session's shell was not kept");
-                        let _ = std::fs::remove_file(sessions_dir.join(format!("{id}.json")));
+                        crate::session::SessionJournal::forget(&sessions_dir, &id);
                     }
                 }
             }

@@ -42,6 +42,8 @@ done
 
 /// Output kept for a command nobody is waiting on.
 const BACKLOG_BYTES: usize = 4 << 20;
+/// The bound of a recorded session's backlog file: the output above plus frame headers.
+const BACKLOG_FILE_BYTES: u64 = (BACKLOG_BYTES as u64) * 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -137,6 +139,8 @@ pub struct SessionParts {
 pub struct Resumed {
     pub journal: Arc<SessionJournal>,
     pub running: Option<String>,
+    /// What the session's commands wrote while nobody waited, kept by the earlier run.
+    pub backlog: Vec<SessionEvent>,
     /// Whether the shell waits for a command now (a container's, from `/proc`).
     pub idle_probe: Option<IdleProbe>,
     /// The nonce of a command the shell may have got without the record saying so.
@@ -246,6 +250,7 @@ impl Session {
         let resumed = journal.map(|journal| Resumed {
             journal,
             running: None,
+            backlog: Vec::new(),
             idle_probe: None,
             orphan: None,
         });
@@ -288,12 +293,20 @@ impl Session {
         // by earlier versions recorded the command just after handing it over: the recorded
         // next nonce may be in the shell then, and its markers and report are dropped (its
         // output goes to the next waiter). New commands draw a fresh nonce.
+        // A command whose end nobody was told of stays recorded as running; its output and
+        // end wait in the backlog.
         let running = record.running.clone();
         let orphan = running.is_none().then(|| record.next.clone());
         let journal = SessionJournal::reopen(dir, record);
         journal.rotate_next();
-        let resumed =
-            Resumed { journal: Arc::new(journal), running, idle_probe: Some(probe), orphan };
+        let backlog = journal.backlog(BACKLOG_FILE_BYTES).load();
+        let resumed = Resumed {
+            journal: Arc::new(journal),
+            running,
+            backlog,
+            idle_probe: Some(probe),
+            orphan,
+        };
         Session::with_journal(parts, Some(resumed))
     }
 
@@ -303,19 +316,23 @@ impl Session {
     }
 
     fn with_journal(parts: SessionParts, resumed: Option<Resumed>) -> Session {
-        let (journal, running, idle_probe, orphan) = match resumed {
-            Some(r) => (Some(r.journal), r.running, r.idle_probe, r.orphan),
-            None => (None, None, None, None),
+        let (journal, running, backlog, idle_probe, orphan) = match resumed {
+            Some(r) => (Some(r.journal), r.running, r.backlog, r.idle_probe, r.orphan),
+            None => (None, None, Vec::new(), None, None),
         };
         let (control, control_rx) = mpsc::channel(16);
+        // A kept command that already finished (its end is in the backlog) is not watched for.
+        let finished = backlog.iter().any(|e| matches!(e, SessionEvent::Done { .. }));
         let reader = Reader {
             stdout: parts.stdout,
             stderr: parts.stderr,
             done: parts.done,
             control: control_rx,
+            backlog_file: journal.as_ref().map(|j| j.backlog(BACKLOG_FILE_BYTES)),
             journal: journal.clone(),
-            nonce: running.clone().unwrap_or_default(),
+            nonce: if finished { String::new() } else { running.clone().unwrap_or_default() },
             orphan_marker: orphan.map(|n| format!("\x1e{n}\x1e")),
+            kept: backlog,
         };
         tokio::spawn(reader.run());
         Session {
@@ -493,6 +510,10 @@ struct Reader {
     control: mpsc::Receiver<Control>,
     /// Told when a command finishes.
     journal: Option<Arc<SessionJournal>>,
+    /// Where a recorded session keeps what nobody waited for, so it outlives the node.
+    backlog_file: Option<crate::session_backlog::Backlog>,
+    /// What an earlier run of the node kept in that file.
+    kept: Vec<SessionEvent>,
     /// The running command's nonce (empty: idle), for a session taken back mid-command.
     nonce: String,
     /// Markers of a command handed to the shell by a node that died before recording it:
@@ -513,7 +534,19 @@ impl Reader {
         let mut backlog: Vec<SessionEvent> = Vec::new();
         let mut backlog_bytes = 0usize;
         let mut dropped = 0u64;
+        for event in std::mem::take(&mut self.kept) {
+            match event {
+                SessionEvent::Dropped { bytes } => dropped += bytes,
+                SessionEvent::Stdout(ref b) | SessionEvent::Stderr(ref b) => {
+                    backlog_bytes += b.len();
+                    backlog.push(event);
+                }
+                event => backlog.push(event),
+            }
+        }
         let mut nonce = std::mem::take(&mut self.nonce);
+        // The nonce of the last command that finished, while its end is undelivered.
+        let mut done_nonce = String::new();
         let mut finished: Option<(i32, String)> = None;
         let mut out = Stream { pending: BytesMut::new(), synced: false, open: true };
         let mut err = Stream { pending: BytesMut::new(), synced: false, open: true };
@@ -533,10 +566,20 @@ impl Reader {
                             let _ = tx.send(SessionEvent::Dropped { bytes: dropped }).await;
                             dropped = 0;
                         }
+                        // Recorded idle before the waiter sees the end (it may start the
+                        // next command as soon as it does).
+                        if backlog.iter().any(|e| matches!(e, SessionEvent::Done { .. })) {
+                            if let Some(journal) = &self.journal {
+                                journal.running(None);
+                            }
+                        }
                         for e in backlog.drain(..) {
                             let _ = tx.send(e).await;
                         }
                         backlog_bytes = 0;
+                        if let Some(file) = &mut self.backlog_file {
+                            file.clear();
+                        }
                         sink = Some(tx);
                     }
                     Some(Control::Detach) => sink = None,
@@ -587,14 +630,18 @@ impl Reader {
                 if (out.synced || !out.open) && (err.synced || !err.open) {
                     events.push(SessionEvent::Done { exit_code: *code, cwd: cwd.clone() });
                     finished = None;
-                    nonce.clear();
-                    if let Some(journal) = &self.journal {
-                        journal.running(None);
-                    }
+                    done_nonce = std::mem::take(&mut nonce);
                 }
             }
             for event in events {
                 let done = matches!(event, SessionEvent::Done { .. });
+                let told_idle = done && sink.is_some();
+                if told_idle {
+                    // Recorded idle before the waiter sees the end, as at Attach.
+                    if let Some(journal) = &self.journal {
+                        journal.running(None);
+                    }
+                }
                 let undelivered = match &sink {
                     Some(tx) => tx.send(event).await.err().map(|e| e.0),
                     None => Some(event),
@@ -605,12 +652,26 @@ impl Reader {
                 }
                 if let Some(event) = undelivered {
                     sink = None;
+                    if told_idle {
+                        // Nobody was told the command ended: a restarted node must still
+                        // find it running, with its end in the backlog.
+                        if let Some(journal) = &self.journal {
+                            journal.running(Some(&done_nonce));
+                        }
+                    }
                     let size = match &event {
                         SessionEvent::Stdout(b) | SessionEvent::Stderr(b) => b.len(),
                         _ => 0,
                     };
-                    if backlog_bytes + size > BACKLOG_BYTES {
+                    let on_disk = match &mut self.backlog_file {
+                        Some(file) if backlog_bytes + size <= BACKLOG_BYTES => file.append(&event),
+                        _ => true,
+                    };
+                    if backlog_bytes + size > BACKLOG_BYTES || !on_disk {
                         dropped += size as u64;
+                        if let Some(file) = &mut self.backlog_file {
+                            file.append(&SessionEvent::Dropped { bytes: size as u64 });
+                        }
                     } else {
                         backlog_bytes += size;
                         backlog.push(event);

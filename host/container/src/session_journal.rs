@@ -138,16 +138,34 @@ impl SessionJournal {
         }
     }
 
-    pub(crate) fn remove(&self) {
-        let _ = std::fs::remove_file(&self.path);
+    /// The session's backlog file: output nobody waited for, at most `max_bytes` of it.
+    pub(crate) fn backlog(&self, max_bytes: u64) -> crate::session_backlog::Backlog {
+        crate::session_backlog::Backlog::new(self.path.with_extension("backlog"), max_bytes)
     }
 
-    /// The session records in `dir` (unreadable ones removed).
+    pub(crate) fn remove(&self) {
+        let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_file(self.path.with_extension("backlog"));
+    }
+
+    /// Removes the record of session `session_id` in `dir` and its backlog (a session that
+    /// cannot be taken back).
+    pub fn forget(dir: &Path, session_id: &str) {
+        let _ = std::fs::remove_file(dir.join(format!("{session_id}.json")));
+        let _ = std::fs::remove_file(crate::session_backlog::path_in(dir, session_id));
+    }
+
+    /// The session records in `dir` (unreadable ones removed, and backlogs no record claims).
     pub fn read_all(dir: &Path) -> Vec<SessionRecord> {
         let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
         let mut out = Vec::new();
+        let mut backlogs = Vec::new();
         for entry in entries.flatten() {
             let path = entry.path();
+            if path.extension().is_some_and(|e| e == "backlog") {
+                backlogs.push(path);
+                continue;
+            }
             let read = std::fs::File::open(&path).and_then(|f| {
                 let mut bytes = Vec::new();
                 std::io::Read::read_to_end(
@@ -162,6 +180,12 @@ impl SessionJournal {
                     tracing::warn!(path = %path.display(), "removing an unreadable session record");
                     let _ = std::fs::remove_file(&path);
                 }
+            }
+        }
+        for path in backlogs {
+            let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+            if !out.iter().any(|r| r.session_id == stem) {
+                let _ = std::fs::remove_file(&path);
             }
         }
         out

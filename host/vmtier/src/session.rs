@@ -181,7 +181,7 @@ pub(crate) async fn resume_kept_sessions(
         let id = record.session_id.clone();
         if !kept.contains(&id) {
             tracing::warn!(owner, session = %id, "the guest no longer keeps a session");
-            let _ = std::fs::remove_file(dir.join(format!("{id}.json")));
+            SessionJournal::forget(dir, &id);
             continue;
         }
         let request = AgentRequest::SessionAttach {

@@ -315,6 +315,10 @@ impl SessionOutput {
         String::from_utf8_lossy(&self.stdout).into_owned()
     }
 
+    pub fn stderr_text(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+
     pub fn is_running(&self) -> bool {
         self.exit_code.is_none()
     }
