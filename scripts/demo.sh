@@ -11,8 +11,9 @@ serve=0
 "$root/scripts/build-guests.sh"
 "$root/scripts/build-images.sh"
 echo "[demo] building release binaries"
-# brig-shim (brig-container) runs every container; brig-vmm and brig-agent serve the VM tiers.
-cargo build --release --quiet -p brigd -p brig-cli -p brig-container --bins
+# brig-shim (brig-container) runs every container, brig-lazyfs (brig-images) serves store layers;
+# brig-vmm and brig-agent serve the VM tiers.
+cargo build --release --quiet -p brigd -p brig-cli -p brig-container -p brig-images --bins
 cargo build --release --quiet -p brig-sdk --example rollout
 target="${CARGO_TARGET_DIR:-$root/target}/release"
 

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use brig_sdk::{Cmd, ExecEvent, SandboxOptions};
+use brig_sdk::{Cmd, ExecEvent, ImageSource, SandboxOptions};
 use brig_tests::{image, Daemon};
+use sha2::{Digest, Sha256};
 
 fn seq(from: u64, to: u64) -> String {
     (from..=to).map(|i| format!("{i}\n")).collect()
@@ -138,5 +139,48 @@ async fn sessions_survive_a_brigd_crash_with_their_state() {
     );
     idle.close().await.expect("close");
     assert!(!sb.sessions().await.expect("sessions").contains(&ids.0));
+    sb.destroy().await.expect("destroy");
+}
+
+/// A layer served lazily from the store goes on being served to running containers through a
+/// brigd crash: its FUSE server (`brig-lazyfs`) runs in a process of its own, and the restarted
+/// brigd adopts it. When the server lived in brigd, every read of a page not yet fetched failed
+/// with EIO after the crash.
+#[tokio::test]
+async fn store_layers_are_served_through_a_brigd_crash() {
+    let mut daemon = Daemon::start_with(&["--on-exit", "keep"]).expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data: Vec<u8> =
+        (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::create_dir_all(tmp.path().join("data")).expect("mkdir");
+    std::fs::write(tmp.path().join("data/big.bin"), &data).expect("write");
+    let want = hex::encode(Sha256::digest(&data));
+    client
+        .import_image("workspace/lazy", None, ImageSource::Dir(tmp.path().to_path_buf()))
+        .await
+        .expect("import");
+    let image = format!("{}+workspace/lazy", image("busybox"));
+    let sb = client.create(SandboxOptions::container(&image)).await.expect("create");
+    // A first page before the crash; the rest of the file is fetched only after it.
+    let head = sb.exec(["sh", "-c", "head -c 4096 /data/big.bin | wc -c"]).await.expect("exec");
+    assert_eq!(head.stdout_text().trim(), "4096");
+
+    daemon.crash().expect("crash");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    daemon.start_again().expect("start");
+    let client = daemon.client().await.expect("reconnect");
+    let sb = client.sandbox(sb.id());
+    let log = daemon.log_text();
+    assert!(log.contains("lazy file system server adopted"), "not adopted:\n{log}");
+
+    let sum = sb.exec(["sha256sum", "/data/big.bin"]).await.expect("exec after the crash");
+    assert_eq!(sum.result.exit_code, Some(0), "{}", sum.stderr_text());
+    assert_eq!(sum.stdout_text().split_whitespace().next(), Some(want.as_str()));
+    // New sandboxes read the layer as well.
+    let other = client.create(SandboxOptions::container(&image)).await.expect("create after");
+    let sum = other.exec(["sha256sum", "/data/big.bin"]).await.expect("exec");
+    assert_eq!(sum.stdout_text().split_whitespace().next(), Some(want.as_str()));
+    other.destroy().await.expect("destroy");
     sb.destroy().await.expect("destroy");
 }

@@ -102,7 +102,7 @@ pub async fn heartbeat_loop(
         }
         let Some(c) = &conn else { continue };
         let report = NodeReport {
-            status: node.status(),
+            status: node.status().await,
             addr: advertise.to_string(),
             cert_sha256: fingerprint.clone(),
             images: node.image_access(),

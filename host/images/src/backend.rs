@@ -52,6 +52,15 @@ fn yes() -> bool {
     true
 }
 
+/// Where a backend is, in a form another process can be given (the lazy file system's server).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum BackendSpec {
+    /// A directory on this machine.
+    Local { dir: std::path::PathBuf },
+    /// An S3-compatible object store.
+    S3(S3Config),
+}
+
 /// A blob backend.
 #[derive(Clone)]
 pub struct Backend {
@@ -66,6 +75,14 @@ impl std::fmt::Debug for Backend {
 }
 
 impl Backend {
+    /// Opens the backend `spec` names.
+    pub fn open(spec: &BackendSpec) -> Result<Backend, BackendError> {
+        match spec {
+            BackendSpec::Local { dir } => Backend::local(dir),
+            BackendSpec::S3(config) => Backend::s3(config),
+        }
+    }
+
     /// A directory on this machine.
     pub fn local(dir: &std::path::Path) -> Result<Backend, BackendError> {
         std::fs::create_dir_all(dir)

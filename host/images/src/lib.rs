@@ -18,6 +18,7 @@ pub mod cache;
 pub mod catalog;
 pub mod erofs;
 pub mod layout;
+pub mod lazy_server;
 pub mod lazyfs;
 pub mod oci;
 mod store;
@@ -51,6 +52,8 @@ pub enum StoreError {
     Format(#[from] erofs::ErofsError),
     #[error(transparent)]
     Mount(#[from] lazyfs::MountError),
+    #[error(transparent)]
+    LazyServer(#[from] lazy_server::LazyServerError),
     #[error("{what}")]
     Io {
         what: String,

@@ -14,7 +14,8 @@ use crate::build::{self, Staging};
 use crate::cache::ChunkCache;
 use crate::catalog::{validate_name, Catalog, LayerRecord, Reference};
 use crate::layout::{self, SLOT_BYTES};
-use crate::lazyfs::{ChunkEntry, LazyFs};
+use crate::lazy_server::{LazyServer, LazyStats, ServerConfig};
+use crate::lazyfs::ChunkEntry;
 use crate::{erofs, oci, StoreError};
 
 /// Where the store keeps things.
@@ -22,8 +23,13 @@ use crate::{erofs, oci, StoreError};
 pub struct StoreConfig {
     /// Node-local metadata (catalog, layer records, meta images) and scratch.
     pub dir: PathBuf,
-    /// Where the lazy blob file system is mounted.
+    /// Where the lazy blob file system is mounted (by its server, `brig-lazyfs`, whose socket,
+    /// pid record and log sit beside it: `lazyfs.sock`, `lazyfs.pid`, `lazyfs.log`).
     pub lazy_mount: PathBuf,
+    /// The `brig-lazyfs` binary.
+    pub lazy_server_bin: PathBuf,
+    /// The backend, as the server is told it.
+    pub backend_spec: crate::backend::BackendSpec,
     /// Local chunk cache directory and its bound.
     pub cache_dir: PathBuf,
     pub cache_max_bytes: u64,
@@ -80,7 +86,7 @@ pub struct LayerStore {
     config: StoreConfig,
     backend: Backend,
     cache: Arc<ChunkCache>,
-    lazy: LazyFs,
+    lazy: LazyServer,
     catalog: Mutex<Catalog>,
     records: Mutex<HashMap<String, Arc<LayerRecord>>>,
     in_use: Mutex<HashMap<String, usize>>,
@@ -104,12 +110,9 @@ fn hex_of(digest: &str) -> &str {
 }
 
 impl LayerStore {
-    /// Opens the store, mounting its lazy file system.
-    pub fn open(
-        config: StoreConfig,
-        backend: Backend,
-        runtime: tokio::runtime::Handle,
-    ) -> Result<LayerStore, StoreError> {
+    /// Opens the store, starting its lazy file system's server or adopting the one an earlier
+    /// run started (blocks until it answers).
+    pub fn open(config: StoreConfig, backend: Backend) -> Result<LayerStore, StoreError> {
         for d in [config.dir.join("layers"), config.dir.join("work")] {
             std::fs::create_dir_all(&d).map_err(io(d.display().to_string()))?;
         }
@@ -120,7 +123,15 @@ impl LayerStore {
             config.cache_memory_bytes,
             backend.clone(),
         )?);
-        let lazy = LazyFs::mount(&config.lazy_mount, cache.clone(), runtime)?;
+        let server = ServerConfig {
+            mountpoint: config.lazy_mount.clone(),
+            socket: config.lazy_mount.with_file_name("lazyfs.sock"),
+            cache_dir: config.cache_dir.clone(),
+            cache_max_bytes: config.cache_max_bytes,
+            cache_memory_bytes: config.cache_memory_bytes,
+            backend: config.backend_spec.clone(),
+        };
+        let lazy = LazyServer::start_or_adopt(&server, &config.lazy_server_bin)?;
         let catalog_path = config.dir.join("catalog.json");
         let catalog = match std::fs::read(&catalog_path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
@@ -146,6 +157,40 @@ impl LayerStore {
 
     pub fn cache(&self) -> &Arc<ChunkCache> {
         &self.cache
+    }
+
+    /// The chunk counters of this process's reads (verify) and the lazy file system's
+    /// (containers' reads) together.
+    pub async fn stats(&self) -> LazyStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        let s = &self.cache.stats;
+        let server = self.lazy.stats().await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "no counters from the lazy file system server");
+            LazyStats::default()
+        });
+        LazyStats {
+            fetched_bytes: s.fetched_bytes.load(Relaxed) + server.fetched_bytes,
+            fetched_chunks: s.fetched_chunks.load(Relaxed) + server.fetched_chunks,
+            corrupt_chunks: s.corrupt.load(Relaxed) + server.corrupt_chunks,
+            // Both index the same directory.
+            cache_bytes: self.cache.disk_bytes().max(server.cache_bytes),
+        }
+    }
+
+    /// Forgets every cached chunk, here and in the lazy file system: the next reads are cold.
+    pub async fn clear_cache(&self) -> Result<(), StoreError> {
+        self.cache.clear();
+        Ok(self.lazy.clear_cache().await?)
+    }
+
+    /// The lazy file system server's pid.
+    pub fn lazy_server_pid(&self) -> i32 {
+        self.lazy.pid()
+    }
+
+    /// Stops the lazy file system's server (no container reads a layer any more).
+    pub async fn stop_lazy_server(&self) -> Result<(), StoreError> {
+        Ok(self.lazy.stop().await?)
     }
 
     pub fn backend(&self) -> &Backend {
@@ -406,7 +451,7 @@ impl LayerStore {
                 let bytes = self.backend.get(&format!("layers/{}.meta", hex_of(&digest))).await?;
                 std::fs::write(&meta, &bytes).map_err(io("write meta"))?;
             }
-            let blob = self.lazy.add(hex_of(&digest), record.chunks.clone());
+            let blob = self.lazy.add(hex_of(&digest), record.chunks.clone()).await?;
             out.push(ResolvedLayer { digest, meta, blob });
         }
         let mut in_use = self.in_use.lock();
@@ -468,7 +513,9 @@ impl LayerStore {
                 );
             }
             self.records.lock().remove(&digest);
-            self.lazy.remove(hex);
+            if let Err(e) = self.lazy.remove(hex).await {
+                tracing::warn!(layer = hex, error = %e, "the lazy file system keeps a removed layer's blob");
+            }
             report.removed_layers += 1;
         }
         for (key, size) in self.backend.list("chunks").await? {

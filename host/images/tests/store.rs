@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use brig_images::backend::Backend;
+use brig_images::backend::{Backend, BackendSpec};
 use brig_images::{ImportSource, LayerStore, StoreConfig};
 
 fn write(dir: &Path, rel: &str, bytes: &[u8]) {
@@ -59,11 +59,13 @@ async fn import_dedup_lazy_read_and_damage() {
             cache_max_bytes: 64 << 20,
             cache_memory_bytes: 1 << 20,
             id_base: 100_000,
+            lazy_server_bin: env!("CARGO_BIN_EXE_brig-lazyfs").into(),
+            backend_spec: BackendSpec::Local { dir: backend_dir.clone() },
         },
         backend,
-        tokio::runtime::Handle::current(),
     )
     .expect("store");
+    let server = Server(store.lazy_server_pid());
 
     let a = tmp.path().join("a");
     write(&a, "lib/big.bin", &pattern(900_000, 1));
@@ -92,12 +94,11 @@ async fn import_dedup_lazy_read_and_damage() {
 
     // Lazy: mounting reads nothing; reading one small file fetches one chunk, not the layer.
     let layers = store.acquire(&["base/test@1".to_string()]).await.expect("acquire");
-    store.cache().clear();
-    let before = store.cache().stats.fetched_bytes.load(std::sync::atomic::Ordering::Relaxed);
+    store.clear_cache().await.expect("clear");
+    let before = store.stats().await.fetched_bytes;
     let m = mount(&layers[0], &tmp.path().join("mnt"));
     assert_eq!(std::fs::read(m.0.join("src/m7.py")).expect("read"), b"x = 7\n");
-    let fetched =
-        store.cache().stats.fetched_bytes.load(std::sync::atomic::Ordering::Relaxed) - before;
+    let fetched = store.stats().await.fetched_bytes - before;
     assert!(fetched > 0 && fetched <= 256 << 10, "fetched {fetched} bytes for one small file");
     assert_eq!(std::fs::read(m.0.join("lib/big.bin")).expect("read"), pattern(900_000, 1));
     let owner = std::os::unix::fs::MetadataExt::uid(
@@ -122,16 +123,16 @@ async fn import_dedup_lazy_read_and_damage() {
     bytes[100] ^= 0xff;
     std::fs::write(victim.path(), bytes).expect("corrupt");
     drop(m);
-    store.cache().clear();
+    store.clear_cache().await.expect("clear");
     let m = mount(&layers[0], &tmp.path().join("mnt2"));
     let read = std::fs::read(m.0.join("lib/other.bin"));
     assert!(read.is_err(), "a corrupt chunk was served");
-    assert!(store.cache().stats.corrupt.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+    assert!(store.stats().await.corrupt_chunks >= 1);
     let err = store.verify("base/test@1").await.expect_err("verify must fail");
     assert!(err.to_string().contains("corrupt"), "{err}");
     // A missing chunk is named too.
     std::fs::remove_file(victim.path()).expect("remove");
-    store.cache().clear();
+    store.clear_cache().await.expect("clear");
     let err = store.verify("base/test@1").await.expect_err("verify must fail");
     assert!(err.to_string().contains("missing"), "{err}");
     drop(m);
@@ -143,4 +144,21 @@ async fn import_dedup_lazy_read_and_damage() {
     assert!(report.removed_layers >= 1 && report.removed_chunks >= 1, "{report:?}");
     assert!(store.inspect("toolkit/test").await.is_err());
     assert!(store.inspect("base/test@2").await.is_ok());
+    server.stop(&store).await;
+}
+
+/// Stops the store's lazy file system server at the end, or kills it if the test failed first.
+struct Server(i32);
+
+impl Server {
+    async fn stop(self, store: &LayerStore) {
+        store.stop_lazy_server().await.expect("stop the lazy file system server");
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill").arg("-9").arg(self.0.to_string()).status();
+    }
 }

@@ -123,7 +123,9 @@ impl NodeError {
                         ErrorCode::DataLoss
                     }
                     S::Cache(_) => ErrorCode::DataLoss,
-                    S::Backend(_) | S::Mount(_) | S::Io { .. } => ErrorCode::Unavailable,
+                    S::Backend(_) | S::Mount(_) | S::LazyServer(_) | S::Io { .. } => {
+                        ErrorCode::Unavailable
+                    }
                 }
             }
             NodeError::Full(_) => ErrorCode::ResourceExhausted,

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use brig_images::backend::Backend;
+use brig_images::backend::{Backend, BackendSpec};
 use brig_images::{ImportSource, LayerStore, StoreConfig};
 use brig_proto::{ImageFormat, ImageImportRequest, ImageOp, ImageStats, LayerInfo, Reply};
 use brig_transport::Exchange;
@@ -29,13 +29,13 @@ pub(crate) fn open_store(
     if !nix::unistd::geteuid().is_root() {
         return Err("brigd is not running as root (the store mounts FUSE and EROFS)".into());
     }
-    let backend = match &config.backend {
+    let backend_spec = match &config.backend {
         BlobBackendConfig::Local { dir } => {
-            Backend::local(&dir.clone().unwrap_or_else(|| state_dir.join("blobs")))
+            BackendSpec::Local { dir: dir.clone().unwrap_or_else(|| state_dir.join("blobs")) }
         }
-        BlobBackendConfig::S3(s3) => Backend::s3(s3),
-    }
-    .map_err(|e| crate::error::chain(&e))?;
+        BlobBackendConfig::S3(s3) => BackendSpec::S3(s3.clone()),
+    };
+    let backend = Backend::open(&backend_spec).map_err(|e| crate::error::chain(&e))?;
     let store = LayerStore::open(
         StoreConfig {
             dir: state_dir.join("layers"),
@@ -44,9 +44,10 @@ pub(crate) fn open_store(
             cache_max_bytes: config.cache_max_mib << 20,
             cache_memory_bytes: (config.cache_memory_mib << 20) as usize,
             id_base,
+            lazy_server_bin: lazy_server_bin(),
+            backend_spec,
         },
         backend,
-        tokio::runtime::Handle::current(),
     )
     .map_err(|e| crate::error::chain(&e))?;
     Ok(Arc::new(store))
@@ -67,15 +68,22 @@ pub(crate) fn layer_to_wire(l: brig_images::LayerInfo) -> LayerInfo {
     }
 }
 
-pub(crate) fn stats(store: &LayerStore) -> ImageStats {
-    use std::sync::atomic::Ordering::Relaxed;
-    let s = &store.cache().stats;
+/// `brig-lazyfs`, next to brigd.
+fn lazy_server_bin() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join("brig-lazyfs")))
+        .unwrap_or_else(|| PathBuf::from("/usr/local/bin/brig-lazyfs"))
+}
+
+pub(crate) async fn stats(store: &LayerStore) -> ImageStats {
+    let s = store.stats().await;
     ImageStats {
         backend: store.backend().kind().to_string(),
-        fetched_bytes: s.fetched_bytes.load(Relaxed),
-        fetched_chunks: s.fetched_chunks.load(Relaxed),
-        cache_bytes: store.cache().disk_bytes(),
-        corrupt_chunks: s.corrupt.load(Relaxed),
+        fetched_bytes: s.fetched_bytes,
+        fetched_chunks: s.fetched_chunks,
+        cache_bytes: s.cache_bytes,
+        corrupt_chunks: s.corrupt_chunks,
     }
 }
 
@@ -157,7 +165,7 @@ pub(crate) async fn handle(store: &LayerStore, op: ImageOp) -> Result<Reply, Nod
             }
         }
         ImageOp::CacheDrop => {
-            store.cache().clear();
+            store.clear_cache().await?;
             Reply::Done
         }
         ImageOp::EnvCreate { name, layers } => {

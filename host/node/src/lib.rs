@@ -229,9 +229,17 @@ impl Node {
             .iter()
             .any(|e| e.sandbox.capabilities().persistence == Persistence::Record);
         if !kept {
+            if let Ok(store) = &self.inner.store {
+                if let Err(e) = store.stop_lazy_server().await {
+                    tracing::warn!(error = %e, "cannot stop the lazy file system server");
+                }
+            }
             let lazy = self.inner.run_dir.join("lazy");
             let _ = nix::mount::umount2(&lazy, nix::mount::MntFlags::MNT_DETACH);
             let _ = std::fs::remove_dir(&lazy);
+            for file in ["lazyfs.log", "lazyfs.sock", "lazyfs.pid"] {
+                let _ = std::fs::remove_file(self.inner.run_dir.join(file));
+            }
             let _ = std::fs::remove_dir(&self.inner.run_dir);
         }
     }
@@ -353,12 +361,16 @@ impl Node {
     }
 
     /// What this node reports about itself.
-    pub fn status(&self) -> brig_proto::NodeStatus {
+    pub async fn status(&self) -> brig_proto::NodeStatus {
+        let images = match &self.inner.store {
+            Ok(store) => Some(images::stats(store).await),
+            Err(_) => None,
+        };
         brig_proto::NodeStatus {
             node_id: self.inner.config.node_id,
             tiers: self.tiers().into_iter().map(convert::tier_to_wire).collect(),
             sandboxes: self.inner.sandboxes.len() as u64,
-            images: self.inner.store.as_ref().ok().map(|s| images::stats(s)),
+            images,
             capacity: self.capacity(),
             daemon_rss_bytes: own_rss_bytes(),
             swap: self.inner.zram.as_ref().map(|z| {

@@ -39,7 +39,7 @@ impl Node {
             Request::File(op) => files::small(self, op).await?,
             Request::Tool(op) => self.handle_tool(op).await?,
             Request::Image(op) => self.handle_image(op).await?,
-            Request::Node(NodeOp::Status) => Reply::NodeStatus(self.status()),
+            Request::Node(NodeOp::Status) => Reply::NodeStatus(self.status().await),
             Request::Node(NodeOp::Doctor { remove, min_age_secs }) => {
                 let node = self.clone();
                 let min_age = std::time::Duration::from_secs(u64::from(min_age_secs));

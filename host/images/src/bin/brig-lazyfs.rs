@@ -1,0 +1,36 @@
+//! `brig-lazyfs`: serves the node's lazy blob file system in a process of its own, so that a
+//! brigd crash or restart does not take the data devices of running containers' layers with it
+//! (see `brig_images::lazy_server`). brigd starts it; it is not meant to be run by hand.
+//!
+//! ```text
+//! brig-lazyfs --config '<ServerConfig as JSON>'
+//! ```
+#![forbid(unsafe_code)]
+
+use brig_images::lazy_server::{serve, ServerConfig};
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(name = "brig-lazyfs", version, about = "Brig's lazy blob file system server")]
+struct Cli {
+    /// The server's configuration, as JSON.
+    #[arg(long)]
+    config: String,
+    /// Log filter.
+    #[arg(long, default_value = "info")]
+    log: String,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log)?)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    let config: ServerConfig = serde_json::from_str(&cli.config)?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(serve(config))?;
+    Ok(())
+}

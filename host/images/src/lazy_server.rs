@@ -1,0 +1,458 @@
+//! The lazy blob file system in a process of its own (`brig-lazyfs`), so that it outlives brigd.
+//!
+//! ```text
+//! brigd: LayerStore ── LazyServer ──▶ <run>/lazyfs.sock ──▶ brig-lazyfs: LazyFs  <run>/lazy
+//!                                                                        └ ChunkCache ─▶ backend
+//! ```
+//!
+//! A container's store-backed layer is an EROFS mount whose data device is a blob of this file
+//! system, held open for as long as the layer is mounted. When the FUSE server lived in brigd,
+//! a brigd crash aborted the FUSE connection and every read of a page not yet cached failed
+//! with EIO inside running containers. Now brigd starts the server in a process group of its
+//! own and records it in `<run>/lazyfs.pid` (pid and start time); a restarted brigd adopts it
+//! when that pid still has that start time and the socket answers, and the blobs it serves
+//! never went away. A clean exit of brigd with no container left stops it.
+//!
+//! Messages are JSON, each behind a 4-byte little-endian length, at most [`MAX_FRAME_BYTES`];
+//! brigd's calls have a deadline ([`CALL_DEADLINE`]).
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use crate::backend::{Backend, BackendSpec};
+use crate::cache::ChunkCache;
+use crate::lazyfs::{ChunkEntry, LazyFs};
+
+/// Largest message either side reads (a layer's chunk list: about 80 bytes a chunk).
+pub const MAX_FRAME_BYTES: u32 = 64 << 20;
+/// How long brigd waits for an answer.
+pub const CALL_DEADLINE: Duration = Duration::from_secs(30);
+/// How long a new server has to mount and answer.
+const START_DEADLINE: Duration = Duration::from_secs(15);
+
+#[derive(Debug, thiserror::Error)]
+pub enum LazyServerError {
+    #[error("lazy file system server I/O ({what})")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the lazy file system server did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the lazy file system server refused: {0}")]
+    Refused(String),
+    #[error("the lazy file system server did not start: {0}")]
+    Start(String),
+    #[error(transparent)]
+    Cache(#[from] crate::cache::CacheError),
+    #[error(transparent)]
+    Backend(#[from] crate::backend::BackendError),
+    #[error(transparent)]
+    Mount(#[from] crate::lazyfs::MountError),
+}
+
+fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> LazyServerError {
+    move |source| LazyServerError::Io { what, source }
+}
+
+/// What the server is started with (one JSON argument).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ServerConfig {
+    pub mountpoint: PathBuf,
+    pub socket: PathBuf,
+    pub cache_dir: PathBuf,
+    pub cache_max_bytes: u64,
+    pub cache_memory_bytes: usize,
+    pub backend: BackendSpec,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum LazyRequest {
+    /// Publish a layer's blob (idempotent).
+    Add {
+        name: String,
+        chunks: Vec<ChunkEntry>,
+    },
+    /// Withdraw a layer's blob (mounts using it keep it).
+    Remove {
+        name: String,
+    },
+    Stats,
+    /// Forget every cached chunk (the next reads are cold).
+    ClearCache,
+    /// Unmount and exit.
+    Stop,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum LazyReply {
+    Added { path: PathBuf },
+    Stats(LazyStats),
+    Done,
+}
+
+/// The server's chunk cache counters.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LazyStats {
+    pub fetched_bytes: u64,
+    pub fetched_chunks: u64,
+    pub corrupt_chunks: u64,
+    pub cache_bytes: u64,
+}
+
+fn encode<T: Serialize>(message: &T) -> std::io::Result<Vec<u8>> {
+    let body = serde_json::to_vec(message).map_err(std::io::Error::other)?;
+    let len = u32::try_from(body.len())
+        .ok()
+        .filter(|n| *n <= MAX_FRAME_BYTES)
+        .ok_or_else(|| std::io::Error::other("message too large"))?;
+    let mut frame = len.to_le_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    Ok(frame)
+}
+
+fn frame_len(header: [u8; 4]) -> std::io::Result<usize> {
+    let len = u32::from_le_bytes(header);
+    if len > MAX_FRAME_BYTES {
+        return Err(std::io::Error::other(format!("a {len}-byte message is over the cap")));
+    }
+    Ok(len as usize)
+}
+
+fn decode<T: DeserializeOwned>(body: &[u8]) -> std::io::Result<T> {
+    serde_json::from_slice(body).map_err(std::io::Error::other)
+}
+
+async fn read_message<T: DeserializeOwned>(
+    stream: &mut UnixStream,
+    body_deadline: Duration,
+) -> std::io::Result<Option<T>> {
+    let mut header = [0u8; 4];
+    match stream.read_exact(&mut header).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let mut body = vec![0u8; frame_len(header)?];
+    tokio::time::timeout(body_deadline, stream.read_exact(&mut body))
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    decode(&body).map(Some)
+}
+
+/// Runs the server until it is told to stop. Mounts first, then answers on the socket, so a
+/// server that answers has its file system mounted.
+pub async fn serve(config: ServerConfig) -> Result<(), LazyServerError> {
+    let backend = Backend::open(&config.backend)?;
+    let cache = Arc::new(ChunkCache::open(
+        &config.cache_dir,
+        config.cache_max_bytes,
+        config.cache_memory_bytes,
+        backend,
+    )?);
+    let fs = Arc::new(LazyFs::mount(
+        &config.mountpoint,
+        cache.clone(),
+        tokio::runtime::Handle::current(),
+    )?);
+    let _ = std::fs::remove_file(&config.socket);
+    let listener = tokio::net::UnixListener::bind(&config.socket).map_err(io("bind the socket"))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&config.socket, std::fs::Permissions::from_mode(0o600))
+            .map_err(io("restrict the socket"))?;
+    }
+    tracing::info!(mountpoint = %config.mountpoint.display(), "lazy file system serving");
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let (fs, cache, stop) = (fs.clone(), cache.clone(), stop_tx.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = answer(stream, &fs, &cache, &stop).await {
+                        tracing::warn!(error = %e, "a connection to the lazy file system server failed");
+                    }
+                });
+            }
+            _ = stop_rx.changed() => break,
+        }
+    }
+    tracing::info!("lazy file system server stopping");
+    let _ = std::fs::remove_file(&config.socket);
+    drop(fs);
+    Ok(())
+}
+
+async fn answer(
+    mut stream: UnixStream,
+    fs: &LazyFs,
+    cache: &ChunkCache,
+    stop: &tokio::sync::watch::Sender<bool>,
+) -> std::io::Result<()> {
+    while let Some(request) = read_message::<LazyRequest>(&mut stream, CALL_DEADLINE).await? {
+        let (reply, stopping) = match request {
+            LazyRequest::Add { name, chunks } => {
+                (LazyReply::Added { path: fs.add(&name, chunks) }, false)
+            }
+            LazyRequest::Remove { name } => {
+                fs.remove(&name);
+                (LazyReply::Done, false)
+            }
+            LazyRequest::Stats => (LazyReply::Stats(stats_of(cache)), false),
+            LazyRequest::ClearCache => {
+                cache.clear();
+                (LazyReply::Done, false)
+            }
+            LazyRequest::Stop => (LazyReply::Done, true),
+        };
+        stream.write_all(&encode(&reply)?).await?;
+        if stopping {
+            let _ = stop.send(true);
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+fn stats_of(cache: &ChunkCache) -> LazyStats {
+    use std::sync::atomic::Ordering::Relaxed;
+    LazyStats {
+        fetched_bytes: cache.stats.fetched_bytes.load(Relaxed),
+        fetched_chunks: cache.stats.fetched_chunks.load(Relaxed),
+        corrupt_chunks: cache.stats.corrupt.load(Relaxed),
+        cache_bytes: cache.disk_bytes(),
+    }
+}
+
+/// brigd's side: the running server, started or adopted.
+pub struct LazyServer {
+    socket: PathBuf,
+    pid: i32,
+    conn: tokio::sync::Mutex<Option<UnixStream>>,
+}
+
+/// `<run>/lazyfs.pid`: which process serves, so a restarted brigd can prove it is its own.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+struct PidRecord {
+    pid: i32,
+    start_time: u64,
+}
+
+/// The start time of `pid` (clock ticks since boot, field 22 of `/proc/<pid>/stat`).
+fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// One call over a blocking connection (start-up, before the async side exists).
+fn call_blocking(
+    socket: &Path,
+    request: &LazyRequest,
+    deadline: Duration,
+) -> std::io::Result<LazyReply> {
+    let mut stream = std::os::unix::net::UnixStream::connect(socket)?;
+    stream.set_read_timeout(Some(deadline))?;
+    stream.set_write_timeout(Some(deadline))?;
+    stream.write_all(&encode(request)?)?;
+    let mut header = [0u8; 4];
+    stream.read_exact(&mut header)?;
+    let mut body = vec![0u8; frame_len(header)?];
+    stream.read_exact(&mut body)?;
+    decode(&body)
+}
+
+impl LazyServer {
+    /// Adopts the server an earlier brigd started for this run directory, or starts `binary`.
+    pub fn start_or_adopt(
+        config: &ServerConfig,
+        binary: &Path,
+    ) -> Result<LazyServer, LazyServerError> {
+        let pid_path = config.socket.with_extension("pid");
+        let recorded = std::fs::read(&pid_path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<PidRecord>(&b).ok());
+        if let Some(record) = recorded {
+            if start_time(record.pid) == Some(record.start_time) {
+                if call_blocking(&config.socket, &LazyRequest::Stats, Duration::from_secs(5))
+                    .is_ok()
+                {
+                    tracing::info!(pid = record.pid, "lazy file system server adopted");
+                    return Ok(LazyServer::over(config, record.pid));
+                }
+                // Ours (same pid and start time) but not answering: it cannot serve anyone.
+                tracing::warn!(
+                    pid = record.pid,
+                    "the lazy file system server does not answer; replacing it"
+                );
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(record.pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                let gone = Instant::now() + Duration::from_secs(5);
+                while start_time(record.pid).is_some() && Instant::now() < gone {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+        let pid = spawn(config, binary)?;
+        let record = PidRecord {
+            pid,
+            start_time: start_time(pid)
+                .ok_or_else(|| LazyServerError::Start("it exited at once".into()))?,
+        };
+        let tmp = pid_path.with_extension("pid.tmp");
+        let bytes = serde_json::to_vec(&record)
+            .map_err(|e| io("record the server")(std::io::Error::other(e)))?;
+        std::fs::write(&tmp, bytes).map_err(io("record the server"))?;
+        std::fs::rename(&tmp, &pid_path).map_err(io("record the server"))?;
+        Ok(LazyServer::over(config, pid))
+    }
+
+    fn over(config: &ServerConfig, pid: i32) -> LazyServer {
+        LazyServer { socket: config.socket.clone(), pid, conn: tokio::sync::Mutex::new(None) }
+    }
+
+    /// The server's pid.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    async fn call(&self, request: &LazyRequest) -> Result<LazyReply, LazyServerError> {
+        let frame = encode(request).map_err(io("encode a request"))?;
+        let mut conn = self.conn.lock().await;
+        // A connection broken since the last call gets one fresh try.
+        for attempt in 0..2 {
+            if conn.is_none() {
+                let stream = tokio::time::timeout(CALL_DEADLINE, UnixStream::connect(&self.socket))
+                    .await
+                    .map_err(|_| LazyServerError::Timeout(CALL_DEADLINE))?
+                    .map_err(io("connect"))?;
+                *conn = Some(stream);
+            }
+            let Some(stream) = conn.as_mut() else { continue };
+            let exchange = async {
+                stream.write_all(&frame).await?;
+                read_message::<LazyReply>(stream, CALL_DEADLINE).await
+            };
+            match tokio::time::timeout(CALL_DEADLINE, exchange).await {
+                Ok(Ok(Some(reply))) => return Ok(reply),
+                Ok(Ok(None)) | Ok(Err(_)) if attempt == 0 => *conn = None,
+                Ok(Ok(None)) => {
+                    *conn = None;
+                    return Err(LazyServerError::Refused("the connection closed".into()));
+                }
+                Ok(Err(e)) => {
+                    *conn = None;
+                    return Err(io("call")(e));
+                }
+                Err(_) => {
+                    *conn = None;
+                    return Err(LazyServerError::Timeout(CALL_DEADLINE));
+                }
+            }
+        }
+        Err(LazyServerError::Refused("no connection".into()))
+    }
+
+    /// Publishes a layer's blob; returns its path.
+    pub async fn add(
+        &self,
+        name: &str,
+        chunks: Vec<ChunkEntry>,
+    ) -> Result<PathBuf, LazyServerError> {
+        match self.call(&LazyRequest::Add { name: name.to_string(), chunks }).await? {
+            LazyReply::Added { path } => Ok(path),
+            other => Err(LazyServerError::Refused(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Withdraws a layer's blob (mounts using it keep working until they go).
+    pub async fn remove(&self, name: &str) -> Result<(), LazyServerError> {
+        self.call(&LazyRequest::Remove { name: name.to_string() }).await.map(drop)
+    }
+
+    pub async fn stats(&self) -> Result<LazyStats, LazyServerError> {
+        match self.call(&LazyRequest::Stats).await? {
+            LazyReply::Stats(stats) => Ok(stats),
+            other => Err(LazyServerError::Refused(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    pub async fn clear_cache(&self) -> Result<(), LazyServerError> {
+        self.call(&LazyRequest::ClearCache).await.map(drop)
+    }
+
+    /// Unmounts and ends the server (brigd leaves with no container that reads a layer).
+    pub async fn stop(&self) -> Result<(), LazyServerError> {
+        self.call(&LazyRequest::Stop).await?;
+        let _ = std::fs::remove_file(self.socket.with_extension("pid"));
+        let gone = Instant::now() + Duration::from_secs(5);
+        while start_time(self.pid).is_some() && Instant::now() < gone {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+}
+
+/// Starts the server in a process group of its own (brigd's death does not reach it) and waits
+/// until it answers; its log goes to `<run>/lazyfs.log`.
+fn spawn(config: &ServerConfig, binary: &Path) -> Result<i32, LazyServerError> {
+    use std::os::unix::process::CommandExt;
+    let log_path = config.socket.with_extension("log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(io("open the server's log"))?;
+    let json = serde_json::to_string(config)
+        .map_err(|e| io("encode the config")(std::io::Error::other(e)))?;
+    let mut child = std::process::Command::new(binary)
+        .arg("--config")
+        .arg(json)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| LazyServerError::Start(format!("{}: {e}", binary.display())))?;
+    let pid =
+        i32::try_from(child.id()).map_err(|_| LazyServerError::Start("pid out of range".into()))?;
+    let deadline = Instant::now() + START_DEADLINE;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let tail: String = log
+                .lines()
+                .rev()
+                .take(5)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(LazyServerError::Start(format!("exited with {status}: {tail}")));
+        }
+        if call_blocking(&config.socket, &LazyRequest::Stats, Duration::from_secs(2)).is_ok() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(LazyServerError::Timeout(START_DEADLINE));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Reaps it if it ends while this brigd runs; a later brigd is not its parent.
+    std::thread::spawn(move || {
+        let _ = child.wait();
+    });
+    Ok(pid)
+}
