@@ -5,17 +5,46 @@
 //! exists or was destroyed by its client, every acknowledged exec's output re-read by id is
 //! complete and in order with its exit status, every session answers with its cwd and
 //! environment, every written file reads back, the audit trail has every acknowledged exec,
-//! and once everything is destroyed nothing of any sandbox is left on the host.
+//! and once everything is destroyed nothing of any sandbox is left on the host. Half of the
+//! clients' sandboxes have a layer served lazily from the store, read a block at a time
+//! through the crashes (its server, `brig-lazyfs`, is adopted by each restarted brigd).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use brig_sdk::{AuditKind, Client, Cmd, ErrorCode, Sandbox, SandboxOptions};
+use brig_sdk::{AuditKind, Client, Cmd, ErrorCode, ImageSource, Sandbox, SandboxOptions};
 use brig_tests::{image, Daemon};
+use sha2::{Digest, Sha256};
 
 const CLIENTS: usize = 16;
 const CRASHES: usize = 10;
+/// The store layer's file: 4 MiB, 1,024 blocks of 4 KiB.
+const LAYER_FILE_BLOCKS: u64 = 1024;
+
+/// A layer in the store with one file, `/data/big.bin`, and what it holds.
+struct StoreLayer {
+    image: String,
+    data: Vec<u8>,
+}
+
+impl StoreLayer {
+    async fn import(client: &Client, dir: &std::path::Path) -> StoreLayer {
+        let data: Vec<u8> = (0..(LAYER_FILE_BLOCKS * 4096) as u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+            .collect();
+        std::fs::create_dir_all(dir.join("data")).expect("mkdir");
+        std::fs::write(dir.join("data/big.bin"), &data).expect("write");
+        let source = ImageSource::Dir(dir.to_path_buf());
+        client.import_image("workspace/chaos", None, source).await.expect("import");
+        StoreLayer { image: format!("{}+workspace/chaos", image("busybox")), data }
+    }
+
+    fn sha_of_block(&self, block: u64) -> String {
+        let at = (block * 4096) as usize;
+        hex::encode(Sha256::digest(&self.data[at..at + 4096]))
+    }
+}
 
 /// What a client was told happened, to check against what the node says afterwards.
 #[derive(Default, Debug)]
@@ -28,6 +57,8 @@ struct Acknowledged {
     /// Fork children told to the client, and whether the client destroyed them since.
     children: Vec<(String, bool)>,
     calls: u64,
+    /// Whether the sandbox has the store layer.
+    store_layer: bool,
 }
 
 fn counted(n: u64) -> String {
@@ -51,9 +82,15 @@ where
 }
 
 /// One client's load until `stop`; returns what it was told.
-async fn client_load(client: Client, n: usize, stop: Arc<AtomicBool>) -> Acknowledged {
-    let mut ack = Acknowledged::default();
-    let opts = || SandboxOptions::container(&image("busybox"));
+async fn client_load(
+    client: Client,
+    n: usize,
+    stop: Arc<AtomicBool>,
+    layer: Arc<StoreLayer>,
+) -> Acknowledged {
+    let mut ack = Acknowledged { store_layer: n % 2 == 1, ..Default::default() };
+    let name = if ack.store_layer { layer.image.clone() } else { image("busybox") };
+    let opts = || SandboxOptions::container(&name);
     let created = retry("create", || client.create(opts())).await;
     ack.sandbox = Some(created.id().to_string());
     let sb: Sandbox = client.sandbox(created.id());
@@ -91,6 +128,10 @@ async fn client_load(client: Client, n: usize, stop: Arc<AtomicBool>) -> Acknowl
                     ran
                 })
                 .await;
+                // Its own end, not an earlier command's.
+                if done.exit_code.is_some() {
+                    assert_eq!(done.cwd, dir, "client {n} round {round}: {done:?}");
+                }
                 if done.exit_code == Some(0) {
                     ack.session = Some((session.id().to_string(), dir, round.to_string()));
                 }
@@ -99,6 +140,22 @@ async fn client_load(client: Client, n: usize, stop: Arc<AtomicBool>) -> Acknowl
                 let (path, text) = (format!("/data/f{round}"), format!("client {n} round {round}"));
                 retry("write", || sb.write_file(&path, text.as_bytes())).await;
                 ack.files.push((path, text));
+                if ack.store_layer {
+                    // A block of the lazily served layer not read before, most likely.
+                    let block = (round * 37 + n as u64 * 101) % LAYER_FILE_BLOCKS;
+                    let script = format!(
+                        "dd if=/data/big.bin bs=4096 skip={block} count=1 2>/dev/null | sha256sum"
+                    );
+                    let read =
+                        retry("read the store layer", || sb.exec(["sh", "-c", &script])).await;
+                    let sum = read.stdout_text();
+                    let want = layer.sha_of_block(block);
+                    assert_eq!(
+                        sum.split_whitespace().next(),
+                        Some(want.as_str()),
+                        "block {block} of the store layer in client {n}'s sandbox: {read:?}"
+                    );
+                }
             }
             4 => {
                 retry("pause", || sb.pause()).await;
@@ -153,7 +210,7 @@ fn host_state() -> String {
 }
 
 /// Checks what the node says against what the client was told.
-async fn verify(client: &Client, ack: &Acknowledged) {
+async fn verify(client: &Client, ack: &Acknowledged, layer: &StoreLayer) {
     let Some(id) = &ack.sandbox else { return };
     let sb = client.sandbox(id);
     if let Err(e) = sb.status().await {
@@ -175,11 +232,20 @@ async fn verify(client: &Client, ack: &Acknowledged) {
     if let Some((session, dir, round)) = &ack.session {
         let out = sb.session(session).run("pwd; echo $ROUND", Duration::from_secs(20)).await;
         let out = out.unwrap_or_else(|e| panic!("session {session} of {id}: {e}"));
-        assert_eq!(out.stdout_text(), format!("{dir}\n{round}\n"), "session {session} of {id}");
+        assert_eq!(
+            out.stdout_text(),
+            format!("{dir}\n{round}\n"),
+            "session {session} of {id}: {out:?}"
+        );
     }
     for (path, text) in &ack.files {
         let bytes = sb.read_file(path).await.unwrap_or_else(|e| panic!("{path} of {id}: {e}"));
         assert_eq!(String::from_utf8_lossy(&bytes), *text, "{path} of {id}");
+    }
+    if ack.store_layer {
+        let sum = sb.exec(["sha256sum", "/data/big.bin"]).await.expect("read the store layer");
+        let want = hex::encode(Sha256::digest(&layer.data));
+        assert_eq!(sum.stdout_text().split_whitespace().next(), Some(want.as_str()), "{id}");
     }
     let trail = sb.audit(0).await.expect("audit");
     for (exec_id, _, _) in &ack.execs {
@@ -200,13 +266,16 @@ async fn verify(client: &Client, ack: &Acknowledged) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixteen_clients_lose_nothing_through_ten_crashes() {
     let mut daemon = Daemon::start_with(&["--on-exit", "keep"]).expect("brigd");
+    let tmp = tempfile::tempdir().expect("tmp");
+    let layer =
+        Arc::new(StoreLayer::import(&daemon.client().await.expect("connect"), tmp.path()).await);
     let stop = Arc::new(AtomicBool::new(false));
     let mut clients = Vec::new();
     let mut workers = Vec::new();
     for n in 0..CLIENTS {
         let client = daemon.client().await.expect("connect");
         clients.push(client.clone());
-        workers.push(tokio::spawn(client_load(client, n, stop.clone())));
+        workers.push(tokio::spawn(client_load(client, n, stop.clone(), layer.clone())));
     }
     let started = Instant::now();
     for i in 0..CRASHES {
@@ -236,7 +305,7 @@ async fn sixteen_clients_lose_nothing_through_ten_crashes() {
     // The daemon's log, for reading after a failure.
     let _ = std::fs::write(std::env::temp_dir().join("chaos-brigd.log"), daemon.log_text());
     let client = &clients[0];
-    futures::future::join_all(acks.iter().map(|ack| verify(client, ack))).await;
+    futures::future::join_all(acks.iter().map(|ack| verify(client, ack, &layer))).await;
     // Everything acknowledged and not destroyed is there. A create or fork whose reply a
     // crash cut off may have made a sandbox no client heard of (the reply, not the work, was
     // lost); those are counted, and found by the client's labels in real use.

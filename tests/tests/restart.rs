@@ -129,6 +129,14 @@ async fn sessions_survive_a_brigd_crash_with_their_state() {
     assert_eq!((rest.exit_code, rest.cwd.as_str()), (Some(4), "/etc"));
     let next = unwaited.run("pwd", long).await.expect("the next command");
     assert_eq!((next.stdout_text().as_str(), next.exit_code), ("/etc\n", Some(0)));
+    // What was handed over is gone from the backlog: after one more crash, a command gets
+    // its own end, not the one delivered before.
+    daemon.crash().expect("crash");
+    daemon.start_again().expect("start");
+    let client = daemon.client().await.expect("reconnect");
+    let sb = client.sandbox(sb.id());
+    let again = sb.session(&ids.2).run("echo again; (exit 5)", long).await.expect("run");
+    assert_eq!((again.stdout_text().as_str(), again.exit_code), ("again\n", Some(5)));
 
     // New sessions take ids after the kept ones; a closed one is gone for good.
     let fourth = sb.open_session().await.expect("a new session");

@@ -139,8 +139,9 @@ pub struct SessionParts {
 pub struct Resumed {
     pub journal: Arc<SessionJournal>,
     pub running: Option<String>,
-    /// What the session's commands wrote while nobody waited, kept by the earlier run.
-    pub backlog: Vec<SessionEvent>,
+    /// What the session's commands wrote while nobody waited, kept by the earlier run (read
+    /// back by [`Session::resume_parts`]; `None` for a new session).
+    pub backlog: Option<crate::session_backlog::Backlog>,
     /// Whether the shell waits for a command now (a container's, from `/proc`).
     pub idle_probe: Option<IdleProbe>,
     /// The nonce of a command the shell may have got without the record saying so.
@@ -250,7 +251,7 @@ impl Session {
         let resumed = journal.map(|journal| Resumed {
             journal,
             running: None,
-            backlog: Vec::new(),
+            backlog: None,
             idle_probe: None,
             orphan: None,
         });
@@ -299,11 +300,11 @@ impl Session {
         let orphan = running.is_none().then(|| record.next.clone());
         let journal = SessionJournal::reopen(dir, record);
         journal.rotate_next();
-        let backlog = journal.backlog(BACKLOG_FILE_BYTES).load();
+        let backlog = journal.backlog(BACKLOG_FILE_BYTES);
         let resumed = Resumed {
             journal: Arc::new(journal),
             running,
-            backlog,
+            backlog: Some(backlog),
             idle_probe: Some(probe),
             orphan,
         };
@@ -316,11 +317,19 @@ impl Session {
     }
 
     fn with_journal(parts: SessionParts, resumed: Option<Resumed>) -> Session {
-        let (journal, running, backlog, idle_probe, orphan) = match resumed {
+        let (journal, running, backlog_file, idle_probe, orphan) = match resumed {
             Some(r) => (Some(r.journal), r.running, r.backlog, r.idle_probe, r.orphan),
-            None => (None, None, Vec::new(), None, None),
+            None => (None, None, None, None, None),
         };
         let (control, control_rx) = mpsc::channel(16);
+        let (backlog_file, backlog) = match (backlog_file, &journal) {
+            (Some(mut file), _) => {
+                let kept = file.load();
+                (Some(file), kept_undelivered(kept, running.is_some()))
+            }
+            (None, Some(journal)) => (Some(journal.backlog(BACKLOG_FILE_BYTES)), Vec::new()),
+            (None, None) => (None, Vec::new()),
+        };
         // A kept command that already finished (its end is in the backlog) is not watched for.
         let finished = backlog.iter().any(|e| matches!(e, SessionEvent::Done { .. }));
         let reader = Reader {
@@ -328,7 +337,7 @@ impl Session {
             stderr: parts.stderr,
             done: parts.done,
             control: control_rx,
-            backlog_file: journal.as_ref().map(|j| j.backlog(BACKLOG_FILE_BYTES)),
+            backlog_file,
             journal: journal.clone(),
             nonce: if finished { String::new() } else { running.clone().unwrap_or_default() },
             orphan_marker: orphan.map(|n| format!("\x1e{n}\x1e")),
@@ -584,6 +593,13 @@ impl Reader {
                     }
                     Some(Control::Detach) => sink = None,
                     Some(Control::Started(n)) => {
+                        // A command starts only once the last one's end was taken, so an end
+                        // still here is stale: handed to this command's waiter, it would take
+                        // the place of this command's own, and every later one's in turn.
+                        if let Some(last) = backlog.iter().rposition(|e| matches!(e, SessionEvent::Done { .. })) {
+                            tracing::warn!("a session's backlog held the end of an earlier command; dropped");
+                            backlog.drain(..=last);
+                        }
                         nonce = n;
                         finished = None;
                         out.synced = false;
@@ -723,6 +739,18 @@ fn take_output(
     }
 }
 
+/// What of a backlog kept by an earlier run is still undelivered. The session is recorded idle
+/// only just before a waiter is handed a command's end, so with the record idle (`!running`),
+/// everything up to the last end was handed over (the node died before emptying the file).
+fn kept_undelivered(mut kept: Vec<SessionEvent>, running: bool) -> Vec<SessionEvent> {
+    if !running {
+        if let Some(last) = kept.iter().rposition(|e| matches!(e, SessionEvent::Done { .. })) {
+            kept.drain(..=last);
+        }
+    }
+    kept
+}
+
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
@@ -746,6 +774,17 @@ mod tests {
         events.clear();
         take_output(&mut s, "", false, true, &mut events);
         assert_eq!(events, vec![SessionEvent::Stdout(Bytes::from_static(b"after"))]);
+    }
+
+    #[test]
+    fn a_kept_end_counts_only_while_the_record_says_running() {
+        let out = SessionEvent::Stdout(Bytes::from_static(b"x"));
+        let done = SessionEvent::Done { exit_code: 0, cwd: "/".into() };
+        let after = SessionEvent::Stdout(Bytes::from_static(b"bg"));
+        let kept = vec![out.clone(), done.clone(), after.clone()];
+        assert_eq!(kept_undelivered(kept.clone(), true), kept);
+        assert_eq!(kept_undelivered(kept, false), vec![after.clone()]);
+        assert_eq!(kept_undelivered(vec![after.clone()], false), vec![after]);
     }
 
     #[test]
