@@ -153,3 +153,45 @@ async fn etcd_stopped_refuses_what_needs_it_and_serves_the_rest() {
         sb.status().await.expect("sandbox from before and during");
     }
 }
+
+/// A killed lazy file system server (`brig-lazyfs`) is started again for what comes next:
+/// new sandboxes read the store layer in full. A container that had the layer mounted reads
+/// what it had read before; a page it had not read fails with EIO (its data device died with
+/// the server), and brigd keeps running.
+#[tokio::test]
+async fn a_killed_lazy_server_is_replaced_for_new_sandboxes() {
+    use brig_sdk::ImageSource;
+    use sha2::{Digest, Sha256};
+    let daemon = Daemon::start().expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data: Vec<u8> = (0..2_000_000u32).map(|i| (i.wrapping_mul(40_503) >> 7) as u8).collect();
+    std::fs::create_dir_all(tmp.path().join("data")).expect("mkdir");
+    std::fs::write(tmp.path().join("data/big.bin"), &data).expect("write");
+    let source = ImageSource::Dir(tmp.path().to_path_buf());
+    client.import_image("workspace/fault", None, source).await.expect("import");
+    let image = format!("{}+workspace/fault", image("busybox"));
+    let before = client.create(SandboxOptions::container(&image)).await.expect("create");
+    let head = before.exec(["sh", "-c", "head -c 4096 /data/big.bin | wc -c"]).await.expect("exec");
+    assert_eq!(head.stdout_text().trim(), "4096");
+
+    let record = std::fs::read(daemon.run_dir().join("lazyfs.pid")).expect("lazyfs.pid");
+    let record: serde_json::Value = serde_json::from_slice(&record).expect("pid record");
+    let pid = record["pid"].as_i64().expect("pid");
+    let killed = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+    assert!(killed.expect("kill").success(), "kill brig-lazyfs");
+
+    let after = client.create(SandboxOptions::container(&image)).await.expect("create after");
+    let sum = after.exec(["sha256sum", "/data/big.bin"]).await.expect("exec");
+    let want = hex::encode(Sha256::digest(&data));
+    assert_eq!(sum.stdout_text().split_whitespace().next(), Some(want.as_str()), "{sum:?}");
+    let again = before.exec(["sh", "-c", "head -c 4096 /data/big.bin | wc -c"]).await;
+    assert_eq!(again.expect("exec").stdout_text().trim(), "4096", "a page read before is kept");
+    let unread = before.exec(["sh", "-c", "tail -c 4096 /data/big.bin | wc -c"]).await;
+    let unread = unread.expect("exec");
+    assert!(unread.stderr_text().contains("Input/output error"), "an unread page: {unread:?}");
+    assert!(daemon.log_text().contains("the lazy file system server died"));
+    before.destroy().await.expect("destroy");
+    after.destroy().await.expect("destroy");
+    assert!(daemon.leaks().is_empty(), "{:#?}", daemon.leaks());
+}

@@ -87,8 +87,12 @@ impl Drop for Unfinished<'_> {
 #[derive(Debug)]
 pub struct LayerMounts {
     dir: PathBuf,
-    mounted: Mutex<HashMap<PathBuf, PathBuf>>,
+    /// Mount points by image and data device.
+    mounted: Mutex<HashMap<(PathBuf, Option<DeviceId>), PathBuf>>,
 }
+
+/// A data device's device and inode numbers.
+type DeviceId = (u64, u64);
 
 impl LayerMounts {
     pub fn new(dir: &Path) -> Result<LayerMounts, RootfsError> {
@@ -122,12 +126,31 @@ impl LayerMounts {
             .image
             .canonicalize()
             .map_err(|_| RootfsError::MissingLayer(layer.image.to_owned()))?;
+        // A data device is known by the file it is now: a lazy file system server started
+        // again serves the same path from a new mount, and a layer mounted over the old one
+        // reads from a dead device.
+        let device = match &layer.device {
+            Some(d) => {
+                use std::os::unix::fs::MetadataExt;
+                let m = std::fs::metadata(d).map_err(|_| RootfsError::MissingLayer(d.clone()))?;
+                Some((m.dev(), m.ino()))
+            }
+            None => None,
+        };
         let mut mounted = self.mounted.lock();
-        if let Some(point) = mounted.get(&image) {
+        if let Some(point) = mounted.get(&(image.clone(), device)) {
             return Ok(point.clone());
         }
+        // The same image over an earlier device: containers that have it keep it.
+        mounted.retain(|(other, _), point| {
+            let stale = *other == image;
+            if stale {
+                let _ = umount2(point.as_path(), MntFlags::MNT_DETACH);
+            }
+            !stale
+        });
         let meta = std::fs::metadata(&image).map_err(io("stat", &image))?;
-        let key = layer_key(&image, &meta);
+        let key = layer_key(&image, &meta, device);
         let point = self.dir.join(key);
         std::fs::create_dir_all(&point).map_err(io("create", &point))?;
         if !is_mount_point(&point) {
@@ -144,20 +167,24 @@ impl LayerMounts {
             mount(None::<&str>, &point, None::<&str>, MsFlags::MS_PRIVATE, None::<&str>)
                 .map_err(mnt("make layer mount private", &point))?;
         }
-        mounted.insert(image, point.clone());
+        mounted.insert((image, device), point.clone());
         Ok(point)
     }
 }
 
-/// Names a layer mount by image path, size and modification time, so a rebuilt image gets a
-/// fresh mount instead of a stale one.
-fn layer_key(image: &Path, meta: &std::fs::Metadata) -> String {
+/// Names a layer mount by image path, size and modification time, and its data device, so a
+/// rebuilt image or a new device gets a fresh mount instead of a stale one.
+fn layer_key(image: &Path, meta: &std::fs::Metadata, device: Option<DeviceId>) -> String {
     use std::os::unix::fs::MetadataExt;
     let mut h = Sha256::new();
     h.update(image.as_os_str().as_encoded_bytes());
     h.update(meta.len().to_le_bytes());
     h.update(meta.mtime().to_le_bytes());
     h.update(meta.mtime_nsec().to_le_bytes());
+    if let Some((dev, ino)) = device {
+        h.update(dev.to_le_bytes());
+        h.update(ino.to_le_bytes());
+    }
     hex::encode(&h.finalize()[..12])
 }
 

@@ -232,10 +232,13 @@ fn stats_of(cache: &ChunkCache) -> LazyStats {
     }
 }
 
-/// brigd's side: the running server, started or adopted.
+/// brigd's side: the running server, started or adopted. A server that died is started again
+/// on the next call (the blobs of layers already mounted do not come back: reads of their
+/// pages not yet fetched fail with EIO in the containers that have them).
 pub struct LazyServer {
-    socket: PathBuf,
-    pid: i32,
+    config: ServerConfig,
+    binary: PathBuf,
+    pid: std::sync::atomic::AtomicI32,
     conn: tokio::sync::Mutex<Option<UnixStream>>,
 }
 
@@ -246,10 +249,15 @@ struct PidRecord {
     start_time: u64,
 }
 
-/// The start time of `pid` (clock ticks since boot, field 22 of `/proc/<pid>/stat`).
+/// The start time of `pid` (clock ticks since boot, field 22 of `/proc/<pid>/stat`); `None`
+/// if it is gone or dead and not yet reaped (a zombie serves nothing).
 fn start_time(pid: i32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    if matches!(fields.next(), Some("Z" | "X")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 /// One call over a blocking connection (start-up, before the async side exists).
@@ -285,7 +293,7 @@ impl LazyServer {
                     .is_ok()
                 {
                     tracing::info!(pid = record.pid, "lazy file system server adopted");
-                    return Ok(LazyServer::over(config, record.pid));
+                    return Ok(LazyServer::over(config, binary, record.pid));
                 }
                 // Ours (same pid and start time) but not answering: it cannot serve anyone.
                 tracing::warn!(
@@ -302,27 +310,37 @@ impl LazyServer {
                 }
             }
         }
-        let pid = spawn(config, binary)?;
-        let record = PidRecord {
-            pid,
-            start_time: start_time(pid)
-                .ok_or_else(|| LazyServerError::Start("it exited at once".into()))?,
-        };
-        let tmp = pid_path.with_extension("pid.tmp");
-        let bytes = serde_json::to_vec(&record)
-            .map_err(|e| io("record the server")(std::io::Error::other(e)))?;
-        std::fs::write(&tmp, bytes).map_err(io("record the server"))?;
-        std::fs::rename(&tmp, &pid_path).map_err(io("record the server"))?;
-        Ok(LazyServer::over(config, pid))
+        let pid = start_recorded(config, binary)?;
+        Ok(LazyServer::over(config, binary, pid))
     }
 
-    fn over(config: &ServerConfig, pid: i32) -> LazyServer {
-        LazyServer { socket: config.socket.clone(), pid, conn: tokio::sync::Mutex::new(None) }
+    fn over(config: &ServerConfig, binary: &Path, pid: i32) -> LazyServer {
+        LazyServer {
+            config: config.clone(),
+            binary: binary.to_owned(),
+            pid: pid.into(),
+            conn: tokio::sync::Mutex::new(None),
+        }
     }
 
     /// The server's pid.
     pub fn pid(&self) -> i32 {
-        self.pid
+        self.pid.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Starts a new server if this one's process is gone.
+    async fn replace_if_dead(&self) -> Result<(), LazyServerError> {
+        let pid = self.pid();
+        if start_time(pid).is_some() {
+            return Ok(());
+        }
+        tracing::warn!(pid, "the lazy file system server died; starting a new one");
+        let (config, binary) = (self.config.clone(), self.binary.clone());
+        let started = tokio::task::spawn_blocking(move || start_recorded(&config, &binary))
+            .await
+            .map_err(|e| LazyServerError::Start(e.to_string()))??;
+        self.pid.store(started, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     async fn call(&self, request: &LazyRequest) -> Result<LazyReply, LazyServerError> {
@@ -331,7 +349,9 @@ impl LazyServer {
         // A connection broken since the last call gets one fresh try.
         for attempt in 0..2 {
             if conn.is_none() {
-                let stream = tokio::time::timeout(CALL_DEADLINE, UnixStream::connect(&self.socket))
+                self.replace_if_dead().await?;
+                let socket = &self.config.socket;
+                let stream = tokio::time::timeout(CALL_DEADLINE, UnixStream::connect(socket))
                     .await
                     .map_err(|_| LazyServerError::Timeout(CALL_DEADLINE))?
                     .map_err(io("connect"))?;
@@ -392,14 +412,32 @@ impl LazyServer {
 
     /// Unmounts and ends the server (brigd leaves with no container that reads a layer).
     pub async fn stop(&self) -> Result<(), LazyServerError> {
+        if start_time(self.pid()).is_none() {
+            return Ok(());
+        }
         self.call(&LazyRequest::Stop).await?;
-        let _ = std::fs::remove_file(self.socket.with_extension("pid"));
+        let _ = std::fs::remove_file(self.config.socket.with_extension("pid"));
         let gone = Instant::now() + Duration::from_secs(5);
-        while start_time(self.pid).is_some() && Instant::now() < gone {
+        while start_time(self.pid()).is_some() && Instant::now() < gone {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         Ok(())
     }
+}
+
+/// Starts the server and records it in `<run>/lazyfs.pid`.
+fn start_recorded(config: &ServerConfig, binary: &Path) -> Result<i32, LazyServerError> {
+    let pid = spawn(config, binary)?;
+    let start_time =
+        start_time(pid).ok_or_else(|| LazyServerError::Start("it exited at once".into()))?;
+    let record = PidRecord { pid, start_time };
+    let pid_path = config.socket.with_extension("pid");
+    let tmp = pid_path.with_extension("pid.tmp");
+    let bytes = serde_json::to_vec(&record)
+        .map_err(|e| io("record the server")(std::io::Error::other(e)))?;
+    std::fs::write(&tmp, bytes).map_err(io("record the server"))?;
+    std::fs::rename(&tmp, &pid_path).map_err(io("record the server"))?;
+    Ok(pid)
 }
 
 /// Starts the server in a process group of its own (brigd's death does not reach it) and waits
@@ -455,4 +493,40 @@ fn spawn(config: &ServerConfig, binary: &Path) -> Result<i32, LazyServerError> {
         let _ = child.wait();
     });
     Ok(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zombie_has_no_start_time_and_a_live_process_does() {
+        let mut child = std::process::Command::new("sleep").arg("10").spawn().expect("sleep");
+        let pid = i32::try_from(child.id()).expect("pid");
+        let own = start_time(i32::try_from(std::process::id()).expect("pid"));
+        assert!(own.is_some_and(|t| t > 0));
+        assert!(start_time(pid).is_some());
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+            .expect("kill");
+        // Not reaped yet: a zombie.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while start_time(pid).is_some() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(start_time(pid).is_none(), "a zombie counted as alive");
+        assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "reaped too early");
+        child.wait().expect("reap");
+    }
+
+    #[test]
+    fn oversized_and_garbled_frames_are_errors() {
+        assert!(frame_len((MAX_FRAME_BYTES + 1).to_le_bytes()).is_err());
+        assert_eq!(frame_len(12u32.to_le_bytes()).expect("len"), 12);
+        assert!(decode::<LazyRequest>(b"{not json").is_err());
+        let frame = encode(&LazyRequest::Remove { name: "ab".into() }).expect("encode");
+        let len = frame_len(frame[..4].try_into().expect("header")).expect("len");
+        assert!(
+            matches!(decode(&frame[4..4 + len]), Ok(LazyRequest::Remove { name }) if name == "ab")
+        );
+    }
 }
