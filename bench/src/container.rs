@@ -155,6 +155,14 @@ fn cgroup_file(root: &str, id: &str, file: &str) -> Option<String> {
         .find_map(|p| std::fs::read_to_string(p.path().join(id).join(file)).ok())
 }
 
+/// The processes in a container's cgroup (v1 pids controller or v2), for diagnostics.
+pub(crate) fn cgroup_procs(id: &str) -> Vec<i32> {
+    let text = cgroup_file("/sys/fs/cgroup/pids", id, "cgroup.procs")
+        .or_else(|| cgroup_file("/sys/fs/cgroup", id, "cgroup.procs"))
+        .unwrap_or_default();
+    text.lines().filter_map(|l| l.trim().parse().ok()).collect()
+}
+
 /// CPU time charged to a container's cgroup so far, in nanoseconds (v1 cpuacct or v2 cpu.stat).
 pub(crate) fn cgroup_cpu_ns(id: &str) -> Option<u64> {
     if let Some(text) = cgroup_file("/sys/fs/cgroup/cpuacct", id, "cpuacct.usage") {

@@ -43,6 +43,51 @@ pub struct Options {
     /// Sandboxes sampled once more when the fill is done (`final_sample_*` keys).
     #[arg(long, default_value_t = 200)]
     final_sample: usize,
+    /// Diagnostics: record the scheduler's switches (with kernel stacks) and wake-ups on every
+    /// CPU (`perf record -a -g -k mono`) into this file while the final samples run, and print each of the slowest
+    /// samples' start on CLOCK_MONOTONIC (seconds, as `perf script` shows them) and its
+    /// container's processes.
+    #[arg(long)]
+    perf_final: Option<std::path::PathBuf>,
+}
+
+/// CLOCK_MONOTONIC now, in seconds (the clock `perf record -k mono` stamps events with), with
+/// the `Instant` it was read at: the kernel's `now at` line of `/proc/timer_list` (root only).
+fn monotonic_now() -> Option<(Instant, f64)> {
+    use std::io::Read;
+    let mut head = [0u8; 160];
+    let n = std::fs::File::open("/proc/timer_list").ok()?.read(&mut head).ok()?;
+    let at = Instant::now();
+    let text = String::from_utf8_lossy(&head[..n]).into_owned();
+    let ns: u64 = text.split("now at ").nth(1)?.split_whitespace().next()?.parse().ok()?;
+    Some((at, ns as f64 / 1e9))
+}
+
+/// `perf record` of scheduler events on every CPU until stopped.
+struct SchedRecording(std::process::Child);
+
+impl SchedRecording {
+    fn start(out: &std::path::Path) -> anyhow::Result<SchedRecording> {
+        let child = std::process::Command::new("perf")
+            .args(["record", "-a", "-k", "mono", "-e", "sched:sched_switch", "-e"])
+            .args(["sched:sched_wakeup", "-e", "sched:sched_wakeup_new", "-q"])
+            // Not the comm and mmap records of every process on the node (tens of thousands
+            // at 10,000 containers: seconds of CPU that would slow the samples down); the
+            // events carry the task names themselves.
+            .args(["--synth=no", "--mmap-pages", "2048", "-g", "-o"])
+            .arg(out)
+            .stdout(std::process::Stdio::null())
+            .spawn()?;
+        // perf needs a moment to open its events on every CPU.
+        std::thread::sleep(Duration::from_millis(500));
+        Ok(SchedRecording(child))
+    }
+
+    fn stop(mut self) {
+        let pid = self.0.id().to_string();
+        let _ = std::process::Command::new("kill").args(["-INT", &pid]).status();
+        let _ = self.0.wait();
+    }
 }
 
 /// Creates per second over the first (`from_end` false) or last batches that add up to at
@@ -196,6 +241,13 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
     // Each final sample as (ms, CPU µs charged, throttled), to tell a slow answer that used
     // the container's CPU from one that waited elsewhere.
     let mut each_sample: Vec<(f64, f64, bool)> = Vec::new();
+    // With --perf-final: (ms, CLOCK_MONOTONIC start in seconds, sandbox id, its processes).
+    let mut located: Vec<(f64, f64, String, Vec<i32>)> = Vec::new();
+    let recording = match &opts.perf_final {
+        Some(out) if !live.is_empty() => Some(SchedRecording::start(out)?),
+        _ => None,
+    };
+    let clock = monotonic_now();
     let mut final_failed = 0usize;
     for i in 0..if live.is_empty() { 0 } else { opts.final_sample } {
         let sb = &live[(i * 7919 + 13) % live.len()];
@@ -210,6 +262,11 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
             Ok(()) => {
                 let took = t.elapsed();
                 last_samples.record(took);
+                if recording.is_some() && took > Duration::from_millis(20) {
+                    let procs = crate::container::cgroup_procs(sb.id());
+                    let mono = clock.map_or(0.0, |(at, secs)| secs + (t - at).as_secs_f64());
+                    located.push((took.as_secs_f64() * 1e3, mono, sb.id().to_string(), procs));
+                }
                 let after = crate::container::cgroup_cpu_ns(sb.id())
                     .zip(crate::container::cgroup_throttled_periods(sb.id()));
                 if let (Some((cpu0, thr0)), Some((cpu1, thr1))) = (before, after) {
@@ -228,6 +285,15 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
                 final_failed += 1;
                 eprintln!("  a sampled sandbox failed: {e}");
             }
+        }
+    }
+    if let Some(recording) = recording {
+        recording.stop();
+        located.sort_by(|a, b| b.0.total_cmp(&a.0));
+        for (ms, mono, id, procs) in located.iter().take(10) {
+            println!(
+                "  slow sample {ms:.1} ms from monotonic {mono:.6} s: {id}, processes {procs:?}"
+            );
         }
     }
     let n = count.max(1) as f64;

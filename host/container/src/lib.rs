@@ -14,6 +14,7 @@
 #![deny(unsafe_code)]
 
 pub mod cgroup;
+pub mod cgroup_favor;
 pub mod control;
 pub mod exec;
 pub mod files;

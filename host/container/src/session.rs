@@ -325,7 +325,7 @@ impl Session {
         let (backlog_file, backlog) = match (backlog_file, &journal) {
             (Some(mut file), _) => {
                 let kept = file.load();
-                (Some(file), kept_undelivered(kept, running.is_some()))
+                (Some(file), crate::session_backlog::kept_undelivered(kept, running.is_some()))
             }
             (None, Some(journal)) => (Some(journal.backlog(BACKLOG_FILE_BYTES)), Vec::new()),
             (None, None) => (None, Vec::new()),
@@ -739,18 +739,6 @@ fn take_output(
     }
 }
 
-/// What of a backlog kept by an earlier run is still undelivered. The session is recorded idle
-/// only just before a waiter is handed a command's end, so with the record idle (`!running`),
-/// everything up to the last end was handed over (the node died before emptying the file).
-fn kept_undelivered(mut kept: Vec<SessionEvent>, running: bool) -> Vec<SessionEvent> {
-    if !running {
-        if let Some(last) = kept.iter().rposition(|e| matches!(e, SessionEvent::Done { .. })) {
-            kept.drain(..=last);
-        }
-    }
-    kept
-}
-
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
@@ -774,17 +762,6 @@ mod tests {
         events.clear();
         take_output(&mut s, "", false, true, &mut events);
         assert_eq!(events, vec![SessionEvent::Stdout(Bytes::from_static(b"after"))]);
-    }
-
-    #[test]
-    fn a_kept_end_counts_only_while_the_record_says_running() {
-        let out = SessionEvent::Stdout(Bytes::from_static(b"x"));
-        let done = SessionEvent::Done { exit_code: 0, cwd: "/".into() };
-        let after = SessionEvent::Stdout(Bytes::from_static(b"bg"));
-        let kept = vec![out.clone(), done.clone(), after.clone()];
-        assert_eq!(kept_undelivered(kept.clone(), true), kept);
-        assert_eq!(kept_undelivered(kept, false), vec![after.clone()]);
-        assert_eq!(kept_undelivered(vec![after.clone()], false), vec![after]);
     }
 
     #[test]

@@ -105,6 +105,18 @@ impl Backlog {
     }
 }
 
+/// What of a backlog kept by an earlier run is still undelivered. The session is recorded idle
+/// only just before a waiter is handed a command's end, so with the record idle (`!running`),
+/// everything up to the last end was handed over (the node died before emptying the file).
+pub fn kept_undelivered(mut kept: Vec<SessionEvent>, running: bool) -> Vec<SessionEvent> {
+    if !running {
+        if let Some(last) = kept.iter().rposition(|e| matches!(e, SessionEvent::Done { .. })) {
+            kept.drain(..=last);
+        }
+    }
+    kept
+}
+
 /// Where session `session_id`'s backlog lives in `dir`.
 pub fn path_in(dir: &Path, session_id: &str) -> PathBuf {
     dir.join(format!("{session_id}.backlog"))
@@ -205,6 +217,17 @@ mod tests {
         assert_eq!(at(dir.path(), "s1", 1 << 20).load(), events());
         // Past the cap, only the whole frames inside it.
         assert_eq!(at(dir.path(), "s1", 10).load(), events()[..1].to_vec());
+    }
+
+    #[test]
+    fn a_kept_end_counts_only_while_the_record_says_running() {
+        let out = SessionEvent::Stdout(Bytes::from_static(b"x"));
+        let done = SessionEvent::Done { exit_code: 0, cwd: "/".into() };
+        let after = SessionEvent::Stdout(Bytes::from_static(b"bg"));
+        let kept = vec![out.clone(), done.clone(), after.clone()];
+        assert_eq!(kept_undelivered(kept.clone(), true), kept);
+        assert_eq!(kept_undelivered(kept, false), vec![after.clone()]);
+        assert_eq!(kept_undelivered(vec![after.clone()], false), vec![after]);
     }
 
     #[test]

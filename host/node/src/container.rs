@@ -26,6 +26,8 @@ pub(crate) struct ContainerTier {
     images_dir: PathBuf,
     /// The host's CFS bandwidth slice before this node lowered it.
     slice_was: Option<u64>,
+    /// The cgroup2 mount this node set `favordynmods` on (cleared at shutdown).
+    favored: Option<brig_container::cgroup_favor::FavoredMount>,
 }
 
 impl ContainerTier {
@@ -62,6 +64,24 @@ impl ContainerTier {
                     None
                 }
             };
+        let favored = if config.cgroup_favor_dynmods {
+            match brig_container::cgroup_favor::favor_dynamic_modifications() {
+                Ok(Some(favored)) => {
+                    tracing::info!(
+                        mount = %favored.mount_point.display(),
+                        "set favordynmods on the cgroup2 mount (cleared at shutdown)"
+                    );
+                    Some(favored)
+                }
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot set favordynmods on the cgroup2 mount");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let runtime = Runtime::new(RuntimeConfig {
             run_dir: run_dir.to_owned(),
             shim_path: config
@@ -81,6 +101,7 @@ impl ContainerTier {
             config: config.clone(),
             images_dir,
             slice_was,
+            favored,
         })
     }
 
@@ -88,6 +109,9 @@ impl ContainerTier {
         self.runtime.shutdown();
         if let Some(was) = self.slice_was {
             brig_container::cgroup::restore_bandwidth_slice(was);
+        }
+        if let Some(favored) = &self.favored {
+            brig_container::cgroup_favor::restore(favored);
         }
     }
 
