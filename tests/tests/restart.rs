@@ -3,9 +3,17 @@
 
 use std::time::Duration;
 
-use brig_sdk::{Cmd, ExecEvent, ImageSource, SandboxOptions};
+use brig_sdk::{Client, Cmd, ExecEvent, ImageSource, SandboxOptions};
 use brig_tests::{image, Daemon};
 use sha2::{Digest, Sha256};
+
+/// `kill -9`s brigd, leaves it down for `down`, starts it again and reconnects.
+async fn crash_and_restart(daemon: &mut Daemon, down: Duration) -> Client {
+    daemon.crash().expect("crash");
+    tokio::time::sleep(down).await;
+    daemon.start_again().expect("start");
+    daemon.client().await.expect("reconnect")
+}
 
 fn seq(from: u64, to: u64) -> String {
     (from..=to).map(|i| format!("{i}\n")).collect()
@@ -39,10 +47,7 @@ async fn exec_output_survives_a_brigd_crash_complete_and_in_order() {
         }
     }
     drop((ticking, flooding, late));
-    daemon.crash().expect("crash");
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    daemon.start_again().expect("start");
-    let client = daemon.client().await.expect("reconnect");
+    let client = crash_and_restart(&mut daemon, Duration::from_millis(700)).await;
     let sb = client.sandbox(sb.id());
 
     let log = daemon.log_text();
@@ -102,10 +107,7 @@ async fn sessions_survive_a_brigd_crash_with_their_state() {
     let ids = (idle.id().to_string(), busy.id().to_string(), unwaited.id().to_string());
     tokio::time::sleep(Duration::from_millis(900)).await;
 
-    daemon.crash().expect("crash");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    daemon.start_again().expect("start");
-    let client = daemon.client().await.expect("reconnect");
+    let client = crash_and_restart(&mut daemon, Duration::from_millis(300)).await;
     let sb = client.sandbox(sb.id());
     let listed = sb.sessions().await.expect("sessions");
     assert!(listed.contains(&ids.0) && listed.contains(&ids.1), "{listed:?}");
@@ -131,9 +133,7 @@ async fn sessions_survive_a_brigd_crash_with_their_state() {
     assert_eq!((next.stdout_text().as_str(), next.exit_code), ("/etc\n", Some(0)));
     // What was handed over is gone from the backlog: after one more crash, a command gets
     // its own end, not the one delivered before.
-    daemon.crash().expect("crash");
-    daemon.start_again().expect("start");
-    let client = daemon.client().await.expect("reconnect");
+    let client = crash_and_restart(&mut daemon, Duration::ZERO).await;
     let sb = client.sandbox(sb.id());
     let again = sb.session(&ids.2).run("echo again; (exit 5)", long).await.expect("run");
     assert_eq!((again.stdout_text().as_str(), again.exit_code), ("again\n", Some(5)));
@@ -174,10 +174,7 @@ async fn store_layers_are_served_through_a_brigd_crash() {
     let head = sb.exec(["sh", "-c", "head -c 4096 /data/big.bin | wc -c"]).await.expect("exec");
     assert_eq!(head.stdout_text().trim(), "4096");
 
-    daemon.crash().expect("crash");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    daemon.start_again().expect("start");
-    let client = daemon.client().await.expect("reconnect");
+    let client = crash_and_restart(&mut daemon, Duration::from_millis(300)).await;
     let sb = client.sandbox(sb.id());
     let log = daemon.log_text();
     assert!(log.contains("lazy file system server adopted"), "not adopted:\n{log}");

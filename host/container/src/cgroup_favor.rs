@@ -39,20 +39,23 @@ fn cgroup2_mount(mountinfo: &str) -> Option<(PathBuf, String)> {
     })
 }
 
-/// The super options to remount with: the filesystem's own (not `rw`/`ro`), and the flag.
-fn with_flag(options: &str) -> String {
-    let mut kept: Vec<&str> =
-        options.split(',').filter(|o| !o.is_empty() && *o != "rw" && *o != "ro").collect();
-    kept.push(OPTION);
-    kept.join(",")
-}
-
+/// The file system's own super options, to remount with (`rw`/`ro` are the mount's).
 fn without_rw(options: &str) -> String {
     options
         .split(',')
         .filter(|o| !o.is_empty() && *o != "rw" && *o != "ro")
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// [`without_rw`], and the flag.
+fn with_flag(options: &str) -> String {
+    let own = without_rw(options);
+    if own.is_empty() {
+        OPTION.to_string()
+    } else {
+        format!("{own},{OPTION}")
+    }
 }
 
 /// Sets `favordynmods` on the host's cgroup2 mount. `None` when there is nothing to do or

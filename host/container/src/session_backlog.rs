@@ -123,22 +123,26 @@ pub fn path_in(dir: &Path, session_id: &str) -> PathBuf {
 }
 
 fn encode(event: &SessionEvent) -> Option<Vec<u8>> {
-    let (tag, payload): (u8, Vec<u8>) = match event {
-        SessionEvent::Stdout(b) => (STDOUT, b.to_vec()),
-        SessionEvent::Stderr(b) => (STDERR, b.to_vec()),
+    let (code, dropped);
+    let (tag, head, rest): (u8, &[u8], &[u8]) = match event {
+        SessionEvent::Stdout(b) => (STDOUT, &[], b),
+        SessionEvent::Stderr(b) => (STDERR, &[], b),
         SessionEvent::Done { exit_code, cwd } => {
-            let mut p = exit_code.to_le_bytes().to_vec();
-            p.extend_from_slice(cwd.as_bytes());
-            (DONE, p)
+            code = exit_code.to_le_bytes();
+            (DONE, &code, cwd.as_bytes())
         }
-        SessionEvent::Dropped { bytes } => (DROPPED, bytes.to_le_bytes().to_vec()),
+        SessionEvent::Dropped { bytes } => {
+            dropped = bytes.to_le_bytes();
+            (DROPPED, &dropped, &[])
+        }
         SessionEvent::Pending => return None,
     };
-    let len = u32::try_from(payload.len()).ok()?;
-    let mut frame = Vec::with_capacity(FRAME_HEADER + payload.len());
+    let len = u32::try_from(head.len() + rest.len()).ok()?;
+    let mut frame = Vec::with_capacity(FRAME_HEADER + head.len() + rest.len());
     frame.push(tag);
     frame.extend_from_slice(&len.to_le_bytes());
-    frame.extend_from_slice(&payload);
+    frame.extend_from_slice(head);
+    frame.extend_from_slice(rest);
     Some(frame)
 }
 

@@ -250,7 +250,9 @@ struct PidRecord {
 }
 
 /// The start time of `pid` (clock ticks since boot, field 22 of `/proc/<pid>/stat`); `None`
-/// if it is gone or dead and not yet reaped (a zombie serves nothing).
+/// if it is gone or dead and not yet reaped (a zombie serves nothing). brig-container's
+/// `process_start_time` reads the same field but counts zombies; this crate depends on no
+/// other Brig crate.
 fn start_time(pid: i32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
@@ -346,40 +348,39 @@ impl LazyServer {
     async fn call(&self, request: &LazyRequest) -> Result<LazyReply, LazyServerError> {
         let frame = encode(request).map_err(io("encode a request"))?;
         let mut conn = self.conn.lock().await;
-        // A connection broken since the last call gets one fresh try.
+        // A connection broken since the last call gets one fresh try; a failed one is dropped.
         for attempt in 0..2 {
-            if conn.is_none() {
-                self.replace_if_dead().await?;
-                let socket = &self.config.socket;
-                let stream = tokio::time::timeout(CALL_DEADLINE, UnixStream::connect(socket))
-                    .await
-                    .map_err(|_| LazyServerError::Timeout(CALL_DEADLINE))?
-                    .map_err(io("connect"))?;
-                *conn = Some(stream);
-            }
-            let Some(stream) = conn.as_mut() else { continue };
+            let mut stream = match conn.take() {
+                Some(stream) => stream,
+                None => self.connect().await?,
+            };
             let exchange = async {
                 stream.write_all(&frame).await?;
-                read_message::<LazyReply>(stream, CALL_DEADLINE).await
+                read_message::<LazyReply>(&mut stream, CALL_DEADLINE).await
             };
             match tokio::time::timeout(CALL_DEADLINE, exchange).await {
-                Ok(Ok(Some(reply))) => return Ok(reply),
-                Ok(Ok(None)) | Ok(Err(_)) if attempt == 0 => *conn = None,
+                Ok(Ok(Some(reply))) => {
+                    *conn = Some(stream);
+                    return Ok(reply);
+                }
+                Ok(Ok(None) | Err(_)) if attempt == 0 => {}
                 Ok(Ok(None)) => {
-                    *conn = None;
-                    return Err(LazyServerError::Refused("the connection closed".into()));
+                    return Err(LazyServerError::Refused("the connection closed".into()))
                 }
-                Ok(Err(e)) => {
-                    *conn = None;
-                    return Err(io("call")(e));
-                }
-                Err(_) => {
-                    *conn = None;
-                    return Err(LazyServerError::Timeout(CALL_DEADLINE));
-                }
+                Ok(Err(e)) => return Err(io("call")(e)),
+                Err(_) => return Err(LazyServerError::Timeout(CALL_DEADLINE)),
             }
         }
         Err(LazyServerError::Refused("no connection".into()))
+    }
+
+    /// A new connection, to a server started again first if this one's process is gone.
+    async fn connect(&self) -> Result<UnixStream, LazyServerError> {
+        self.replace_if_dead().await?;
+        tokio::time::timeout(CALL_DEADLINE, UnixStream::connect(&self.config.socket))
+            .await
+            .map_err(|_| LazyServerError::Timeout(CALL_DEADLINE))?
+            .map_err(io("connect"))
     }
 
     /// Publishes a layer's blob; returns its path.
