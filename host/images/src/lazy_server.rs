@@ -35,6 +35,11 @@ pub const MAX_FRAME_BYTES: u32 = 64 << 20;
 pub const CALL_DEADLINE: Duration = Duration::from_secs(30);
 /// How long a new server has to mount and answer.
 const START_DEADLINE: Duration = Duration::from_secs(15);
+/// How long a server whose socket refuses connections may take to finish dying (a killed process
+/// closes its socket before it leaves the process table) before brigd ends it itself.
+const DYING_GRACE: Duration = Duration::from_secs(2);
+/// How long brigd waits for a server it killed to be gone.
+const END_DEADLINE: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum LazyServerError {
@@ -238,7 +243,8 @@ fn stats_of(cache: &ChunkCache) -> LazyStats {
 pub struct LazyServer {
     config: ServerConfig,
     binary: PathBuf,
-    pid: std::sync::atomic::AtomicI32,
+    /// The serving process; replaced only with `conn` held.
+    serving: std::sync::Mutex<PidRecord>,
     conn: tokio::sync::Mutex<Option<UnixStream>>,
 }
 
@@ -247,6 +253,29 @@ pub struct LazyServer {
 struct PidRecord {
     pid: i32,
     start_time: u64,
+}
+
+impl PidRecord {
+    /// Still this process: same pid, same start time, not a zombie.
+    fn alive(&self) -> bool {
+        start_time(self.pid) == Some(self.start_time)
+    }
+
+    /// Kills the process if it is still this one and waits (bounded) until it is gone; `false`
+    /// if it is still there.
+    fn end(&self) -> bool {
+        if self.alive() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let gone = Instant::now() + END_DEADLINE;
+        while self.alive() && Instant::now() < gone {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        !self.alive()
+    }
 }
 
 /// The start time of `pid` (clock ticks since boot, field 22 of `/proc/<pid>/stat`); `None`
@@ -289,59 +318,52 @@ impl LazyServer {
         let recorded = std::fs::read(&pid_path)
             .ok()
             .and_then(|b| serde_json::from_slice::<PidRecord>(&b).ok());
-        if let Some(record) = recorded {
-            if start_time(record.pid) == Some(record.start_time) {
-                if call_blocking(&config.socket, &LazyRequest::Stats, Duration::from_secs(5))
-                    .is_ok()
-                {
-                    tracing::info!(pid = record.pid, "lazy file system server adopted");
-                    return Ok(LazyServer::over(config, binary, record.pid));
-                }
-                // Ours (same pid and start time) but not answering: it cannot serve anyone.
-                tracing::warn!(
-                    pid = record.pid,
-                    "the lazy file system server does not answer; replacing it"
-                );
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(record.pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-                let gone = Instant::now() + Duration::from_secs(5);
-                while start_time(record.pid).is_some() && Instant::now() < gone {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
+        if let Some(record) = recorded.filter(PidRecord::alive) {
+            if call_blocking(&config.socket, &LazyRequest::Stats, Duration::from_secs(5)).is_ok() {
+                tracing::info!(pid = record.pid, "lazy file system server adopted");
+                return Ok(LazyServer::over(config, binary, record));
             }
+            // Ours (same pid and start time) but not answering: it cannot serve anyone.
+            tracing::warn!(
+                pid = record.pid,
+                "the lazy file system server does not answer; replacing it"
+            );
+            record.end();
         }
-        let pid = start_recorded(config, binary)?;
-        Ok(LazyServer::over(config, binary, pid))
+        let record = start_recorded(config, binary)?;
+        Ok(LazyServer::over(config, binary, record))
     }
 
-    fn over(config: &ServerConfig, binary: &Path, pid: i32) -> LazyServer {
+    fn over(config: &ServerConfig, binary: &Path, serving: PidRecord) -> LazyServer {
         LazyServer {
             config: config.clone(),
             binary: binary.to_owned(),
-            pid: pid.into(),
+            serving: std::sync::Mutex::new(serving),
             conn: tokio::sync::Mutex::new(None),
         }
     }
 
+    fn serving(&self) -> PidRecord {
+        *self.serving.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// The server's pid.
     pub fn pid(&self) -> i32 {
-        self.pid.load(std::sync::atomic::Ordering::Relaxed)
+        self.serving().pid
     }
 
     /// Starts a new server if this one's process is gone.
     async fn replace_if_dead(&self) -> Result<(), LazyServerError> {
-        let pid = self.pid();
-        if start_time(pid).is_some() {
+        let serving = self.serving();
+        if serving.alive() {
             return Ok(());
         }
-        tracing::warn!(pid, "the lazy file system server died; starting a new one");
+        tracing::warn!(pid = serving.pid, "the lazy file system server died; starting a new one");
         let (config, binary) = (self.config.clone(), self.binary.clone());
         let started = tokio::task::spawn_blocking(move || start_recorded(&config, &binary))
             .await
             .map_err(|e| LazyServerError::Start(e.to_string()))??;
-        self.pid.store(started, std::sync::atomic::Ordering::Relaxed);
+        *self.serving.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = started;
         Ok(())
     }
 
@@ -374,13 +396,44 @@ impl LazyServer {
         Err(LazyServerError::Refused("no connection".into()))
     }
 
-    /// A new connection, to a server started again first if this one's process is gone.
+    /// A new connection, to a server started again first if this one's process is gone. A
+    /// server killed a moment ago refuses before it is gone from the process table: brigd waits
+    /// up to [`DYING_GRACE`] for it to go, then ends it (once) and starts a new one.
     async fn connect(&self) -> Result<UnixStream, LazyServerError> {
-        self.replace_if_dead().await?;
-        tokio::time::timeout(CALL_DEADLINE, UnixStream::connect(&self.config.socket))
-            .await
-            .map_err(|_| LazyServerError::Timeout(CALL_DEADLINE))?
-            .map_err(io("connect"))
+        let mut grace = Instant::now() + DYING_GRACE;
+        let mut ended_one = false;
+        loop {
+            self.replace_if_dead().await?;
+            let refused =
+                match tokio::time::timeout(CALL_DEADLINE, UnixStream::connect(&self.config.socket))
+                    .await
+                {
+                    Err(_) => return Err(LazyServerError::Timeout(CALL_DEADLINE)),
+                    Ok(Ok(stream)) => return Ok(stream),
+                    Ok(Err(refused)) => refused,
+                };
+            if Instant::now() < grace {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+            let serving = self.serving();
+            if ended_one || !serving.alive() {
+                return Err(io("connect")(refused));
+            }
+            tracing::warn!(
+                pid = serving.pid,
+                error = %refused,
+                "the lazy file system server refuses connections; ending it"
+            );
+            let gone = tokio::task::spawn_blocking(move || serving.end())
+                .await
+                .map_err(|e| LazyServerError::Start(e.to_string()))?;
+            if !gone {
+                return Err(io("connect")(refused));
+            }
+            ended_one = true;
+            grace = Instant::now() + DYING_GRACE;
+        }
     }
 
     /// Publishes a layer's blob; returns its path.
@@ -413,13 +466,13 @@ impl LazyServer {
 
     /// Unmounts and ends the server (brigd leaves with no container that reads a layer).
     pub async fn stop(&self) -> Result<(), LazyServerError> {
-        if start_time(self.pid()).is_none() {
+        if !self.serving().alive() {
             return Ok(());
         }
         self.call(&LazyRequest::Stop).await?;
         let _ = std::fs::remove_file(self.config.socket.with_extension("pid"));
-        let gone = Instant::now() + Duration::from_secs(5);
-        while start_time(self.pid()).is_some() && Instant::now() < gone {
+        let gone = Instant::now() + END_DEADLINE;
+        while self.serving().alive() && Instant::now() < gone {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         Ok(())
@@ -427,7 +480,7 @@ impl LazyServer {
 }
 
 /// Starts the server and records it in `<run>/lazyfs.pid`.
-fn start_recorded(config: &ServerConfig, binary: &Path) -> Result<i32, LazyServerError> {
+fn start_recorded(config: &ServerConfig, binary: &Path) -> Result<PidRecord, LazyServerError> {
     let pid = spawn(config, binary)?;
     let start_time =
         start_time(pid).ok_or_else(|| LazyServerError::Start("it exited at once".into()))?;
@@ -438,7 +491,7 @@ fn start_recorded(config: &ServerConfig, binary: &Path) -> Result<i32, LazyServe
         .map_err(|e| io("record the server")(std::io::Error::other(e)))?;
     std::fs::write(&tmp, bytes).map_err(io("record the server"))?;
     std::fs::rename(&tmp, &pid_path).map_err(io("record the server"))?;
-    Ok(pid)
+    Ok(record)
 }
 
 /// Starts the server in a process group of its own (brigd's death does not reach it) and waits

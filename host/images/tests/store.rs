@@ -46,25 +46,31 @@ fn mount(layer: &brig_images::ResolvedLayer, at: &Path) -> Mounted {
     Mounted(at.to_owned())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn import_dedup_lazy_read_and_damage() {
-    let tmp = tempfile::tempdir().expect("tmp");
-    let backend_dir = tmp.path().join("backend");
+/// A store under `dir` on a local backend (`<dir>/backend`), with its own lazy server.
+fn open_store(dir: &Path) -> LayerStore {
+    let backend_dir = dir.join("backend");
     let backend = Backend::local(&backend_dir).expect("backend");
-    let store = LayerStore::open(
+    LayerStore::open(
         StoreConfig {
-            dir: tmp.path().join("store"),
-            lazy_mount: tmp.path().join("lazy"),
-            cache_dir: tmp.path().join("cache"),
+            dir: dir.join("store"),
+            lazy_mount: dir.join("lazy"),
+            cache_dir: dir.join("cache"),
             cache_max_bytes: 64 << 20,
             cache_memory_bytes: 1 << 20,
             id_base: 100_000,
             lazy_server_bin: env!("CARGO_BIN_EXE_brig-lazyfs").into(),
-            backend_spec: BackendSpec::Local { dir: backend_dir.clone() },
+            backend_spec: BackendSpec::Local { dir: backend_dir },
         },
         backend,
     )
-    .expect("store");
+    .expect("store")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_dedup_lazy_read_and_damage() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let backend_dir = tmp.path().join("backend");
+    let store = open_store(tmp.path());
     let server = Server(store.lazy_server_pid());
 
     let a = tmp.path().join("a");
@@ -144,6 +150,40 @@ async fn import_dedup_lazy_read_and_damage() {
     assert!(report.removed_layers >= 1 && report.removed_chunks >= 1, "{report:?}");
     assert!(store.inspect("toolkit/test").await.is_err());
     assert!(store.inspect("base/test@2").await.is_ok());
+    server.stop(&store).await;
+}
+
+/// A server that is still in the process table but refuses connections (as one killed a moment
+/// ago does while it exits; here it is stopped and its socket gone) is ended after a short grace
+/// and replaced: the next call succeeds on a new server, and the layer reads again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_refuses_but_lingers_is_ended_and_replaced() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = open_store(tmp.path());
+    let old = store.lazy_server_pid();
+    let _old_server = Server(old);
+    let a = tmp.path().join("a");
+    write(&a, "lib/big.bin", &pattern(600_000, 3));
+    store.import("base/linger", None, ImportSource::Dir(a)).await.expect("import");
+
+    kill(Pid::from_raw(old), Signal::SIGSTOP).expect("stop the server");
+    std::fs::remove_file(tmp.path().join("lazyfs.sock")).expect("remove its socket");
+    let started = std::time::Instant::now();
+    store.clear_cache().await.expect("a call after the grace reaches a new server");
+    let new = store.lazy_server_pid();
+    let server = Server(new);
+    assert_ne!(new, old, "the lingering server was kept");
+    assert!(started.elapsed() >= std::time::Duration::from_secs(1), "no grace for a dying server");
+    let state = std::fs::read_to_string(format!("/proc/{old}/stat")).unwrap_or_default();
+    assert!(state.is_empty() || state.contains(") Z"), "the old server still runs: {state}");
+
+    let layers = store.acquire(&["base/linger@1".to_string()]).await.expect("acquire");
+    let m = mount(&layers[0], &tmp.path().join("mnt"));
+    assert_eq!(std::fs::read(m.0.join("lib/big.bin")).expect("read"), pattern(600_000, 3));
+    drop(m);
+    store.release(&layers.iter().map(|l| l.digest.clone()).collect::<Vec<_>>());
     server.stop(&store).await;
 }
 
