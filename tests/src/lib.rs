@@ -67,8 +67,35 @@ pub fn binary(name: &str) -> PathBuf {
     }
 }
 
+/// The brigd tests run: this profile's, or `BRIGD_BIN` (another build, e.g. a baseline in an
+/// A/B benchmark).
+fn default_brigd() -> PathBuf {
+    std::env::var_os("BRIGD_BIN").map_or_else(|| binary("brigd"), PathBuf::from)
+}
+
+/// brigd of the release build (`cargo build --release -p brigd -p brig-container -p
+/// brig-images`), in the `release` directory beside this test's profile directory.
+pub fn release_brigd() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test> → target/release/brigd
+    let target = exe.ancestors().nth(3).expect("target directory");
+    let brigd = target.join("release").join("brigd");
+    for name in ["brigd", "brig-shim", "brig-lazyfs"] {
+        let path = target.join("release").join(name);
+        assert!(
+            path.exists(),
+            "{} is missing: run `cargo build --release -p brigd -p brig-container -p brig-images \
+             --bins` first",
+            path.display()
+        );
+    }
+    brigd
+}
+
 /// A running brigd with its own state directory; killed on drop.
 pub struct Daemon {
+    /// The brigd binary (a restart runs the same one).
+    program: PathBuf,
     child: Option<Child>,
     pub state: tempfile::TempDir,
     extra_args: Vec<String>,
@@ -94,10 +121,17 @@ impl Daemon {
     /// daemon (`--on-exit destroy`) unless the arguments say `--on-exit keep`.
     pub fn start_with(extra_args: &[&str]) -> anyhow::Result<Daemon> {
         let state = tempfile::Builder::new().prefix("brigd-test-").tempdir()?;
-        Self::start_in(state, false, extra_args)
+        Self::start_in(default_brigd(), state, false, extra_args)
+    }
+
+    /// As [`Daemon::start_with`], running `program` (e.g. [`release_brigd`]).
+    pub fn start_program(program: PathBuf, extra_args: &[&str]) -> anyhow::Result<Daemon> {
+        let state = tempfile::Builder::new().prefix("brigd-test-").tempdir()?;
+        Self::start_in(program, state, false, extra_args)
     }
 
     fn start_in(
+        program: PathBuf,
         state: tempfile::TempDir,
         state_mounted: bool,
         extra_args: &[&str],
@@ -123,6 +157,7 @@ impl Daemon {
         }
         let listen = "127.0.0.1:0".to_string();
         let mut daemon = Daemon {
+            program,
             child: None,
             state,
             extra_args,
@@ -145,7 +180,7 @@ impl Daemon {
             .args(["-t", "tmpfs", "-o", &size, "brigd-state", point])
             .status()?;
         anyhow::ensure!(mounted.success(), "mounting a tmpfs on {point}");
-        Self::start_in(state, true, extra_args)
+        Self::start_in(default_brigd(), state, true, extra_args)
     }
 
     /// Starts brigd with a node configuration file (TOML) kept in its state directory, so it
@@ -166,9 +201,7 @@ impl Daemon {
         let endpoint = self.state.path().join("endpoint.json");
         let _ = std::fs::remove_file(&endpoint);
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
-        // BRIGD_BIN runs another build (e.g. a baseline in an A/B benchmark).
-        let program = std::env::var_os("BRIGD_BIN").map_or_else(|| binary("brigd"), PathBuf::from);
-        let child = Command::new(program)
+        let child = Command::new(&self.program)
             .arg("--state-dir")
             .arg(self.state.path())
             .arg("--listen")

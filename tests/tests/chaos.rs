@@ -1,6 +1,6 @@
 //! Chaos: 16 clients run a mixed load (creates, execs with streamed output, sessions, file
-//! writes, pauses, forks, one-shot calls) against brigd while the test `kill -9`s it at random
-//! moments 10 times and starts it again on the same port. Each client keeps its `Client` (the
+//! writes, pauses, forks, one-shot calls) against a release brigd while the test `kill -9`s it
+//! at random moments 10 times and starts it again on the same port. Each client keeps its `Client` (the
 //! SDK reconnects) and retries what a crash interrupted. Then every acknowledged create
 //! exists or was destroyed by its client, every acknowledged exec's output re-read by id is
 //! complete and in order with its exit status, every session answers with its cwd and
@@ -265,7 +265,9 @@ async fn verify(client: &Client, ack: &Acknowledged, layer: &StoreLayer) {
 // temporary file left by a crash mid-write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixteen_clients_lose_nothing_through_ten_crashes() {
-    let mut daemon = Daemon::start_with(&["--on-exit", "keep"]).expect("brigd");
+    // The release build, as nodes run it (its timing differs from a debug build's).
+    let mut daemon =
+        Daemon::start_program(brig_tests::release_brigd(), &["--on-exit", "keep"]).expect("brigd");
     let tmp = tempfile::tempdir().expect("tmp");
     let layer =
         Arc::new(StoreLayer::import(&daemon.client().await.expect("connect"), tmp.path()).await);
