@@ -19,7 +19,7 @@ const FEATURES: &str = "/sys/kernel/cgroup/features";
 const OPTION: &str = "favordynmods";
 
 /// The cgroup2 mount `favordynmods` was set on, with the options it had, to put back.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FavoredMount {
     pub mount_point: PathBuf,
     pub options: String,

@@ -16,6 +16,7 @@ use brig_images::{LayerStore, ResolvedLayer};
 use brig_proto::CreateRequest;
 
 use crate::config::ContainerConfig;
+use crate::host_settings::{HostOriginals, HostSettingsRecord};
 use crate::sandboxes::ContainerRecord;
 use crate::NodeError;
 
@@ -24,10 +25,10 @@ pub(crate) struct ContainerTier {
     runtime: Arc<Runtime>,
     config: ContainerConfig,
     images_dir: PathBuf,
-    /// The host's CFS bandwidth slice before this node lowered it.
-    slice_was: Option<u64>,
-    /// The cgroup2 mount this node set `favordynmods` on (cleared at shutdown).
-    favored: Option<brig_container::cgroup_favor::FavoredMount>,
+    /// Where the host settings to put back are recorded.
+    settings: HostSettingsRecord,
+    /// The host's settings before this node (or a killed predecessor) changed them.
+    originals: HostOriginals,
 }
 
 impl ContainerTier {
@@ -48,7 +49,15 @@ impl ContainerTier {
             return Err("brigd is not running as root".into());
         }
         let images_dir = config.images_dir.clone().unwrap_or_else(|| state_dir.join("images"));
-        let slice_was =
+        let settings = HostSettingsRecord::at(run_dir);
+        let earlier = settings.left_by_earlier();
+        if earlier != HostOriginals::default() {
+            tracing::info!(
+                ?earlier,
+                "host settings a killed brigd changed are restored at this one's shutdown"
+            );
+        }
+        let bandwidth_slice_us =
             match brig_container::cgroup::lower_bandwidth_slice(config.cpu_bandwidth_slice_us) {
                 Ok(Some(was)) => {
                     tracing::info!(
@@ -82,6 +91,8 @@ impl ContainerTier {
         } else {
             None
         };
+        let originals =
+            settings.merge_and_save(earlier, HostOriginals { bandwidth_slice_us, favored });
         let runtime = Runtime::new(RuntimeConfig {
             run_dir: run_dir.to_owned(),
             shim_path: config
@@ -100,19 +111,20 @@ impl ContainerTier {
             runtime: Arc::new(runtime),
             config: config.clone(),
             images_dir,
-            slice_was,
-            favored,
+            settings,
+            originals,
         })
     }
 
     pub fn shutdown(&self) {
         self.runtime.shutdown();
-        if let Some(was) = self.slice_was {
+        if let Some(was) = self.originals.bandwidth_slice_us {
             brig_container::cgroup::restore_bandwidth_slice(was);
         }
-        if let Some(favored) = &self.favored {
+        if let Some(favored) = &self.originals.favored {
             brig_container::cgroup_favor::restore(favored);
         }
+        self.settings.forget();
     }
 
     /// The layers of `image`, bottom first: `env:NAME`, or parts joined by `+`, each a store

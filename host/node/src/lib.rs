@@ -28,6 +28,7 @@ mod exec;
 mod exec_hub;
 mod files;
 mod fullvm;
+mod host_settings;
 mod hosted;
 mod images;
 mod intents;
