@@ -25,10 +25,48 @@ pub(crate) struct ContainerTier {
     runtime: Arc<Runtime>,
     config: ContainerConfig,
     images_dir: PathBuf,
-    /// Where the host settings to put back are recorded.
+    /// Where the host settings to put back, and who relies on them, are recorded.
     settings: HostSettingsRecord,
-    /// The host's settings before this node (or a killed predecessor) changed them.
-    originals: HostOriginals,
+}
+
+/// Lowers the CFS bandwidth slice and sets `favordynmods` as the configuration asks; returns
+/// the host's values it replaced.
+fn change_host_settings(config: &ContainerConfig) -> HostOriginals {
+    let bandwidth_slice_us =
+        match brig_container::cgroup::lower_bandwidth_slice(config.cpu_bandwidth_slice_us) {
+            Ok(Some(was)) => {
+                tracing::info!(
+                    from_us = was,
+                    to_us = config.cpu_bandwidth_slice_us,
+                    "lowered the host's CFS bandwidth slice (restored when the last brigd leaves)"
+                );
+                Some(was)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot lower the CFS bandwidth slice");
+                None
+            }
+        };
+    let favored = if config.cgroup_favor_dynmods {
+        match brig_container::cgroup_favor::favor_dynamic_modifications() {
+            Ok(Some(favored)) => {
+                tracing::info!(
+                    mount = %favored.mount_point.display(),
+                    "set favordynmods on the cgroup2 mount (cleared when the last brigd leaves)"
+                );
+                Some(favored)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot set favordynmods on the cgroup2 mount");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    HostOriginals { bandwidth_slice_us, favored }
 }
 
 impl ContainerTier {
@@ -49,50 +87,10 @@ impl ContainerTier {
             return Err("brigd is not running as root".into());
         }
         let images_dir = config.images_dir.clone().unwrap_or_else(|| state_dir.join("images"));
-        let settings = HostSettingsRecord::at(run_dir);
-        let earlier = settings.left_by_earlier();
-        if earlier != HostOriginals::default() {
-            tracing::info!(
-                ?earlier,
-                "host settings a killed brigd changed are restored at this one's shutdown"
-            );
-        }
-        let bandwidth_slice_us =
-            match brig_container::cgroup::lower_bandwidth_slice(config.cpu_bandwidth_slice_us) {
-                Ok(Some(was)) => {
-                    tracing::info!(
-                        from_us = was,
-                        to_us = config.cpu_bandwidth_slice_us,
-                        "lowered the host's CFS bandwidth slice (restored at shutdown)"
-                    );
-                    Some(was)
-                }
-                Ok(None) => None,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot lower the CFS bandwidth slice");
-                    None
-                }
-            };
-        let favored = if config.cgroup_favor_dynmods {
-            match brig_container::cgroup_favor::favor_dynamic_modifications() {
-                Ok(Some(favored)) => {
-                    tracing::info!(
-                        mount = %favored.mount_point.display(),
-                        "set favordynmods on the cgroup2 mount (cleared at shutdown)"
-                    );
-                    Some(favored)
-                }
-                Ok(None) => None,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot set favordynmods on the cgroup2 mount");
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        let originals =
-            settings.merge_and_save(earlier, HostOriginals { bandwidth_slice_us, favored });
+        // Host-wide: the host's values go back when the last brigd using them leaves.
+        let settings = HostSettingsRecord::beside(run_dir);
+        let originals = settings.join(|| change_host_settings(config));
+        tracing::debug!(?originals, "host settings put back when the last brigd leaves");
         let runtime = Runtime::new(RuntimeConfig {
             run_dir: run_dir.to_owned(),
             shim_path: config
@@ -112,19 +110,19 @@ impl ContainerTier {
             config: config.clone(),
             images_dir,
             settings,
-            originals,
         })
     }
 
     pub fn shutdown(&self) {
         self.runtime.shutdown();
-        if let Some(was) = self.originals.bandwidth_slice_us {
-            brig_container::cgroup::restore_bandwidth_slice(was);
+        if let Some(originals) = self.settings.leave() {
+            if let Some(was) = originals.bandwidth_slice_us {
+                brig_container::cgroup::restore_bandwidth_slice(was);
+            }
+            if let Some(favored) = &originals.favored {
+                brig_container::cgroup_favor::restore(favored);
+            }
         }
-        if let Some(favored) = &self.originals.favored {
-            brig_container::cgroup_favor::restore(favored);
-        }
-        self.settings.forget();
     }
 
     /// The layers of `image`, bottom first: `env:NAME`, or parts joined by `+`, each a store
