@@ -101,6 +101,10 @@ fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log)?)
         .with_writer(std::io::stderr)
+        // A log write that fails (its file's disk is full) is dropped: by default the
+        // subscriber reports it with `eprintln!`, which panics the logging task on the same
+        // full disk (an exec on a full state disk lost its reply that way).
+        .log_internal_errors(false)
         .init();
     let (mut node, mut e2b) = match &args.config {
         Some(path) => brigd::load_config(path)?,
