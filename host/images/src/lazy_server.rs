@@ -416,20 +416,24 @@ impl LazyServer {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
             }
-            let serving = self.serving();
-            if ended_one || !serving.alive() {
+            if ended_one {
                 return Err(io("connect")(refused));
             }
-            tracing::warn!(
-                pid = serving.pid,
-                error = %refused,
-                "the lazy file system server refuses connections; ending it"
-            );
-            let gone = tokio::task::spawn_blocking(move || serving.end())
-                .await
-                .map_err(|e| LazyServerError::Start(e.to_string()))?;
-            if !gone {
-                return Err(io("connect")(refused));
+            // Still there but refusing: it is ended. Gone meanwhile (it died during the
+            // grace): the next turn's `replace_if_dead` starts another. Either once per call.
+            let serving = self.serving();
+            if serving.alive() {
+                tracing::warn!(
+                    pid = serving.pid,
+                    error = %refused,
+                    "the lazy file system server refuses connections; ending it"
+                );
+                let gone = tokio::task::spawn_blocking(move || serving.end())
+                    .await
+                    .map_err(|e| LazyServerError::Start(e.to_string()))?;
+                if !gone {
+                    return Err(io("connect")(refused));
+                }
             }
             ended_one = true;
             grace = Instant::now() + DYING_GRACE;
