@@ -46,6 +46,8 @@ struct Record {
     started: Instant,
     window: Duration,
     latencies: Mutex<Vec<Latencies>>,
+    /// The same by request kind (`create`, `exec`, …), to see which one a trend comes from.
+    by_kind: Mutex<Vec<std::collections::BTreeMap<&'static str, Latencies>>>,
     errors: AtomicU64,
     first_errors: Mutex<Vec<String>>,
 }
@@ -56,16 +58,19 @@ impl Record {
     }
 
     /// Times `op`; an error counts as unexpected (nothing here should fail).
-    async fn time<T, F>(&self, what: &str, op: F) -> Option<T>
+    async fn time<T, F>(&self, what: &'static str, op: F) -> Option<T>
     where
         F: std::future::Future<Output = Result<T, brig_sdk::Error>>,
     {
         let t = Instant::now();
         match op.await {
             Ok(v) => {
-                let window = self.window_of(t);
+                let (window, took) = (self.window_of(t), t.elapsed());
                 if let Some(l) = self.latencies.lock().get_mut(window) {
-                    l.record(t.elapsed());
+                    l.record(took);
+                }
+                if let Some(kinds) = self.by_kind.lock().get_mut(window) {
+                    kinds.entry(what).or_default().record(took);
                 }
                 Some(v)
             }
@@ -176,6 +181,7 @@ async fn soak(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::Val
         started: Instant::now(),
         window,
         latencies: Mutex::new(vec![Latencies::default(); opts.minutes]),
+        by_kind: Mutex::new(vec![Default::default(); opts.minutes]),
         errors: AtomicU64::new(0),
         first_errors: Mutex::new(Vec::new()),
     });
@@ -216,9 +222,17 @@ async fn soak(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::Val
             let first = record.first_errors.lock().clone();
             anyhow::bail!("nothing was served in window {}: {first:?}", w + 1);
         }
-        windows.push(
-            json!({ "window": w + 1, "served": served, "p99_ms": round3(p99), "rss_bytes": rss }),
-        );
+        let by_kind: serde_json::Map<String, serde_json::Value> = record.by_kind.lock()[w]
+            .iter_mut()
+            .map(|(kind, l)| (kind.to_string(), json!(round3(l.quantile_ms(0.99)))))
+            .collect();
+        windows.push(json!({
+            "window": w + 1,
+            "served": served,
+            "p99_ms": round3(p99),
+            "rss_bytes": rss,
+            "p99_ms_by_kind": by_kind,
+        }));
     }
     for c in clients {
         c.await?;
@@ -247,6 +261,17 @@ async fn soak(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::Val
     }
     let first = &windows[0];
     let last = &windows[windows.len() - 1];
+    if let Some(kinds) = first["p99_ms_by_kind"].as_object() {
+        println!("{:>14} {:>12} {:>12}", "p99 ms of", "window 1", "last window");
+        for (kind, p99) in kinds {
+            let later = &last["p99_ms_by_kind"][kind];
+            println!(
+                "{kind:>14} {:>12.2} {:>12.2}",
+                p99.as_f64().unwrap_or(0.0),
+                later.as_f64().unwrap_or(0.0)
+            );
+        }
+    }
     let growth = |key: &str| {
         let (a, b) = (first[key].as_f64().unwrap_or(0.0), last[key].as_f64().unwrap_or(0.0));
         if a > 0.0 {
