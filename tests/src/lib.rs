@@ -239,6 +239,14 @@ impl Daemon {
         if let Ok(options) = self.connect_options() {
             self.listen = options.addr.to_string();
         }
+        // A restart serves the E2B API where it was, as a node's does.
+        if let (Some(i), Ok(url)) =
+            (self.extra_args.iter().position(|a| a == "--e2b-listen"), self.e2b_url())
+        {
+            if let Some(addr) = self.extra_args.get_mut(i + 1).filter(|a| a.ends_with(":0")) {
+                *addr = url.trim_start_matches("http://").to_string();
+            }
+        }
         Ok(())
     }
 

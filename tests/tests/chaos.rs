@@ -4,7 +4,9 @@
 //! SDK reconnects) and retries what a crash interrupted. Then every acknowledged create
 //! exists or was destroyed by its client, every acknowledged exec's output re-read by id is
 //! complete and in order with its exit status, every session answers with its cwd and
-//! environment, every written file reads back, the audit trail has every acknowledged exec,
+//! environment, every written file reads back, a command fed its stdin line by line through
+//! all the crashes (by its stream, then by exec id) printed every acknowledged line in order,
+//! the audit trail has every acknowledged exec,
 //! and once everything is destroyed nothing of any sandbox is left on the host. Half of the
 //! clients' sandboxes have a layer served lazily from the store, read a block at a time
 //! through the crashes (its server, `brig-lazyfs`, is adopted by each restarted brigd).
@@ -59,6 +61,52 @@ struct Acknowledged {
     calls: u64,
     /// Whether the sandbox has the store layer.
     store_layer: bool,
+    /// The command reading its stdin through the crashes (exec id), and the last line it was
+    /// sent whose write was acknowledged (lines are 1, 2, …).
+    reader: Option<(u64, u64)>,
+}
+
+/// What the stdin reader prints for each line, then at end of input.
+const READER: &str = "while read -r line; do echo \"got $line\"; done; echo end";
+
+/// Writes `line` into the stream's stdin and waits (up to 5 s) for the reader to echo it.
+async fn fed_by_stream(reader: &mut brig_sdk::ExecStream, line: &str) -> bool {
+    if reader.write_stdin(line.as_bytes().to_vec()).await.is_err() {
+        return false;
+    }
+    let want = format!("got {line}");
+    let echoed = async {
+        let mut out = Vec::new();
+        while let Some(Ok(brig_sdk::ExecEvent::Stdout(b))) = reader.next().await {
+            out.extend_from_slice(&b);
+            if out.ends_with(want.as_bytes()) {
+                return true;
+            }
+        }
+        false
+    };
+    tokio::time::timeout(Duration::from_secs(5), echoed).await.unwrap_or(false)
+}
+
+/// Whether the reader's output has every acknowledged line, in order, once or (a write whose
+/// reply a crash cut off was sent again) more, and then its end.
+fn reader_output_is_whole(out: &str, acked: u64) -> Result<(), String> {
+    let mut lines = out.lines();
+    let mut last = 0u64;
+    for line in lines.by_ref() {
+        if line == "end" {
+            break;
+        }
+        let n: u64 = line.strip_prefix("got ").and_then(|n| n.parse().ok()).ok_or(line)?;
+        if n != last && n != last + 1 {
+            return Err(format!("line {n} after {last}"));
+        }
+        last = n;
+    }
+    match (last >= acked, lines.next()) {
+        (true, None) if out.ends_with("end\n") => Ok(()),
+        _ => Err(format!("{last} lines of {acked} acknowledged, or no end")),
+    }
 }
 
 fn counted(n: u64) -> String {
@@ -95,10 +143,23 @@ async fn client_load(
     ack.sandbox = Some(created.id().to_string());
     let sb: Sandbox = client.sandbox(created.id());
     let session = retry("open session", || sb.open_session()).await;
+    // A command fed line by line through every crash: by its stream first, then by id.
+    let cmd = || Cmd::shell(READER).stdin_stream().timeout(Duration::from_secs(300));
+    let mut reader = retry("start the reader", || sb.exec_stream(cmd())).await;
+    let reader_id = reader.exec_id();
+    let mut sent = 0u64;
     let mut round = 0u64;
     while !stop.load(Ordering::Relaxed) {
         round += 1;
         let op_started = Instant::now();
+        // The next line: the first through the stream (acknowledged when the command echoes
+        // it), the rest by id (acknowledged by the node).
+        let line = format!("{}\n", sent + 1);
+        if !(round == 1 && fed_by_stream(&mut reader, &line).await) {
+            retry("write the reader's stdin", || sb.write_stdin(reader_id, line.as_bytes())).await;
+        }
+        sent += 1;
+        ack.reader = Some((reader_id, sent));
         match round % 6 {
             // A command whose output streams for a while; the stream is read a little or
             // not at all, and re-read by id at the end.
@@ -195,6 +256,9 @@ async fn client_load(
         // A mixed load, not a flood: everything acknowledged is re-read at the end.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // End of its input: it prints `end` and exits 0.
+    retry("close the reader's stdin", || sb.close_stdin(reader_id)).await;
+    drop(reader);
     ack
 }
 
@@ -228,6 +292,17 @@ async fn verify(client: &Client, ack: &Acknowledged, layer: &StoreLayer) {
         let whole = &out.stdout_text() == stdout;
         assert!(whole, "exec {exec_id} of {id}: output not whole: {out:?}");
         assert_eq!(out.result.exit_code, Some(*code), "exec {exec_id} of {id}: {:?}", out.result);
+    }
+    if let Some((exec_id, acked)) = ack.reader {
+        let reread = retry("attach", || async { sb.attach(exec_id).await?.collect().await });
+        let Ok(out) = tokio::time::timeout(Duration::from_secs(60), reread).await else {
+            panic!("the stdin reader {exec_id} of {id} never ended; host: {}", host_state());
+        };
+        let text = out.stdout_text();
+        if let Err(e) = reader_output_is_whole(&text, acked) {
+            panic!("stdin reader {exec_id} of {id}: {e}: {out:?}");
+        }
+        assert_eq!(out.result.exit_code, Some(0), "stdin reader {exec_id} of {id}: {out:?}");
     }
     if let Some((session, dir, round)) = &ack.session {
         let out = sb.session(session).run("pwd; echo $ROUND", Duration::from_secs(20)).await;
@@ -298,8 +373,10 @@ async fn sixteen_clients_lose_nothing_through_ten_crashes() {
     }
     let execs: usize = acks.iter().map(|a| a.execs.len()).sum();
     let calls: u64 = acks.iter().map(|a| a.calls).sum();
+    let lines: u64 = acks.iter().filter_map(|a| a.reader).map(|(_, sent)| sent).sum();
     println!(
-        "{CRASHES} crashes in {crashed_for:?}, load over at {:?}; {execs} execs and {calls} calls acknowledged",
+        "{CRASHES} crashes in {crashed_for:?}, load over at {:?}; {execs} execs, {calls} calls \
+         and {lines} stdin lines acknowledged",
         started.elapsed()
     );
     assert!(execs >= CLIENTS, "too little load ran: {execs} execs");

@@ -46,6 +46,38 @@ fn the_e2b_python_sdk_runs_unchanged_against_brigd() {
     assert!(out.status.success(), "the E2B suite failed:\n{report}\nbrigd:\n{}", tail(&daemon));
 }
 
+/// E2B's SDK across a `kill -9` of brigd: a process started with stdin before the crash is
+/// listed after it, takes more input by `send_stdin`, ends at `close_stdin`, and its output
+/// read again through `commands.connect` has both lines (`tests/e2b/restart_phases.py`).
+#[test]
+fn an_e2b_process_takes_stdin_across_a_brigd_crash() {
+    let config = format!("[e2b]\n[e2b.templates]\nbase = {:?}\n", image("debian-12"));
+    let mut daemon = Daemon::start_with_config(&config, &["--on-exit", "keep"]).expect("brigd");
+    let url = daemon.e2b_url().expect("E2B API address");
+    let token = daemon.access_token().expect("token");
+    let phase = |args: &[&str]| {
+        let out = Command::new(tool("venv/bin/python"))
+            .arg(repo_root().join("tests/e2b/restart_phases.py"))
+            .args(args)
+            .env("E2B_API_URL", &url)
+            .env("E2B_SANDBOX_URL", &url)
+            .env("E2B_API_KEY", &token)
+            .output()
+            .expect("running the script");
+        (out.status.success(), report(&out))
+    };
+    let (ok, started) = phase(&["start"]);
+    assert!(ok, "before the crash:\n{started}\nbrigd:\n{}", tail(&daemon));
+    assert!(started.starts_with("sb-"), "{started}");
+    let ids: Vec<String> = started.split_whitespace().take(2).map(str::to_string).collect();
+    daemon.crash().expect("crash");
+    daemon.start_again().expect("start again");
+    assert_eq!(daemon.e2b_url().expect("E2B API address"), url, "the E2B API moved");
+    let (ok, resumed) = phase(&["resume", &ids[0], &ids[1]]);
+    assert!(ok, "after the crash:\n{resumed}\nbrigd:\n{}", tail(&daemon));
+    assert!(resumed.contains("ok"), "{resumed}");
+}
+
 /// E2B's debug layout: API on 127.0.0.1:3000, envd on 127.0.0.1:49983, the SDK configured by
 /// `E2B_DEBUG=true` alone.
 #[test]

@@ -83,6 +83,78 @@ async fn exec_output_survives_a_brigd_crash_complete_and_in_order() {
     sb.destroy().await.expect("destroy");
 }
 
+/// A command's streamed stdin outlives a brigd crash: the shim keeps the pipe's write end
+/// with the output's read ends, and the restarted brigd takes it back, so a client writes on
+/// by exec id and closes it (the command reads end of file then, not at the crash).
+#[tokio::test]
+async fn streamed_stdin_survives_a_brigd_crash_and_is_written_by_id() {
+    use brig_sdk::ErrorCode;
+    let mut daemon = Daemon::start_with(&["--on-exit", "keep"]).expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    let sb = client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
+
+    let mut cat = sb.exec_stream(Cmd::new(["cat"]).stdin_stream()).await.expect("cat");
+    let id = cat.exec_id();
+    // Through its stream, then by id from the same client while the stream is open.
+    // (Each write is echoed before the next: the two ways keep no order between them.)
+    let mut seen = String::new();
+    for (line, by_id) in [("one\n", false), ("two\n", true)] {
+        if by_id {
+            sb.write_stdin(id, line).await.expect("write by id");
+        } else {
+            cat.write_stdin(line.as_bytes().to_vec()).await.expect("write through the stream");
+        }
+        while !seen.ends_with(line) {
+            match cat.next().await.expect("event").expect("cat event") {
+                ExecEvent::Stdout(b) => seen.push_str(&String::from_utf8_lossy(&b)),
+                other => panic!("cat: {other:?} after {seen:?}"),
+            }
+        }
+    }
+    assert_eq!(seen, "one\ntwo\n");
+    // Stdin given whole, not streamed, cannot be written later.
+    let given = sb.exec_stream(Cmd::new(["sleep", "30"]).stdin("x")).await.expect("sleep");
+    let refused = sb.write_stdin(given.exec_id(), "y").await.expect_err("not streamed");
+    assert_eq!(refused.code(), Some(ErrorCode::Conflict), "{refused}");
+    let unknown = sb.write_stdin(9999, "y").await.expect_err("no such exec");
+    assert_eq!(unknown.code(), Some(ErrorCode::NotFound), "{unknown}");
+
+    let client = crash_and_restart(&mut daemon, Duration::from_millis(500)).await;
+    drop(cat);
+    let sb = client.sandbox(sb.id());
+    // Still reading: its stdin did not end with brigd.
+    let running = sb.execs().await.expect("execs");
+    let info = running.iter().find(|e| e.exec_id == id).expect("cat is listed");
+    assert!(info.result.is_none(), "cat ended at the crash: {info:?}");
+    // The CLI's way: `brig input` writes its own stdin to the command's, then closes it.
+    let mut cli = std::process::Command::new(brig_tests::binary("brig"))
+        .arg("--state-dir")
+        .arg(daemon.state_dir())
+        .args(["input", sb.id(), &id.to_string(), "--close"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("brig input");
+    {
+        use std::io::Write;
+        let mut to_cli = cli.stdin.take().expect("the CLI's stdin");
+        to_cli.write_all(b"three\n").expect("write to the CLI");
+    }
+    let status = tokio::task::spawn_blocking(move || cli.wait()).await.expect("join");
+    assert!(status.expect("brig input").success(), "brig input failed");
+    sb.close_stdin(id).await.expect("closing twice does nothing");
+    let out = tokio::time::timeout(Duration::from_secs(20), async {
+        sb.attach(id).await.expect("attach").collect().await.expect("output")
+    })
+    .await
+    .expect("cat ends once its stdin is closed");
+    assert_eq!(out.stdout_text(), "one\ntwo\nthree\n");
+    assert_eq!(out.result.exit_code, Some(0), "{:?}", out.result);
+    let closed = sb.write_stdin(id, "four\n").await.expect_err("closed");
+    assert_eq!(closed.code(), Some(ErrorCode::Conflict), "{closed}");
+    sb.kill(given.exec_id()).await.expect("kill sleep");
+    sb.destroy().await.expect("destroy");
+}
+
 /// Sessions outlive a brigd crash: the shim keeps the node's ends of each shell's pipes and
 /// the session's record says what runs in it, so after a `kill -9` and a restart each session
 /// answers under its id with its working directory, environment and functions intact, and a

@@ -21,7 +21,8 @@ use tokio::sync::{mpsc, Notify};
 use serde::{Deserialize, Serialize};
 
 use crate::runtime::{Container, Process, RuntimeError, SpawnRequest};
-use crate::shim_proto::ExitInfo;
+use crate::shim_conn::ShimConn;
+use crate::shim_proto::{ExitInfo, ToShim};
 use crate::spool::{Recovered, Spool, SpoolHeader, SpoolTarget};
 use crate::terminal::{TerminalMaster, TerminalSize};
 
@@ -91,7 +92,7 @@ pub struct Exec {
     pub pid: i32,
     pub events: mpsc::Receiver<ExecEvent>,
     /// Present when the request asked for [`Stdin::Stream`]; drop it to send end of file.
-    pub stdin: Option<pipe::Sender>,
+    pub stdin: Option<StdinPipe>,
     /// The command's terminal, when it runs on one: input, window size.
     pub terminal: Option<Arc<TerminalMaster>>,
     kill: Arc<Notify>,
@@ -101,6 +102,39 @@ impl Exec {
     /// A handle that kills the command (and its tree) when triggered.
     pub fn killer(&self) -> Killer {
         Killer(self.kill.clone())
+    }
+}
+
+/// The write end of a command's streamed stdin. Where the shim keeps a copy for a node that
+/// restarts ([`crate::kept`]), dropping this has the shim close that copy too, so the
+/// command reads end of file.
+pub struct StdinPipe {
+    pipe: pipe::Sender,
+    /// The shim holding a copy, and the command's spawn id there.
+    kept_by: Option<(Arc<ShimConn>, u64)>,
+}
+
+impl StdinPipe {
+    fn new(fd: OwnedFd, kept_by: Option<(Arc<ShimConn>, u64)>) -> Result<Self, RuntimeError> {
+        let pipe = pipe::Sender::from_owned_fd(fd)
+            .map_err(|source| RuntimeError::Io { what: "pipe".into(), source })?;
+        Ok(Self { pipe, kept_by })
+    }
+
+    pub async fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        self.pipe.write_all(bytes).await
+    }
+}
+
+impl Drop for StdinPipe {
+    fn drop(&mut self) {
+        let Some((shim, exec_id)) = self.kept_by.take() else { return };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = shim.send(&ToShim::ReleaseKeptInput { exec_id }).await;
+            });
+        }
     }
 }
 
@@ -143,19 +177,22 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
             let (out_r, out_w) = pipe_pair()?;
             let (err_r, err_w) = pipe_pair()?;
             let keep = if spooled { vec![out_r.as_fd(), err_r.as_fd()] } else { Vec::new() };
+            // Streamed stdin outlives the node with the output: a restarted node writes on.
+            let streamed = matches!(request.stdin, Stdin::Stream);
+            let input_kept = spooled && streamed;
+            let keep_input = Some(in_w.as_fd()).filter(|_| input_kept);
             let stdio = [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()];
-            let process = container.spawn(spawn, stdio, &[], &keep).await?;
-            drop(keep);
+            let process = container.spawn(spawn, stdio, &[], &keep, keep_input).await?;
+            drop((keep, keep_input));
             drop((in_r, out_w, err_w));
-            let stdin_tx = pipe::Sender::from_owned_fd(in_w)
-                .map_err(|source| RuntimeError::Io { what: "pipe".into(), source })?;
+            let kept_by =
+                process.keeper.clone().filter(|_| input_kept).map(|shim| (shim, process.exec_id));
+            let mut stdin_tx = StdinPipe::new(in_w, kept_by)?;
             let stdin = match request.stdin {
                 Stdin::Null => None,
                 Stdin::Bytes(bytes) => {
                     tokio::spawn(async move {
-                        use tokio::io::AsyncWriteExt;
-                        let mut tx = stdin_tx;
-                        let _ = tx.write_all(&bytes).await;
+                        let _ = stdin_tx.write_all(&bytes).await;
                     });
                     None
                 }
@@ -172,7 +209,7 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
             let (out, err) = (dup(&slave)?, dup(&slave)?);
             let keep = if spooled { vec![master.as_fd()] } else { Vec::new() };
             let stdio = [slave.as_fd(), out.as_fd(), err.as_fd()];
-            let process = container.spawn(spawn, stdio, &[], &keep).await?;
+            let process = container.spawn(spawn, stdio, &[], &keep, None).await?;
             drop(keep);
             drop((slave, out, err));
             let master = Arc::new(TerminalMaster::new(master)?);
@@ -258,8 +295,8 @@ pub fn resume(
     recovered: &Recovered,
 ) -> Option<Exec> {
     let header = &recovered.header;
-    let Some((process, mut fds)) = container.reclaim_process(header.spawn_id, &header.cgroup)
-    else {
+    let reclaimed = container.reclaim_process(header.spawn_id, &header.cgroup);
+    let Some((process, mut fds, input)) = reclaimed else {
         tracing::warn!(
             container = container.name(),
             exec_id = header.exec_id,
@@ -276,6 +313,9 @@ pub fn resume(
         let err = if fds.len() == 2 { fds.pop().and_then(|fd| receiver(fd).ok()) } else { None };
         (Output::Pipe(receiver(fds.pop()?).ok()?), err, None)
     };
+    // Its stdin, if a client streamed it: still open, kept by the shim, written on from here.
+    let kept_by = process.keeper.clone().map(|shim| (shim, process.exec_id));
+    let stdin = input.and_then(|fd| StdinPipe::new(fd, kept_by).ok());
     let now = SystemTime::now();
     let ran = now
         .duration_since(SystemTime::UNIX_EPOCH + Duration::from_millis(header.started_unix_ms))
@@ -308,7 +348,7 @@ pub fn resume(
         started: Instant::now().checked_sub(ran).unwrap_or_else(Instant::now),
         spool: Some(Spool::reopen(path, recovered)),
     });
-    Some(Exec { pid, events, stdin: None, terminal, kill })
+    Some(Exec { pid, events, stdin, terminal, kill })
 }
 
 /// Where a command's stdout comes from: a pipe, or its terminal.
@@ -617,6 +657,7 @@ impl Job {
             spool.exit(&exit);
             // The spool has it all now: the shim may let go of its copies of the pipes.
             self.process.release_kept();
+            self.container.spool_finished(spool.path().to_path_buf());
         }
         let _ = self.events.send(ExecEvent::Exit(exit)).await;
         self.process.cleanup(reusable);

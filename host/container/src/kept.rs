@@ -28,6 +28,8 @@ pub struct KeptOutput {
     pub pid: i32,
     /// Its output's read ends: stdout then stderr, or its terminal.
     pub fds: Vec<OwnedFd>,
+    /// The write end of its streamed stdin, while the node had it open.
+    pub input: Option<OwnedFd>,
     /// Its exit, reported once (already sent if it ended while no node was connected).
     pub exit: oneshot::Receiver<ExitInfo>,
 }
@@ -43,19 +45,22 @@ pub(crate) async fn receive(
         let (msg, fds) = tokio::time::timeout(KEPT_FDS_TIMEOUT, shim.recv_with_fds())
             .await
             .map_err(|_| RuntimeError::StartTimeout(KEPT_FDS_TIMEOUT))??;
-        match msg {
-            FromShim::KeptFds { exec_id } if exec_id == spawn.exec_id => {}
+        let with_input = match msg {
+            FromShim::KeptFds { exec_id } if exec_id == spawn.exec_id => false,
+            FromShim::KeptFdsInput { exec_id } if exec_id == spawn.exec_id => true,
             other => {
                 let want = spawn.exec_id;
                 return Err(RuntimeError::Setup(format!(
                     "shim sent {other:?} where the descriptors of command {want} belong"
                 )));
             }
-        }
-        if fds.is_empty() || fds.len() > MAX_KEPT_FDS {
+        };
+        let mut fds = fds;
+        if fds.len() <= usize::from(with_input) || fds.len() > MAX_KEPT_FDS {
             let n = fds.len();
             return Err(RuntimeError::Setup(format!("shim sent {n} descriptors for a command")));
         }
+        let input = if with_input { fds.pop() } else { None };
         let exit = match spawn.exit {
             Some(status) => {
                 let (tx, rx) = oneshot::channel();
@@ -64,7 +69,7 @@ pub(crate) async fn receive(
             }
             None => shim.expect_exit(spawn.exec_id),
         };
-        out.insert(spawn.exec_id, KeptOutput { pid: spawn.pid, fds, exit });
+        out.insert(spawn.exec_id, KeptOutput { pid: spawn.pid, fds, input, exit });
     }
     Ok(out)
 }
@@ -89,14 +94,20 @@ impl crate::runtime::Container {
                 .is_ok()
     }
 
+    /// Notes that the command spooled at `path` finished: the oldest finished spools past
+    /// [`crate::spool::FINISHED_KEPT`] are removed.
+    pub fn spool_finished(&self, path: std::path::PathBuf) {
+        self.finished_spools.push(path);
+    }
+
     /// Takes back process `exec_id`, started for an earlier run of the node in exec cgroup
-    /// `cgroup` ([`Process::cgroup_name`]): the process and its output's read ends. `None` if
-    /// its shim did not keep it.
+    /// `cgroup` ([`Process::cgroup_name`]): the process, its output's read ends and its
+    /// stdin's write end if that was kept. `None` if its shim did not keep it.
     pub fn reclaim_process(
         &self,
         exec_id: u64,
         cgroup: &str,
-    ) -> Option<(crate::runtime::Process, Vec<OwnedFd>)> {
+    ) -> Option<(crate::runtime::Process, Vec<OwnedFd>, Option<OwnedFd>)> {
         let kept = self.kept.lock().remove(&exec_id)?;
         let Some(cgroup) = self.cgroup.exec_named(cgroup) else {
             tracing::warn!(
@@ -117,7 +128,7 @@ impl crate::runtime::Container {
             pool,
             keeper,
         };
-        Some((process, kept.fds))
+        Some((process, kept.fds, kept.input))
     }
 
     /// Lets go of the kept processes nobody claimed (their output has nowhere to go: they get

@@ -302,6 +302,7 @@ impl Runtime {
             keeps_output,
             spool_dir: self.config.spool_root().join(name),
             spool_swept: AtomicU64::new(0),
+            finished_spools: Default::default(),
             kept: parking_lot::Mutex::new(kept),
         })
     }
@@ -357,6 +358,7 @@ impl Runtime {
                     keeps_output: true,
                     spool_dir: self.config.spool_root().join(&spec.name),
                     spool_swept: AtomicU64::new(0),
+                    finished_spools: Default::default(),
                     kept: parking_lot::Mutex::default(),
                 })
             }
@@ -510,6 +512,8 @@ pub struct Container {
     spool_dir: PathBuf,
     /// When its spools were last swept (seconds on the monotonic clock since the node began).
     pub(crate) spool_swept: AtomicU64,
+    /// Its finished commands' spools, bounded (`crate::spool::FinishedSpools`).
+    pub(crate) finished_spools: crate::spool::FinishedSpools,
     /// Commands from an earlier run of the node, handed back by the shim, until claimed.
     pub(crate) kept: parking_lot::Mutex<std::collections::HashMap<u64, crate::kept::KeptOutput>>,
 }
@@ -683,13 +687,15 @@ impl Container {
 
     /// Starts a process with `stdio` (stdin, stdout, stderr) and `extra` descriptors (which
     /// become fds 3, 4, … in the process). `keep`: the node's read ends of its output, which
-    /// the shim holds so the process outlives the node ([`crate::kept`]), where it can.
+    /// the shim holds so the process outlives the node ([`crate::kept`]), where it can, and
+    /// `keep_input` the node's write end of its stdin, held with them.
     pub async fn spawn(
         &self,
         request: SpawnRequest,
         stdio: [BorrowedFd<'_>; 3],
         extra: &[BorrowedFd<'_>],
         keep: &[BorrowedFd<'_>],
+        keep_input: Option<BorrowedFd<'_>>,
     ) -> Result<Process, RuntimeError> {
         let exec_id = self.next_exec.fetch_add(1, Ordering::Relaxed);
         let pooled = self.exec_cgroups.lock().pop();
@@ -714,9 +720,11 @@ impl Container {
         fds.push(procs.as_fd());
         let keep = if self.keeps_output { keep } else { &[] };
         fds.extend_from_slice(keep);
-        let keep_fds =
-            u8::try_from(keep.len()).map_err(|_| RuntimeError::Setup("too many fds".into()))?;
-        let (pid, exit) = self.shim.spawn(spec, &fds, keep_fds).await?;
+        let keeps_input = !keep.is_empty() && keep_input.is_some();
+        fds.extend(keep_input.filter(|_| keeps_input));
+        let keep_fds = u8::try_from(keep.len() + usize::from(keeps_input))
+            .map_err(|_| RuntimeError::Setup("too many fds".into()))?;
+        let (pid, exit) = self.shim.spawn(spec, &fds, keep_fds, keeps_input).await?;
         let keeper = (keep_fds > 0).then(|| self.shim.clone());
         Ok(Process { exec_id, pid, exit, cgroup, pool: self.exec_cgroups.clone(), keeper })
     }

@@ -15,7 +15,6 @@ use brig_core::sandbox::{
     SessionSpec, Stdin, TerminalSize, Usage, WriteOptions,
 };
 use brig_core::{QosClass, SandboxId, Tier};
-use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 use crate::cgroup::CgroupLimits;
@@ -252,10 +251,19 @@ impl ContainerSandbox {
                 E::Exit(_) => None,
             })
             .collect();
+        let mut stdin = None;
         let (running_exec, exit) = match &recovered.exit {
             Some(exit) => (None, Some(exit_of(exit.clone()))),
             None => match crate::exec::resume(&self.container, path, &recovered) {
-                Some(exec) => (Some(running(exec)), None),
+                Some(mut exec) => {
+                    // Its stdin, still open, is written by id from here (`ExecOp::Input`).
+                    stdin = (exec.terminal.is_some() || exec.stdin.is_some()).then(|| {
+                        let (tx, rx) = mpsc::channel(STDIN_CHUNKS);
+                        feed_stdin(rx, &mut exec);
+                        tx
+                    });
+                    (Some(running(exec)), None)
+                }
                 None => {
                     let note = "[brig: the node restarted and this command could not be followed further]\n";
                     output.push(ExecEvent::Stderr(note.into()));
@@ -281,7 +289,37 @@ impl ContainerSandbox {
             gap: recovered.gap,
             running: running_exec,
             exit,
+            stdin,
         }
+    }
+}
+
+/// Stdin chunks buffered for a kept command's writers.
+const STDIN_CHUNKS: usize = 16;
+
+/// Feeds `exec`'s stdin from `rx`: typed into its terminal (which has no end of input), or
+/// written into its pipe, closed (end of file) when `rx` ends.
+fn feed_stdin(mut rx: mpsc::Receiver<bytes::Bytes>, exec: &mut crate::exec::Exec) {
+    match (exec.terminal.clone(), exec.stdin.take()) {
+        (Some(terminal), _) => {
+            tokio::spawn(async move {
+                while let Some(chunk) = rx.recv().await {
+                    if terminal.write_all(&chunk).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        (None, Some(mut pipe)) => {
+            tokio::spawn(async move {
+                while let Some(chunk) = rx.recv().await {
+                    if pipe.write_all(&chunk).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        (None, None) => {}
     }
 }
 
@@ -355,28 +393,8 @@ impl Sandbox for ContainerSandbox {
                 tokio::task::spawn_blocking(move || crate::spool::sweep(&dir));
             }
             let mut exec = crate::exec::exec(&self.container, request).await?;
-            // Stdin as the client sends it: typed into the terminal (which has no end of
-            // input), or into the pipe, closed when the client's input ends.
-            match (input.take(), exec.terminal.clone(), exec.stdin.take()) {
-                (Some(mut rx), Some(terminal), _) => {
-                    tokio::spawn(async move {
-                        while let Some(chunk) = rx.recv().await {
-                            if terminal.write_all(&chunk).await.is_err() {
-                                break;
-                            }
-                        }
-                    });
-                }
-                (Some(mut rx), None, Some(mut pipe)) => {
-                    tokio::spawn(async move {
-                        while let Some(chunk) = rx.recv().await {
-                            if pipe.write_all(&chunk).await.is_err() {
-                                break;
-                            }
-                        }
-                    });
-                }
-                _ => {}
+            if let Some(rx) = input.take() {
+                feed_stdin(rx, &mut exec);
             }
             Ok(running(exec))
         })
@@ -394,7 +412,18 @@ impl Sandbox for ContainerSandbox {
             .await
             .unwrap_or_default();
             let mut kept = KeptWork::default();
+            // Finished ones past the bound, oldest first, are removed instead of served.
+            let finished = spools.iter().filter(|(_, r)| r.exit.is_some()).count();
+            let mut surplus = finished.saturating_sub(crate::spool::FINISHED_KEPT);
             for (path, recovered) in spools {
+                if recovered.exit.is_some() {
+                    if surplus > 0 {
+                        surplus -= 1;
+                        let _ = std::fs::remove_file(&path);
+                        continue;
+                    }
+                    self.container.spool_finished(path.clone());
+                }
                 kept.execs.push(self.recover_one(&path, recovered));
             }
             for record in records {

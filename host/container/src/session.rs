@@ -214,6 +214,7 @@ impl Session {
                 [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()],
                 &[cmd_r.as_fd(), done_w.as_fd()],
                 kept,
+                None,
             )
             .await?;
         drop((in_r, out_w, err_w, cmd_r, done_w));
@@ -265,7 +266,7 @@ impl Session {
         dir: &std::path::Path,
         record: SessionRecord,
     ) -> Option<Session> {
-        let (process, fds) = container.reclaim_process(record.spawn_id, &record.cgroup)?;
+        let (process, fds, _) = container.reclaim_process(record.spawn_id, &record.cgroup)?;
         let fds: [std::os::fd::OwnedFd; 5] = fds.try_into().ok()?;
         // What runs is what the shell shows, not only what was recorded: the node may have
         // died between handing over a command (or seeing one finish) and recording it.

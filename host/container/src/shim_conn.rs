@@ -129,7 +129,8 @@ impl ShimConn {
                 | FromShim::Reattached { .. }
                 | FromShim::ReattachedAt { .. }
                 | FromShim::ReattachedKeeping { .. }
-                | FromShim::KeptFds { .. } => {}
+                | FromShim::KeptFds { .. }
+                | FromShim::KeptFdsInput { .. } => {}
             }
         }
         // Wake everyone still waiting: their senders drop, receivers see the shim gone.
@@ -169,12 +170,14 @@ impl ShimConn {
 
     /// Asks the shim to start a process; returns its host pid and a receiver for its exit.
     /// The last `keep_fds` of `fds` are held by the shim for a node that reconnects
-    /// ([`ToShim::SpawnKeeping`]).
+    /// ([`ToShim::SpawnKeeping`]); with `keeps_input`, the last of them is the write end of
+    /// the process's stdin ([`ToShim::SpawnKeepingInput`]).
     pub async fn spawn(
         &self,
         spec: SpawnSpec,
         fds: &[BorrowedFd<'_>],
         keep_fds: u8,
+        keeps_input: bool,
     ) -> Result<(i32, oneshot::Receiver<ExitInfo>), ShimConnError> {
         let (spawned_tx, spawned_rx) = oneshot::channel();
         let (exited_tx, exited_rx) = oneshot::channel();
@@ -184,6 +187,7 @@ impl ShimConn {
             .insert(exec_id, Waiter { spawned: Some(spawned_tx), exited: Some(exited_tx) });
         let msg = match keep_fds {
             0 => ToShim::Spawn(spec),
+            keep_fds if keeps_input => ToShim::SpawnKeepingInput { spec, keep_fds },
             keep_fds => ToShim::SpawnKeeping { spec, keep_fds },
         };
         let bytes = postcard::to_allocvec(&msg).map_err(ShimConnError::Encode)?;

@@ -14,7 +14,8 @@
 //! … node gone: the shim keeps the container and waits on its socket …
 //! node connects to ShimConfig::socket
 //!   → ReattachedKeeping { init_pid, running, next_exec_id, upper_fd, kept }
-//!   → KeptFds { exec_id } + SCM_RIGHTS fds   (one per kept process: its output read ends)
+//!   → KeptFds { exec_id } + SCM_RIGHTS fds   (one per kept process: its output read ends,
+//!     or KeptFdsInput with its stdin's write end last)
 //! ```
 //! All of it travels on the shim's stdin, a `SOCK_SEQPACKET` socket: one message per packet,
 //! postcard-encoded, at most [`MAX_MESSAGE_BYTES`]. Using stdin (not an extra descriptor) lets
@@ -89,6 +90,14 @@ pub enum ToShim {
     /// shim closes the descriptors it kept. Sent only to shims that keep (they reported
     /// `ReattachedKeeping` or were started by a node that knows it).
     ReleaseKept { exec_id: u64 },
+    /// As `SpawnKeeping`, where the last kept descriptor is the node's write end of the
+    /// process's stdin (streamed by a client): the shim holds it too, so a node that restarts
+    /// can go on writing, and hands it back with [`FromShim::KeptFdsInput`]. Last, so older
+    /// variants keep their tags.
+    SpawnKeepingInput { spec: SpawnSpec, keep_fds: u8 },
+    /// The node has closed process `exec_id`'s stdin: the shim closes its copy of the write
+    /// end, so the process reads end of file.
+    ReleaseKeptInput { exec_id: u64 },
 }
 
 /// A process whose output descriptors the shim holds for a reconnecting node.
@@ -182,6 +191,11 @@ pub enum FromShim {
     },
     /// The kept output descriptors of process `exec_id`, attached.
     KeptFds {
+        exec_id: u64,
+    },
+    /// As `KeptFds`, with the write end of the process's stdin attached last
+    /// ([`ToShim::SpawnKeepingInput`]).
+    KeptFdsInput {
         exec_id: u64,
     },
 }

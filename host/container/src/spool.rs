@@ -213,6 +213,11 @@ impl Spool {
         Ok(Some(Bytes::from(chunk)))
     }
 
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Records the exit, last.
     pub fn exit(&mut self, exit: &ExecExit) {
         match serde_json::to_vec(exit) {
@@ -338,6 +343,47 @@ pub fn read_all(dir: &Path) -> Vec<(PathBuf, Recovered)> {
     out
 }
 
+/// Spools of finished commands a container keeps at most (as many as the node keeps
+/// attachable execs per sandbox by default): past it the oldest is removed when another
+/// command ends, so a busy sandbox's spool directory, and the node's inode count, stay bounded
+/// instead of growing with every command of the last [`FINISHED_KEEP`].
+pub const FINISHED_KEPT: usize = 256;
+
+/// The spools of a container's finished commands, oldest first, bounded by [`FINISHED_KEPT`].
+#[derive(Default)]
+pub struct FinishedSpools {
+    paths: parking_lot::Mutex<std::collections::VecDeque<PathBuf>>,
+}
+
+impl FinishedSpools {
+    /// Notes that `path`'s command finished; removes the oldest spools past the bound.
+    pub fn push(&self, path: PathBuf) {
+        let over: Vec<PathBuf> = {
+            let mut paths = self.paths.lock();
+            paths.push_back(path);
+            let n = paths.len().saturating_sub(FINISHED_KEPT);
+            paths.drain(..n).collect()
+        };
+        for old in over {
+            match std::fs::remove_file(&old) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::warn!(path = %old.display(), error = %e, "cannot remove a spool");
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// How many it holds.
+    pub fn len(&self) -> usize {
+        self.paths.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// Removes the spools in `dir` of commands that finished more than [`FINISHED_KEEP`] ago
 /// (written last that long ago, with their exit recorded).
 pub fn sweep(dir: &Path) {
@@ -455,5 +501,32 @@ mod tests {
         assert_eq!(r.spooled_output, MAX_SPOOL_OUTPUT);
         assert_eq!(r.exit, Some(exit));
         assert!(read_all(dir.path()).len() == 1);
+    }
+
+    #[test]
+    fn finished_spools_past_the_bound_are_removed_oldest_first() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let finished = FinishedSpools::default();
+        let total = FINISHED_KEPT + 44;
+        for id in 0..total as u64 {
+            let mut spool = Spool::create(dir.path(), &header(id)).expect("create");
+            spool.exit(&ExecExit {
+                status: Some(crate::shim_proto::ExitInfo::Code(0)),
+                timed_out: false,
+                killed: false,
+                truncated: false,
+                oom_killed: false,
+                duration: Duration::ZERO,
+                stdout_bytes: 0,
+                stderr_bytes: 0,
+            });
+            finished.push(spool.path().to_path_buf());
+        }
+        assert_eq!(finished.len(), FINISHED_KEPT);
+        let left = std::fs::read_dir(dir.path()).expect("dir").count();
+        assert_eq!(left, FINISHED_KEPT);
+        assert!(!Spool::path_in(dir.path(), 43).exists(), "the oldest are gone");
+        assert!(Spool::path_in(dir.path(), 44).exists(), "the newest are kept");
+        assert!(Spool::path_in(dir.path(), total as u64 - 1).exists());
     }
 }

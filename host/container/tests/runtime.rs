@@ -57,8 +57,10 @@ async fn run_capture(
     let (err_r, err_w) = nix::unistd::pipe().expect("pipe");
     let req =
         SpawnRequest { argv: argv.iter().map(|s| s.to_string()).collect(), ..Default::default() };
-    let mut p =
-        c.spawn(req, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()], &[], &[]).await.expect("spawn");
+    let mut p = c
+        .spawn(req, [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()], &[], &[], None)
+        .await
+        .expect("spawn");
     drop((in_r, in_w, out_w, err_w));
     let mut out = String::new();
     let mut err = String::new();
@@ -170,7 +172,7 @@ async fn a_kill_right_after_spawn_is_never_missed() {
         };
         let null = std::fs::File::open("/dev/null").expect("null");
         let mut p = c
-            .spawn(req, [null.as_fd(), null.as_fd(), null.as_fd()], &[], &[])
+            .spawn(req, [null.as_fd(), null.as_fd(), null.as_fd()], &[], &[], None)
             .await
             .expect("spawn");
         tokio::task::spawn_blocking(p.tree_killer()).await.expect("kill");
@@ -199,7 +201,7 @@ async fn an_exit_during_a_reconnect_is_still_reported() {
         ..Default::default()
     };
     let p = c
-        .spawn(req, [null.as_fd(), out_w.as_fd(), null.as_fd()], &[], &[out_r.as_fd()])
+        .spawn(req, [null.as_fd(), out_w.as_fd(), null.as_fd()], &[], &[out_r.as_fd()], None)
         .await
         .expect("spawn");
     drop((out_w, out_r));
@@ -228,7 +230,7 @@ async fn an_exit_during_a_reconnect_is_still_reported() {
     kill(shim, Signal::SIGCONT).expect("continue the shim");
     let (rt, c) = attach.await.expect("attach task");
     let c = c.expect("attach");
-    let (mut p, _fds) = c.reclaim_process(spawn_id, &cgroup).expect("the command was kept");
+    let (mut p, _fds, _) = c.reclaim_process(spawn_id, &cgroup).expect("the command was kept");
     let status = tokio::time::timeout(std::time::Duration::from_secs(10), p.wait())
         .await
         .expect("the exit of a command that ended during the reconnect was never reported");

@@ -352,6 +352,9 @@ pub struct RecoveredExec {
     pub running: Option<RunningExec>,
     /// It ended (`running` is `None`).
     pub exit: Option<ExecExit>,
+    /// Its stdin, still open for writing by id (a client streamed it, or it runs on a
+    /// terminal); closing the channel closes it.
+    pub stdin: Option<mpsc::Sender<Bytes>>,
 }
 
 // ---- sessions -----------------------------------------------------------------------------

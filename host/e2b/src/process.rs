@@ -182,15 +182,26 @@ fn input_bytes(input: Option<pb::ProcessInput>) -> Result<Bytes, ConnectError> {
 }
 
 async fn send_stdin(gw: &Gateway, sb: &Sandbox, pid: u32, op: StdinOp) -> Result<(), ConnectError> {
-    let Some(tx) = gw.inner.processes.stdin(sb.id(), pid) else {
-        return Err(ConnectError::new(
+    // A process this gateway started goes through its stream; any other (started before a
+    // restart of brigd, whose node kept its stdin open) by its exec id.
+    let op = match gw.inner.processes.stdin(sb.id(), pid) {
+        Some(tx) => match tx.send(op).await {
+            Ok(()) => return Ok(()),
+            Err(returned) => returned.0,
+        },
+        None => op,
+    };
+    let sent = match op {
+        StdinOp::Data(data) => sb.write_stdin(u64::from(pid), data).await,
+        StdinOp::Close => sb.close_stdin(u64::from(pid)).await,
+    };
+    sent.map_err(|e| match e.code() {
+        Some(brig_sdk::ErrorCode::NotFound | brig_sdk::ErrorCode::Conflict) => ConnectError::new(
             Code::NotFound,
             format!("process {pid} is not running with its stdin open (start it with stdin=True)"),
-        ));
-    };
-    tx.send(op)
-        .await
-        .map_err(|_| ConnectError::new(Code::NotFound, format!("process {pid} has ended")))
+        ),
+        _ => brig_error(e),
+    })
 }
 
 async fn list(gw: &Gateway, headers: &HeaderMap) -> Result<pb::ListResponse, ConnectError> {

@@ -26,6 +26,12 @@ pub enum NodeError {
     NoSuchExec(u64),
     #[error("exec {0} does not run on a terminal")]
     NotATerminal(u64),
+    #[error(
+        "exec {0}'s stdin is not open (it was not streamed, was closed, or the command ended)"
+    )]
+    StdinClosed(u64),
+    #[error("exec {0} took no input for {1:?} (it does not read its stdin)")]
+    StdinStalled(u64, std::time::Duration),
     #[error("no session {0:?} in this sandbox")]
     NoSuchSession(String),
     #[error(transparent)]
@@ -103,6 +109,8 @@ impl NodeError {
             NodeError::WrongTier { .. } | NodeError::BadImage(..) => ErrorCode::BadRequest,
             NodeError::NoSuchExec(_) | NodeError::NoSuchSession(_) => ErrorCode::NotFound,
             NodeError::NotATerminal(_) => ErrorCode::BadRequest,
+            NodeError::StdinClosed(_) => ErrorCode::Conflict,
+            NodeError::StdinStalled(..) => ErrorCode::ResourceExhausted,
             // The shim refuses a spawn only when it cannot fork: the sandbox's pids are used up.
             NodeError::Container(brig_container::runtime::RuntimeError::Shim(
                 brig_container::shim_conn::ShimConnError::SpawnFailed(_),

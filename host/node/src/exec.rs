@@ -15,10 +15,11 @@ use std::time::Duration;
 use brig_core::sandbox::{ExecControl, ExecEvent, ExecExit, ExecSpec, Op, Stdin, TerminalSize};
 use brig_proto::{AuditKind, ExecResult, OutputStream, Reply, StdinMode};
 use brig_transport::Exchange;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use crate::audit::Recorder;
 use crate::exec_hub::{ExecHub, Killer, Resizer, Seen};
+use crate::exec_input::forward_upload;
 use crate::limits::Limit;
 use crate::sandboxes::SandboxEntry;
 use crate::{Node, NodeError};
@@ -56,12 +57,14 @@ impl Node {
             .min(cfg.max_output_limit_bytes);
         let limits = &self.inner.config.limits;
         entry.execs.make_room(limits.execs_per_sandbox)?;
-        let (stdin, stdin_over) = match req.stdin {
+        let (stdin, streamed) = match req.stdin {
             StdinMode::Empty => (Stdin::Empty, None),
             StdinMode::Bytes(bytes) => (Stdin::Bytes(bytes), None),
             StdinMode::Stream => {
-                let (chunks, over) = stdin_of(exchange, limits.exec_stdin_bytes);
-                (Stdin::Stream(chunks), Some(over))
+                // No upload at all is end of input at once (the sender drops).
+                let (tx, rx) = mpsc::channel(STDIN_CHUNKS);
+                let upload = exchange.take_upload();
+                (Stdin::Stream(rx), upload.map(|upload| (tx, upload)))
             }
         };
         let cwd = Some(req.cwd.clone()).filter(|c| !c.is_empty());
@@ -83,6 +86,11 @@ impl Node {
         recorder.record(AuditKind::ExecStart { exec_id, argv: argv.clone(), user: req.user, cwd });
         let (kill, resizer) = controls(running.control, req.terminal.is_some());
         let hub = entry.execs.insert_with(exec_id, argv, kill, resizer);
+        // Its stdin is the hub's: this client's upload feeds it, and any client by id.
+        let stdin_over = streamed.map(|(tx, upload)| {
+            hub.stdin.open(tx, limits.exec_stdin_bytes);
+            forward_upload(upload, hub.clone())
+        });
         tokio::spawn(pump(running.events, hub.clone(), exec_id, recorder, Seen::default()));
         exchange.reply(&Reply::ExecStarted { exec_id }).await?;
         let streamed = match stdin_over {
@@ -165,6 +173,10 @@ impl Node {
                     )
                 }
             };
+            // Its stdin, kept open across the restart, is written by id from here.
+            if let Some(tx) = exec.stdin {
+                hub.stdin.open(tx, self.inner.config.limits.exec_stdin_bytes);
+            }
             // Read again from its first byte: what the hub has already is skipped.
             for reply in exec.output.into_iter().filter_map(output_reply) {
                 if let Some(reply) = skip.skip(reply) {
@@ -185,34 +197,6 @@ impl Node {
         }
         (sessions, resumed)
     }
-}
-
-/// The client's upload as a channel of stdin chunks (no upload: end of input at once). Past
-/// `max` bytes the upload is refused, the command's stdin closed, and `max` sent on the
-/// second channel.
-fn stdin_of(
-    exchange: &mut Exchange,
-    max: u64,
-) -> (mpsc::Receiver<bytes::Bytes>, oneshot::Receiver<u64>) {
-    let (tx, rx) = mpsc::channel(STDIN_CHUNKS);
-    let (over_tx, over_rx) = oneshot::channel();
-    if let Some(mut upload) = exchange.take_upload() {
-        tokio::spawn(async move {
-            let mut total = 0u64;
-            while let Ok(Some(chunk)) = upload.read().await {
-                total = total.saturating_add(chunk.len() as u64);
-                if total > max {
-                    upload.refuse();
-                    let _ = over_tx.send(max);
-                    break;
-                }
-                if tx.send(chunk).await.is_err() {
-                    break;
-                }
-            }
-        });
-    }
-    (rx, over_rx)
 }
 
 /// A running command's kill switch and, on a terminal, its resizer, from its control.

@@ -19,6 +19,7 @@ use brig_transport::{Exchange, TransportError};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use crate::exec_input::StdinSlot;
 use crate::limits::Limit;
 use crate::NodeError;
 
@@ -39,6 +40,8 @@ pub(crate) struct ExecHub {
     killer: Mutex<Killer>,
     /// Sets the window size, for an exec on a terminal.
     resizer: Option<Resizer>,
+    /// Its stdin, while a client may write it (`crate::exec_input`).
+    pub(crate) stdin: StdinSlot,
     state: Mutex<HubState>,
     changed: Notify,
 }
@@ -166,6 +169,8 @@ impl ExecHub {
         st.result = Some(result);
         st.finished = Some(Instant::now());
         drop(st);
+        // Nothing reads its stdin any more: the tier's writer lets go of the pipe.
+        self.stdin.close();
         self.changed.notify_waiters();
     }
 
@@ -267,6 +272,7 @@ impl ExecTable {
             argv,
             killer: Mutex::new(kill),
             resizer: resize,
+            stdin: StdinSlot::default(),
             state: Mutex::default(),
             changed: Notify::new(),
         });
@@ -331,6 +337,24 @@ impl ExecTable {
     pub(crate) fn kill(&self, exec_id: u64) -> Result<(), NodeError> {
         let hub = self.get(exec_id)?;
         (hub.killer.lock())();
+        Ok(())
+    }
+
+    /// Writes `data` to exec `exec_id`'s stdin, then with `close` closes it (end of file).
+    /// Closing a closed stdin does nothing; writing to one is refused.
+    pub(crate) async fn input(
+        &self,
+        exec_id: u64,
+        data: Vec<u8>,
+        close: bool,
+    ) -> Result<(), NodeError> {
+        let hub = self.get(exec_id)?;
+        if !data.is_empty() || !close {
+            hub.stdin.write(data.into(), true).await.map_err(|e| e.into_node_error(exec_id))?;
+        }
+        if close {
+            hub.stdin.close();
+        }
         Ok(())
     }
 

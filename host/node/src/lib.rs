@@ -26,6 +26,7 @@ mod egress;
 mod error;
 mod exec;
 mod exec_hub;
+mod exec_input;
 mod files;
 mod fullvm;
 mod host_settings;

@@ -34,7 +34,7 @@ impl Node {
     pub(crate) async fn handle(&self, request: Request) -> Result<Option<Reply>, NodeError> {
         let reply = match request {
             Request::Sandbox(op) => self.handle_sandbox(op).await?,
-            Request::Exec(op) => self.handle_exec(op)?,
+            Request::Exec(op) => self.handle_exec(op).await?,
             Request::Session(op) => self.handle_session(op).await?,
             Request::File(op) => files::small(self, op).await?,
             Request::Tool(op) => self.handle_tool(op).await?,
@@ -94,7 +94,7 @@ impl Node {
         })
     }
 
-    fn handle_exec(&self, op: ExecOp) -> Result<Reply, NodeError> {
+    async fn handle_exec(&self, op: ExecOp) -> Result<Reply, NodeError> {
         Ok(match op {
             ExecOp::Kill { sandbox, exec_id } => {
                 let entry = self.inner.sandboxes.get(&sandbox)?;
@@ -106,6 +106,13 @@ impl Node {
                 let entry = self.inner.sandboxes.get(&sandbox)?;
                 entry.require(Op::Exec)?;
                 entry.execs.resize(exec_id, size)?;
+                Reply::Done
+            }
+            ExecOp::Input { sandbox, exec_id, data, close } => {
+                let entry = self.inner.sandboxes.get(&sandbox)?;
+                entry.require(Op::Exec)?;
+                entry.execs.input(exec_id, data, close).await?;
+                entry.touch();
                 Reply::Done
             }
             ExecOp::List { sandbox } => {

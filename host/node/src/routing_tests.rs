@@ -342,6 +342,7 @@ async fn commands_and_sessions_a_pause_detached_go_on_after_the_resume() {
             gap: false,
             running: Some(running),
             exit: None,
+            stdin: None,
         }],
         sessions: vec![("s1".into(), Box::new(FakeSession(seen.clone())) as Box<dyn Session>)],
     };

@@ -71,6 +71,7 @@ pub(crate) async fn recover(
             gap: info.gap,
             running: Some(running),
             exit: None,
+            stdin: None,
         });
     }
     work

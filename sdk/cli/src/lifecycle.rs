@@ -42,6 +42,14 @@ pub enum LifecycleCommand {
     },
     /// Follow a command started earlier: all its kept output, then the rest, then its status.
     Attach { id: String, exec_id: u64 },
+    /// Write this program's stdin to a running command's streamed stdin, by exec id (also
+    /// after a brigd restart); with --close, then end the command's input.
+    Input {
+        id: String,
+        exec_id: u64,
+        #[arg(long)]
+        close: bool,
+    },
     /// List a sandbox's running and recently finished commands.
     Execs { id: String },
 }
@@ -99,6 +107,23 @@ pub async fn run(client: &Client, cmd: LifecycleCommand, json: bool) -> anyhow::
         LifecycleCommand::Attach { id, exec_id } => {
             let stream = client.sandbox(&id).attach(exec_id).await?;
             crate::shell::follow(stream, false, json).await
+        }
+        LifecycleCommand::Input { id, exec_id, close } => {
+            use tokio::io::AsyncReadExt;
+            let sandbox = client.sandbox(&id);
+            let mut stdin = tokio::io::stdin();
+            let mut buf = vec![0u8; 64 << 10];
+            loop {
+                let n = stdin.read(&mut buf).await?;
+                if n == 0 {
+                    break;
+                }
+                sandbox.write_stdin(exec_id, &buf[..n]).await?;
+            }
+            if close {
+                sandbox.close_stdin(exec_id).await?;
+            }
+            Ok(0)
         }
         LifecycleCommand::Execs { id } => {
             output::execs(&client.sandbox(&id).execs().await?, json);

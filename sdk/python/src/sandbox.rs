@@ -131,6 +131,30 @@ impl PySandbox {
         })
     }
 
+    /// Writes bytes to the stdin of a running command started with `stdin=True` (or on a
+    /// terminal), by exec id: from any client, and after the node restarted.
+    fn write_stdin<'py>(
+        &self,
+        py: Python<'py>,
+        exec_id: u64,
+        data: Vec<u8>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move {
+            sb.write_stdin(exec_id, data).await.map_err(to_py)?;
+            Ok(None::<()>)
+        })
+    }
+
+    /// Ends a running command's stdin by exec id (it reads end of file).
+    fn close_stdin<'py>(&self, py: Python<'py>, exec_id: u64) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move {
+            sb.close_stdin(exec_id).await.map_err(to_py)?;
+            Ok(None::<()>)
+        })
+    }
+
     /// Commands the sandbox ran or runs: dicts with `exec_id`, `argv`, `result`.
     fn execs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let sb = self.inner.clone();

@@ -35,6 +35,22 @@ async def test_streams_take_stdin_and_reattach(box):
     assert any(e["exec_id"] == s.exec_id for e in await box.execs())
 
 
+async def test_stdin_is_written_and_closed_by_exec_id(box):
+    # Any client can feed a streamed command by its id (as after a brigd restart).
+    s = await box.exec_stream(["sh", "-c", "while read l; do echo got-$l; done; echo done"], stdin=True)
+    await s.write_stdin(b"a\n")
+    # The stream's line first (two channels keep no order between them).
+    async for _, data in s:
+        if b"got-a" in data:
+            break
+    await box.write_stdin(s.exec_id, b"b\n")
+    await box.close_stdin(s.exec_id)
+    r = await (await box.attach(s.exec_id)).wait()
+    assert r.exit_code == 0 and r.stdout == b"got-a\ngot-b\ndone\n", r.stdout
+    with pytest.raises(Exception, match="stdin is not open"):
+        await box.write_stdin(s.exec_id, b"c\n")
+
+
 async def test_a_cancelled_task_leaves_the_command_reattachable(box):
     s = await box.exec_stream("for i in 1 2 3 4 5 6; do echo tick-$i; sleep 0.3; done")
 

@@ -270,6 +270,25 @@ impl Sandbox {
         expect_done("exec_resize", self.client().request(&request).await?)
     }
 
+    /// Writes `data` to the stdin of a running command started with streamed stdin
+    /// ([`Cmd::stdin_stream`]) or on a terminal, by its exec id: from any client, and after the
+    /// node restarted. A command that does not read for 30 s makes this fail.
+    pub async fn write_stdin(&self, exec_id: u64, data: impl Into<Vec<u8>>) -> Result<(), Error> {
+        self.stdin_request(exec_id, data.into(), false).await
+    }
+
+    /// Ends a running command's stdin by its exec id (it reads end of file); closing a
+    /// closed stdin does nothing.
+    pub async fn close_stdin(&self, exec_id: u64) -> Result<(), Error> {
+        self.stdin_request(exec_id, Vec::new(), true).await
+    }
+
+    async fn stdin_request(&self, exec_id: u64, data: Vec<u8>, close: bool) -> Result<(), Error> {
+        let sandbox = self.id().to_string();
+        let request = Request::Exec(ExecOp::Input { sandbox, exec_id, data, close });
+        expect_done("exec_input", self.client().request(&request).await?)
+    }
+
     /// Kills a running command and everything it started.
     pub async fn kill(&self, exec_id: u64) -> Result<(), Error> {
         let request = Request::Exec(ExecOp::Kill { sandbox: self.id().to_string(), exec_id });

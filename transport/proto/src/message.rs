@@ -94,6 +94,16 @@ pub enum ExecOp {
         exec_id: u64,
         size: TerminalSize,
     },
+    /// Writes `data` to the stdin of an exec started with streamed stdin (or on a terminal,
+    /// where it is typed), from any client and across node restarts; with `close`, then ends
+    /// its input. Replies `Done`. Last, so older variants keep their tags.
+    Input {
+        sandbox: String,
+        exec_id: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        close: bool,
+    },
 }
 
 /// Requests about shell sessions in a sandbox.
@@ -339,6 +349,7 @@ impl ExecOp {
             ExecOp::Attach { .. } => "exec_attach",
             ExecOp::List { .. } => "exec_list",
             ExecOp::Resize { .. } => "exec_resize",
+            ExecOp::Input { .. } => "exec_input",
         }
     }
 
@@ -348,7 +359,8 @@ impl ExecOp {
             ExecOp::Kill { sandbox, .. }
             | ExecOp::Attach { sandbox, .. }
             | ExecOp::List { sandbox }
-            | ExecOp::Resize { sandbox, .. } => sandbox,
+            | ExecOp::Resize { sandbox, .. }
+            | ExecOp::Input { sandbox, .. } => sandbox,
         }
     }
 }

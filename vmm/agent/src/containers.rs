@@ -365,7 +365,8 @@ fn exec(
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
     let stdio = [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()];
-    let mut child = svc.tokio.block_on(container.spawn(spawn_request(process), stdio, &[], &[]))?;
+    let mut child =
+        svc.tokio.block_on(container.spawn(spawn_request(process), stdio, &[], &[], None))?;
     drop((in_r, out_w, err_w));
     let stdin = stdin.then(|| File::from(in_w));
     // The shim makes every process the leader of its own group.
@@ -416,7 +417,7 @@ fn kept_shell(
     let stdio = [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()];
     let extra = [cmd_r.as_fd(), done_w.as_fd()];
     let mut child =
-        svc.tokio.block_on(container.spawn(spawn_request(process), stdio, &extra, &[]))?;
+        svc.tokio.block_on(container.spawn(spawn_request(process), stdio, &extra, &[], None))?;
     drop((in_r, out_w, err_w, cmd_r, done_w));
     let pid = child.pid;
     let wait = move || {
@@ -459,7 +460,7 @@ fn session(
     let stdio = [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()];
     let extra = [cmd_r.as_fd(), done_w.as_fd()];
     let mut child =
-        svc.tokio.block_on(container.spawn(spawn_request(process), stdio, &extra, &[]))?;
+        svc.tokio.block_on(container.spawn(spawn_request(process), stdio, &extra, &[], None))?;
     drop((in_r, out_w, err_w, cmd_r, done_w));
     // The shim makes every process the leader of its own group.
     let group = nix::unistd::Pid::from_raw(-child.pid);

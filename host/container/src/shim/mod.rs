@@ -235,10 +235,19 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
                     kept.by_exec.remove(&exec_id);
                     continue;
                 }
-                ToShim::Spawn(spec) => (spec, fds, Vec::new()),
+                ToShim::ReleaseKeptInput { exec_id } => {
+                    if let Some(entry) = kept.by_exec.get_mut(&exec_id) {
+                        entry.input = None;
+                    }
+                    continue;
+                }
+                ToShim::Spawn(spec) => (spec, fds, ToKeep::default()),
                 ToShim::SpawnKeeping { spec, keep_fds } => {
-                    let mut fds = fds;
-                    let keep = fds.split_off(fds.len().saturating_sub(usize::from(keep_fds)));
+                    let (fds, keep) = split_kept(fds, keep_fds, false);
+                    (spec, fds, keep)
+                }
+                ToShim::SpawnKeepingInput { spec, keep_fds } => {
+                    let (fds, keep) = split_kept(fds, keep_fds, true);
                     (spec, fds, keep)
                 }
             };
@@ -308,16 +317,35 @@ struct Kept {
     by_exec: std::collections::BTreeMap<u64, KeptEntry>,
 }
 
+/// What a spawn request asks the shim to keep: the node's read ends of the output and,
+/// for streamed stdin, its write end.
+#[derive(Default)]
+struct ToKeep {
+    output: Vec<OwnedFd>,
+    input: Option<OwnedFd>,
+}
+
+/// Splits the last `keep_fds` descriptors of a spawn request off (the last of them the
+/// stdin's write end, with `input`).
+fn split_kept(mut fds: Vec<OwnedFd>, keep_fds: u8, input: bool) -> (Vec<OwnedFd>, ToKeep) {
+    let mut output = fds.split_off(fds.len().saturating_sub(usize::from(keep_fds)));
+    let input = if input { output.pop() } else { None };
+    (fds, ToKeep { output, input })
+}
+
 struct KeptEntry {
     pid: Pid,
     fds: Vec<OwnedFd>,
+    /// The write end of its stdin, until the node closes it.
+    input: Option<OwnedFd>,
     exit: Option<ExitInfo>,
 }
 
 impl Kept {
-    fn hold(&mut self, exec_id: u64, pid: Pid, fds: Vec<OwnedFd>) {
-        if !fds.is_empty() {
-            self.by_exec.insert(exec_id, KeptEntry { pid, fds, exit: None });
+    fn hold(&mut self, exec_id: u64, pid: Pid, keep: ToKeep) {
+        if !keep.output.is_empty() {
+            let entry = KeptEntry { pid, fds: keep.output, input: keep.input, exit: None };
+            self.by_exec.insert(exec_id, entry);
         }
     }
 
@@ -349,9 +377,13 @@ fn hand_over(conn: &OwnedFd, report: &FromShim, kept: &Kept) -> Result<(), ShimE
     let bytes = postcard::to_allocvec(report).map_err(|e| ShimError::Protocol(e.to_string()))?;
     control::send(conn.as_fd(), &bytes, &[]).map_err(|e| ShimError::Sys("send report", e))?;
     for (exec_id, entry) in &kept.by_exec {
-        let msg = FromShim::KeptFds { exec_id: *exec_id };
+        let exec_id = *exec_id;
+        let msg = match entry.input {
+            Some(_) => FromShim::KeptFdsInput { exec_id },
+            None => FromShim::KeptFds { exec_id },
+        };
         let bytes = postcard::to_allocvec(&msg).map_err(|e| ShimError::Protocol(e.to_string()))?;
-        let fds: Vec<_> = entry.fds.iter().map(|fd| fd.as_fd()).collect();
+        let fds: Vec<_> = entry.fds.iter().chain(&entry.input).map(|fd| fd.as_fd()).collect();
         control::send(conn.as_fd(), &bytes, &fds).map_err(|e| ShimError::Sys("send fds", e))?;
     }
     Ok(())

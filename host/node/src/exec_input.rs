@@ -1,0 +1,126 @@
+//! A command's streamed stdin, held by its hub (`crate::exec_hub`) so that it does not belong
+//! to one client stream: the client that started the command writes through its upload, and
+//! any client writes or closes it by exec id (`ExecOp::Input`), which is also how a command
+//! kept across a node restart (its shim kept the pipe's write end) is fed further.
+//!
+//! ```text
+//! upload of the starting client ─┐
+//! ExecOp::Input { data, close } ─┴▶ StdinSlot (≤ exec_stdin_bytes) ─▶ tier's channel ─▶ pipe
+//! ```
+
+use brig_transport::Upload;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::exec_hub::ExecHub;
+use crate::limits::Limit;
+use crate::NodeError;
+
+/// How long a write waits for the command to take input (its pipe and channel full) before
+/// the writer hears why.
+const STDIN_WRITE_WAIT: Duration = Duration::from_secs(30);
+
+/// An exec's stdin while it is open.
+#[derive(Default)]
+pub(crate) struct StdinSlot {
+    open: Mutex<Option<OpenStdin>>,
+}
+
+struct OpenStdin {
+    tx: mpsc::Sender<Bytes>,
+    /// Bytes written so far, and the most allowed.
+    written: u64,
+    max: u64,
+}
+
+/// Why a write to an exec's stdin was refused.
+#[derive(Debug)]
+pub(crate) enum StdinRefused {
+    /// Not open: never streamed, closed, or the command ended.
+    Closed,
+    /// Past the byte limit (the stdin is closed now).
+    Over(u64),
+    /// The command took no input for [`STDIN_WRITE_WAIT`].
+    Stalled,
+}
+
+impl StdinRefused {
+    pub(crate) fn into_node_error(self, exec_id: u64) -> NodeError {
+        match self {
+            StdinRefused::Closed => NodeError::StdinClosed(exec_id),
+            StdinRefused::Over(max) => Limit::ExecStdinBytes.reached(max),
+            StdinRefused::Stalled => NodeError::StdinStalled(exec_id, STDIN_WRITE_WAIT),
+        }
+    }
+}
+
+impl StdinSlot {
+    /// Opens it on `tx` (the tier's end), allowing `max` bytes in all.
+    pub(crate) fn open(&self, tx: mpsc::Sender<Bytes>, max: u64) {
+        *self.open.lock() = Some(OpenStdin { tx, written: 0, max });
+    }
+
+    /// Writes `data`, waiting for room as long as the command reads (`bounded`: up to
+    /// [`STDIN_WRITE_WAIT`]). Past the byte limit the stdin is closed and the write refused.
+    pub(crate) async fn write(&self, data: Bytes, bounded: bool) -> Result<(), StdinRefused> {
+        let tx = {
+            let mut open = self.open.lock();
+            let Some(o) = open.as_mut() else { return Err(StdinRefused::Closed) };
+            let written = o.written.saturating_add(data.len() as u64);
+            if written > o.max {
+                let max = o.max;
+                *open = None;
+                return Err(StdinRefused::Over(max));
+            }
+            o.written = written;
+            o.tx.clone()
+        };
+        if data.is_empty() {
+            return if tx.is_closed() { Err(StdinRefused::Closed) } else { Ok(()) };
+        }
+        if !bounded {
+            return tx.send(data).await.map_err(|_| StdinRefused::Closed);
+        }
+        match tokio::time::timeout(STDIN_WRITE_WAIT, tx.send(data)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(StdinRefused::Closed),
+            Err(_) => Err(StdinRefused::Stalled),
+        }
+    }
+
+    /// Closes it: the command reads end of file once what was written is read. `false` if it
+    /// was not open.
+    pub(crate) fn close(&self) -> bool {
+        self.open.lock().take().is_some_and(|o| !o.tx.is_closed())
+    }
+}
+
+/// Feeds the starting client's upload into `hub`'s stdin until it ends (then the stdin is
+/// closed, as the client's end of input), the stdin is closed by id, or the limit is passed:
+/// then the upload is refused and the limit sent on the returned channel.
+pub(crate) fn forward_upload(mut upload: Upload, hub: Arc<ExecHub>) -> oneshot::Receiver<u64> {
+    let (over_tx, over_rx) = oneshot::channel();
+    tokio::spawn(async move {
+        // The upload waits on the command as long as it reads (the client is slowed).
+        while let Ok(Some(chunk)) = upload.read().await {
+            match hub.stdin.write(chunk, false).await {
+                Ok(()) => {}
+                Err(StdinRefused::Over(max)) => {
+                    upload.refuse();
+                    let _ = over_tx.send(max);
+                    return;
+                }
+                // Closed by id, or the command ended: the rest of the upload has nowhere to go.
+                Err(StdinRefused::Closed | StdinRefused::Stalled) => {
+                    upload.refuse();
+                    return;
+                }
+            }
+        }
+        hub.stdin.close();
+    });
+    over_rx
+}
