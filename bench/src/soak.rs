@@ -118,9 +118,16 @@ async fn client_loop(
     let Some(sb) = record.time("create", client.create(opts())).await else { return };
     let Some(session) = record.time("open session", sb.open_session()).await else { return };
     let mut round = 0u64;
+    // Turns each kind of request came up, for the rarer ones.
+    let mut turns = std::collections::HashMap::<&str, u64>::new();
     while Instant::now() < until {
         round += 1;
         let op = ops[(round % ops.len() as u64) as usize];
+        let turn = {
+            let n = turns.entry(op).or_default();
+            *n += 1;
+            *n
+        };
         match op {
             "exec" => {
                 let cmd = Cmd::shell(&format!("echo {n}-{round}"));
@@ -150,15 +157,15 @@ async fn client_loop(
                     record.time("resume", sb.resume()).await;
                 }
             }
-            // Forks and fresh sandboxes are rarer: one turn in three.
-            "fork" if round.is_multiple_of(3) => {
+            // Forks and fresh sandboxes are rarer: one turn of theirs in three.
+            "fork" if turn.is_multiple_of(3) => {
                 if let Some(kids) = record.time("fork", sb.fork(1)).await {
                     for kid in kids {
                         record.time("destroy child", kid.destroy()).await;
                     }
                 }
             }
-            "create" if round.is_multiple_of(3) => {
+            "create" if turn.is_multiple_of(3) => {
                 if let Some(fresh) = record.time("create", client.create(opts())).await {
                     record.time("exec", fresh.exec(["true"])).await;
                     record.time("destroy", fresh.destroy()).await;

@@ -356,7 +356,9 @@ pub struct FinishedSpools {
 }
 
 impl FinishedSpools {
-    /// Notes that `path`'s command finished; removes the oldest spools past the bound.
+    /// Notes that `path`'s command finished; removes the oldest spools past the bound (on a
+    /// blocking thread, inside a runtime: an unlink on a file system mounted with `discard`
+    /// frees the blocks synchronously).
     pub fn push(&self, path: PathBuf) {
         let over: Vec<PathBuf> = {
             let mut paths = self.paths.lock();
@@ -364,13 +366,22 @@ impl FinishedSpools {
             let n = paths.len().saturating_sub(FINISHED_KEPT);
             paths.drain(..n).collect()
         };
-        for old in over {
-            match std::fs::remove_file(&old) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    tracing::warn!(path = %old.display(), error = %e, "cannot remove a spool");
+        if over.is_empty() {
+            return;
+        }
+        let remove = move || {
+            for old in over {
+                match std::fs::remove_file(&old) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        tracing::warn!(path = %old.display(), error = %e, "cannot remove a spool");
+                    }
+                    _ => {}
                 }
-                _ => {}
             }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(remove)),
+            Err(_) => remove(),
         }
     }
 
