@@ -115,9 +115,11 @@ pub struct StdinPipe {
 }
 
 impl StdinPipe {
-    fn new(fd: OwnedFd, kept_by: Option<(Arc<ShimConn>, u64)>) -> Result<Self, RuntimeError> {
+    /// `process`'s stdin on `fd`, the write end; `kept`: its shim holds a copy too.
+    fn new(fd: OwnedFd, process: &Process, kept: bool) -> Result<Self, RuntimeError> {
         let pipe = pipe::Sender::from_owned_fd(fd)
             .map_err(|source| RuntimeError::Io { what: "pipe".into(), source })?;
+        let kept_by = process.keeper.clone().filter(|_| kept).map(|shim| (shim, process.exec_id));
         Ok(Self { pipe, kept_by })
     }
 
@@ -185,9 +187,7 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
             let process = container.spawn(spawn, stdio, &[], &keep, keep_input).await?;
             drop((keep, keep_input));
             drop((in_r, out_w, err_w));
-            let kept_by =
-                process.keeper.clone().filter(|_| input_kept).map(|shim| (shim, process.exec_id));
-            let mut stdin_tx = StdinPipe::new(in_w, kept_by)?;
+            let mut stdin_tx = StdinPipe::new(in_w, &process, input_kept)?;
             let stdin = match request.stdin {
                 Stdin::Null => None,
                 Stdin::Bytes(bytes) => {
@@ -314,8 +314,7 @@ pub fn resume(
         (Output::Pipe(receiver(fds.pop()?).ok()?), err, None)
     };
     // Its stdin, if a client streamed it: still open, kept by the shim, written on from here.
-    let kept_by = process.keeper.clone().map(|shim| (shim, process.exec_id));
-    let stdin = input.and_then(|fd| StdinPipe::new(fd, kept_by).ok());
+    let stdin = input.and_then(|fd| StdinPipe::new(fd, &process, true).ok());
     let now = SystemTime::now();
     let ran = now
         .duration_since(SystemTime::UNIX_EPOCH + Duration::from_millis(header.started_unix_ms))

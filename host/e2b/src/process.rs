@@ -1,7 +1,7 @@
 //! envd's `process.Process` service on Brig execs: a process's pid is its Brig exec id, so a
 //! command outlives the request that started it, is listed, re-attached (`Connect`, with the
-//! output the node kept) and killed by that id. Stdin goes through the task that holds the
-//! exec's upload half, reachable from `SendInput`, `StreamInput` and `CloseStdin`.
+//! output the node kept) and killed by that id. `SendInput`, `StreamInput` and `CloseStdin`
+//! write its stdin by that id too (the node holds a streamed command's stdin, across restarts).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -27,8 +27,6 @@ const OUTPUT_LIMIT: u64 = 1 << 30;
 /// The longest a command runs when its request sets no deadline (the node caps it at its
 /// `max_exec_timeout_ms`, a day by default).
 const LONGEST_COMMAND: Duration = Duration::from_secs(24 * 3600);
-/// Stdin pieces waiting for the command, per process.
-const STDIN_QUEUE: usize = 64;
 /// Events waiting for a slow client, per stream.
 const EVENT_QUEUE: usize = 64;
 
@@ -37,11 +35,10 @@ enum StdinOp {
     Close,
 }
 
-/// A process this gateway started: what it was asked to run and where its stdin goes.
+/// A process this gateway started: what it was asked to run.
 struct Known {
     config: pb::ProcessConfig,
     tag: Option<String>,
-    stdin: Option<mpsc::Sender<StdinOp>>,
     /// It runs on a terminal: its output is `pty` data.
     pty: bool,
 }
@@ -53,10 +50,6 @@ pub struct Processes {
 }
 
 impl Processes {
-    fn stdin(&self, sandbox: &str, pid: u32) -> Option<mpsc::Sender<StdinOp>> {
-        self.known.lock().get(&(sandbox.to_string(), pid)).and_then(|k| k.stdin.clone())
-    }
-
     fn is_pty(&self, sandbox: &str, pid: u32) -> bool {
         self.known.lock().get(&(sandbox.to_string(), pid)).is_some_and(|k| k.pty)
     }
@@ -107,7 +100,7 @@ async fn unary(gw: &Gateway, method: &str, headers: &HeaderMap, body: Body) -> R
                 let req: pb::SendInputRequest = connect::unary_request(codec, body).await?;
                 let (sb, pid) = selected(gw, headers, req.process.as_ref()).await?;
                 let data = input_bytes(req.input)?;
-                send_stdin(gw, &sb, pid, StdinOp::Data(data)).await?;
+                send_stdin(&sb, pid, StdinOp::Data(data)).await?;
                 Ok(pb::SendInputResponse {})
             };
             connect::unary_reply(codec, r.await)
@@ -116,7 +109,7 @@ async fn unary(gw: &Gateway, method: &str, headers: &HeaderMap, body: Body) -> R
             let r = async {
                 let req: pb::CloseStdinRequest = connect::unary_request(codec, body).await?;
                 let (sb, pid) = selected(gw, headers, req.process.as_ref()).await?;
-                send_stdin(gw, &sb, pid, StdinOp::Close).await?;
+                send_stdin(&sb, pid, StdinOp::Close).await?;
                 Ok(pb::CloseStdinResponse {})
             };
             connect::unary_reply(codec, r.await)
@@ -181,16 +174,9 @@ fn input_bytes(input: Option<pb::ProcessInput>) -> Result<Bytes, ConnectError> {
     }
 }
 
-async fn send_stdin(gw: &Gateway, sb: &Sandbox, pid: u32, op: StdinOp) -> Result<(), ConnectError> {
-    // A process this gateway started goes through its stream; any other (started before a
-    // restart of brigd, whose node kept its stdin open) by its exec id.
-    let op = match gw.inner.processes.stdin(sb.id(), pid) {
-        Some(tx) => match tx.send(op).await {
-            Ok(()) => return Ok(()),
-            Err(returned) => returned.0,
-        },
-        None => op,
-    };
+async fn send_stdin(sb: &Sandbox, pid: u32, op: StdinOp) -> Result<(), ConnectError> {
+    // By exec id: the node holds a streamed command's stdin, so this reaches a process this
+    // gateway started as well as one started before a restart of brigd.
     let sent = match op {
         StdinOp::Data(data) => sb.write_stdin(u64::from(pid), data).await,
         StdinOp::Close => sb.close_stdin(u64::from(pid)).await,
@@ -276,30 +262,13 @@ async fn start(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Response
     let pid = u32::try_from(stream.exec_id())
         .map_err(|_| ConnectError::new(Code::Internal, "exec id past the pid range"))?;
     let key = (sb.id().to_string(), pid);
-    let stdin = if with_stdin { stream.take_stdin() } else { None };
-    let stdin_tx = stdin.map(|mut writer| {
-        let (tx, mut rx) = mpsc::channel::<StdinOp>(STDIN_QUEUE);
-        tokio::spawn(async move {
-            while let Some(op) = rx.recv().await {
-                let done = match op {
-                    StdinOp::Data(bytes) => writer.write(bytes).await.is_err(),
-                    StdinOp::Close => {
-                        let _ = writer.close();
-                        true
-                    }
-                };
-                if done {
-                    break;
-                }
-            }
-        });
-        tx
-    });
+    // Its stdin stays open while the stream does (the pump holds it until the command ends);
+    // input goes to it by exec id (`send_stdin`).
     gw.inner
         .processes
         .known
         .lock()
-        .insert(key.clone(), Known { config, tag: req.tag, stdin: stdin_tx, pty: pty.is_some() });
+        .insert(key.clone(), Known { config, tag: req.tag, pty: pty.is_some() });
     let keepalive = keepalive_interval(headers);
     let (tx, rx) = mpsc::channel(EVENT_QUEUE);
     let gw = gw.clone();
@@ -356,7 +325,7 @@ async fn stream_input(
         while let Some(message) = reader.next::<pb::StreamInputRequest>().await? {
             match message.event {
                 Some(In::Data(data)) => {
-                    send_stdin(gw, &sb, pid, StdinOp::Data(input_bytes(data.input)?)).await?
+                    send_stdin(&sb, pid, StdinOp::Data(input_bytes(data.input)?)).await?
                 }
                 Some(In::Keepalive(_)) | None => {}
                 Some(In::Start(_)) => {
