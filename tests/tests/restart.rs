@@ -217,7 +217,8 @@ async fn sessions_survive_a_brigd_crash_with_their_state() {
         "id {} reused",
         fourth.id()
     );
-    idle.close().await.expect("close");
+    // Through the client of this run of brigd (`idle` is on the one the last crash reset).
+    sb.session(&ids.0).close().await.expect("close");
     assert!(!sb.sessions().await.expect("sessions").contains(&ids.0));
     sb.destroy().await.expect("destroy");
 }
