@@ -13,7 +13,7 @@
 //! from inside the user namespace (v1 allows writing "0" to an already-open file).
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Where cgroups live and which version the host runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +40,13 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
 }
 
 /// v1 controllers a container uses (each its own hierarchy).
+/// How long a freeze or thaw may take before it is an error (a loaded node can take seconds).
+const FREEZER_DEADLINE: Duration = Duration::from_secs(5);
+/// Polls (1 ms apart) of the freezer state between two writes of the target state.
+const FREEZER_POLLS_PER_WRITE: u32 = 10;
+/// A v1 freeze still FREEZING after this many writes is thawed for a moment and tried again.
+const FREEZER_THAW_EVERY: u32 = 50;
+
 const V1_CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
 /// The v1 hierarchy exec cgroups live in.
 const V1_EXEC_CONTROLLER: &str = "pids";
@@ -462,23 +469,39 @@ impl ContainerCgroup {
                 )
             }
         };
-        std::fs::write(&file, value).map_err(io("write", &file))?;
         let check = match self.version {
             Version::V1 => file.clone(),
             Version::V2 => file.with_file_name("cgroup.events"),
         };
-        for _ in 0..2000 {
-            let state = std::fs::read_to_string(&check).unwrap_or_default();
-            if state.lines().any(|l| l.trim() == done) {
-                return Ok(());
+        // A v1 freezer that meets a task it cannot freeze yet (in an uninterruptible sleep, or
+        // forked while freezing) stays FREEZING until the state is written again, so the target
+        // is re-written every few milliseconds; a freeze that still hangs is thawed for a moment
+        // now and then, which lets such a task reach a point where it can be frozen (what runc
+        // does too). Writing the same value again is harmless on either version.
+        let started = Instant::now();
+        let mut turn = 0u32;
+        loop {
+            std::fs::write(&file, value).map_err(io("write", &file))?;
+            for _ in 0..FREEZER_POLLS_PER_WRITE {
+                let state = std::fs::read_to_string(&check).unwrap_or_default();
+                if state.lines().any(|l| l.trim() == done) {
+                    return Ok(());
+                }
+                std::thread::sleep(Duration::from_millis(1));
             }
-            std::thread::sleep(Duration::from_millis(1));
+            if started.elapsed() > FREEZER_DEADLINE {
+                return Err(CgroupError::Io {
+                    what: "reach freezer state in",
+                    path: check,
+                    source: std::io::Error::new(std::io::ErrorKind::TimedOut, value),
+                });
+            }
+            turn += 1;
+            if frozen && self.version == Version::V1 && turn.is_multiple_of(FREEZER_THAW_EVERY) {
+                std::fs::write(&file, "THAWED").map_err(io("write", &file))?;
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
-        Err(CgroupError::Io {
-            what: "reach freezer state in",
-            path: check,
-            source: std::io::Error::new(std::io::ErrorKind::TimedOut, value),
-        })
     }
 
     /// Pushes the container's reclaimable memory (page cache; anonymous memory too where there
