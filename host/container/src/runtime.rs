@@ -313,6 +313,7 @@ impl Runtime {
 
     /// Creates and starts a container. On failure everything made so far is removed.
     pub async fn create(&self, spec: &ContainerSpec) -> Result<Container, RuntimeError> {
+        let began = std::time::Instant::now();
         let mut layer_points = Vec::with_capacity(spec.layers.len());
         for layer in &spec.layers {
             layer_points.push(self.layers.mount(layer)?);
@@ -336,7 +337,7 @@ impl Runtime {
                 return Err(e.into());
             }
         };
-        match tokio::time::timeout(START_TIMEOUT, self.start(spec, &rootfs, &cgroup)).await {
+        match tokio::time::timeout(START_TIMEOUT, self.start(spec, &rootfs, &cgroup, began)).await {
             Ok(Ok(Started { shim, shim_pid, shim_start, init_pid, init_start, upper_fd })) => {
                 rootfs.detach();
                 let rootfs = rootfs.with_upper_link(upper_link(shim_pid, upper_fd));
@@ -374,14 +375,17 @@ impl Runtime {
         }
     }
 
-    /// Starts the shim (through the node's spawner) and waits for the container's init.
+    /// Starts the shim (through the node's spawner) and waits for the container's init. The
+    /// debug log gives when each step ended, from `began` (the create's start).
     async fn start(
         &self,
         spec: &ContainerSpec,
         rootfs: &Rootfs,
         cgroup: &ContainerCgroup,
+        began: std::time::Instant,
     ) -> Result<Started, RuntimeError> {
         use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+        let assembled = began.elapsed();
         let (ours, theirs) =
             socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
                 .map_err(|e| io_err("control socketpair")(e.into()))?;
@@ -392,6 +396,7 @@ impl Runtime {
         let pid = tokio::task::spawn_blocking(move || spawner.spawn(&theirs, &stderr_w))
             .await
             .map_err(|e| RuntimeError::Setup(format!("spawn task: {e}")))??;
+        let spawned = began.elapsed();
         // The shim holds its end of our socket until it exits, so it is alive here unless it
         // failed at once (then the messages below fail too).
         let shim_start = process_start_time(pid).unwrap_or(0);
@@ -435,6 +440,7 @@ impl Runtime {
             }
             Err(_) => return Err(shim_failed(errors).await),
         }
+        let namespaced = began.elapsed();
         let map = format!("0 {} {ID_COUNT}\n", self.config.id_base);
         for file in ["uid_map", "gid_map"] {
             let path = format!("/proc/{pid}/{file}");
@@ -456,10 +462,13 @@ impl Runtime {
         });
         let init_start = process_start_time(init_pid)
             .ok_or_else(|| RuntimeError::Setup(format!("container init {init_pid} is gone")))?;
+        let ready = began.elapsed();
         // Only now: setting up the namespaces and mounts is the node's work, not the container's.
         if let Some(millis) = spec.limits.cpu_millis {
             cgroup.limit_cpu(millis, self.config.cpu_min_quota_us)?;
         }
+        let (name, done) = (&spec.name, began.elapsed());
+        tracing::debug!(container = %name, ?assembled, ?spawned, ?namespaced, ?ready, ?done, "started");
         Ok(Started { shim, shim_pid: pid, shim_start, init_pid, init_start, upper_fd })
     }
 }

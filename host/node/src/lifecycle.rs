@@ -84,6 +84,7 @@ impl Node {
         let qos = req.qos.map(convert::qos_from_wire).unwrap_or_default();
         // A full VM's link is made with it (its VMM attaches to the tap at start).
         let (sandbox, vm_slot) = self.create_sandbox(&id, tier, placement, &req, &egress).await?;
+        let made = started.elapsed();
         let spec = SandboxSpec {
             tier,
             image: req.image,
@@ -99,6 +100,7 @@ impl Node {
         set_best_effort(&id, sandbox.as_ref(), qos);
         self.audit_lifecycle(&id.to_string(), "created", spec.image.clone().unwrap_or_default());
         let entry = self.adopt(SandboxEntry::new(id, spec, now_unix_ms(), sandbox)).await?;
+        let adopted = started.elapsed();
         if vm_slot.is_some() {
             self.audit_policy(&entry);
         }
@@ -120,7 +122,14 @@ impl Node {
             .creates
             .get_or_create(&crate::metrics::TierLabel { tier: tier.as_str() })
             .inc();
-        tracing::debug!(sandbox = %id, tier = %tier, took = ?started.elapsed(), "sandbox created");
+        tracing::debug!(
+            sandbox = %id,
+            tier = %tier,
+            made = ?made,
+            recorded = ?adopted.saturating_sub(made),
+            took = ?started.elapsed(),
+            "sandbox created"
+        );
         Ok(info(self, &entry))
     }
 
