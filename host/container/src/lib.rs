@@ -33,6 +33,7 @@ pub mod shared_sys;
 pub mod shim;
 pub mod shim_conn;
 pub mod shim_proto;
+pub mod slot_file;
 pub mod spawner;
 pub mod spool;
 pub mod strays;

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::slot_file::SlotFile;
+
 /// A random command nonce.
 pub fn new_nonce() -> String {
     hex::encode(rand::random::<[u8; 12]>())
@@ -82,38 +84,49 @@ pub struct SessionRecord {
 }
 
 /// A session's record on disk (`<spool>/sessions/<id>.json`), rewritten as commands start and
-/// finish, removed when the session closes.
+/// finish, removed when the session closes. It is rewritten in place (`crate::slot_file`): a
+/// new file renamed over it at every command cost an inode and a block each time.
 pub struct SessionJournal {
     path: PathBuf,
     record: parking_lot::Mutex<SessionRecord>,
+    /// The newest slot's sequence number; `None` after a restart until the first save reads
+    /// it. The file is opened per save, not held: a node may hold thousands of sessions.
+    seq: parking_lot::Mutex<Option<u64>>,
 }
 
-/// Largest session record read back.
+/// Largest session record read back (a file of the format before slots).
 const MAX_RECORD_BYTES: u64 = 64 << 10;
 
 impl SessionJournal {
     pub(crate) fn create(dir: &Path, record: SessionRecord) -> std::io::Result<SessionJournal> {
         std::fs::create_dir_all(dir)?;
-        let name = format!("{}.json", record.session_id);
-        let journal = SessionJournal { path: dir.join(name), record: record.into() };
+        let path = dir.join(format!("{}.json", record.session_id));
+        let seq = SlotFile::create(&path)?.seq();
+        let journal = SessionJournal { path, record: record.into(), seq: Some(seq).into() };
         journal.save()?;
         Ok(journal)
     }
 
-    /// Writes the record; the lock is held to the rename, so concurrent saves (a command
-    /// starting while the last one's report is read) land in the order they were made.
+    /// Writes the record; the record's lock is held to the write, so concurrent saves (a
+    /// command starting while the last one's report is read) land in the order they were made.
     fn save(&self) -> std::io::Result<()> {
         let record = self.record.lock();
         let bytes = serde_json::to_vec(&*record).map_err(std::io::Error::other)?;
-        let tmp = self.path.with_extension("json.tmp");
-        std::fs::write(&tmp, bytes)?;
-        std::fs::rename(&tmp, &self.path)
+        // Not made again once removed: a session closed while a save raced it stays closed.
+        let mut seq = self.seq.lock();
+        let mut file = match *seq {
+            Some(last) => SlotFile::at(&self.path, last)?,
+            None => SlotFile::open(&self.path)?,
+        };
+        file.write(&bytes)?;
+        *seq = Some(file.seq());
+        Ok(())
     }
 
     /// The journal of a session taken back after a restart.
     pub(crate) fn reopen(dir: &Path, record: SessionRecord) -> SessionJournal {
         let path = dir.join(format!("{}.json", record.session_id));
-        SessionJournal { path, record: record.into() }
+        SessionJournal { path, record: record.into(), seq: None.into() }
     }
 
     /// Draws a fresh next nonce (the recorded one may have been handed to the shell already).
@@ -166,14 +179,7 @@ impl SessionJournal {
                 backlogs.push(path);
                 continue;
             }
-            let read = std::fs::File::open(&path).and_then(|f| {
-                let mut bytes = Vec::new();
-                std::io::Read::read_to_end(
-                    &mut std::io::Read::take(f, MAX_RECORD_BYTES),
-                    &mut bytes,
-                )?;
-                serde_json::from_slice::<SessionRecord>(&bytes).map_err(std::io::Error::other)
-            });
+            let read = read_record(&path);
             match read {
                 Ok(record) if path.extension().is_some_and(|e| e == "json") => out.push(record),
                 _ => {
@@ -192,12 +198,68 @@ impl SessionJournal {
     }
 }
 
+/// A record file: its newest slot, or the whole file as JSON (the format before slots).
+fn read_record(path: &Path) -> std::io::Result<SessionRecord> {
+    let bytes = match crate::slot_file::read_newest(path)? {
+        Some(body) => body,
+        None => {
+            let mut bytes = Vec::new();
+            let file = std::fs::File::open(path)?;
+            std::io::Read::read_to_end(
+                &mut std::io::Read::take(file, MAX_RECORD_BYTES),
+                &mut bytes,
+            )?;
+            bytes
+        }
+    };
+    serde_json::from_slice(&bytes).map_err(std::io::Error::other)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use nix::sys::signal::{kill, Signal};
     use nix::unistd::Pid;
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_record_is_rewritten_in_place_and_read_back_also_in_the_old_format() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let record = |id: &str| SessionRecord {
+            session_id: id.into(),
+            spawn_id: 7,
+            cgroup: "brig/sb-1/e7".into(),
+            running: None,
+            next: "n0".into(),
+        };
+        let journal = SessionJournal::create(dir.path(), record("s1")).expect("create");
+        let path = dir.path().join("s1.json");
+        let ino = std::fs::metadata(&path).expect("stat").ino();
+        for nonce in [Some("a"), None, Some("b")] {
+            journal.running(nonce);
+        }
+        assert_eq!(std::fs::metadata(&path).expect("stat").ino(), ino, "the same file");
+        let running = |id: &str, nonce: Option<&str>| SessionRecord {
+            running: nonce.map(str::to_string),
+            ..record(id)
+        };
+        assert_eq!(SessionJournal::read_all(dir.path()), vec![running("s1", Some("b"))]);
+        // A restarted node takes it back and goes on writing it.
+        let again = SessionJournal::reopen(dir.path(), running("s1", Some("b")));
+        again.running(None);
+        assert_eq!(SessionJournal::read_all(dir.path()), vec![running("s1", None)]);
+        // A record a node before slots wrote is read too.
+        let old = serde_json::to_vec(&record("s2")).expect("json");
+        std::fs::write(dir.path().join("s2.json"), old).expect("write");
+        let mut all = SessionJournal::read_all(dir.path());
+        all.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+        assert_eq!(all, vec![running("s1", None), record("s2")]);
+        // Closed, it is not made again by a save that comes after.
+        again.remove();
+        again.running(Some("c"));
+        assert!(!path.exists());
+    }
 
     /// Waits up to 5 s for the probe to say `want`.
     fn probe_says(pid: i32, pipe: &str, want: bool) -> bool {

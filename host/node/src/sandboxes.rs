@@ -4,12 +4,16 @@
 //! ```text
 //! <state>/sandboxes/<id>.json     id, spec (lifetimes included), paused, tier state
 //! ```
+//! A record is rewritten in place, in the slots of `brig_container::slot_file` (a record too
+//! large for a slot is written whole to a temporary file and renamed over it, as all were
+//! before, and is read either way).
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use brig_container::slot_file::{self, SlotFile};
 pub(crate) use brig_core::sandbox::{ContainerRecord, HostedRecord, MachineRecord};
 use brig_core::sandbox::{Op, Persistence, Sandbox, SandboxError};
 use brig_core::{IdleAction, SandboxId, SandboxSpec, Tier};
@@ -44,6 +48,9 @@ pub(crate) struct SandboxEntry {
     /// Why it left the table, once it has: a request that was under way when it was destroyed
     /// hears this rather than whatever its tier saw as the sandbox went away.
     gone: std::sync::OnceLock<Gone>,
+    /// Its record file's newest slot (`None` until this run first writes it); the lock also
+    /// puts concurrent saves (a clock save and a state change) in one order.
+    record_seq: Mutex<Option<u64>>,
 }
 
 impl SandboxEntry {
@@ -66,6 +73,7 @@ impl SandboxEntry {
             sessions: SessionTable::default(),
             transition: tokio::sync::Mutex::new(()),
             gone: std::sync::OnceLock::new(),
+            record_seq: Mutex::new(None),
         }
     }
 
@@ -246,7 +254,7 @@ impl SandboxTable {
                 }
                 _ => continue,
             }
-            match std::fs::read(&path).map(|b| serde_json::from_slice::<SandboxRecord>(&b)) {
+            match read_record(&path).map(|b| serde_json::from_slice::<SandboxRecord>(&b)) {
                 Ok(Ok(record)) => out.push(record),
                 _ => tracing::warn!(path = %path.display(), "unreadable sandbox record skipped"),
             }
@@ -267,7 +275,7 @@ impl SandboxTable {
         self.live.read().len()
     }
 
-    /// Writes the sandbox's record (atomically).
+    /// Writes the sandbox's record; a crash mid-write leaves the one before it readable.
     pub fn save(&self, entry: &SandboxEntry) -> Result<(), NodeError> {
         let (container, machine, hosted) = match entry.sandbox.capabilities().persistence {
             Persistence::Record => (entry.sandbox.record(), None, None),
@@ -296,27 +304,48 @@ impl SandboxTable {
             source: std::io::Error::other(e),
         })?;
         let path = self.record_path(&entry.id);
-        // One temporary file per writer (a clock save and a state change may race), removed
-        // at the next start if a crash leaves it.
         let io = |source| NodeError::Io { what: path.display().to_string(), source };
-        let mut tmp = tempfile::Builder::new()
-            .prefix(&format!("{}.", entry.id))
-            .suffix(".tmp")
-            .tempfile_in(&self.dir)
-            .map_err(io)?;
-        std::io::Write::write_all(&mut tmp, &bytes).map_err(io)?;
         if entry.gone.get().is_some() {
-            // Destroyed while this was written: the record must not outlive the sandbox.
+            // Destroyed meanwhile: the record must not outlive the sandbox.
             return Ok(());
         }
-        tmp.persist(&path).map_err(|e| io(e.error))?;
+        {
+            let mut seq = entry.record_seq.lock();
+            if bytes.len() > slot_file::MAX_BODY_BYTES {
+                self.replace_whole(&entry.id, &path, &bytes).map_err(io)?;
+                *seq = None; // the next slot write reads the file afresh
+            } else {
+                let written = match *seq {
+                    Some(last) => SlotFile::at(&path, last),
+                    None => SlotFile::open_or_create(&path),
+                }
+                .and_then(|mut file| file.write(&bytes).map(|()| file.seq()));
+                match written {
+                    Ok(newest) => *seq = Some(newest),
+                    // Forgotten while this was written: the sandbox is gone.
+                    Err(_) if entry.gone.get().is_some() => return Ok(()),
+                    Err(e) => return Err(io(e)),
+                }
+            }
+        }
         if entry.gone.get().is_some() {
             // `remove` marks the entry gone before it deletes the record, so a record this
-            // save put back after that deletion is seen here and deleted again.
+            // save made after that deletion is seen here and deleted again.
             self.forget(&entry.id);
         }
         entry.saved_last_used_unix_ms.store(last_used, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Writes a record too large for a slot: whole, to a temporary file renamed over it (one
+    /// per writer; removed at the next start if a crash leaves it).
+    fn replace_whole(&self, id: &SandboxId, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        let mut tmp = tempfile::Builder::new()
+            .prefix(&format!("{id}."))
+            .suffix(".tmp")
+            .tempfile_in(&self.dir)?;
+        std::io::Write::write_all(&mut tmp, bytes)?;
+        tmp.persist(path).map(drop).map_err(|e| e.error)
     }
 
     /// Saves the records of sandboxes used more than [`CLOCK_SLACK_MS`] after their record
@@ -425,6 +454,20 @@ impl SandboxTable {
     }
 }
 
+/// Largest record file read whole (one written before slots, or too large for one).
+const MAX_WHOLE_RECORD_BYTES: u64 = 4 << 20;
+
+/// A record file's newest slot, or the whole file (a record written whole).
+fn read_record(path: &Path) -> std::io::Result<Vec<u8>> {
+    if let Some(body) = slot_file::read_newest(path)? {
+        return Ok(body);
+    }
+    let mut bytes = Vec::new();
+    let file = std::fs::File::open(path)?;
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_WHOLE_RECORD_BYTES), &mut bytes)?;
+    Ok(bytes)
+}
+
 pub(crate) fn now_unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -434,6 +477,26 @@ pub(crate) fn now_unix_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_is_read_from_its_newest_slot_or_whole() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("sb-00000000-0000000000000003.json");
+        // Written whole (before slots, or too large for one).
+        std::fs::write(&path, br#"{"whole":1}"#).expect("write");
+        assert_eq!(read_record(&path).expect("read"), br#"{"whole":1}"#);
+        // Rewritten in slots over it: the newest slot is the record.
+        let mut file = SlotFile::open_or_create(&path).expect("open");
+        file.write(br#"{"slot":1}"#).expect("write");
+        file.write(br#"{"slot":2}"#).expect("write");
+        assert_eq!(read_record(&path).expect("read"), br#"{"slot":2}"#);
+        let mut again = SlotFile::open_or_create(&path).expect("reopen");
+        again.write(br#"{"slot":3}"#).expect("write");
+        assert_eq!(again.seq(), 3);
+        assert_eq!(read_record(&path).expect("read"), br#"{"slot":3}"#);
+        let big = vec![b' '; slot_file::MAX_BODY_BYTES + 1];
+        assert!(again.write(&big).is_err(), "too large for a slot: written whole instead");
+    }
 
     #[test]
     fn a_record_write_cut_short_is_removed_at_the_next_start() {
