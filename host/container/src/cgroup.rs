@@ -39,7 +39,6 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
     move |source| CgroupError::Io { what, path: path.to_owned(), source }
 }
 
-/// v1 controllers a container uses (each its own hierarchy).
 /// How long a freeze or thaw may take before it is an error (a loaded node can take seconds).
 const FREEZER_DEADLINE: Duration = Duration::from_secs(5);
 /// Polls (1 ms apart) of the freezer state between two writes of the target state.
@@ -47,6 +46,7 @@ const FREEZER_POLLS_PER_WRITE: u32 = 10;
 /// A v1 freeze still FREEZING after this many writes is thawed for a moment and tried again.
 const FREEZER_THAW_EVERY: u32 = 50;
 
+/// v1 controllers a container uses (each its own hierarchy).
 const V1_CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
 /// The v1 hierarchy exec cgroups live in.
 const V1_EXEC_CONTROLLER: &str = "pids";

@@ -200,18 +200,7 @@ impl SessionJournal {
 
 /// A record file: its newest slot, or the whole file as JSON (the format before slots).
 fn read_record(path: &Path) -> std::io::Result<SessionRecord> {
-    let bytes = match crate::slot_file::read_newest(path)? {
-        Some(body) => body,
-        None => {
-            let mut bytes = Vec::new();
-            let file = std::fs::File::open(path)?;
-            std::io::Read::read_to_end(
-                &mut std::io::Read::take(file, MAX_RECORD_BYTES),
-                &mut bytes,
-            )?;
-            bytes
-        }
-    };
+    let bytes = crate::slot_file::read_record(path, MAX_RECORD_BYTES)?;
     serde_json::from_slice(&bytes).map_err(std::io::Error::other)
 }
 

@@ -41,15 +41,16 @@ impl SlotFile {
 
     /// Opens the file at `path`, going on after its newest intact slot.
     pub fn open(path: &Path) -> std::io::Result<SlotFile> {
-        let file = File::options().read(true).write(true).open(path)?;
-        let seq = newest(&file)?.map_or(0, |(seq, _)| seq);
-        Ok(SlotFile { file, seq })
+        Self::resume(File::options().read(true).write(true).open(path)?)
     }
 
     /// Opens the file at `path`, made empty if missing, going on after its newest intact slot.
     pub fn open_or_create(path: &Path) -> std::io::Result<SlotFile> {
-        let file =
-            File::options().read(true).write(true).create(true).truncate(false).open(path)?;
+        let options = File::options().read(true).write(true).create(true).truncate(false).clone();
+        Self::resume(options.open(path)?)
+    }
+
+    fn resume(file: File) -> std::io::Result<SlotFile> {
         let seq = newest(&file)?.map_or(0, |(seq, _)| seq);
         Ok(SlotFile { file, seq })
     }
@@ -91,6 +92,19 @@ impl SlotFile {
 pub fn read_newest(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
     let file = File::open(path)?;
     Ok(newest(&file)?.map(|(_, body)| body))
+}
+
+/// The record of the file at `path`: its newest intact slot, or else the whole file, at most
+/// `max_whole_bytes` of it (a record written whole: too large for a slot, or by a node from
+/// before slots).
+pub fn read_record(path: &Path, max_whole_bytes: u64) -> std::io::Result<Vec<u8>> {
+    if let Some(body) = read_newest(path)? {
+        return Ok(body);
+    }
+    let mut bytes = Vec::new();
+    let file = File::open(path)?;
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, max_whole_bytes), &mut bytes)?;
+    Ok(bytes)
 }
 
 fn newest(file: &File) -> std::io::Result<Option<(u64, Vec<u8>)>> {

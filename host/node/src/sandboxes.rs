@@ -459,13 +459,7 @@ const MAX_WHOLE_RECORD_BYTES: u64 = 4 << 20;
 
 /// A record file's newest slot, or the whole file (a record written whole).
 fn read_record(path: &Path) -> std::io::Result<Vec<u8>> {
-    if let Some(body) = slot_file::read_newest(path)? {
-        return Ok(body);
-    }
-    let mut bytes = Vec::new();
-    let file = std::fs::File::open(path)?;
-    std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_WHOLE_RECORD_BYTES), &mut bytes)?;
-    Ok(bytes)
+    slot_file::read_record(path, MAX_WHOLE_RECORD_BYTES)
 }
 
 pub(crate) fn now_unix_ms() -> u64 {
