@@ -370,8 +370,9 @@ impl LazyServer {
     async fn call(&self, request: &LazyRequest) -> Result<LazyReply, LazyServerError> {
         let frame = encode(request).map_err(io("encode a request"))?;
         let mut conn = self.conn.lock().await;
-        // A connection broken since the last call gets one fresh try; a failed one is dropped.
-        for attempt in 0..2 {
+        // A connection broken since the last call gets fresh tries; a failed one is dropped. Two:
+        // a server killed a moment ago may still accept a connection and then reset it.
+        for attempt in 0..3 {
             let mut stream = match conn.take() {
                 Some(stream) => stream,
                 None => self.connect().await?,
@@ -385,7 +386,7 @@ impl LazyServer {
                     *conn = Some(stream);
                     return Ok(reply);
                 }
-                Ok(Ok(None) | Err(_)) if attempt == 0 => {}
+                Ok(Ok(None) | Err(_)) if attempt < 2 => {}
                 Ok(Ok(None)) => {
                     return Err(LazyServerError::Refused("the connection closed".into()))
                 }
