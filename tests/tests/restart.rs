@@ -226,7 +226,8 @@ async fn sessions_survive_a_brigd_crash_with_their_state() {
 /// A layer served lazily from the store goes on being served to running containers through a
 /// brigd crash: its FUSE server (`brig-lazyfs`) runs in a process of its own, and the restarted
 /// brigd adopts it. When the server lived in brigd, every read of a page not yet fetched failed
-/// with EIO after the crash.
+/// with EIO after the crash. The adopted server, killed in turn, is taken over as one brigd
+/// started would be: the restarted brigd copied its FUSE device when it adopted it.
 #[tokio::test]
 async fn store_layers_are_served_through_a_brigd_crash() {
     let mut daemon = Daemon::start_with(&["--on-exit", "keep"]).expect("brigd");
@@ -251,10 +252,17 @@ async fn store_layers_are_served_through_a_brigd_crash() {
     let sb = client.sandbox(sb.id());
     let log = daemon.log_text();
     assert!(log.contains("lazy file system server adopted"), "not adopted:\n{log}");
+    let record = std::fs::read(daemon.run_dir().join("lazyfs.pid")).expect("lazyfs.pid");
+    let record: serde_json::Value = serde_json::from_slice(&record).expect("pid record");
+    let pid = record["pid"].as_i64().expect("pid").to_string();
+    let killed = std::process::Command::new("kill").args(["-9", &pid]).status();
+    assert!(killed.expect("kill").success(), "kill brig-lazyfs");
 
     let sum = sb.exec(["sha256sum", "/data/big.bin"]).await.expect("exec after the crash");
     assert_eq!(sum.result.exit_code, Some(0), "{}", sum.stderr_text());
     assert_eq!(sum.stdout_text().split_whitespace().next(), Some(want.as_str()));
+    let log = daemon.log_text();
+    assert!(log.contains("a new one took over its mount"), "not taken over:\n{log}");
     // New sandboxes read the layer as well.
     let other = client.create(SandboxOptions::container(&image)).await.expect("create after");
     let sum = other.exec(["sha256sum", "/data/big.bin"]).await.expect("exec");

@@ -11,13 +11,17 @@
 //! with EIO inside running containers. Now brigd starts the server in a process group of its
 //! own and records it in `<run>/lazyfs.pid` (pid and start time); a restarted brigd adopts it
 //! when that pid still has that start time and the socket answers, and the blobs it serves
-//! never went away. A clean exit of brigd with no container left stops it.
+//! never went away. A clean exit of brigd with no container left stops it. A server that dies
+//! is replaced at once by one that takes its mount over (see [`LazyServer`]), keeping the file
+//! table (`<run>/lazyfs.files`: which inode is which layer's blob) it left behind.
 //!
 //! Messages are JSON, each behind a 4-byte little-endian length, at most [`MAX_FRAME_BYTES`];
 //! brigd's calls have a deadline ([`CALL_DEADLINE`]).
 
 use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,6 +31,7 @@ use tokio::net::UnixStream;
 
 use crate::backend::{Backend, BackendSpec};
 use crate::cache::ChunkCache;
+use crate::fuse_takeover::copy_descriptor;
 use crate::lazyfs::{ChunkEntry, LazyFs};
 
 /// Largest message either side reads (a layer's chunk list: about 80 bytes a chunk).
@@ -76,6 +81,17 @@ pub struct ServerConfig {
     pub cache_max_bytes: u64,
     pub cache_memory_bytes: usize,
     pub backend: BackendSpec,
+    /// Serve the mount whose server died instead of mounting: its `/dev/fuse` file is this
+    /// descriptor of this process (brigd's copy).
+    #[serde(default)]
+    pub takeover: Option<DeviceRef>,
+}
+
+/// A process's descriptor, to be copied with `pidfd_getfd`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DeviceRef {
+    pub pid: i32,
+    pub fd: i32,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -94,6 +110,9 @@ pub enum LazyRequest {
     ClearCache,
     /// Unmount and exit.
     Stop,
+    /// Which descriptor is the mount's `/dev/fuse` file (brigd keeps a copy, so that a server
+    /// that dies leaves the connection for the next one).
+    Device,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -101,6 +120,8 @@ pub enum LazyReply {
     Added { path: PathBuf },
     Stats(LazyStats),
     Done,
+    Device { fd: i32 },
+    Failed { error: String },
 }
 
 /// The server's chunk cache counters.
@@ -162,11 +183,17 @@ pub async fn serve(config: ServerConfig) -> Result<(), LazyServerError> {
         config.cache_memory_bytes,
         backend,
     )?);
-    let fs = Arc::new(LazyFs::mount(
-        &config.mountpoint,
-        cache.clone(),
-        tokio::runtime::Handle::current(),
-    )?);
+    let table = config.socket.with_extension("files");
+    let runtime = tokio::runtime::Handle::current();
+    let fs = Arc::new(match config.takeover {
+        Some(from) => {
+            let device = copy_descriptor(from.pid, from.fd).map_err(io("copy the FUSE device"))?;
+            let fs = LazyFs::take_over(device, &config.mountpoint, &table, cache.clone(), runtime)?;
+            tracing::info!(from = from.pid, "took over the mount of a server that died");
+            fs
+        }
+        None => LazyFs::mount(&config.mountpoint, &table, cache.clone(), runtime)?,
+    });
     let _ = std::fs::remove_file(&config.socket);
     let listener = tokio::net::UnixListener::bind(&config.socket).map_err(io("bind the socket"))?;
     {
@@ -204,13 +231,15 @@ async fn answer(
 ) -> std::io::Result<()> {
     while let Some(request) = read_message::<LazyRequest>(&mut stream, CALL_DEADLINE).await? {
         let (reply, stopping) = match request {
-            LazyRequest::Add { name, chunks } => {
-                (LazyReply::Added { path: fs.add(&name, chunks) }, false)
-            }
-            LazyRequest::Remove { name } => {
-                fs.remove(&name);
-                (LazyReply::Done, false)
-            }
+            LazyRequest::Add { name, chunks } => match fs.add(&name, chunks) {
+                Ok(path) => (LazyReply::Added { path }, false),
+                Err(e) => (LazyReply::Failed { error: format!("keep the file table: {e}") }, false),
+            },
+            LazyRequest::Remove { name } => match fs.remove(&name) {
+                Ok(()) => (LazyReply::Done, false),
+                Err(e) => (LazyReply::Failed { error: format!("keep the file table: {e}") }, false),
+            },
+            LazyRequest::Device => (LazyReply::Device { fd: fs.device_fd() }, false),
             LazyRequest::Stats => (LazyReply::Stats(stats_of(cache)), false),
             LazyRequest::ClearCache => {
                 cache.clear();
@@ -237,15 +266,140 @@ fn stats_of(cache: &ChunkCache) -> LazyStats {
     }
 }
 
-/// brigd's side: the running server, started or adopted. A server that died is started again
-/// on the next call (the blobs of layers already mounted do not come back: reads of their
-/// pages not yet fetched fail with EIO in the containers that have them).
+/// brigd's side: the running server, started or adopted.
+///
+/// brigd keeps a copy of the server's `/dev/fuse` file, so a server that dies leaves its FUSE
+/// connection up with the containers' reads queued on it. A watcher thread sees the death at
+/// once (a pidfd) and starts a server that takes the mount over ([`crate::fuse_takeover`]):
+/// the layers mounted from it read on. Without the copy (the server could not be asked for it,
+/// or the new one could not take over), the new server mounts afresh and reads of pages not yet
+/// fetched fail with EIO in the containers that mounted a layer before.
 pub struct LazyServer {
+    inner: Arc<Inner>,
+    conn: tokio::sync::Mutex<Option<UnixStream>>,
+}
+
+struct Inner {
     config: ServerConfig,
     binary: PathBuf,
-    /// The serving process; replaced only with `conn` held.
+    /// The serving process; replaced only with `replacing` held.
     serving: std::sync::Mutex<PidRecord>,
-    conn: tokio::sync::Mutex<Option<UnixStream>>,
+    /// brigd's copy of the mount's `/dev/fuse` file.
+    device: std::sync::Mutex<Option<OwnedFd>>,
+    replacing: std::sync::Mutex<()>,
+    /// Set when brigd stops the server: its end is not a death to repair.
+    stopping: AtomicBool,
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Inner {
+    fn serving(&self) -> PidRecord {
+        *lock(&self.serving)
+    }
+
+    /// Asks the serving process which descriptor is its `/dev/fuse` file and keeps a copy.
+    fn keep_device(&self) {
+        let serving = self.serving();
+        let copied = match call_blocking(&self.config.socket, &LazyRequest::Device, START_DEADLINE)
+        {
+            Ok(LazyReply::Device { fd }) => copy_descriptor(serving.pid, fd),
+            Ok(other) => Err(std::io::Error::other(format!("unexpected reply {other:?}"))),
+            Err(e) => Err(e),
+        };
+        match copied {
+            Ok(device) => *lock(&self.device) = Some(device),
+            Err(e) => tracing::warn!(
+                pid = serving.pid,
+                error = %e,
+                "no copy of the lazy file system's FUSE device: if its server dies, the layers \
+                 mounted from it lose the pages they have not read"
+            ),
+        }
+    }
+
+    /// Starts a new server if the serving one is gone: one that takes the mount over when brigd
+    /// holds its device, else one that mounts afresh.
+    fn replace_if_dead(&self) -> Result<(), LazyServerError> {
+        let _one_at_a_time = lock(&self.replacing);
+        let dead = self.serving();
+        if dead.alive() || self.stopping.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        // Taken out first: the guard of an `if let` scrutinee lives through its block.
+        let held = lock(&self.device).take();
+        if let Some(device) = held {
+            let mut config = self.config.clone();
+            let own = i32::try_from(std::process::id()).unwrap_or(0);
+            config.takeover = Some(DeviceRef { pid: own, fd: device.as_raw_fd() });
+            match start_recorded(&config, &self.binary) {
+                Ok(started) => {
+                    tracing::warn!(
+                        pid = dead.pid,
+                        new = started.pid,
+                        "the lazy file system server died; a new one took over its mount"
+                    );
+                    *lock(&self.serving) = started;
+                    *lock(&self.device) = Some(device);
+                    return Ok(());
+                }
+                // The connection ends with the last copy of its device: reads of pages not
+                // fetched fail instead of waiting, and the new server mounts over it.
+                Err(e) => tracing::error!(
+                    pid = dead.pid,
+                    error = %e,
+                    "the lazy file system server died and a new one could not take over its \
+                     mount; mounting afresh"
+                ),
+            }
+        } else {
+            tracing::warn!(pid = dead.pid, "the lazy file system server died; starting a new one");
+        }
+        let started = start_recorded(&self.config, &self.binary)?;
+        *lock(&self.serving) = started;
+        self.keep_device();
+        Ok(())
+    }
+}
+
+/// Waits for the serving process to end (a pidfd, checked every second for brigd letting go)
+/// and replaces it at once, so that reads queued on its mount wait as little as possible.
+fn watch(inner: std::sync::Weak<Inner>) {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use rustix::process::{pidfd_open, Pid, PidfdFlags};
+    loop {
+        let Some(server) = inner.upgrade() else { return };
+        if server.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        let serving = server.serving();
+        drop(server);
+        let pidfd =
+            Pid::from_raw(serving.pid).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
+        let ended = match &pidfd {
+            Some(fd) => {
+                let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+                matches!(poll(&mut fds, PollTimeout::from(1000u16)), Ok(n) if n > 0)
+            }
+            // Gone already; or no pidfd to wait on (out of descriptors): looked at every second.
+            None if serving.alive() => {
+                std::thread::sleep(Duration::from_secs(1));
+                false
+            }
+            None => true,
+        };
+        if !ended {
+            continue;
+        }
+        let Some(server) = inner.upgrade() else { return };
+        if let Err(e) = server.replace_if_dead() {
+            tracing::error!(error = %e, "the lazy file system server could not be started again");
+            drop(server);
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
 }
 
 /// `<run>/lazyfs.pid`: which process serves, so a restarted brigd can prove it is its own.
@@ -318,53 +472,55 @@ impl LazyServer {
         let recorded = std::fs::read(&pid_path)
             .ok()
             .and_then(|b| serde_json::from_slice::<PidRecord>(&b).ok());
+        let mut adopted = None;
         if let Some(record) = recorded.filter(PidRecord::alive) {
             if call_blocking(&config.socket, &LazyRequest::Stats, Duration::from_secs(5)).is_ok() {
                 tracing::info!(pid = record.pid, "lazy file system server adopted");
-                return Ok(LazyServer::over(config, binary, record));
+                adopted = Some(record);
+            } else {
+                // Ours (same pid and start time) but not answering: it cannot serve anyone.
+                tracing::warn!(
+                    pid = record.pid,
+                    "the lazy file system server does not answer; replacing it"
+                );
+                record.end();
             }
-            // Ours (same pid and start time) but not answering: it cannot serve anyone.
-            tracing::warn!(
-                pid = record.pid,
-                "the lazy file system server does not answer; replacing it"
-            );
-            record.end();
         }
-        let record = start_recorded(config, binary)?;
-        Ok(LazyServer::over(config, binary, record))
-    }
-
-    fn over(config: &ServerConfig, binary: &Path, serving: PidRecord) -> LazyServer {
-        LazyServer {
+        let serving = match adopted {
+            Some(record) => record,
+            None => start_recorded(config, binary)?,
+        };
+        let inner = Arc::new(Inner {
             config: config.clone(),
             binary: binary.to_owned(),
             serving: std::sync::Mutex::new(serving),
-            conn: tokio::sync::Mutex::new(None),
-        }
-    }
-
-    fn serving(&self) -> PidRecord {
-        *self.serving.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+            device: std::sync::Mutex::new(None),
+            replacing: std::sync::Mutex::new(()),
+            stopping: AtomicBool::new(false),
+        });
+        inner.keep_device();
+        let weak = Arc::downgrade(&inner);
+        std::thread::Builder::new()
+            .name("lazyfs-watch".into())
+            .spawn(move || watch(weak))
+            .map_err(io("start the server's watcher"))?;
+        Ok(LazyServer { inner, conn: tokio::sync::Mutex::new(None) })
     }
 
     /// The server's pid.
     pub fn pid(&self) -> i32 {
-        self.serving().pid
+        self.inner.serving().pid
     }
 
     /// Starts a new server if this one's process is gone.
     async fn replace_if_dead(&self) -> Result<(), LazyServerError> {
-        let serving = self.serving();
-        if serving.alive() {
+        if self.inner.serving().alive() {
             return Ok(());
         }
-        tracing::warn!(pid = serving.pid, "the lazy file system server died; starting a new one");
-        let (config, binary) = (self.config.clone(), self.binary.clone());
-        let started = tokio::task::spawn_blocking(move || start_recorded(&config, &binary))
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || inner.replace_if_dead())
             .await
-            .map_err(|e| LazyServerError::Start(e.to_string()))??;
-        *self.serving.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = started;
-        Ok(())
+            .map_err(|e| LazyServerError::Start(e.to_string()))?
     }
 
     async fn call(&self, request: &LazyRequest) -> Result<LazyReply, LazyServerError> {
@@ -384,7 +540,10 @@ impl LazyServer {
             match tokio::time::timeout(CALL_DEADLINE, exchange).await {
                 Ok(Ok(Some(reply))) => {
                     *conn = Some(stream);
-                    return Ok(reply);
+                    return match reply {
+                        LazyReply::Failed { error } => Err(LazyServerError::Refused(error)),
+                        reply => Ok(reply),
+                    };
                 }
                 Ok(Ok(None) | Err(_)) if attempt < 2 => {}
                 Ok(Ok(None)) => {
@@ -405,14 +564,16 @@ impl LazyServer {
         let mut ended_one = false;
         loop {
             self.replace_if_dead().await?;
-            let refused =
-                match tokio::time::timeout(CALL_DEADLINE, UnixStream::connect(&self.config.socket))
-                    .await
-                {
-                    Err(_) => return Err(LazyServerError::Timeout(CALL_DEADLINE)),
-                    Ok(Ok(stream)) => return Ok(stream),
-                    Ok(Err(refused)) => refused,
-                };
+            let refused = match tokio::time::timeout(
+                CALL_DEADLINE,
+                UnixStream::connect(&self.inner.config.socket),
+            )
+            .await
+            {
+                Err(_) => return Err(LazyServerError::Timeout(CALL_DEADLINE)),
+                Ok(Ok(stream)) => return Ok(stream),
+                Ok(Err(refused)) => refused,
+            };
             if Instant::now() < grace {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
@@ -422,7 +583,7 @@ impl LazyServer {
             }
             // Still there but refusing: it is ended. Gone meanwhile (it died during the
             // grace): the next turn's `replace_if_dead` starts another. Either once per call.
-            let serving = self.serving();
+            let serving = self.inner.serving();
             if serving.alive() {
                 tracing::warn!(
                     pid = serving.pid,
@@ -471,15 +632,18 @@ impl LazyServer {
 
     /// Unmounts and ends the server (brigd leaves with no container that reads a layer).
     pub async fn stop(&self) -> Result<(), LazyServerError> {
-        if !self.serving().alive() {
+        self.inner.stopping.store(true, Ordering::Release);
+        if !self.inner.serving().alive() {
+            lock(&self.inner.device).take();
             return Ok(());
         }
         self.call(&LazyRequest::Stop).await?;
-        let _ = std::fs::remove_file(self.config.socket.with_extension("pid"));
+        let _ = std::fs::remove_file(self.inner.config.socket.with_extension("pid"));
         let gone = Instant::now() + END_DEADLINE;
-        while self.serving().alive() && Instant::now() < gone {
+        while self.inner.serving().alive() && Instant::now() < gone {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        lock(&self.inner.device).take();
         Ok(())
     }
 }

@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -22,6 +23,7 @@ use fuser::{
 use parking_lot::RwLock;
 
 use crate::cache::ChunkCache;
+use crate::fuse_takeover::{take_over, Relay};
 use crate::layout::SLOT_BYTES;
 
 const ROOT: u64 = 1;
@@ -41,10 +43,76 @@ struct Files {
     next_ino: u64,
 }
 
+/// The file table as kept on disk.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Table<F> {
+    next_ino: u64,
+    files: Vec<F>,
+}
+
+#[derive(serde::Serialize)]
+struct TableEntry<'a> {
+    ino: u64,
+    name: &'a str,
+    chunks: &'a [ChunkEntry],
+}
+
+#[derive(serde::Deserialize)]
+struct OwnedTableEntry {
+    ino: u64,
+    name: String,
+    chunks: Vec<ChunkEntry>,
+}
+
+impl Files {
+    /// Writes the table whole (temporary file renamed over), so a server taking over the mount
+    /// answers for the same inodes.
+    fn save(&self, path: &Path) -> std::io::Result<()> {
+        let files = self
+            .by_ino
+            .iter()
+            .map(|(ino, (name, chunks))| TableEntry { ino: *ino, name, chunks })
+            .collect();
+        let table = Table { next_ino: self.next_ino, files };
+        let bytes = serde_json::to_vec(&table).map_err(std::io::Error::other)?;
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, path)
+    }
+
+    fn load(path: &Path) -> std::io::Result<Files> {
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        std::fs::File::open(path)?.take(MAX_TABLE_BYTES + 1).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 > MAX_TABLE_BYTES {
+            return Err(std::io::Error::other("the lazy file table is over its cap"));
+        }
+        let table: Table<OwnedTableEntry> =
+            serde_json::from_slice(&bytes).map_err(std::io::Error::other)?;
+        let mut files = Files { next_ino: table.next_ino.max(ROOT + 1), ..Default::default() };
+        for entry in table.files {
+            files.next_ino = files.next_ino.max(entry.ino + 1);
+            files.by_name.insert(entry.name.clone(), entry.ino);
+            files.by_ino.insert(entry.ino, (entry.name, Arc::new(entry.chunks)));
+        }
+        Ok(files)
+    }
+}
+
+/// Largest file table a server taking over reads (a layer's chunk list is about 80 bytes a
+/// chunk).
+const MAX_TABLE_BYTES: u64 = 256 << 20;
+
 /// The mounted file system. Unmounted when dropped.
 pub struct LazyFs {
     mountpoint: PathBuf,
     files: Arc<RwLock<Files>>,
+    /// Where the file table is kept for a server that takes over.
+    table: PathBuf,
+    /// The `/dev/fuse` descriptor this process serves on.
+    device_fd: RawFd,
+    /// Set when this process took the mount over from a server that died.
+    relay: Option<Relay>,
     _session: fuser::BackgroundSession,
 }
 
@@ -56,10 +124,25 @@ pub struct MountError {
     source: std::io::Error,
 }
 
+fn session_config() -> fuser::Config {
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        MountOption::RO,
+        MountOption::FSName("brig-lazy".into()),
+        MountOption::Subtype("brig".into()),
+    ];
+    // The kernel reads the blobs on behalf of whichever container process faulted a page.
+    config.acl = SessionACL::All;
+    config.n_threads = Some(2);
+    config
+}
+
 impl LazyFs {
-    /// Mounts at `mountpoint`, serving chunks from `cache` with tasks on `runtime`.
+    /// Mounts at `mountpoint`, serving chunks from `cache` with tasks on `runtime`; the file
+    /// table is kept in `table`.
     pub fn mount(
         mountpoint: &Path,
+        table: &Path,
         cache: Arc<ChunkCache>,
         runtime: tokio::runtime::Handle,
     ) -> Result<LazyFs, MountError> {
@@ -68,23 +151,56 @@ impl LazyFs {
         // this one fail or stack on them: take them all off first.
         detach_stale(mountpoint);
         std::fs::create_dir_all(mountpoint).map_err(err)?;
-        let files = Arc::new(RwLock::new(Files { next_ino: ROOT + 1, ..Default::default() }));
+        let files = Files { next_ino: ROOT + 1, ..Default::default() };
+        files.save(table).map_err(err)?;
+        let files = Arc::new(RwLock::new(files));
         let fs = Fs { files: files.clone(), cache, runtime };
-        let mut config = fuser::Config::default();
-        config.mount_options = vec![
-            MountOption::RO,
-            MountOption::FSName("brig-lazy".into()),
-            MountOption::Subtype("brig".into()),
-        ];
-        // The kernel reads the blobs on behalf of whichever container process faulted a page.
-        config.acl = SessionACL::All;
-        config.n_threads = Some(2);
-        let session = fuser::spawn_mount(fs, mountpoint, &config).map_err(err)?;
-        Ok(LazyFs { mountpoint: mountpoint.to_owned(), files, _session: session })
+        let session = fuser::Session::new(fs, mountpoint, &session_config()).map_err(err)?;
+        let device_fd = session.as_fd().as_raw_fd();
+        let session = session.spawn().map_err(err)?;
+        Ok(LazyFs {
+            mountpoint: mountpoint.to_owned(),
+            files,
+            table: table.to_owned(),
+            device_fd,
+            relay: None,
+            _session: session,
+        })
+    }
+
+    /// Serves the mount at `mountpoint` whose server died, on `device` (its `/dev/fuse` file, kept
+    /// open by brigd), with the file table that server kept in `table`.
+    pub fn take_over(
+        device: OwnedFd,
+        mountpoint: &Path,
+        table: &Path,
+        cache: Arc<ChunkCache>,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<LazyFs, MountError> {
+        let err = |source| MountError { path: mountpoint.to_owned(), source };
+        let files = Arc::new(RwLock::new(Files::load(table).map_err(err)?));
+        let (session_end, relay) = take_over(device).map_err(|e| err(std::io::Error::other(e)))?;
+        let fs = Fs { files: files.clone(), cache, runtime };
+        let config = session_config();
+        let session =
+            fuser::Session::from_fd(fs, session_end, config.acl, config).map_err(err)?.spawn();
+        Ok(LazyFs {
+            mountpoint: mountpoint.to_owned(),
+            files,
+            table: table.to_owned(),
+            device_fd: relay.device_fd(),
+            relay: Some(relay),
+            _session: session.map_err(err)?,
+        })
+    }
+
+    /// The `/dev/fuse` descriptor this process serves on (brigd keeps a copy of it).
+    pub fn device_fd(&self) -> RawFd {
+        self.device_fd
     }
 
     /// Publishes a layer's blob; returns its path.
-    pub fn add(&self, name: &str, chunks: Vec<ChunkEntry>) -> PathBuf {
+    pub fn add(&self, name: &str, chunks: Vec<ChunkEntry>) -> std::io::Result<PathBuf> {
         let file = format!("{name}.blob");
         let mut files = self.files.write();
         if !files.by_name.contains_key(&file) {
@@ -92,16 +208,33 @@ impl LazyFs {
             files.next_ino += 1;
             files.by_name.insert(file.clone(), ino);
             files.by_ino.insert(ino, (file.clone(), Arc::new(chunks)));
+            if let Err(e) = files.save(&self.table) {
+                files.by_name.remove(&file);
+                files.by_ino.remove(&ino);
+                return Err(e);
+            }
         }
-        self.mountpoint.join(file)
+        Ok(self.mountpoint.join(file))
     }
 
     /// Withdraws a layer's blob (mounts using it keep working until they go).
-    pub fn remove(&self, name: &str) {
+    pub fn remove(&self, name: &str) -> std::io::Result<()> {
         let file = format!("{name}.blob");
         let mut files = self.files.write();
         if let Some(ino) = files.by_name.remove(&file) {
             files.by_ino.remove(&ino);
+            files.save(&self.table)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for LazyFs {
+    fn drop(&mut self) {
+        // A taken-over mount is not fuser's to unmount; detached, the connection ends once no
+        // layer holds a blob, and the relay with it.
+        if self.relay.is_some() {
+            let _ = nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::MNT_DETACH);
         }
     }
 }

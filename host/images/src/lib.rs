@@ -17,6 +17,7 @@ pub mod build;
 pub mod cache;
 pub mod catalog;
 pub mod erofs;
+pub mod fuse_takeover;
 pub mod layout;
 pub mod lazy_server;
 pub mod lazyfs;

@@ -130,6 +130,7 @@ impl LayerStore {
             cache_max_bytes: config.cache_max_bytes,
             cache_memory_bytes: config.cache_memory_bytes,
             backend: config.backend_spec.clone(),
+            takeover: None,
         };
         let lazy = LazyServer::start_or_adopt(&server, &config.lazy_server_bin)?;
         let catalog_path = config.dir.join("catalog.json");

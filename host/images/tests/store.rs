@@ -70,8 +70,8 @@ fn open_store(dir: &Path) -> LayerStore {
 async fn import_dedup_lazy_read_and_damage() {
     let tmp = tempfile::tempdir().expect("tmp");
     let backend_dir = tmp.path().join("backend");
+    let server = Server::of(tmp.path());
     let store = open_store(tmp.path());
-    let server = Server(store.lazy_server_pid());
 
     let a = tmp.path().join("a");
     write(&a, "lib/big.bin", &pattern(900_000, 1));
@@ -161,9 +161,9 @@ async fn a_server_that_refuses_but_lingers_is_ended_and_replaced() {
     use nix::sys::signal::{kill, Signal};
     use nix::unistd::Pid;
     let tmp = tempfile::tempdir().expect("tmp");
+    let server = Server::of(tmp.path());
     let store = open_store(tmp.path());
     let old = store.lazy_server_pid();
-    let _old_server = Server(old);
     let a = tmp.path().join("a");
     write(&a, "lib/big.bin", &pattern(600_000, 3));
     store.import("base/linger", None, ImportSource::Dir(a)).await.expect("import");
@@ -173,7 +173,6 @@ async fn a_server_that_refuses_but_lingers_is_ended_and_replaced() {
     let started = std::time::Instant::now();
     store.clear_cache().await.expect("a call after the grace reaches a new server");
     let new = store.lazy_server_pid();
-    let server = Server(new);
     assert_ne!(new, old, "the lingering server was kept");
     assert!(started.elapsed() >= std::time::Duration::from_secs(1), "no grace for a dying server");
     let state = std::fs::read_to_string(format!("/proc/{old}/stat")).unwrap_or_default();
@@ -187,10 +186,109 @@ async fn a_server_that_refuses_but_lingers_is_ended_and_replaced() {
     server.stop(&store).await;
 }
 
-/// Stops the store's lazy file system server at the end, or kills it if the test failed first.
-struct Server(i32);
+/// A server killed with `kill -9` while a layer is mounted from it: a new server takes its
+/// mount over at once. A read the dead server had taken and not answered (its chunk fetch was
+/// waiting: the chunk is a FIFO in the backend) is answered by the new one, pages not read
+/// before come back whole, and the store goes on publishing layers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_server_is_taken_over_and_mounted_layers_read_on() {
+    use std::os::unix::fs::FileExt;
+    use std::time::{Duration, Instant};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let server = Server::of(tmp.path());
+    let store = open_store(tmp.path());
+    let old = store.lazy_server_pid();
+    let a = tmp.path().join("a");
+    let files: Vec<Vec<u8>> = (0..6).map(|i| pattern(700_000, 10 + i)).collect();
+    for (i, bytes) in files.iter().enumerate() {
+        write(&a, &format!("data/f{i}.bin"), bytes);
+    }
+    store.import("base/takeover", None, ImportSource::Dir(a)).await.expect("import");
+    let layers = store.acquire(&["base/takeover@1".to_string()]).await.expect("acquire");
+    store.clear_cache().await.expect("clear");
+    let m = mount(&layers[0], &tmp.path().join("mnt"));
+    let first = std::fs::File::open(m.0.join("data/f0.bin")).expect("open");
+    let mut page = vec![0u8; 4096];
+    first.read_exact_at(&mut page, 0).expect("a page read before the kill");
+    assert_eq!(page, files[0][..4096]);
+
+    // f1's first chunk becomes a FIFO: the server's fetch of it waits in open(2).
+    let chunks_dir = tmp.path().join("backend/chunks");
+    let chunk = std::fs::read_dir(&chunks_dir)
+        .expect("chunks")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| std::fs::read(p).is_ok_and(|b| b.starts_with(&files[1][..4096])))
+        .expect("f1's first chunk");
+    let parked = chunk.with_extension("parked");
+    std::fs::rename(&chunk, &parked).expect("park the chunk");
+    nix::unistd::mkfifo(&chunk, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("fifo");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let root = m.0.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::fs::read(root.join("data/f1.bin")));
+    });
+    let waiting = Instant::now() + Duration::from_secs(20);
+    while !waits_for_a_fifo(old) {
+        assert!(Instant::now() < waiting, "the server never started fetching f1's chunk");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let killed = std::process::Command::new("kill").args(["-9", &old.to_string()]).status();
+    assert!(killed.expect("kill").success());
+    std::fs::rename(&parked, &chunk).expect("the real chunk back in place of the FIFO");
+    let held = rx.recv_timeout(Duration::from_secs(30)).expect("the held read was never answered");
+    assert!(held.expect("f1 read through the kill") == files[1], "f1 read back different");
+
+    // Pages not read before the kill.
+    let mut tail = vec![0u8; 4096];
+    first.read_exact_at(&mut tail, 700_000 - 4096).expect("the rest of f0");
+    assert_eq!(tail, files[0][700_000 - 4096..]);
+    for (i, want) in files.iter().enumerate().skip(2) {
+        let got = std::fs::read(m.0.join(format!("data/f{i}.bin"))).expect("read after the kill");
+        assert!(got == *want, "f{i}.bin read back different after the kill");
+    }
+    let log = std::fs::read_to_string(tmp.path().join("lazyfs.log")).expect("server log");
+    assert!(log.contains("took over the mount"), "{log}");
+    assert!(log.contains("asked the kernel to resend"), "{log}");
+    // The new server serves the mount before it answers on its socket, and is put on record
+    // once it answers.
+    let recorded = Instant::now() + Duration::from_secs(15);
+    while store.lazy_server_pid() == old {
+        assert!(Instant::now() < recorded, "the dead server is still on record");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    // The store goes on: a second layer is published by the new server and read.
+    let b = tmp.path().join("b");
+    write(&b, "x.bin", &pattern(300_000, 99));
+    store.import("base/after", None, ImportSource::Dir(b)).await.expect("import after");
+    let after = store.acquire(&["base/after@1".to_string()]).await.expect("acquire after");
+    let m2 = mount(&after[0], &tmp.path().join("mnt2"));
+    assert_eq!(std::fs::read(m2.0.join("x.bin")).expect("read"), pattern(300_000, 99));
+    drop((m2, first, m));
+    store.release(&after.iter().map(|l| l.digest.clone()).collect::<Vec<_>>());
+    store.release(&layers.iter().map(|l| l.digest.clone()).collect::<Vec<_>>());
+    server.stop(&store).await;
+}
+
+/// Whether a thread of `pid` waits in `open(2)` of a FIFO for a writer.
+fn waits_for_a_fifo(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("wchan")).is_ok_and(|w| w == "wait_for_partner")
+    })
+}
+
+/// Stops the store's lazy file system server at the end, or, if the test failed first, kills
+/// the one serving then (which may have taken over from another). Made before the store, so it
+/// is dropped after it: a live store replaces a server that dies.
+struct Server(PathBuf);
 
 impl Server {
+    fn of(dir: &Path) -> Server {
+        Server(dir.join("lazyfs.pid"))
+    }
+
     async fn stop(self, store: &LayerStore) {
         store.stop_lazy_server().await.expect("stop the lazy file system server");
         std::mem::forget(self);
@@ -199,6 +297,12 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("kill").arg("-9").arg(self.0.to_string()).status();
+        let record = std::fs::read(&self.0).unwrap_or_default();
+        let pid = serde_json::from_slice::<serde_json::Value>(&record)
+            .ok()
+            .and_then(|v| v["pid"].as_i64());
+        if let Some(pid) = pid {
+            let _ = std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status();
+        }
     }
 }

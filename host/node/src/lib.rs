@@ -239,7 +239,7 @@ impl Node {
             let lazy = self.inner.run_dir.join("lazy");
             let _ = nix::mount::umount2(&lazy, nix::mount::MntFlags::MNT_DETACH);
             let _ = std::fs::remove_dir(&lazy);
-            for file in ["lazyfs.log", "lazyfs.sock", "lazyfs.pid"] {
+            for file in ["lazyfs.log", "lazyfs.sock", "lazyfs.pid", "lazyfs.files", "lazyfs.tmp"] {
                 let _ = std::fs::remove_file(self.inner.run_dir.join(file));
             }
             let _ = std::fs::remove_dir(&self.inner.run_dir);
