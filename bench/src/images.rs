@@ -4,7 +4,11 @@
 //!   `python3 -c 'import json'` in a fresh sandbox, over the layer's size;
 //! - cold vs warm create: create + that first exec with empty caches (chunk cache and the
 //!   kernel's page cache) and again with them warm;
-//! - disk bytes written by brigd to create 100 sandboxes from one environment.
+//! - disk bytes written by brigd to create 100 sandboxes from one environment;
+//! - a killed lazy file system server taken over: a running container's cold read of a 64 MiB
+//!   file served by the first server and, after `kill -9`, by the one that took its mount over
+//!   (through the relay of `brig_images::fuse_takeover`), and how long from the kill to the
+//!   first read answered.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -26,6 +30,9 @@ pub struct Options {
     /// Sandboxes created for the disk-write measurement.
     #[arg(long, default_value_t = 100)]
     sandboxes: usize,
+    /// Cold reads of the 64 MiB file before and after the takeover (median of each).
+    #[arg(long, default_value_t = 3)]
+    takeover_reads: usize,
 }
 
 fn base_image(opts: &Options) -> anyhow::Result<PathBuf> {
@@ -128,6 +135,8 @@ async fn measure(
         sb.destroy().await?;
     }
 
+    let takeover = measure_takeover(daemon, &client, opts.takeover_reads.max(1)).await?;
+
     let cold_ms = cold.as_secs_f64() * 1000.0;
     println!("layer store (Debian + Python base: {} MiB of data in {} chunks, {} files; import {import_s:.1} s)", base.data_bytes >> 20, base.chunks, base.files);
     println!(
@@ -143,6 +152,15 @@ async fn measure(
         format!("bytes brigd wrote to disk creating {} sandboxes", opts.sandboxes),
         written
     );
+    println!(
+        "  {:<52} {:>10.1}",
+        "cold read of 64 MiB, first server (MiB/s, median)", takeover.before_mib_s
+    );
+    println!(
+        "  {:<52} {:>10.1}",
+        "cold read of 64 MiB, after a takeover (MiB/s, median)", takeover.after_mib_s
+    );
+    println!("  {:<52} {:>10.1}", "kill -9 of the server to a read answered (ms)", takeover.gap_ms);
     Ok(json!({
         "bench": "images",
         "fetched_fraction": round3(fraction),
@@ -152,5 +170,77 @@ async fn measure(
         "warm_create_ms": round3(warm_ms),
         "bytes_written_100": written,
         "sandboxes": opts.sandboxes,
+        "lazy_read_mib_s_first_server": round3(takeover.before_mib_s),
+        "lazy_read_mib_s_taken_over": round3(takeover.after_mib_s),
+        "takeover_read_gap_ms": round3(takeover.gap_ms),
     }))
+}
+
+struct Takeover {
+    before_mib_s: f64,
+    after_mib_s: f64,
+    gap_ms: f64,
+}
+
+/// One container with a 64 MiB file in a store layer reads it cold (`reads` times) from the
+/// first server, then the server is killed and the same container reads a page it never read
+/// (timed from the kill) and the file cold again from the server that took over.
+async fn measure_takeover(
+    daemon: &Daemon,
+    client: &Client,
+    reads: usize,
+) -> anyhow::Result<Takeover> {
+    const MIB: usize = 64;
+    let dir = tempfile::tempdir()?;
+    std::fs::create_dir_all(dir.path().join("data"))?;
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let bytes: Vec<u8> = (0..MIB << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(dir.path().join("data/big.bin"), &bytes)?;
+    std::fs::write(dir.path().join("data/unread.bin"), &bytes[..1 << 20])?;
+    drop(bytes);
+    client.import_image("workspace/takeover", None, ImageSource::Dir(dir.path().into())).await?;
+    let image = format!("{}+workspace/takeover", brig_tests::image("busybox"));
+    let sb = client.create(SandboxOptions::container(&image)).await?;
+    let cold_read = || async {
+        client.drop_image_cache().await?;
+        drop_page_cache();
+        let started = Instant::now();
+        let out = sb.exec(["sh", "-c", "cat /data/big.bin | wc -c"]).await?;
+        anyhow::ensure!(out.stdout_text().trim() == (MIB << 20).to_string(), "{out:?}");
+        Ok::<f64, anyhow::Error>(MIB as f64 / started.elapsed().as_secs_f64())
+    };
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut before = Vec::new();
+    for _ in 0..reads {
+        before.push(cold_read().await?);
+    }
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(daemon.run_dir().join("lazyfs.pid"))?)?;
+    let pid = record["pid"].as_i64().ok_or_else(|| anyhow::anyhow!("no lazy server pid"))?;
+    client.drop_image_cache().await?;
+    drop_page_cache();
+    let killed = Instant::now();
+    anyhow::ensure!(
+        std::process::Command::new("kill").args(["-9", &pid.to_string()]).status()?.success(),
+        "kill brig-lazyfs"
+    );
+    let out = sb.exec(["sh", "-c", "tail -c 4096 /data/unread.bin | wc -c"]).await?;
+    anyhow::ensure!(out.stdout_text().trim() == "4096", "a read after the kill: {out:?}");
+    let gap_ms = killed.elapsed().as_secs_f64() * 1000.0;
+    let mut after = Vec::new();
+    for _ in 0..reads {
+        after.push(cold_read().await?);
+    }
+    sb.destroy().await?;
+    Ok(Takeover { before_mib_s: median(before), after_mib_s: median(after), gap_ms })
 }
