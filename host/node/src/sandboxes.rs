@@ -315,11 +315,14 @@ impl SandboxTable {
                 self.replace_whole(&entry.id, &path, &bytes).map_err(io)?;
                 *seq = None; // the next slot write reads the file afresh
             } else {
+                let write_slot = |mut file: SlotFile| file.write(&bytes).map(|()| file.seq());
                 let written = match *seq {
-                    Some(last) => SlotFile::at(&path, last),
-                    None => SlotFile::open_or_create(&path),
-                }
-                .and_then(|mut file| file.write(&bytes).map(|()| file.seq()));
+                    Some(last) => SlotFile::at(&path, last).and_then(write_slot),
+                    // The first record of a sandbox appears whole or not at all: a crash in
+                    // the middle of its create leaves no record without an intact slot.
+                    None if !path.exists() => self.create_record(&entry.id, &path, &bytes),
+                    None => SlotFile::open_or_create(&path).and_then(write_slot),
+                };
                 match written {
                     Ok(newest) => *seq = Some(newest),
                     // Forgotten while this was written: the sandbox is gone.
@@ -335,6 +338,19 @@ impl SandboxTable {
         }
         entry.saved_last_used_unix_ms.store(last_used, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Makes a sandbox's record file: its first slot written to a temporary file renamed into
+    /// place (removed at the next start if a crash leaves it). Returns the slot's sequence.
+    fn create_record(&self, id: &SandboxId, path: &Path, bytes: &[u8]) -> std::io::Result<u64> {
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("{id}."))
+            .suffix(".tmp")
+            .tempfile_in(&self.dir)?;
+        let mut file = SlotFile::create(tmp.path())?;
+        file.write(bytes)?;
+        tmp.persist(path).map_err(|e| e.error)?;
+        Ok(file.seq())
     }
 
     /// Writes a record too large for a slot: whole, to a temporary file renamed over it (one
