@@ -9,7 +9,8 @@
 //! the audit trail has every acknowledged exec,
 //! and once everything is destroyed nothing of any sandbox is left on the host. Half of the
 //! clients' sandboxes have a layer served lazily from the store, read a block at a time
-//! through the crashes (its server, `brig-lazyfs`, is adopted by each restarted brigd).
+//! through the crashes (its server, `brig-lazyfs`, is adopted by each restarted brigd); twice
+//! the test `kill -9`s that server too, and a new one takes its mount over.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -21,6 +22,8 @@ use sha2::{Digest, Sha256};
 
 const CLIENTS: usize = 16;
 const CRASHES: usize = 10;
+/// Before these crashes of brigd, the lazy file system server is killed (and taken over).
+const LAZY_SERVER_KILLS: [usize; 2] = [2, 6];
 /// The store layer's file: 4 MiB, 1,024 blocks of 4 KiB.
 const LAYER_FILE_BLOCKS: u64 = 1024;
 
@@ -64,6 +67,24 @@ struct Acknowledged {
     /// The command reading its stdin through the crashes (exec id), and the last line it was
     /// sent whose write was acknowledged (lines are 1, 2, …).
     reader: Option<(u64, u64)>,
+}
+
+/// `kill -9`s the lazy file system server and waits until brigd has put the one that took its
+/// mount over on record (both dead at once is a fault this test does not make).
+async fn kill_lazy_server(daemon: &Daemon) {
+    let pid_of = || {
+        let record = std::fs::read(daemon.run_dir().join("lazyfs.pid")).unwrap_or_default();
+        serde_json::from_slice::<serde_json::Value>(&record).ok().and_then(|v| v["pid"].as_i64())
+    };
+    let old = pid_of().expect("lazyfs.pid");
+    let killed = std::process::Command::new("kill").args(["-9", &old.to_string()]).status();
+    assert!(killed.expect("kill").success(), "kill brig-lazyfs");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pid_of().is_none_or(|pid| pid == old) {
+        assert!(Instant::now() < deadline, "brig-lazyfs {old} was not replaced");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("brig-lazyfs {old} killed and taken over");
 }
 
 /// What the stdin reader prints for each line, then at end of input.
@@ -359,6 +380,9 @@ async fn sixteen_clients_lose_nothing_through_ten_crashes() {
         // Random moments: 0.5 to 3 s apart.
         let nanos = u64::from(started.elapsed().subsec_nanos());
         let wait = 500 + (nanos ^ (i as u64 * 7919)) % 2500;
+        if LAZY_SERVER_KILLS.contains(&i) {
+            kill_lazy_server(&daemon).await;
+        }
         tokio::time::sleep(Duration::from_millis(wait)).await;
         daemon.crash().expect("crash");
         daemon.start_again().expect("start again");
