@@ -12,7 +12,7 @@ use brig_core::sandbox::{
     BoxFuture, Capabilities, Condition, ContainerRecord, ExecControl, ExecEvent, ExecExit,
     ExecSpec, FileAccess, ForkChild, ForkKind, ForkOptions, Forked, KeptWork, Op, PauseKind,
     Persistence, ReadSource, RecoveredExec, Requested, RunningExec, Sandbox, SandboxError,
-    SessionSpec, Stdin, TerminalSize, Usage, WriteOptions,
+    SessionSpec, Stdin, StdinChunk, TerminalSize, Usage, WriteOptions,
 };
 use brig_core::{QosClass, SandboxId, Tier};
 use tokio::sync::mpsc;
@@ -298,24 +298,27 @@ impl ContainerSandbox {
 const STDIN_CHUNKS: usize = 16;
 
 /// Feeds `exec`'s stdin from `rx`: typed into its terminal (which has no end of input), or
-/// written into its pipe, closed (end of file) when `rx` ends.
-fn feed_stdin(mut rx: mpsc::Receiver<bytes::Bytes>, exec: &mut crate::exec::Exec) {
+/// written into its pipe, closed (end of file) when `rx` ends. Each chunk is reported written
+/// once it is in the terminal or pipe.
+fn feed_stdin(mut rx: mpsc::Receiver<StdinChunk>, exec: &mut crate::exec::Exec) {
     match (exec.terminal.clone(), exec.stdin.take()) {
         (Some(terminal), _) => {
             tokio::spawn(async move {
                 while let Some(chunk) = rx.recv().await {
-                    if terminal.write_all(&chunk).await.is_err() {
+                    if terminal.write_all(&chunk.data).await.is_err() {
                         break;
                     }
+                    chunk.written();
                 }
             });
         }
         (None, Some(mut pipe)) => {
             tokio::spawn(async move {
                 while let Some(chunk) = rx.recv().await {
-                    if pipe.write_all(&chunk).await.is_err() {
+                    if pipe.write_all(&chunk.data).await.is_err() {
                         break;
                     }
+                    chunk.written();
                 }
             });
         }

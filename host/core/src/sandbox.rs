@@ -269,7 +269,32 @@ pub enum Stdin {
     Empty,
     Bytes(Vec<u8>),
     /// Chunks as the client sends them; the channel's end is the end of input.
-    Stream(mpsc::Receiver<Bytes>),
+    Stream(mpsc::Receiver<StdinChunk>),
+}
+
+/// A chunk of a command's streamed stdin. The tier calls [`StdinChunk::written`] once the bytes
+/// are where the command reads them (its pipe or terminal, which outlive the node); the node
+/// acknowledges the write to the client only then, so a node crash loses no acknowledged input.
+/// A chunk dropped without it was not written (the command's input is gone).
+#[derive(Debug)]
+pub struct StdinChunk {
+    pub data: Bytes,
+    done: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl StdinChunk {
+    /// A chunk, and what resolves once the tier has written it.
+    pub fn new(data: Bytes) -> (StdinChunk, tokio::sync::oneshot::Receiver<()>) {
+        let (done, written) = tokio::sync::oneshot::channel();
+        (StdinChunk { data, done: Some(done) }, written)
+    }
+
+    /// The bytes are written where the command reads them.
+    pub fn written(mut self) {
+        if let Some(done) = self.done.take() {
+            let _ = done.send(());
+        }
+    }
 }
 
 /// One command to run. The node has already checked what execve cannot carry
@@ -354,7 +379,7 @@ pub struct RecoveredExec {
     pub exit: Option<ExecExit>,
     /// Its stdin, still open for writing by id (a client streamed it, or it runs on a
     /// terminal); closing the channel closes it.
-    pub stdin: Option<mpsc::Sender<Bytes>>,
+    pub stdin: Option<mpsc::Sender<StdinChunk>>,
 }
 
 // ---- sessions -----------------------------------------------------------------------------

@@ -12,7 +12,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use brig_core::sandbox::{ExecControl, ExecEvent, ExecExit, ExecSpec, Op, Stdin, TerminalSize};
+use brig_core::sandbox::{
+    ExecControl, ExecEvent, ExecExit, ExecSpec, Op, Stdin, StdinChunk, TerminalSize,
+};
 use brig_proto::{AuditKind, ExecResult, OutputStream, Reply, StdinMode};
 use brig_transport::Exchange;
 use tokio::sync::mpsc;
@@ -62,7 +64,7 @@ impl Node {
             StdinMode::Bytes(bytes) => (Stdin::Bytes(bytes), None),
             StdinMode::Stream => {
                 // No upload at all is end of input at once (the sender drops).
-                let (tx, rx) = mpsc::channel(STDIN_CHUNKS);
+                let (tx, rx) = mpsc::channel::<StdinChunk>(STDIN_CHUNKS);
                 let upload = exchange.take_upload();
                 (Stdin::Stream(rx), upload.map(|upload| (tx, upload)))
             }

@@ -7,7 +7,11 @@
 //! upload of the starting client ─┐
 //! ExecOp::Input { data, close } ─┴▶ StdinSlot (≤ exec_stdin_bytes) ─▶ tier's channel ─▶ pipe
 //! ```
+//! A write is done (and a client's write acknowledged) once the tier has put the bytes in the
+//! command's pipe or terminal ([`StdinChunk::written`]), which the shim keeps through a node
+//! crash; bytes only queued for the tier would die with the node.
 
+use brig_core::sandbox::StdinChunk;
 use brig_transport::Upload;
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -30,7 +34,7 @@ pub(crate) struct StdinSlot {
 }
 
 struct OpenStdin {
-    tx: mpsc::Sender<Bytes>,
+    tx: mpsc::Sender<StdinChunk>,
     /// Bytes written so far, and the most allowed.
     written: u64,
     max: u64,
@@ -59,12 +63,13 @@ impl StdinRefused {
 
 impl StdinSlot {
     /// Opens it on `tx` (the tier's end), allowing `max` bytes in all.
-    pub(crate) fn open(&self, tx: mpsc::Sender<Bytes>, max: u64) {
+    pub(crate) fn open(&self, tx: mpsc::Sender<StdinChunk>, max: u64) {
         *self.open.lock() = Some(OpenStdin { tx, written: 0, max });
     }
 
-    /// Writes `data`, waiting for room as long as the command reads (`bounded`: up to
-    /// [`STDIN_WRITE_WAIT`]). Past the byte limit the stdin is closed and the write refused.
+    /// Writes `data` into the command's input, waiting as long as the command reads
+    /// (`bounded`: up to [`STDIN_WRITE_WAIT`]) for the tier to have written it. Past the byte
+    /// limit the stdin is closed and the write refused.
     pub(crate) async fn write(&self, data: Bytes, bounded: bool) -> Result<(), StdinRefused> {
         let tx = {
             let mut open = self.open.lock();
@@ -81,12 +86,17 @@ impl StdinSlot {
         if data.is_empty() {
             return if tx.is_closed() { Err(StdinRefused::Closed) } else { Ok(()) };
         }
+        let (chunk, written) = StdinChunk::new(data);
+        let delivered = async move {
+            tx.send(chunk).await.map_err(|_| StdinRefused::Closed)?;
+            // Dropped unwritten: the command's input is gone.
+            written.await.map_err(|_| StdinRefused::Closed)
+        };
         if !bounded {
-            return tx.send(data).await.map_err(|_| StdinRefused::Closed);
+            return delivered.await;
         }
-        match tokio::time::timeout(STDIN_WRITE_WAIT, tx.send(data)).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err(StdinRefused::Closed),
+        match tokio::time::timeout(STDIN_WRITE_WAIT, delivered).await {
+            Ok(done) => done,
             Err(_) => Err(StdinRefused::Stalled),
         }
     }
@@ -123,4 +133,36 @@ pub(crate) fn forward_upload(mut upload: Upload, hub: Arc<ExecHub>) -> oneshot::
         hub.stdin.close();
     });
     over_rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write is done when the tier has written the bytes, not when they are queued for it:
+    /// bytes queued and lost with the node must not have been acknowledged.
+    #[tokio::test]
+    async fn a_write_is_done_once_the_tier_wrote_it_and_refused_if_it_never_will() {
+        let slot = Arc::new(StdinSlot::default());
+        let (tx, mut rx) = mpsc::channel(16);
+        slot.open(tx, 1 << 20);
+        let writer = {
+            let slot = slot.clone();
+            tokio::spawn(async move { slot.write(Bytes::from_static(b"one\n"), true).await })
+        };
+        let chunk = rx.recv().await.expect("queued for the tier");
+        assert_eq!(&chunk.data[..], b"one\n");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!writer.is_finished(), "done while only queued");
+        chunk.written();
+        assert!(matches!(writer.await.expect("join"), Ok(())));
+
+        // The tier drops a chunk it could not write (the command's input is gone).
+        let writer = {
+            let slot = slot.clone();
+            tokio::spawn(async move { slot.write(Bytes::from_static(b"two\n"), true).await })
+        };
+        drop(rx.recv().await.expect("queued"));
+        assert!(matches!(writer.await.expect("join"), Err(StdinRefused::Closed)));
+    }
 }

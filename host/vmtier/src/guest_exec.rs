@@ -127,9 +127,12 @@ fn feed(stdin: Stdin, mut input: GuestStdin) -> tokio::task::JoinHandle<()> {
             }
             Stdin::Stream(mut rx) => {
                 while let Some(chunk) = rx.recv().await {
-                    if input.write(&chunk).await.is_err() {
+                    if input.write(&chunk.data).await.is_err() {
                         break;
                     }
+                    // Sent to the guest's agent, which keeps a command's input through a node
+                    // restart only while the VM lives.
+                    chunk.written();
                 }
             }
         }
