@@ -11,6 +11,7 @@ pub mod files;
 pub mod id;
 pub mod sandbox;
 pub mod spec;
+pub mod stdin;
 
 pub use call::{CallLimits, CallOutcome, CallReport, ToolCall};
 pub use command::{check_command, CommandError};

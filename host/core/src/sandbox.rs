@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 use crate::call::{CallReport, ToolCall};
 use crate::files::Entry;
 use crate::spec::{QosClass, Tier};
+pub use crate::stdin::StdinChunk;
 use crate::SandboxId;
 
 /// A boxed future: what a `dyn Sandbox` method returns (one allocation per call, next to a
@@ -270,31 +271,6 @@ pub enum Stdin {
     Bytes(Vec<u8>),
     /// Chunks as the client sends them; the channel's end is the end of input.
     Stream(mpsc::Receiver<StdinChunk>),
-}
-
-/// A chunk of a command's streamed stdin. The tier calls [`StdinChunk::written`] once the bytes
-/// are where the command reads them (its pipe or terminal, which outlive the node); the node
-/// acknowledges the write to the client only then, so a node crash loses no acknowledged input.
-/// A chunk dropped without it was not written (the command's input is gone).
-#[derive(Debug)]
-pub struct StdinChunk {
-    pub data: Bytes,
-    done: Option<tokio::sync::oneshot::Sender<()>>,
-}
-
-impl StdinChunk {
-    /// A chunk, and what resolves once the tier has written it.
-    pub fn new(data: Bytes) -> (StdinChunk, tokio::sync::oneshot::Receiver<()>) {
-        let (done, written) = tokio::sync::oneshot::channel();
-        (StdinChunk { data, done: Some(done) }, written)
-    }
-
-    /// The bytes are written where the command reads them.
-    pub fn written(mut self) {
-        if let Some(done) = self.done.take() {
-            let _ = done.send(());
-        }
-    }
 }
 
 /// One command to run. The node has already checked what execve cannot carry
