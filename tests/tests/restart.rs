@@ -155,6 +155,37 @@ async fn streamed_stdin_survives_a_brigd_crash_and_is_written_by_id() {
     sb.destroy().await.expect("destroy");
 }
 
+/// Stdin given whole (not streamed) is read whole by a command that only starts reading
+/// after brigd was killed: it is a file the command holds, not a pipe brigd was still
+/// filling (a pipe takes 64 KiB; the command would have read that much and then end of file).
+#[tokio::test]
+async fn stdin_given_whole_is_read_whole_across_a_brigd_crash() {
+    let mut daemon = Daemon::start_with(&["--on-exit", "keep"]).expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    let sb = client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
+    let input: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    let want = hex::encode(Sha256::digest(&input));
+    let script = "while [ ! -e /tmp/go ]; do sleep 0.05; done; sha256sum | cut -d' ' -f1";
+    let reader = sb
+        .exec_stream(Cmd::new(["sh", "-c", script]).stdin(input))
+        .await
+        .expect("start the reader");
+    let id = reader.exec_id();
+
+    let client = crash_and_restart(&mut daemon, Duration::from_millis(300)).await;
+    drop(reader);
+    let sb = client.sandbox(sb.id());
+    sb.exec(["touch", "/tmp/go"]).await.expect("let it read");
+    let out = tokio::time::timeout(Duration::from_secs(20), async {
+        sb.attach(id).await.expect("attach").collect().await.expect("output")
+    })
+    .await
+    .expect("the reader ends");
+    assert_eq!(out.stdout_text(), format!("{want}\n"), "{out:?}");
+    assert_eq!(out.result.exit_code, Some(0), "{:?}", out.result);
+    sb.destroy().await.expect("destroy");
+}
+
 /// Sessions outlive a brigd crash: the shim keeps the node's ends of each shell's pipes and
 /// the session's record says what runs in it, so after a `kill -9` and a restart each session
 /// answers under its id with its working directory, environment and functions intact, and a

@@ -43,7 +43,8 @@ pub enum Stdin {
     /// /dev/null-like: closed at once.
     #[default]
     Null,
-    /// These bytes, then end of file.
+    /// These bytes, then end of file. Off a terminal, the command reads them from a sealed
+    /// in-memory file (not a pipe), so a node restart cannot cut them short.
     Bytes(Vec<u8>),
     /// The caller writes through [`Exec::stdin`].
     Stream,
@@ -155,6 +156,25 @@ fn pipe_pair() -> Result<(OwnedFd, OwnedFd), RuntimeError> {
         .map_err(|e| RuntimeError::Io { what: "pipe".into(), source: e.into() })
 }
 
+/// Stdin given whole, as a sealed in-memory file the command reads from its start. Nothing
+/// of it lives only in this process, so a node that restarts while the command reads loses
+/// none of it (a pipe the node fed would end where the node stopped writing). The file's
+/// pages are charged to the node, and are at most the request's size.
+fn given_input(bytes: &[u8]) -> Result<OwnedFd, RuntimeError> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    use std::io::{Seek, Write};
+    let io = |source: std::io::Error| RuntimeError::Io { what: "stdin file".into(), source };
+    let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
+    let fd = rustix::fs::memfd_create("brig-stdin", flags).map_err(|e| io(e.into()))?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(bytes).map_err(io)?;
+    let seals = SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL;
+    rustix::fs::fcntl_add_seals(&file, seals).map_err(|e| io(e.into()))?;
+    // The command shares this file offset: it reads from the first byte.
+    file.rewind().map_err(io)?;
+    Ok(file.into())
+}
+
 fn receiver(fd: OwnedFd) -> Result<pipe::Receiver, RuntimeError> {
     pipe::Receiver::from_owned_fd(fd)
         .map_err(|source| RuntimeError::Io { what: "pipe".into(), source })
@@ -175,28 +195,29 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
     let started = Instant::now();
     let (process, stdout, stderr, stdin, terminal) = match request.terminal {
         None => {
-            let (in_r, in_w) = pipe_pair()?;
             let (out_r, out_w) = pipe_pair()?;
             let (err_r, err_w) = pipe_pair()?;
             let keep = if spooled { vec![out_r.as_fd(), err_r.as_fd()] } else { Vec::new() };
+            // Stdin given whole is a file the command reads; otherwise a pipe written to.
+            let (input, writer) = match &request.stdin {
+                Stdin::Bytes(bytes) => (given_input(bytes)?, None),
+                Stdin::Null | Stdin::Stream => {
+                    let (in_r, in_w) = pipe_pair()?;
+                    (in_r, Some(in_w))
+                }
+            };
             // Streamed stdin outlives the node with the output: a restarted node writes on.
             let streamed = matches!(request.stdin, Stdin::Stream);
             let input_kept = spooled && streamed;
-            let keep_input = Some(in_w.as_fd()).filter(|_| input_kept);
-            let stdio = [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()];
+            let keep_input = writer.as_ref().map(AsFd::as_fd).filter(|_| input_kept);
+            let stdio = [input.as_fd(), out_w.as_fd(), err_w.as_fd()];
             let process = container.spawn(spawn, stdio, &[], &keep, keep_input).await?;
             drop((keep, keep_input));
-            drop((in_r, out_w, err_w));
-            let mut stdin_tx = StdinPipe::new(in_w, &process, input_kept)?;
-            let stdin = match request.stdin {
-                Stdin::Null => None,
-                Stdin::Bytes(bytes) => {
-                    tokio::spawn(async move {
-                        let _ = stdin_tx.write_all(&bytes).await;
-                    });
-                    None
-                }
-                Stdin::Stream => Some(stdin_tx),
+            drop((input, out_w, err_w));
+            // Without a stream, the write end goes now: the command reads end of file.
+            let stdin = match writer.filter(|_| streamed) {
+                Some(in_w) => Some(StdinPipe::new(in_w, &process, input_kept)?),
+                None => None,
             };
             (process, Output::Pipe(receiver(out_r)?), Some(receiver(err_r)?), stdin, None)
         }
