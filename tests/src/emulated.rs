@@ -248,10 +248,23 @@ pub async fn check_paused_adopted(sb: &brig_sdk::Sandbox, state: &[u8]) -> Resul
 /// the break (read again by its exec id), an idle session with state (directory, an exported
 /// variable, a function) and a session whose command runs through the break. Both the command
 /// and the busy session wait for `/tmp/go`, which [`check_kept_work`] makes after the break.
+/// Two more commands carry stdin through it: `cat`, whose stdin a client streams (one line
+/// before the break, one written by id after it), and a reader given 1 MiB of stdin whole,
+/// which starts reading only after the break.
 pub struct KeptWork {
     through_id: u64,
     idle: String,
     busy: String,
+    /// `cat`'s stream, held so that its stdin is not ended by the client going away.
+    cat: brig_sdk::ExecStream,
+    whole_id: u64,
+    whole_sha256: String,
+}
+
+/// The stdin given whole to [`KeptWork`]'s reader: 1 MiB, more than a pipe or a vsock
+/// connection buffers.
+fn whole_stdin() -> Vec<u8> {
+    (0..1u32 << 20).map(|i| (i % 251) as u8).collect()
 }
 
 const SESSION_LIMIT: Duration = Duration::from_secs(60);
@@ -280,16 +293,40 @@ pub async fn start_kept_work(sb: &brig_sdk::Sandbox) -> Result<KeptWork, String>
     if !started.is_running() {
         return Err(format!("the session command should still run: {started:?}"));
     }
-    Ok(KeptWork { through_id, idle: idle.id().to_string(), busy: busy.id().to_string() })
+    let mut cat = sb.exec_stream(Cmd::new(["cat"]).stdin_stream()).await.map_err(e("cat"))?;
+    cat.write_stdin(b"one\n".to_vec()).await.map_err(e("write to cat"))?;
+    match cat.next().await {
+        Some(Ok(ExecEvent::Stdout(b))) if &b[..] == b"one\n" => {}
+        other => return Err(format!("cat's first event: {other:?}")),
+    }
+    let input = whole_stdin();
+    let whole_sha256 = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(&input))
+    };
+    let reads = "while [ ! -e /tmp/go ]; do sleep 0.1; done; sha256sum";
+    let whole = sb
+        .exec_stream(Cmd::new(["sh", "-c", reads]).stdin(input))
+        .await
+        .map_err(e("the reader of stdin given whole"))?;
+    Ok(KeptWork {
+        through_id,
+        idle: idle.id().to_string(),
+        busy: busy.id().to_string(),
+        whole_id: whole.exec_id(),
+        cat,
+        whole_sha256,
+    })
 }
 
 /// After the break (`after` names it: "the restart", "the pause"): both sessions are listed;
 /// the idle one answers with its state; the busy one's command, let go, reports its output,
 /// status and directory; a closed session is no longer listed; the command that ran through
-/// the break, read again by id, has all its output and its real status.
+/// the break, read again by id, has all its output and its real status; `cat` takes a line
+/// written by id and ends when its stdin is closed by id; the reader read all its stdin.
 pub async fn check_kept_work(
     sb: &brig_sdk::Sandbox,
-    work: &KeptWork,
+    work: KeptWork,
     after: &str,
 ) -> Result<(), String> {
     let e =
@@ -326,6 +363,26 @@ pub async fn check_kept_work(
         .map_err(e("collect"))?;
     if out.stdout != b"before\n" || out.stderr != b"after\n" || out.result.exit_code != Some(5) {
         return Err(format!("the command that ran through {after}: {out:?}"));
+    }
+    let KeptWork { cat, whole_id, whole_sha256, .. } = work;
+    let cat_id = cat.exec_id();
+    sb.write_stdin(cat_id, "two\n").await.map_err(e("write to cat by id"))?;
+    sb.close_stdin(cat_id).await.map_err(e("close cat's stdin by id"))?;
+    let collect = |id| async move {
+        let read = async { sb.attach(id).await?.collect().await };
+        tokio::time::timeout(SESSION_LIMIT, read)
+            .await
+            .map_err(|_| format!("after {after}, exec {id} did not end"))?
+            .map_err(|err| format!("after {after}, attach to exec {id}: {err}"))
+    };
+    let out = collect(cat_id).await?;
+    drop(cat);
+    if out.stdout_text() != "one\ntwo\n" || out.result.exit_code != Some(0) {
+        return Err(format!("cat, whose stdin was streamed through {after}: {out:?}"));
+    }
+    let out = collect(whole_id).await?;
+    if out.stdout_text() != format!("{whole_sha256}  -\n") || out.result.exit_code != Some(0) {
+        return Err(format!("the reader of stdin given whole, after {after}: {out:?}"));
     }
     Ok(())
 }

@@ -160,7 +160,7 @@ async fn check_adoption(client: &Client) -> Result<String, String> {
         return Err(format!("after the restart, the container is placed at {placement:?}"));
     }
     emulated::check_adopted(&running, &state).await?;
-    emulated::check_kept_work(&running, &kept, "the restart").await?;
+    emulated::check_kept_work(&running, kept, "the restart").await?;
     emulated::check_paused_adopted(&paused, b"paused\n").await?;
     match unrecorded.status().await {
         Err(err) if err.code() == Some(ErrorCode::NotFound) => {}

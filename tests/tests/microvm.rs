@@ -176,7 +176,7 @@ async fn drive_from_outside(client: Client) -> Result<(), String> {
     if !out.stdout.starts_with(b"kept-in-memory\n") || out.stdout.len() != 15 + blob.len() {
         return Err(format!("after resume: {} bytes, {:?}", out.stdout.len(), out.stderr));
     }
-    emulated::check_kept_work(&sb, &kept, "the pause").await?;
+    emulated::check_kept_work(&sb, kept, "the pause").await?;
     check_fork_mid_stream(&sb, pace).await?;
     let kids = sb.fork(2).await.map_err(e("fork"))?;
     let mut names = vec![sb.exec(["hostname"]).await.map_err(e("exec"))?.stdout];
@@ -249,7 +249,7 @@ async fn check_adoption(client: &Client) -> Result<(), String> {
     let marker = client.create(vm().label("phase", "restart")).await.map_err(e("create"))?;
     emulated::wait_for_restart(client, &marker).await?;
     emulated::check_adopted(&running, &state).await?;
-    emulated::check_kept_work(&running, &kept, "the restart").await?;
+    emulated::check_kept_work(&running, kept, "the restart").await?;
     emulated::check_paused_adopted(&paused, b"paused-memory\n").await?;
     match doomed.exec(["true"]).await {
         Err(err) if err.code() == Some(brig_sdk::ErrorCode::SandboxLost) => {}

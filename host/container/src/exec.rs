@@ -159,8 +159,9 @@ fn pipe_pair() -> Result<(OwnedFd, OwnedFd), RuntimeError> {
 /// Stdin given whole, as a sealed in-memory file the command reads from its start. Nothing
 /// of it lives only in this process, so a node that restarts while the command reads loses
 /// none of it (a pipe the node fed would end where the node stopped writing). The file's
-/// pages are charged to the node, and are at most the request's size.
-fn given_input(bytes: &[u8]) -> Result<OwnedFd, RuntimeError> {
+/// pages are charged to the process that made it, and are at most the request's size. (The
+/// guest's agent makes its commands' whole stdin the same way.)
+pub fn stdin_file(bytes: &[u8]) -> Result<OwnedFd, RuntimeError> {
     use rustix::fs::{MemfdFlags, SealFlags};
     use std::io::{Seek, Write};
     let io = |source: std::io::Error| RuntimeError::Io { what: "stdin file".into(), source };
@@ -200,7 +201,7 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
             let keep = if spooled { vec![out_r.as_fd(), err_r.as_fd()] } else { Vec::new() };
             // Stdin given whole is a file the command reads; otherwise a pipe written to.
             let (input, writer) = match &request.stdin {
-                Stdin::Bytes(bytes) => (given_input(bytes)?, None),
+                Stdin::Bytes(bytes) => (stdin_file(bytes)?, None),
                 Stdin::Null | Stdin::Stream => {
                     let (in_r, in_w) = pipe_pair()?;
                     (in_r, Some(in_w))

@@ -25,6 +25,8 @@ pub struct ExecStream {
     pub(crate) reader: BufReader<tokio::net::unix::OwnedReadHalf>,
     /// Kept open while the command runs: closing it hangs up, which kills the command.
     pub(crate) write: Option<tokio::net::unix::OwnedWriteHalf>,
+    /// An event read ahead (by [`ExecStream::started`]), given out first.
+    pub(crate) pending: Option<ExecEvent>,
 }
 
 /// A command's stdin, sent to the agent as frames (see `exec_stream_input`). Keep it until
@@ -61,25 +63,54 @@ impl ExecStream {
 
     /// The next event; `Exit` is the last.
     pub async fn next(&mut self) -> Result<ExecEvent, VmTierError> {
+        if let Some(event) = self.pending.take() {
+            return Ok(event);
+        }
+        loop {
+            if let Some(event) = self.next_frame().await? {
+                return Ok(event);
+            }
+        }
+    }
+
+    /// Waits for a command given its stdin whole to start ([`agent::STARTED`]): `true` once it
+    /// has; `false` if the agent answered otherwise (the command could not start: its error
+    /// comes next from [`ExecStream::next`]).
+    pub async fn started(&mut self) -> Result<bool, VmTierError> {
+        match self.next_frame().await? {
+            None => Ok(true),
+            Some(event) => {
+                self.pending = Some(event);
+                Ok(false)
+            }
+        }
+    }
+
+    /// One frame: an event, or `None` for STARTED.
+    async fn next_frame(&mut self) -> Result<Option<ExecEvent>, VmTierError> {
         let mut head = [0u8; 5];
         self.reader.read_exact(&mut head).await.map_err(io("agent reply"))?;
         let (kind, len) =
             agent::parse_header(head).map_err(|e| VmTierError::Agent(e.to_string()))?;
         let mut data = vec![0u8; len];
         self.reader.read_exact(&mut data).await.map_err(io("agent reply"))?;
-        match kind {
-            agent::STDOUT => Ok(ExecEvent::Stdout(data)),
-            agent::STDERR => Ok(ExecEvent::Stderr(data)),
+        if kind == agent::STARTED {
+            return Ok(None);
+        }
+        let event = match kind {
+            agent::STDOUT => ExecEvent::Stdout(data),
+            agent::STDERR => ExecEvent::Stderr(data),
             agent::EXIT | agent::SIGNALED => {
                 let value = agent::status_of(&data);
-                Ok(if kind == agent::EXIT {
+                if kind == agent::EXIT {
                     ExecEvent::Exit(value)
                 } else {
                     ExecEvent::Signaled(value)
-                })
+                }
             }
-            other => Err(VmTierError::Agent(format!("unknown frame kind {other}"))),
-        }
+            other => return Err(VmTierError::Agent(format!("unknown frame kind {other}"))),
+        };
+        Ok(Some(event))
     }
 }
 
@@ -93,7 +124,7 @@ pub async fn exec_stream_input(
     let request = AgentRequest::Exec { process, stdin_frames: true, keep };
     let (reader, write) = request_stream(uds, &request).await?.into_parts();
     let write = write.ok_or_else(|| VmTierError::Agent("no connection to write to".into()))?;
-    Ok((ExecStream { reader, write: None }, GuestStdin { write }))
+    Ok((ExecStream { reader, write: None, pending: None }, GuestStdin { write }))
 }
 
 /// Starts `process` in the guest behind `uds`, its stdin empty; with `keep`, the agent keeps
@@ -143,7 +174,21 @@ pub async fn attach_kept(
     container: Option<&str>,
 ) -> Result<ExecStream, VmTierError> {
     let container = container.map(str::to_string);
-    request_stream(uds, &AgentRequest::Attach { id, container }).await
+    request_stream(uds, &AgentRequest::Attach { id, container, input: false }).await
+}
+
+/// As [`attach_kept`], with the command's kept stdin written through the returned
+/// [`GuestStdin`] (its `finish` ends the input; dropping it leaves the input open).
+pub async fn attach_kept_input(
+    uds: &Path,
+    id: u64,
+    container: Option<&str>,
+) -> Result<(ExecStream, GuestStdin), VmTierError> {
+    let request =
+        AgentRequest::Attach { id, container: container.map(str::to_string), input: true };
+    let (reader, write) = request_stream(uds, &request).await?.into_parts();
+    let write = write.ok_or_else(|| VmTierError::Agent("no connection to write to".into()))?;
+    Ok((ExecStream { reader, write: None, pending: None }, GuestStdin { write }))
 }
 
 /// Kills every command and ends every session the agent behind `uds` keeps (best effort: a
@@ -251,7 +296,7 @@ pub(crate) async fn request_with_body(
     }
     write.write_all(&request.to_frame()).await.map_err(io("agent request"))?;
     write.write_all(body).await.map_err(io("agent request"))?;
-    Ok(ExecStream { reader, write: Some(write) })
+    Ok(ExecStream { reader, write: Some(write), pending: None })
 }
 
 /// How much of a reply the host takes in from a guest, and for how long: a guest decides what

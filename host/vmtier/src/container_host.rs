@@ -145,7 +145,7 @@ impl<'a> HostedContainer<'a> {
         }
         let (reader, write) = stream.into_parts();
         let write = write.ok_or_else(|| VmTierError::Agent("no connection to write to".into()))?;
-        Ok((ExecStream { reader, write: None }, Some(GuestStdin { write })))
+        Ok((ExecStream { reader, write: None, pending: None }, Some(GuestStdin { write })))
     }
 
     /// Opens a shell session (the container tier's session engine) running `shell`. With

@@ -7,14 +7,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use brig_core::sandbox::{ExecControl, ExecEvent, ExecExit, RunningExec, Stdin};
+use brig_core::sandbox::{ExecControl, ExecEvent, ExecExit, ExecSpec, RunningExec, Stdin};
+use brig_vmm_api::agent::{KeepExec, KeptStdin};
 use bytes::Bytes;
 use tokio::sync::{mpsc, Notify};
 
 use crate::agent_link::{ExecEvent as AgentEvent, ExecStream, GuestStdin};
+use crate::VmTierError;
 
 /// Events buffered between the pump and the node per command.
 const EVENTS: usize = 64;
+/// How long the agent has to take a command's whole stdin and start it.
+const WHOLE_STDIN_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Kills a guest command: its pump drops the agent connection.
 struct Hangup(Arc<Notify>);
@@ -41,6 +45,48 @@ pub struct KeptCommand {
     /// kept in the saved guest, so the command is detached ([`ExecEvent::Detached`]) rather
     /// than killed and ended.
     pub saving: Option<Arc<AtomicBool>>,
+}
+
+/// What the agent is asked to keep of the command `spec` starts: it runs under the node's id
+/// with its deadline and output cap, and its stdin is kept too: given whole, the agent has
+/// all of it before the command starts; streamed, it stays open for a restarted node.
+pub(crate) fn keep_for(spec: &ExecSpec) -> KeepExec {
+    KeepExec {
+        id: spec.exec_id,
+        timeout_ms: u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX),
+        output_limit: spec.output_limit,
+        stdin: match spec.stdin {
+            Stdin::Empty => KeptStdin::EndsWithConnection,
+            Stdin::Bytes(_) => KeptStdin::Whole,
+            Stdin::Stream(_) => KeptStdin::Kept,
+        },
+    }
+}
+
+/// Gives a command started with its stdin given whole ([`Stdin::Bytes`]) all of it now, and
+/// waits until the agent says the command started with it, so that what the node
+/// acknowledges is a command the guest keeps (a pause or a crash a moment later finds it).
+/// Other stdin is fed while the command runs ([`serve_kept`]). Returns what to serve.
+pub(crate) async fn give_stdin_whole(
+    mut stream: ExecStream,
+    input: Option<GuestStdin>,
+    stdin: Stdin,
+) -> Result<(ExecStream, Option<GuestStdin>, Stdin), VmTierError> {
+    match (stdin, input) {
+        (Stdin::Bytes(data), Some(mut input)) => {
+            let give = async {
+                input.write(&data).await?;
+                input.finish().await?;
+                // A command that could not start has its error read next, as events.
+                stream.started().await.map(drop)
+            };
+            tokio::time::timeout(WHOLE_STDIN_DEADLINE, give)
+                .await
+                .map_err(|_| VmTierError::ReplyTimeout(WHOLE_STDIN_DEADLINE))??;
+            Ok((stream, Some(input), Stdin::Empty))
+        }
+        (stdin, input) => Ok((stream, input, stdin)),
+    }
 }
 
 /// Serves a started guest command: `stdin` goes to `input` (needed unless `stdin` is
@@ -130,8 +176,8 @@ fn feed(stdin: Stdin, mut input: GuestStdin) -> tokio::task::JoinHandle<()> {
                     if input.write(&chunk.data).await.is_err() {
                         break;
                     }
-                    // Sent to the guest's agent, which keeps a command's input through a node
-                    // restart only while the VM lives.
+                    // Sent to the guest's agent, which keeps a kept command's stdin open through
+                    // a node restart or a pause (not through the VM's end).
                     chunk.written();
                 }
             }

@@ -33,8 +33,6 @@ use brig_core::sandbox::{
 };
 use brig_core::{QosClass, SandboxId, Tier};
 
-use brig_vmm_api::agent::KeepExec;
-
 use crate::guest_exec::{serve_kept, KeptCommand};
 use crate::{locked, HostedContainer, MicroVm, VmTier};
 
@@ -245,15 +243,11 @@ impl Sandbox for HostedSandbox {
             if spec.terminal.is_some() {
                 return Err(SandboxError::Unsupported { op: Op::Terminal, note: None });
             }
+            // The agent keeps the command under the node's id: it outlives a node restart.
+            let keep = crate::guest_exec::keep_for(&spec);
             let env = merged_env(&self.env, spec.env);
             let cwd = spec.cwd.unwrap_or_default();
             let stdin = !matches!(spec.stdin, Stdin::Empty);
-            // The agent keeps the command under the node's id: it outlives a node restart.
-            let keep = KeepExec {
-                id: spec.exec_id,
-                timeout_ms: u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX),
-                output_limit: spec.output_limit,
-            };
             let guest = self.guest();
             let (stream, input) =
                 guest.exec(spec.argv, env, &cwd, spec.user, stdin, Some(keep)).await?;
@@ -265,7 +259,9 @@ impl Sandbox for HostedSandbox {
                 saving: None,
             };
             let (timeout, limit) = (spec.timeout, spec.output_limit);
-            Ok(serve_kept(stream, input, spec.stdin, timeout, limit, Some(kept)))
+            let (stream, input, stdin) =
+                crate::guest_exec::give_stdin_whole(stream, input, spec.stdin).await?;
+            Ok(serve_kept(stream, input, stdin, timeout, limit, Some(kept)))
         })
     }
 

@@ -13,8 +13,6 @@ use brig_core::Tier;
 
 use std::time::Duration;
 
-use brig_vmm_api::agent::KeepExec;
-
 use crate::guest_exec::{serve_kept, KeptCommand};
 use crate::{MicroVm, ProcessRun, VmNet, VmTier, VmTierError};
 
@@ -108,14 +106,10 @@ impl Sandbox for VmSandbox {
             if spec.terminal.is_some() {
                 return Err(SandboxError::Unsupported { op: Op::Terminal, note: None });
             }
+            // The agent keeps the command under the node's id: it outlives a node restart.
+            let keep = crate::guest_exec::keep_for(&spec);
             // Argv, environment and directory go to the agent as data and reach execve as sent.
             let process = ProcessRun { argv: spec.argv, env: spec.env, cwd: spec.cwd };
-            // The agent keeps the command under the node's id: it outlives a node restart.
-            let keep = KeepExec {
-                id: spec.exec_id,
-                timeout_ms: u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX),
-                output_limit: spec.output_limit,
-            };
             let uds = &self.vm.uds;
             let (stream, input) = match spec.stdin {
                 Stdin::Empty => (crate::exec_stream(uds, process, Some(keep)).await?, None),
@@ -132,7 +126,9 @@ impl Sandbox for VmSandbox {
                 ran_for: Duration::ZERO,
                 saving: Some(self.vm.saving_flag()),
             };
-            Ok(serve_kept(stream, input, spec.stdin, spec.timeout, spec.output_limit, Some(kept)))
+            let (stream, input, stdin) =
+                crate::guest_exec::give_stdin_whole(stream, input, spec.stdin).await?;
+            Ok(serve_kept(stream, input, stdin, spec.timeout, spec.output_limit, Some(kept)))
         })
     }
 

@@ -354,26 +354,38 @@ fn exec(
     process: ProcessSpec,
     stdin: bool,
     keep: Option<agent::KeepExec>,
-    reader: BufReader<File>,
+    mut reader: BufReader<File>,
     out: &Arc<Mutex<File>>,
 ) -> Result<(End, Option<Arc<crate::kept::KeptExec>>), Refusal> {
     if process.argv.is_empty() {
         return Err(Refusal::bad("an empty command"));
     }
     let (name, argv) = (process.name.clone(), process.argv.clone());
-    let (in_r, in_w) = pipe()?;
+    // Stdin given whole is all here before the process starts, in a file it reads.
+    let whole = match (stdin, keep.map(|k| k.stdin).unwrap_or_default()) {
+        (true, agent::KeptStdin::Whole) => Some(crate::read_whole_stdin(&mut reader)?),
+        _ => None,
+    };
+    let given_whole = whole.is_some();
+    let (input, in_w) = match whole {
+        Some(file) => (OwnedFd::from(file), None),
+        None => {
+            let (in_r, in_w) = pipe()?;
+            (in_r, Some(in_w).filter(|_| stdin))
+        }
+    };
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
-    let stdio = [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()];
+    let stdio = [input.as_fd(), out_w.as_fd(), err_w.as_fd()];
     let mut child =
         svc.tokio.block_on(container.spawn(spawn_request(process), stdio, &[], &[], None))?;
-    drop((in_r, out_w, err_w));
-    let stdin = stdin.then(|| File::from(in_w));
+    drop((input, out_w, err_w));
     // The shim makes every process the leader of its own group.
     let kept = keep.and_then(|keep| {
         let tree_kill: crate::kept::TreeKill = Box::new(child.tree_killer());
         crate::kept::register(&name, keep, &argv, child.pid, Some(tree_kill))
     });
+    let stdin = crate::StdinSink::new(in_w.map(File::from), kept.as_ref());
     // A hang-up before the process ends (the node's timeout or cap, a kill) kills its tree,
     // unless it is kept; after it ended, what it left in the background runs on, as on the
     // node's kernel.
@@ -384,6 +396,9 @@ fn exec(
             kill_tree();
         }
     });
+    if given_whole {
+        crate::frame(out, agent::STARTED, &[])?;
+    }
     let pipes: Vec<(u8, Box<dyn Read + Send>)> = vec![
         (agent::STDOUT, Box::new(File::from(out_r))),
         (agent::STDERR, Box::new(File::from(err_r))),

@@ -14,7 +14,7 @@ const MAX_TOTAL: usize = 32 << 20;
 static TOTAL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 use std::collections::HashMap;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -34,6 +34,10 @@ pub struct KeptExec {
     group: i32,
     state: Mutex<State>,
     changed: Condvar,
+    /// Its stdin's write end, while kept open for the host ([`agent::KeptStdin::Kept`]).
+    input: Mutex<Option<Box<dyn Write + Send>>>,
+    /// Whether `input` holds it (read without waiting for a writer blocked on a full pipe).
+    input_open: AtomicBool,
 }
 
 #[derive(Default)]
@@ -101,6 +105,8 @@ pub fn register(
         group,
         state: Mutex::new(State { tree_kill, ..State::default() }),
         changed: Condvar::new(),
+        input: Mutex::new(None),
+        input_open: AtomicBool::new(false),
     });
     table.insert(key(scope, keep.id), exec.clone());
     Some(exec)
@@ -133,6 +139,40 @@ impl KeptExec {
         state.tree_kill = None;
         drop(state);
         self.changed.notify_all();
+        // Nothing is written to an ended command's stdin. A writer blocked on a pipe that a
+        // background process keeps open holds the lock: it drops the pipe when it fails.
+        self.input_open.store(false, Ordering::SeqCst);
+        if let Ok(mut input) = self.input.try_lock() {
+            *input = None;
+        }
+    }
+
+    /// Whether the host asked for its stdin to stay open past the connection.
+    pub fn keeps_input(&self) -> bool {
+        self.keep.stdin == agent::KeptStdin::Kept
+    }
+
+    /// Keeps the write end of its stdin open past the connection that started it.
+    pub fn keep_input(&self, pipe: Box<dyn Write + Send>) {
+        *lock(&self.input) = Some(pipe);
+        self.input_open.store(true, Ordering::SeqCst);
+    }
+
+    /// Writes `data` to its kept stdin; an empty `data` ends the input. False once the input
+    /// is closed: ended so, by the command's end, or by the command no longer reading.
+    pub fn write_input(&self, data: &[u8]) -> bool {
+        let mut input = lock(&self.input);
+        let Some(pipe) = input.as_mut().filter(|_| self.input_open.load(Ordering::SeqCst)) else {
+            *input = None;
+            return false;
+        };
+        if data.is_empty() || pipe.write_all(data).is_err() {
+            // Listed closed before the command can see its end.
+            self.input_open.store(false, Ordering::SeqCst);
+            *input = None;
+            return false;
+        }
+        true
     }
 
     /// A host has its EXIT: the entry goes (unless a later command took its id).
@@ -159,6 +199,7 @@ pub fn list(scope: &str) -> Vec<KeptInfo> {
                 elapsed_ms: u64::try_from(e.started.elapsed().as_millis()).unwrap_or(u64::MAX),
                 ended: state.exit.is_some(),
                 gap: state.gap,
+                input_open: e.input_open.load(Ordering::SeqCst),
             }
         })
         .collect();
@@ -209,12 +250,14 @@ impl KeptExec {
 }
 
 /// Sends kept command `id`'s output from its first byte, then what follows, then its end,
-/// to `out`; stops early when the host hangs up (`reader` reaches its end).
+/// to `out`; stops early when the host hangs up (`reader` reaches its end). With `input`, the
+/// IN_STDIN frames on `reader` go to the command's kept stdin.
 pub fn attach(
     scope: &str,
     id: u64,
     mut reader: impl Read + Send + 'static,
     out: &Mutex<std::fs::File>,
+    input: bool,
 ) -> std::io::Result<()> {
     let Some(exec) = lock(table()).get(&key(scope, id)).cloned() else {
         crate::frame(out, agent::STDERR, format!("brig-agent: no kept command {id}\n").as_bytes())?;
@@ -224,8 +267,18 @@ pub fn attach(
     {
         let (exec, hung_up) = (exec.clone(), hung_up.clone());
         std::thread::spawn(move || {
-            let mut byte = [0u8; 1];
-            while matches!(reader.read(&mut byte), Ok(n) if n > 0) {}
+            if input {
+                let mut open = true;
+                // A frame over the size cap ends the connection, as a hang-up does.
+                while let Ok((kind, data)) = agent::read_frame(&mut reader) {
+                    if kind == agent::IN_STDIN && open {
+                        open = exec.write_input(&data);
+                    }
+                }
+            } else {
+                let mut byte = [0u8; 1];
+                while matches!(reader.read(&mut byte), Ok(n) if n > 0) {}
+            }
             hung_up.store(true, Ordering::SeqCst);
             let _state = lock(&exec.state);
             exec.changed.notify_all();
@@ -272,7 +325,12 @@ mod tests {
     /// forgotten in its own scope only, and a tree kill does not outlive the command's end.
     #[test]
     fn each_container_has_its_own_command_ids() {
-        let keep = KeepExec { id: 7, timeout_ms: 1000, output_limit: 1 << 10 };
+        let keep = KeepExec {
+            id: 7,
+            timeout_ms: 1000,
+            output_limit: 1 << 10,
+            stdin: agent::KeptStdin::EndsWithConnection,
+        };
         let killed = Arc::new(AtomicBool::new(false));
         let tree_kill: TreeKill = {
             let killed = killed.clone();
@@ -297,5 +355,49 @@ mod tests {
         b.delivered();
         assert!(list("t-sb-b").is_empty());
         drop(a);
+    }
+
+    /// A kept command's stdin outlives the connection that fed it: a host attached again with
+    /// `input` writes on, an empty frame ends it (the command reads end of file), and the
+    /// listing says whether it is open.
+    #[test]
+    fn a_kept_stdin_is_written_again_through_an_attach() {
+        use std::os::fd::OwnedFd;
+        use std::os::unix::net::UnixStream;
+        use std::process::{Command, Stdio};
+        let keep = KeepExec {
+            id: 8,
+            timeout_ms: 10_000,
+            output_limit: 1 << 10,
+            stdin: agent::KeptStdin::Kept,
+        };
+        let mut cat =
+            Command::new("cat").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("cat");
+        let exec = register("t-input", keep, &["cat".into()], 0, None).expect("kept");
+        assert!(exec.keeps_input());
+        assert!(!list("t-input")[0].input_open, "nothing kept yet");
+        exec.keep_input(Box::new(cat.stdin.take().expect("stdin")));
+        assert!(exec.write_input(b"one\n"), "the first connection's write");
+        assert!(list("t-input")[0].input_open);
+
+        // The first connection is gone; a host attaches again with input.
+        let (mut host, agent_end) = UnixStream::pair().expect("pair");
+        let reader = agent_end.try_clone().expect("clone");
+        let out = Mutex::new(std::fs::File::from(OwnedFd::from(agent_end)));
+        let attached = std::thread::spawn(move || attach("t-input", 8, reader, &out, true));
+        agent::write_frame(&mut host, agent::IN_STDIN, b"two\n").expect("write");
+        agent::write_frame(&mut host, agent::IN_STDIN, b"").expect("end the input");
+        let mut echoed = String::new();
+        cat.stdout.take().expect("stdout").read_to_string(&mut echoed).expect("read cat");
+        assert_eq!(echoed, "one\ntwo\n", "cat read both connections' input, then its end");
+        assert!(!list("t-input")[0].input_open, "ended by the empty frame");
+        assert!(!exec.write_input(b"three\n"), "a closed stdin takes nothing");
+
+        let status = cat.wait().expect("wait");
+        exec.finish(agent::EXIT, status.code().unwrap_or(-1));
+        let (kind, data) = agent::read_frame(&mut host).expect("the end");
+        assert_eq!((kind, agent::status_of(&data)), (agent::EXIT, 0));
+        attached.join().expect("join").expect("attach");
+        assert!(list("t-input").is_empty(), "forgotten once its end was read");
     }
 }

@@ -6,7 +6,7 @@
 //! signal. In a container-host VM (`BRIG_AGENT_CONTAINERS` set) it also runs the node's
 //! container runtime for container requests (see `containers`).
 
-use std::io::{BufReader, Read};
+use std::io::{BufReader, Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
@@ -17,7 +17,7 @@ mod kept;
 mod kept_session;
 mod session;
 
-use brig_vmm_api::agent::{self, AgentRequest, KeepExec, ProcessRun};
+use brig_vmm_api::agent::{self, AgentRequest, KeepExec, KeptStdin, ProcessRun};
 use nix::sys::socket::{
     accept, bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, VsockAddr,
 };
@@ -180,7 +180,9 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
             }
             done(&out, Ok(()))
         }
-        AgentRequest::Attach { id, container } => kept::attach(scope(&container), id, reader, &out),
+        AgentRequest::Attach { id, container, input } => {
+            kept::attach(scope(&container), id, reader, &out, input)
+        }
         AgentRequest::Kill { id, container } => done(
             &out,
             kept::kill(scope(&container), id).then_some(()).ok_or_else(|| {
@@ -249,16 +251,30 @@ fn exec(
     process: &ProcessRun,
     stdin_frames: bool,
     keep: Option<KeepExec>,
-    reader: BufReader<std::fs::File>,
+    mut reader: BufReader<std::fs::File>,
     out: &Arc<Mutex<std::fs::File>>,
 ) -> std::io::Result<()> {
+    let stdin_mode = keep.map(|k| k.stdin).unwrap_or_default();
+    // Stdin given whole is all here before the command starts, in a file it reads.
+    let whole = match (stdin_frames, stdin_mode) {
+        (true, KeptStdin::Whole) => match read_whole_stdin(&mut reader) {
+            Ok(file) => Some(file),
+            Err(e) => {
+                frame(out, agent::STDERR, format!("brig-agent: stdin: {e}\n").as_bytes())?;
+                return frame(out, agent::EXIT, &agent::EXIT_CANNOT_START.to_le_bytes());
+            }
+        },
+        _ => None,
+    };
+    let given_whole = whole.is_some();
+    let piped = stdin_frames && !given_whole;
     let started = command(process).and_then(|mut command| {
-        command
-            .stdin(if stdin_frames { Stdio::piped() } else { Stdio::null() })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
+        let stdin = match whole {
+            Some(file) => Stdio::from(file),
+            None if piped => Stdio::piped(),
+            None => Stdio::null(),
+        };
+        command.stdin(stdin).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn()
     });
     let mut child = match started {
         Ok(child) => child,
@@ -271,17 +287,21 @@ fn exec(
     };
     // When the host hangs up (its timeout, or it went away), the command and everything it
     // started are killed, unless it is kept. With streamed stdin, the same reader feeds it
-    // first (a kept command's stdin ends with the connection).
+    // first (a kept command's stdin ends with the connection unless the host asked to keep
+    // it too).
     let group_id = child.id() as i32;
     let kept = keep.and_then(|keep| kept::register("", keep, &process.argv, group_id, None));
     let kill_on_hangup = kept.is_none();
     let group = nix::unistd::Pid::from_raw(-group_id);
-    let stdin = child.stdin.take();
+    let stdin = StdinSink::new(child.stdin.take(), kept.as_ref());
     feed_until_hangup(reader, stdin, move || {
         if kill_on_hangup {
             let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
         }
     });
+    if given_whole {
+        frame(out, agent::STARTED, &[])?;
+    }
     let pipes: Vec<(u8, Box<dyn Read + Send>)> = vec![
         (agent::STDOUT, Box::new(child.stdout.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),
         (agent::STDERR, Box::new(child.stderr.take().ok_or(std::io::ErrorKind::BrokenPipe)?)),
@@ -298,32 +318,86 @@ fn exec(
     Ok(())
 }
 
-/// Feeds `stdin` (if any) from the connection's IN_STDIN frames until an empty one, then
-/// waits for the host to hang up, and calls `kill` then: a command never outlives the
-/// connection that started it.
+/// Where a connection's IN_STDIN frames go.
+pub(crate) enum StdinSink {
+    /// Nowhere: the command's stdin is empty, given whole, or closed.
+    Nowhere,
+    /// Into this pipe, which closes with the connection.
+    Pipe(Box<dyn Write + Send>),
+    /// Into a kept command's stdin, which stays open past the connection (`kept`).
+    Kept(Arc<kept::KeptExec>),
+}
+
+impl StdinSink {
+    /// The command's stdin pipe (if it has one), kept by `kept` if the host asked for that.
+    pub(crate) fn new(
+        pipe: Option<impl Write + Send + 'static>,
+        kept: Option<&Arc<kept::KeptExec>>,
+    ) -> StdinSink {
+        let Some(pipe) = pipe else { return StdinSink::Nowhere };
+        match kept.filter(|k| k.keeps_input()) {
+            Some(kept) => {
+                kept.keep_input(Box::new(pipe));
+                StdinSink::Kept(kept.clone())
+            }
+            None => StdinSink::Pipe(Box::new(pipe)),
+        }
+    }
+
+    /// Writes one frame's bytes: an empty frame ends the input, as does a failed write (the
+    /// command stopped reading).
+    fn write(self, data: &[u8]) -> StdinSink {
+        match self {
+            StdinSink::Pipe(mut pipe) => {
+                if data.is_empty() || pipe.write_all(data).is_err() {
+                    return StdinSink::Nowhere;
+                }
+                StdinSink::Pipe(pipe)
+            }
+            StdinSink::Kept(kept) if kept.write_input(data) => StdinSink::Kept(kept),
+            StdinSink::Kept(_) | StdinSink::Nowhere => StdinSink::Nowhere,
+        }
+    }
+}
+
+/// Feeds `stdin` from the connection's IN_STDIN frames until an empty one, then waits for the
+/// host to hang up, and calls `kill` then: a command never outlives the connection that
+/// started it, unless `kill` keeps it (a kept command, whose kept stdin stays open).
 fn feed_until_hangup(
     mut reader: BufReader<std::fs::File>,
-    mut stdin: Option<impl std::io::Write + Send + 'static>,
+    mut stdin: StdinSink,
     kill: impl FnOnce() + Send + 'static,
 ) {
     std::thread::spawn(move || {
-        if stdin.is_some() {
-            while let Ok((kind, data)) = agent::read_frame(&mut reader) {
-                let Some(pipe) = stdin.as_mut().filter(|_| kind == agent::IN_STDIN) else {
-                    continue;
-                };
-                // An empty frame ends the input (the command sees end of file); a failed
-                // write means the command stopped reading.
-                if data.is_empty() || pipe.write_all(&data).is_err() {
-                    stdin = None;
-                }
+        // A frame over the size cap ends the connection, as a hang-up does.
+        while let Ok((kind, data)) = agent::read_frame(&mut reader) {
+            if kind == agent::IN_STDIN {
+                stdin = stdin.write(&data);
             }
-        } else {
-            let mut byte = [0u8; 1];
-            while matches!(reader.read(&mut byte), Ok(n) if n > 0) {}
         }
         kill();
     });
+}
+
+/// Reads IN_STDIN frames up to the empty one that ends them (at most
+/// [`agent::MAX_WHOLE_STDIN`] bytes) into a sealed in-memory file, for a command's stdin.
+fn read_whole_stdin(reader: &mut impl Read) -> std::io::Result<std::fs::File> {
+    let mut data = Vec::new();
+    loop {
+        let (kind, chunk) = agent::read_frame(reader).map_err(std::io::Error::other)?;
+        if kind != agent::IN_STDIN {
+            continue;
+        }
+        if chunk.is_empty() {
+            break;
+        }
+        if data.len() + chunk.len() > agent::MAX_WHOLE_STDIN {
+            let message = format!("more than {} bytes given whole", agent::MAX_WHOLE_STDIN);
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, message));
+        }
+        data.extend_from_slice(&chunk);
+    }
+    brig_container::exec::stdin_file(&data).map(std::fs::File::from).map_err(std::io::Error::other)
 }
 
 /// The process `run` names, as a command to spawn: its argv, its environment on top of the
@@ -449,4 +523,62 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
     status.code().unwrap_or_else(|| {
         128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    /// Serves one connection as the agent does; returns the host's end.
+    fn connect(request: &AgentRequest) -> UnixStream {
+        let (mut host, agent_end) = UnixStream::pair().expect("pair");
+        std::thread::spawn(move || handle(std::fs::File::from(OwnedFd::from(agent_end))));
+        std::io::Write::write_all(&mut host, &request.to_frame()).expect("request");
+        host
+    }
+
+    fn whole(id: u64, argv: &[&str]) -> AgentRequest {
+        let keep =
+            KeepExec { id, timeout_ms: 10_000, output_limit: 1 << 20, stdin: KeptStdin::Whole };
+        let argv = argv.iter().map(|a| a.to_string()).collect();
+        AgentRequest::Exec { process: ProcessRun::argv(argv), stdin_frames: true, keep: Some(keep) }
+    }
+
+    /// Stdin given whole: the agent takes all of it (more than a pipe holds), starts the
+    /// command, says STARTED before any output, and the command reads it from a file. A host
+    /// that hangs up before the input's end starts nothing.
+    #[test]
+    fn stdin_given_whole_is_all_there_before_the_command_starts() {
+        let input: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let mut host = connect(&whole(9_101, &["sh", "-c", "wc -c; ls -l /proc/self/fd/0"]));
+        for chunk in input.chunks(64 << 10) {
+            agent::write_frame(&mut host, agent::IN_STDIN, chunk).expect("stdin");
+        }
+        agent::write_frame(&mut host, agent::IN_STDIN, b"").expect("end of stdin");
+        let (kind, _) = agent::read_frame(&mut host).expect("first frame");
+        assert_eq!(kind, agent::STARTED, "STARTED comes first");
+        assert!(kept::list("").iter().any(|i| i.keep.id == 9_101), "kept once started");
+        let mut stdout = Vec::new();
+        loop {
+            let (kind, data) = agent::read_frame(&mut host).expect("frame");
+            match kind {
+                agent::STDOUT => stdout.extend_from_slice(&data),
+                agent::EXIT => {
+                    assert_eq!(agent::status_of(&data), 0);
+                    break;
+                }
+                other => panic!("frame {other}: {}", String::from_utf8_lossy(&data)),
+            }
+        }
+        let stdout = String::from_utf8_lossy(&stdout).into_owned();
+        assert!(stdout.starts_with("300000\n"), "{stdout}");
+        assert!(stdout.contains("memfd:brig-stdin"), "stdin is the sealed file: {stdout}");
+
+        let mut cut = connect(&whole(9_102, &["true"]));
+        agent::write_frame(&mut cut, agent::IN_STDIN, b"half of it").expect("stdin");
+        drop(cut);
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(kept::list("").iter().all(|i| i.keep.id != 9_102), "started with half its stdin");
+    }
 }

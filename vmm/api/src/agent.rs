@@ -7,6 +7,7 @@
 //!
 //! host → agent   REQUEST frame: one AgentRequest as JSON, first
 //!   exec           then, with stdin_frames, IN_STDIN frames (an empty one ends the input)
+//!   attach         then, with input, IN_STDIN frames for the kept command's stdin
 //!   put            then exactly `len` raw bytes of the file (not framed)
 //!   session        then IN_STDIN (to fd 0), IN_COMMAND (to fd 3), IN_INTERRUPT, IN_CLOSE
 //!   session_attach the same, for a kept session
@@ -42,6 +43,10 @@ pub const SESSION_DONE: u8 = 4;
 /// In place of EXIT, last: the process died of this signal (i32 LE). An exec of the agent's
 /// own reports 128 + signal in EXIT instead, as a shell would.
 pub const SIGNALED: u8 = 5;
+/// Agent → host, first, for a command whose stdin is given whole ([`KeptStdin::Whole`]): all of
+/// it arrived and the command started (and is kept). A command that cannot start answers
+/// STDERR and EXIT instead.
+pub const STARTED: u8 = 6;
 /// Host → agent: bytes for a process's stdin, for a session's fd 3, and an interrupt.
 pub const IN_STDIN: u8 = 16;
 pub const IN_COMMAND: u8 = 17;
@@ -104,11 +109,14 @@ pub enum AgentRequest {
         container: Option<String>,
     },
     /// A kept command's output from its first byte, then what it writes next, then its
-    /// EXIT; EXIT 1 with a message when the agent keeps no such command.
+    /// EXIT; EXIT 1 with a message when the agent keeps no such command. With `input`, the
+    /// connection's IN_STDIN frames go to the command's kept stdin (an empty one ends it).
     Attach {
         id: u64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         container: Option<String>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        input: bool,
     },
     /// Kills a kept command's process group.
     Kill {
@@ -187,7 +195,39 @@ pub struct KeepExec {
     pub id: u64,
     pub timeout_ms: u64,
     pub output_limit: u64,
+    /// What becomes of its stdin (with `stdin_frames`) when the connection ends first. Left
+    /// out when it ends with the connection, so an agent older than this field still keeps
+    /// commands whose stdin is empty or ends that way.
+    #[serde(default, skip_serializing_if = "KeptStdin::ends_with_connection")]
+    pub stdin: KeptStdin,
 }
+
+/// A kept command's stdin, streamed as IN_STDIN frames, when the connection that started the
+/// command ends before an empty frame ended the input.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum KeptStdin {
+    /// It ends: the command reads end of file.
+    #[default]
+    EndsWithConnection,
+    /// The host gives it whole: the agent reads it to its empty frame (at most
+    /// [`MAX_WHOLE_STDIN`] bytes) before it starts the command, which reads it from a file,
+    /// and says [`STARTED`]. A host that goes away cannot cut it short then; a hang-up before
+    /// its end starts nothing (and the host never saw STARTED).
+    Whole,
+    /// It stays open: a host that attaches again with `input` writes on, until an empty
+    /// frame ends it or the command does.
+    Kept,
+}
+
+impl KeptStdin {
+    fn ends_with_connection(&self) -> bool {
+        *self == KeptStdin::EndsWithConnection
+    }
+}
+
+/// The most stdin a host may give whole ([`KeptStdin::Whole`]).
+pub const MAX_WHOLE_STDIN: usize = 16 << 20;
 
 /// One kept command, as `kept` lists it.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -201,6 +241,9 @@ pub struct KeptInfo {
     pub ended: bool,
     /// Output past [`MAX_KEPT_OUTPUT`] was not kept.
     pub gap: bool,
+    /// Its stdin is open and kept ([`KeptStdin::Kept`]): `attach` with `input` writes to it.
+    #[serde(default)]
+    pub input_open: bool,
 }
 
 /// A request or frame the other side cannot take.
@@ -288,7 +331,12 @@ mod tests {
                 cwd: Some("/tmp/a b".into()),
             },
             stdin_frames: true,
-            keep: Some(KeepExec { id: 3, timeout_ms: 60_000, output_limit: 1 << 20 }),
+            keep: Some(KeepExec {
+                id: 3,
+                timeout_ms: 60_000,
+                output_limit: 1 << 20,
+                stdin: KeptStdin::Kept,
+            }),
         }
     }
 
@@ -309,7 +357,8 @@ mod tests {
             AgentRequest::Get { path: "/etc/x".into() },
             AgentRequest::Kept { container: None },
             AgentRequest::Kept { container: Some("sb-1".into()) },
-            AgentRequest::Attach { id: 9, container: None },
+            AgentRequest::Attach { id: 9, container: None, input: false },
+            AgentRequest::Attach { id: 9, container: Some("sb-1".into()), input: true },
             AgentRequest::Kill { id: 9, container: Some("sb-1".into()) },
             AgentRequest::Session { process: ProcessRun::shell("true"), keep: Some("s-1".into()) },
             AgentRequest::SessionAttach { id: "s-1".into(), container: None },
@@ -320,6 +369,30 @@ mod tests {
         ] {
             assert_eq!(AgentRequest::read(&mut &request.to_frame()[..]).expect("r"), request);
         }
+    }
+
+    /// Agents and hosts of before kept stdin read each other's plain requests and listings:
+    /// the new fields are left out when they say what the old protocol did.
+    #[test]
+    fn kept_stdin_fields_are_left_out_unless_used() {
+        let keep = KeepExec {
+            id: 1,
+            timeout_ms: 5,
+            output_limit: 6,
+            stdin: KeptStdin::EndsWithConnection,
+        };
+        let json = serde_json::to_string(&keep).expect("json");
+        assert_eq!(json, r#"{"id":1,"timeout_ms":5,"output_limit":6}"#);
+        let kept: KeepExec = serde_json::from_str(&json).expect("old keep");
+        assert_eq!(kept, keep);
+        let attach = AgentRequest::Attach { id: 2, container: None, input: false };
+        let json = serde_json::to_string(&attach).expect("json");
+        assert_eq!(json, r#"{"op":"attach","id":2}"#);
+        let old = r#"{"keep":{"id":1,"timeout_ms":5,"output_limit":6},"argv":["cat"],"elapsed_ms":9,"ended":false,"gap":false}"#;
+        let info: KeptInfo = serde_json::from_str(old).expect("an older agent's listing");
+        assert!(!info.input_open);
+        let whole = KeepExec { stdin: KeptStdin::Whole, ..keep };
+        assert!(serde_json::to_string(&whole).expect("json").contains(r#""stdin":"whole""#));
     }
 
     #[test]

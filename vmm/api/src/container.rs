@@ -253,7 +253,12 @@ mod tests {
                 user: None,
             },
             stdin: true,
-            keep: Some(crate::agent::KeepExec { id: 4, timeout_ms: 1000, output_limit: 64 }),
+            keep: Some(crate::agent::KeepExec {
+                id: 4,
+                timeout_ms: 1000,
+                output_limit: 64,
+                stdin: crate::agent::KeptStdin::Whole,
+            }),
         };
         let body = serde_json::to_vec(&req).expect("encode");
         let back: ContainerRequest = serde_json::from_slice(&body).expect("decode");
