@@ -10,7 +10,9 @@
 //! and once everything is destroyed nothing of any sandbox is left on the host. Half of the
 //! clients' sandboxes have a layer served lazily from the store, read a block at a time
 //! through the crashes (its server, `brig-lazyfs`, is adopted by each restarted brigd); twice
-//! the test `kill -9`s that server too, and a new one takes its mount over.
+//! the test `kill -9`s that server too, and a new one takes its mount over; once more it kills
+//! the server while brigd is down, and the restarted brigd takes the mount over from the
+//! device keeper.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -24,6 +26,8 @@ const CLIENTS: usize = 16;
 const CRASHES: usize = 10;
 /// Before these crashes of brigd, the lazy file system server is killed (and taken over).
 const LAZY_SERVER_KILLS: [usize; 2] = [2, 6];
+/// At this crash, the lazy file system server is killed with brigd (while brigd is down).
+const LAZY_SERVER_KILLED_WITH_BRIGD: usize = 4;
 /// The store layer's file: 4 MiB, 1,024 blocks of 4 KiB.
 const LAYER_FILE_BLOCKS: u64 = 1024;
 
@@ -69,16 +73,25 @@ struct Acknowledged {
     reader: Option<(u64, u64)>,
 }
 
-/// `kill -9`s the lazy file system server and waits until brigd has put the one that took its
-/// mount over on record (both dead at once is a fault this test does not make).
-async fn kill_lazy_server(daemon: &Daemon) {
-    let pid_of = || {
-        let record = std::fs::read(daemon.run_dir().join("lazyfs.pid")).unwrap_or_default();
-        serde_json::from_slice::<serde_json::Value>(&record).ok().and_then(|v| v["pid"].as_i64())
-    };
-    let old = pid_of().expect("lazyfs.pid");
+/// The lazy file system server `<run>/lazyfs.pid` records.
+fn lazy_server_pid(daemon: &Daemon) -> Option<i64> {
+    let record = std::fs::read(daemon.run_dir().join("lazyfs.pid")).unwrap_or_default();
+    serde_json::from_slice::<serde_json::Value>(&record).ok().and_then(|v| v["pid"].as_i64())
+}
+
+/// `kill -9`s the lazy file system server; returns its pid.
+fn kill_lazy_server_now(daemon: &Daemon) -> i64 {
+    let old = lazy_server_pid(daemon).expect("lazyfs.pid");
     let killed = std::process::Command::new("kill").args(["-9", &old.to_string()]).status();
     assert!(killed.expect("kill").success(), "kill brig-lazyfs");
+    old
+}
+
+/// `kill -9`s the lazy file system server and waits until brigd has put the one that took its
+/// mount over on record.
+async fn kill_lazy_server(daemon: &Daemon) {
+    let pid_of = || lazy_server_pid(daemon);
+    let old = kill_lazy_server_now(daemon);
     let deadline = Instant::now() + Duration::from_secs(20);
     while pid_of().is_none_or(|pid| pid == old) {
         assert!(Instant::now() < deadline, "brig-lazyfs {old} was not replaced");
@@ -385,6 +398,10 @@ async fn sixteen_clients_lose_nothing_through_ten_crashes() {
         }
         tokio::time::sleep(Duration::from_millis(wait)).await;
         daemon.crash().expect("crash");
+        if i == LAZY_SERVER_KILLED_WITH_BRIGD {
+            let old = kill_lazy_server_now(&daemon);
+            println!("brig-lazyfs {old} killed with brigd");
+        }
         daemon.start_again().expect("start again");
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -406,7 +423,12 @@ async fn sixteen_clients_lose_nothing_through_ten_crashes() {
     assert!(execs >= CLIENTS, "too little load ran: {execs} execs");
 
     // The daemon's log, for reading after a failure.
-    let _ = std::fs::write(std::env::temp_dir().join("chaos-brigd.log"), daemon.log_text());
+    let log = daemon.log_text();
+    let _ = std::fs::write(std::env::temp_dir().join("chaos-brigd.log"), &log);
+    assert!(
+        log.contains("a new one took over its mount from the device keeper"),
+        "the server killed with brigd was not taken over from the device keeper"
+    );
     let client = &clients[0];
     futures::future::join_all(acks.iter().map(|ack| verify(client, ack, &layer))).await;
     // Everything acknowledged and not destroyed is there. A create or fork whose reply a

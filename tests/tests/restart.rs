@@ -258,7 +258,8 @@ async fn sessions_survive_a_brigd_crash_with_their_state() {
 /// brigd crash: its FUSE server (`brig-lazyfs`) runs in a process of its own, and the restarted
 /// brigd adopts it. When the server lived in brigd, every read of a page not yet fetched failed
 /// with EIO after the crash. The adopted server, killed in turn, is taken over as one brigd
-/// started would be: the restarted brigd copied its FUSE device when it adopted it.
+/// started would be: the restarted brigd copied its FUSE device when it adopted it. Last,
+/// brigd and the server are killed together, and the device keeper's copy carries the mount.
 #[tokio::test]
 async fn store_layers_are_served_through_a_brigd_crash() {
     let mut daemon = Daemon::start_with(&["--on-exit", "keep"]).expect("brigd");
@@ -269,6 +270,9 @@ async fn store_layers_are_served_through_a_brigd_crash() {
     std::fs::create_dir_all(tmp.path().join("data")).expect("mkdir");
     std::fs::write(tmp.path().join("data/big.bin"), &data).expect("write");
     let want = hex::encode(Sha256::digest(&data));
+    let more: Vec<u8> = data.iter().rev().map(|b| b ^ 0x5a).collect();
+    std::fs::write(tmp.path().join("data/more.bin"), &more).expect("write");
+    let want_more = hex::encode(Sha256::digest(&more));
     client
         .import_image("workspace/lazy", None, ImageSource::Dir(tmp.path().to_path_buf()))
         .await
@@ -283,9 +287,7 @@ async fn store_layers_are_served_through_a_brigd_crash() {
     let sb = client.sandbox(sb.id());
     let log = daemon.log_text();
     assert!(log.contains("lazy file system server adopted"), "not adopted:\n{log}");
-    let record = std::fs::read(daemon.run_dir().join("lazyfs.pid")).expect("lazyfs.pid");
-    let record: serde_json::Value = serde_json::from_slice(&record).expect("pid record");
-    let pid = record["pid"].as_i64().expect("pid").to_string();
+    let pid = lazyfs_pid(&daemon);
     let killed = std::process::Command::new("kill").args(["-9", &pid]).status();
     assert!(killed.expect("kill").success(), "kill brig-lazyfs");
 
@@ -299,5 +301,28 @@ async fn store_layers_are_served_through_a_brigd_crash() {
     let sum = other.exec(["sha256sum", "/data/big.bin"]).await.expect("exec");
     assert_eq!(sum.stdout_text().split_whitespace().next(), Some(want.as_str()));
     other.destroy().await.expect("destroy");
+
+    // brigd and the server die together: the device keeper holds the mount's connection, and
+    // the restarted brigd has a new server take it over, so a file not read yet reads whole.
+    let pid = lazyfs_pid(&daemon);
+    daemon.crash().expect("crash");
+    let killed = std::process::Command::new("kill").args(["-9", &pid]).status();
+    assert!(killed.expect("kill").success(), "kill brig-lazyfs with brigd down");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    daemon.start_again().expect("start");
+    let client = daemon.client().await.expect("reconnect");
+    let sb = client.sandbox(sb.id());
+    let sum = sb.exec(["sha256sum", "/data/more.bin"]).await.expect("exec after both died");
+    assert_eq!(sum.result.exit_code, Some(0), "{}", sum.stderr_text());
+    assert_eq!(sum.stdout_text().split_whitespace().next(), Some(want_more.as_str()));
+    let log = daemon.log_text();
+    assert!(log.contains("from the device keeper"), "not taken over from the keeper:\n{log}");
     sb.destroy().await.expect("destroy");
+}
+
+/// The pid `<run>/lazyfs.pid` records.
+fn lazyfs_pid(daemon: &Daemon) -> String {
+    let record = std::fs::read(daemon.run_dir().join("lazyfs.pid")).expect("lazyfs.pid");
+    let record: serde_json::Value = serde_json::from_slice(&record).expect("pid record");
+    record["pid"].as_i64().expect("pid").to_string()
 }

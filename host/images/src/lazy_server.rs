@@ -31,6 +31,7 @@ use tokio::net::UnixStream;
 
 use crate::backend::{Backend, BackendSpec};
 use crate::cache::ChunkCache;
+use crate::device_keeper::{write_record, DeviceKeeper, PidRecord};
 use crate::fuse_takeover::copy_descriptor;
 use crate::lazyfs::{ChunkEntry, LazyFs};
 
@@ -271,9 +272,11 @@ fn stats_of(cache: &ChunkCache) -> LazyStats {
 /// brigd keeps a copy of the server's `/dev/fuse` file, so a server that dies leaves its FUSE
 /// connection up with the containers' reads queued on it. A watcher thread sees the death at
 /// once (a pidfd) and starts a server that takes the mount over ([`crate::fuse_takeover`]):
-/// the layers mounted from it read on. Without the copy (the server could not be asked for it,
-/// or the new one could not take over), the new server mounts afresh and reads of pages not yet
-/// fetched fail with EIO in the containers that mounted a layer before.
+/// the layers mounted from it read on. A device keeper (`crate::device_keeper`) holds another
+/// copy past brigd, so a restarted brigd takes the mount over the same way when brigd and the
+/// server died together. Without a copy (the server could not be asked for it, the keeper is
+/// gone too, or the new one could not take over), the new server mounts afresh and reads of
+/// pages not yet fetched fail with EIO in the containers that mounted a layer before.
 pub struct LazyServer {
     inner: Arc<Inner>,
     conn: tokio::sync::Mutex<Option<UnixStream>>,
@@ -286,6 +289,8 @@ struct Inner {
     serving: std::sync::Mutex<PidRecord>,
     /// brigd's copy of the mount's `/dev/fuse` file.
     device: std::sync::Mutex<Option<OwnedFd>>,
+    /// The process that holds another copy, past brigd (`crate::device_keeper`).
+    keeper: std::sync::Mutex<Option<DeviceKeeper>>,
     replacing: std::sync::Mutex<()>,
     /// Set when brigd stops the server: its end is not a death to repair.
     stopping: AtomicBool,
@@ -320,6 +325,34 @@ impl Inner {
         }
     }
 
+    /// Has a device keeper hold a copy of brigd's device, unless one runs.
+    fn ensure_keeper(&self) {
+        let mut keeper = lock(&self.keeper);
+        // Checked under the lock `stop` ends the keeper under: none starts after it.
+        if self.stopping.load(Ordering::Acquire) || keeper.as_ref().is_some_and(DeviceKeeper::alive)
+        {
+            return;
+        }
+        let device = lock(&self.device);
+        let Some(device) = device.as_ref() else { return };
+        let (record, log) = keeper_paths(&self.config);
+        match DeviceKeeper::start(&self.binary, device, &record, &log) {
+            Ok(started) => *keeper = Some(started),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "no device keeper for the lazy file system: if brigd and its server die \
+                 together, the layers mounted from it lose the pages they have not read"
+            ),
+        }
+    }
+
+    /// Ends the device keeper: its connection is given up.
+    fn end_keeper(&self) {
+        if let Some(keeper) = lock(&self.keeper).take() {
+            keeper.end();
+        }
+    }
+
     /// Starts a new server if the serving one is gone: one that takes the mount over when brigd
     /// holds its device, else one that mounts afresh.
     fn replace_if_dead(&self) -> Result<(), LazyServerError> {
@@ -343,6 +376,7 @@ impl Inner {
                     );
                     *lock(&self.serving) = started;
                     *lock(&self.device) = Some(device);
+                    self.ensure_keeper();
                     return Ok(());
                 }
                 // The connection ends with the last copy of its device: reads of pages not
@@ -357,9 +391,12 @@ impl Inner {
         } else {
             tracing::warn!(pid = dead.pid, "the lazy file system server died; starting a new one");
         }
+        // The old connection ends with its keeper's copy: its queued reads fail at once.
+        self.end_keeper();
         let started = start_recorded(&self.config, &self.binary)?;
         *lock(&self.serving) = started;
         self.keep_device();
+        self.ensure_keeper();
         Ok(())
     }
 }
@@ -391,6 +428,10 @@ fn watch(inner: std::sync::Weak<Inner>) {
             None => true,
         };
         if !ended {
+            // A keeper that died is replaced too (brigd still holds the device).
+            if let Some(server) = inner.upgrade() {
+                server.ensure_keeper();
+            }
             continue;
         }
         let Some(server) = inner.upgrade() else { return };
@@ -400,49 +441,6 @@ fn watch(inner: std::sync::Weak<Inner>) {
             std::thread::sleep(Duration::from_secs(1));
         }
     }
-}
-
-/// `<run>/lazyfs.pid`: which process serves, so a restarted brigd can prove it is its own.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-struct PidRecord {
-    pid: i32,
-    start_time: u64,
-}
-
-impl PidRecord {
-    /// Still this process: same pid, same start time, not a zombie.
-    fn alive(&self) -> bool {
-        start_time(self.pid) == Some(self.start_time)
-    }
-
-    /// Kills the process if it is still this one and waits (bounded) until it is gone; `false`
-    /// if it is still there.
-    fn end(&self) -> bool {
-        if self.alive() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(self.pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        let gone = Instant::now() + END_DEADLINE;
-        while self.alive() && Instant::now() < gone {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        !self.alive()
-    }
-}
-
-/// The start time of `pid` (clock ticks since boot, field 22 of `/proc/<pid>/stat`); `None`
-/// if it is gone or dead and not yet reaped (a zombie serves nothing). brig-container's
-/// `process_start_time` reads the same field but counts zombies; this crate depends on no
-/// other Brig crate.
-fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
-    if matches!(fields.next(), Some("Z" | "X")) {
-        return None;
-    }
-    fields.nth(18)?.parse().ok()
 }
 
 /// One call over a blocking connection (start-up, before the async side exists).
@@ -486,19 +484,31 @@ impl LazyServer {
                 record.end();
             }
         }
+        let mut keeper = DeviceKeeper::adopt(&keeper_paths(config).0);
         let serving = match adopted {
             Some(record) => record,
-            None => start_recorded(config, binary)?,
+            None => match keeper.as_ref().and_then(|k| take_over_from(k, config, binary)) {
+                Some(record) => record,
+                None => {
+                    // Its connection is not served again: ended, so its reads fail at once.
+                    if let Some(keeper) = keeper.take() {
+                        keeper.end();
+                    }
+                    start_recorded(config, binary)?
+                }
+            },
         };
         let inner = Arc::new(Inner {
             config: config.clone(),
             binary: binary.to_owned(),
             serving: std::sync::Mutex::new(serving),
             device: std::sync::Mutex::new(None),
+            keeper: std::sync::Mutex::new(keeper),
             replacing: std::sync::Mutex::new(()),
             stopping: AtomicBool::new(false),
         });
         inner.keep_device();
+        inner.ensure_keeper();
         let weak = Arc::downgrade(&inner);
         std::thread::Builder::new()
             .name("lazyfs-watch".into())
@@ -633,6 +643,8 @@ impl LazyServer {
     /// Unmounts and ends the server (brigd leaves with no container that reads a layer).
     pub async fn stop(&self) -> Result<(), LazyServerError> {
         self.inner.stopping.store(true, Ordering::Release);
+        let inner = self.inner.clone();
+        let _ = tokio::task::spawn_blocking(move || inner.end_keeper()).await;
         if !self.inner.serving().alive() {
             lock(&self.inner.device).take();
             return Ok(());
@@ -648,18 +660,48 @@ impl LazyServer {
     }
 }
 
+/// `<run>/lazyfs.keeper` and the keeper's log (the server's).
+fn keeper_paths(config: &ServerConfig) -> (PathBuf, PathBuf) {
+    (config.socket.with_extension("keeper"), config.socket.with_extension("log"))
+}
+
+/// brigd and the server died together and `keeper` still holds the mount's device: a new server
+/// takes the mount over with a copy of it. `None` if that fails (the caller mounts afresh).
+fn take_over_from(
+    keeper: &DeviceKeeper,
+    config: &ServerConfig,
+    binary: &Path,
+) -> Option<PidRecord> {
+    let device = keeper
+        .device()
+        .inspect_err(|e| tracing::warn!(error = %e, "cannot copy the device keeper's device"))
+        .ok()?;
+    let mut config = config.clone();
+    let own = i32::try_from(std::process::id()).unwrap_or(0);
+    config.takeover = Some(DeviceRef { pid: own, fd: device.as_raw_fd() });
+    match start_recorded(&config, binary) {
+        Ok(started) => {
+            tracing::warn!(
+                keeper = keeper.pid(),
+                new = started.pid,
+                "the lazy file system server died with brigd; a new one took over its mount \
+                 from the device keeper"
+            );
+            Some(started)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "a new server could not take over the kept mount");
+            None
+        }
+    }
+}
+
 /// Starts the server and records it in `<run>/lazyfs.pid`.
 fn start_recorded(config: &ServerConfig, binary: &Path) -> Result<PidRecord, LazyServerError> {
     let pid = spawn(config, binary)?;
-    let start_time =
-        start_time(pid).ok_or_else(|| LazyServerError::Start("it exited at once".into()))?;
-    let record = PidRecord { pid, start_time };
-    let pid_path = config.socket.with_extension("pid");
-    let tmp = pid_path.with_extension("pid.tmp");
-    let bytes = serde_json::to_vec(&record)
-        .map_err(|e| io("record the server")(std::io::Error::other(e)))?;
-    std::fs::write(&tmp, bytes).map_err(io("record the server"))?;
-    std::fs::rename(&tmp, &pid_path).map_err(io("record the server"))?;
+    let record =
+        PidRecord::of(pid).ok_or_else(|| LazyServerError::Start("it exited at once".into()))?;
+    write_record(&config.socket.with_extension("pid"), &record).map_err(io("record the server"))?;
     Ok(record)
 }
 
@@ -721,25 +763,6 @@ fn spawn(config: &ServerConfig, binary: &Path) -> Result<i32, LazyServerError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_zombie_has_no_start_time_and_a_live_process_does() {
-        let mut child = std::process::Command::new("sleep").arg("10").spawn().expect("sleep");
-        let pid = i32::try_from(child.id()).expect("pid");
-        let own = start_time(i32::try_from(std::process::id()).expect("pid"));
-        assert!(own.is_some_and(|t| t > 0));
-        assert!(start_time(pid).is_some());
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
-            .expect("kill");
-        // Not reaped yet: a zombie.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while start_time(pid).is_some() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert!(start_time(pid).is_none(), "a zombie counted as alive");
-        assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "reaped too early");
-        child.wait().expect("reap");
-    }
 
     #[test]
     fn oversized_and_garbled_frames_are_errors() {

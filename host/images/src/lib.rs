@@ -16,6 +16,7 @@ pub mod backend;
 pub mod build;
 pub mod cache;
 pub mod catalog;
+pub mod device_keeper;
 pub mod erofs;
 pub mod fuse_takeover;
 pub mod layout;

@@ -271,6 +271,73 @@ async fn a_killed_server_is_taken_over_and_mounted_layers_read_on() {
     server.stop(&store).await;
 }
 
+/// brigd and its server die together (the store dropped without stopping its server, whose
+/// copy of the device goes with it; then the server killed): the device keeper still holds
+/// the mount's FUSE connection, so a layer mounted before reads on once a new store (a
+/// restarted brigd) has started a server that takes the mount over from the keeper. A store
+/// that stops its server ends the keeper too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_dies_with_brigd_is_taken_over_through_the_device_keeper() {
+    use std::os::unix::fs::FileExt;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let server = Server::of(tmp.path());
+    let store = open_store(tmp.path());
+    let old = store.lazy_server_pid();
+    let keeper = keeper_pid(tmp.path()).expect("a device keeper is recorded");
+    assert!(Path::new(&format!("/proc/{keeper}")).exists(), "the keeper runs");
+    let a = tmp.path().join("a");
+    let files: Vec<Vec<u8>> = (0..3).map(|i| pattern(700_000, 40 + i)).collect();
+    for (i, bytes) in files.iter().enumerate() {
+        write(&a, &format!("data/f{i}.bin"), bytes);
+    }
+    store.import("base/kept", None, ImportSource::Dir(a)).await.expect("import");
+    let layers = store.acquire(&["base/kept@1".to_string()]).await.expect("acquire");
+    store.clear_cache().await.expect("clear");
+    let m = mount(&layers[0], &tmp.path().join("mnt"));
+    let first = std::fs::File::open(m.0.join("data/f0.bin")).expect("open");
+    let mut page = vec![0u8; 4096];
+    first.read_exact_at(&mut page, 0).expect("a page read before the deaths");
+    assert_eq!(page, files[0][..4096]);
+
+    drop(store);
+    let killed = std::process::Command::new("kill").args(["-9", &old.to_string()]).status();
+    assert!(killed.expect("kill").success());
+    let gone = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while Path::new(&format!("/proc/{old}/stat")).exists()
+        && !std::fs::read_to_string(format!("/proc/{old}/stat")).unwrap_or_default().contains(") Z")
+    {
+        assert!(std::time::Instant::now() < gone, "the server did not die");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+
+    let store = open_store(tmp.path());
+    assert_ne!(store.lazy_server_pid(), old, "a new server serves");
+    assert_eq!(keeper_pid(tmp.path()), Some(keeper), "the same keeper is adopted");
+    let mut tail = vec![0u8; 4096];
+    first.read_exact_at(&mut tail, 700_000 - 4096).expect("the rest of f0 after the deaths");
+    assert_eq!(tail, files[0][700_000 - 4096..]);
+    for (i, want) in files.iter().enumerate().skip(1) {
+        let got = std::fs::read(m.0.join(format!("data/f{i}.bin"))).expect("read after");
+        assert!(got == *want, "f{i}.bin read back different after the deaths");
+    }
+    let log = std::fs::read_to_string(tmp.path().join("lazyfs.log")).expect("server log");
+    assert!(log.contains("took over the mount"), "{log}");
+    drop((first, m));
+    store.release(&layers.iter().map(|l| l.digest.clone()).collect::<Vec<_>>());
+    server.stop(&store).await;
+    assert!(keeper_pid(tmp.path()).is_none(), "the keeper's record outlived the stop");
+    assert!(
+        !std::fs::read_to_string(format!("/proc/{keeper}/stat")).is_ok_and(|s| !s.contains(") Z")),
+        "the keeper outlived the stop"
+    );
+}
+
+/// The device keeper `<dir>/lazyfs.keeper` records.
+fn keeper_pid(dir: &Path) -> Option<i64> {
+    let record = std::fs::read(dir.join("lazyfs.keeper")).ok()?;
+    serde_json::from_slice::<serde_json::Value>(&record).ok()?["pid"].as_i64()
+}
+
 /// Whether a thread of `pid` waits in `open(2)` of a FIFO for a writer.
 fn waits_for_a_fifo(pid: i32) -> bool {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
@@ -280,8 +347,8 @@ fn waits_for_a_fifo(pid: i32) -> bool {
 }
 
 /// Stops the store's lazy file system server at the end, or, if the test failed first, kills
-/// the one serving then (which may have taken over from another). Made before the store, so it
-/// is dropped after it: a live store replaces a server that dies.
+/// the one serving then (which may have taken over from another) and its device keeper. Made
+/// before the store, so it is dropped after it: a live store replaces a server that dies.
 struct Server(PathBuf);
 
 impl Server {
@@ -297,12 +364,14 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let record = std::fs::read(&self.0).unwrap_or_default();
-        let pid = serde_json::from_slice::<serde_json::Value>(&record)
-            .ok()
-            .and_then(|v| v["pid"].as_i64());
-        if let Some(pid) = pid {
-            let _ = std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status();
+        for record in [self.0.clone(), self.0.with_extension("keeper")] {
+            let record = std::fs::read(record).unwrap_or_default();
+            let pid = serde_json::from_slice::<serde_json::Value>(&record)
+                .ok()
+                .and_then(|v| v["pid"].as_i64());
+            if let Some(pid) = pid {
+                let _ = std::process::Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            }
         }
     }
 }

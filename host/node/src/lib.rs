@@ -239,7 +239,8 @@ impl Node {
             let lazy = self.inner.run_dir.join("lazy");
             let _ = nix::mount::umount2(&lazy, nix::mount::MntFlags::MNT_DETACH);
             let _ = std::fs::remove_dir(&lazy);
-            for file in ["lazyfs.log", "lazyfs.sock", "lazyfs.pid", "lazyfs.files", "lazyfs.tmp"] {
+            let files = ["log", "sock", "pid", "files", "tmp", "keeper", "pid.tmp", "keeper.tmp"];
+            for file in files.map(|f| format!("lazyfs.{f}")) {
                 let _ = std::fs::remove_file(self.inner.run_dir.join(file));
             }
             let _ = std::fs::remove_dir(&self.inner.run_dir);

@@ -4,9 +4,12 @@
 //!
 //! ```text
 //! brig-lazyfs --config '<ServerConfig as JSON>'
+//! brig-lazyfs --keep-device <pid>:<fd>     # the device keeper (`brig_images::device_keeper`)
 //! ```
 #![forbid(unsafe_code)]
 
+use anyhow::Context;
+use brig_images::device_keeper::keep_device;
 use brig_images::lazy_server::{serve, ServerConfig};
 use clap::Parser;
 
@@ -14,8 +17,11 @@ use clap::Parser;
 #[command(name = "brig-lazyfs", version, about = "Brig's lazy blob file system server")]
 struct Cli {
     /// The server's configuration, as JSON.
-    #[arg(long)]
-    config: String,
+    #[arg(long, required_unless_present = "keep_device", conflicts_with = "keep_device")]
+    config: Option<String>,
+    /// Hold a copy of process PID's descriptor FD (the mount's `/dev/fuse`) until killed.
+    #[arg(long, value_name = "PID:FD")]
+    keep_device: Option<String>,
     /// Log filter.
     #[arg(long, default_value = "info")]
     log: String,
@@ -32,7 +38,12 @@ fn main() -> anyhow::Result<()> {
         .log_internal_errors(false)
         .with_ansi(false)
         .init();
-    let config: ServerConfig = serde_json::from_str(&cli.config)?;
+    if let Some(device) = &cli.keep_device {
+        let (pid, fd) = device.split_once(':').context("--keep-device takes PID:FD")?;
+        keep_device(pid.parse()?, fd.parse()?)?;
+        return Ok(());
+    }
+    let config: ServerConfig = serde_json::from_str(cli.config.as_deref().unwrap_or_default())?;
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(serve(config))?;
