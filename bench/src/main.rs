@@ -15,6 +15,7 @@ mod images;
 mod ksm;
 mod lifecycle;
 mod microvm;
+mod probe;
 mod python;
 mod qos;
 mod sim;

@@ -8,7 +8,12 @@
 //! node's `brig doctor` with no minimum age, plus the run directories, cgroups, mounts and
 //! state files the test harness checks). JSON: `served`, `unexpected_errors` (goal 0),
 //! `leaked_objects` (goal 0), `p99_growth_pct` and `rss_growth_pct` (last window against the
-//! first; goal ≤ 10), and the per-window figures.
+//! first; goal ≤ 10), and the per-window figures. Beside them, the machine's own speed in the
+//! same run (`crate::probe`): a fixed CPU loop's median time per window (`probe_ms`) and its
+//! change from the first window to the last (`machine_slowdown_pct`), and the share of all CPU
+//! time the machine was busy (`busy_cpu_pct`) and spent in processes that are not Brig's or the
+//! benchmark's (`outside_cpu_pct`), so that a p99 that grows with a slower or busier machine
+//! can be told from one that grows with Brig.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -193,6 +198,8 @@ async fn soak(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::Val
         first_errors: Mutex::new(Vec::new()),
     });
     let until = record.started + window * opts.minutes as u32;
+    let probe = crate::probe::MachineProbe::start(Duration::from_secs(5));
+    let mut census = crate::probe::CpuCensus::take(pid);
     let mut clients = Vec::new();
     let ops: Vec<&'static str> = OPS
         .iter()
@@ -214,17 +221,34 @@ async fn soak(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::Val
         opts.minutes,
         window.as_secs()
     );
-    println!("{:>6} {:>9} {:>10} {:>10}", "window", "served", "p99 ms", "rss MiB");
+    println!(
+        "{:>6} {:>9} {:>10} {:>10} {:>10} {:>8} {:>10}",
+        "window", "served", "p99 ms", "rss MiB", "probe ms", "busy %", "outside %"
+    );
     let mut windows = Vec::new();
     for w in 0..opts.minutes {
         tokio::time::sleep_until((record.started + window * (w as u32 + 1)).into()).await;
         let rss = rss_bytes(pid);
+        let now = crate::probe::CpuCensus::take(pid);
+        let (busy_pct, outside_pct) = now.shares_since(&census);
+        census = now;
         // Requests still in flight at the boundary land in the window they started in; a
         // moment's grace lets most of them finish before the window is read.
         tokio::time::sleep(Duration::from_millis(200)).await;
         let mut lat = record.latencies.lock()[w].clone();
         let (served, p99) = (lat.len(), lat.quantile_ms(0.99));
-        println!("{:>6} {:>9} {:>10.2} {:>10.1}", w + 1, served, p99, rss as f64 / 1048576.0);
+        let from = record.started + window * w as u32;
+        let probe_ms = probe.median_ms(from, from + window).unwrap_or(0.0);
+        println!(
+            "{:>6} {:>9} {:>10.2} {:>10.1} {:>10.2} {:>8.1} {:>10.1}",
+            w + 1,
+            served,
+            p99,
+            rss as f64 / 1048576.0,
+            probe_ms,
+            busy_pct,
+            outside_pct
+        );
         if served == 0 {
             let first = record.first_errors.lock().clone();
             anyhow::bail!("nothing was served in window {}: {first:?}", w + 1);
@@ -238,6 +262,9 @@ async fn soak(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::Val
             "served": served,
             "p99_ms": round3(p99),
             "rss_bytes": rss,
+            "probe_ms": round3(probe_ms),
+            "busy_cpu_pct": round3(busy_pct),
+            "outside_cpu_pct": round3(outside_pct),
             "p99_ms_by_kind": by_kind,
         }));
     }
@@ -301,6 +328,8 @@ async fn soak(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::Val
         "doctor_strays": strays.len(),
         "p99_growth_pct": growth("p99_ms"),
         "rss_growth_pct": growth("rss_bytes"),
+        "machine_slowdown_pct": growth("probe_ms"),
+        "probe_realtime": probe.realtime,
         "per_window": windows,
     }))
 }

@@ -1,0 +1,172 @@
+//! A same-run baseline for how fast this shared machine itself is: a fixed CPU loop, timed
+//! every few seconds on a thread of its own at real-time priority (`SCHED_FIFO`), so the load
+//! under test cannot delay it and only the machine can (its clock, a busy hypervisor: steal
+//! that the guest's accounting does not show). A benchmark that compares windows of one run
+//! reports the probe's change beside its own, so a slower machine is not read as a slower
+//! Brig. The probe cannot see other processes taking the CPUs from the load (it preempts
+//! them), so [`CpuCensus`] counts the CPU time of the processes that are not Brig's.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+/// Iterations of the loop: about 25 ms on this development VM at its usual speed.
+const LOOP_ITERATIONS: u64 = 40_000_000;
+
+/// The probe thread and its samples (when each started, how long the loop took).
+pub struct MachineProbe {
+    samples: Arc<Mutex<Vec<(Instant, Duration)>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Whether the thread got real-time priority (it needs root); without it, the probe is
+    /// delayed by the load too and says less.
+    pub realtime: bool,
+}
+
+impl MachineProbe {
+    /// Starts timing the loop every `every`.
+    pub fn start(every: Duration) -> MachineProbe {
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = {
+            let (samples, stop) = (samples.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("machine-probe".into())
+                .spawn(move || {
+                    let _ = tx.send(realtime_priority());
+                    while !stop.load(Ordering::Relaxed) {
+                        let started = Instant::now();
+                        std::hint::black_box(fixed_work(LOOP_ITERATIONS));
+                        samples.lock().push((started, started.elapsed()));
+                        let next = started + every;
+                        while !stop.load(Ordering::Relaxed) && Instant::now() < next {
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                    }
+                })
+                .ok()
+        };
+        let realtime = rx.recv().unwrap_or(false);
+        MachineProbe { samples, stop, thread, realtime }
+    }
+
+    /// The median loop time in ms of the samples started in `[from, to)`.
+    pub fn median_ms(&self, from: Instant, to: Instant) -> Option<f64> {
+        let mut ms: Vec<f64> = self
+            .samples
+            .lock()
+            .iter()
+            .filter(|(at, _)| *at >= from && *at < to)
+            .map(|(_, took)| took.as_secs_f64() * 1e3)
+            .collect();
+        ms.sort_by(f64::total_cmp);
+        ms.get(ms.len() / 2).copied()
+    }
+}
+
+impl Drop for MachineProbe {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The same arithmetic every time (a xorshift generator), with nothing to wait on.
+fn fixed_work(iterations: u64) -> u64 {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for _ in 0..iterations {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+    }
+    x
+}
+
+/// Puts the calling thread under `SCHED_FIFO` (with util-linux's `chrt`, by its thread id);
+/// whether it could.
+fn realtime_priority() -> bool {
+    let Ok(link) = std::fs::read_link("/proc/thread-self") else { return false };
+    let Some(tid) = link.file_name().and_then(|t| t.to_str()).map(str::to_string) else {
+        return false;
+    };
+    std::process::Command::new("chrt")
+        .args(["-f", "-p", "10", &tid])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// CPU time of the whole machine and of the processes that are neither Brig's (brigd, its
+/// `brig-*` helpers, anything in a `brig-*` cgroup) nor this benchmark's, in clock ticks, read
+/// from `/proc`. Processes that ended between two censuses are not counted, so the share of
+/// short-lived outsiders is a lower bound.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuCensus {
+    /// All CPUs' time (busy and idle), from `/proc/stat`.
+    pub total: u64,
+    /// Busy time of all CPUs.
+    pub busy: u64,
+    /// User and system time of the processes outside Brig and the benchmark.
+    pub outside: u64,
+}
+
+impl CpuCensus {
+    /// Takes a census; `brig` is brigd's pid.
+    pub fn take(brig: u32) -> CpuCensus {
+        let mut census = CpuCensus::default();
+        if let Some(cpu) = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| s.lines().next().map(str::to_string))
+        {
+            let fields: Vec<u64> =
+                cpu.split_whitespace().skip(1).filter_map(|f| f.parse().ok()).collect();
+            census.total = fields.iter().take(8).sum();
+            // idle and iowait are the 4th and 5th fields.
+            census.busy = census.total - fields.get(3).unwrap_or(&0) - fields.get(4).unwrap_or(&0);
+        }
+        let own = std::process::id();
+        let Ok(procs) = std::fs::read_dir("/proc") else { return census };
+        for entry in procs.flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
+                continue;
+            };
+            if pid == own || pid == brig {
+                continue;
+            }
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+            let Some((head, rest)) = stat.rsplit_once(')') else { continue };
+            if head.contains("(brig") {
+                continue;
+            }
+            let cgroups =
+                std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            if cgroups.contains("/brig-") {
+                continue;
+            }
+            // utime and stime: fields 14 and 15, the 12th and 13th after the name.
+            let times: u64 = rest
+                .split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|f| f.parse::<u64>().ok())
+                .sum();
+            census.outside += times;
+        }
+        census
+    }
+
+    /// From `earlier` to this census: the machine's busy share and the outsiders' share of
+    /// all CPU time, in percent.
+    pub fn shares_since(&self, earlier: &CpuCensus) -> (f64, f64) {
+        let total = self.total.saturating_sub(earlier.total).max(1) as f64;
+        let busy = self.busy.saturating_sub(earlier.busy) as f64;
+        let outside = self.outside.saturating_sub(earlier.outside) as f64;
+        (busy / total * 100.0, outside / total * 100.0)
+    }
+}
