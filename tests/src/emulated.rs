@@ -366,7 +366,12 @@ pub async fn check_kept_work(
     }
     let KeptWork { cat, whole_id, whole_sha256, .. } = work;
     let cat_id = cat.exec_id();
-    sb.write_stdin(cat_id, "two\n").await.map_err(e("write to cat by id"))?;
+    if let Err(err) = sb.write_stdin(cat_id, "two\n").await {
+        let execs = sb.execs().await;
+        return Err(format!(
+            "after {after}, write to cat (exec {cat_id}) by id: {err}; execs: {execs:?}"
+        ));
+    }
     sb.close_stdin(cat_id).await.map_err(e("close cat's stdin by id"))?;
     let collect = |id| async move {
         let read = async { sb.attach(id).await?.collect().await };

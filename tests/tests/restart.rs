@@ -155,6 +155,51 @@ async fn streamed_stdin_survives_a_brigd_crash_and_is_written_by_id() {
     sb.destroy().await.expect("destroy");
 }
 
+/// A client whose connection ends without ending a command's stdin (lost, or its process
+/// killed) leaves that stdin open: a client that reconnects writes on and closes it by id. A
+/// client that ends its input (drops its stream, which finishes it) closes it.
+#[tokio::test]
+async fn a_client_that_goes_away_leaves_a_streamed_stdin_open() {
+    let daemon = Daemon::start().expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    let sb = client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
+    let mut cat = sb.exec_stream(Cmd::new(["cat"]).stdin_stream()).await.expect("cat");
+    let id = cat.exec_id();
+    cat.write_stdin(b"one\n".to_vec()).await.expect("write");
+    match cat.next().await {
+        Some(Ok(ExecEvent::Stdout(b))) if &b[..] == b"one\n" => {}
+        other => panic!("cat's first event: {other:?}"),
+    }
+    // The connection goes, with the stream still open.
+    client.close().await;
+    drop(cat);
+    let again = daemon.client().await.expect("reconnect");
+    let sb = again.sandbox(sb.id());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    sb.write_stdin(id, "two\n").await.expect("write by id after the client went away");
+    sb.close_stdin(id).await.expect("close by id");
+    let out = tokio::time::timeout(Duration::from_secs(20), async {
+        sb.attach(id).await.expect("attach").collect().await.expect("output")
+    })
+    .await
+    .expect("cat ends once its stdin is closed");
+    assert_eq!(out.stdout_text(), "one\ntwo\n");
+    assert_eq!(out.result.exit_code, Some(0), "{:?}", out.result);
+
+    // Dropping the stream ends the input.
+    let mut wc = sb.exec_stream(Cmd::new(["wc", "-c"]).stdin_stream()).await.expect("wc");
+    wc.write_stdin(b"abc".to_vec()).await.expect("write");
+    let wc_id = wc.exec_id();
+    drop(wc);
+    let out = tokio::time::timeout(Duration::from_secs(20), async {
+        sb.attach(wc_id).await.expect("attach").collect().await.expect("output")
+    })
+    .await
+    .expect("wc ends once its stream is dropped");
+    assert_eq!(out.stdout_text().trim(), "3");
+    sb.destroy().await.expect("destroy");
+}
+
 /// Stdin given whole (not streamed) is read whole by a command that only starts reading
 /// after brigd was killed: it is a file the command holds, not a pipe brigd was still
 /// filling (a pipe takes 64 KiB; the command would have read that much and then end of file).

@@ -108,14 +108,24 @@ impl StdinSlot {
     }
 }
 
-/// Feeds the starting client's upload into `hub`'s stdin until it ends (then the stdin is
-/// closed, as the client's end of input), the stdin is closed by id, or the limit is passed:
-/// then the upload is refused and the limit sent on the returned channel.
+/// Feeds the starting client's upload into `hub`'s stdin until the client ends it (then the
+/// stdin is closed, as the client's end of input), the stdin is closed by id, or the limit is
+/// passed: then the upload is refused and the limit sent on the returned channel. A client
+/// that goes away without ending it (its connection lost, its process killed) leaves the
+/// stdin open, as E2B's processes do: a client that reconnects writes on, or closes it, by id.
 pub(crate) fn forward_upload(mut upload: Upload, hub: Arc<ExecHub>) -> oneshot::Receiver<u64> {
     let (over_tx, over_rx) = oneshot::channel();
     tokio::spawn(async move {
         // The upload waits on the command as long as it reads (the client is slowed).
-        while let Ok(Some(chunk)) = upload.read().await {
+        loop {
+            let chunk = match upload.read().await {
+                Ok(Some(chunk)) => chunk,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(error = %e, "a client went away with a command's stdin open");
+                    return;
+                }
+            };
             match hub.stdin.write(chunk, false).await {
                 Ok(()) => {}
                 Err(StdinRefused::Over(max)) => {
