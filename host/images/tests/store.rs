@@ -198,19 +198,7 @@ async fn a_killed_server_is_taken_over_and_mounted_layers_read_on() {
     let server = Server::of(tmp.path());
     let store = open_store(tmp.path());
     let old = store.lazy_server_pid();
-    let a = tmp.path().join("a");
-    let files: Vec<Vec<u8>> = (0..6).map(|i| pattern(700_000, 10 + i)).collect();
-    for (i, bytes) in files.iter().enumerate() {
-        write(&a, &format!("data/f{i}.bin"), bytes);
-    }
-    store.import("base/takeover", None, ImportSource::Dir(a)).await.expect("import");
-    let layers = store.acquire(&["base/takeover@1".to_string()]).await.expect("acquire");
-    store.clear_cache().await.expect("clear");
-    let m = mount(&layers[0], &tmp.path().join("mnt"));
-    let first = std::fs::File::open(m.0.join("data/f0.bin")).expect("open");
-    let mut page = vec![0u8; 4096];
-    first.read_exact_at(&mut page, 0).expect("a page read before the kill");
-    assert_eq!(page, files[0][..4096]);
+    let (files, layers, m, first) = half_read_layer(&store, tmp.path(), "base/takeover", 6).await;
 
     // f1's first chunk becomes a FIFO: the server's fetch of it waits in open(2).
     let chunks_dir = tmp.path().join("backend/chunks");
@@ -285,19 +273,7 @@ async fn a_server_that_dies_with_brigd_is_taken_over_through_the_device_keeper()
     let old = store.lazy_server_pid();
     let keeper = keeper_pid(tmp.path()).expect("a device keeper is recorded");
     assert!(Path::new(&format!("/proc/{keeper}")).exists(), "the keeper runs");
-    let a = tmp.path().join("a");
-    let files: Vec<Vec<u8>> = (0..3).map(|i| pattern(700_000, 40 + i)).collect();
-    for (i, bytes) in files.iter().enumerate() {
-        write(&a, &format!("data/f{i}.bin"), bytes);
-    }
-    store.import("base/kept", None, ImportSource::Dir(a)).await.expect("import");
-    let layers = store.acquire(&["base/kept@1".to_string()]).await.expect("acquire");
-    store.clear_cache().await.expect("clear");
-    let m = mount(&layers[0], &tmp.path().join("mnt"));
-    let first = std::fs::File::open(m.0.join("data/f0.bin")).expect("open");
-    let mut page = vec![0u8; 4096];
-    first.read_exact_at(&mut page, 0).expect("a page read before the deaths");
-    assert_eq!(page, files[0][..4096]);
+    let (files, layers, m, first) = half_read_layer(&store, tmp.path(), "base/kept", 3).await;
 
     drop(store);
     let killed = std::process::Command::new("kill").args(["-9", &old.to_string()]).status();
@@ -330,6 +306,32 @@ async fn a_server_that_dies_with_brigd_is_taken_over_through_the_device_keeper()
         !std::fs::read_to_string(format!("/proc/{keeper}/stat")).is_ok_and(|s| !s.contains(") Z")),
         "the keeper outlived the stop"
     );
+}
+
+/// A layer `name` of `count` files of 700,000 bytes (`data/f<i>.bin`) imported into `store`,
+/// its cache cleared, mounted at `<dir>/mnt`, and `f0.bin` open with its first page read:
+/// the files, the acquired layers, the mount and the open file.
+async fn half_read_layer(
+    store: &LayerStore,
+    dir: &Path,
+    name: &str,
+    count: u8,
+) -> (Vec<Vec<u8>>, Vec<brig_images::ResolvedLayer>, Mounted, std::fs::File) {
+    use std::os::unix::fs::FileExt;
+    let a = dir.join("a");
+    let files: Vec<Vec<u8>> = (0..count).map(|i| pattern(700_000, 10 + i)).collect();
+    for (i, bytes) in files.iter().enumerate() {
+        write(&a, &format!("data/f{i}.bin"), bytes);
+    }
+    store.import(name, None, ImportSource::Dir(a)).await.expect("import");
+    let layers = store.acquire(&[format!("{name}@1")]).await.expect("acquire");
+    store.clear_cache().await.expect("clear");
+    let m = mount(&layers[0], &dir.join("mnt"));
+    let first = std::fs::File::open(m.0.join("data/f0.bin")).expect("open");
+    let mut page = vec![0u8; 4096];
+    first.read_exact_at(&mut page, 0).expect("a first page");
+    assert_eq!(page, files[0][..4096]);
+    (files, layers, m, first)
 }
 
 /// The device keeper `<dir>/lazyfs.keeper` records.
