@@ -15,6 +15,16 @@ async fn crash_and_restart(daemon: &mut Daemon, down: Duration) -> Client {
     daemon.client().await.expect("reconnect")
 }
 
+/// Exec `id`'s whole output and result, read by id; it has 20 s to end (`ends` says why it
+/// should).
+async fn output_by_id(sb: &brig_sdk::Sandbox, id: u64, ends: &str) -> brig_sdk::ExecOutput {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        sb.attach(id).await.expect("attach").collect().await.expect("output")
+    })
+    .await
+    .unwrap_or_else(|_| panic!("exec {id} did not end: {ends}"))
+}
+
 fn seq(from: u64, to: u64) -> String {
     (from..=to).map(|i| format!("{i}\n")).collect()
 }
@@ -142,11 +152,7 @@ async fn streamed_stdin_survives_a_brigd_crash_and_is_written_by_id() {
     let status = tokio::task::spawn_blocking(move || cli.wait()).await.expect("join");
     assert!(status.expect("brig input").success(), "brig input failed");
     sb.close_stdin(id).await.expect("closing twice does nothing");
-    let out = tokio::time::timeout(Duration::from_secs(20), async {
-        sb.attach(id).await.expect("attach").collect().await.expect("output")
-    })
-    .await
-    .expect("cat ends once its stdin is closed");
+    let out = output_by_id(&sb, id, "cat ends once its stdin is closed").await;
     assert_eq!(out.stdout_text(), "one\ntwo\nthree\n");
     assert_eq!(out.result.exit_code, Some(0), "{:?}", out.result);
     let closed = sb.write_stdin(id, "four\n").await.expect_err("closed");
@@ -178,11 +184,7 @@ async fn a_client_that_goes_away_leaves_a_streamed_stdin_open() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     sb.write_stdin(id, "two\n").await.expect("write by id after the client went away");
     sb.close_stdin(id).await.expect("close by id");
-    let out = tokio::time::timeout(Duration::from_secs(20), async {
-        sb.attach(id).await.expect("attach").collect().await.expect("output")
-    })
-    .await
-    .expect("cat ends once its stdin is closed");
+    let out = output_by_id(&sb, id, "cat ends once its stdin is closed").await;
     assert_eq!(out.stdout_text(), "one\ntwo\n");
     assert_eq!(out.result.exit_code, Some(0), "{:?}", out.result);
 
@@ -191,11 +193,7 @@ async fn a_client_that_goes_away_leaves_a_streamed_stdin_open() {
     wc.write_stdin(b"abc".to_vec()).await.expect("write");
     let wc_id = wc.exec_id();
     drop(wc);
-    let out = tokio::time::timeout(Duration::from_secs(20), async {
-        sb.attach(wc_id).await.expect("attach").collect().await.expect("output")
-    })
-    .await
-    .expect("wc ends once its stream is dropped");
+    let out = output_by_id(&sb, wc_id, "wc ends once its stream is dropped").await;
     assert_eq!(out.stdout_text().trim(), "3");
     sb.destroy().await.expect("destroy");
 }
@@ -221,11 +219,7 @@ async fn stdin_given_whole_is_read_whole_across_a_brigd_crash() {
     drop(reader);
     let sb = client.sandbox(sb.id());
     sb.exec(["touch", "/tmp/go"]).await.expect("let it read");
-    let out = tokio::time::timeout(Duration::from_secs(20), async {
-        sb.attach(id).await.expect("attach").collect().await.expect("output")
-    })
-    .await
-    .expect("the reader ends");
+    let out = output_by_id(&sb, id, "the reader ends").await;
     assert_eq!(out.stdout_text(), format!("{want}\n"), "{out:?}");
     assert_eq!(out.result.exit_code, Some(0), "{:?}", out.result);
     sb.destroy().await.expect("destroy");

@@ -192,7 +192,6 @@ async fn a_server_that_refuses_but_lingers_is_ended_and_replaced() {
 /// before come back whole, and the store goes on publishing layers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_server_is_taken_over_and_mounted_layers_read_on() {
-    use std::os::unix::fs::FileExt;
     use std::time::{Duration, Instant};
     let tmp = tempfile::tempdir().expect("tmp");
     let server = Server::of(tmp.path());
@@ -228,13 +227,7 @@ async fn a_killed_server_is_taken_over_and_mounted_layers_read_on() {
     assert!(held.expect("f1 read through the kill") == files[1], "f1 read back different");
 
     // Pages not read before the kill.
-    let mut tail = vec![0u8; 4096];
-    first.read_exact_at(&mut tail, 700_000 - 4096).expect("the rest of f0");
-    assert_eq!(tail, files[0][700_000 - 4096..]);
-    for (i, want) in files.iter().enumerate().skip(2) {
-        let got = std::fs::read(m.0.join(format!("data/f{i}.bin"))).expect("read after the kill");
-        assert!(got == *want, "f{i}.bin read back different after the kill");
-    }
+    read_the_rest(&files, &m, &first, 2);
     let log = std::fs::read_to_string(tmp.path().join("lazyfs.log")).expect("server log");
     assert!(log.contains("took over the mount"), "{log}");
     assert!(log.contains("asked the kernel to resend"), "{log}");
@@ -266,7 +259,6 @@ async fn a_killed_server_is_taken_over_and_mounted_layers_read_on() {
 /// that stops its server ends the keeper too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_dies_with_brigd_is_taken_over_through_the_device_keeper() {
-    use std::os::unix::fs::FileExt;
     let tmp = tempfile::tempdir().expect("tmp");
     let server = Server::of(tmp.path());
     let store = open_store(tmp.path());
@@ -289,13 +281,7 @@ async fn a_server_that_dies_with_brigd_is_taken_over_through_the_device_keeper()
     let store = open_store(tmp.path());
     assert_ne!(store.lazy_server_pid(), old, "a new server serves");
     assert_eq!(keeper_pid(tmp.path()), Some(keeper), "the same keeper is adopted");
-    let mut tail = vec![0u8; 4096];
-    first.read_exact_at(&mut tail, 700_000 - 4096).expect("the rest of f0 after the deaths");
-    assert_eq!(tail, files[0][700_000 - 4096..]);
-    for (i, want) in files.iter().enumerate().skip(1) {
-        let got = std::fs::read(m.0.join(format!("data/f{i}.bin"))).expect("read after");
-        assert!(got == *want, "f{i}.bin read back different after the deaths");
-    }
+    read_the_rest(&files, &m, &first, 1);
     let log = std::fs::read_to_string(tmp.path().join("lazyfs.log")).expect("server log");
     assert!(log.contains("took over the mount"), "{log}");
     drop((first, m));
@@ -332,6 +318,19 @@ async fn half_read_layer(
     first.read_exact_at(&mut page, 0).expect("a first page");
     assert_eq!(page, files[0][..4096]);
     (files, layers, m, first)
+}
+
+/// After a server died: the last page of `f0.bin` (open as `first`) and the files from
+/// `f<from>.bin` on read back whole through the mount.
+fn read_the_rest(files: &[Vec<u8>], m: &Mounted, first: &std::fs::File, from: usize) {
+    use std::os::unix::fs::FileExt;
+    let mut tail = vec![0u8; 4096];
+    first.read_exact_at(&mut tail, 700_000 - 4096).expect("the rest of f0");
+    assert_eq!(tail, files[0][700_000 - 4096..]);
+    for (i, want) in files.iter().enumerate().skip(from) {
+        let got = std::fs::read(m.0.join(format!("data/f{i}.bin"))).expect("read after");
+        assert!(got == *want, "f{i}.bin read back different");
+    }
 }
 
 /// The device keeper `<dir>/lazyfs.keeper` records.
