@@ -31,9 +31,10 @@ use tokio::net::UnixStream;
 
 use crate::backend::{Backend, BackendSpec};
 use crate::cache::ChunkCache;
-use crate::device_keeper::{write_record, DeviceKeeper, PidRecord};
+use crate::device_keeper::DeviceKeeper;
 use crate::fuse_takeover::copy_descriptor;
 use crate::lazyfs::{ChunkEntry, LazyFs};
+use crate::recorded_process::{write_record, PidRecord};
 
 /// Largest message either side reads (a layer's chunk list: about 80 bytes a chunk).
 pub const MAX_FRAME_BYTES: u32 = 64 << 20;
@@ -364,10 +365,7 @@ impl Inner {
         // Taken out first: the guard of an `if let` scrutinee lives through its block.
         let held = lock(&self.device).take();
         if let Some(device) = held {
-            let mut config = self.config.clone();
-            let own = i32::try_from(std::process::id()).unwrap_or(0);
-            config.takeover = Some(DeviceRef { pid: own, fd: device.as_raw_fd() });
-            match start_recorded(&config, &self.binary) {
+            match start_taking_over(&self.config, &self.binary, &device) {
                 Ok(started) => {
                     tracing::warn!(
                         pid = dead.pid,
@@ -676,10 +674,7 @@ fn take_over_from(
         .device()
         .inspect_err(|e| tracing::warn!(error = %e, "cannot copy the device keeper's device"))
         .ok()?;
-    let mut config = config.clone();
-    let own = i32::try_from(std::process::id()).unwrap_or(0);
-    config.takeover = Some(DeviceRef { pid: own, fd: device.as_raw_fd() });
-    match start_recorded(&config, binary) {
+    match start_taking_over(config, binary, &device) {
         Ok(started) => {
             tracing::warn!(
                 keeper = keeper.pid(),
@@ -694,6 +689,19 @@ fn take_over_from(
             None
         }
     }
+}
+
+/// Starts a server that takes the mount over with a copy of `device` (this process's
+/// descriptor of the mount's `/dev/fuse`), and records it.
+fn start_taking_over(
+    config: &ServerConfig,
+    binary: &Path,
+    device: &OwnedFd,
+) -> Result<PidRecord, LazyServerError> {
+    let mut config = config.clone();
+    let own = i32::try_from(std::process::id()).unwrap_or(0);
+    config.takeover = Some(DeviceRef { pid: own, fd: device.as_raw_fd() });
+    start_recorded(&config, binary)
 }
 
 /// Starts the server and records it in `<run>/lazyfs.pid`.

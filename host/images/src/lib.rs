@@ -23,6 +23,7 @@ pub mod layout;
 pub mod lazy_server;
 pub mod lazyfs;
 pub mod oci;
+mod recorded_process;
 mod store;
 
 pub use store::{GcReport, ImportSource, LayerInfo, LayerStore, ResolvedLayer, StoreConfig};
