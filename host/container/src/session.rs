@@ -155,6 +155,10 @@ pub type IdleProbe = Box<
 
 /// How often a waiter on a taken-back session checks that its command is really there.
 const IDLE_PROBE_EVERY: Duration = Duration::from_millis(500);
+/// Probes in a row that find the shell idle, with no output meanwhile, before the waiter
+/// takes its command for lost (a second apart at least: a command's report may still be on
+/// its way from a slow guest).
+const IDLE_PROBES_TO_GIVE_UP: u32 = 3;
 
 /// The environment a session shell starts with: the caller's, plus settings that keep tools
 /// from paging or prompting.
@@ -434,7 +438,7 @@ impl Session {
                         None => false,
                     };
                     idle_seen = if idle { idle_seen + 1 } else { 0 };
-                    if idle_seen >= 2 {
+                    if idle_seen >= IDLE_PROBES_TO_GIVE_UP {
                         // Nothing runs: the node died before the command reached the shell.
                         self.state.lock().await.running = None;
                         if let Some(journal) = &self.journal {

@@ -43,10 +43,11 @@ const WAIT_SYSCALLS: [i64; 5] = [
 const WAIT_SYSCALLS: [i64; 3] = [libc::SYS_ppoll, libc::SYS_pselect6, libc::SYS_restart_syscall];
 
 /// Whether the session shell `pid` is blocked reading its next command: waiting on fd 0 (in
-/// `read` of it, or polling) with fd 0 being the command pipe whose write end is `commands` (the driver reads commands
-/// with `<&3`, which puts that pipe on fd 0 for the read), in any of `samples` looks 5 ms
-/// apart, so a shell between writing one command's report and reading the next counts as
-/// idle.
+/// `read` of it, or polling) with fd 0 being the command pipe `pipe` (the driver reads
+/// commands with `<&3`, which puts that pipe on fd 0 for the read) and nothing in the pipe, in
+/// any of `samples` looks 5 ms apart, so a shell between writing one command's report and
+/// reading the next counts as idle. A command written to the pipe that the shell has not read
+/// yet (a slow or just-resumed guest has not run it) is not idle.
 pub fn shell_waits_for_command(pid: i32, pipe: &str, samples: u32) -> bool {
     for attempt in 0..samples {
         if attempt > 0 {
@@ -63,11 +64,22 @@ pub fn shell_waits_for_command(pid: i32, pipe: &str, samples: u32) -> bool {
             Some(n) => WAIT_SYSCALLS.contains(&n),
             None => false,
         };
-        if on_pipe && waiting {
+        if on_pipe && waiting && !unread_input(pid) {
             return true;
         }
     }
     false
+}
+
+/// Whether the shell `pid`'s fd 0 holds bytes it has not read (looked at through a reader of
+/// its own, opened by `/proc`; one that cannot be opened counts as empty).
+fn unread_input(pid: i32) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(format!("/proc/{pid}/fd/0"))
+        .is_ok_and(|reader| rustix::io::ioctl_fionread(&reader).is_ok_and(|n| n > 0))
 }
 
 /// What a restarted node needs to take a container's session back: its shell (by the shim's
@@ -282,5 +294,32 @@ mod tests {
         assert!(probe_says(pid, &pipe, true), "after a stop: {}", shell_state(pid));
         let _ = shell.kill();
         let _ = shell.wait();
+    }
+
+    /// A command in the pipe that the shell has not read yet is not idle: the shell, blocked
+    /// reading, is stopped before it runs again (as a slow or just-resumed guest leaves it).
+    #[test]
+    fn a_shell_with_an_unread_command_is_not_idle() {
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
+        let pipe = pipe_name(&read).expect("pipe name");
+        let shell = std::process::Command::new("busybox")
+            .args(["sh", "-c", "read -r line; echo \"$line\""])
+            .stdin(std::process::Stdio::from(read))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("busybox sh");
+        let pid = i32::try_from(shell.id()).expect("pid");
+        assert!(probe_says(pid, &pipe, true), "{}", shell_state(pid));
+        kill(Pid::from_raw(pid), Signal::SIGSTOP).expect("stop");
+        std::thread::sleep(Duration::from_millis(50));
+        nix::unistd::write(&write, b"echo hi\n").expect("a command");
+        assert!(
+            !shell_waits_for_command(pid, &pipe, 3),
+            "idle with a command unread: {}",
+            shell_state(pid)
+        );
+        kill(Pid::from_raw(pid), Signal::SIGCONT).expect("continue");
+        let out = shell.wait_with_output().expect("the shell's end");
+        assert_eq!(out.stdout, b"echo hi\n");
     }
 }
