@@ -259,6 +259,8 @@ pub struct KeptWork {
     cat: brig_sdk::ExecStream,
     whole_id: u64,
     whole_sha256: String,
+    /// Started last, its stdin empty, right before the break and never read before it.
+    late_id: u64,
 }
 
 /// The stdin given whole to [`KeptWork`]'s reader: 1 MiB, more than a pipe or a vsock
@@ -309,7 +311,11 @@ pub async fn start_kept_work(sb: &brig_sdk::Sandbox) -> Result<KeptWork, String>
         .exec_stream(Cmd::new(["sh", "-c", reads]).stdin(input))
         .await
         .map_err(e("the reader of stdin given whole"))?;
+    // Last, its stdin empty and its output not read: acknowledged, so the break finds it.
+    let late = "while [ ! -e /tmp/go ]; do sleep 0.1; done; echo late";
+    let late = sb.exec_stream(Cmd::new(["sh", "-c", late])).await.map_err(e("the last exec"))?;
     Ok(KeptWork {
+        late_id: late.exec_id(),
         through_id,
         idle: idle.id().to_string(),
         busy: busy.id().to_string(),
@@ -323,7 +329,8 @@ pub async fn start_kept_work(sb: &brig_sdk::Sandbox) -> Result<KeptWork, String>
 /// the idle one answers with its state; the busy one's command, let go, reports its output,
 /// status and directory; a closed session is no longer listed; the command that ran through
 /// the break, read again by id, has all its output and its real status; `cat` takes a line
-/// written by id and ends when its stdin is closed by id; the reader read all its stdin.
+/// written by id and ends when its stdin is closed by id; the reader read all its stdin; the
+/// exec started right before the break ran to its end.
 pub async fn check_kept_work(
     sb: &brig_sdk::Sandbox,
     work: KeptWork,
@@ -364,7 +371,7 @@ pub async fn check_kept_work(
     if out.stdout != b"before\n" || out.stderr != b"after\n" || out.result.exit_code != Some(5) {
         return Err(format!("the command that ran through {after}: {out:?}"));
     }
-    let KeptWork { cat, whole_id, whole_sha256, .. } = work;
+    let KeptWork { cat, whole_id, whole_sha256, late_id, .. } = work;
     let cat_id = cat.exec_id();
     if let Err(err) = sb.write_stdin(cat_id, "two\n").await {
         let execs = sb.execs().await;
@@ -388,6 +395,10 @@ pub async fn check_kept_work(
     let out = collect(whole_id).await?;
     if out.stdout_text() != format!("{whole_sha256}  -\n") || out.result.exit_code != Some(0) {
         return Err(format!("the reader of stdin given whole, after {after}: {out:?}"));
+    }
+    let out = collect(late_id).await?;
+    if out.stdout_text() != "late\n" || out.result.exit_code != Some(0) {
+        return Err(format!("the exec started right before {after}: {out:?}"));
     }
     Ok(())
 }

@@ -226,6 +226,23 @@ pub(crate) async fn kill_all_kept(uds: &Path) {
     }
 }
 
+/// The protocol the agent behind `uds` speaks ([`agent::PROTOCOL`]). An agent older than
+/// `hello` (a VM started or saved by an older build) cannot read it and answers
+/// [`agent::EXIT_BAD_REQUEST`]: protocol 1.
+pub(crate) async fn agent_protocol(uds: &Path) -> Result<u32, VmTierError> {
+    let out = request_within(uds, &AgentRequest::Hello, KEPT_REQUEST).await?;
+    match out.exit_code {
+        0 => serde_json::from_slice::<agent::AgentHello>(&out.stdout)
+            .map(|hello| hello.protocol)
+            .map_err(|e| VmTierError::Agent(format!("the agent's hello: {e}"))),
+        agent::EXIT_BAD_REQUEST => Ok(1),
+        code => Err(VmTierError::Agent(format!(
+            "hello answered {code}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))),
+    }
+}
+
 /// Deadline of a short request about kept commands and sessions (kill, list, probe, close).
 pub(crate) const KEPT_REQUEST: Duration = Duration::from_secs(10);
 

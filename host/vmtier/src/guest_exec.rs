@@ -18,7 +18,7 @@ use crate::VmTierError;
 /// Events buffered between the pump and the node per command.
 const EVENTS: usize = 64;
 /// How long the agent has to take a command's whole stdin and start it.
-const WHOLE_STDIN_DEADLINE: Duration = Duration::from_secs(60);
+const START_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Kills a guest command: its pump drops the agent connection.
 struct Hangup(Arc<Notify>);
@@ -49,9 +49,11 @@ pub struct KeptCommand {
 
 /// What the agent is asked to keep of the command `spec` starts: it runs under the node's id
 /// with its deadline and output cap, and its stdin is kept too: given whole, the agent has
-/// all of it before the command starts; streamed, it stays open for a restarted node.
-pub(crate) fn keep_for(spec: &ExecSpec) -> KeepExec {
+/// all of it before the command starts; streamed, it stays open for a restarted node. An
+/// agent of `agent_protocol` 2 or later says when the command started, whatever its stdin.
+pub(crate) fn keep_for(spec: &ExecSpec, agent_protocol: u32) -> KeepExec {
     KeepExec {
+        started: agent_protocol >= 2,
         id: spec.exec_id,
         timeout_ms: u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX),
         output_limit: spec.output_limit,
@@ -63,30 +65,37 @@ pub(crate) fn keep_for(spec: &ExecSpec) -> KeepExec {
     }
 }
 
-/// Gives a command started with its stdin given whole ([`Stdin::Bytes`]) all of it now, and
-/// waits until the agent says the command started with it, so that what the node
-/// acknowledges is a command the guest keeps (a pause or a crash a moment later finds it).
-/// Other stdin is fed while the command runs ([`serve_kept`]). Returns what to serve.
-pub(crate) async fn give_stdin_whole(
+/// Waits until the agent says the command `keep` asked for started (stdin given whole,
+/// [`Stdin::Bytes`], is written all first), so that what the node acknowledges is a command
+/// the guest keeps: a pause or a crash a moment later finds it. An agent not asked to say so
+/// (older than protocol 2, and not given its stdin whole) is not waited for. Streamed stdin
+/// is fed while the command runs ([`serve_kept`]). Returns what to serve.
+pub(crate) async fn until_started(
     mut stream: ExecStream,
-    input: Option<GuestStdin>,
+    mut input: Option<GuestStdin>,
     stdin: Stdin,
+    keep: &KeepExec,
 ) -> Result<(ExecStream, Option<GuestStdin>, Stdin), VmTierError> {
-    match (stdin, input) {
-        (Stdin::Bytes(data), Some(mut input)) => {
-            let give = async {
+    if !keep.started && keep.stdin != KeptStdin::Whole {
+        return Ok((stream, input, stdin));
+    }
+    let start = async {
+        let stdin = match (stdin, input.as_mut()) {
+            (Stdin::Bytes(data), Some(input)) => {
                 input.write(&data).await?;
                 input.finish().await?;
-                // A command that could not start has its error read next, as events.
-                stream.started().await.map(drop)
-            };
-            tokio::time::timeout(WHOLE_STDIN_DEADLINE, give)
-                .await
-                .map_err(|_| VmTierError::ReplyTimeout(WHOLE_STDIN_DEADLINE))??;
-            Ok((stream, Some(input), Stdin::Empty))
-        }
-        (stdin, input) => Ok((stream, input, stdin)),
-    }
+                Stdin::Empty
+            }
+            (stdin, _) => stdin,
+        };
+        // A command that could not start has its error read next, as events.
+        stream.started().await?;
+        Ok::<_, VmTierError>(stdin)
+    };
+    let stdin = tokio::time::timeout(START_DEADLINE, start)
+        .await
+        .map_err(|_| VmTierError::ReplyTimeout(START_DEADLINE))??;
+    Ok((stream, input, stdin))
 }
 
 /// Serves a started guest command: `stdin` goes to `input` (needed unless `stdin` is

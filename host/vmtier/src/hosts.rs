@@ -244,7 +244,7 @@ impl Sandbox for HostedSandbox {
                 return Err(SandboxError::Unsupported { op: Op::Terminal, note: None });
             }
             // The agent keeps the command under the node's id: it outlives a node restart.
-            let keep = crate::guest_exec::keep_for(&spec);
+            let keep = crate::guest_exec::keep_for(&spec, self.host.vm.agent_protocol().await?);
             let env = merged_env(&self.env, spec.env);
             let cwd = spec.cwd.unwrap_or_default();
             let stdin = !matches!(spec.stdin, Stdin::Empty);
@@ -260,7 +260,7 @@ impl Sandbox for HostedSandbox {
             };
             let (timeout, limit) = (spec.timeout, spec.output_limit);
             let (stream, input, stdin) =
-                crate::guest_exec::give_stdin_whole(stream, input, spec.stdin).await?;
+                crate::guest_exec::until_started(stream, input, spec.stdin, &keep).await?;
             Ok(serve_kept(stream, input, stdin, timeout, limit, Some(kept)))
         })
     }

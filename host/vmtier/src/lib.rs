@@ -153,9 +153,18 @@ pub struct MicroVm {
     /// command's connection that ends meanwhile is detached, not ended (see
     /// `guest_exec::KeptCommand::saving`).
     saving: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The protocol its guest's agent speaks, once asked (see [`MicroVm::agent_protocol`]).
+    agent_protocol: tokio::sync::OnceCell<u32>,
 }
 
 impl MicroVm {
+    /// The protocol its guest's agent speaks, asked at the first need. A VM keeps its agent
+    /// for its life, across pauses; a failed ask is asked again next time.
+    pub(crate) async fn agent_protocol(&self) -> Result<u32, VmTierError> {
+        let ask = || agent_link::agent_protocol(&self.uds);
+        self.agent_protocol.get_or_try_init(ask).await.copied()
+    }
+
     /// Its network device's tap and namespace, if it has one.
     pub fn net(&self) -> Option<&VmNet> {
         self.net.as_ref()
@@ -191,6 +200,7 @@ impl MicroVm {
             memory_from: std::sync::Mutex::new(memory_from),
             paused: Default::default(),
             saving: Default::default(),
+            agent_protocol: Default::default(),
         }
     }
 }

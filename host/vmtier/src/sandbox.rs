@@ -107,7 +107,7 @@ impl Sandbox for VmSandbox {
                 return Err(SandboxError::Unsupported { op: Op::Terminal, note: None });
             }
             // The agent keeps the command under the node's id: it outlives a node restart.
-            let keep = crate::guest_exec::keep_for(&spec);
+            let keep = crate::guest_exec::keep_for(&spec, self.vm.agent_protocol().await?);
             // Argv, environment and directory go to the agent as data and reach execve as sent.
             let process = ProcessRun { argv: spec.argv, env: spec.env, cwd: spec.cwd };
             let uds = &self.vm.uds;
@@ -127,7 +127,7 @@ impl Sandbox for VmSandbox {
                 saving: Some(self.vm.saving_flag()),
             };
             let (stream, input, stdin) =
-                crate::guest_exec::give_stdin_whole(stream, input, spec.stdin).await?;
+                crate::guest_exec::until_started(stream, input, spec.stdin, &keep).await?;
             Ok(serve_kept(stream, input, stdin, spec.timeout, spec.output_limit, Some(kept)))
         })
     }

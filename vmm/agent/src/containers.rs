@@ -366,7 +366,7 @@ fn exec(
         (true, agent::KeptStdin::Whole) => Some(crate::read_whole_stdin(&mut reader)?),
         _ => None,
     };
-    let given_whole = whole.is_some();
+    let say_started = whole.is_some() || keep.is_some_and(|k| k.started);
     let (input, in_w) = match whole {
         Some(file) => (OwnedFd::from(file), None),
         None => {
@@ -396,7 +396,7 @@ fn exec(
             kill_tree();
         }
     });
-    if given_whole {
+    if say_started {
         crate::frame(out, agent::STARTED, &[])?;
     }
     let pipes: Vec<(u8, Box<dyn Read + Send>)> = vec![

@@ -330,6 +330,7 @@ mod tests {
             timeout_ms: 1000,
             output_limit: 1 << 10,
             stdin: agent::KeptStdin::EndsWithConnection,
+            started: false,
         };
         let killed = Arc::new(AtomicBool::new(false));
         let tree_kill: TreeKill = {
@@ -370,6 +371,7 @@ mod tests {
             timeout_ms: 10_000,
             output_limit: 1 << 10,
             stdin: agent::KeptStdin::Kept,
+            started: true,
         };
         let mut cat =
             Command::new("cat").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("cat");

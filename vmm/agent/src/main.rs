@@ -165,10 +165,15 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
                 std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default()
             );
             frame(&out, agent::STDERR, message.as_bytes())?;
-            return frame(&out, agent::EXIT, &2i32.to_le_bytes());
+            return frame(&out, agent::EXIT, &agent::EXIT_BAD_REQUEST.to_le_bytes());
         }
     };
     match request {
+        AgentRequest::Hello => {
+            let hello = agent::AgentHello { protocol: agent::PROTOCOL };
+            frame(&out, agent::STDOUT, &serde_json::to_vec(&hello).unwrap_or_default())?;
+            done(&out, Ok(()))
+        }
         AgentRequest::Container { request } => containers::serve(request, reader, out),
         AgentRequest::Exec { process, stdin_frames, keep } => {
             exec(&process, stdin_frames, keep, reader, &out)
@@ -267,6 +272,7 @@ fn exec(
         _ => None,
     };
     let given_whole = whole.is_some();
+    let say_started = given_whole || keep.is_some_and(|k| k.started);
     let piped = stdin_frames && !given_whole;
     let started = command(process).and_then(|mut command| {
         let stdin = match whole {
@@ -299,7 +305,7 @@ fn exec(
             let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
         }
     });
-    if given_whole {
+    if say_started {
         frame(out, agent::STARTED, &[])?;
     }
     let pipes: Vec<(u8, Box<dyn Read + Send>)> = vec![
@@ -538,11 +544,61 @@ mod tests {
         host
     }
 
-    fn whole(id: u64, argv: &[&str]) -> AgentRequest {
-        let keep =
-            KeepExec { id, timeout_ms: 10_000, output_limit: 1 << 20, stdin: KeptStdin::Whole };
+    fn kept_exec(id: u64, argv: &[&str], stdin: KeptStdin, started: bool) -> AgentRequest {
+        let keep = KeepExec { id, timeout_ms: 10_000, output_limit: 1 << 20, stdin, started };
         let argv = argv.iter().map(|a| a.to_string()).collect();
-        AgentRequest::Exec { process: ProcessRun::argv(argv), stdin_frames: true, keep: Some(keep) }
+        let stdin_frames = stdin != KeptStdin::EndsWithConnection;
+        AgentRequest::Exec { process: ProcessRun::argv(argv), stdin_frames, keep: Some(keep) }
+    }
+
+    fn whole(id: u64, argv: &[&str]) -> AgentRequest {
+        kept_exec(id, argv, KeptStdin::Whole, false)
+    }
+
+    /// Reads frames to EXIT: stdout and the status.
+    fn read_to_exit(host: &mut UnixStream) -> (String, i32) {
+        let mut stdout = Vec::new();
+        loop {
+            let (kind, data) = agent::read_frame(host).expect("frame");
+            match kind {
+                agent::STDOUT => stdout.extend_from_slice(&data),
+                agent::EXIT => {
+                    return (String::from_utf8_lossy(&stdout).into_owned(), agent::status_of(&data))
+                }
+                other => panic!("frame {other}: {}", String::from_utf8_lossy(&data)),
+            }
+        }
+    }
+
+    /// `hello` answers this agent's protocol; a command asked to say STARTED says it first,
+    /// once it is kept, whatever its stdin; one not asked does not.
+    #[test]
+    fn hello_answers_the_protocol_and_started_comes_when_asked() {
+        let mut host = connect(&AgentRequest::Hello);
+        let (kind, data) = agent::read_frame(&mut host).expect("hello");
+        assert_eq!(kind, agent::STDOUT);
+        let hello: agent::AgentHello = serde_json::from_slice(&data).expect("hello json");
+        assert_eq!(hello.protocol, agent::PROTOCOL);
+        let (_, data) = agent::read_frame(&mut host).expect("exit");
+        assert_eq!(agent::status_of(&data), 0);
+
+        let mut host =
+            connect(&kept_exec(9_201, &["echo", "hi"], KeptStdin::EndsWithConnection, true));
+        let (kind, _) = agent::read_frame(&mut host).expect("first frame");
+        assert_eq!(kind, agent::STARTED, "STARTED comes first");
+        assert!(kept::list("").iter().any(|i| i.keep.id == 9_201), "kept once started");
+        assert_eq!(read_to_exit(&mut host), ("hi\n".to_string(), 0));
+
+        let mut host = connect(&kept_exec(9_202, &["cat"], KeptStdin::Kept, true));
+        let (kind, _) = agent::read_frame(&mut host).expect("first frame");
+        assert_eq!(kind, agent::STARTED, "streamed stdin: STARTED before any input");
+        agent::write_frame(&mut host, agent::IN_STDIN, b"in\n").expect("stdin");
+        agent::write_frame(&mut host, agent::IN_STDIN, b"").expect("end of stdin");
+        assert_eq!(read_to_exit(&mut host), ("in\n".to_string(), 0));
+
+        let mut host =
+            connect(&kept_exec(9_203, &["echo", "ho"], KeptStdin::EndsWithConnection, false));
+        assert_eq!(read_to_exit(&mut host), ("ho\n".to_string(), 0), "no STARTED unless asked");
     }
 
     /// Stdin given whole: the agent takes all of it (more than a pipe holds), starts the
@@ -559,19 +615,8 @@ mod tests {
         let (kind, _) = agent::read_frame(&mut host).expect("first frame");
         assert_eq!(kind, agent::STARTED, "STARTED comes first");
         assert!(kept::list("").iter().any(|i| i.keep.id == 9_101), "kept once started");
-        let mut stdout = Vec::new();
-        loop {
-            let (kind, data) = agent::read_frame(&mut host).expect("frame");
-            match kind {
-                agent::STDOUT => stdout.extend_from_slice(&data),
-                agent::EXIT => {
-                    assert_eq!(agent::status_of(&data), 0);
-                    break;
-                }
-                other => panic!("frame {other}: {}", String::from_utf8_lossy(&data)),
-            }
-        }
-        let stdout = String::from_utf8_lossy(&stdout).into_owned();
+        let (stdout, status) = read_to_exit(&mut host);
+        assert_eq!(status, 0);
         assert!(stdout.starts_with("300000\n"), "{stdout}");
         assert!(stdout.contains("memfd:brig-stdin"), "stdin is the sealed file: {stdout}");
 

@@ -6,6 +6,7 @@
 //! frame          kind u8 | len u32 LE | len bytes          (len ≤ MAX_FRAME)
 //!
 //! host → agent   REQUEST frame: one AgentRequest as JSON, first
+//!   hello          nothing more: the agent answers its protocol (an older one, EXIT 2)
 //!   exec           then, with stdin_frames, IN_STDIN frames (an empty one ends the input)
 //!   attach         then, with input, IN_STDIN frames for the kept command's stdin
 //!   put            then exactly `len` raw bytes of the file (not framed)
@@ -43,9 +44,9 @@ pub const SESSION_DONE: u8 = 4;
 /// In place of EXIT, last: the process died of this signal (i32 LE). An exec of the agent's
 /// own reports 128 + signal in EXIT instead, as a shell would.
 pub const SIGNALED: u8 = 5;
-/// Agent → host, first, for a command whose stdin is given whole ([`KeptStdin::Whole`]): all of
-/// it arrived and the command started (and is kept). A command that cannot start answers
-/// STDERR and EXIT instead.
+/// Agent → host, first, for a command whose stdin is given whole ([`KeptStdin::Whole`]) or that
+/// was asked to say so ([`KeepExec::started`]): all of its given stdin arrived and the command
+/// started (and is kept). A command that cannot start answers STDERR and EXIT instead.
 pub const STARTED: u8 = 6;
 /// Host → agent: bytes for a process's stdin, for a session's fd 3, and an interrupt.
 pub const IN_STDIN: u8 = 16;
@@ -60,6 +61,20 @@ pub const REQUEST: u8 = 32;
 pub const MAX_FRAME: usize = 1 << 20;
 /// The EXIT status of a command whose program could not be started (as a shell says 127).
 pub const EXIT_CANNOT_START: i32 = 127;
+/// The EXIT status of an agent that cannot read a request (an agent older than the request's
+/// kind or fields says it too).
+pub const EXIT_BAD_REQUEST: i32 = 2;
+
+/// What this agent speaks, as `hello` answers it. 1 is an agent older than `hello` (it
+/// answers [`EXIT_BAD_REQUEST`]); 2 adds [`KeepExec::started`].
+pub const PROTOCOL: u32 = 2;
+
+/// The agent's answer to `hello`: one STDOUT frame, then EXIT 0.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgentHello {
+    /// Its [`PROTOCOL`].
+    pub protocol: u32,
+}
 
 /// A process for the agent to start: exactly this argv, this environment on top of the
 /// agent's own, in this directory.
@@ -89,6 +104,8 @@ impl ProcessRun {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum AgentRequest {
+    /// What the agent speaks: one STDOUT frame, an [`AgentHello`], then EXIT 0.
+    Hello,
     /// Starts a process; `stdin_frames`: its stdin comes as IN_STDIN frames (otherwise it is
     /// empty); `keep`: it outlives the connection (see the module's text).
     Exec {
@@ -200,6 +217,11 @@ pub struct KeepExec {
     /// commands whose stdin is empty or ends that way.
     #[serde(default, skip_serializing_if = "KeptStdin::ends_with_connection")]
     pub stdin: KeptStdin,
+    /// Say [`STARTED`] once the command runs and is kept, whatever its stdin (protocol 2; left
+    /// out when false, so an older agent still keeps commands). A node that acknowledges the
+    /// command only then acknowledges what a pause or a crash a moment later still finds.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub started: bool,
 }
 
 /// A kept command's stdin, streamed as IN_STDIN frames, when the connection that started the
@@ -336,6 +358,7 @@ mod tests {
                 timeout_ms: 60_000,
                 output_limit: 1 << 20,
                 stdin: KeptStdin::Kept,
+                started: true,
             }),
         }
     }
@@ -352,6 +375,7 @@ mod tests {
         assert_eq!((kind, status_of(&data)), (EXIT, 7));
         assert_eq!(status_of(b"\x01"), -1);
         for request in [
+            AgentRequest::Hello,
             AgentRequest::Seed { seed_hex: "00ff".into() },
             AgentRequest::Put { path: "/a b".into(), len: 5 },
             AgentRequest::Get { path: "/etc/x".into() },
@@ -380,6 +404,7 @@ mod tests {
             timeout_ms: 5,
             output_limit: 6,
             stdin: KeptStdin::EndsWithConnection,
+            started: false,
         };
         let json = serde_json::to_string(&keep).expect("json");
         assert_eq!(json, r#"{"id":1,"timeout_ms":5,"output_limit":6}"#);
@@ -393,6 +418,18 @@ mod tests {
         assert!(!info.input_open);
         let whole = KeepExec { stdin: KeptStdin::Whole, ..keep };
         assert!(serde_json::to_string(&whole).expect("json").contains(r#""stdin":"whole""#));
+        let started = KeepExec { started: true, ..keep };
+        assert!(serde_json::to_string(&started).expect("json").contains(r#""started":true"#));
+    }
+
+    /// `hello` is a request an older agent cannot read: it answers EXIT 2 (the host then knows
+    /// it speaks protocol 1); a newer agent's answer may carry more than the protocol.
+    #[test]
+    fn hello_is_its_own_request_and_its_answer_takes_more_fields() {
+        assert_eq!(serde_json::to_string(&AgentRequest::Hello).expect("json"), r#"{"op":"hello"}"#);
+        let hello: AgentHello =
+            serde_json::from_str(r#"{"protocol":3,"later":1}"#).expect("a newer agent's hello");
+        assert_eq!(hello.protocol, 3);
     }
 
     #[test]

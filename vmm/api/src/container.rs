@@ -258,6 +258,7 @@ mod tests {
                 timeout_ms: 1000,
                 output_limit: 64,
                 stdin: crate::agent::KeptStdin::Whole,
+                started: true,
             }),
         };
         let body = serde_json::to_vec(&req).expect("encode");
