@@ -570,6 +570,18 @@ mod tests {
         }
     }
 
+    fn read_to_exit_skipping_stderr(host: &mut UnixStream) -> (Vec<u8>, i32) {
+        let mut stderr = Vec::new();
+        loop {
+            let (kind, data) = agent::read_frame(host).expect("frame");
+            match kind {
+                agent::STDERR => stderr.extend_from_slice(&data),
+                agent::EXIT => return (stderr, agent::status_of(&data)),
+                other => panic!("frame {other}"),
+            }
+        }
+    }
+
     /// `hello` answers this agent's protocol; a command asked to say STARTED says it first,
     /// once it is kept, whatever its stdin; one not asked does not.
     #[test]
@@ -581,6 +593,15 @@ mod tests {
         assert_eq!(hello.protocol, agent::PROTOCOL);
         let (_, data) = agent::read_frame(&mut host).expect("exit");
         assert_eq!(agent::status_of(&data), 0);
+
+        // What an agent older than a request does with it (as one older than hello did with
+        // hello): EXIT_BAD_REQUEST, which a host reads as protocol 1.
+        let (mut host, agent_end) = UnixStream::pair().expect("pair");
+        std::thread::spawn(move || handle(std::fs::File::from(OwnedFd::from(agent_end))));
+        let later = agent::encode_frame(agent::REQUEST, br#"{"op":"from_a_later_host"}"#);
+        std::io::Write::write_all(&mut host, &later).expect("request");
+        let (_, status) = read_to_exit_skipping_stderr(&mut host);
+        assert_eq!(status, agent::EXIT_BAD_REQUEST);
 
         let mut host =
             connect(&kept_exec(9_201, &["echo", "hi"], KeptStdin::EndsWithConnection, true));
