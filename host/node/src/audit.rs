@@ -7,7 +7,9 @@
 //!                  │                              so a sandbox keeps at most 2 × FILE_BYTES)
 //!                  └▶ broadcast ─▶ followers (Audit { follow: true })
 //! ```
-//! Files outlive their sandbox (a reviewer reads them after the rollout) until `RETENTION`.
+//! Files outlive their sandbox (a reviewer reads them after the rollout) until `RETENTION`
+//! after their last event; the node's reaper prunes them every `PRUNE_EVERY` (a node that
+//! runs for weeks keeps a day of trails, not all of them), never a live sandbox's.
 
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
@@ -27,7 +29,9 @@ use crate::{Node, NodeError};
 /// Bytes of one audit file before it rotates.
 const FILE_BYTES: u64 = 4 << 20;
 /// How long the trail of a destroyed sandbox is kept.
-const RETENTION: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// How often the reaper prunes trails past `RETENTION`.
+pub(crate) const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 /// Events returned per `Audit` reply frame.
 pub const BATCH: usize = 256;
 
@@ -63,13 +67,11 @@ impl AuditLog {
             what: format!("create {}", dir.display()),
             source,
         })?;
-        let log = AuditLog {
+        Ok(AuditLog {
             dir: dir.to_owned(),
             trails: Mutex::default(),
             live: broadcast::channel(4096).0,
-        };
-        log.prune();
-        Ok(log)
+        })
     }
 
     fn path(&self, id: &str, rotated: bool) -> PathBuf {
@@ -165,20 +167,29 @@ impl AuditLog {
         }
     }
 
-    /// Deletes trails untouched for longer than `RETENTION`.
-    fn prune(&self) {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
+    /// Deletes the trail files untouched for longer than `retention`, except those of the
+    /// sandboxes `live` names (an idle sandbox keeps its trail); returns how many went.
+    pub(crate) fn prune(&self, retention: Duration, live: impl Fn(&str) -> bool) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return 0 };
+        let mut pruned = 0;
         for entry in entries.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let id = name.trim_end_matches(".1").trim_end_matches(".jsonl");
+            if live(id) {
+                continue;
+            }
             let old = entry
                 .metadata()
                 .and_then(|m| m.modified())
                 .ok()
                 .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age > RETENTION);
-            if old {
-                let _ = std::fs::remove_file(entry.path());
+                .is_some_and(|age| age > retention);
+            if old && std::fs::remove_file(entry.path()).is_ok() {
+                pruned += 1;
             }
         }
+        pruned
     }
 }
 
@@ -214,6 +225,29 @@ mod tests {
         assert_eq!(log.read("sb-a", 200)[0].seq, 201);
         assert_eq!(log.read("sb-b", 0).len(), 1);
         assert!(log.read("sb-none", 0).is_empty());
+    }
+
+    /// Trails untouched past the retention go, both files of a rotated one included; a fresh
+    /// trail and an old one of a live sandbox stay.
+    #[test]
+    fn old_trails_of_gone_sandboxes_are_pruned() {
+        let dir = tempfile::tempdir().expect("test");
+        let log = AuditLog::open(dir.path()).expect("test");
+        for id in ["sb-old", "sb-idle", "sb-new"] {
+            log.record(id, lifecycle(1));
+        }
+        std::fs::write(dir.path().join("sb-old.jsonl.1"), b"").expect("rotated");
+        let long_ago = std::time::SystemTime::now() - Duration::from_secs(3 * 3600);
+        for name in ["sb-old.jsonl", "sb-old.jsonl.1", "sb-idle.jsonl"] {
+            let file = std::fs::File::options().append(true).open(dir.path().join(name));
+            file.expect("trail").set_modified(long_ago).expect("age it");
+        }
+        let pruned = log.prune(Duration::from_secs(3600), |id| id == "sb-idle");
+        assert_eq!(pruned, 2);
+        assert!(!log.exists("sb-old") && !dir.path().join("sb-old.jsonl.1").exists());
+        assert_eq!(log.read("sb-idle", 0).len(), 1, "a live sandbox keeps its trail");
+        assert_eq!(log.read("sb-new", 0).len(), 1);
+        assert_eq!(log.prune(RETENTION, |_| false), 0);
     }
 }
 

@@ -632,15 +632,32 @@ impl Node {
         }
     }
 
-    /// Applies lifetimes every `reap_interval_ms`, until dropped.
+    /// Deletes audit trails past their retention, except those of sandboxes still here.
+    fn prune_audit(&self) {
+        let sandboxes = &self.inner.sandboxes;
+        let pruned =
+            self.inner.audit.prune(crate::audit::RETENTION, |id| sandboxes.get(id).is_ok());
+        if pruned > 0 {
+            tracing::info!(pruned, "audit trail files past their retention removed");
+        }
+    }
+
+    /// Applies lifetimes every `reap_interval_ms`, and prunes the audit trails every
+    /// `audit::PRUNE_EVERY`, until dropped.
     pub fn spawn_reaper(&self) -> tokio::task::JoinHandle<()> {
         let node = self.clone();
         let every = Duration::from_millis(self.inner.config.reap_interval_ms.max(10));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut pruned_at: Option<std::time::Instant> = None;
             loop {
                 tick.tick().await;
+                if pruned_at.is_none_or(|at| at.elapsed() >= crate::audit::PRUNE_EVERY) {
+                    pruned_at = Some(std::time::Instant::now());
+                    let node = node.clone();
+                    tokio::task::spawn_blocking(move || node.prune_audit());
+                }
                 if let Ok(hosts) = &node.inner.container_hosts {
                     hosts.sweep().await;
                 }
