@@ -225,6 +225,37 @@ async fn stdin_given_whole_is_read_whole_across_a_brigd_crash() {
     sb.destroy().await.expect("destroy");
 }
 
+/// On a terminal, stdin given whole is typed in by a typist of the node's shim spawner, not by
+/// brigd, so a crash cannot cut it: a command that reads only after brigd was killed and
+/// restarted gets every line of 450 KiB, far more than a terminal buffers.
+#[tokio::test]
+async fn terminal_stdin_given_whole_is_typed_whole_across_a_brigd_crash() {
+    let mut daemon = Daemon::start_with(&["--on-exit", "keep"]).expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    let sb = client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
+    // Letters, digits and spaces: nothing the terminal's line discipline acts on.
+    let lines = 8_000;
+    let input: String =
+        (0..lines).map(|i| format!("line {i:05} {}\n", "abcdefghij".repeat(4))).collect();
+    let want = hex::encode(Sha256::digest(input.as_bytes()));
+    let script = format!(
+        "stty -echo; while [ ! -e /tmp/go ]; do sleep 0.05; done; \
+         head -n {lines} | sha256sum | cut -d' ' -f1"
+    );
+    let cmd = Cmd::new(["sh", "-c", &script]).stdin(input.into_bytes()).terminal(24, 80);
+    let reader = sb.exec_stream(cmd).await.expect("start the reader");
+    let id = reader.exec_id();
+
+    let client = crash_and_restart(&mut daemon, Duration::from_millis(300)).await;
+    drop(reader);
+    let sb = client.sandbox(sb.id());
+    sb.exec(["touch", "/tmp/go"]).await.expect("let it read");
+    let out = output_by_id(&sb, id, "the reader ends").await;
+    assert!(out.stdout_text().ends_with(&format!("{want}\r\n")), "{out:?}");
+    assert_eq!(out.result.exit_code, Some(0), "{:?}", out.result);
+    sb.destroy().await.expect("destroy");
+}
+
 /// Sessions outlive a brigd crash: the shim keeps the node's ends of each shell's pipes and
 /// the session's record says what runs in it, so after a `kill -9` and a restart each session
 /// answers under its id with its working directory, environment and functions intact, and a

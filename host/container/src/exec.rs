@@ -234,11 +234,16 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
             let process = container.spawn(spawn, stdio, &[], &keep, None).await?;
             drop(keep);
             drop((slave, out, err));
-            let master = Arc::new(TerminalMaster::new(master)?);
-            if let Stdin::Bytes(bytes) = request.stdin {
-                let master = master.clone();
-                tokio::spawn(async move { master.write_all(&bytes).await });
+            // Stdin given whole is typed in by a typist of the node's spawner, which outlives
+            // the node: a crash cannot cut it short.
+            if let Stdin::Bytes(bytes) = &request.stdin {
+                let (master, input) = (dup(&master)?, stdin_file(bytes)?);
+                let spawner = container.spawner.clone();
+                tokio::task::spawn_blocking(move || spawner.type_into(&master, &input))
+                    .await
+                    .map_err(|e| RuntimeError::Setup(format!("typist task: {e}")))??;
             }
+            let master = Arc::new(TerminalMaster::new(master)?);
             (process, Output::Terminal(master.clone()), None, None, Some(master))
         }
     };

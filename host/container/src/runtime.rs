@@ -27,26 +27,7 @@ pub(crate) const SPOOL_SWEEP_SECS: u64 = 60;
 /// How long a container may take to come up.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Paths under /proc and /sys that containers see empty. `/proc/kpagecgroup` and the other
-/// `kpage*` files (DSec crashed a kernel through the first) are not here on purpose: they are
-/// mode 0400 and owned by host root, which is unmapped in the container's user namespace, so
-/// even container root gets EACCES — a mask would turn that into a successful empty read.
-pub const MASKED_PATHS: [&str; 11] = [
-    "/proc/kcore",
-    "/proc/keys",
-    "/proc/latency_stats",
-    "/proc/timer_list",
-    "/proc/sched_debug",
-    "/proc/acpi",
-    "/proc/asound",
-    "/proc/scsi",
-    "/proc/sysrq-trigger",
-    "/sys/firmware",
-    "/sys/kernel/debug",
-];
-
-/// Paths made read-only inside containers.
-pub const READONLY_PATHS: [&str; 4] = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys"];
+pub use crate::shim::security::{MASKED_PATHS, READONLY_PATHS};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -304,6 +285,7 @@ impl Runtime {
             spool_swept: AtomicU64::new(0),
             finished_spools: Default::default(),
             kept: parking_lot::Mutex::new(kept),
+            spawner: self.spawner.clone(),
         })
     }
 
@@ -361,6 +343,7 @@ impl Runtime {
                     spool_swept: AtomicU64::new(0),
                     finished_spools: Default::default(),
                     kept: parking_lot::Mutex::default(),
+                    spawner: self.spawner.clone(),
                 })
             }
             failed => {
@@ -525,6 +508,8 @@ pub struct Container {
     pub(crate) finished_spools: crate::spool::FinishedSpools,
     /// Commands from an earlier run of the node, handed back by the shim, until claimed.
     pub(crate) kept: parking_lot::Mutex<std::collections::HashMap<u64, crate::kept::KeptOutput>>,
+    /// The node's spawner, which also starts typists (`crate::exec`).
+    pub(crate) spawner: Arc<ShimSpawner>,
 }
 
 /// Empty exec cgroups kept for reuse per container: creating and removing one per exec costs

@@ -205,6 +205,11 @@ pub enum FromShim {
 pub enum ToSpawner {
     /// Start a shim. Attached descriptors: its control socket (its stdin), then its stderr.
     Spawn,
+    /// Start a typist. Attached descriptors: a command's terminal (its master), then a file
+    /// to type into it (the command's stdin given whole). The typist writes all of it and
+    /// exits, or exits once the terminal has closed; it outlives the node, so a node that dies
+    /// meanwhile cannot cut the input short.
+    Type,
 }
 
 /// Spawner → node.

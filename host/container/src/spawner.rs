@@ -6,7 +6,7 @@
 //! Calls block for a fork's worth of time; run them off the async workers. The helper is
 //! started on first use and again if it dies.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -67,6 +67,16 @@ impl ShimSpawner {
     /// Starts a shim with `control` as its stdin and `stderr` as its stderr; returns its pid.
     /// Blocking.
     pub fn spawn(&self, control: &OwnedFd, stderr: &OwnedFd) -> Result<i32, SpawnerError> {
+        self.call(&ToSpawner::Spawn, &[control.as_fd(), stderr.as_fd()])
+    }
+
+    /// Starts a typist that writes all of `input` into the terminal whose master is `master`
+    /// ([`ToSpawner::Type`]); returns its pid. Blocking.
+    pub fn type_into(&self, master: &OwnedFd, input: &OwnedFd) -> Result<i32, SpawnerError> {
+        self.call(&ToSpawner::Type, &[master.as_fd(), input.as_fd()])
+    }
+
+    fn call(&self, message: &ToSpawner, fds: &[BorrowedFd<'_>]) -> Result<i32, SpawnerError> {
         let mut helper = self.helper.lock();
         // A helper that died since the last call is replaced once.
         for attempt in 0..2 {
@@ -74,7 +84,7 @@ impl ShimSpawner {
                 Some(h) => h,
                 None => helper.insert(self.start()?),
             };
-            match request(h, control, stderr) {
+            match request(h, message, fds) {
                 // It was gone before it read the request, so nothing was started: retry.
                 Err(SpawnerError::Gone) if attempt == 0 => {
                     tracing::warn!("the shim spawner is gone; starting it again");
@@ -112,14 +122,12 @@ impl ShimSpawner {
     }
 }
 
-fn request(h: &Helper, control: &OwnedFd, stderr: &OwnedFd) -> Result<i32, SpawnerError> {
-    let bytes = postcard::to_allocvec(&ToSpawner::Spawn).map_err(SpawnerError::Encode)?;
-    control::send(h.sock.as_fd(), &bytes, &[control.as_fd(), stderr.as_fd()]).map_err(
-        |e| match e {
-            nix::Error::EPIPE | nix::Error::ECONNRESET => SpawnerError::Gone,
-            e => SpawnerError::Io("send", e),
-        },
-    )?;
+fn request(h: &Helper, message: &ToSpawner, fds: &[BorrowedFd<'_>]) -> Result<i32, SpawnerError> {
+    let bytes = postcard::to_allocvec(message).map_err(SpawnerError::Encode)?;
+    control::send(h.sock.as_fd(), &bytes, fds).map_err(|e| match e {
+        nix::Error::EPIPE | nix::Error::ECONNRESET => SpawnerError::Gone,
+        e => SpawnerError::Io("send", e),
+    })?;
     let mut buf = [0u8; 1024];
     // A signal handled meanwhile interrupts the wait (a receive timeout is never restarted).
     let received = loop {

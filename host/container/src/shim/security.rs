@@ -17,6 +17,27 @@ use seccompiler::{
 
 use super::ShimError;
 
+/// Paths under /proc and /sys that containers see empty. `/proc/kpagecgroup` and the other
+/// `kpage*` files (DSec crashed a kernel through the first) are not here on purpose: they are
+/// mode 0400 and owned by host root, which is unmapped in the container's user namespace, so
+/// even container root gets EACCES — a mask would turn that into a successful empty read.
+pub const MASKED_PATHS: [&str; 11] = [
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/sched_debug",
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/scsi",
+    "/proc/sysrq-trigger",
+    "/sys/firmware",
+    "/sys/kernel/debug",
+];
+
+/// Paths made read-only inside containers.
+pub const READONLY_PATHS: [&str; 4] = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys"];
+
 /// Capabilities container processes keep.
 pub const KEPT_CAPS: [Capability; 12] = [
     Capability::CAP_CHOWN,

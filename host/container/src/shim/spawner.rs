@@ -9,7 +9,10 @@
 //! ```text
 //! node ── ToSpawner::Spawn + [control, stderr] ──▶ spawner ── fork, exec /proc/self/exe ─▶ shim
 //!      ◀── FromSpawner::Spawned { pid } ──────────
+//! node ── ToSpawner::Type + [master, input] ─────▶ spawner ── fork ─▶ typist
 //! ```
+//! A typist writes a command's stdin given whole into its terminal (as the command reads it)
+//! and exits; being the spawner's child, not the node's, it goes on if the node dies.
 //! The spawner is the shims' parent, with SIGCHLD ignored so the kernel reaps them. When the
 //! node hangs up it exits; its shims carry on (a shim's life follows its own control socket,
 //! not its parent).
@@ -52,8 +55,9 @@ pub fn run() -> Result<(), ShimError> {
         };
         let reply = match postcard::from_bytes::<ToSpawner>(&buf[..len]) {
             Ok(ToSpawner::Spawn) if fds.len() == 2 => spawn(&exe, fds),
-            Ok(ToSpawner::Spawn) => FromSpawner::Failed {
-                error: format!("a spawn request carries 2 descriptors, not {}", fds.len()),
+            Ok(ToSpawner::Type) if fds.len() == 2 => start_typist(fds),
+            Ok(ToSpawner::Spawn | ToSpawner::Type) => FromSpawner::Failed {
+                error: format!("a request carries 2 descriptors, not {}", fds.len()),
             },
             Err(e) => FromSpawner::Failed { error: format!("undecodable request: {e}") },
         };
@@ -92,5 +96,63 @@ fn spawn(exe: &std::ffi::CStr, fds: Vec<OwnedFd>) -> FromSpawner {
         }
         Ok(sys::Forked::Parent(pid)) => FromSpawner::Spawned { pid: pid.as_raw() },
         Err(e) => FromSpawner::Failed { error: super::describe(&e) },
+    }
+}
+
+/// Forks a typist with `fds` = [a terminal's master, the input to type into it].
+fn start_typist(fds: Vec<OwnedFd>) -> FromSpawner {
+    let null = match nix::fcntl::open(
+        "/dev/null",
+        nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(e) => return FromSpawner::Failed { error: format!("open /dev/null: {e}") },
+    };
+    match sys::fork() {
+        Ok(sys::Forked::Child) => {
+            let mut fds = fds.into_iter();
+            let (Some(master), Some(input)) = (fds.next(), fds.next()) else {
+                std::process::exit(126)
+            };
+            // The input on fd 0, the terminal on fd 1, nothing else (not the node's socket).
+            let raw = [input.into_raw_fd(), master.into_raw_fd(), null.into_raw_fd()];
+            if sys::install_fds(&raw).is_err() {
+                std::process::exit(126);
+            }
+            std::process::exit(if type_in().is_ok() { 0 } else { 1 })
+        }
+        Ok(sys::Forked::Parent(pid)) => FromSpawner::Spawned { pid: pid.as_raw() },
+        Err(e) => FromSpawner::Failed { error: super::describe(&e) },
+    }
+}
+
+/// Copies fd 0 into fd 1, a terminal's master that the node may have made non-blocking (the
+/// flag is the file's, shared with the node's copy): a full terminal is waited for. Ends at the
+/// input's end, or with an error once the terminal has closed (EIO).
+fn type_in() -> nix::Result<()> {
+    let (stdin, stdout) = (std::io::stdin(), std::io::stdout());
+    let (input, terminal) = (stdin.as_fd(), stdout.as_fd());
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = nix::unistd::read(input, &mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut rest = &buf[..n];
+        while !rest.is_empty() {
+            match nix::unistd::write(terminal, rest) {
+                Ok(written) => rest = &rest[written..],
+                Err(nix::Error::EAGAIN) => {
+                    let mut fds = [PollFd::new(terminal, PollFlags::POLLOUT)];
+                    match poll(&mut fds, PollTimeout::NONE) {
+                        Ok(_) | Err(nix::Error::EINTR) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(nix::Error::EINTR) => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
