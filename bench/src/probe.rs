@@ -114,6 +114,11 @@ pub struct CpuCensus {
     pub busy: u64,
     /// User and system time of the processes outside Brig and the benchmark.
     pub outside: u64,
+    /// User and system time of brigd.
+    pub brigd: u64,
+    /// User and system time of Brig's other processes (`brig-*` helpers and what runs in
+    /// `brig-*` cgroups) that are alive at the census.
+    pub brig_others: u64,
 }
 
 impl CpuCensus {
@@ -136,19 +141,11 @@ impl CpuCensus {
             let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
                 continue;
             };
-            if pid == own || pid == brig {
+            if pid == own {
                 continue;
             }
             let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
             let Some((head, rest)) = stat.rsplit_once(')') else { continue };
-            if head.contains("(brig") {
-                continue;
-            }
-            let cgroups =
-                std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-            if cgroups.contains("/brig-") {
-                continue;
-            }
             // utime and stime: fields 14 and 15, the 12th and 13th after the name.
             let times: u64 = rest
                 .split_whitespace()
@@ -156,7 +153,18 @@ impl CpuCensus {
                 .take(2)
                 .filter_map(|f| f.parse::<u64>().ok())
                 .sum();
-            census.outside += times;
+            if pid == brig {
+                census.brigd += times;
+                continue;
+            }
+            let brigs = head.contains("(brig")
+                || std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                    .is_ok_and(|c| c.contains("/brig-"));
+            if brigs {
+                census.brig_others += times;
+            } else {
+                census.outside += times;
+            }
         }
         census
     }
@@ -168,5 +176,13 @@ impl CpuCensus {
         let busy = self.busy.saturating_sub(earlier.busy) as f64;
         let outside = self.outside.saturating_sub(earlier.outside) as f64;
         (busy / total * 100.0, outside / total * 100.0)
+    }
+
+    /// From `earlier` to this census: CPU milliseconds of brigd and of Brig's other processes
+    /// (those alive at both censuses; a process that ended meanwhile took its time with it).
+    pub fn brig_ms_since(&self, earlier: &CpuCensus) -> (f64, f64) {
+        // /proc counts in USER_HZ ticks, which Linux fixes at 100 a second.
+        let ms = |now: u64, then: u64| now.saturating_sub(then) as f64 * 10.0;
+        (ms(self.brigd, earlier.brigd), ms(self.brig_others, earlier.brig_others))
     }
 }

@@ -13,7 +13,9 @@
 //! change from the first window to the last (`machine_slowdown_pct`), and the share of all CPU
 //! time the machine was busy (`busy_cpu_pct`) and spent in processes that are not Brig's or the
 //! benchmark's (`outside_cpu_pct`), so that a p99 that grows with a slower or busier machine
-//! can be told from one that grows with Brig.
+//! can be told from one that grows with Brig; and the CPU time brigd and Brig's other processes
+//! spent per request served (`brigd_cpu_us_per_request`, `brig_others_cpu_us_per_request`),
+//! which grows if serving a request costs Brig more as the run goes on.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -231,6 +233,7 @@ async fn soak(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::Val
         let rss = rss_bytes(pid);
         let now = crate::probe::CpuCensus::take(pid);
         let (busy_pct, outside_pct) = now.shares_since(&census);
+        let (brigd_ms, brig_others_ms) = now.brig_ms_since(&census);
         census = now;
         // Requests still in flight at the boundary land in the window they started in; a
         // moment's grace lets most of them finish before the window is read.
@@ -265,6 +268,8 @@ async fn soak(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::Val
             "probe_ms": round3(probe_ms),
             "busy_cpu_pct": round3(busy_pct),
             "outside_cpu_pct": round3(outside_pct),
+            "brigd_cpu_us_per_request": round3(brigd_ms * 1000.0 / served as f64),
+            "brig_others_cpu_us_per_request": round3(brig_others_ms * 1000.0 / served as f64),
             "p99_ms_by_kind": by_kind,
         }));
     }
