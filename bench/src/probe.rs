@@ -3,8 +3,11 @@
 //! under test cannot delay it and only the machine can (its clock, a busy hypervisor: steal
 //! that the guest's accounting does not show). A benchmark that compares windows of one run
 //! reports the probe's change beside its own, so a slower machine is not read as a slower
-//! Brig. The probe cannot see other processes taking the CPUs from the load (it preempts
-//! them), so [`CpuCensus`] counts the CPU time of the processes that are not Brig's.
+//! Brig. The loop runs in registers, so it also times a chase of dependent loads through
+//! memory far larger than the caches (`memory_ns`: nanoseconds per load), which slows when
+//! neighbours on the same host contend for caches and memory bandwidth and the loop does not.
+//! The probe cannot see other processes taking the CPUs from the load (it preempts them), so
+//! [`CpuCensus`] counts the CPU time of the processes that are not Brig's.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -14,10 +17,17 @@ use parking_lot::Mutex;
 
 /// Iterations of the loop: about 25 ms on this development VM at its usual speed.
 const LOOP_ITERATIONS: u64 = 40_000_000;
+/// Entries of the memory chase (4 bytes each: 64 MiB, larger than any cache here).
+const CHASE_ENTRIES: usize = 16 << 20;
+/// Loads per memory sample (tens of ms).
+const CHASE_LOADS: usize = 400_000;
 
-/// The probe thread and its samples (when each started, how long the loop took).
+/// One sample: when it started, how long the loop took, nanoseconds per chased load.
+type Sample = (Instant, Duration, f64);
+
+/// The probe thread and its samples.
 pub struct MachineProbe {
-    samples: Arc<Mutex<Vec<(Instant, Duration)>>>,
+    samples: Arc<Mutex<Vec<Sample>>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// Whether the thread got real-time priority (it needs root); without it, the probe is
@@ -36,11 +46,17 @@ impl MachineProbe {
             std::thread::Builder::new()
                 .name("machine-probe".into())
                 .spawn(move || {
+                    let chain = chase_chain(CHASE_ENTRIES);
                     let _ = tx.send(realtime_priority());
+                    let mut at = 0;
                     while !stop.load(Ordering::Relaxed) {
                         let started = Instant::now();
                         std::hint::black_box(fixed_work(LOOP_ITERATIONS));
-                        samples.lock().push((started, started.elapsed()));
+                        let took = started.elapsed();
+                        let chased = Instant::now();
+                        at = chase(&chain, at, CHASE_LOADS);
+                        let per_load = chased.elapsed().as_secs_f64() * 1e9 / CHASE_LOADS as f64;
+                        samples.lock().push((started, took, per_load));
                         let next = started + every;
                         while !stop.load(Ordering::Relaxed) && Instant::now() < next {
                             std::thread::sleep(Duration::from_millis(100));
@@ -55,15 +71,19 @@ impl MachineProbe {
 
     /// The median loop time in ms of the samples started in `[from, to)`.
     pub fn median_ms(&self, from: Instant, to: Instant) -> Option<f64> {
-        let mut ms: Vec<f64> = self
-            .samples
-            .lock()
-            .iter()
-            .filter(|(at, _)| *at >= from && *at < to)
-            .map(|(_, took)| took.as_secs_f64() * 1e3)
-            .collect();
-        ms.sort_by(f64::total_cmp);
-        ms.get(ms.len() / 2).copied()
+        self.median(from, to, |(_, took, _)| took.as_secs_f64() * 1e3)
+    }
+
+    /// The median nanoseconds per chased load of the samples started in `[from, to)`.
+    pub fn median_memory_ns(&self, from: Instant, to: Instant) -> Option<f64> {
+        self.median(from, to, |(_, _, ns)| *ns)
+    }
+
+    fn median(&self, from: Instant, to: Instant, of: impl Fn(&Sample) -> f64) -> Option<f64> {
+        let mut values: Vec<f64> =
+            self.samples.lock().iter().filter(|s| s.0 >= from && s.0 < to).map(of).collect();
+        values.sort_by(f64::total_cmp);
+        values.get(values.len() / 2).copied()
     }
 }
 
@@ -85,6 +105,28 @@ fn fixed_work(iterations: u64) -> u64 {
         x ^= x << 17;
     }
     x
+}
+
+/// A single cycle through `entries` slots in random order (Sattolo's shuffle), so each load's
+/// address depends on the one before and no prefetcher can guess it.
+fn chase_chain(entries: usize) -> Vec<u32> {
+    let mut next: Vec<u32> = (0..entries as u32).collect();
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    for i in (1..entries).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        next.swap(i, (x % i as u64) as usize);
+    }
+    next
+}
+
+/// Follows `chain` for `loads` steps from `at`; where it stopped.
+fn chase(chain: &[u32], mut at: usize, loads: usize) -> usize {
+    for _ in 0..loads {
+        at = chain[at] as usize;
+    }
+    std::hint::black_box(at)
 }
 
 /// Puts the calling thread under `SCHED_FIFO` (with util-linux's `chrt`, by its thread id);

@@ -10,7 +10,8 @@
 //! `leaked_objects` (goal 0), `p99_growth_pct` and `rss_growth_pct` (last window against the
 //! first; goal ≤ 10), and the per-window figures. Beside them, the machine's own speed in the
 //! same run (`crate::probe`): a fixed CPU loop's median time per window (`probe_ms`) and its
-//! change from the first window to the last (`machine_slowdown_pct`), and the share of all CPU
+//! change from the first window to the last (`machine_slowdown_pct`), the same for a chase of
+//! loads through memory (`memory_probe_ns`, `memory_slowdown_pct`), and the share of all CPU
 //! time the machine was busy (`busy_cpu_pct`) and spent in processes that are not Brig's or the
 //! benchmark's (`outside_cpu_pct`), so that a p99 that grows with a slower or busier machine
 //! can be told from one that grows with Brig; and the CPU time brigd and Brig's other processes
@@ -224,8 +225,16 @@ async fn soak(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::Val
         window.as_secs()
     );
     println!(
-        "{:>6} {:>9} {:>10} {:>10} {:>10} {:>8} {:>10}",
-        "window", "served", "p99 ms", "rss MiB", "probe ms", "busy %", "outside %"
+        "{:>6} {:>9} {:>10} {:>10} {:>10} {:>8} {:>8} {:>10} {:>10}",
+        "window",
+        "served",
+        "p99 ms",
+        "rss MiB",
+        "probe ms",
+        "mem ns",
+        "busy %",
+        "outside %",
+        "brigd us/r"
     );
     let mut windows = Vec::new();
     for w in 0..opts.minutes {
@@ -242,15 +251,18 @@ async fn soak(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::Val
         let (served, p99) = (lat.len(), lat.quantile_ms(0.99));
         let from = record.started + window * w as u32;
         let probe_ms = probe.median_ms(from, from + window).unwrap_or(0.0);
+        let memory_ns = probe.median_memory_ns(from, from + window).unwrap_or(0.0);
         println!(
-            "{:>6} {:>9} {:>10.2} {:>10.1} {:>10.2} {:>8.1} {:>10.1}",
+            "{:>6} {:>9} {:>10.2} {:>10.1} {:>10.2} {:>8.1} {:>8.1} {:>10.1} {:>10.0}",
             w + 1,
             served,
             p99,
             rss as f64 / 1048576.0,
             probe_ms,
+            memory_ns,
             busy_pct,
-            outside_pct
+            outside_pct,
+            brigd_ms * 1000.0 / served.max(1) as f64
         );
         if served == 0 {
             let first = record.first_errors.lock().clone();
@@ -266,10 +278,11 @@ async fn soak(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::Val
             "p99_ms": round3(p99),
             "rss_bytes": rss,
             "probe_ms": round3(probe_ms),
+            "memory_probe_ns": round3(memory_ns),
             "busy_cpu_pct": round3(busy_pct),
             "outside_cpu_pct": round3(outside_pct),
-            "brigd_cpu_us_per_request": round3(brigd_ms * 1000.0 / served as f64),
-            "brig_others_cpu_us_per_request": round3(brig_others_ms * 1000.0 / served as f64),
+            "brigd_cpu_us_per_request": round3(brigd_ms * 1000.0 / served.max(1) as f64),
+            "brig_others_cpu_us_per_request": round3(brig_others_ms * 1000.0 / served.max(1) as f64),
             "p99_ms_by_kind": by_kind,
         }));
     }
@@ -334,6 +347,7 @@ async fn soak(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::Val
         "p99_growth_pct": growth("p99_ms"),
         "rss_growth_pct": growth("rss_bytes"),
         "machine_slowdown_pct": growth("probe_ms"),
+        "memory_slowdown_pct": growth("memory_probe_ns"),
         "probe_realtime": probe.realtime,
         "per_window": windows,
     }))
