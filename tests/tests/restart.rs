@@ -198,6 +198,24 @@ async fn a_client_that_goes_away_leaves_a_streamed_stdin_open() {
     sb.destroy().await.expect("destroy");
 }
 
+/// Starts `cmd` (which waits for /tmp/go before it reads its stdin), kills and restarts brigd,
+/// lets it read and returns the sandbox (through the new client) and the command's output,
+/// read by id.
+async fn read_after_a_crash(
+    daemon: &mut Daemon,
+    sb: &brig_sdk::Sandbox,
+    cmd: Cmd,
+) -> (brig_sdk::Sandbox, brig_sdk::ExecOutput) {
+    let reader = sb.exec_stream(cmd).await.expect("start the reader");
+    let id = reader.exec_id();
+    let client = crash_and_restart(daemon, Duration::from_millis(300)).await;
+    drop(reader);
+    let sb = client.sandbox(sb.id());
+    sb.exec(["touch", "/tmp/go"]).await.expect("let it read");
+    let out = output_by_id(&sb, id, "the reader ends").await;
+    (sb, out)
+}
+
 /// Stdin given whole (not streamed) is read whole by a command that only starts reading
 /// after brigd was killed: it is a file the command holds, not a pipe brigd was still
 /// filling (a pipe takes 64 KiB; the command would have read that much and then end of file).
@@ -209,17 +227,8 @@ async fn stdin_given_whole_is_read_whole_across_a_brigd_crash() {
     let input: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
     let want = hex::encode(Sha256::digest(&input));
     let script = "while [ ! -e /tmp/go ]; do sleep 0.05; done; sha256sum | cut -d' ' -f1";
-    let reader = sb
-        .exec_stream(Cmd::new(["sh", "-c", script]).stdin(input))
-        .await
-        .expect("start the reader");
-    let id = reader.exec_id();
-
-    let client = crash_and_restart(&mut daemon, Duration::from_millis(300)).await;
-    drop(reader);
-    let sb = client.sandbox(sb.id());
-    sb.exec(["touch", "/tmp/go"]).await.expect("let it read");
-    let out = output_by_id(&sb, id, "the reader ends").await;
+    let cmd = Cmd::new(["sh", "-c", script]).stdin(input);
+    let (sb, out) = read_after_a_crash(&mut daemon, &sb, cmd).await;
     assert_eq!(out.stdout_text(), format!("{want}\n"), "{out:?}");
     assert_eq!(out.result.exit_code, Some(0), "{:?}", out.result);
     sb.destroy().await.expect("destroy");
@@ -243,14 +252,7 @@ async fn terminal_stdin_given_whole_is_typed_whole_across_a_brigd_crash() {
          head -n {lines} | sha256sum | cut -d' ' -f1"
     );
     let cmd = Cmd::new(["sh", "-c", &script]).stdin(input.into_bytes()).terminal(24, 80);
-    let reader = sb.exec_stream(cmd).await.expect("start the reader");
-    let id = reader.exec_id();
-
-    let client = crash_and_restart(&mut daemon, Duration::from_millis(300)).await;
-    drop(reader);
-    let sb = client.sandbox(sb.id());
-    sb.exec(["touch", "/tmp/go"]).await.expect("let it read");
-    let out = output_by_id(&sb, id, "the reader ends").await;
+    let (sb, out) = read_after_a_crash(&mut daemon, &sb, cmd).await;
     assert!(out.stdout_text().ends_with(&format!("{want}\r\n")), "{out:?}");
     assert_eq!(out.result.exit_code, Some(0), "{:?}", out.result);
     sb.destroy().await.expect("destroy");

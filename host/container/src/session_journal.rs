@@ -274,22 +274,30 @@ mod tests {
         false
     }
 
-    /// A shell waiting for its next command is seen as idle, also after a stop and continue
-    /// (what a pause and resume of its sandbox does), when its poll goes on as
-    /// `restart_syscall`; a chaos run found a session stuck as running after exactly that.
-    #[test]
-    fn a_shell_polling_for_input_is_idle_also_after_a_stop() {
-        let (read, _write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
+    /// A busybox shell running `script` with a pipe as stdin (and stdout piped), seen idle,
+    /// then stopped: the shell, its pid, the pipe's name and its write end.
+    fn stopped_while_idle(script: &str) -> (std::process::Child, i32, String, OwnedFd) {
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
         let pipe = pipe_name(&read).expect("pipe name");
-        let mut shell = std::process::Command::new("busybox")
-            .args(["sh", "-c", "read -r line"])
+        let shell = std::process::Command::new("busybox")
+            .args(["sh", "-c", script])
             .stdin(std::process::Stdio::from(read))
+            .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("busybox sh");
         let pid = i32::try_from(shell.id()).expect("pid");
         assert!(probe_says(pid, &pipe, true), "{}", shell_state(pid));
         kill(Pid::from_raw(pid), Signal::SIGSTOP).expect("stop");
         std::thread::sleep(Duration::from_millis(50));
+        (shell, pid, pipe, write)
+    }
+
+    /// A shell waiting for its next command is seen as idle, also after a stop and continue
+    /// (what a pause and resume of its sandbox does), when its poll goes on as
+    /// `restart_syscall`; a chaos run found a session stuck as running after exactly that.
+    #[test]
+    fn a_shell_polling_for_input_is_idle_also_after_a_stop() {
+        let (mut shell, pid, pipe, _write) = stopped_while_idle("read -r line");
         kill(Pid::from_raw(pid), Signal::SIGCONT).expect("continue");
         assert!(probe_says(pid, &pipe, true), "after a stop: {}", shell_state(pid));
         let _ = shell.kill();
@@ -300,18 +308,7 @@ mod tests {
     /// reading, is stopped before it runs again (as a slow or just-resumed guest leaves it).
     #[test]
     fn a_shell_with_an_unread_command_is_not_idle() {
-        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
-        let pipe = pipe_name(&read).expect("pipe name");
-        let shell = std::process::Command::new("busybox")
-            .args(["sh", "-c", "read -r line; echo \"$line\""])
-            .stdin(std::process::Stdio::from(read))
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("busybox sh");
-        let pid = i32::try_from(shell.id()).expect("pid");
-        assert!(probe_says(pid, &pipe, true), "{}", shell_state(pid));
-        kill(Pid::from_raw(pid), Signal::SIGSTOP).expect("stop");
-        std::thread::sleep(Duration::from_millis(50));
+        let (shell, pid, pipe, write) = stopped_while_idle("read -r line; echo \"$line\"");
         nix::unistd::write(&write, b"echo hi\n").expect("a command");
         assert!(
             !shell_waits_for_command(pid, &pipe, 3),

@@ -69,38 +69,33 @@ pub fn run() -> Result<(), ShimError> {
 
 /// Forks a shim with `fds` = [control socket, stderr] as its stdin and stderr.
 fn spawn(exe: &std::ffi::CStr, fds: Vec<OwnedFd>) -> FromSpawner {
-    let null = match nix::fcntl::open(
-        "/dev/null",
-        nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    ) {
-        Ok(fd) => fd,
-        Err(e) => return FromSpawner::Failed { error: format!("open /dev/null: {e}") },
-    };
-    match sys::fork() {
-        Ok(sys::Forked::Child) => {
-            let mut fds = fds.into_iter();
-            let (Some(stdin), Some(stderr)) = (fds.next(), fds.next()) else {
-                std::process::exit(126)
-            };
-            let raw = [stdin.into_raw_fd(), null.into_raw_fd(), stderr.into_raw_fd()];
-            if sys::install_fds(&raw).is_err() {
-                std::process::exit(126);
-            }
+    fork_with(
+        fds,
+        |[control, stderr, null]| [control, null, stderr],
+        || {
             // The shim reaps its own children (from a signalfd).
             sys::default_signal(nix::sys::signal::Signal::SIGCHLD);
             let Err(e) = nix::unistd::execv(exe, &[c"brig-shim"]);
             let _ =
                 nix::unistd::write(std::io::stderr(), format!("brig-shim exec: {e}\n").as_bytes());
-            std::process::exit(127)
-        }
-        Ok(sys::Forked::Parent(pid)) => FromSpawner::Spawned { pid: pid.as_raw() },
-        Err(e) => FromSpawner::Failed { error: super::describe(&e) },
-    }
+            127
+        },
+    )
 }
 
-/// Forks a typist with `fds` = [a terminal's master, the input to type into it].
+/// Forks a typist with `fds` = [a terminal's master, the input to type into it]: the input
+/// on fd 0, the terminal on fd 1, nothing else (not the node's socket).
 fn start_typist(fds: Vec<OwnedFd>) -> FromSpawner {
+    fork_with(fds, |[master, input, null]| [input, master, null], || i32::from(type_in().is_err()))
+}
+
+/// Forks a child whose fds 0-2 are `layout` of the request's two descriptors and /dev/null
+/// (every other descriptor closed) and which exits with what `child` returns.
+fn fork_with(
+    fds: Vec<OwnedFd>,
+    layout: impl FnOnce([OwnedFd; 3]) -> [OwnedFd; 3],
+    child: impl FnOnce() -> i32,
+) -> FromSpawner {
     let null = match nix::fcntl::open(
         "/dev/null",
         nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
@@ -112,15 +107,14 @@ fn start_typist(fds: Vec<OwnedFd>) -> FromSpawner {
     match sys::fork() {
         Ok(sys::Forked::Child) => {
             let mut fds = fds.into_iter();
-            let (Some(master), Some(input)) = (fds.next(), fds.next()) else {
+            let (Some(first), Some(second)) = (fds.next(), fds.next()) else {
                 std::process::exit(126)
             };
-            // The input on fd 0, the terminal on fd 1, nothing else (not the node's socket).
-            let raw = [input.into_raw_fd(), master.into_raw_fd(), null.into_raw_fd()];
+            let raw = layout([first, second, null]).map(IntoRawFd::into_raw_fd);
             if sys::install_fds(&raw).is_err() {
                 std::process::exit(126);
             }
-            std::process::exit(if type_in().is_ok() { 0 } else { 1 })
+            std::process::exit(child())
         }
         Ok(sys::Forked::Parent(pid)) => FromSpawner::Spawned { pid: pid.as_raw() },
         Err(e) => FromSpawner::Failed { error: super::describe(&e) },
