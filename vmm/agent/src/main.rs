@@ -603,8 +603,13 @@ mod tests {
         let (_, status) = read_to_exit_skipping_stderr(&mut host);
         assert_eq!(status, agent::EXIT_BAD_REQUEST);
 
-        let mut host =
-            connect(&kept_exec(9_201, &["echo", "hi"], KeptStdin::EndsWithConnection, true));
+        // It runs a while: a command that ended and was delivered is no longer kept.
+        let mut host = connect(&kept_exec(
+            9_201,
+            &["sh", "-c", "sleep 1; echo hi"],
+            KeptStdin::EndsWithConnection,
+            true,
+        ));
         let (kind, _) = agent::read_frame(&mut host).expect("first frame");
         assert_eq!(kind, agent::STARTED, "STARTED comes first");
         assert!(kept::list("").iter().any(|i| i.keep.id == 9_201), "kept once started");
@@ -628,7 +633,8 @@ mod tests {
     #[test]
     fn stdin_given_whole_is_all_there_before_the_command_starts() {
         let input: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
-        let mut host = connect(&whole(9_101, &["sh", "-c", "wc -c; ls -l /proc/self/fd/0"]));
+        let mut host =
+            connect(&whole(9_101, &["sh", "-c", "sleep 1; wc -c; ls -l /proc/self/fd/0"]));
         for chunk in input.chunks(64 << 10) {
             agent::write_frame(&mut host, agent::IN_STDIN, chunk).expect("stdin");
         }
