@@ -175,7 +175,10 @@ impl AuditLog {
         for entry in entries.flatten() {
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            let id = name.trim_end_matches(".1").trim_end_matches(".jsonl");
+            let id = name
+                .strip_suffix(".jsonl.1")
+                .or_else(|| name.strip_suffix(".jsonl"))
+                .unwrap_or(&name);
             if live(id) {
                 continue;
             }

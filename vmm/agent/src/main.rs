@@ -555,31 +555,25 @@ mod tests {
         kept_exec(id, argv, KeptStdin::Whole, false)
     }
 
-    /// Reads frames to EXIT: stdout and the status.
-    fn read_to_exit(host: &mut UnixStream) -> (String, i32) {
-        let mut stdout = Vec::new();
+    /// Reads frames to EXIT: stdout, stderr and the status.
+    fn frames_to_exit(host: &mut UnixStream) -> (Vec<u8>, Vec<u8>, i32) {
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
         loop {
             let (kind, data) = agent::read_frame(host).expect("frame");
             match kind {
                 agent::STDOUT => stdout.extend_from_slice(&data),
-                agent::EXIT => {
-                    return (String::from_utf8_lossy(&stdout).into_owned(), agent::status_of(&data))
-                }
+                agent::STDERR => stderr.extend_from_slice(&data),
+                agent::EXIT => return (stdout, stderr, agent::status_of(&data)),
                 other => panic!("frame {other}: {}", String::from_utf8_lossy(&data)),
             }
         }
     }
 
-    fn read_to_exit_skipping_stderr(host: &mut UnixStream) -> (Vec<u8>, i32) {
-        let mut stderr = Vec::new();
-        loop {
-            let (kind, data) = agent::read_frame(host).expect("frame");
-            match kind {
-                agent::STDERR => stderr.extend_from_slice(&data),
-                agent::EXIT => return (stderr, agent::status_of(&data)),
-                other => panic!("frame {other}"),
-            }
-        }
+    /// Reads frames to EXIT, with nothing on stderr: stdout and the status.
+    fn read_to_exit(host: &mut UnixStream) -> (String, i32) {
+        let (stdout, stderr, status) = frames_to_exit(host);
+        assert!(stderr.is_empty(), "stderr: {}", String::from_utf8_lossy(&stderr));
+        (String::from_utf8_lossy(&stdout).into_owned(), status)
     }
 
     /// `hello` answers this agent's protocol; a command asked to say STARTED says it first,
@@ -600,7 +594,7 @@ mod tests {
         std::thread::spawn(move || handle(std::fs::File::from(OwnedFd::from(agent_end))));
         let later = agent::encode_frame(agent::REQUEST, br#"{"op":"from_a_later_host"}"#);
         std::io::Write::write_all(&mut host, &later).expect("request");
-        let (_, status) = read_to_exit_skipping_stderr(&mut host);
+        let (_, _, status) = frames_to_exit(&mut host);
         assert_eq!(status, agent::EXIT_BAD_REQUEST);
 
         // It runs a while: a command that ended and was delivered is no longer kept.
