@@ -34,6 +34,7 @@ pub mod shim;
 pub mod shim_conn;
 pub mod shim_proto;
 pub mod slot_file;
+pub mod spare_files;
 pub mod spawner;
 pub mod spool;
 pub mod strays;

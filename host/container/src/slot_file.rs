@@ -39,6 +39,15 @@ impl SlotFile {
         Ok(SlotFile { file, seq: 0 })
     }
 
+    /// Takes over the file at `path` (a spare: see [`crate::spare_files`]) as an empty slot
+    /// file: both slots are overwritten with zeros, so no earlier record stays readable and no
+    /// block is freed (on a file system mounted with `discard`, freeing one waits for the disk).
+    pub fn reuse(path: &Path) -> std::io::Result<SlotFile> {
+        let file = File::options().read(true).write(true).open(path)?;
+        file.write_all_at(&vec![0u8; 2 * SLOT_BYTES as usize], 0)?;
+        Ok(SlotFile { file, seq: 0 })
+    }
+
     /// Opens the file at `path`, going on after its newest intact slot.
     pub fn open(path: &Path) -> std::io::Result<SlotFile> {
         Self::resume(File::options().read(true).write(true).open(path)?)
@@ -170,6 +179,23 @@ mod tests {
         f.write_all_at(b"garbage", HEADER_BYTES as u64).expect("tear");
         assert_eq!(read_newest(&path).expect("read").as_deref(), Some(&b"record 5"[..]));
         assert!(SlotFile::create(&path).expect("create").write(&[0; MAX_BODY_BYTES + 1]).is_err());
+    }
+
+    #[test]
+    fn a_reused_file_keeps_no_earlier_record() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("spare");
+        let mut old = SlotFile::create(&path).expect("create");
+        for n in 0..5 {
+            old.write(format!("old {n}").as_bytes()).expect("write");
+        }
+        let ino = std::fs::metadata(&path).expect("stat").ino();
+        let mut reused = SlotFile::reuse(&path).expect("reuse");
+        assert_eq!(read_newest(&path).expect("read"), None);
+        reused.write(b"new").expect("write");
+        assert_eq!(reused.seq(), 1);
+        assert_eq!(read_newest(&path).expect("read"), Some(b"new".to_vec()));
+        assert_eq!(std::fs::metadata(&path).expect("stat").ino(), ino);
     }
 
     #[test]

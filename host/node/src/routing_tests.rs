@@ -269,13 +269,45 @@ async fn a_record_saved_as_its_sandbox_is_destroyed_does_not_outlive_it() {
     let parsed: SandboxId = id.parse().expect("id");
     let entry = node.inner.sandboxes.get(&id).expect("live");
     node.inner.sandboxes.save(&entry).expect("save");
-    let records = || std::fs::read_dir(dir.path().join("sandboxes")).expect("records").count();
+    let records = || {
+        let entries = std::fs::read_dir(dir.path().join("sandboxes")).expect("records");
+        entries.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "json")).count()
+    };
     assert_eq!(records(), 1);
     // The reaper's clock save holds the entry it collected while destroy removes it: its
     // late write must not bring the record back.
     node.inner.sandboxes.remove(&parsed, Gone::Destroyed).expect("removed");
     node.inner.sandboxes.save(&entry).expect("late save");
     assert_eq!(records(), 0, "a record outlived its sandbox");
+}
+
+#[tokio::test]
+async fn a_destroyed_sandboxs_record_file_is_taken_by_the_next_sandbox() {
+    use std::os::unix::fs::MetadataExt;
+    let (node, dir) = node().await;
+    let caps = Capabilities::new(
+        &[Op::Sessions],
+        FileAccess::Guest,
+        PauseKind::Snapshot,
+        ForkKind::No,
+        Persistence::Spec,
+    );
+    let records = dir.path().join("sandboxes");
+    let save = |id: &str| {
+        let entry = node.inner.sandboxes.get(id).expect("live");
+        node.inner.sandboxes.save(&entry).expect("save");
+        std::fs::metadata(records.join(format!("{id}.json"))).expect("record").ino()
+    };
+    let (first, _) = add(&node, caps, None);
+    let inode = save(&first);
+    node.inner.sandboxes.remove(&first.parse().expect("id"), Gone::Destroyed).expect("removed");
+    assert!(!records.join(format!("{first}.json")).exists());
+    let (second, _) = add(&node, caps, None);
+    // No inode made or freed: on ext4 without a journal that churn is what costs.
+    assert_eq!(save(&second), inode, "the record file was not reused");
+    let saved = node.inner.sandboxes.saved_records();
+    let ids: Vec<String> = saved.iter().map(|r| r.id.to_string()).collect();
+    assert_eq!(ids, [second], "a restart reads the live record only, not what was spare");
 }
 
 /// A kept command's control, for the fake tier.

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use brig_container::slot_file::{self, SlotFile};
+use brig_container::spare_files::SpareFiles;
 pub(crate) use brig_core::sandbox::{ContainerRecord, HostedRecord, MachineRecord};
 use brig_core::sandbox::{Op, Persistence, Sandbox, SandboxError};
 use brig_core::{IdleAction, SandboxId, SandboxSpec, Tier};
@@ -199,8 +200,15 @@ pub(crate) struct SandboxRecord {
     pub hosted: Option<HostedRecord>,
 }
 
+/// Where destroyed sandboxes' record files wait for the next ones, under the records' directory.
+const SPARE_DIR: &str = "spare";
+/// The most record files kept spare: 32 KiB of disk each.
+const SPARE_RECORDS: usize = 1024;
+
 pub(crate) struct SandboxTable {
     dir: PathBuf,
+    /// Record files of destroyed sandboxes, kept for the next ones (see `SpareFiles`).
+    spares: SpareFiles,
     live: RwLock<HashMap<SandboxId, Arc<SandboxEntry>>>,
     gone: Mutex<Tombstones>,
 }
@@ -236,7 +244,15 @@ impl SandboxTable {
     pub fn new(dir: &Path) -> Result<SandboxTable, NodeError> {
         std::fs::create_dir_all(dir)
             .map_err(|source| NodeError::Io { what: dir.display().to_string(), source })?;
-        Ok(SandboxTable { dir: dir.to_owned(), live: RwLock::default(), gone: Mutex::default() })
+        let spare_dir = dir.join(SPARE_DIR);
+        let spares = SpareFiles::open(&spare_dir, SPARE_RECORDS)
+            .map_err(|source| NodeError::Io { what: spare_dir.display().to_string(), source })?;
+        Ok(SandboxTable {
+            dir: dir.to_owned(),
+            spares,
+            live: RwLock::default(),
+            gone: Mutex::default(),
+        })
     }
 
     /// Records persisted by an earlier run of the node.
@@ -311,6 +327,11 @@ impl SandboxTable {
         }
         {
             let mut seq = entry.record_seq.lock();
+            if entry.gone.get().is_some() {
+                // `remove` forgets the record under this lock: nothing is written after it (the
+                // file may be another sandbox's by then).
+                return Ok(());
+            }
             if bytes.len() > slot_file::MAX_BODY_BYTES {
                 self.replace_whole(&entry.id, &path, &bytes).map_err(io)?;
                 *seq = None; // the next slot write reads the file afresh
@@ -331,11 +352,6 @@ impl SandboxTable {
                 }
             }
         }
-        if entry.gone.get().is_some() {
-            // `remove` marks the entry gone before it deletes the record, so a record this
-            // save made after that deletion is seen here and deleted again.
-            self.forget(&entry.id);
-        }
         entry.saved_last_used_unix_ms.store(last_used, Ordering::Relaxed);
         Ok(())
     }
@@ -343,6 +359,22 @@ impl SandboxTable {
     /// Makes a sandbox's record file: its first slot written to a temporary file renamed into
     /// place (removed at the next start if a crash leaves it). Returns the slot's sequence.
     fn create_record(&self, id: &SandboxId, path: &Path, bytes: &[u8]) -> std::io::Result<u64> {
+        // A destroyed sandbox's file, cleared and written while still spare, then renamed into
+        // place: no inode made (see `SpareFiles`).
+        if let Some(spare) = self.spares.take() {
+            let filled = SlotFile::reuse(&spare).and_then(|mut file| {
+                file.write(bytes)?;
+                std::fs::rename(&spare, path)?;
+                Ok(file.seq())
+            });
+            match filled {
+                Ok(seq) => return Ok(seq),
+                Err(e) => {
+                    tracing::warn!(spare = %spare.display(), error = %e, "spare record file dropped");
+                    let _ = std::fs::remove_file(&spare);
+                }
+            }
+        }
         let tmp = tempfile::Builder::new()
             .prefix(&format!("{id}."))
             .suffix(".tmp")
@@ -413,7 +445,11 @@ impl SandboxTable {
     pub fn remove(&self, id: &SandboxId, reason: Gone) -> Option<Arc<SandboxEntry>> {
         let entry = self.live.write().remove(id)?;
         let _ = entry.gone.set(reason.clone());
-        self.forget(id);
+        {
+            // A save under way finishes first; later ones see `gone` and write nothing.
+            let _saving = entry.record_seq.lock();
+            self.forget(id);
+        }
         let mut gone = self.gone.lock();
         if gone.order.len() >= TOMBSTONES {
             if let Some(old) = gone.order.pop_front() {
@@ -425,10 +461,14 @@ impl SandboxTable {
         Some(entry)
     }
 
-    /// Deletes the record of a sandbox (destroyed, or not restorable).
+    /// Removes the record of a sandbox (destroyed, or not restorable): its file becomes a spare
+    /// for the next sandbox's record, unless it holds a record written whole (larger than the
+    /// two slots), which is deleted.
     pub fn forget(&self, id: &SandboxId) {
         let path = self.record_path(id);
-        if let Err(e) = std::fs::remove_file(&path) {
+        let slotted = std::fs::metadata(&path).is_ok_and(|m| m.len() <= 2 * slot_file::SLOT_BYTES);
+        let removed = if slotted { self.spares.give(&path) } else { std::fs::remove_file(&path) };
+        if let Err(e) = removed {
             if e.kind() != std::io::ErrorKind::NotFound {
                 tracing::warn!(path = %path.display(), error = %e, "cannot remove sandbox record");
             }
