@@ -258,7 +258,7 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
             output_limit: request.output_limit,
             terminal: terminal.is_some(),
         };
-        Spool::create(&target.dir, &header)
+        Spool::create(&target.dir, &header, container.finished_spools.spares())
             .inspect_err(|e| tracing::warn!(error = %e, "command not spooled"))
             .ok()
     });

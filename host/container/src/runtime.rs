@@ -108,6 +108,10 @@ pub struct ContainerSpec {
     pub protect: crate::protect::Protections,
 }
 
+/// The most removed spool files kept for the next commands (empty: an inode each), in
+/// `spool-spare` beside the spool directory.
+const SPARE_SPOOLS: usize = 4096;
+
 /// The container runtime of one node.
 pub struct Runtime {
     pub(crate) config: RuntimeConfig,
@@ -116,6 +120,8 @@ pub struct Runtime {
     spawner: Arc<ShimSpawner>,
     /// The read-only sysfs containers share, if it could be mounted.
     shared_sys: Option<crate::shared_sys::SharedSys>,
+    /// Removed spools' files, for the next commands' (`crate::spare_files`).
+    spool_spares: Option<Arc<crate::spare_files::SpareFiles>>,
 }
 
 impl Runtime {
@@ -144,7 +150,12 @@ impl Runtime {
                 None
             }
         };
-        Ok(Runtime { config, cgroups, layers, spawner, shared_sys })
+        let spare_dir = config.spool_root().with_file_name("spool-spare");
+        let spares = crate::spare_files::SpareFiles::open(&spare_dir, SPARE_SPOOLS);
+        let spool_spares =
+            spares.inspect_err(|e| tracing::warn!(error = %e, "no spare spools")).ok();
+        let spool_spares = spool_spares.map(Arc::new);
+        Ok(Runtime { config, cgroups, layers, spawner, shared_sys, spool_spares })
     }
 
     /// Releases node-wide resources (layer mounts) at shutdown, after the containers are gone.
@@ -283,7 +294,7 @@ impl Runtime {
             keeps_output,
             spool_dir: self.config.spool_root().join(name),
             spool_swept: AtomicU64::new(0),
-            finished_spools: Default::default(),
+            finished_spools: crate::spool::FinishedSpools::new(self.spool_spares.clone()),
             kept: parking_lot::Mutex::new(kept),
             spawner: self.spawner.clone(),
         })
@@ -341,7 +352,7 @@ impl Runtime {
                     keeps_output: true,
                     spool_dir: self.config.spool_root().join(&spec.name),
                     spool_swept: AtomicU64::new(0),
-                    finished_spools: Default::default(),
+                    finished_spools: crate::spool::FinishedSpools::new(self.spool_spares.clone()),
                     kept: parking_lot::Mutex::default(),
                     spawner: self.spawner.clone(),
                 })
@@ -757,11 +768,8 @@ impl Container {
             .await
             .map_err(|e| RuntimeError::Setup(format!("cleanup task: {e}")))??;
         self.rootfs.remove()?;
-        match std::fs::remove_dir_all(&self.spool_dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                tracing::warn!(dir = %self.spool_dir.display(), error = %e, "cannot remove spools");
-            }
-            _ => {}
+        if let Err(e) = self.finished_spools.remove_dir(&self.spool_dir) {
+            tracing::warn!(dir = %self.spool_dir.display(), error = %e, "cannot remove spools");
         }
         Ok(())
     }

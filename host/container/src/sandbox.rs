@@ -392,8 +392,10 @@ impl Sandbox for ContainerSandbox {
                 }),
             };
             if self.container.spool_sweep_due() {
-                let dir = self.container.spool_dir();
-                tokio::task::spawn_blocking(move || crate::spool::sweep(&dir));
+                let container = self.container.clone();
+                tokio::task::spawn_blocking(move || {
+                    crate::spool::sweep(&container.spool_dir(), container.finished_spools.spares())
+                });
             }
             let mut exec = crate::exec::exec(&self.container, request).await?;
             if let Some(rx) = input.take() {
@@ -405,10 +407,10 @@ impl Sandbox for ContainerSandbox {
 
     fn recover_kept(&self) -> BoxFuture<'_, KeptWork> {
         Box::pin(async move {
-            let dir = self.container.spool_dir();
+            let (container, dir) = (self.container.clone(), self.container.spool_dir());
             let sessions_dir = dir.join(SESSIONS_DIR);
             let (spools, records) = tokio::task::spawn_blocking(move || {
-                crate::spool::sweep(&dir);
+                crate::spool::sweep(&dir, container.finished_spools.spares());
                 let records = crate::session::SessionJournal::read_all(&dir.join(SESSIONS_DIR));
                 (crate::spool::read_all(&dir), records)
             })
@@ -422,7 +424,8 @@ impl Sandbox for ContainerSandbox {
                 if recovered.exit.is_some() {
                     if surplus > 0 {
                         surplus -= 1;
-                        let _ = std::fs::remove_file(&path);
+                        let _ =
+                            crate::spool::retire(&path, self.container.finished_spools.spares());
                         continue;
                     }
                     self.container.spool_finished(path.clone());

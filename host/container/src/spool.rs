@@ -14,12 +14,14 @@
 use std::io::{Read, Write};
 use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::exec::{ExecEvent, ExecExit};
+use crate::spare_files::SpareFiles;
 
 /// Output kept on disk per command; past it a gap is marked and the rest is not written.
 pub const MAX_SPOOL_OUTPUT: u64 = 8 << 20;
@@ -100,13 +102,24 @@ impl Spool {
         dir.join(format!("{exec_id}.spool"))
     }
 
-    /// Starts the spool of a new command.
-    pub fn create(dir: &Path, header: &SpoolHeader) -> Result<Spool, SpoolError> {
+    /// Starts the spool of a new command: in a spare file (emptied when it was given back),
+    /// else a new one (see [`crate::spare_files`]).
+    pub fn create(
+        dir: &Path,
+        header: &SpoolHeader,
+        spares: Option<&SpareFiles>,
+    ) -> Result<Spool, SpoolError> {
         let path = Self::path_in(dir, header.exec_id);
         let io = |source| SpoolError::Io { path: path.clone(), source };
         std::fs::create_dir_all(dir).map_err(io)?;
-        let options = std::fs::OpenOptions::new().create_new(true).read(true).write(true).clone();
-        let mut file = options.open(&path).map_err(io)?;
+        let mut file = match spares.and_then(|s| take_spare(s, &path)) {
+            Some(file) => file,
+            None => {
+                let options =
+                    std::fs::OpenOptions::new().create_new(true).read(true).write(true).clone();
+                options.open(&path).map_err(io)?
+            }
+        };
         let json = serde_json::to_vec(header).map_err(|e| io(std::io::Error::other(e)))?;
         let head = frame(TAG_HEADER, &json);
         file.write_all(&head).map_err(io)?;
@@ -322,6 +335,40 @@ pub fn read(path: &Path) -> Result<Recovered, SpoolError> {
     Ok(out)
 }
 
+/// A spare file renamed to `path` (never over a file there) and opened, if there is one.
+fn take_spare(spares: &SpareFiles, path: &Path) -> Option<std::fs::File> {
+    let opened = match spares.take_as(path) {
+        Ok(false) => return None,
+        Ok(true) => std::fs::OpenOptions::new().read(true).write(true).open(path),
+        Err(e) => Err(e),
+    };
+    match opened {
+        // Given back empty (`retire`); a crash between the truncate and the rename could
+        // leave one that is not, which is not used.
+        Ok(file) if file.metadata().is_ok_and(|m| m.len() == 0) => Some(file),
+        Ok(_) => {
+            let _ = std::fs::remove_file(path);
+            None
+        }
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "spare spool file dropped");
+            None
+        }
+    }
+}
+
+/// Removes the spool at `path`: emptied and given to `spares` (its inode kept for the next
+/// command), or deleted.
+pub fn retire(path: &Path, spares: Option<&SpareFiles>) -> std::io::Result<()> {
+    if let Some(spares) = spares {
+        let emptied = std::fs::OpenOptions::new().write(true).open(path).and_then(|f| f.set_len(0));
+        if emptied.is_ok() {
+            return spares.give(path);
+        }
+    }
+    std::fs::remove_file(path)
+}
+
 /// Every spool in `dir`, oldest exec first; damaged ones are reported and removed.
 pub fn read_all(dir: &Path) -> Vec<(PathBuf, Recovered)> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
@@ -350,12 +397,22 @@ pub fn read_all(dir: &Path) -> Vec<(PathBuf, Recovered)> {
 pub const FINISHED_KEPT: usize = 256;
 
 /// The spools of a container's finished commands, oldest first, bounded by [`FINISHED_KEPT`].
-#[derive(Default)]
 pub struct FinishedSpools {
     paths: parking_lot::Mutex<std::collections::VecDeque<PathBuf>>,
+    /// The node's spare spool files, which removed spools go to.
+    spares: Option<Arc<SpareFiles>>,
 }
 
 impl FinishedSpools {
+    pub fn new(spares: Option<Arc<SpareFiles>>) -> FinishedSpools {
+        FinishedSpools { paths: Default::default(), spares }
+    }
+
+    /// The node's spare spool files.
+    pub fn spares(&self) -> Option<&SpareFiles> {
+        self.spares.as_deref()
+    }
+
     /// Notes that `path`'s command finished; removes the oldest spools past the bound (on a
     /// blocking thread, inside a runtime: an unlink on a file system mounted with `discard`
     /// frees the blocks synchronously).
@@ -369,9 +426,10 @@ impl FinishedSpools {
         if over.is_empty() {
             return;
         }
+        let spares = self.spares.clone();
         let remove = move || {
             for old in over {
-                match std::fs::remove_file(&old) {
+                match retire(&old, spares.as_deref()) {
                     Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                         tracing::warn!(path = %old.display(), error = %e, "cannot remove a spool");
                     }
@@ -382,6 +440,25 @@ impl FinishedSpools {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn_blocking(remove)),
             Err(_) => remove(),
+        }
+    }
+
+    /// Removes a container's spool directory (its sessions' journals too). The spools of
+    /// finished commands go to the spares; any other is deleted, since a command still being
+    /// spooled (its container destroyed under it) may write to its file a moment longer.
+    pub fn remove_dir(&self, dir: &Path) -> std::io::Result<()> {
+        let finished: std::collections::HashSet<PathBuf> =
+            self.paths.lock().iter().cloned().collect();
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for path in entries.flatten().map(|e| e.path()) {
+                if finished.contains(&path) {
+                    let _ = retire(&path, self.spares());
+                }
+            }
+        }
+        match std::fs::remove_dir_all(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
         }
     }
 
@@ -396,8 +473,8 @@ impl FinishedSpools {
 }
 
 /// Removes the spools in `dir` of commands that finished more than [`FINISHED_KEEP`] ago
-/// (written last that long ago, with their exit recorded).
-pub fn sweep(dir: &Path) {
+/// (written last that long ago, with their exit recorded), giving them to `spares`.
+pub fn sweep(dir: &Path, spares: Option<&SpareFiles>) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
         if entry.path().extension().is_none_or(|e| e != "spool") {
@@ -410,7 +487,7 @@ pub fn sweep(dir: &Path) {
             .and_then(|t| t.elapsed().ok())
             .is_some_and(|age| age > FINISHED_KEEP);
         if old && read(&entry.path()).map(|r| r.exit.is_some()).unwrap_or(true) {
-            let _ = std::fs::remove_file(entry.path());
+            let _ = retire(&entry.path(), spares);
         }
     }
 }
@@ -435,7 +512,7 @@ mod tests {
     #[test]
     fn a_spool_reads_back_in_order_even_cut_short() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut spool = Spool::create(dir.path(), &header(3)).expect("create");
+        let mut spool = Spool::create(dir.path(), &header(3), None).expect("create");
         spool.output(true, b"one");
         spool.output(false, b"two");
         let path = Spool::path_in(dir.path(), 3);
@@ -459,7 +536,7 @@ mod tests {
     fn spliced_output_survives_a_crash_between_the_splice_and_its_length() {
         use std::os::fd::AsFd;
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut spool = Spool::create(dir.path(), &header(5)).expect("create");
+        let mut spool = Spool::create(dir.path(), &header(5), None).expect("create");
         let (r, w) = nix::unistd::pipe().expect("pipe");
         nix::unistd::write(&w, b"first").expect("write");
         let got = spool.splice_from(r.as_fd(), true, 64).expect("splice");
@@ -491,7 +568,7 @@ mod tests {
     #[test]
     fn past_the_cap_a_gap_is_marked_and_the_exit_still_recorded() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut spool = Spool::create(dir.path(), &header(4)).expect("create");
+        let mut spool = Spool::create(dir.path(), &header(4), None).expect("create");
         let chunk = vec![b'a'; 1 << 20];
         for _ in 0..9 {
             spool.output(true, &chunk);
@@ -515,12 +592,68 @@ mod tests {
     }
 
     #[test]
+    fn a_removed_spool_is_emptied_and_taken_by_the_next_command() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let spares = Arc::new(SpareFiles::open(&dir.path().join(".spare"), 1024).expect("spares"));
+        let spools = dir.path().join("sb-1");
+        let finished = FinishedSpools::new(Some(spares.clone()));
+        let mut inodes = Vec::new();
+        for id in 0..=FINISHED_KEPT as u64 {
+            let mut spool = Spool::create(&spools, &header(id), finished.spares()).expect("create");
+            spool.output(true, format!("output of {id}").as_bytes());
+            spool.exit(&exit_ok());
+            inodes.push(std::fs::metadata(spool.path()).expect("stat").ino());
+            finished.push(spool.path().to_path_buf());
+        }
+        // The oldest went past the bound: emptied and kept, not deleted.
+        assert!(!Spool::path_in(&spools, 0).exists());
+        assert_eq!(spares.len(), 1);
+        let id = FINISHED_KEPT as u64 + 1;
+        let mut spool = Spool::create(&spools, &header(id), finished.spares()).expect("create");
+        spool.output(true, b"new");
+        spool.exit(&exit_ok());
+        assert_eq!(std::fs::metadata(spool.path()).expect("stat").ino(), inodes[0]);
+        let r = read(spool.path()).expect("read");
+        assert_eq!(r.header.exec_id, id);
+        assert_eq!(r.events, vec![ExecEvent::Stdout(Bytes::from_static(b"new"))]);
+        assert!(spares.is_empty());
+        // A container's directory goes whole: its finished spools become spares, one still
+        // being written is deleted.
+        let running = Spool::create(&spools, &header(id + 1), finished.spares()).expect("create");
+        let running_inode = std::fs::metadata(running.path()).expect("stat").ino();
+        finished.remove_dir(&spools).expect("remove");
+        assert!(!spools.exists());
+        assert_eq!(spares.len(), FINISHED_KEPT);
+        let reused: Vec<u64> = (0..FINISHED_KEPT)
+            .map(|_| {
+                let spare = spares.take().expect("spare");
+                std::fs::metadata(spare).expect("stat").ino()
+            })
+            .collect();
+        assert!(!reused.contains(&running_inode), "a running command's spool was kept");
+    }
+
+    fn exit_ok() -> ExecExit {
+        ExecExit {
+            status: Some(crate::shim_proto::ExitInfo::Code(0)),
+            timed_out: false,
+            killed: false,
+            truncated: false,
+            oom_killed: false,
+            duration: Duration::ZERO,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+        }
+    }
+
+    #[test]
     fn finished_spools_past_the_bound_are_removed_oldest_first() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let finished = FinishedSpools::default();
+        let finished = FinishedSpools::new(None);
         let total = FINISHED_KEPT + 44;
         for id in 0..total as u64 {
-            let mut spool = Spool::create(dir.path(), &header(id)).expect("create");
+            let mut spool = Spool::create(dir.path(), &header(id), None).expect("create");
             spool.exit(&ExecExit {
                 status: Some(crate::shim_proto::ExitInfo::Code(0)),
                 timed_out: false,

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
+use brig_container::spare_files::SpareFiles;
 use brig_proto::{AuditEvent, AuditKind, AuditRequest, Reply};
 use brig_transport::Exchange;
 use parking_lot::Mutex;
@@ -32,6 +33,8 @@ const FILE_BYTES: u64 = 4 << 20;
 pub(crate) const RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// How often the reaper prunes trails past `RETENTION`.
 pub(crate) const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+/// The most pruned trail files kept (empty) for new trails, in `audit-spare` beside `audit`.
+const SPARE_TRAILS: usize = 4096;
 /// Events returned per `Audit` reply frame.
 pub const BATCH: usize = 256;
 
@@ -56,6 +59,8 @@ enum Slot {
 /// The node's audit trails.
 pub struct AuditLog {
     dir: PathBuf,
+    /// Pruned trails' files, emptied, for new trails (see `SpareFiles`).
+    spares: SpareFiles,
     /// One slot per sandbox with events this run.
     trails: Mutex<HashMap<String, Arc<Mutex<Slot>>>>,
     live: broadcast::Sender<(String, AuditEvent)>,
@@ -67,8 +72,13 @@ impl AuditLog {
             what: format!("create {}", dir.display()),
             source,
         })?;
+        let spare_dir = dir.with_file_name("audit-spare");
+        let spares = SpareFiles::open(&spare_dir, SPARE_TRAILS).map_err(|source| {
+            NodeError::Io { what: format!("create {}", spare_dir.display()), source }
+        })?;
         Ok(AuditLog {
             dir: dir.to_owned(),
+            spares,
             trails: Mutex::default(),
             live: broadcast::channel(4096).0,
         })
@@ -123,9 +133,24 @@ impl AuditLog {
     /// Opens a trail for appending, continuing its sequence after a node restart.
     fn open_trail(&self, id: &str) -> std::io::Result<Trail> {
         let last = self.read(id, 0).last().map(|e| e.seq).unwrap_or(0);
-        let bytes = match std::fs::metadata(self.path(id, false)) {
+        let path = self.path(id, false);
+        let bytes = match std::fs::metadata(&path) {
             Ok(m) => m.len(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // A new trail: in a pruned one's file if there is one (no inode made), which
+                // was emptied when it was pruned; emptied again should a crash have cut that.
+                match self.spares.take_as(&path) {
+                    Ok(true) => {
+                        let file = std::fs::OpenOptions::new().write(true).open(&path)?;
+                        if file.metadata()?.len() > 0 {
+                            file.set_len(0)?;
+                        }
+                    }
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(sandbox = id, error = %e, "spare audit file dropped"),
+                }
+                0
+            }
             Err(e) => return Err(e),
         };
         Ok(Trail { next_seq: last + 1, bytes })
@@ -188,7 +213,12 @@ impl AuditLog {
                 .ok()
                 .and_then(|t| t.elapsed().ok())
                 .is_some_and(|age| age > retention);
-            if old && std::fs::remove_file(entry.path()).is_ok() {
+            // Emptied and kept for a new trail (deleted past SPARE_TRAILS).
+            let emptied = || {
+                let file = std::fs::OpenOptions::new().write(true).open(entry.path());
+                file.and_then(|f| f.set_len(0)).and_then(|()| self.spares.give(&entry.path()))
+            };
+            if old && emptied().or_else(|_| std::fs::remove_file(entry.path())).is_ok() {
                 pruned += 1;
             }
         }
@@ -206,8 +236,9 @@ mod tests {
 
     #[test]
     fn trails_keep_order_across_rotation_and_reopen() {
-        let dir = tempfile::tempdir().expect("test");
-        let log = AuditLog::open(dir.path()).expect("test");
+        let state = tempfile::tempdir().expect("test");
+        let dir = state.path().join("audit");
+        let log = AuditLog::open(&dir).expect("test");
         let big = "x".repeat(64 << 10);
         for i in 0..200u64 {
             log.record(
@@ -223,7 +254,7 @@ mod tests {
         assert_eq!(events.last().expect("test").seq, 200);
         assert_eq!(log.read("sb-a", 199).len(), 1);
         drop(log);
-        let log = AuditLog::open(dir.path()).expect("test");
+        let log = AuditLog::open(&dir).expect("test");
         log.record("sb-a", lifecycle(2));
         assert_eq!(log.read("sb-a", 200)[0].seq, 201);
         assert_eq!(log.read("sb-b", 0).len(), 1);
@@ -234,23 +265,33 @@ mod tests {
     /// trail and an old one of a live sandbox stay.
     #[test]
     fn old_trails_of_gone_sandboxes_are_pruned() {
-        let dir = tempfile::tempdir().expect("test");
-        let log = AuditLog::open(dir.path()).expect("test");
+        let state = tempfile::tempdir().expect("test");
+        let dir = state.path().join("audit");
+        let log = AuditLog::open(&dir).expect("test");
         for id in ["sb-old", "sb-idle", "sb-new"] {
             log.record(id, lifecycle(1));
         }
-        std::fs::write(dir.path().join("sb-old.jsonl.1"), b"").expect("rotated");
+        std::fs::write(dir.join("sb-old.jsonl.1"), b"").expect("rotated");
         let long_ago = std::time::SystemTime::now() - Duration::from_secs(3 * 3600);
         for name in ["sb-old.jsonl", "sb-old.jsonl.1", "sb-idle.jsonl"] {
-            let file = std::fs::File::options().append(true).open(dir.path().join(name));
+            let file = std::fs::File::options().append(true).open(dir.join(name));
             file.expect("trail").set_modified(long_ago).expect("age it");
         }
         let pruned = log.prune(Duration::from_secs(3600), |id| id == "sb-idle");
         assert_eq!(pruned, 2);
-        assert!(!log.exists("sb-old") && !dir.path().join("sb-old.jsonl.1").exists());
+        assert!(!log.exists("sb-old") && !dir.join("sb-old.jsonl.1").exists());
         assert_eq!(log.read("sb-idle", 0).len(), 1, "a live sandbox keeps its trail");
         assert_eq!(log.read("sb-new", 0).len(), 1);
         assert_eq!(log.prune(RETENTION, |_| false), 0);
+        // The pruned files are kept, empty, and the next new trail takes one.
+        let spares =
+            || std::fs::read_dir(state.path().join("audit-spare")).expect("spares").count();
+        assert_eq!(spares(), 2);
+        log.record("sb-next", lifecycle(1));
+        let events = log.read("sb-next", 0);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].seq, 1);
+        assert_eq!(spares(), 1);
     }
 }
 
