@@ -654,16 +654,7 @@ mod tests {
         let total = FINISHED_KEPT + 44;
         for id in 0..total as u64 {
             let mut spool = Spool::create(dir.path(), &header(id), None).expect("create");
-            spool.exit(&ExecExit {
-                status: Some(crate::shim_proto::ExitInfo::Code(0)),
-                timed_out: false,
-                killed: false,
-                truncated: false,
-                oom_killed: false,
-                duration: Duration::ZERO,
-                stdout_bytes: 0,
-                stderr_bytes: 0,
-            });
+            spool.exit(&exit_ok());
             finished.push(spool.path().to_path_buf());
         }
         assert_eq!(finished.len(), FINISHED_KEPT);
