@@ -54,15 +54,28 @@ impl Etcd {
             .spawn()
             .context("spawning etcd (Debian package etcd-server; scripts/install-deps.sh)")?;
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // Generous: on a loaded machine (the emulated-host tests run beside it) etcd's first
+        // start, which syncs its new WAL, has taken over 30 s.
+        let deadline = Instant::now() + Duration::from_secs(90);
         let addr: SocketAddr = ([127, 0, 0, 1], client).into();
         while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            // One that exited (its port taken since `free_port` found it free) says why.
+            let exited = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                bail!("etcd exited ({status}) before it listened: {}", self.log_tail());
+            }
             if Instant::now() > deadline {
-                bail!("etcd did not listen within 30 s");
+                bail!("etcd did not listen within 90 s: {}", self.log_tail());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         Ok(())
+    }
+
+    /// The end of etcd's log, for an error.
+    fn log_tail(&self) -> String {
+        let log = std::fs::read(self.dir.path().join("etcd.log")).unwrap_or_default();
+        String::from_utf8_lossy(&log[log.len().saturating_sub(2000)..]).into_owned()
     }
 
     /// Kills it (its data stays for [`Etcd::start_again`]).
