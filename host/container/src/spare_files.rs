@@ -75,6 +75,35 @@ impl SpareFiles {
         }
     }
 
+    /// An empty spare renamed to `path` (never over a file there) and opened read-write;
+    /// `Ok(None)` when none is spare. One that is not empty (a crash cut its emptying short) is
+    /// emptied; one that cannot be opened is deleted.
+    pub fn take_empty_as(&self, path: &Path) -> std::io::Result<Option<std::fs::File>> {
+        if !self.take_as(path)? {
+            return Ok(None);
+        }
+        let opened = std::fs::OpenOptions::new().read(true).write(true).open(path);
+        let file = opened.and_then(|f| {
+            if f.metadata()?.len() > 0 {
+                f.set_len(0)?;
+            }
+            Ok(f)
+        });
+        if file.is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+        file.map(Some)
+    }
+
+    /// Empties the file at `path` and makes it a spare (see [`SpareFiles::give`]); deletes it
+    /// if it cannot be emptied.
+    pub fn give_emptied(&self, path: &Path) -> std::io::Result<()> {
+        match std::fs::OpenOptions::new().write(true).open(path).and_then(|f| f.set_len(0)) {
+            Ok(()) => self.give(path),
+            Err(_) => std::fs::remove_file(path),
+        }
+    }
+
     /// Makes the file at `path` (on the spare directory's file system) a spare, or deletes it
     /// if `max` are spare already. A file that is not there is no error.
     pub fn give(&self, path: &Path) -> std::io::Result<()> {

@@ -335,38 +335,24 @@ pub fn read(path: &Path) -> Result<Recovered, SpoolError> {
     Ok(out)
 }
 
-/// A spare file renamed to `path` (never over a file there) and opened, if there is one.
+/// A spare file renamed to `path` and opened, emptied, if there is one.
 fn take_spare(spares: &SpareFiles, path: &Path) -> Option<std::fs::File> {
-    let opened = match spares.take_as(path) {
-        Ok(false) => return None,
-        Ok(true) => std::fs::OpenOptions::new().read(true).write(true).open(path),
-        Err(e) => Err(e),
-    };
-    match opened {
-        // Given back empty (`retire`); a crash between the truncate and the rename could
-        // leave one that is not, which is not used.
-        Ok(file) if file.metadata().is_ok_and(|m| m.len() == 0) => Some(file),
-        Ok(_) => {
-            let _ = std::fs::remove_file(path);
-            None
-        }
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "spare spool file dropped");
-            None
-        }
-    }
+    spares
+        .take_empty_as(path)
+        .inspect_err(
+            |e| tracing::warn!(path = %path.display(), error = %e, "spare spool file dropped"),
+        )
+        .ok()
+        .flatten()
 }
 
 /// Removes the spool at `path`: emptied and given to `spares` (its inode kept for the next
 /// command), or deleted.
 pub fn retire(path: &Path, spares: Option<&SpareFiles>) -> std::io::Result<()> {
-    if let Some(spares) = spares {
-        let emptied = std::fs::OpenOptions::new().write(true).open(path).and_then(|f| f.set_len(0));
-        if emptied.is_ok() {
-            return spares.give(path);
-        }
+    match spares {
+        Some(spares) => spares.give_emptied(path),
+        None => std::fs::remove_file(path),
     }
-    std::fs::remove_file(path)
 }
 
 /// Every spool in `dir`, oldest exec first; damaged ones are reported and removed.

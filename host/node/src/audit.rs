@@ -137,17 +137,9 @@ impl AuditLog {
         let bytes = match std::fs::metadata(&path) {
             Ok(m) => m.len(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                // A new trail: in a pruned one's file if there is one (no inode made), which
-                // was emptied when it was pruned; emptied again should a crash have cut that.
-                match self.spares.take_as(&path) {
-                    Ok(true) => {
-                        let file = std::fs::OpenOptions::new().write(true).open(&path)?;
-                        if file.metadata()?.len() > 0 {
-                            file.set_len(0)?;
-                        }
-                    }
-                    Ok(false) => {}
-                    Err(e) => tracing::warn!(sandbox = id, error = %e, "spare audit file dropped"),
+                // A new trail: in a pruned one's file if there is one (no inode made).
+                if let Err(e) = self.spares.take_empty_as(&path) {
+                    tracing::warn!(sandbox = id, error = %e, "spare audit file dropped");
                 }
                 0
             }
@@ -214,11 +206,7 @@ impl AuditLog {
                 .and_then(|t| t.elapsed().ok())
                 .is_some_and(|age| age > retention);
             // Emptied and kept for a new trail (deleted past SPARE_TRAILS).
-            let emptied = || {
-                let file = std::fs::OpenOptions::new().write(true).open(entry.path());
-                file.and_then(|f| f.set_len(0)).and_then(|()| self.spares.give(&entry.path()))
-            };
-            if old && emptied().or_else(|_| std::fs::remove_file(entry.path())).is_ok() {
+            if old && self.spares.give_emptied(&entry.path()).is_ok() {
                 pruned += 1;
             }
         }
