@@ -255,7 +255,7 @@ async fn escapes_and_tampering_are_blocked() {
     suite
         .attempt(&sb, "kill every process", "kill -9 -1; sleep 1", 10, |out| {
             Ok(format!(
-                "only its own processes died ({}); the shim is outside its pid namespace",
+                "only its own processes died ({}); the shim, its pid 1, takes no signal from inside",
                 describe(out)
             ))
         })

@@ -391,9 +391,6 @@ impl Runtime {
             .await
             .map_err(|e| RuntimeError::Setup(format!("spawn task: {e}")))??;
         let spawned = began.elapsed();
-        // The shim holds its end of our socket until it exits, so it is alive here unless it
-        // failed at once (then the messages below fail too).
-        let shim_start = process_start_time(pid).unwrap_or(0);
         let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr)
             .map_err(io_err("shim stderr pipe"))?;
         let errors = tokio::spawn(async move {
@@ -456,6 +453,8 @@ impl Runtime {
         });
         let init_start = process_start_time(init_pid)
             .ok_or_else(|| RuntimeError::Setup(format!("container init {init_pid} is gone")))?;
+        // The process the spawner started has exited by now: the shim goes on as pid 1.
+        let (shim_pid, shim_start) = (init_pid, init_start);
         let ready = began.elapsed();
         // Only now: setting up the namespaces and mounts is the node's work, not the container's.
         if let Some(millis) = spec.limits.cpu_millis {
@@ -463,7 +462,7 @@ impl Runtime {
         }
         let (name, done) = (&spec.name, began.elapsed());
         tracing::debug!(container = %name, ?assembled, ?spawned, ?namespaced, ?ready, ?done, "started");
-        Ok(Started { shim, shim_pid: pid, shim_start, init_pid, init_start, upper_fd })
+        Ok(Started { shim, shim_pid, shim_start, init_pid, init_start, upper_fd })
     }
 }
 
@@ -499,7 +498,9 @@ pub struct Container {
     rootfs: Rootfs,
     pub(crate) cgroup: ContainerCgroup,
     pub(crate) shim: Arc<ShimConn>,
-    /// The shim's host pid (alive while its control socket is open) and start time.
+    /// The shim's host pid (alive while its control socket is open) and start time. The
+    /// container's init since the shim became it; a separate process in containers started
+    /// by earlier builds and re-attached.
     shim_pid: i32,
     shim_start: u64,
     dispatcher: tokio::task::JoinHandle<()>,

@@ -7,9 +7,11 @@
 //!   → UserNamespace
 //! write uid_map/gid_map
 //!   ← IdsMapped
-//!                                         unshare(mnt, uts, ipc, net, cgroup, pid), fork init
-//!   → Ready { init_pid, upper_fd }        (init has built the rootfs and pivoted into it)
-//!   ← Spawn + SCM_RIGHTS fds              fork → setsid, cgroup, fds, user, caps, seccomp, exec
+//!                                         unshare(mnt, uts, ipc, net, cgroup, pid), fork
+//!                                         the shim's pid 1, exit; pid 1 builds the rootfs
+//!                                         and pivots into it
+//!   → Ready { init_pid, upper_fd }        (from pid 1: the shim, as the host sees it)
+//!   ← Spawn + SCM_RIGHTS fds              clone → setsid, cgroup, fds, user, exec (host pids)
 //!   → Spawned / Exited
 //! … node gone: the shim keeps the container and waits on its socket …
 //! node connects to ShimConfig::socket
@@ -20,8 +22,9 @@
 //! All of it travels on the shim's stdin, a `SOCK_SEQPACKET` socket: one message per packet,
 //! postcard-encoded, at most [`MAX_MESSAGE_BYTES`]. Using stdin (not an extra descriptor) lets
 //! the node start the shim with posix_spawn instead of forking its own large address space.
-//! The shim lives outside the container's pid namespace, so no process in the container can
-//! see, signal or trace it, and nothing listens inside the sandbox.
+//! The shim is the container's pid 1: processes in the container see it, but cannot signal,
+//! trace or open it (`crate::shim`), and nothing listens inside the sandbox (its socket is
+//! bound on the host, in the node's run directory).
 
 use std::path::PathBuf;
 
@@ -146,7 +149,8 @@ pub enum FromShim {
         running: Vec<(u64, i32)>,
         next_exec_id: u64,
     },
-    /// The container is built; `init_pid` is its pid 1 as the host sees it. `upper_fd` is the
+    /// The container is built; `init_pid` is its pid 1 as the host sees it (the shim itself,
+    /// which sends this; shims of earlier builds forked a separate init). `upper_fd` is the
     /// shim's descriptor of the writable upper directory, which the node reaches as
     /// `/proc/<shim>/fd/<upper_fd>` (after the host-side mounts are detached).
     Ready {
@@ -167,7 +171,8 @@ pub enum FromShim {
         exec_id: u64,
         status: ExitInfo,
     },
-    /// The container's init died (the container is gone); the shim exits next.
+    /// The container's init died (the container is gone); the shim exits next. Only from
+    /// shims of earlier builds, whose init was a process of its own.
     InitDied {
         status: ExitInfo,
     },

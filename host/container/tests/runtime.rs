@@ -111,6 +111,55 @@ async fn busybox_container_runs_commands() {
     rt.shutdown();
 }
 
+/// The shim is the container's pid 1 and its only process at rest. Processes in the
+/// container see it but cannot open its descriptors, trace it or signal it, and the pid the
+/// node is told for a command is the host's.
+#[tokio::test]
+async fn the_shim_is_pid_1_and_out_of_the_containers_reach() {
+    let run = tempfile::tempdir().expect("tmp");
+    let rt = runtime_named(run.path(), "pid1", false);
+    let c = rt.create(&busybox_spec("pid1")).await.expect("create");
+    assert_eq!(c.cgroup().tree_pids(), vec![c.init_pid()], "one process per idle container");
+    let comm = std::fs::read_to_string(format!("/proc/{}/comm", c.init_pid())).expect("comm");
+    assert_eq!(comm.trim(), "brig-shim");
+    let script = "cat /proc/1/comm; \
+        ls /proc/1/fd/ >/dev/null 2>&1 && echo fds-listed; \
+        cat /proc/1/environ >/dev/null 2>&1 && echo environ-read; \
+        ls /proc/1/root/ >/dev/null 2>&1 && echo root-opened; \
+        for s in KILL TERM INT HUP USR1 CHLD STOP; do kill -$s 1; done; echo signalled";
+    let (status, out, err) = run_capture(&c, &["sh", "-c", script]).await;
+    assert_eq!(status, Some(ExitInfo::Code(0)), "{err}");
+    assert_eq!(out, "brig-shim\nsignalled\n", "{err}");
+
+    // It still serves (not killed, not stopped), and reports the host's pid.
+    let null = std::fs::File::open("/dev/null").expect("null");
+    let req = SpawnRequest {
+        argv: ["sleep", "30"].iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let spawned = c.spawn(req, [null.as_fd(), null.as_fd(), null.as_fd()], &[], &[], None);
+    let mut p = tokio::time::timeout(std::time::Duration::from_secs(10), spawned)
+        .await
+        .expect("the shim answers after the signals")
+        .expect("spawn");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", p.pid)).expect("status");
+    let nspid: Vec<i32> = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .expect("NSpid")
+        .split_whitespace()
+        .map(|n| n.parse().expect("pid"))
+        .collect();
+    assert_eq!(nspid.len(), 2, "{nspid:?}");
+    assert_eq!(nspid[0], p.pid, "the reported pid is the host's");
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", p.pid)).expect("cmdline");
+    assert_eq!(cmdline, b"sleep\x0030\x00");
+    tokio::task::spawn_blocking(p.tree_killer()).await.expect("kill");
+    assert_eq!(p.wait().await, Some(ExitInfo::Signal(libc::SIGKILL)));
+    c.destroy().await.expect("destroy");
+    rt.shutdown();
+}
+
 #[tokio::test]
 async fn a_surviving_container_is_taken_back_by_a_new_runtime() {
     let run = tempfile::tempdir().expect("tmp");
@@ -206,15 +255,8 @@ async fn an_exit_during_a_reconnect_is_still_reported() {
         .expect("spawn");
     drop((out_w, out_r));
     let (spawn_id, cgroup) = (p.exec_id, p.cgroup_name());
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", c.init_pid())).expect("stat");
-    let shim: i32 = stat
-        .rsplit(") ")
-        .next()
-        .and_then(|s| s.split(' ').nth(1))
-        .expect("ppid")
-        .parse()
-        .expect("ppid");
-    let shim = nix::unistd::Pid::from_raw(shim);
+    // The shim is the container's pid 1.
+    let shim = nix::unistd::Pid::from_raw(c.init_pid());
     // The shim is held still while the node hangs up and a new one connects, so it sees
     // both at once when it goes on.
     kill(shim, Signal::SIGSTOP).expect("stop the shim");

@@ -1,18 +1,23 @@
 //! `brig-shim`: one small process per container, started by the node, that creates the
-//! container's namespaces and starts processes in them on the node's request.
+//! container's namespaces, is its pid 1, and starts processes in it on the node's request.
 //!
 //! ```text
-//! host pid ns ─ node ── brig-shim ─┬─ pid 1 (init: mounts, pivot_root, reaps orphans)
-//!                                  ├─ exec (setsid, cgroup, user, caps, seccomp, execve)
-//!                                  └─ exec …          └──── container pid ns ────┘
+//! host pid ns ─ node ── spawner ── brig-shim ─╴fork, exit╶─ brig-shim, pid 1 ─┬─ exec …
+//!                                                (mounts, pivot_root, reaps)  └─ exec …
+//!                                               └─────────── container pid ns ───────────┘
 //! ```
-//! The shim itself stays in the host pid namespace, so nothing inside the container can see,
-//! signal or trace it; it talks only to the node over an inherited socket. It is
-//! single-threaded (so `fork` is sound, and so is a child that shares its memory until exec:
-//! see `spawn`), blocks SIGCHLD and reads it from a signalfd.
+//! The first process, exec'd in the host's namespaces, joins the container's cgroups and makes
+//! its user namespace (the node writes the id maps) and the others; only a child enters a new
+//! pid namespace, so it forks the shim that goes on as pid 1 and exits. Pid 1 is visible
+//! in the container but out of its reach: non-dumpable with its memory made in the host's
+//! user namespace (no ptrace, no `/proc/1/fd`), unkillable from inside (the kernel drops
+//! signals to a namespace's init that it has no handler for; SIGCHLD is blocked and read from
+//! a signalfd), and confined like every container process. It talks only to the node, over an
+//! inherited socket. It is single-threaded (so `fork` is sound, and so is a child that shares
+//! its memory until exec: see `spawn`).
 
 mod child;
-mod init;
+mod mounts;
 pub mod security;
 mod spawn;
 pub mod spawner;
@@ -67,9 +72,10 @@ pub fn run() -> Result<(), ShimError> {
         other => return Err(ShimError::Protocol(format!("expected Configure, got {other:?}"))),
     };
     let programs = security::seccomp_programs()?;
-    // Bound in the host's mount namespace, before the shim leaves it: a restarted node finds
-    // the container here. The descriptor stays valid after pivot_root.
-    let listener = sys::listen(&config.socket)?;
+    // Bound in the host's mount namespace while this process is still host root: a restarted
+    // node finds the container here. It listens only once the container's pid 1 has it, so a
+    // node that connects learns pid 1 from the socket's peer credentials.
+    let listener = sys::bind(&config.socket)?;
     let upper = nix::fcntl::open(
         &config.upper,
         nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
@@ -92,6 +98,11 @@ pub fn run() -> Result<(), ShimError> {
         .map_err(|e| ShimError::Sys("setresgid", e))?;
     nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0))
         .map_err(|e| ShimError::Sys("setresuid", e))?;
+    // Pid 1 is visible to the container: nothing there may trace it or open its descriptors
+    // (the node's control socket, the host's /proc). Without `dumpable`, that takes
+    // CAP_SYS_PTRACE in the user namespace its memory was made in, the host's (this binary was
+    // exec'd there); fork keeps the flag.
+    nix::sys::prctl::set_dumpable(false).map_err(|e| ShimError::Sys("set non-dumpable", e))?;
     unshare(
         CloneFlags::CLONE_NEWNS
             | CloneFlags::CLONE_NEWUTS
@@ -105,25 +116,32 @@ pub fn run() -> Result<(), ShimError> {
     let mut chld = SigSet::empty();
     chld.add(Signal::SIGCHLD);
     chld.thread_block().map_err(|e| ShimError::Sys("block SIGCHLD", e))?;
-    let (ready_r, ready_w) =
+    // Only a child enters the new pid namespace: the shim goes on as that child, the
+    // container's pid 1, and this process (outside it) exits. One process per container.
+    let (gone_r, gone_w) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| ShimError::Sys("pipe", e))?;
-    let init_pid = match sys::fork()? {
-        sys::Forked::Child => {
-            drop(ready_r);
-            init::run(&config, &programs, ready_w)
-        }
-        sys::Forked::Parent(pid) => pid,
-    };
-    drop(ready_w);
-    let mut status = [0u8; 512];
-    let n =
-        nix::unistd::read(&ready_r, &mut status).map_err(|e| ShimError::Sys("wait for init", e))?;
-    if n == 0 || status[0] != b'R' {
-        let why = String::from_utf8_lossy(&status[1..n.max(1)]).into_owned();
-        return Err(ShimError::Protocol(format!("init failed: {why}")));
+    match sys::fork()? {
+        sys::Forked::Child => drop(gone_w),
+        sys::Forked::Parent(_) => std::process::exit(0),
     }
-    // From here the shim only forks, waits and talks to the node: it takes the confinement of
-    // the processes it starts, once, and they inherit it (no per-exec setup cost).
+    // The node sees one process from here: the first has exited once the pipe ends.
+    let mut byte = [0u8; 1];
+    while let Err(nix::Error::EINTR) | Ok(1..) = nix::unistd::read(&gone_r, &mut byte) {}
+    drop(gone_r);
+    // The host's /proc, opened before the container's replaces it: where the shim reads its
+    // own pid and its children's as the node sees them.
+    let host_proc = nix::fcntl::open(
+        "/proc",
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| ShimError::Sys("open the host's /proc", e))?;
+    let host_pid = sys::own_host_pid(&host_proc)?;
+    mounts::build(&config)?;
+    sys::listen(&listener)?;
+    // From here the shim only spawns, reaps and talks to the node: it takes the confinement of
+    // the processes it starts, once, and they inherit it (no per-exec setup cost). Being pid 1,
+    // it gives up exactly what every container process gives up.
     security::drop_bounding_set()?;
     security::confine(&programs)?;
     let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
@@ -131,9 +149,9 @@ pub fn run() -> Result<(), ShimError> {
     // write to a pipe nobody reads would kill the shim (SIGPIPE).
     sys::stderr_to_null()?;
     let upper_fd = std::os::fd::AsRawFd::as_raw_fd(&upper);
-    send(&control, &FromShim::Ready { init_pid: init_pid.as_raw(), upper_fd })?;
-    let links = Links { listener, upper, survive_node: config.survive_node };
-    serve(Some(control), init_pid, &links)
+    send(&control, &FromShim::Ready { init_pid: host_pid, upper_fd })?;
+    let links = Links { listener, upper, host_proc, host_pid, survive_node: config.survive_node };
+    serve(Some(control), &links)
 }
 
 /// Receives one message that carries no descriptors.
@@ -153,17 +171,23 @@ fn send(control: &OwnedFd, msg: &FromShim) -> Result<(), ShimError> {
 struct Links {
     listener: OwnedFd,
     upper: OwnedFd,
+    /// The host's /proc, where host pids are read.
+    host_proc: OwnedFd,
+    /// The shim's own pid as the host sees it (in here it is 1).
+    host_pid: i32,
     survive_node: bool,
 }
 
-/// Serves spawn requests and reports exits until init dies, or the node hangs up and the
-/// container is not to survive it. A reconnecting node replaces the current connection.
-fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), ShimError> {
+/// Serves spawn requests and reports exits until the node hangs up and the container is not
+/// to survive it (the shim is pid 1: when it returns, the kernel kills every process of the
+/// container). A reconnecting node replaces the current connection.
+fn serve(mut control: Option<OwnedFd>, links: &Links) -> Result<(), ShimError> {
     let mut chld = SigSet::empty();
     chld.add(Signal::SIGCHLD);
     let sigfd = SignalFd::with_flags(&chld, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .map_err(|e| ShimError::Sys("signalfd", e))?;
-    let mut running: HashMap<Pid, u64> = HashMap::new();
+    // By pid in here: the exec id and the pid the node knows.
+    let mut running: HashMap<Pid, (u64, i32)> = HashMap::new();
     let mut kept = Kept::default();
     let mut next_exec_id = 1u64;
     let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
@@ -185,9 +209,7 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
         drop(fds);
         if child_ready {
             while let Ok(Some(_)) = sigfd.read_signal() {}
-            if reap(control.as_ref(), init, &mut running, &mut kept)? {
-                return Ok(());
-            }
+            reap(control.as_ref(), &mut running, &mut kept)?;
         }
         // A node that reconnects replaces the connection it was polled with: what made that
         // one ready (its predecessor's hang-up, say) is not the new one's, whose receive would
@@ -196,8 +218,8 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
         if accept_ready {
             if let Ok(conn) = sys::accept(&links.listener) {
                 let report = FromShim::ReattachedKeeping {
-                    init_pid: init.as_raw(),
-                    running: running.iter().map(|(pid, id)| (*id, pid.as_raw())).collect(),
+                    init_pid: links.host_pid,
+                    running: running.values().copied().collect(),
                     next_exec_id,
                     upper_fd: std::os::fd::AsRawFd::as_raw_fd(&links.upper),
                     kept: kept.list(),
@@ -220,8 +242,7 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
                         control = None;
                         continue;
                     }
-                    // Take the container down with us rather than orphan it.
-                    let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
+                    // Take the container down with us (pid 1) rather than orphan it.
                     return Ok(());
                 }
             };
@@ -255,14 +276,20 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
             // A reply the node is no longer there to take is its hang-up, not the shim's
             // failure: the container must not die because the node did mid-spawn.
             let prepared = child::prepare(&spec, fds);
-            let delivered = match spawn_retrying(&prepared, &mut stack) {
-                Ok(pid) => {
+            let started = spawn_retrying(&prepared, &mut stack).and_then(|pid| {
+                sys::host_pid_of(&links.host_proc, pid).map(|host| (pid, host)).inspect_err(|_| {
+                    // Not reported, so not the node's to wait for: it dies, and is reaped.
+                    let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+                })
+            });
+            let delivered = match started {
+                Ok((pid, host_pid)) => {
                     // The child joined its cgroups before it exec'd, and the shim resumes only
                     // after that exec: a kill right after this reply finds it there.
                     drop(prepared);
-                    running.insert(pid, spec.exec_id);
-                    kept.hold(spec.exec_id, pid, keep);
-                    let spawned = FromShim::Spawned { exec_id: spec.exec_id, pid: pid.as_raw() };
+                    running.insert(pid, (spec.exec_id, host_pid));
+                    kept.hold(spec.exec_id, host_pid, keep);
+                    let spawned = FromShim::Spawned { exec_id: spec.exec_id, pid: host_pid };
                     send(c, &spawned).is_ok()
                 }
                 // A full pids cgroup (a fork bomb, say) refuses this one request; the
@@ -275,7 +302,6 @@ fn serve(mut control: Option<OwnedFd>, init: Pid, links: &Links) -> Result<(), S
             };
             if !delivered {
                 if !links.survive_node {
-                    let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
                     return Ok(());
                 }
                 control = None;
@@ -334,7 +360,8 @@ fn split_kept(mut fds: Vec<OwnedFd>, keep_fds: u8, input: bool) -> (Vec<OwnedFd>
 }
 
 struct KeptEntry {
-    pid: Pid,
+    /// As the host sees it.
+    pid: i32,
     fds: Vec<OwnedFd>,
     /// The write end of its stdin, until the node closes it.
     input: Option<OwnedFd>,
@@ -342,7 +369,7 @@ struct KeptEntry {
 }
 
 impl Kept {
-    fn hold(&mut self, exec_id: u64, pid: Pid, keep: ToKeep) {
+    fn hold(&mut self, exec_id: u64, pid: i32, keep: ToKeep) {
         if !keep.output.is_empty() {
             let entry = KeptEntry { pid, fds: keep.output, input: keep.input, exit: None };
             self.by_exec.insert(exec_id, entry);
@@ -363,12 +390,8 @@ impl Kept {
 
     fn list(&self) -> Vec<crate::shim_proto::KeptSpawn> {
         let kept = self.by_exec.iter();
-        kept.map(|(id, e)| crate::shim_proto::KeptSpawn {
-            exec_id: *id,
-            pid: e.pid.as_raw(),
-            exit: e.exit,
-        })
-        .collect()
+        kept.map(|(id, e)| crate::shim_proto::KeptSpawn { exec_id: *id, pid: e.pid, exit: e.exit })
+            .collect()
     }
 }
 
@@ -389,29 +412,23 @@ fn hand_over(conn: &OwnedFd, report: &FromShim, kept: &Kept) -> Result<(), ShimE
     Ok(())
 }
 
-/// Reaps exited children; `true` when init died. Reports go to the connected node, if any.
+/// Reaps exited children, orphans of the container among them (the shim is its pid 1).
+/// Reports go to the connected node, if any.
 fn reap(
     control: Option<&OwnedFd>,
-    init: Pid,
-    running: &mut HashMap<Pid, u64>,
+    running: &mut HashMap<Pid, (u64, i32)>,
     kept: &mut Kept,
-) -> Result<bool, ShimError> {
+) -> Result<(), ShimError> {
     loop {
         let (pid, status) = match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::Exited(pid, code)) => (pid, ExitInfo::Code(code)),
             Ok(WaitStatus::Signaled(pid, sig, _)) => (pid, ExitInfo::Signal(sig as i32)),
-            Ok(WaitStatus::StillAlive) | Err(nix::Error::ECHILD) => return Ok(false),
+            Ok(WaitStatus::StillAlive) | Err(nix::Error::ECHILD) => return Ok(()),
             Ok(_) => continue,
             Err(nix::Error::EINTR) => continue,
             Err(e) => return Err(ShimError::Sys("waitpid", e)),
         };
-        if pid == init {
-            if let Some(c) = control {
-                let _ = send(c, &FromShim::InitDied { status });
-            }
-            return Ok(true);
-        }
-        if let Some(exec_id) = running.remove(&pid) {
+        if let Some((exec_id, _)) = running.remove(&pid) {
             if let Some(c) = control {
                 let _ = send(c, &FromShim::Exited { exec_id, status });
             }

@@ -13,7 +13,8 @@
 //! ```
 //! A typist writes a command's stdin given whole into its terminal (as the command reads it)
 //! and exits; being the spawner's child, not the node's, it goes on if the node dies.
-//! The spawner is the shims' parent, with SIGCHLD ignored so the kernel reaps them. When the
+//! The spawner is the shims' parent (and their subreaper: each shim's pid 1 comes back to it
+//! when the first process exits), with SIGCHLD ignored so the kernel reaps them. When the
 //! node hangs up it exits; its shims carry on (a shim's life follows its own control socket,
 //! not its parent).
 
@@ -31,6 +32,10 @@ pub fn run() -> Result<(), ShimError> {
     sys::stderr_to_null()?;
     // Exited shims are reaped by the kernel: waitpid(-1) walks every child, 10,000 of them.
     sys::ignore_signal(nix::sys::signal::Signal::SIGCHLD);
+    // A shim forks the container's pid 1 and exits: pid 1 comes back to the spawner, not to
+    // the host's init, and is reaped the same way.
+    nix::sys::prctl::set_child_subreaper(true)
+        .map_err(|e| ShimError::Sys("become the shims' subreaper", e))?;
     // Exec'd by path, so the shims are called brig-shim (not `exe`); /proc/self/exe if this
     // binary has since been replaced on disk.
     let exe = std::env::current_exe()

@@ -1,5 +1,6 @@
-//! The shim's raw system calls that have no safe wrapper: fork, adopting the inherited control
-//! descriptor, and bringing the loopback interface up.
+//! The shim's raw system calls that have no safe wrapper (fork, adopting the inherited control
+//! descriptor, bringing the loopback interface up, pidfd_open) and its socket and host-pid
+//! helpers.
 #![allow(unsafe_code)]
 
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -112,34 +113,10 @@ pub fn default_signal(sig: nix::sys::signal::Signal) {
     let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
 }
 
-/// For pid 1: replaces every inherited descriptor (the node's control socket among them) with
-/// /dev/null on 0-2, keeping only `ready`, which becomes fd 3. A container process that traced
-/// pid 1 must find nothing of the node's.
-pub fn isolate_init(ready: OwnedFd) -> Result<OwnedFd, ShimError> {
-    use std::os::fd::IntoRawFd;
-    let null = nix::fcntl::open(
-        "/dev/null",
-        nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .map_err(|e| ShimError::Sys("open /dev/null", e))?
-    .into_raw_fd();
-    let ready = ready.into_raw_fd();
-    install_fds(&[null, null, null, ready])
-        .map_err(|e| ShimError::Sys("isolate init descriptors", e))?;
-    // SAFETY: install_fds made fd 3 a copy of `ready` and closed every other descriptor
-    // above 2, so nothing else owns fd 3.
-    let ready = unsafe { OwnedFd::from_raw_fd(3) };
-    nix::fcntl::fcntl(&ready, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
-        .map_err(|e| ShimError::Sys("cloexec", e))?;
-    Ok(ready)
-}
-
-/// A listening `SOCK_SEQPACKET` socket at `path` (replacing a stale one), mode 0600.
-pub fn listen(path: &std::path::Path) -> Result<OwnedFd, ShimError> {
-    use nix::sys::socket::{
-        bind, listen as listen_on, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr,
-    };
+/// A `SOCK_SEQPACKET` socket bound at `path` (replacing a stale one), mode 0600; [`listen`]
+/// makes it take connections.
+pub fn bind(path: &std::path::Path) -> Result<OwnedFd, ShimError> {
+    use nix::sys::socket::{bind, socket, AddressFamily, SockFlag, SockType, UnixAddr};
     let _ = std::fs::remove_file(path);
     let sock = socket(
         AddressFamily::Unix,
@@ -154,9 +131,54 @@ pub fn listen(path: &std::path::Path) -> Result<OwnedFd, ShimError> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| ShimError::Io("chmod shim socket", e))?;
-    listen_on(&sock, Backlog::new(4).map_err(|e| ShimError::Sys("backlog", e))?)
-        .map_err(|e| ShimError::Sys("listen", e))?;
     Ok(sock)
+}
+
+/// Takes connections on a socket from [`bind`]. A connecting process's peer credentials are
+/// those of the process that called this.
+pub fn listen(sock: &OwnedFd) -> Result<(), ShimError> {
+    use nix::sys::socket::{listen, Backlog};
+    listen(sock, Backlog::new(4).map_err(|e| ShimError::Sys("backlog", e))?)
+        .map_err(|e| ShimError::Sys("listen", e))
+}
+
+/// This process's pid as the host sees it, read through the host's /proc.
+pub fn own_host_pid(host_proc: &OwnedFd) -> Result<i32, ShimError> {
+    let link = nix::fcntl::readlinkat(host_proc, "self")
+        .map_err(|e| ShimError::Sys("read the host's /proc/self", e))?;
+    link.to_str()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| ShimError::Protocol(format!("host /proc/self is {link:?}")))
+}
+
+/// The host's pid of `child` (a pid of this namespace): the `Pid:` line of a pidfd's fdinfo
+/// read through the host's /proc shows it in the host's namespace.
+pub fn host_pid_of(host_proc: &OwnedFd, child: Pid) -> Result<i32, ShimError> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; no memory
+    // is passed.
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, child.as_raw(), 0) };
+    if raw < 0 {
+        return Err(ShimError::Sys("pidfd_open", nix::Error::last()));
+    }
+    // SAFETY: pidfd_open just returned this descriptor, which nothing else owns.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
+    let path = format!("self/fdinfo/{}", std::os::fd::AsRawFd::as_raw_fd(&pidfd));
+    let info = nix::fcntl::openat(
+        host_proc,
+        path.as_str(),
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| ShimError::Sys("open pidfd fdinfo", e))?;
+    // A few short lines; the pid is on the first few.
+    let mut buf = [0u8; 512];
+    let n = nix::unistd::read(&info, &mut buf).map_err(|e| ShimError::Sys("read fdinfo", e))?;
+    let text = std::str::from_utf8(&buf[..n]).unwrap_or("");
+    text.lines()
+        .find_map(|l| l.strip_prefix("Pid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|pid: &i32| *pid > 0)
+        .ok_or_else(|| ShimError::Protocol(format!("no host pid in pidfd fdinfo: {text:?}")))
 }
 
 /// Points the shim's stderr at /dev/null.

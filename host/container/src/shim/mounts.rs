@@ -1,5 +1,5 @@
-//! The container's pid 1: builds the mount tree inside the new namespaces, pivots into the
-//! rootfs, then only reaps orphans until the container is destroyed.
+//! The container's mount tree, built by the shim as the container's pid 1 inside its new
+//! namespaces, and the pivot into it.
 //!
 //! ```text
 //! <rootfs>/proc        new procfs (this pid namespace), sensitive files masked
@@ -7,18 +7,12 @@
 //! <rootfs>/dev         tmpfs: null zero full random urandom tty (bound from the host), pts, shm
 //! ```
 
-use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
-use nix::sys::signal::{SigSet, Signal};
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-use nix::unistd::Pid;
-
-use super::security::{confine, SeccompPrograms};
 use super::ShimError;
 use crate::shim_proto::ShimConfig;
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 
@@ -34,35 +28,9 @@ fn inside(root: &Path, path: &str) -> PathBuf {
     root.join(path.trim_start_matches('/'))
 }
 
-/// Runs as pid 1. Reports readiness by writing one byte to `ready`; never returns.
-pub fn run(config: &ShimConfig, programs: &SeccompPrograms, ready: OwnedFd) -> ! {
-    // If the shim dies (even by SIGKILL), the container dies with it: no orphaned containers.
-    if nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).is_err() {
-        std::process::exit(1);
-    }
-    let ready = match super::sys::isolate_init(ready) {
-        Ok(fd) => fd,
-        Err(_) => std::process::exit(1),
-    };
-    match build(config) {
-        Ok(()) => {}
-        Err(e) => {
-            let _ = nix::unistd::write(&ready, format!("E{}", super::describe(&e)).as_bytes());
-            std::process::exit(1);
-        }
-    }
-    // pid 1 is visible to the container, so it gives up exactly what every container process
-    // gives up: anything that ptraces it gains nothing.
-    if let Err(e) = super::security::drop_bounding_set().and_then(|()| confine(programs)) {
-        let _ = nix::unistd::write(&ready, format!("E{}", super::describe(&e)).as_bytes());
-        std::process::exit(1);
-    }
-    let _ = nix::unistd::write(&ready, b"R");
-    drop(ready);
-    reap_forever()
-}
-
-fn build(config: &ShimConfig) -> Result<(), ShimError> {
+/// Builds the container's mount tree and pivots into it. The caller is the container's pid 1,
+/// in its new namespaces.
+pub(super) fn build(config: &ShimConfig) -> Result<(), ShimError> {
     let root = config.rootfs.as_path();
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .map_err(sys("make / private"))?;
@@ -204,23 +172,4 @@ fn bind_with(source: &Path, target: &Path, bind: MsFlags, flags: MsFlags) -> Res
     let remount = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | flags;
     mount(None::<&str>, target, None::<&str>, remount, None::<&str>)
         .map_err(sys("remount read-only"))
-}
-
-/// Reaps every child that reaches us, forever. SIGCHLD stays blocked and is taken with sigwait,
-/// so no handler runs in pid 1.
-fn reap_forever() -> ! {
-    let mut chld = SigSet::empty();
-    chld.add(Signal::SIGCHLD);
-    let _ = chld.thread_block();
-    loop {
-        loop {
-            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::StillAlive) => break,
-                Ok(_) => continue,
-                Err(nix::Error::EINTR) => continue,
-                Err(_) => break,
-            }
-        }
-        let _ = chld.wait();
-    }
 }
