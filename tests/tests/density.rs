@@ -71,9 +71,13 @@ async fn an_overcommitted_node_refuses_clearly_and_loses_nothing() {
     let out = live[0].exec(["cat", "/state"]).await.expect("exec after reclaim");
     assert_eq!(out.stdout_text(), "state-0\n");
 
-    // Room frees up when a sandbox goes.
+    // Room frees up when a sandbox goes, and the sum of what is asked follows.
     live.pop().expect("one").destroy().await.expect("destroy");
+    let cap = client.node_status().await.expect("status").capacity;
+    assert_eq!(cap.memory_requested_bytes, (fits as u64 - 1) * (64 << 20));
     client.create(opts()).await.expect("admitted again");
+    let cap = client.node_status().await.expect("status").capacity;
+    assert_eq!(cap.memory_requested_bytes, fits as u64 * (64 << 20));
 
     let text = metrics_text(daemon.state_dir()).expect("metrics");
     let series = "brig_admission_total{tier=\"container\",reason=\"memory_overcommit\"}";

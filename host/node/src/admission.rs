@@ -55,18 +55,15 @@ impl Node {
     /// What the node has, what its sandboxes ask for and what they use. Reads every
     /// container's cgroup: for status and metrics, and at most every few seconds for admission.
     pub fn capacity(&self) -> NodeCapacity {
-        let (mut requested_mem, mut requested_cpu, mut working_set, mut containers) = (0, 0, 0, 0);
+        let (mut working_set, mut containers) = (0, 0);
         let (mut latency, mut best_effort) = (0, 0);
+        // What the sandboxes ask, as admission counts it; their use where a cheap read says (a
+        // container in a container-host VM: the VM's).
+        let (requested_mem, requested_cpu) = self.inner.sandboxes.asked();
         for e in self.inner.sandboxes.all() {
             match e.spec().qos {
                 QosClass::LatencySensitive => latency += 1,
                 QosClass::BestEffort => best_effort += 1,
-            }
-            // What a sandbox asks counts; its use where a cheap read says (a container in a
-            // container-host VM: the VM's).
-            if let Some(asked) = e.sandbox.requested() {
-                requested_mem += asked.memory_bytes;
-                requested_cpu += asked.cpu_millis;
             }
             if let Some(bytes) = e.sandbox.working_set_bytes() {
                 working_set += bytes;
@@ -133,15 +130,8 @@ impl Node {
         if tier != Tier::Container {
             return Ok(());
         }
-        // In memory, under the table's read lock, no allocation: tens of microseconds at
-        // 10,000 sandboxes.
-        let (mut requested_mem, mut requested_cpu) = (0, 0);
-        self.inner.sandboxes.for_each(|e| {
-            if let Some(asked) = e.sandbox.requested() {
-                requested_mem += asked.memory_bytes;
-                requested_cpu += asked.cpu_millis;
-            }
-        });
+        // Summed as sandboxes enter and leave the table: no walk over it per create.
+        let (requested_mem, requested_cpu) = self.inner.sandboxes.asked();
         let total = meminfo_kib("MemTotal") << 10;
         let mem_cap = total / 100 * cfg.memory_overcommit_pct;
         if requested_mem + memory > mem_cap {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use brig_container::slot_file::{self, SlotFile};
 use brig_container::spare_files::SpareFiles;
 pub(crate) use brig_core::sandbox::{ContainerRecord, HostedRecord, MachineRecord};
-use brig_core::sandbox::{Op, Persistence, Sandbox, SandboxError};
+use brig_core::sandbox::{Op, Persistence, Requested, Sandbox, SandboxError};
 use brig_core::{IdleAction, SandboxId, SandboxSpec, Tier};
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
@@ -46,6 +46,9 @@ pub(crate) struct SandboxEntry {
     pub sessions: SessionTable,
     /// Serializes pause, resume and destroy of this sandbox.
     pub transition: tokio::sync::Mutex<()>,
+    /// What it asks for (its tier's [`Sandbox::requested`], fixed at creation), counted in
+    /// the table's sums while it is in the table.
+    asked: Requested,
     /// Why it left the table, once it has: a request that was under way when it was destroyed
     /// hears this rather than whatever its tier saw as the sandbox went away.
     gone: std::sync::OnceLock<Gone>,
@@ -69,10 +72,12 @@ impl SandboxEntry {
             last_used_unix_ms: AtomicU64::new(created_unix_ms),
             saved_last_used_unix_ms: AtomicU64::new(created_unix_ms),
             paused_unix_ms: AtomicU64::new(0),
-            sandbox,
             execs: ExecTable::default(),
             sessions: SessionTable::default(),
             transition: tokio::sync::Mutex::new(()),
+            // Before `sandbox` moves in.
+            asked: sandbox.requested().unwrap_or_default(),
+            sandbox,
             gone: std::sync::OnceLock::new(),
             record_seq: Mutex::new(None),
         }
@@ -210,6 +215,10 @@ pub(crate) struct SandboxTable {
     /// Record files of destroyed sandboxes, kept for the next ones (see `SpareFiles`).
     spares: SpareFiles,
     live: RwLock<HashMap<SandboxId, Arc<SandboxEntry>>>,
+    /// What the live sandboxes ask for, summed as they enter and leave the table (under its
+    /// write lock), so admitting a create costs the same at 10 sandboxes as at 10,000.
+    asked_memory_bytes: AtomicU64,
+    asked_cpu_millis: AtomicU64,
     gone: Mutex<Tombstones>,
 }
 
@@ -251,6 +260,8 @@ impl SandboxTable {
             dir: dir.to_owned(),
             spares,
             live: RwLock::default(),
+            asked_memory_bytes: AtomicU64::new(0),
+            asked_cpu_millis: AtomicU64::new(0),
             gone: Mutex::default(),
         })
     }
@@ -425,8 +436,31 @@ impl SandboxTable {
     /// Adds a sandbox (its record is written separately, by [`SandboxTable::save`]).
     pub fn insert(&self, entry: SandboxEntry) -> Arc<SandboxEntry> {
         let entry = Arc::new(entry);
-        self.live.write().insert(entry.id, entry.clone());
+        let mut live = self.live.write();
+        self.count(&entry.asked, true);
+        if let Some(replaced) = live.insert(entry.id, entry.clone()) {
+            self.count(&replaced.asked, false);
+        }
         entry
+    }
+
+    /// Adds `asked` to the sums, or takes it off; called under the table's write lock.
+    fn count(&self, asked: &Requested, added: bool) {
+        let (memory, cpu) = (&self.asked_memory_bytes, &self.asked_cpu_millis);
+        if added {
+            memory.fetch_add(asked.memory_bytes, Ordering::Relaxed);
+            cpu.fetch_add(asked.cpu_millis, Ordering::Relaxed);
+        } else {
+            memory.fetch_sub(asked.memory_bytes, Ordering::Relaxed);
+            cpu.fetch_sub(asked.cpu_millis, Ordering::Relaxed);
+        }
+    }
+
+    /// What the live sandboxes ask for in all: memory bytes and CPU millicores.
+    pub fn asked(&self) -> (u64, u64) {
+        let _live = self.live.read();
+        let memory = self.asked_memory_bytes.load(Ordering::Relaxed);
+        (memory, self.asked_cpu_millis.load(Ordering::Relaxed))
     }
 
     /// Finds a live sandbox by id text.
@@ -443,7 +477,12 @@ impl SandboxTable {
 
     /// Takes a sandbox out of the table and forgets its record, remembering why.
     pub fn remove(&self, id: &SandboxId, reason: Gone) -> Option<Arc<SandboxEntry>> {
-        let entry = self.live.write().remove(id)?;
+        let entry = {
+            let mut live = self.live.write();
+            let entry = live.remove(id)?;
+            self.count(&entry.asked, false);
+            entry
+        };
         let _ = entry.gone.set(reason.clone());
         {
             // A save under way finishes first; later ones see `gone` and write nothing.
@@ -478,14 +517,6 @@ impl SandboxTable {
     /// Every sandbox, in no particular order (cheap: for counting and summing).
     pub fn all(&self) -> Vec<Arc<SandboxEntry>> {
         self.live.read().values().cloned().collect()
-    }
-
-    /// Calls `f` on every live sandbox under the table's read lock: `f` must be quick and must
-    /// not touch the table.
-    pub fn for_each(&self, mut f: impl FnMut(&SandboxEntry)) {
-        for e in self.live.read().values() {
-            f(e);
-        }
     }
 
     pub fn list(&self, selector: &[(String, String)]) -> Vec<Arc<SandboxEntry>> {
