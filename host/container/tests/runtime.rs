@@ -160,6 +160,43 @@ async fn the_shim_is_pid_1_and_out_of_the_containers_reach() {
     rt.shutdown();
 }
 
+/// Container root may chroot (CAP_SYS_CHROOT, as in Docker), and a chroot can be escaped
+/// from: the container is entered with `chroot`, not `pivot_root`, so what lies outside its
+/// rootfs is its mount namespace's root, the node's template. There is nothing of the host
+/// there: an empty read-only tmpfs whose mount points are empty or the container's own root.
+#[tokio::test]
+async fn a_process_that_escapes_the_chroot_finds_nothing_of_the_host() {
+    let run = tempfile::tempdir().expect("tmp");
+    let rt = runtime_named(run.path(), "escape", false);
+    let mut spec = busybox_spec("escape");
+    spec.layers = vec![brig_container::rootfs::LayerSource::image(
+        artifacts().join("images/debian-12.erofs"),
+    )];
+    let c = rt.create(&spec).await.expect("create");
+    // The classic escape: chroot into a subdirectory without entering it, climb out of it
+    // with `..`, and chroot to where that leads.
+    let escape = "import os
+os.mkdir('/jail'); os.chroot('/jail'); os.chdir('../../../../..'); os.chroot('.')
+top = sorted(os.listdir('/'))
+print('root:', ' '.join(top))
+for d in top:
+    if d != 'c':
+        print(d, len(os.listdir('/' + d)))
+print('own root:', os.path.exists('/c/etc/debian_version'))
+try:
+    open('/made', 'w')
+except OSError as e:
+    print('write:', e.strerror)
+";
+    let (status, out, err) = run_capture(&c, &["python3", "-c", escape]).await;
+    assert_eq!(status, Some(ExitInfo::Code(0)), "{out}\n{err}");
+    let want = "root: c d e p s v y\nd 0\ne 0\np 0\ns 0\nv 0\ny 0\nown root: True\n\
+                write: Read-only file system\n";
+    assert_eq!(out, want, "{err}");
+    c.destroy().await.expect("destroy");
+    rt.shutdown();
+}
+
 #[tokio::test]
 async fn a_surviving_container_is_taken_back_by_a_new_runtime() {
     let run = tempfile::tempdir().expect("tmp");

@@ -82,10 +82,24 @@ pub fn run() -> Result<(), ShimError> {
         nix::sys::stat::Mode::empty(),
     )
     .map_err(|e| ShimError::Sys("open upper directory", e))?;
-
+    // The host's /proc, where the shim reads its own pid and its children's as the node sees
+    // them once it is in the container's pid namespace.
+    let host_proc = nix::fcntl::open(
+        "/proc",
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| ShimError::Sys("open the host's /proc", e))?;
+    let sources = mounts::Sources::clone_from_host(&config)?;
     for procs in &config.join_cgroups {
         std::fs::write(procs, b"0").map_err(|e| ShimError::Io("join cgroup", e))?;
     }
+    // Leave the host's mount namespace for the node's template: the container's will be a
+    // copy of that (one empty mount), not of the host's.
+    let template = sys::template_mount_ns()?;
+    nix::sched::setns(&template, CloneFlags::CLONE_NEWNS)
+        .map_err(|e| ShimError::Sys("enter the template mount namespace", e))?;
+    drop(template);
     unshare(CloneFlags::CLONE_NEWUSER).map_err(|e| ShimError::Sys("unshare user namespace", e))?;
     // The node writes our uid/gid maps (it holds CAP_SETUID in the parent namespace).
     send(&control, &FromShim::UserNamespace)?;
@@ -128,16 +142,8 @@ pub fn run() -> Result<(), ShimError> {
     let mut byte = [0u8; 1];
     while let Err(nix::Error::EINTR) | Ok(1..) = nix::unistd::read(&gone_r, &mut byte) {}
     drop(gone_r);
-    // The host's /proc, opened before the container's replaces it: where the shim reads its
-    // own pid and its children's as the node sees them.
-    let host_proc = nix::fcntl::open(
-        "/proc",
-        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .map_err(|e| ShimError::Sys("open the host's /proc", e))?;
     let host_pid = sys::own_host_pid(&host_proc)?;
-    mounts::build(&config)?;
+    mounts::build(&config, sources)?;
     sys::listen(&listener)?;
     // From here the shim only spawns, reaps and talks to the node: it takes the confinement of
     // the processes it starts, once, and they inherit it (no per-exec setup cost). Being pid 1,

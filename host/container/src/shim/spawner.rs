@@ -8,6 +8,7 @@
 //!
 //! ```text
 //! node ── ToSpawner::Spawn + [control, stderr] ──▶ spawner ── fork, exec /proc/self/exe ─▶ shim
+//!                                                   (+ the template mount namespace, fd 3)
 //!      ◀── FromSpawner::Spawned { pid } ──────────
 //! node ── ToSpawner::Type + [master, input] ─────▶ spawner ── fork ─▶ typist
 //! ```
@@ -36,6 +37,8 @@ pub fn run() -> Result<(), ShimError> {
     // the host's init, and is reaped the same way.
     nix::sys::prctl::set_child_subreaper(true)
         .map_err(|e| ShimError::Sys("become the shims' subreaper", e))?;
+    // Every shim starts its container's mount namespace from this one (see `mounts`).
+    let template = super::mounts::make_template()?;
     // Exec'd by path, so the shims are called brig-shim (not `exe`); /proc/self/exe if this
     // binary has since been replaced on disk.
     let exe = std::env::current_exe()
@@ -59,7 +62,7 @@ pub fn run() -> Result<(), ShimError> {
             Err(e) => return Err(ShimError::Sys("receive", e)),
         };
         let reply = match postcard::from_bytes::<ToSpawner>(&buf[..len]) {
-            Ok(ToSpawner::Spawn) if fds.len() == 2 => spawn(&exe, fds),
+            Ok(ToSpawner::Spawn) if fds.len() == 2 => spawn(&exe, fds, &template),
             Ok(ToSpawner::Type) if fds.len() == 2 => start_typist(fds),
             Ok(ToSpawner::Spawn | ToSpawner::Type) => FromSpawner::Failed {
                 error: format!("a request carries 2 descriptors, not {}", fds.len()),
@@ -73,10 +76,11 @@ pub fn run() -> Result<(), ShimError> {
 }
 
 /// Forks a shim with `fds` = [control socket, stderr] as its stdin and stderr.
-fn spawn(exe: &std::ffi::CStr, fds: Vec<OwnedFd>) -> FromSpawner {
+fn spawn(exe: &std::ffi::CStr, fds: Vec<OwnedFd>, template: &OwnedFd) -> FromSpawner {
     fork_with(
         fds,
         |[control, stderr, null]| [control, null, stderr],
+        Some(template),
         || {
             // The shim reaps its own children (from a signalfd).
             sys::default_signal(nix::sys::signal::Signal::SIGCHLD);
@@ -91,14 +95,17 @@ fn spawn(exe: &std::ffi::CStr, fds: Vec<OwnedFd>) -> FromSpawner {
 /// Forks a typist with `fds` = [a terminal's master, the input to type into it]: the input
 /// on fd 0, the terminal on fd 1, nothing else (not the node's socket).
 fn start_typist(fds: Vec<OwnedFd>) -> FromSpawner {
-    fork_with(fds, |[master, input, null]| [input, master, null], || i32::from(type_in().is_err()))
+    let layout = |[master, input, null]: [OwnedFd; 3]| [input, master, null];
+    fork_with(fds, layout, None, || i32::from(type_in().is_err()))
 }
 
-/// Forks a child whose fds 0-2 are `layout` of the request's two descriptors and /dev/null
-/// (every other descriptor closed) and which exits with what `child` returns.
+/// Forks a child whose fds 0-2 are `layout` of the request's two descriptors and /dev/null,
+/// and fd 3 a copy of `fd3` if given (every other descriptor closed), and which exits with
+/// what `child` returns.
 fn fork_with(
     fds: Vec<OwnedFd>,
     layout: impl FnOnce([OwnedFd; 3]) -> [OwnedFd; 3],
+    fd3: Option<&OwnedFd>,
     child: impl FnOnce() -> i32,
 ) -> FromSpawner {
     let null = match nix::fcntl::open(
@@ -115,7 +122,8 @@ fn fork_with(
             let (Some(first), Some(second)) = (fds.next(), fds.next()) else {
                 std::process::exit(126)
             };
-            let raw = layout([first, second, null]).map(IntoRawFd::into_raw_fd);
+            let mut raw = layout([first, second, null]).map(IntoRawFd::into_raw_fd).to_vec();
+            raw.extend(fd3.map(std::os::fd::AsRawFd::as_raw_fd));
             if sys::install_fds(&raw).is_err() {
                 std::process::exit(126);
             }

@@ -23,6 +23,23 @@ pub fn control_socket() -> Result<OwnedFd, ShimError> {
     Ok(unsafe { OwnedFd::from_raw_fd(CONTROL_FD) })
 }
 
+/// The node's template mount namespace, which the spawner installs as fd 3
+/// (`mounts::make_template`).
+pub fn template_mount_ns() -> Result<OwnedFd, ShimError> {
+    nix::fcntl::fcntl(
+        // SAFETY: only borrowed for this one fcntl; validity is what the call checks.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(TEMPLATE_FD) },
+        nix::fcntl::FcntlArg::F_GETFD,
+    )
+    .map_err(|e| ShimError::Sys("template mount namespace (fd 3)", e))?;
+    // SAFETY: the spawner installs the template namespace as fd 3 before exec, and nothing
+    // else in this process takes ownership of fd 3.
+    Ok(unsafe { OwnedFd::from_raw_fd(TEMPLATE_FD) })
+}
+
+/// Where the spawner installs the template mount namespace in a shim.
+pub const TEMPLATE_FD: i32 = 3;
+
 pub enum Forked {
     Parent(Pid),
     Child,
