@@ -7,7 +7,8 @@
 //!            per-sandbox writable upper (size-capped tmpfs) → <run>/c/<id>/rootfs
 //!   cgroup   memory, pids, cpu limits (v1 hierarchies or the v2 unified tree)
 //!   shim     brig-shim: user namespace (container root = host uid 100000), then mount, uts,
-//!            ipc, net, cgroup and pid namespaces; pid 1 pivots into the rootfs
+//!            ipc, net, cgroup and pid namespaces (the mount namespace a copy of the node's
+//!            empty template); the shim is pid 1 and chroots into the rootfs
 //! Container::exec(request)  the node asks the shim to start a process: the request never
 //!            passes through anything inside the sandbox that a guest could forge or replace
 //! ```

@@ -7,10 +7,10 @@
 //! <run>/c/<id>/rootfs/             overlay: lowerdir = toolkit:workspace:base (top first)
 //! ```
 //! The upper is a size-capped tmpfs, so filling the disk gives the container ENOSPC and never
-//! touches the host's disk; its pages are charged to the container's memory cgroup. After the
-//! container's init has pivoted into the rootfs, the host-side mounts are detached: the
+//! touches the host's disk; its pages are charged to the container's memory cgroup. Once the
+//! container is built (from clones of these mounts), the host-side mounts are detached: the
 //! container's mount namespace keeps them alive, and the host mount table stays small however
-//! many containers run (every new mount namespace copies the whole table).
+//! many containers run.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -128,8 +128,8 @@ impl Runtime {
     pub fn new(config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
         let cgroups = CgroupManager::detect(&config.cgroup_root, &config.cgroup_parent)?;
         let layers = LayerMounts::new(&config.run_dir.join("layers"))?;
-        // Container root (an unprivileged host uid) must traverse these to reach its rootfs
-        // before it pivots; 0711 lets it pass without listing.
+        // 0711: traversable without listing (shims of earlier builds reached the rootfs through
+        // them as container root; a shim now clones it from here as host root).
         use std::os::unix::fs::PermissionsExt;
         for dir in [config.run_dir.clone(), config.run_dir.join("c")] {
             std::fs::create_dir_all(&dir).map_err(io_err("run directory"))?;

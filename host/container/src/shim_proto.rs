@@ -9,7 +9,7 @@
 //!   ← IdsMapped
 //!                                         unshare(mnt, uts, ipc, net, cgroup, pid), fork
 //!                                         the shim's pid 1, exit; pid 1 builds the rootfs
-//!                                         and pivots into it
+//!                                         and chroots into it
 //!   → Ready { init_pid, upper_fd }        (from pid 1: the shim, as the host sees it)
 //!   ← Spawn + SCM_RIGHTS fds              clone → setsid, cgroup, fds, user, exec (host pids)
 //!   → Spawned / Exited

@@ -71,8 +71,9 @@ fn change_host_settings(config: &ContainerConfig) -> HostOriginals {
 
 impl ContainerTier {
     /// Opens the tier, or says why it cannot be offered here.
-    /// `run_dir` holds mounts (not under the private state directory: container root must
-    /// traverse it to reach its rootfs before it pivots); `cgroup_parent` is unique per daemon.
+    /// `run_dir` holds mounts (not under the private state directory: container root of
+    /// earlier builds' shims traversed it to reach its rootfs); `cgroup_parent` is unique per
+    /// daemon.
     pub fn open(
         config: &ContainerConfig,
         state_dir: &Path,

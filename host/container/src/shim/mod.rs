@@ -3,12 +3,14 @@
 //!
 //! ```text
 //! host pid ns ─ node ── spawner ── brig-shim ─╴fork, exit╶─ brig-shim, pid 1 ─┬─ exec …
-//!                                                (mounts, pivot_root, reaps)  └─ exec …
+//!                                                (mounts, chroot, reaps)      └─ exec …
 //!                                               └─────────── container pid ns ───────────┘
 //! ```
-//! The first process, exec'd in the host's namespaces, joins the container's cgroups and makes
-//! its user namespace (the node writes the id maps) and the others; only a child enters a new
-//! pid namespace, so it forks the shim that goes on as pid 1 and exits. Pid 1 is visible
+//! The first process, exec'd in the host's namespaces, clones the host mounts the container is
+//! built from, joins the container's cgroups, enters the node's template mount namespace
+//! (`mounts`) and makes its user namespace (the node writes the id maps) and the others; only a
+//! child enters a new pid namespace, so it forks the shim that goes on as pid 1 and exits.
+//! Pid 1 builds the mount tree and chroots into it (`mounts`). Pid 1 is visible
 //! in the container but out of its reach: non-dumpable with its memory made in the host's
 //! user namespace (no ptrace, no `/proc/1/fd`), unkillable from inside (the kernel drops
 //! signals to a namespace's init that it has no handler for; SIGCHLD is blocked and read from

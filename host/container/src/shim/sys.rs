@@ -1,6 +1,5 @@
-//! The shim's raw system calls that have no safe wrapper (fork, adopting the inherited control
-//! descriptor, bringing the loopback interface up, pidfd_open) and its socket and host-pid
-//! helpers.
+//! The shim's raw system calls that have no safe wrapper (fork, adopting inherited descriptors,
+//! bringing the loopback interface up) and its socket and host-pid helpers.
 #![allow(unsafe_code)]
 
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -171,14 +170,10 @@ pub fn own_host_pid(host_proc: &OwnedFd) -> Result<i32, ShimError> {
 /// The host's pid of `child` (a pid of this namespace): the `Pid:` line of a pidfd's fdinfo
 /// read through the host's /proc shows it in the host's namespace.
 pub fn host_pid_of(host_proc: &OwnedFd, child: Pid) -> Result<i32, ShimError> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; no memory
-    // is passed.
-    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, child.as_raw(), 0) };
-    if raw < 0 {
-        return Err(ShimError::Sys("pidfd_open", nix::Error::last()));
-    }
-    // SAFETY: pidfd_open just returned this descriptor, which nothing else owns.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
+    let target = rustix::process::Pid::from_raw(child.as_raw())
+        .ok_or_else(|| ShimError::Protocol(format!("no such child: {child}")))?;
+    let pidfd = rustix::process::pidfd_open(target, rustix::process::PidfdFlags::empty())
+        .map_err(|e| ShimError::Io("pidfd_open", e.into()))?;
     let path = format!("self/fdinfo/{}", std::os::fd::AsRawFd::as_raw_fd(&pidfd));
     let info = nix::fcntl::openat(
         host_proc,
