@@ -9,31 +9,31 @@ use nix::unistd::{ForkResult, Pid};
 use super::ShimError;
 use crate::shim_proto::CONTROL_FD;
 
-/// Takes ownership of the control socket the node installed as stdin.
-pub fn control_socket() -> Result<OwnedFd, ShimError> {
+/// Takes ownership of descriptor `fd`, installed before this process was exec'd; `what` names
+/// it in the error when it is not open.
+fn inherited(fd: i32, what: &'static str) -> Result<OwnedFd, ShimError> {
     nix::fcntl::fcntl(
         // SAFETY: only borrowed for this one fcntl; validity is what the call checks.
-        unsafe { std::os::fd::BorrowedFd::borrow_raw(CONTROL_FD) },
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
         nix::fcntl::FcntlArg::F_GETFD,
     )
-    .map_err(|e| ShimError::Sys("control socket (fd 3)", e))?;
-    // SAFETY: the node's runtime (runtime::spawn_shim) installs the control socket as fd 3
-    // before exec, and nothing else in this process takes ownership of fd 3.
-    Ok(unsafe { OwnedFd::from_raw_fd(CONTROL_FD) })
+    .map_err(|e| ShimError::Sys(what, e))?;
+    // SAFETY: the callers below name descriptors installed before exec by whoever started this
+    // process (the node for the spawner's control socket; the spawner for a shim's control
+    // socket and template namespace), each taken once, by its one caller, and by nothing else
+    // in this process.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Takes ownership of the control socket installed as stdin.
+pub fn control_socket() -> Result<OwnedFd, ShimError> {
+    inherited(CONTROL_FD, "control socket (fd 0)")
 }
 
 /// The node's template mount namespace, which the spawner installs as fd 3
 /// (`mounts::make_template`).
 pub fn template_mount_ns() -> Result<OwnedFd, ShimError> {
-    nix::fcntl::fcntl(
-        // SAFETY: only borrowed for this one fcntl; validity is what the call checks.
-        unsafe { std::os::fd::BorrowedFd::borrow_raw(TEMPLATE_FD) },
-        nix::fcntl::FcntlArg::F_GETFD,
-    )
-    .map_err(|e| ShimError::Sys("template mount namespace (fd 3)", e))?;
-    // SAFETY: the spawner installs the template namespace as fd 3 before exec, and nothing
-    // else in this process takes ownership of fd 3.
-    Ok(unsafe { OwnedFd::from_raw_fd(TEMPLATE_FD) })
+    inherited(TEMPLATE_FD, "template mount namespace (fd 3)")
 }
 
 /// Where the spawner installs the template mount namespace in a shim.
