@@ -217,8 +217,7 @@ pub(crate) struct SandboxTable {
     live: RwLock<HashMap<SandboxId, Arc<SandboxEntry>>>,
     /// What the live sandboxes ask for, summed as they enter and leave the table (under its
     /// write lock), so admitting a create costs the same at 10 sandboxes as at 10,000.
-    asked_memory_bytes: AtomicU64,
-    asked_cpu_millis: AtomicU64,
+    asked: Mutex<Requested>,
     gone: Mutex<Tombstones>,
 }
 
@@ -260,8 +259,7 @@ impl SandboxTable {
             dir: dir.to_owned(),
             spares,
             live: RwLock::default(),
-            asked_memory_bytes: AtomicU64::new(0),
-            asked_cpu_millis: AtomicU64::new(0),
+            asked: Mutex::default(),
             gone: Mutex::default(),
         })
     }
@@ -446,21 +444,20 @@ impl SandboxTable {
 
     /// Adds `asked` to the sums, or takes it off; called under the table's write lock.
     fn count(&self, asked: &Requested, added: bool) {
-        let (memory, cpu) = (&self.asked_memory_bytes, &self.asked_cpu_millis);
+        let mut sums = self.asked.lock();
         if added {
-            memory.fetch_add(asked.memory_bytes, Ordering::Relaxed);
-            cpu.fetch_add(asked.cpu_millis, Ordering::Relaxed);
+            sums.memory_bytes += asked.memory_bytes;
+            sums.cpu_millis += asked.cpu_millis;
         } else {
-            memory.fetch_sub(asked.memory_bytes, Ordering::Relaxed);
-            cpu.fetch_sub(asked.cpu_millis, Ordering::Relaxed);
+            sums.memory_bytes = sums.memory_bytes.saturating_sub(asked.memory_bytes);
+            sums.cpu_millis = sums.cpu_millis.saturating_sub(asked.cpu_millis);
         }
     }
 
     /// What the live sandboxes ask for in all: memory bytes and CPU millicores.
     pub fn asked(&self) -> (u64, u64) {
-        let _live = self.live.read();
-        let memory = self.asked_memory_bytes.load(Ordering::Relaxed);
-        (memory, self.asked_cpu_millis.load(Ordering::Relaxed))
+        let sums = *self.asked.lock();
+        (sums.memory_bytes, sums.cpu_millis)
     }
 
     /// Finds a live sandbox by id text.

@@ -78,20 +78,10 @@ pub fn run() -> Result<(), ShimError> {
     // node finds the container here. It listens only once the container's pid 1 has it, so a
     // node that connects learns pid 1 from the socket's peer credentials.
     let listener = sys::bind(&config.socket)?;
-    let upper = nix::fcntl::open(
-        &config.upper,
-        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .map_err(|e| ShimError::Sys("open upper directory", e))?;
+    let upper = sys::open_dir_path(&config.upper, "open upper directory")?;
     // The host's /proc, where the shim reads its own pid and its children's as the node sees
     // them once it is in the container's pid namespace.
-    let host_proc = nix::fcntl::open(
-        "/proc",
-        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .map_err(|e| ShimError::Sys("open the host's /proc", e))?;
+    let host_proc = sys::open_dir_path(std::path::Path::new("/proc"), "open the host's /proc")?;
     let sources = mounts::Sources::clone_from_host(&config)?;
     for procs in &config.join_cgroups {
         std::fs::write(procs, b"0").map_err(|e| ShimError::Io("join cgroup", e))?;

@@ -99,15 +99,17 @@ fn attach(tree: OwnedFd, at: &str) -> Result<(), ShimError> {
 /// visits every thread on the host; a process that escaped the chroot (it takes
 /// CAP_SYS_CHROOT) would find only that empty tmpfs and its own rootfs.
 pub(super) fn build(config: &ShimConfig, sources: Sources) -> Result<(), ShimError> {
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-        .map_err(sys("make / private"))?;
-    let has_shared_sys = sources.shared_sys.is_some();
+    make_private()?;
     attach(sources.rootfs, AT_ROOTFS)?;
+    // Attached only to be bound from, then detached again.
+    let mut staged = vec![AT_DEV_DIR, AT_EMPTY_DIR, AT_HOST_DEV];
     attach(sources.dev_dir, AT_DEV_DIR)?;
     attach(sources.empty_dir, AT_EMPTY_DIR)?;
     attach(sources.host_dev, AT_HOST_DEV)?;
+    let has_shared_sys = sources.shared_sys.is_some();
     if let Some(sys_tree) = sources.shared_sys {
         attach(sys_tree, AT_SHARED_SYS)?;
+        staged.push(AT_SHARED_SYS);
     }
     let root = Path::new(AT_ROOTFS);
     let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
@@ -135,11 +137,8 @@ pub(super) fn build(config: &ShimConfig, sources: Sources) -> Result<(), ShimErr
         bind_readonly(Path::new(AT_EMPTY_DIR), Path::new(at))?;
     }
     // What was bound from stays bound; the sources themselves leave the namespace.
-    for at in [AT_DEV_DIR, AT_EMPTY_DIR, AT_HOST_DEV] {
+    for at in staged {
         umount2(at, MntFlags::MNT_DETACH).map_err(sys("detach a source mount"))?;
-    }
-    if has_shared_sys {
-        umount2(AT_SHARED_SYS, MntFlags::MNT_DETACH).map_err(sys("detach a source mount"))?;
     }
     nix::unistd::chdir(root).map_err(sys("chdir rootfs"))?;
     nix::unistd::chroot(".").map_err(sys("chroot"))?;
@@ -155,12 +154,10 @@ pub(super) fn build(config: &ShimConfig, sources: Sources) -> Result<(), ShimErr
 /// of the node; every container's namespace is a copy of this one.
 pub fn make_template() -> Result<OwnedFd, ShimError> {
     use nix::fcntl::{open, OFlag};
-    use nix::sys::stat::Mode;
-    let own = open("/proc/self/ns/mnt", OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())
+    let flags = OFlag::O_RDONLY | OFlag::O_CLOEXEC;
+    let own = open("/proc/self/ns/mnt", flags, nix::sys::stat::Mode::empty())
         .map_err(sys("open own mount namespace"))?;
-    let proc_dir =
-        open("/proc", OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
-            .map_err(sys("open /proc"))?;
+    let proc_dir = super::sys::open_dir_path(Path::new("/proc"), "open /proc")?;
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
         .map_err(sys("unshare mount namespace"))?;
     let made = build_template(&proc_dir);
@@ -171,8 +168,7 @@ pub fn make_template() -> Result<OwnedFd, ShimError> {
 }
 
 fn build_template(proc_dir: &OwnedFd) -> Result<OwnedFd, ShimError> {
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-        .map_err(sys("make / private"))?;
+    make_private()?;
     // Over /proc, which every system has (the open descriptor keeps procfs reachable).
     let at = "/proc";
     let locked = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
@@ -202,6 +198,12 @@ fn build_template(proc_dir: &OwnedFd) -> Result<OwnedFd, ShimError> {
         nix::sys::stat::Mode::empty(),
     )
     .map_err(sys("open template mount namespace"))
+}
+
+/// Makes every mount of this namespace private: nothing done here propagates elsewhere.
+fn make_private() -> Result<(), ShimError> {
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .map_err(sys("make / private"))
 }
 
 fn mkdir_all(path: &Path) -> Result<(), ShimError> {

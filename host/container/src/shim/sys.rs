@@ -9,8 +9,10 @@ use nix::unistd::{ForkResult, Pid};
 use super::ShimError;
 use crate::shim_proto::CONTROL_FD;
 
-/// Takes ownership of descriptor `fd`, installed before this process was exec'd; `what` names
-/// it in the error when it is not open.
+/// Takes ownership of descriptor `fd`, installed before exec by whoever started this process
+/// (the node for the spawner's control socket; the spawner for a shim's control socket and
+/// template namespace) and taken once, by its one caller below; `what` names it in the error
+/// when it is not open.
 fn inherited(fd: i32, what: &'static str) -> Result<OwnedFd, ShimError> {
     nix::fcntl::fcntl(
         // SAFETY: only borrowed for this one fcntl; validity is what the call checks.
@@ -18,11 +20,9 @@ fn inherited(fd: i32, what: &'static str) -> Result<OwnedFd, ShimError> {
         nix::fcntl::FcntlArg::F_GETFD,
     )
     .map_err(|e| ShimError::Sys(what, e))?;
-    // SAFETY: the callers below name descriptors installed before exec by whoever started this
-    // process (the node for the spawner's control socket; the spawner for a shim's control
-    // socket and template namespace), each taken once, by its one caller, and by nothing else
-    // in this process.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    // SAFETY: `fd` is open (checked above), installed for this caller alone, taken once.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(owned)
 }
 
 /// Takes ownership of the control socket installed as stdin.
@@ -34,6 +34,15 @@ pub fn control_socket() -> Result<OwnedFd, ShimError> {
 /// (`mounts::make_template`).
 pub fn template_mount_ns() -> Result<OwnedFd, ShimError> {
     inherited(TEMPLATE_FD, "template mount namespace (fd 3)")
+}
+
+/// An `O_PATH` descriptor of directory `path` (close-on-exec): a place to reach later, from
+/// another namespace or root.
+pub fn open_dir_path(path: &std::path::Path, what: &'static str) -> Result<OwnedFd, ShimError> {
+    use nix::fcntl::OFlag;
+    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    nix::fcntl::open(path, flags, nix::sys::stat::Mode::empty())
+        .map_err(|e| ShimError::Sys(what, e))
 }
 
 /// Where the spawner installs the template mount namespace in a shim.
