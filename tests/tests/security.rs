@@ -15,17 +15,17 @@ async fn fetch(sb: &Sandbox, addr: &str, port: u16) -> String {
     out.stdout_text().trim().to_string()
 }
 
-/// The audit trail once it holds an event matching `want` (egress records arrive from the
-/// kernel log a moment after the connection).
-async fn audit_until(sb: &Sandbox, want: impl Fn(&AuditEvent) -> bool) -> Vec<AuditEvent> {
+/// The sandbox's audit trail once `complete` holds for it (the kernel log that egress
+/// attempts come from is read asynchronously, so they reach the trail a moment later).
+async fn audit_until(sb: &Sandbox, complete: impl Fn(&[AuditEvent]) -> bool) -> Vec<AuditEvent> {
     for _ in 0..50 {
         let events = sb.audit(0).await.expect("audit");
-        if events.iter().any(&want) {
+        if complete(&events) {
             return events;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("the audit trail never showed the event: {:#?}", sb.audit(0).await);
+    panic!("the audit trail never showed the events: {:#?}", sb.audit(0).await);
 }
 
 fn egress(e: &AuditEvent, allowed: bool, dst: &str, port: u16) -> bool {
@@ -124,14 +124,13 @@ async fn egress_rules_switch_mid_task_and_every_attempt_is_audited() {
     assert!(on_fncall.is_err(), "fncall sandboxes have no network to open");
 
     // The trail shows the allowed and the denied attempts and the policy changes, in order.
-    let events = audit_until(&sb, |e| egress(e, false, addr, 8081)).await;
-    let events = if events.iter().filter(|e| egress(e, true, addr, port)).count() >= 2 {
-        events
-    } else {
-        audit_until(&sb, |e| egress(e, false, addr, port)).await
-    };
-    assert!(events.iter().any(|e| egress(e, true, addr, port)), "{events:#?}");
-    assert!(events.iter().any(|e| egress(e, false, addr, port)), "{events:#?}");
+    // Two allowed attempts (setup, reopened), denied ones to the other port and while closed.
+    let events = audit_until(&sb, |events| {
+        events.iter().filter(|e| egress(e, true, addr, port)).count() >= 2
+            && events.iter().any(|e| egress(e, false, addr, 8081))
+            && events.iter().any(|e| egress(e, false, addr, port))
+    })
+    .await;
     let policies: Vec<Vec<String>> = events
         .iter()
         .filter_map(|e| match &e.kind {
