@@ -159,12 +159,11 @@ impl CgroupManager {
         };
         let mut names = std::collections::BTreeSet::new();
         for parent in parents {
-            let Ok(entries) = std::fs::read_dir(&parent) else { continue };
             names.extend(
-                entries
-                    .flatten()
-                    .filter(|e| e.path().is_dir())
-                    .map(|e| e.file_name().to_string_lossy().into_owned()),
+                child_cgroups(&parent)
+                    .iter()
+                    .filter_map(|d| d.file_name())
+                    .map(|n| n.to_string_lossy().into_owned()),
             );
         }
         names
@@ -185,13 +184,12 @@ impl CgroupManager {
         };
         let mut removed = 0;
         for parent in parents {
-            let Ok(entries) = std::fs::read_dir(&parent) else { continue };
-            for e in entries.flatten().filter(|e| e.path().is_dir()) {
-                if keep.iter().any(|k| e.file_name().to_string_lossy() == k.as_str()) {
+            for dir in child_cgroups(&parent) {
+                if keep.iter().any(|k| dir.file_name().is_some_and(|n| n == k.as_str())) {
                     continue;
                 }
-                kill_tree(&e.path());
-                if remove_tree(&e.path()).is_ok() {
+                kill_tree(&dir);
+                if remove_tree(&dir).is_ok() {
                     removed += 1;
                 }
             }
@@ -366,9 +364,7 @@ impl ContainerCgroup {
         let mut stack = self.existing_dirs();
         while let Some(d) = stack.pop() {
             pids.extend(read_pids(&d));
-            if let Ok(entries) = std::fs::read_dir(&d) {
-                stack.extend(entries.flatten().filter(|e| e.path().is_dir()).map(|e| e.path()));
-            }
+            stack.extend(child_cgroups(&d));
         }
         pids.into_iter().collect()
     }
@@ -618,7 +614,9 @@ fn read_pids(dir: &Path) -> Vec<i32> {
 /// Kills every process in `dir` and its descendants, repeating while a fork bomb races us
 /// (bounded by pids.max, since killed processes cannot fork).
 fn kill_tree(dir: &Path) {
-    if dir.join("cgroup.kill").exists() && std::fs::write(dir.join("cgroup.kill"), "1").is_ok() {
+    // cgroup v2's one-write kill (no such file under v1: opening it fails).
+    let kill = std::fs::OpenOptions::new().write(true).open(dir.join("cgroup.kill"));
+    if kill.and_then(|mut f| std::io::Write::write_all(&mut f, b"1")).is_ok() {
         return;
     }
     for _ in 0..200 {
@@ -641,23 +639,26 @@ fn signal_tree(dir: &Path) -> bool {
                 nix::sys::signal::Signal::SIGKILL,
             );
         }
-        if let Ok(entries) = std::fs::read_dir(&d) {
-            stack.extend(entries.flatten().filter(|e| e.path().is_dir()).map(|e| e.path()));
-        }
+        stack.extend(child_cgroups(&d));
     }
     found
 }
 
+/// The cgroups directly under `dir`: its subdirectories, told from its control files by the
+/// type `getdents` reports (cgroup file systems fill it in), not by a `stat` of each of the
+/// dozens of files a cgroup directory holds.
+fn child_cgroups(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect()
+}
+
 fn remove_tree(dir: &Path) -> Result<(), CgroupError> {
-    if !dir.exists() {
-        return Ok(());
-    }
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            if e.path().is_dir() {
-                remove_tree(&e.path())?;
-            }
-        }
+    for child in child_cgroups(dir) {
+        remove_tree(&child)?;
     }
     let mut last = None;
     for _ in 0..100 {
