@@ -16,6 +16,7 @@
 
 pub mod cgroup;
 pub mod cgroup_favor;
+pub mod containers_dir;
 pub mod control;
 pub mod exec;
 pub mod files;

@@ -136,6 +136,9 @@ impl Runtime {
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
                 .map_err(io_err("run directory"))?;
         }
+        if let Err(e) = crate::containers_dir::mount_tmpfs(&config.run_dir.join("c")) {
+            tracing::warn!(error = %e, "container directories stay on the run directory's disk");
+        }
         if !config.shim_path.exists() {
             return Err(RuntimeError::ShimStart {
                 path: config.shim_path.clone(),
@@ -165,6 +168,7 @@ impl Runtime {
             crate::shared_sys::unmount(&sys.path);
         }
         self.cgroups.remove_parent();
+        crate::containers_dir::unmount_if_empty(&self.config.run_dir.join("c"));
         for dir in [
             self.config.run_dir.join("layers"),
             self.config.run_dir.join("sys"),

@@ -317,3 +317,40 @@ async fn an_exit_during_a_reconnect_is_still_reported() {
     c.destroy().await.expect("destroy");
     rt.shutdown();
 }
+
+/// Container directories are on a tmpfs of the node's own, not the run directory's disk (ext4
+/// on this machine's `/run` and `/tmp`); the node unmounts it at shutdown once no container
+/// is left. A directory still holding containers of an earlier build is left where it is.
+#[tokio::test]
+async fn container_directories_are_on_a_tmpfs_of_the_nodes_own() {
+    use nix::sys::statfs::{statfs, TMPFS_MAGIC};
+    use std::os::unix::fs::MetadataExt;
+    let on_tmpfs =
+        |p: &std::path::Path| statfs(p).expect("statfs").filesystem_type() == TMPFS_MAGIC;
+    let dev = |p: &std::path::Path| std::fs::metadata(p).expect("stat").dev();
+    let run = tempfile::tempdir().expect("tmp");
+    let disk = !on_tmpfs(run.path());
+    let rt = runtime_named(run.path(), "cdir", false);
+    let dirs = run.path().join("c");
+    assert!(on_tmpfs(&dirs), "the container directory is not on a tmpfs");
+    let c = rt.create(&busybox_spec("cdir-1")).await.expect("create");
+    let (status, out, _) = run_capture(&c, &["cat", "/proc/1/comm"]).await;
+    assert_eq!((status, out.trim()), (Some(ExitInfo::Code(0)), "brig-shim"));
+    assert_eq!(dev(&dirs.join("cdir-1")), dev(&dirs), "the container's directory is elsewhere");
+    c.destroy().await.expect("destroy");
+    rt.shutdown();
+    if disk {
+        assert!(!dirs.exists(), "the container directory outlived the node's shutdown");
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+        assert!(!mounts.contains(&dirs.display().to_string()), "still mounted:\n{mounts}");
+    }
+
+    // An earlier build's containers keep their paths: no tmpfs over them.
+    let earlier = tempfile::tempdir().expect("tmp");
+    let kept = earlier.path().join("c/from-an-earlier-build");
+    std::fs::create_dir_all(&kept).expect("mkdir");
+    let rt = runtime_named(earlier.path(), "cdir2", false);
+    assert!(kept.exists(), "an earlier build's container directory was hidden");
+    assert_eq!(on_tmpfs(&kept), !disk);
+    rt.shutdown();
+}
