@@ -25,6 +25,7 @@ pub mod netlink;
 pub mod network;
 pub mod protect;
 
+mod create;
 pub mod rootfs;
 pub mod runtime;
 pub mod sandbox;

@@ -6,14 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::oneshot;
 
 use crate::cgroup::{CgroupError, CgroupLimits, CgroupManager, ContainerCgroup, ExecCgroup};
 use crate::files::{FileError, OwnedRootDir};
 use crate::rootfs::{LayerMounts, LayerSource, Rootfs, RootfsError};
 use crate::shim_conn::{ShimConn, ShimConnError};
-use crate::shim_proto::{ExitInfo, FromShim, ShimConfig, SpawnSpec, ToShim};
+use crate::shim_proto::{ExitInfo, FromShim, SpawnSpec, ToShim};
 use crate::spawner::{ShimSpawner, SpawnerError};
 
 /// Host uid/gid container root maps to by default; 65536 ids are mapped from it.
@@ -21,11 +20,11 @@ pub const DEFAULT_ID_BASE: u32 = 100_000;
 /// How many ids each container maps.
 pub const ID_COUNT: u32 = 65_536;
 /// The shim's listening socket, in the container's run directory.
-const SHIM_SOCKET: &str = "shim.sock";
+pub(crate) const SHIM_SOCKET: &str = "shim.sock";
 /// Seconds between sweeps of a container's spools.
 pub(crate) const SPOOL_SWEEP_SECS: u64 = 60;
 /// How long a container may take to come up.
-const START_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(20);
 
 pub use crate::shim::security::{MASKED_PATHS, READONLY_PATHS};
 
@@ -57,7 +56,7 @@ pub enum RuntimeError {
     },
 }
 
-fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RuntimeError {
+pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RuntimeError {
     let what = what.into();
     move |source| RuntimeError::Io { what, source }
 }
@@ -112,16 +111,16 @@ pub struct ContainerSpec {
 /// `spool-spare` beside the spool directory.
 const SPARE_SPOOLS: usize = 4096;
 
-/// The container runtime of one node.
+/// The container runtime of one node (`Runtime::create` is in `create.rs`).
 pub struct Runtime {
     pub(crate) config: RuntimeConfig,
     pub(crate) cgroups: CgroupManager,
-    layers: LayerMounts,
-    spawner: Arc<ShimSpawner>,
+    pub(crate) layers: LayerMounts,
+    pub(crate) spawner: Arc<ShimSpawner>,
     /// The read-only sysfs containers share, if it could be mounted.
-    shared_sys: Option<crate::shared_sys::SharedSys>,
+    pub(crate) shared_sys: Option<crate::shared_sys::SharedSys>,
     /// Removed spools' files, for the next commands' (`crate::spare_files`).
-    spool_spares: Option<Arc<crate::spare_files::SpareFiles>>,
+    pub(crate) spool_spares: Option<Arc<crate::spare_files::SpareFiles>>,
 }
 
 impl Runtime {
@@ -307,182 +306,10 @@ impl Runtime {
     pub fn cgroup_version(&self) -> crate::cgroup::Version {
         self.cgroups.version()
     }
-
-    /// Creates and starts a container. On failure everything made so far is removed.
-    pub async fn create(&self, spec: &ContainerSpec) -> Result<Container, RuntimeError> {
-        let began = std::time::Instant::now();
-        let mut layer_points = Vec::with_capacity(spec.layers.len());
-        for layer in &spec.layers {
-            layer_points.push(self.layers.mount(layer)?);
-        }
-        let dir = self.config.run_dir.join("c").join(&spec.name);
-        // Off the async workers: a fork's seed copy takes milliseconds per MiB, and forks of
-        // many children assemble in parallel.
-        let (disk_bytes, owner) = (spec.disk_bytes, self.config.id_base);
-        let (hostname, seed) = (spec.hostname.clone(), spec.seed.clone());
-        let protect = spec.protect.clone();
-        let rootfs = tokio::task::spawn_blocking(move || {
-            let seed = seed.as_deref();
-            Rootfs::assemble(&dir, &layer_points, disk_bytes, owner, &hostname, seed, &protect)
-        })
-        .await
-        .map_err(|e| RuntimeError::Setup(format!("assembling the rootfs: {e}")))??;
-        let cgroup = match self.cgroups.create(&spec.name, &spec.limits, self.config.id_base) {
-            Ok(cg) => cg,
-            Err(e) => {
-                let _ = rootfs.remove();
-                return Err(e.into());
-            }
-        };
-        match tokio::time::timeout(START_TIMEOUT, self.start(spec, &rootfs, &cgroup, began)).await {
-            Ok(Ok(Started { shim, shim_pid, shim_start, init_pid, init_start, upper_fd })) => {
-                rootfs.detach();
-                let rootfs = rootfs.with_upper_link(upper_link(shim_pid, upper_fd));
-                let dispatcher = tokio::spawn(shim.clone().dispatch());
-                Ok(Container {
-                    name: spec.name.clone(),
-                    id_base: self.config.id_base,
-                    rootfs,
-                    cgroup,
-                    shim,
-                    shim_pid,
-                    shim_start,
-                    dispatcher,
-                    init_pid,
-                    init_start,
-                    next_exec: AtomicU64::new(1),
-                    exec_cgroups: Arc::default(),
-                    oom_seen: AtomicU64::new(0),
-                    keeps_output: true,
-                    spool_dir: self.config.spool_root().join(&spec.name),
-                    spool_swept: AtomicU64::new(0),
-                    finished_spools: crate::spool::FinishedSpools::new(self.spool_spares.clone()),
-                    kept: parking_lot::Mutex::default(),
-                    spawner: self.spawner.clone(),
-                })
-            }
-            failed => {
-                cgroup.kill_all();
-                let _ = cgroup.remove();
-                let _ = rootfs.remove();
-                match failed {
-                    Ok(Err(e)) => Err(e),
-                    _ => Err(RuntimeError::StartTimeout(START_TIMEOUT)),
-                }
-            }
-        }
-    }
-
-    /// Starts the shim (through the node's spawner) and waits for the container's init. The
-    /// debug log gives when each step ended, from `began` (the create's start).
-    async fn start(
-        &self,
-        spec: &ContainerSpec,
-        rootfs: &Rootfs,
-        cgroup: &ContainerCgroup,
-        began: std::time::Instant,
-    ) -> Result<Started, RuntimeError> {
-        use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
-        let assembled = began.elapsed();
-        let (ours, theirs) =
-            socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
-                .map_err(|e| io_err("control socketpair")(e.into()))?;
-        let (stderr, stderr_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-            .map_err(|e| io_err("shim stderr pipe")(e.into()))?;
-        let spawner = self.spawner.clone();
-        // Our copies of the shim's ends drop with the task, or we would never see EOF.
-        let pid = tokio::task::spawn_blocking(move || spawner.spawn(&theirs, &stderr_w))
-            .await
-            .map_err(|e| RuntimeError::Setup(format!("spawn task: {e}")))??;
-        let spawned = began.elapsed();
-        let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr)
-            .map_err(io_err("shim stderr pipe"))?;
-        let errors = tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            let mut collected = String::new();
-            while let Ok(Some(line)) = lines.next_line().await {
-                if collected.len() < 4096 {
-                    collected.push_str(&line);
-                    collected.push('\n');
-                }
-            }
-            collected
-        });
-        let config = ShimConfig {
-            socket: rootfs.dir().join(SHIM_SOCKET),
-            upper: rootfs.dir().join("upper/upper"),
-            survive_node: self.config.survive_node,
-            rootfs: rootfs.path(),
-            hostname: spec.hostname.clone(),
-            join_cgroups: cgroup.join_files(),
-            id_base: self.config.id_base,
-            masked_paths: MASKED_PATHS.iter().map(|s| s.to_string()).collect(),
-            dev_dir: rootfs.dev_dir(),
-            empty_dir: rootfs.empty_dir(),
-            shared_sys: self.shared_sys.as_ref().map(|s| s.path.clone()),
-            readonly_paths: READONLY_PATHS.iter().map(|s| s.to_string()).collect(),
-        };
-        let shim_failed = |errors: tokio::task::JoinHandle<String>| async move {
-            let text = errors.await.unwrap_or_default();
-            RuntimeError::Setup(format!("shim failed: {}", text.trim()))
-        };
-        let shim = ShimConn::new(ours)?;
-        shim.send(&ToShim::Configure(config)).await?;
-        match shim.recv().await {
-            Ok(FromShim::UserNamespace) => {}
-            Ok(other) => {
-                return Err(RuntimeError::Setup(format!("unexpected shim message {other:?}")))
-            }
-            Err(_) => return Err(shim_failed(errors).await),
-        }
-        let namespaced = began.elapsed();
-        let map = format!("0 {} {ID_COUNT}\n", self.config.id_base);
-        for file in ["uid_map", "gid_map"] {
-            let path = format!("/proc/{pid}/{file}");
-            std::fs::write(&path, &map).map_err(io_err(path))?;
-        }
-        shim.send(&ToShim::IdsMapped).await?;
-        let (init_pid, upper_fd) = match shim.recv().await {
-            Ok(FromShim::Ready { init_pid, upper_fd }) => (init_pid, upper_fd),
-            Ok(other) => {
-                return Err(RuntimeError::Setup(format!("unexpected shim message {other:?}")))
-            }
-            Err(_) => return Err(shim_failed(errors).await),
-        };
-        tokio::spawn(async move {
-            let text = errors.await.unwrap_or_default();
-            if !text.is_empty() {
-                tracing::warn!(stderr = %text.trim(), "container shim wrote to stderr");
-            }
-        });
-        let init_start = process_start_time(init_pid)
-            .ok_or_else(|| RuntimeError::Setup(format!("container init {init_pid} is gone")))?;
-        // The process the spawner started has exited by now: the shim goes on as pid 1.
-        let (shim_pid, shim_start) = (init_pid, init_start);
-        let ready = began.elapsed();
-        // Only now: setting up the namespaces and mounts is the node's work, not the container's.
-        if let Some(millis) = spec.limits.cpu_millis {
-            cgroup.limit_cpu(millis, self.config.cpu_min_quota_us)?;
-        }
-        let (name, done) = (&spec.name, began.elapsed());
-        tracing::debug!(container = %name, ?assembled, ?spawned, ?namespaced, ?ready, ?done, "started");
-        Ok(Started { shim, shim_pid, shim_start, init_pid, init_start, upper_fd })
-    }
-}
-
-/// A shim that has built its container.
-struct Started {
-    shim: Arc<ShimConn>,
-    shim_pid: i32,
-    shim_start: u64,
-    init_pid: i32,
-    init_start: u64,
-    /// The shim's descriptor number of the writable upper directory.
-    upper_fd: i32,
 }
 
 /// The upper directory through the shim's descriptor of it.
-fn upper_link(shim_pid: i32, upper_fd: i32) -> PathBuf {
+pub(crate) fn upper_link(shim_pid: i32, upper_fd: i32) -> PathBuf {
     PathBuf::from(format!("/proc/{shim_pid}/fd/{upper_fd}"))
 }
 
@@ -498,26 +325,26 @@ pub fn process_start_time(pid: i32) -> Option<u64> {
 /// A running container.
 pub struct Container {
     pub(crate) name: String,
-    id_base: u32,
-    rootfs: Rootfs,
+    pub(crate) id_base: u32,
+    pub(crate) rootfs: Rootfs,
     pub(crate) cgroup: ContainerCgroup,
     pub(crate) shim: Arc<ShimConn>,
     /// The shim's host pid (alive while its control socket is open) and start time. The
     /// container's init since the shim became it; a separate process in containers started
     /// by earlier builds and re-attached.
-    shim_pid: i32,
-    shim_start: u64,
-    dispatcher: tokio::task::JoinHandle<()>,
-    init_pid: i32,
+    pub(crate) shim_pid: i32,
+    pub(crate) shim_start: u64,
+    pub(crate) dispatcher: tokio::task::JoinHandle<()>,
+    pub(crate) init_pid: i32,
     /// Start time of init (see [`process_start_time`]), checked whenever its root is opened.
-    init_start: u64,
-    next_exec: AtomicU64,
+    pub(crate) init_start: u64,
+    pub(crate) next_exec: AtomicU64,
     pub(crate) exec_cgroups: ExecCgroupPool,
-    oom_seen: AtomicU64,
+    pub(crate) oom_seen: AtomicU64,
     /// Its shim holds output descriptors for a reconnecting node (shims from before
     /// `SpawnKeeping` do not).
-    keeps_output: bool,
-    spool_dir: PathBuf,
+    pub(crate) keeps_output: bool,
+    pub(crate) spool_dir: PathBuf,
     /// When its spools were last swept (seconds on the monotonic clock since the node began).
     pub(crate) spool_swept: AtomicU64,
     /// Its finished commands' spools, bounded (`crate::spool::FinishedSpools`).

@@ -1,0 +1,189 @@
+//! Creating a container: its rootfs and cgroups, then its shim, told what to build.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::cgroup::ContainerCgroup;
+use crate::rootfs::Rootfs;
+use crate::runtime::{
+    io_err, process_start_time, upper_link, Container, ContainerSpec, Runtime, RuntimeError,
+    ID_COUNT, MASKED_PATHS, READONLY_PATHS, SHIM_SOCKET, START_TIMEOUT,
+};
+use crate::shim_conn::ShimConn;
+use crate::shim_proto::{FromShim, ShimConfig, ToShim};
+
+impl Runtime {
+    /// Creates and starts a container. On failure everything made so far is removed.
+    pub async fn create(&self, spec: &ContainerSpec) -> Result<Container, RuntimeError> {
+        let began = std::time::Instant::now();
+        let mut layer_points = Vec::with_capacity(spec.layers.len());
+        for layer in &spec.layers {
+            layer_points.push(self.layers.mount(layer)?);
+        }
+        let dir = self.config.run_dir.join("c").join(&spec.name);
+        // Off the async workers: a fork's seed copy takes milliseconds per MiB, and forks of
+        // many children assemble in parallel.
+        let (disk_bytes, owner) = (spec.disk_bytes, self.config.id_base);
+        let (hostname, seed) = (spec.hostname.clone(), spec.seed.clone());
+        let protect = spec.protect.clone();
+        let rootfs = tokio::task::spawn_blocking(move || {
+            let seed = seed.as_deref();
+            Rootfs::assemble(&dir, &layer_points, disk_bytes, owner, &hostname, seed, &protect)
+        })
+        .await
+        .map_err(|e| RuntimeError::Setup(format!("assembling the rootfs: {e}")))??;
+        let cgroup = match self.cgroups.create(&spec.name, &spec.limits, self.config.id_base) {
+            Ok(cg) => cg,
+            Err(e) => {
+                let _ = rootfs.remove();
+                return Err(e.into());
+            }
+        };
+        match tokio::time::timeout(START_TIMEOUT, self.start(spec, &rootfs, &cgroup, began)).await {
+            Ok(Ok(Started { shim, shim_pid, shim_start, init_pid, init_start, upper_fd })) => {
+                rootfs.detach();
+                let rootfs = rootfs.with_upper_link(upper_link(shim_pid, upper_fd));
+                let dispatcher = tokio::spawn(shim.clone().dispatch());
+                Ok(Container {
+                    name: spec.name.clone(),
+                    id_base: self.config.id_base,
+                    rootfs,
+                    cgroup,
+                    shim,
+                    shim_pid,
+                    shim_start,
+                    dispatcher,
+                    init_pid,
+                    init_start,
+                    next_exec: AtomicU64::new(1),
+                    exec_cgroups: Arc::default(),
+                    oom_seen: AtomicU64::new(0),
+                    keeps_output: true,
+                    spool_dir: self.config.spool_root().join(&spec.name),
+                    spool_swept: AtomicU64::new(0),
+                    finished_spools: crate::spool::FinishedSpools::new(self.spool_spares.clone()),
+                    kept: parking_lot::Mutex::default(),
+                    spawner: self.spawner.clone(),
+                })
+            }
+            failed => {
+                cgroup.kill_all();
+                let _ = cgroup.remove();
+                let _ = rootfs.remove();
+                match failed {
+                    Ok(Err(e)) => Err(e),
+                    _ => Err(RuntimeError::StartTimeout(START_TIMEOUT)),
+                }
+            }
+        }
+    }
+
+    /// Starts the shim (through the node's spawner) and waits for the container's init. The
+    /// debug log gives when each step ended, from `began` (the create's start).
+    async fn start(
+        &self,
+        spec: &ContainerSpec,
+        rootfs: &Rootfs,
+        cgroup: &ContainerCgroup,
+        began: std::time::Instant,
+    ) -> Result<Started, RuntimeError> {
+        use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+        let assembled = began.elapsed();
+        let (ours, theirs) =
+            socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
+                .map_err(|e| io_err("control socketpair")(e.into()))?;
+        let (stderr, stderr_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| io_err("shim stderr pipe")(e.into()))?;
+        let spawner = self.spawner.clone();
+        // Our copies of the shim's ends drop with the task, or we would never see EOF.
+        let pid = tokio::task::spawn_blocking(move || spawner.spawn(&theirs, &stderr_w))
+            .await
+            .map_err(|e| RuntimeError::Setup(format!("spawn task: {e}")))??;
+        let spawned = began.elapsed();
+        let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr)
+            .map_err(io_err("shim stderr pipe"))?;
+        let errors = tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            let mut collected = String::new();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if collected.len() < 4096 {
+                    collected.push_str(&line);
+                    collected.push('\n');
+                }
+            }
+            collected
+        });
+        let config = ShimConfig {
+            socket: rootfs.dir().join(SHIM_SOCKET),
+            upper: rootfs.dir().join("upper/upper"),
+            survive_node: self.config.survive_node,
+            rootfs: rootfs.path(),
+            hostname: spec.hostname.clone(),
+            join_cgroups: cgroup.join_files(),
+            id_base: self.config.id_base,
+            masked_paths: MASKED_PATHS.iter().map(|s| s.to_string()).collect(),
+            dev_dir: rootfs.dev_dir(),
+            empty_dir: rootfs.empty_dir(),
+            shared_sys: self.shared_sys.as_ref().map(|s| s.path.clone()),
+            readonly_paths: READONLY_PATHS.iter().map(|s| s.to_string()).collect(),
+        };
+        let shim_failed = |errors: tokio::task::JoinHandle<String>| async move {
+            let text = errors.await.unwrap_or_default();
+            RuntimeError::Setup(format!("shim failed: {}", text.trim()))
+        };
+        let shim = ShimConn::new(ours)?;
+        shim.send(&ToShim::Configure(config)).await?;
+        match shim.recv().await {
+            Ok(FromShim::UserNamespace) => {}
+            Ok(other) => {
+                return Err(RuntimeError::Setup(format!("unexpected shim message {other:?}")))
+            }
+            Err(_) => return Err(shim_failed(errors).await),
+        }
+        let namespaced = began.elapsed();
+        let map = format!("0 {} {ID_COUNT}\n", self.config.id_base);
+        for file in ["uid_map", "gid_map"] {
+            let path = format!("/proc/{pid}/{file}");
+            std::fs::write(&path, &map).map_err(io_err(path))?;
+        }
+        shim.send(&ToShim::IdsMapped).await?;
+        let (init_pid, upper_fd) = match shim.recv().await {
+            Ok(FromShim::Ready { init_pid, upper_fd }) => (init_pid, upper_fd),
+            Ok(other) => {
+                return Err(RuntimeError::Setup(format!("unexpected shim message {other:?}")))
+            }
+            Err(_) => return Err(shim_failed(errors).await),
+        };
+        tokio::spawn(async move {
+            let text = errors.await.unwrap_or_default();
+            if !text.is_empty() {
+                tracing::warn!(stderr = %text.trim(), "container shim wrote to stderr");
+            }
+        });
+        let init_start = process_start_time(init_pid)
+            .ok_or_else(|| RuntimeError::Setup(format!("container init {init_pid} is gone")))?;
+        // The process the spawner started has exited by now: the shim goes on as pid 1.
+        let (shim_pid, shim_start) = (init_pid, init_start);
+        let ready = began.elapsed();
+        // Only now: setting up the namespaces and mounts is the node's work, not the container's.
+        if let Some(millis) = spec.limits.cpu_millis {
+            cgroup.limit_cpu(millis, self.config.cpu_min_quota_us)?;
+        }
+        let (name, done) = (&spec.name, began.elapsed());
+        tracing::debug!(container = %name, ?assembled, ?spawned, ?namespaced, ?ready, ?done, "started");
+        Ok(Started { shim, shim_pid, shim_start, init_pid, init_start, upper_fd })
+    }
+}
+
+/// A shim that has built its container.
+struct Started {
+    shim: Arc<ShimConn>,
+    shim_pid: i32,
+    shim_start: u64,
+    init_pid: i32,
+    init_start: u64,
+    /// The shim's descriptor number of the writable upper directory.
+    upper_fd: i32,
+}
