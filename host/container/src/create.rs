@@ -1,15 +1,12 @@
 //! Creating a container: its rootfs and cgroups, then its shim, told what to build.
 
-use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
-
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::cgroup::ContainerCgroup;
 use crate::rootfs::Rootfs;
 use crate::runtime::{
     io_err, process_start_time, upper_link, Container, ContainerSpec, Runtime, RuntimeError,
-    ID_COUNT, MASKED_PATHS, READONLY_PATHS, SHIM_SOCKET, START_TIMEOUT,
+    Serving, ID_COUNT, MASKED_PATHS, READONLY_PATHS, SHIM_SOCKET, START_TIMEOUT,
 };
 use crate::shim_conn::ShimConn;
 use crate::shim_proto::{FromShim, ShimConfig, ToShim};
@@ -42,31 +39,10 @@ impl Runtime {
             }
         };
         match tokio::time::timeout(START_TIMEOUT, self.start(spec, &rootfs, &cgroup, began)).await {
-            Ok(Ok(Started { shim, shim_pid, shim_start, init_pid, init_start, upper_fd })) => {
+            Ok(Ok(Started { serving, upper_fd })) => {
                 rootfs.detach();
-                let rootfs = rootfs.with_upper_link(upper_link(shim_pid, upper_fd));
-                let dispatcher = tokio::spawn(shim.clone().dispatch());
-                Ok(Container {
-                    name: spec.name.clone(),
-                    id_base: self.config.id_base,
-                    rootfs,
-                    cgroup,
-                    shim,
-                    shim_pid,
-                    shim_start,
-                    dispatcher,
-                    init_pid,
-                    init_start,
-                    next_exec: AtomicU64::new(1),
-                    exec_cgroups: Arc::default(),
-                    oom_seen: AtomicU64::new(0),
-                    keeps_output: true,
-                    spool_dir: self.config.spool_root().join(&spec.name),
-                    spool_swept: AtomicU64::new(0),
-                    finished_spools: crate::spool::FinishedSpools::new(self.spool_spares.clone()),
-                    kept: parking_lot::Mutex::default(),
-                    spawner: self.spawner.clone(),
-                })
+                let rootfs = rootfs.with_upper_link(upper_link(serving.shim_pid, upper_fd));
+                Ok(self.container(&spec.name, rootfs, cgroup, serving, 1, Some(Default::default())))
             }
             failed => {
                 cgroup.kill_all();
@@ -173,17 +149,14 @@ impl Runtime {
         }
         let (name, done) = (&spec.name, began.elapsed());
         tracing::debug!(container = %name, ?assembled, ?spawned, ?namespaced, ?ready, ?done, "started");
-        Ok(Started { shim, shim_pid, shim_start, init_pid, init_start, upper_fd })
+        let serving = Serving { shim, shim_pid, shim_start, init_pid, init_start };
+        Ok(Started { serving, upper_fd })
     }
 }
 
 /// A shim that has built its container.
 struct Started {
-    shim: Arc<ShimConn>,
-    shim_pid: i32,
-    shim_start: u64,
-    init_pid: i32,
-    init_start: u64,
+    serving: Serving,
     /// The shim's descriptor number of the writable upper directory.
     upper_fd: i32,
 }

@@ -111,6 +111,16 @@ pub struct ContainerSpec {
 /// `spool-spare` beside the spool directory.
 const SPARE_SPOOLS: usize = 4096;
 
+/// A shim serving its container: its connection, and the processes the node knows it by
+/// (pid and start time, so a recycled pid is not mistaken for it).
+pub(crate) struct Serving {
+    pub(crate) shim: Arc<ShimConn>,
+    pub(crate) shim_pid: i32,
+    pub(crate) shim_start: u64,
+    pub(crate) init_pid: i32,
+    pub(crate) init_start: u64,
+}
+
 /// The container runtime of one node (`Runtime::create` is in `create.rs`).
 pub struct Runtime {
     pub(crate) config: RuntimeConfig,
@@ -279,28 +289,52 @@ impl Runtime {
         }
         let init_start = process_start_time(init_pid)
             .ok_or_else(|| RuntimeError::Setup(format!("container init {init_pid} is gone")))?;
+        let serving = Serving { shim, shim_pid, shim_start, init_pid, init_start };
+        let cgroup = self.cgroups.attach(name);
+        Ok(self.container(
+            name,
+            rootfs,
+            cgroup,
+            serving,
+            next_exec_id,
+            keeps_output.then_some(kept),
+        ))
+    }
+
+    /// The node's record of a container its shim serves, just created or re-attached.
+    /// `kept` is the output the shim keeps of its commands; `None` for a shim that keeps none.
+    pub(crate) fn container(
+        &self,
+        name: &str,
+        rootfs: Rootfs,
+        cgroup: ContainerCgroup,
+        serving: Serving,
+        next_exec: u64,
+        kept: Option<std::collections::HashMap<u64, crate::kept::KeptOutput>>,
+    ) -> Container {
+        let Serving { shim, shim_pid, shim_start, init_pid, init_start } = serving;
         let dispatcher = tokio::spawn(shim.clone().dispatch());
-        Ok(Container {
+        Container {
             name: name.to_string(),
             id_base: self.config.id_base,
             rootfs,
-            cgroup: self.cgroups.attach(name),
+            cgroup,
             shim,
             shim_pid,
             shim_start,
             dispatcher,
             init_pid,
             init_start,
-            next_exec: AtomicU64::new(next_exec_id),
+            next_exec: AtomicU64::new(next_exec),
             exec_cgroups: Arc::default(),
             oom_seen: AtomicU64::new(0),
-            keeps_output,
+            keeps_output: kept.is_some(),
             spool_dir: self.config.spool_root().join(name),
             spool_swept: AtomicU64::new(0),
             finished_spools: crate::spool::FinishedSpools::new(self.spool_spares.clone()),
-            kept: parking_lot::Mutex::new(kept),
+            kept: parking_lot::Mutex::new(kept.unwrap_or_default()),
             spawner: self.spawner.clone(),
-        })
+        }
     }
 
     pub fn cgroup_version(&self) -> crate::cgroup::Version {
@@ -325,26 +359,26 @@ pub fn process_start_time(pid: i32) -> Option<u64> {
 /// A running container.
 pub struct Container {
     pub(crate) name: String,
-    pub(crate) id_base: u32,
-    pub(crate) rootfs: Rootfs,
+    id_base: u32,
+    rootfs: Rootfs,
     pub(crate) cgroup: ContainerCgroup,
     pub(crate) shim: Arc<ShimConn>,
     /// The shim's host pid (alive while its control socket is open) and start time. The
     /// container's init since the shim became it; a separate process in containers started
     /// by earlier builds and re-attached.
-    pub(crate) shim_pid: i32,
-    pub(crate) shim_start: u64,
-    pub(crate) dispatcher: tokio::task::JoinHandle<()>,
-    pub(crate) init_pid: i32,
+    shim_pid: i32,
+    shim_start: u64,
+    dispatcher: tokio::task::JoinHandle<()>,
+    init_pid: i32,
     /// Start time of init (see [`process_start_time`]), checked whenever its root is opened.
-    pub(crate) init_start: u64,
-    pub(crate) next_exec: AtomicU64,
+    init_start: u64,
+    next_exec: AtomicU64,
     pub(crate) exec_cgroups: ExecCgroupPool,
-    pub(crate) oom_seen: AtomicU64,
+    oom_seen: AtomicU64,
     /// Its shim holds output descriptors for a reconnecting node (shims from before
     /// `SpawnKeeping` do not).
-    pub(crate) keeps_output: bool,
-    pub(crate) spool_dir: PathBuf,
+    keeps_output: bool,
+    spool_dir: PathBuf,
     /// When its spools were last swept (seconds on the monotonic clock since the node began).
     pub(crate) spool_swept: AtomicU64,
     /// Its finished commands' spools, bounded (`crate::spool::FinishedSpools`).
