@@ -208,3 +208,28 @@ async fn the_node_holds_one_descriptor_per_container_and_starts_shims_from_its_s
     after.write_file("/tmp/x", b"kept").await.expect("write");
     assert_eq!(after.read_file("/tmp/x").await.expect("read"), b"kept");
 }
+
+/// A node that is itself a VM holds the memory its sandboxes free instead of reporting it to
+/// the hypervisor (which would take the pages' backing away, so the next create faults twice).
+#[tokio::test]
+async fn a_node_holds_freed_memory_from_its_hypervisor_while_it_runs() {
+    const ORDER: &str = "/sys/module/page_reporting/parameters/page_reporting_order";
+    let daemon = Daemon::start().expect("brigd");
+    let text = metrics_text(daemon.state_dir()).expect("metrics");
+    let state =
+        |s: &str| metric(&text, &format!("brig_host_free_page_reporting{{state=\"{s}\"}} "));
+    let Ok(order) = std::fs::read_to_string(ORDER) else {
+        assert_eq!((state("absent"), state("reporting"), state("held")), (1.0, 0.0, 0.0));
+        return;
+    };
+    // Held: the order is above every order a free block can have (one per buddyinfo column).
+    let orders = std::fs::read_to_string("/proc/buddyinfo")
+        .expect("buddyinfo")
+        .lines()
+        .map(|l| l.split_whitespace().skip_while(|w| *w != "zone").skip(2).count())
+        .max()
+        .expect("a zone");
+    let order: usize = order.trim().parse().expect("an order");
+    assert!(order >= orders, "free blocks of order {order} are still reported ({orders} orders)");
+    assert_eq!((state("absent"), state("reporting"), state("held")), (0.0, 0.0, 1.0), "{text}");
+}

@@ -134,6 +134,12 @@ pub struct ContainerConfig {
     /// setting, put back at shutdown): the cgroup migration every exec makes then never waits
     /// for an RCU grace period (143 ms in one trace at 10,000 containers; `docs/density.md`).
     pub cgroup_favor_dynmods: bool,
+    /// Where the node is itself a VM whose kernel reports free memory to the hypervisor
+    /// (virtio-balloon free page reporting), stop reporting while the node runs (a host-wide
+    /// setting, put back at shutdown): otherwise memory a destroyed sandbox freed loses its
+    /// backing, and the next create's kernel objects fault in the hypervisor too (10-18 µs a
+    /// page against 1.1 µs; `docs/density.md`).
+    pub hold_freed_memory: bool,
     pub default_pids: u64,
     pub max_pids: u64,
     pub default_disk_mib: u64,
@@ -160,6 +166,7 @@ impl Default for ContainerConfig {
             cpu_bandwidth_slice_us: 500,
             cpu_min_quota_us: brig_container::cgroup::DEFAULT_CPU_MIN_QUOTA_US,
             cgroup_favor_dynmods: true,
+            hold_freed_memory: true,
             default_pids: 1024,
             max_pids: 32_768,
             default_disk_mib: 1024,

@@ -16,6 +16,7 @@ use brig_images::{LayerStore, ResolvedLayer};
 use brig_proto::CreateRequest;
 
 use crate::config::ContainerConfig;
+use crate::free_page_reporting::ReportingFiles;
 use crate::host_settings::{HostOriginals, HostSettingsRecord};
 use crate::sandboxes::ContainerRecord;
 use crate::NodeError;
@@ -29,7 +30,8 @@ pub(crate) struct ContainerTier {
     settings: HostSettingsRecord,
 }
 
-/// Lowers the CFS bandwidth slice and sets `favordynmods` as the configuration asks; returns
+/// Lowers the CFS bandwidth slice, sets `favordynmods` and holds freed memory from the
+/// hypervisor as the configuration asks; returns
 /// the host's values it replaced.
 fn change_host_settings(config: &ContainerConfig) -> HostOriginals {
     let bandwidth_slice_us =
@@ -66,7 +68,25 @@ fn change_host_settings(config: &ContainerConfig) -> HostOriginals {
     } else {
         None
     };
-    HostOriginals { bandwidth_slice_us, favored }
+    let page_reporting_order = if config.hold_freed_memory {
+        match ReportingFiles::host().hold() {
+            Ok(Some(was)) => {
+                tracing::info!(
+                    order = was,
+                    "holding freed memory: no free page reporting to the hypervisor (restored when the last brigd leaves)"
+                );
+                Some(was)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot hold freed memory from the hypervisor");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    HostOriginals { bandwidth_slice_us, favored, page_reporting_order }
 }
 
 impl ContainerTier {
@@ -122,6 +142,11 @@ impl ContainerTier {
             }
             if let Some(favored) = &originals.favored {
                 brig_container::cgroup_favor::restore(favored);
+            }
+            if let Some(order) = originals.page_reporting_order {
+                if let Err(e) = ReportingFiles::host().restore(order) {
+                    tracing::warn!(error = %e, "cannot restore free page reporting");
+                }
             }
         }
     }

@@ -1,5 +1,5 @@
 //! Host-wide settings the container tier changes while it runs (the CFS bandwidth slice, the
-//! cgroup2 `favordynmods` flag): what the host had before, and which brigd processes rely on
+//! cgroup2 `favordynmods` flag, free page reporting to a hypervisor): what the host had before, and which brigd processes rely on
 //! them, kept in one file for every brigd of the host (`<run root>/host-settings.json`, beside
 //! the run directories, under a lock). The host's values go back when the last brigd using
 //! them leaves cleanly, not when the first one does (others may still run containers that
@@ -20,6 +20,9 @@ pub(crate) struct HostOriginals {
     pub bandwidth_slice_us: Option<u64>,
     /// The cgroup2 mount `favordynmods` was set on, and its options before.
     pub favored: Option<FavoredMount>,
+    /// The free page reporting order before reporting was held (`free_page_reporting`).
+    #[serde(default)]
+    pub page_reporting_order: Option<u32>,
 }
 
 /// A brigd process that relies on the settings.
@@ -68,6 +71,8 @@ impl HostSettingsRecord {
         let originals = &mut record.originals;
         originals.bandwidth_slice_us = originals.bandwidth_slice_us.or(changed.bandwidth_slice_us);
         originals.favored = originals.favored.take().or(changed.favored);
+        originals.page_reporting_order =
+            originals.page_reporting_order.or(changed.page_reporting_order);
         if let Some(me) = User::me() {
             if !record.users.contains(&me) {
                 record.users.push(me);
@@ -141,7 +146,11 @@ mod tests {
     }
 
     fn changed_all() -> HostOriginals {
-        HostOriginals { bandwidth_slice_us: Some(5000), favored: Some(favored("rw,nsdelegate")) }
+        HostOriginals {
+            bandwidth_slice_us: Some(5000),
+            favored: Some(favored("rw,nsdelegate")),
+            page_reporting_order: Some(9),
+        }
     }
 
     #[test]
@@ -153,7 +162,11 @@ mod tests {
         assert_eq!(record.join(changed_all), changed_all());
         assert_eq!(record.join(HostOriginals::default), changed_all());
         // A later change of a value already recorded does not replace the host's value.
-        let later = || HostOriginals { bandwidth_slice_us: Some(9000), favored: None };
+        let later = || HostOriginals {
+            bandwidth_slice_us: Some(9000),
+            favored: None,
+            page_reporting_order: Some(11),
+        };
         assert_eq!(record.join(later), changed_all());
 
         // Another live brigd relies on them: leaving puts nothing back.
@@ -184,5 +197,21 @@ mod tests {
         assert_eq!(record.leave(), Some(HostOriginals::default()));
         std::fs::write(dir.path().join("host-settings.json"), b"{not json").expect("write");
         assert_eq!(record.join(HostOriginals::default), HostOriginals::default());
+    }
+
+    #[test]
+    fn a_record_from_a_build_without_page_reporting_keeps_its_originals() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let record = HostSettingsRecord::beside(&dir.path().join("tag-c"));
+        let earlier = br#"{"originals":{"bandwidth_slice_us":5000,"favored":null},"users":[]}"#;
+        std::fs::write(dir.path().join("host-settings.json"), earlier).expect("write");
+        let held = || HostOriginals { page_reporting_order: Some(9), ..HostOriginals::default() };
+        let expected = HostOriginals {
+            bandwidth_slice_us: Some(5000),
+            favored: None,
+            page_reporting_order: Some(9),
+        };
+        assert_eq!(record.join(held), expected);
+        assert_eq!(record.leave(), Some(expected));
     }
 }

@@ -28,6 +28,7 @@ mod exec;
 mod exec_hub;
 mod exec_input;
 mod files;
+mod free_page_reporting;
 mod fullvm;
 mod host_settings;
 mod hosted;

@@ -48,6 +48,11 @@ pub struct AdmissionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QosLabel {
     pub class: &'static str,
 }
@@ -67,6 +72,9 @@ pub struct Metrics {
     pub qos: Family<QosLabel, Gauge>,
     /// Objects on the host that belong to no sandbox (`brig doctor`).
     pub stray_objects: Gauge,
+    /// What the host's kernel does with free memory (`free_page_reporting`), read at each
+    /// scrape: 1 for the state it is in (`absent`, `reporting`, `held`), 0 for the others.
+    free_page_reporting: Family<StateLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -120,7 +128,14 @@ impl Default for Metrics {
             "Objects on the host that belong to no sandbox of the node (brig doctor lists them)",
             stray_objects.clone(),
         );
+        let free_page_reporting = Family::<StateLabel, Gauge>::default();
+        registry.register(
+            "host_free_page_reporting",
+            "Whether the host reports free memory to a hypervisor (1 for the state it is in: absent, reporting, held)",
+            free_page_reporting.clone(),
+        );
         Metrics {
+            free_page_reporting,
             stray_objects,
             admission,
             qos,
@@ -144,6 +159,21 @@ impl Metrics {
 
     /// The Prometheus text exposition.
     pub fn encode(&self) -> String {
+        use crate::free_page_reporting::{ReportingFiles, ReportingState};
+        match ReportingFiles::host().state() {
+            Ok(now) => {
+                for (state, is) in [
+                    ("absent", now == ReportingState::Absent),
+                    ("reporting", matches!(now, ReportingState::Reporting(_))),
+                    ("held", matches!(now, ReportingState::Held(_))),
+                ] {
+                    self.free_page_reporting
+                        .get_or_create(&StateLabel { state })
+                        .set(i64::from(is));
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "free page reporting state unreadable"),
+        }
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();
