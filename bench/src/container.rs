@@ -36,10 +36,15 @@ pub struct Options {
     /// Idle containers for the memory measurement.
     #[arg(long, default_value_t = 100)]
     idle: usize,
+    /// Baseline for `hold_freed_memory`: the node leaves the host's free page reporting to a
+    /// hypervisor on (`[container] hold_freed_memory = false`).
+    #[arg(long)]
+    report_freed_memory: bool,
 }
 
 pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
-    let (daemon, rt) = crate::start_daemon(&[])?;
+    let config = format!("[container]\nhold_freed_memory = {}\n", !opts.report_freed_memory);
+    let (daemon, rt) = crate::start_daemon_with_config(&config)?;
     rt.block_on(measure(&daemon, &opts))
 }
 
@@ -122,6 +127,7 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
     );
     Ok(json!({
         "bench": "container",
+        "host_free_page_reporting": crate::free_page_reporting(daemon),
         "create_to_exec_p50_ms": round3(c50),
         "create_to_exec_p99_ms": round3(c99),
         "creates_per_sec": round3(creates),

@@ -329,14 +329,7 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
     let (p50, p99) = (samples.quantile_ms(0.5), samples.quantile_ms(0.99));
     // Where the node is a VM that reports free memory to its hypervisor, the fill's kernel
     // objects fault twice (docs/density.md): say which case this run was.
-    let metrics = brig_tests::net::metrics_text(daemon.state_dir()).unwrap_or_default();
-    let reporting = ["absent", "reporting", "held"]
-        .into_iter()
-        .find(|s| {
-            let series = format!("brig_host_free_page_reporting{{state=\"{s}\"}} ");
-            brig_tests::net::metric(&metrics, &series) == 1.0
-        })
-        .unwrap_or("unknown");
+    let reporting = crate::free_page_reporting(daemon);
     println!("density ({} tier, release brigd)", opts.tier);
     println!("  {:<44} {:>10}", "free page reporting to a hypervisor", reporting);
     println!("  {:<44} {:>10}", "live at once", count);

@@ -108,6 +108,30 @@ pub fn start_daemon(
     Ok((daemon, rt))
 }
 
+/// As [`start_daemon`], with a node configuration (TOML text).
+pub fn start_daemon_with_config(
+    config: &str,
+) -> anyhow::Result<(brig_tests::Daemon, tokio::runtime::Runtime)> {
+    build_daemon()?;
+    let daemon = brig_tests::Daemon::start_with_config(config, &[])?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    Ok((daemon, rt))
+}
+
+/// Whether the node's host reports free memory to a hypervisor, from brigd's metrics:
+/// `absent`, `reporting` or `held` (a page reported costs far more to touch again; see
+/// docs/density.md).
+pub fn free_page_reporting(daemon: &brig_tests::Daemon) -> &'static str {
+    let metrics = brig_tests::net::metrics_text(daemon.state_dir()).unwrap_or_default();
+    ["absent", "reporting", "held"]
+        .into_iter()
+        .find(|s| {
+            let series = format!("brig_host_free_page_reporting{{state=\"{s}\"}} ");
+            brig_tests::net::metric(&metrics, &series) == 1.0
+        })
+        .unwrap_or("unknown")
+}
+
 /// A `/proc/meminfo` field (`key` with its colon, e.g. `MemAvailable:`), in KiB.
 pub fn meminfo_kib(key: &str) -> u64 {
     std::fs::read_to_string("/proc/meminfo")
