@@ -44,6 +44,10 @@ pub struct Options {
     /// create, status), to find which one a trend comes from; all by default.
     #[arg(long, value_delimiter = ',')]
     ops: Vec<String>,
+    /// Baseline for `hold_freed_memory`: the node leaves the host's free page reporting to a
+    /// hypervisor on (`[container] hold_freed_memory = false`).
+    #[arg(long)]
+    report_freed_memory: bool,
 }
 
 /// The operations of the mix, in the order each client takes them.
@@ -99,7 +103,8 @@ impl Record {
 }
 
 pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
-    let (daemon, rt) = crate::start_daemon(&[])?;
+    let config = format!("[container]\nhold_freed_memory = {}\n", !opts.report_freed_memory);
+    let (daemon, rt) = crate::start_daemon_with_config(&config)?;
     let result = rt.block_on(soak(&daemon, &opts));
     drop(rt);
     drop(daemon);
@@ -335,6 +340,7 @@ async fn soak(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::Val
     let served: u64 = windows.iter().filter_map(|w| w["served"].as_u64()).sum();
     Ok(json!({
         "bench": "soak",
+        "host_free_page_reporting": crate::free_page_reporting(daemon),
         "clients": opts.clients,
         "ops": ops,
         "windows": opts.minutes,

@@ -31,8 +31,7 @@ pub(crate) struct ContainerTier {
 }
 
 /// Lowers the CFS bandwidth slice, sets `favordynmods` and holds freed memory from the
-/// hypervisor as the configuration asks; returns
-/// the host's values it replaced.
+/// hypervisor as the configuration asks; returns the host's values it replaced.
 fn change_host_settings(config: &ContainerConfig) -> HostOriginals {
     let bandwidth_slice_us =
         match brig_container::cgroup::lower_bandwidth_slice(config.cpu_bandwidth_slice_us) {
