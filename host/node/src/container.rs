@@ -30,62 +30,54 @@ pub(crate) struct ContainerTier {
     settings: HostSettingsRecord,
 }
 
+/// What one change of a host-wide setting did: the host's value it replaced (logged, with what
+/// was done), or `None` when nothing was changed or the change failed (logged as a warning).
+fn replaced<T: std::fmt::Debug, E: std::fmt::Display>(
+    result: Result<Option<T>, E>,
+    done: &str,
+    failed: &str,
+) -> Option<T> {
+    match result {
+        Ok(Some(was)) => {
+            tracing::info!(?was, "{done} (put back when the last brigd leaves)");
+            Some(was)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!(error = %e, "{failed}");
+            None
+        }
+    }
+}
+
 /// Lowers the CFS bandwidth slice, sets `favordynmods` and holds freed memory from the
 /// hypervisor as the configuration asks; returns the host's values it replaced.
 fn change_host_settings(config: &ContainerConfig) -> HostOriginals {
-    let bandwidth_slice_us =
-        match brig_container::cgroup::lower_bandwidth_slice(config.cpu_bandwidth_slice_us) {
-            Ok(Some(was)) => {
-                tracing::info!(
-                    from_us = was,
-                    to_us = config.cpu_bandwidth_slice_us,
-                    "lowered the host's CFS bandwidth slice (restored when the last brigd leaves)"
-                );
-                Some(was)
-            }
-            Ok(None) => None,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot lower the CFS bandwidth slice");
-                None
-            }
-        };
-    let favored = if config.cgroup_favor_dynmods {
-        match brig_container::cgroup_favor::favor_dynamic_modifications() {
-            Ok(Some(favored)) => {
-                tracing::info!(
-                    mount = %favored.mount_point.display(),
-                    "set favordynmods on the cgroup2 mount (cleared when the last brigd leaves)"
-                );
-                Some(favored)
-            }
-            Ok(None) => None,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot set favordynmods on the cgroup2 mount");
-                None
-            }
-        }
-    } else {
-        None
-    };
-    let page_reporting_order = if config.hold_freed_memory {
-        match ReportingFiles::host().hold() {
-            Ok(Some(was)) => {
-                tracing::info!(
-                    order = was,
-                    "holding freed memory: no free page reporting to the hypervisor (restored when the last brigd leaves)"
-                );
-                Some(was)
-            }
-            Ok(None) => None,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot hold freed memory from the hypervisor");
-                None
-            }
-        }
-    } else {
-        None
-    };
-    HostOriginals { bandwidth_slice_us, favored, page_reporting_order }
+    let slice_us = config.cpu_bandwidth_slice_us;
+    let bandwidth_slice_us = replaced(
+        brig_container::cgroup::lower_bandwidth_slice(slice_us),
+        &format!("lowered the host's CFS bandwidth slice to {slice_us} µs"),
+        "cannot lower the CFS bandwidth slice",
+    );
+    let favored = config.cgroup_favor_dynmods.then(|| {
+        replaced(
+            brig_container::cgroup_favor::favor_dynamic_modifications(),
+            "set favordynmods on the cgroup2 mount",
+            "cannot set favordynmods on the cgroup2 mount",
+        )
+    });
+    let page_reporting_order = config.hold_freed_memory.then(|| {
+        replaced(
+            ReportingFiles::host().hold(),
+            "holding freed memory: no free page reporting to the hypervisor",
+            "cannot hold freed memory from the hypervisor",
+        )
+    });
+    HostOriginals {
+        bandwidth_slice_us,
+        favored: favored.flatten(),
+        page_reporting_order: page_reporting_order.flatten(),
+    }
 }
 
 impl ContainerTier {
