@@ -36,15 +36,12 @@ pub struct Options {
     /// Idle containers for the memory measurement.
     #[arg(long, default_value_t = 100)]
     idle: usize,
-    /// Baseline for `hold_freed_memory`: the node leaves the host's free page reporting to a
-    /// hypervisor on (`[container] hold_freed_memory = false`).
-    #[arg(long)]
-    report_freed_memory: bool,
+    #[command(flatten)]
+    freed_memory: crate::FreedMemory,
 }
 
 pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
-    let config = format!("[container]\nhold_freed_memory = {}\n", !opts.report_freed_memory);
-    let (daemon, rt) = crate::start_daemon_with_config(&config)?;
+    let (daemon, rt) = crate::start_daemon_with_config(&opts.freed_memory.node_config())?;
     rt.block_on(measure(&daemon, &opts))
 }
 

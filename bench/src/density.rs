@@ -54,10 +54,8 @@ pub struct Options {
     /// `fills` has each fill's rates.
     #[arg(long, default_value_t = 1)]
     fills: usize,
-    /// Baseline for `hold_freed_memory`: the node leaves the host's free page reporting to a
-    /// hypervisor on (`[container] hold_freed_memory = false`).
-    #[arg(long)]
-    report_freed_memory: bool,
+    #[command(flatten)]
+    freed_memory: crate::FreedMemory,
 }
 
 /// CLOCK_MONOTONIC now, in seconds (the clock `perf record -k mono` stamps events with), with
@@ -159,10 +157,8 @@ pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
     let max = opts.max.unwrap_or(4_000) as u64 + 1;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
     let cpu_pct = (max * opts.cpu_millis * 100).div_ceil(cores * 1000).max(20_000);
-    let hold = !opts.report_freed_memory;
-    let config = format!(
-        "[admission]\ncpu_overcommit_pct = {cpu_pct}\n[container]\nhold_freed_memory = {hold}\n"
-    );
+    let config =
+        format!("[admission]\ncpu_overcommit_pct = {cpu_pct}\n{}", opts.freed_memory.node_config());
     crate::build_daemon()?;
     // Tearing thousands of containers down takes a while; the daemon does it on drop.
     let daemon = brig_tests::Daemon::start_with_config(&config, &["--log", "warn"])?;

@@ -118,6 +118,22 @@ pub fn start_daemon_with_config(
     Ok((daemon, rt))
 }
 
+/// What the node does with memory its sandboxes free (`[container] hold_freed_memory`).
+#[derive(clap::Args, Debug)]
+pub struct FreedMemory {
+    /// Baseline for `hold_freed_memory`: the node leaves the host's free page reporting to a
+    /// hypervisor on (`[container] hold_freed_memory = false`).
+    #[arg(long)]
+    report_freed_memory: bool,
+}
+
+impl FreedMemory {
+    /// The node configuration that says it.
+    pub fn node_config(&self) -> String {
+        format!("[container]\nhold_freed_memory = {}\n", !self.report_freed_memory)
+    }
+}
+
 /// Whether the node's host reports free memory to a hypervisor, from brigd's metrics:
 /// `absent`, `reporting` or `held` (a page reported costs far more to touch again; see
 /// docs/density.md).

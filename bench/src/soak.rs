@@ -44,10 +44,8 @@ pub struct Options {
     /// create, status), to find which one a trend comes from; all by default.
     #[arg(long, value_delimiter = ',')]
     ops: Vec<String>,
-    /// Baseline for `hold_freed_memory`: the node leaves the host's free page reporting to a
-    /// hypervisor on (`[container] hold_freed_memory = false`).
-    #[arg(long)]
-    report_freed_memory: bool,
+    #[command(flatten)]
+    freed_memory: crate::FreedMemory,
 }
 
 /// The operations of the mix, in the order each client takes them.
@@ -103,8 +101,7 @@ impl Record {
 }
 
 pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
-    let config = format!("[container]\nhold_freed_memory = {}\n", !opts.report_freed_memory);
-    let (daemon, rt) = crate::start_daemon_with_config(&config)?;
+    let (daemon, rt) = crate::start_daemon_with_config(&opts.freed_memory.node_config())?;
     let result = rt.block_on(soak(&daemon, &opts));
     drop(rt);
     drop(daemon);

@@ -51,35 +51,41 @@ pub enum ReportingState {
 }
 
 impl ReportingFiles<'_> {
-    /// The reporting order now, and the order that stops all reporting.
+    /// The reporting order now.
     pub fn state(&self) -> Result<ReportingState, FreePageReportingError> {
-        let Some(order) = read_order(self.order)? else { return Ok(ReportingState::Absent) };
-        let held = self.held_order()?;
-        Ok(if order >= held {
-            ReportingState::Held(order)
-        } else {
-            ReportingState::Reporting(order)
-        })
+        Ok(self.read()?.map_or(ReportingState::Absent, |(order, held)| {
+            if order >= held {
+                ReportingState::Held(order)
+            } else {
+                ReportingState::Reporting(order)
+            }
+        }))
     }
 
     /// Stops reporting; returns the order it replaced, or `None` when there was nothing to
     /// change (no reporting here, or held already).
     pub fn hold(&self) -> Result<Option<u32>, FreePageReportingError> {
-        let ReportingState::Reporting(order) = self.state()? else { return Ok(None) };
-        let held = self.held_order()?;
-        std::fs::write(self.order, held.to_string()).map_err(|source| {
-            FreePageReportingError::Io { what: "write", path: self.order.into(), source }
-        })?;
-        Ok(Some(order))
+        match self.read()? {
+            Some((order, held)) if order < held => self.restore(held).map(|()| Some(order)),
+            _ => Ok(None),
+        }
     }
 
-    /// Puts back the order [`hold`](Self::hold) replaced.
+    /// Sets the reporting order to `order` (what [`hold`](Self::hold) replaced, to put it
+    /// back).
     pub fn restore(&self, order: u32) -> Result<(), FreePageReportingError> {
         std::fs::write(self.order, order.to_string()).map_err(|source| FreePageReportingError::Io {
             what: "write",
             path: self.order.into(),
             source,
         })
+    }
+
+    /// The reporting order and the order that stops all reporting; `None` where the kernel
+    /// has no free page reporting.
+    fn read(&self) -> Result<Option<(u32, u32)>, FreePageReportingError> {
+        let Some(order) = read_order(self.order)? else { return Ok(None) };
+        Ok(Some((order, self.held_order()?)))
     }
 
     /// One more than the largest order of a free block: the number of order columns in

@@ -1,12 +1,12 @@
 //! Host-wide settings the container tier changes while it runs (the CFS bandwidth slice, the
-//! cgroup2 `favordynmods` flag, free page reporting to a hypervisor): what the host had before, and which brigd processes rely on
-//! them, kept in one file for every brigd of the host (`<run root>/host-settings.json`, beside
-//! the run directories, under a lock). The host's values go back when the last brigd using
-//! them leaves cleanly, not when the first one does (others may still run containers that
-//! need them), and a brigd killed with them changed neither loses them nor holds them forever:
-//! a dead user (pid and start time no longer match) is dropped by the next brigd that comes or
-//! goes. The run root is a tmpfs, so a reboot, which puts the settings back itself, also
-//! forgets the file.
+//! cgroup2 `favordynmods` flag, free page reporting to a hypervisor): what the host had
+//! before, and which brigd processes rely on them, kept in one file for every brigd of the
+//! host (`<run root>/host-settings.json`, beside the run directories, under a lock). The
+//! host's values go back when the last brigd using them leaves cleanly, not when the first
+//! one does (others may still run containers that need them), and a brigd killed with them
+//! changed neither loses them nor holds them forever: a dead user (pid and start time no
+//! longer match) is dropped by the next brigd that comes or goes. The run root is a tmpfs, so
+//! a reboot, which puts the settings back itself, also forgets the file.
 
 use std::path::{Path, PathBuf};
 
