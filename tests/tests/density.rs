@@ -160,6 +160,14 @@ async fn the_node_holds_one_descriptor_per_container_and_starts_shims_from_its_s
     if let Some(burst) = cpu_file(first.id(), "cpu.cfs_burst_us", "cpu.max.burst") {
         assert_eq!(burst, "5000");
     }
+    // A core keeps the new cgroup's 100 ms period (the node skips writing what is already
+    // there: each bandwidth write walks every task group on the host).
+    let core = client.create(small().cpu_millis(1000)).await.expect("create a core");
+    let quota = cpu_file(core.id(), "cpu.cfs_quota_us", "cpu.max").expect("quota");
+    assert_eq!(quota.split_whitespace().next(), Some("100000"), "{quota}");
+    let period = cpu_file(core.id(), "cpu.cfs_period_us", "cpu.max").expect("period");
+    assert_eq!(period.split_whitespace().last(), Some("100000"), "{period}");
+    core.destroy().await.expect("destroy the core");
     let before = open_fds(brigd);
     let mut sandboxes = Vec::new();
     for _ in 0..40 {

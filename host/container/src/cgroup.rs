@@ -12,6 +12,7 @@
 //! cgroup are delegated to container root, so a process can move itself into its exec cgroup
 //! from inside the user namespace (v1 allows writing "0" to an already-open file).
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -279,10 +280,7 @@ impl ContainerCgroup {
         let Some(d) = self.dir("cpu") else { return Ok(()) };
         let (period, quota) = cpu_period_and_quota(millis, min_quota_us);
         let (period, quota) = (period.to_string(), quota.to_string());
-        let write = |name: &str, value: &str| {
-            let file = d.join(name);
-            std::fs::write(&file, value).map_err(io("write", &file))
-        };
+        let write = |name: &str, value: &str| write_if_changed(&d.join(name), value).map(drop);
         // The burst is optional (kernels before 5.14 have none).
         match self.version {
             Version::V1 => {
@@ -332,6 +330,25 @@ impl ContainerCgroup {
         }
         Ok(())
     }
+}
+
+/// Writes `value` to the cgroup file `file` unless it already reads so; says whether it wrote.
+/// Every write of a CFS bandwidth file (`cpu.cfs_period_us`, `cpu.cfs_quota_us`,
+/// `cpu.cfs_burst_us`, `cpu.max`) walks every task group on the host to check the hierarchy's
+/// quotas (`tg_set_bandwidth` → `__cfs_schedulable`), so with thousands of containers each one
+/// costs in proportion to them; reading costs nothing of the kind. A new cgroup's period is
+/// already the usual 100 ms, so a container of a core or more skips that write.
+fn write_if_changed(file: &Path, value: &str) -> Result<bool, CgroupError> {
+    /// Cgroup files of one value are a few dozen bytes.
+    const READ_CAP: u64 = 256;
+    let mut current = String::new();
+    let read =
+        std::fs::File::open(file).and_then(|f| f.take(READ_CAP).read_to_string(&mut current));
+    if read.is_ok() && current.trim() == value {
+        return Ok(false);
+    }
+    std::fs::write(file, value).map_err(io("write", file))?;
+    Ok(true)
 }
 
 fn chown(path: &Path, owner: u32) -> Result<(), CgroupError> {
@@ -681,7 +698,27 @@ fn remove_tree(dir: &Path) -> Result<(), CgroupError> {
 
 #[cfg(test)]
 mod tests {
-    use super::cpu_period_and_quota;
+    use super::{cpu_period_and_quota, write_if_changed};
+
+    #[test]
+    fn a_bandwidth_file_that_already_holds_the_value_is_not_written() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("cpu.cfs_period_us");
+        // The kernel's files end in a newline.
+        std::fs::write(&file, "100000\n").expect("seed");
+        assert!(!write_if_changed(&file, "100000").expect("same"));
+        assert_eq!(std::fs::read_to_string(&file).expect("read"), "100000\n");
+        assert!(write_if_changed(&file, "500000").expect("changed"));
+        assert_eq!(std::fs::read_to_string(&file).expect("read"), "500000");
+        // v2's one file of two values.
+        let max = dir.path().join("cpu.max");
+        std::fs::write(&max, "max 100000\n").expect("seed");
+        assert!(write_if_changed(&max, "5000 500000").expect("changed"));
+        assert!(!write_if_changed(&max, "5000 500000").expect("same"));
+        // A file that cannot be read or written is the write's typed error.
+        let missing = dir.path().join("gone").join("cpu.cfs_quota_us");
+        assert!(write_if_changed(&missing, "5000").is_err());
+    }
 
     #[test]
     fn small_quotas_get_longer_periods_at_the_same_rate() {
