@@ -326,8 +326,10 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
     // Where the node is a VM that reports free memory to its hypervisor, the fill's kernel
     // objects fault twice (docs/density.md): say which case this run was.
     let reporting = crate::free_page_reporting(daemon);
+    let shrinker_ids = crate::shrinker_ids_reserved(daemon);
     println!("density ({} tier, release brigd)", opts.tier);
     println!("  {:<44} {:>10}", "free page reporting to a hypervisor", reporting);
+    println!("  {:<44} {:>10}", "shrinker ids reserved this boot", shrinker_ids);
     println!("  {:<44} {:>10}", "live at once", count);
     println!("  {:<44} {:>10.3}", "PSS per sandbox MiB (brigd + shims + guests)", pss_mib);
     println!("  {:<44} {:>10.3}", "host available memory per sandbox MiB", host_mib);
@@ -383,6 +385,7 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         "pss_per_sandbox_mib": round3(pss_mib),
         "host_mem_per_sandbox_mib": round3(host_mib),
         "host_free_page_reporting": reporting,
+        "host_shrinker_ids_reserved": shrinker_ids,
         "stopped_by": stopped_by,
         "sample_p50_ms": round3(p50),
         "sample_p99_ms": round3(p99),

@@ -241,3 +241,39 @@ async fn a_node_holds_freed_memory_from_its_hypervisor_while_it_runs() {
     assert!(order >= orders, "free blocks of order {order} are still reported ({orders} orders)");
     assert_eq!((state("absent"), state("reporting"), state("held")), (0.0, 0.0, 1.0), "{text}");
 }
+
+/// A node raises the kernel's largest memory cgroup shrinker id at start, once per boot, so
+/// a fill after a boot does not grow every memory cgroup's shrinker map as it goes.
+#[tokio::test]
+async fn a_node_reserves_memory_cgroup_shrinker_ids_once_per_boot() {
+    let daemon = Daemon::start().expect("brigd");
+    let run_dir = daemon.run_dir();
+    let record_path = run_dir.parent().expect("run root").join("shrinker-ids.json");
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").expect("boot id");
+    // The node's default: 10,000 containers of five superblocks each, on a thread of its own
+    // (about a second the first time this boot; at once when an earlier node did it).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let record = loop {
+        let record: Option<serde_json::Value> =
+            std::fs::read(&record_path).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        match record {
+            Some(r) if r["boot_id"].as_str() == Some(boot.trim()) => break r,
+            _ if std::time::Instant::now() > deadline => panic!("no record of this boot"),
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    assert!(record["ids"].as_u64().expect("ids") >= 50_000, "{record}");
+    // The reserving thread's mounts were never in the host's namespace, and it left nothing.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(!mounts.contains("brig-shrinker-id"), "{mounts}");
+    let scratch = run_dir.parent().expect("run root").join("shrinker-ids");
+    assert_eq!(std::fs::read_dir(&scratch).map(|d| d.count()).unwrap_or(0), 0);
+    // The node serves meanwhile and after.
+    let client = daemon.client().await.expect("connect");
+    let sandbox = client
+        .create(SandboxOptions::container(&image("busybox")).memory_mib(32))
+        .await
+        .expect("create");
+    let out = sandbox.exec_with(Cmd::shell("echo served")).await.expect("exec");
+    assert_eq!(out.stdout_text(), "served\n");
+}

@@ -140,6 +140,13 @@ pub struct ContainerConfig {
     /// backing, and the next create's kernel objects fault in the hypervisor too (10-18 µs a
     /// page against 1.1 µs; `docs/density.md`).
     pub hold_freed_memory: bool,
+    /// Raise the kernel's largest memory cgroup shrinker id once per boot, at start, to what
+    /// this many containers take (five superblocks each), while few memory cgroups exist:
+    /// otherwise the first fill after a boot grows every memory cgroup's shrinker map each
+    /// time a new superblock passes the largest id (a quarter of all CPU at 9,000 containers;
+    /// `docs/density.md`). Every memory cgroup then holds a map that size (0.78 MiB for
+    /// 10,000). 0 leaves the kernel to grow it.
+    pub reserve_shrinker_ids_for: u64,
     pub default_pids: u64,
     pub max_pids: u64,
     pub default_disk_mib: u64,
@@ -167,6 +174,7 @@ impl Default for ContainerConfig {
             cpu_min_quota_us: brig_container::cgroup::DEFAULT_CPU_MIN_QUOTA_US,
             cgroup_favor_dynmods: true,
             hold_freed_memory: true,
+            reserve_shrinker_ids_for: 10_000,
             default_pids: 1024,
             max_pids: 32_768,
             default_disk_mib: 1024,

@@ -80,6 +80,32 @@ fn change_host_settings(config: &ContainerConfig) -> HostOriginals {
     }
 }
 
+/// Raises the largest shrinker id for `containers` on a thread of its own, unless this boot
+/// already has (`shrinker_ids`); the node serves meanwhile.
+fn reserve_shrinker_ids(run_dir: &Path, containers: u64) {
+    use crate::shrinker_ids::{Reserved, ShrinkerIds, SUPERBLOCKS_PER_CONTAINER};
+    if containers == 0 {
+        return;
+    }
+    let (record, ids) = (ShrinkerIds::beside(run_dir), containers * SUPERBLOCKS_PER_CONTAINER);
+    let spawned = std::thread::Builder::new().name("brig-shrinker-reserve".into()).spawn(
+        move || match record.reserve(ids) {
+            Ok(Reserved::Now { ids, took }) => {
+                tracing::info!(ids, ?took, "reserved memory cgroup shrinker ids for this boot")
+            }
+            Ok(Reserved::Already { ids }) => {
+                tracing::debug!(ids, "memory cgroup shrinker ids already reserved this boot")
+            }
+            Err(e) => {
+                tracing::warn!(error = %crate::error::chain(&e), "cannot reserve shrinker ids")
+            }
+        },
+    );
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the thread that reserves shrinker ids");
+    }
+}
+
 impl ContainerTier {
     /// Opens the tier, or says why it cannot be offered here.
     /// `run_dir` holds mounts (not under the private state directory: container root of
@@ -103,6 +129,7 @@ impl ContainerTier {
         let settings = HostSettingsRecord::beside(run_dir);
         let originals = settings.join(|| change_host_settings(config));
         tracing::debug!(?originals, "host settings put back when the last brigd leaves");
+        reserve_shrinker_ids(run_dir, config.reserve_shrinker_ids_for);
         let runtime = Runtime::new(RuntimeConfig {
             run_dir: run_dir.to_owned(),
             shim_path: config

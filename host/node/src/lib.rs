@@ -44,6 +44,7 @@ mod routing_tests;
 mod sandboxes;
 mod scope;
 mod sessions;
+pub mod shrinker_ids;
 pub mod swap;
 
 pub use admission::AdmissionConfig;
