@@ -87,7 +87,8 @@ fn reserve_shrinker_ids(run_dir: &Path, containers: u64) {
     if containers == 0 {
         return;
     }
-    let (record, ids) = (ShrinkerIds::beside(run_dir), containers * SUPERBLOCKS_PER_CONTAINER);
+    let ids = containers.saturating_mul(SUPERBLOCKS_PER_CONTAINER);
+    let record = ShrinkerIds::beside(run_dir);
     let spawned = std::thread::Builder::new().name("brig-shrinker-reserve".into()).spawn(
         move || match record.reserve(ids) {
             Ok(Reserved::Now { ids, took }) => {
