@@ -280,11 +280,14 @@ impl ContainerCgroup {
         let Some(d) = self.dir("cpu") else { return Ok(()) };
         let (period, quota) = cpu_period_and_quota(millis, min_quota_us);
         let (period, quota) = (period.to_string(), quota.to_string());
-        let write = |name: &str, value: &str| write_if_changed(&d.join(name), value).map(drop);
+        let write = |name: &str, value: &str| {
+            let file = d.join(name);
+            std::fs::write(&file, value).map_err(io("write", &file))
+        };
         // The burst is optional (kernels before 5.14 have none).
         match self.version {
             Version::V1 => {
-                write("cpu.cfs_period_us", &period)?;
+                write_if_changed(&d.join("cpu.cfs_period_us"), &period)?;
                 write("cpu.cfs_quota_us", &quota)?;
                 if d.join("cpu.cfs_burst_us").exists() {
                     write("cpu.cfs_burst_us", &quota)?;
@@ -337,7 +340,8 @@ impl ContainerCgroup {
 /// `cpu.cfs_burst_us`, `cpu.max`) walks every task group on the host to check the hierarchy's
 /// quotas (`tg_set_bandwidth` → `__cfs_schedulable`), so with thousands of containers each one
 /// costs in proportion to them; reading costs nothing of the kind. A new cgroup's period is
-/// already the usual 100 ms, so a container of a core or more skips that write.
+/// already the usual 100 ms, so a container of a core or more skips that write; its quota (-1)
+/// and burst (0) never hold what [`ContainerCgroup::limit_cpu`] writes, so those are not read.
 fn write_if_changed(file: &Path, value: &str) -> Result<bool, CgroupError> {
     /// Cgroup files of one value are a few dozen bytes.
     const READ_CAP: u64 = 256;
