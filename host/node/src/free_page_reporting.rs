@@ -129,15 +129,11 @@ fn read_order(path: &Path) -> Result<Option<u32>, FreePageReportingError> {
 }
 
 fn read_capped(path: &Path) -> Result<String, FreePageReportingError> {
-    use std::io::Read;
-    let io = |what| move |source| FreePageReportingError::Io { what, path: path.into(), source };
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .map_err(io("open"))?
-        .take(READ_CAP)
-        .read_to_string(&mut text)
-        .map_err(io("read"))?;
-    Ok(text)
+    crate::host_files::read_capped(path, READ_CAP).map_err(|source| FreePageReportingError::Io {
+        what: "read",
+        path: path.into(),
+        source,
+    })
 }
 
 #[cfg(test)]

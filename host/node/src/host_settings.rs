@@ -98,14 +98,7 @@ impl HostSettingsRecord {
 
     fn lock(&self) -> Option<nix::fcntl::Flock<std::fs::File>> {
         let path = self.path.with_extension("lock");
-        let opened = self.path.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|()| {
-            std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path)
-        });
-        let locked = opened.map_err(|e| e.to_string()).and_then(|file| {
-            nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-                .map_err(|(_, errno)| errno.to_string())
-        });
-        locked
+        crate::host_files::lock_exclusive(&path)
             .inspect_err(|e| {
                 tracing::warn!(path = %path.display(), error = %e, "cannot lock the host settings record");
             })

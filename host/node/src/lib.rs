@@ -30,6 +30,7 @@ mod exec_input;
 mod files;
 mod free_page_reporting;
 mod fullvm;
+mod host_files;
 mod host_settings;
 mod hosted;
 mod images;

@@ -20,7 +20,6 @@
 //! (`<run root>/shrinker-ids.json`: the boot id and the ids reserved), under a lock, keeps the
 //! node's later starts, and other nodes of the host, from doing it again.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -112,16 +111,9 @@ impl ShrinkerIds {
     /// this boot's record already has as many. Blocks for the time it takes (about a second
     /// for 50,000); the node calls it from a thread of its own.
     pub fn reserve(&self, ids: u64) -> Result<Reserved, ShrinkerIdsError> {
-        std::fs::create_dir_all(&self.root).map_err(io("create", &self.root))?;
         let lock_path = self.root.join("shrinker-ids.lock");
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(io("open", &lock_path))?;
-        let _lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, source)| ShrinkerIdsError::Kernel { what: "lock the record", source })?;
+        let _lock =
+            crate::host_files::lock_exclusive(&lock_path).map_err(io("lock", &lock_path))?;
         if let Some(done) = self.this_boot().filter(|r| r.ids >= ids) {
             return Ok(Reserved::Already { ids: done.ids });
         }
@@ -172,11 +164,7 @@ fn hold_superblocks(scratch: &Path, ids: u64) -> Result<(), ShrinkerIdsError> {
 }
 
 fn read_capped(path: &Path) -> Result<String, ShrinkerIdsError> {
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(READ_CAP).read_to_string(&mut text))
-        .map_err(io("read", path))?;
-    Ok(text)
+    crate::host_files::read_capped(path, READ_CAP).map_err(io("read", path))
 }
 
 fn boot_id() -> Result<String, ShrinkerIdsError> {
@@ -187,14 +175,22 @@ fn boot_id() -> Result<String, ShrinkerIdsError> {
 mod tests {
     use super::*;
 
+    /// Mounting needs root; without it the tests say so and pass.
+    fn can_mount() -> bool {
+        let root = nix::unistd::geteuid().is_root();
+        if !root {
+            eprintln!("skipped: needs root to mount");
+        }
+        root
+    }
+
     fn mounts() -> usize {
         std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo").lines().count()
     }
 
     #[test]
     fn reserving_holds_superblocks_out_of_sight_once_per_boot() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: needs root to mount");
+        if !can_mount() {
             return;
         }
         let dir = tempfile::tempdir().expect("tempdir");
@@ -223,8 +219,7 @@ mod tests {
 
     #[test]
     fn a_mount_the_kernel_refuses_is_a_typed_error() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: needs root to mount");
+        if !can_mount() {
             return;
         }
         // A scratch path that does not exist: the scratch mount fails, in the thread's own
