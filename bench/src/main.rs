@@ -148,20 +148,11 @@ pub fn free_page_reporting(daemon: &brig_tests::Daemon) -> &'static str {
         .unwrap_or("unknown")
 }
 
-/// The memory cgroup shrinker ids reserved this boot (`brig_node::shrinker_ids`), from the
-/// host's record beside the node's run directory; 0 if none.
+/// The memory cgroup shrinker ids the host reserved this boot, from brigd's metrics (0 if
+/// none; docs/density.md).
 pub fn shrinker_ids_reserved(daemon: &brig_tests::Daemon) -> u64 {
-    let run_dir = daemon.run_dir();
-    let root = run_dir.parent().unwrap_or(&run_dir);
-    let record: serde_json::Value = std::fs::read(root.join("shrinker-ids.json"))
-        .ok()
-        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-        .unwrap_or_default();
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    match record["boot_id"].as_str() {
-        Some(id) if id == boot.trim() => record["ids"].as_u64().unwrap_or(0),
-        _ => 0,
-    }
+    let metrics = brig_tests::net::metrics_text(daemon.state_dir()).unwrap_or_default();
+    brig_tests::net::metric(&metrics, "brig_host_shrinker_ids_reserved ") as u64
 }
 
 /// A `/proc/meminfo` field (`key` with its colon, e.g. `MemAvailable:`), in KiB.

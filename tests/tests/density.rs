@@ -263,6 +263,9 @@ async fn a_node_reserves_memory_cgroup_shrinker_ids_once_per_boot() {
         }
     };
     assert!(record["ids"].as_u64().expect("ids") >= 50_000, "{record}");
+    let text = metrics_text(daemon.state_dir()).expect("metrics");
+    let ids = record["ids"].as_u64().expect("ids") as f64;
+    assert_eq!(metric(&text, "brig_host_shrinker_ids_reserved "), ids, "{text}");
     // The reserving thread's mounts were never in the host's namespace, and it left nothing.
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
     assert!(!mounts.contains("brig-shrinker-id"), "{mounts}");

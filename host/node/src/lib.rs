@@ -268,6 +268,9 @@ impl Node {
             m.live.get_or_create(&metrics::LiveLabels { tier, state }).set(n);
         }
         self.refresh_qos_metrics(&self.capacity());
+        let reserved = shrinker_ids::ShrinkerIds::beside(&self.inner.run_dir).this_boot();
+        m.shrinker_ids_reserved
+            .set(reserved.map_or(0, |r| i64::try_from(r.ids).unwrap_or(i64::MAX)));
         m.encode()
     }
 

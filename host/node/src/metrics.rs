@@ -75,6 +75,8 @@ pub struct Metrics {
     /// What the host's kernel does with free memory (`free_page_reporting`), read at each
     /// scrape: 1 for the state it is in (`absent`, `reporting`, `held`), 0 for the others.
     free_page_reporting: Family<StateLabel, Gauge>,
+    /// Memory cgroup shrinker ids this boot has reserved (`shrinker_ids`); 0 if none.
+    pub shrinker_ids_reserved: Gauge,
 }
 
 impl Default for Metrics {
@@ -134,7 +136,14 @@ impl Default for Metrics {
             "Whether the host reports free memory to a hypervisor (1 for the state it is in: absent, reporting, held)",
             free_page_reporting.clone(),
         );
+        let shrinker_ids_reserved = Gauge::default();
+        registry.register(
+            "host_shrinker_ids_reserved",
+            "Memory cgroup shrinker ids the host reserved this boot, so a fill does not grow every memory cgroup's shrinker map (0 if none)",
+            shrinker_ids_reserved.clone(),
+        );
         Metrics {
+            shrinker_ids_reserved,
             free_page_reporting,
             stray_objects,
             admission,
