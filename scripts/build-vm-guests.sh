@@ -77,7 +77,7 @@ strip -o "$l1/bin/brig" "$debug_bins/brig"
 for lib in libc.so.6 libm.so.6 libgcc_s.so.1; do cp -L "/lib/x86_64-linux-gnu/$lib" "$l1/lib/x86_64-linux-gnu/"; done
 cp -L /lib64/ld-linux-x86-64.so.2 "$l1/lib64/"
 cp /usr/bin/busybox "$l1/bin/busybox"
-for a in sh mount echo insmod reboot cat sleep [ test ip tr sed grep; do ln -s busybox "$l1/bin/$a"; done
+for a in sh mount echo insmod reboot cat sleep [ test ip tr sed grep ls tail; do ln -s busybox "$l1/bin/$a"; done
 # The full-VM tier's networking: iproute2, nftables and nsenter with their libraries, and the
 # kernel modules they need (tun, veth, nf_tables…), loaded on demand by busybox modprobe.
 rm -f "$l1/bin/ip"
@@ -114,7 +114,7 @@ extra="$work/extra-layer"
 mkdir -p "$extra/etc"
 echo "from the extra layer" > "$extra/etc/extra-layer.txt"
 mkfs.erofs --quiet "$l1/l2/extra.erofs" "$extra"
-for f in l1-init.sh:init fullvm.sh chost.sh announce.sh; do
+for f in l1-init.sh:init fullvm.sh chost.sh announce.sh stalled.sh; do
     install -m 0755 "$scenarios/${f%%:*}" "$l1/${f#*:}"
 done
 # brig-bench fullvm's measurement, run in the emulated host when this host cannot boot Linux.

@@ -36,8 +36,15 @@ echo "BRIG-L1-RESULT rc=$?"
 # Each VMM gets a cgroup of its own (cgroup v2 here, with the controllers it needs).
 mount -t cgroup2 cgroup2 /sys/fs/cgroup && echo "+memory +pids +cpu" > /sys/fs/cgroup/cgroup.subtree_control
 /bin/brig-vmtier-check /l2/vmlinuz /l2/initrd.gz \
-    "console=ttyS0 reboot=t panic=-1 quiet initcall_blacklist=i8042_init pci=off" /tmp/tier
+    "console=ttyS0 reboot=t panic=-1 quiet initcall_blacklist=i8042_init pci=off" /tmp/tier &
+check=$!
+# A check that stalls (it takes 2-4 minutes here) is described, then stopped, so the test
+# outside fails with where it stood instead of at its own deadline with nothing to go on.
+(sleep 480; kill -0 $check 2>/dev/null || exit 0; /bin/sh /stalled.sh "$check"; kill -9 $check) &
+watchdog=$!
+wait $check
 echo "BRIG-L1-VMTIER rc=$?"
+kill $watchdog 2>/dev/null
 # Snapshots take room in this RAM-backed root (at most half the emulated host's memory).
 rm -rf /tmp/tier /tmp/snap
 # brigd serving the microvm tier on the emulated host's network; the test outside drives it

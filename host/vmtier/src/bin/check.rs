@@ -368,18 +368,41 @@ fn main() -> anyhow::Result<()> {
     })
 }
 
+/// Names `what` on the console and awaits it for at most `limit`: past that, an error that
+/// says which step stalled.
+async fn within<T>(
+    what: &str,
+    limit: Duration,
+    step: impl std::future::Future<Output = T>,
+) -> anyhow::Result<T> {
+    println!("BRIG-VMTIER-STEP {what}");
+    tokio::time::timeout(limit, step)
+        .await
+        .map_err(|_| anyhow::anyhow!("{what}: not done in {} s", limit.as_secs()))
+}
+
 /// A daemon that dies without destroying its VMs: the next one adopts the VMs it recorded (a
 /// running one keeps its VMM and guest state, a paused one resumes on demand), refuses a pid
 /// file it cannot prove, reuses the environment snapshot, and stops the VMM no record claims.
 async fn restart_steps(tier: VmTier, cfg: VmTierConfig) -> anyhow::Result<()> {
     let limit = Duration::from_secs(30);
+    // Each step is named on the console before it starts and bounded, so a stall under TCG
+    // says where it is instead of running into the test's deadline.
+    let step = Duration::from_secs(180);
     let dir = cfg.dir.clone();
-    let kept = tier.create("vm-kept", &[]).await?;
-    let state = tier.exec(&kept, "echo kept-$$ > /tmp/state; cat /tmp/state", limit).await?.stdout;
-    let paused = tier.create("vm-paused", &[]).await?;
-    tier.exec(&paused, "echo paused-state > /tmp/state", limit).await?;
-    tier.pause(&paused).await?;
-    let stray = tier.create("vm-stray", &[]).await?;
+    let kept = within("create vm-kept", step, tier.create("vm-kept", &[])).await??;
+    let state = within(
+        "exec in vm-kept",
+        step,
+        tier.exec(&kept, "echo kept-$$ > /tmp/state; cat /tmp/state", limit),
+    )
+    .await??
+    .stdout;
+    let paused = within("create vm-paused", step, tier.create("vm-paused", &[])).await??;
+    within("exec in vm-paused", step, tier.exec(&paused, "echo paused-state > /tmp/state", limit))
+        .await??;
+    within("pause vm-paused", step, tier.pause(&paused)).await??;
+    let stray = within("create vm-stray", step, tier.create("vm-stray", &[])).await??;
     let (kept_record, paused_record) = (kept.record(), paused.record());
     let (kept_pid, stray_pid) = (kept.pid(), stray.pid().ok_or_else(|| anyhow::anyhow!("no pid"))?);
     let marker = std::fs::read_dir(&dir)?
@@ -392,20 +415,22 @@ async fn restart_steps(tier: VmTier, cfg: VmTierConfig) -> anyhow::Result<()> {
     for vm in [kept, paused, stray] {
         std::mem::forget(vm);
     }
+    println!("BRIG-VMTIER-STEP the first tier ends, the next opens");
     drop(tier);
     // A pid file naming the kept VM's VMM for a VM that VMM does not serve.
     std::fs::copy(dir.join("vm-kept.pid"), dir.join("vm-forged.pid"))?;
     let next = VmTier::open(cfg)?;
-    let forged = next.adopt("vm-forged", &kept_record).await;
+    let forged = within("adopt vm-forged", step, next.adopt("vm-forged", &kept_record)).await?;
     anyhow::ensure!(matches!(forged, Err(VmTierError::Lost(_))), "forged: {forged:?}");
-    let kept = next.adopt("vm-kept", &kept_record).await?;
+    let kept = within("adopt vm-kept", step, next.adopt("vm-kept", &kept_record)).await??;
     anyhow::ensure!(
         kept.pid() == kept_pid && kept.is_running(),
         "vm-kept adopted as {:?}",
         kept.pid()
     );
-    let paused = next.adopt("vm-paused", &paused_record).await?;
+    let paused = within("adopt vm-paused", step, next.adopt("vm-paused", &paused_record)).await??;
     anyhow::ensure!(paused.is_paused() && paused.pid().is_none(), "vm-paused not paused");
+    println!("BRIG-VMTIER-STEP remove orphans");
     next.remove_orphans(&["vm-kept".to_string(), "vm-paused".to_string()]);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let status = std::fs::read_to_string(format!("/proc/{stray_pid}/stat")).unwrap_or_default();
@@ -415,18 +440,23 @@ async fn restart_steps(tier: VmTier, cfg: VmTierConfig) -> anyhow::Result<()> {
         anyhow::ensure!(!dir_has(&dir_text, gone), "{gone}'s files were left behind");
     }
     anyhow::ensure!(kept.is_running(), "the adopted VMM was stopped with the strays");
-    let again = next.exec(&kept, "cat /tmp/state", limit).await?.stdout;
+    let again = within("exec in adopted vm-kept", step, next.exec(&kept, "cat /tmp/state", limit))
+        .await??
+        .stdout;
     anyhow::ensure!(again == state, "vm-kept's guest state: {again:?} vs {state:?}");
-    next.resume(&paused).await?;
-    let out = next.exec(&paused, "cat /tmp/state", limit).await?.stdout;
+    within("resume adopted vm-paused", step, next.resume(&paused)).await??;
+    let out =
+        within("exec in resumed vm-paused", step, next.exec(&paused, "cat /tmp/state", limit))
+            .await??
+            .stdout;
     anyhow::ensure!(out == b"paused-state\n", "vm-paused after resume: {out:?}");
-    let fresh = next.create("vm-fresh", &[]).await?;
+    let fresh = within("create vm-fresh", step, next.create("vm-fresh", &[])).await??;
     anyhow::ensure!(
         std::fs::metadata(&marker)?.modified()? == marker_made,
         "the environment snapshot was made again"
     );
     for vm in [&kept, &paused, &fresh] {
-        next.destroy(vm).await;
+        within("destroy", step, next.destroy(vm)).await?;
     }
     let saved = dir.join("saved");
     let left = std::fs::read_dir(&saved).map(|d| d.flatten().count()).unwrap_or(0);
