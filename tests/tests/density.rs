@@ -190,7 +190,21 @@ async fn the_node_holds_one_descriptor_per_container_and_starts_shims_from_its_s
         .filter(|&p| status_field(p, "PPid") == Some(spawner))
         .collect();
     assert!(shims.len() >= 41, "{} shims under the spawner", shims.len());
-
+    // Forked, not exec'd: each shim is called brig-shim and shares anonymous pages with the
+    // spawner (its relocated code and the C library's data, which an exec'd shim writes itself).
+    for &shim in shims.iter().take(5) {
+        assert_eq!(cmdline(shim).trim_end(), "brig-shim");
+        let rollup = std::fs::read_to_string(format!("/proc/{shim}/smaps_rollup")).unwrap();
+        let kib = |key: &str| -> u64 {
+            rollup
+                .lines()
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.trim().strip_suffix(" kB"))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{key} in {rollup}"))
+        };
+        let shared_anon = kib("Anonymous").saturating_sub(kib("Pss_Anon"));
+        assert!(shared_anon >= 64, "shim {shim} shares {shared_anon} KiB:\n{rollup}");
+    }
     // A spawner that dies is replaced; running containers never notice.
     let killed = std::process::Command::new("kill").args(["-9", &spawner.to_string()]).status();
     assert!(killed.expect("kill").success());

@@ -6,7 +6,8 @@
 //!                                                (mounts, chroot, reaps)      └─ exec …
 //!                                               └─────────── container pid ns ───────────┘
 //! ```
-//! The first process, exec'd in the host's namespaces, clones the host mounts the container is
+//! The first process, forked by the spawner in the host's namespaces (no exec: it shares the
+//! spawner's pages until it writes them), clones the host mounts the container is
 //! built from, joins the container's cgroups, enters the node's template mount namespace
 //! (`mounts`) and makes its user namespace (the node writes the id maps) and the others; only a
 //! child enters a new pid namespace, so it forks the shim that goes on as pid 1 and exits.
@@ -65,15 +66,21 @@ pub fn describe(e: &dyn std::error::Error) -> String {
     out
 }
 
-/// The shim's whole life. Returns when the container is gone or the node hung up.
+/// The shim's whole life, in a process of its own (`brig-shim` with no arguments). Returns
+/// when the container is gone or the node hung up.
 pub fn run() -> Result<(), ShimError> {
+    run_with(&security::seccomp_programs()?)
+}
+
+/// The shim's whole life with its container's seccomp `programs` already compiled: how the
+/// spawner's children run it (see `spawner`), sharing the spawner's compiled programs.
+pub(crate) fn run_with(programs: &security::SeccompPrograms) -> Result<(), ShimError> {
     let control = sys::control_socket()?;
     let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
     let config = match receive(&control, &mut buf)? {
         ToShim::Configure(config) => config,
         other => return Err(ShimError::Protocol(format!("expected Configure, got {other:?}"))),
     };
-    let programs = security::seccomp_programs()?;
     // Bound in the host's mount namespace while this process is still host root: a restarted
     // node finds the container here. It listens only once the container's pid 1 has it, so a
     // node that connects learns pid 1 from the socket's peer credentials.
@@ -106,8 +113,8 @@ pub fn run() -> Result<(), ShimError> {
         .map_err(|e| ShimError::Sys("setresuid", e))?;
     // Pid 1 is visible to the container: nothing there may trace it or open its descriptors
     // (the node's control socket, the host's /proc). Without `dumpable`, that takes
-    // CAP_SYS_PTRACE in the user namespace its memory was made in, the host's (this binary was
-    // exec'd there); fork keeps the flag.
+    // CAP_SYS_PTRACE in the user namespace its memory was made in, the host's (the spawner was
+    // exec'd there, and a fork keeps its memory's namespace); fork keeps the flag.
     nix::sys::prctl::set_dumpable(false).map_err(|e| ShimError::Sys("set non-dumpable", e))?;
     unshare(
         CloneFlags::CLONE_NEWNS
@@ -141,7 +148,7 @@ pub fn run() -> Result<(), ShimError> {
     // the processes it starts, once, and they inherit it (no per-exec setup cost). Being pid 1,
     // it gives up exactly what every container process gives up.
     security::drop_bounding_set()?;
-    security::confine(&programs)?;
+    security::confine(programs)?;
     let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
     // Setup errors went to the node over stderr; from here on the node may go away, and a
     // write to a pipe nobody reads would kill the shim (SIGPIPE).

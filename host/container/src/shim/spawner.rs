@@ -7,13 +7,20 @@
 //! shim's control socket and stderr pipe and reads back the pid.
 //!
 //! ```text
-//! node ── ToSpawner::Spawn + [control, stderr] ──▶ spawner ── fork, exec /proc/self/exe ─▶ shim
+//! node ── ToSpawner::Spawn + [control, stderr] ──▶ spawner ── fork (no exec) ─────────▶ shim
 //!                                                   (+ the template mount namespace, fd 3)
 //!      ◀── FromSpawner::Spawned { pid } ──────────
 //! node ── ToSpawner::Type + [master, input] ─────▶ spawner ── fork ─▶ typist
 //! ```
 //! A typist writes a command's stdin given whole into its terminal (as the command reads it)
 //! and exits; being the spawner's child, not the node's, it goes on if the node dies.
+//! A shim is not exec'd: the fork goes on as the shim (`shim::run_with`), with the seccomp
+//! programs the spawner compiled once. Its pages stay the spawner's until it writes them, so
+//! the binary's and the C library's relocated data, which an exec'd process fills in for
+//! itself, are one copy for every shim, and a create skips the exec and the dynamic loading.
+//! Every shim has the spawner's address-space layout: nothing in a container can read it
+//! (pid 1 is not dumpable and its memory belongs to the host's user namespace; see `shim`),
+//! and what the container runs is exec'd afresh.
 //! The spawner is the shims' parent (and their subreaper: each shim's pid 1 comes back to it
 //! when the first process exits), with SIGCHLD ignored so the kernel reaps them. When the
 //! node hangs up it exits; its shims carry on (a shim's life follows its own control socket,
@@ -39,13 +46,8 @@ pub fn run() -> Result<(), ShimError> {
         .map_err(|e| ShimError::Sys("become the shims' subreaper", e))?;
     // Every shim starts its container's mount namespace from this one (see `mounts`).
     let template = super::mounts::make_template()?;
-    // Exec'd by path, so the shims are called brig-shim (not `exe`); /proc/self/exe if this
-    // binary has since been replaced on disk.
-    let exe = std::env::current_exe()
-        .ok()
-        .filter(|p| p.exists())
-        .and_then(|p| std::ffi::CString::new(p.into_os_string().into_encoded_bytes()).ok())
-        .unwrap_or_else(|| c"/proc/self/exe".to_owned());
+    // Compiled once: every shim confines its container with these.
+    let programs = super::security::seccomp_programs()?;
     // Small: a spawn request is a tag and two descriptors.
     let mut buf = vec![0u8; 256];
     loop {
@@ -62,7 +64,7 @@ pub fn run() -> Result<(), ShimError> {
             Err(e) => return Err(ShimError::Sys("receive", e)),
         };
         let reply = match postcard::from_bytes::<ToSpawner>(&buf[..len]) {
-            Ok(ToSpawner::Spawn) if fds.len() == 2 => spawn(&exe, fds, &template),
+            Ok(ToSpawner::Spawn) if fds.len() == 2 => spawn(&programs, fds, &template),
             Ok(ToSpawner::Type) if fds.len() == 2 => start_typist(fds),
             Ok(ToSpawner::Spawn | ToSpawner::Type) => FromSpawner::Failed {
                 error: format!("a request carries 2 descriptors, not {}", fds.len()),
@@ -75,8 +77,13 @@ pub fn run() -> Result<(), ShimError> {
     }
 }
 
-/// Forks a shim with `fds` = [control socket, stderr] as its stdin and stderr.
-fn spawn(exe: &std::ffi::CStr, fds: Vec<OwnedFd>, template: &OwnedFd) -> FromSpawner {
+/// Forks a shim with `fds` = [control socket, stderr] as its stdin and stderr; the child runs
+/// the shim from here, confining its container with `programs`.
+fn spawn(
+    programs: &super::security::SeccompPrograms,
+    fds: Vec<OwnedFd>,
+    template: &OwnedFd,
+) -> FromSpawner {
     fork_with(
         fds,
         |[control, stderr, null]| [control, null, stderr],
@@ -84,13 +91,22 @@ fn spawn(exe: &std::ffi::CStr, fds: Vec<OwnedFd>, template: &OwnedFd) -> FromSpa
         || {
             // The shim reaps its own children (from a signalfd).
             sys::default_signal(nix::sys::signal::Signal::SIGCHLD);
-            let Err(e) = nix::unistd::execv(exe, &[c"brig-shim"]);
-            let _ =
-                nix::unistd::write(std::io::stderr(), format!("brig-shim exec: {e}\n").as_bytes());
-            127
+            // Called what an exec'd shim was, not after the spawner's command line.
+            sys::retitle(SHIM_TITLE);
+            match super::run_with(programs) {
+                Ok(()) => 0,
+                Err(e) => {
+                    let line = format!("brig-shim: {}\n", super::describe(&e));
+                    let _ = nix::unistd::write(std::io::stderr(), line.as_bytes());
+                    1
+                }
+            }
         },
     )
 }
+
+/// A shim's command line, as `ps` shows it.
+const SHIM_TITLE: &str = "brig-shim";
 
 /// Forks a typist with `fds` = [a terminal's master, the input to type into it]: the input
 /// on fd 0, the terminal on fd 1, nothing else (not the node's socket).
