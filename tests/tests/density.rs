@@ -194,7 +194,8 @@ async fn the_node_holds_one_descriptor_per_container_and_starts_shims_from_its_s
     // spawner (its relocated code and the C library's data, which an exec'd shim writes itself).
     for &shim in shims.iter().take(5) {
         assert_eq!(cmdline(shim).trim_end(), "brig-shim");
-        let rollup = std::fs::read_to_string(format!("/proc/{shim}/smaps_rollup")).unwrap();
+        let rollup =
+            std::fs::read_to_string(format!("/proc/{shim}/smaps_rollup")).expect("smaps_rollup");
         let kib = |key: &str| -> u64 {
             rollup
                 .lines()
