@@ -458,11 +458,17 @@ impl Budget {
 /// How often a command whose output has ended is checked for being gone.
 const GONE_CHECK: Duration = Duration::from_secs(2);
 
-/// Waits for the command's exit report; if the process is gone and the report still has not
-/// come (it can be lost across repeated node restarts), ends with the status unknown rather
-/// than leave the exec running forever.
+/// How long a command may have been gone without its exit report before its status is
+/// unknown. The report comes from the shim, the container's pid 1, which shares the
+/// container's CPU quota: with the quota spent by the container's own processes (a
+/// 10-millicore container running a busy loop) on a loaded host, it can be seconds late.
+const GONE_GRACE: Duration = Duration::from_secs(10);
+
+/// Waits for the command's exit report; if the process has been gone for [`GONE_GRACE`] and
+/// the report still has not come (it can be lost across repeated node restarts), ends with
+/// the status unknown rather than leave the exec running forever.
 async fn wait_or_gone(process: &mut Process) -> Option<ExitInfo> {
-    let mut seen_gone = false;
+    let mut gone_since: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             exit = process.wait() => return exit,
@@ -470,11 +476,15 @@ async fn wait_or_gone(process: &mut Process) -> Option<ExitInfo> {
                 // Looked for in its exec cgroup, not by pid alone: pids are reused (a node
                 // that starts many threads goes round pid_max in a minute).
                 let gone = !process.cgroup.pids().contains(&process.pid);
-                if gone && seen_gone {
+                if !gone {
+                    gone_since = None;
+                    continue;
+                }
+                let since = *gone_since.get_or_insert_with(tokio::time::Instant::now);
+                if since.elapsed() >= GONE_GRACE {
                     tracing::warn!(pid = process.pid, exec = process.exec_id, "a command's exit report never came; its status is unknown");
                     return None;
                 }
-                seen_gone = gone;
             }
         }
     }
