@@ -350,10 +350,14 @@ pub(crate) fn upper_link(shim_pid: i32, upper_fd: i32) -> PathBuf {
 /// When process `pid` started (clock ticks after boot; field 22 of /proc/<pid>/stat), which
 /// tells it from a later process given the same pid.
 pub fn process_start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_field(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?, 22)
+}
+
+/// Numeric field `n` (from 1, as proc(5) counts) of a `/proc/<pid>/stat` text, from field 3 on.
+pub(crate) fn stat_field(stat: &str, n: usize) -> Option<u64> {
     // The command name (field 2) is in parentheses and may contain anything: skip past it.
     let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    rest.split_whitespace().nth(n.checked_sub(3)?)?.parse().ok()
 }
 
 /// A running container.

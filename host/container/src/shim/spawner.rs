@@ -48,6 +48,8 @@ pub fn run() -> Result<(), ShimError> {
     let template = super::mounts::make_template()?;
     // Compiled once: every shim confines its container with these.
     let programs = super::security::seccomp_programs()?;
+    // Called what an exec'd shim was, not after the spawner's command line.
+    let title = sys::Retitle::prepare(SHIM_TITLE);
     // Small: a spawn request is a tag and two descriptors.
     let mut buf = vec![0u8; 256];
     loop {
@@ -64,7 +66,9 @@ pub fn run() -> Result<(), ShimError> {
             Err(e) => return Err(ShimError::Sys("receive", e)),
         };
         let reply = match postcard::from_bytes::<ToSpawner>(&buf[..len]) {
-            Ok(ToSpawner::Spawn) if fds.len() == 2 => spawn(&programs, fds, &template),
+            Ok(ToSpawner::Spawn) if fds.len() == 2 => {
+                spawn(&programs, title.as_ref(), fds, &template)
+            }
             Ok(ToSpawner::Type) if fds.len() == 2 => start_typist(fds),
             Ok(ToSpawner::Spawn | ToSpawner::Type) => FromSpawner::Failed {
                 error: format!("a request carries 2 descriptors, not {}", fds.len()),
@@ -78,9 +82,10 @@ pub fn run() -> Result<(), ShimError> {
 }
 
 /// Forks a shim with `fds` = [control socket, stderr] as its stdin and stderr; the child runs
-/// the shim from here, confining its container with `programs`.
+/// the shim from here, confining its container with `programs`, under `title`.
 fn spawn(
     programs: &super::security::SeccompPrograms,
+    title: Option<&sys::Retitle>,
     fds: Vec<OwnedFd>,
     template: &OwnedFd,
 ) -> FromSpawner {
@@ -91,8 +96,9 @@ fn spawn(
         || {
             // The shim reaps its own children (from a signalfd).
             sys::default_signal(nix::sys::signal::Signal::SIGCHLD);
-            // Called what an exec'd shim was, not after the spawner's command line.
-            sys::retitle(SHIM_TITLE);
+            if let Some(title) = title {
+                title.apply();
+            }
             match super::run_with(programs) {
                 Ok(()) => 0,
                 Err(e) => {

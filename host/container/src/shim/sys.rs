@@ -223,32 +223,38 @@ pub fn accept(listener: &OwnedFd) -> Result<OwnedFd, ShimError> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Sets this process's command line (`/proc/<pid>/cmdline`, what `ps` shows) to `title`, as
-/// setproctitle does: the title and a NUL over the start of the argument area, and the area's
-/// last byte not a NUL, which tells the kernel to read only up to the title's NUL. Best
-/// effort: a process whose arguments leave no room keeps its command line.
-pub fn retitle(title: &str) {
-    if let Err(e) = try_retitle(title) {
-        tracing::debug!(error = %e, "command line not retitled");
-    }
+/// A new command line for the spawner's children (`/proc/<pid>/cmdline`, what `ps` shows),
+/// prepared once in the spawner: a fork has the same argument area at the same address.
+pub struct Retitle {
+    start: u64,
+    area: Vec<u8>,
 }
 
-fn try_retitle(title: &str) -> std::io::Result<()> {
-    use std::os::unix::fs::FileExt;
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    let malformed = || std::io::Error::other("unexpected /proc/self/stat");
-    // Fields after the command name (which may hold spaces) start with the 3rd, the state;
-    // the argument area's bounds are the 48th and 49th.
-    let fields: Vec<&str> =
-        stat.rsplit_once(')').ok_or_else(malformed)?.1.split_whitespace().collect();
-    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
-    let (start, end) = (field(48).ok_or_else(malformed)?, field(49).ok_or_else(malformed)?);
-    let len = usize::try_from(end.saturating_sub(start)).map_err(|_| malformed())?;
-    if len < title.len() + 2 {
-        return Err(std::io::Error::other("argument area too small"));
+impl Retitle {
+    /// `title` over this process's argument area, as setproctitle does: the title and a NUL
+    /// at its start and the area's last byte not a NUL, which tells the kernel to read only up
+    /// to the title's NUL. `None` if the area cannot be found or has no room.
+    pub fn prepare(title: &str) -> Option<Retitle> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        let (start, end) =
+            (crate::runtime::stat_field(&stat, 48)?, crate::runtime::stat_field(&stat, 49)?);
+        let len = usize::try_from(end.checked_sub(start)?).ok()?;
+        if len < title.len() + 2 {
+            return None;
+        }
+        let mut area = vec![b' '; len];
+        area[..title.len()].copy_from_slice(title.as_bytes());
+        area[title.len()] = 0;
+        Some(Retitle { start, area })
     }
-    let mut area = vec![b' '; len];
-    area[..title.len()].copy_from_slice(title.as_bytes());
-    area[title.len()] = 0;
-    std::fs::OpenOptions::new().write(true).open("/proc/self/mem")?.write_all_at(&area, start)
+
+    /// Writes the title into this process's argument area. Best effort: a process that keeps
+    /// its command line works the same.
+    pub fn apply(&self) {
+        use std::os::unix::fs::FileExt;
+        let mem = std::fs::OpenOptions::new().write(true).open("/proc/self/mem");
+        if let Err(e) = mem.and_then(|m| m.write_all_at(&self.area, self.start)) {
+            tracing::debug!(error = %e, "command line not retitled");
+        }
+    }
 }
