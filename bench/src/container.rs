@@ -37,11 +37,11 @@ pub struct Options {
     #[arg(long, default_value_t = 100)]
     idle: usize,
     #[command(flatten)]
-    freed_memory: crate::FreedMemory,
+    node: crate::ContainerNodeOptions,
 }
 
 pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
-    let (daemon, rt) = crate::start_daemon_with_config(&opts.freed_memory.node_config())?;
+    let (daemon, rt) = crate::start_daemon_with_config(&opts.node.node_config())?;
     rt.block_on(measure(&daemon, &opts))
 }
 

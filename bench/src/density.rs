@@ -54,8 +54,12 @@ pub struct Options {
     /// `fills` has each fill's rates.
     #[arg(long, default_value_t = 1)]
     fills: usize,
+    /// Containers only: once full, replace this many live containers (destroy one, create
+    /// one; `--parallel` at a time), as an RL job's steps do on a full node (`churn_*` keys).
+    #[arg(long, default_value_t = 0)]
+    churn: usize,
     #[command(flatten)]
-    freed_memory: crate::FreedMemory,
+    node: crate::ContainerNodeOptions,
 }
 
 /// CLOCK_MONOTONIC now, in seconds (the clock `perf record -k mono` stamps events with), with
@@ -158,7 +162,7 @@ pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
     let cpu_pct = (max * opts.cpu_millis * 100).div_ceil(cores * 1000).max(20_000);
     let config =
-        format!("[admission]\ncpu_overcommit_pct = {cpu_pct}\n{}", opts.freed_memory.node_config());
+        format!("[admission]\ncpu_overcommit_pct = {cpu_pct}\n{}", opts.node.node_config());
     crate::build_daemon()?;
     // Tearing thousands of containers down takes a while; the daemon does it on drop.
     let daemon = brig_tests::Daemon::start_with_config(&config, &["--log", "warn"])?;
@@ -338,6 +342,11 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         "  {:<44} {:>6.2} / {:.2} ({} over {} ms)",
         "sampled answer p50 / p99 ms", p50, p99, slow, opts.deadline_ms
     );
+    let churned = if container && opts.churn > 0 && !live.is_empty() {
+        Some(churn(&client, &mut live, opts.churn, opts.parallel, &options).await?)
+    } else {
+        None
+    };
     // Destroyed here, in parallel, not by the daemon's shutdown (which would be cut short
     // after 20 s and leave thousands of cgroups behind to slow the next run).
     let destroy_started = Instant::now();
@@ -378,7 +387,7 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         println!("  slowest when full: {}", text.join(", "));
     }
     println!("  stopped by: {stopped_by}");
-    Ok(json!({
+    let mut result = json!({
         "bench": "density",
         "tier": opts.tier,
         "live": count,
@@ -406,7 +415,76 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
             .iter()
             .map(|(ms, cpu, thr)| json!({"ms": round3(*ms), "cpu_us": round3(*cpu), "throttled": thr}))
             .collect::<Vec<_>>(),
-    }))
+        "spare_cgroups": opts.node.spare_cgroups(),
+    });
+    if let Some(mut c) = churned {
+        println!(
+            "  {:<44} {:>6.1} ({} replaced; create p50 / p99 {:.2} / {:.2} ms)",
+            "replacements/s when full",
+            c.per_sec,
+            c.replaced,
+            c.creates.quantile_ms(0.5),
+            c.creates.quantile_ms(0.99)
+        );
+        result["churn_replaced"] = json!(c.replaced);
+        result["churn_per_sec"] = json!(round3(c.per_sec));
+        result["churn_create_p50_ms"] = json!(round3(c.creates.quantile_ms(0.5)));
+        result["churn_create_p99_ms"] = json!(round3(c.creates.quantile_ms(0.99)));
+    }
+    Ok(result)
+}
+
+/// What replacing containers on a full node took.
+struct Churned {
+    replaced: usize,
+    per_sec: f64,
+    /// Each replacement's create (its destroy not counted).
+    creates: Latencies,
+}
+
+/// Replaces `n` of `live` (spread over the fill), `parallel` at a time: each destroys one
+/// container and then creates one; the new ones join `live`.
+async fn churn(
+    client: &Client,
+    live: &mut Vec<Sandbox>,
+    n: usize,
+    parallel: usize,
+    options: &impl Fn() -> SandboxOptions,
+) -> anyhow::Result<Churned> {
+    use futures::stream::{self, StreamExt};
+    let n = n.min(live.len());
+    let step = (live.len() / n.max(1)).max(1);
+    let mut old = Vec::with_capacity(n);
+    for i in (0..n).rev() {
+        old.push(live.swap_remove((i * step).min(live.len() - 1)));
+    }
+    let started = Instant::now();
+    let replaced: Vec<anyhow::Result<(Duration, Sandbox)>> =
+        stream::iter(old.into_iter().map(|sb| async move {
+            sb.destroy().await?;
+            let t = Instant::now();
+            let made = client.create(options()).await?;
+            Ok((t.elapsed(), made))
+        }))
+        .buffer_unordered(parallel.max(1))
+        .collect()
+        .await;
+    let secs = started.elapsed().as_secs_f64();
+    let mut creates = Latencies::default();
+    let mut failed = None;
+    for r in replaced {
+        match r {
+            Ok((took, sb)) => {
+                creates.record(took);
+                live.push(sb);
+            }
+            Err(e) => failed = Some(e),
+        }
+    }
+    if let Some(e) = failed {
+        eprintln!("  a replacement failed: {e:#}");
+    }
+    Ok(Churned { replaced: creates.len(), per_sec: creates.len() as f64 / secs.max(1e-9), creates })
 }
 
 async fn create_batch(

@@ -118,19 +118,34 @@ pub fn start_daemon_with_config(
     Ok((daemon, rt))
 }
 
-/// What the node does with memory its sandboxes free (`[container] hold_freed_memory`).
+/// Container-tier node settings a bench can set: what the node does with memory its
+/// sandboxes free (`[container] hold_freed_memory`) and how many destroyed containers'
+/// cgroups it keeps for the next creates (`[container] spare_cgroups`).
 #[derive(clap::Args, Debug)]
-pub struct FreedMemory {
+pub struct ContainerNodeOptions {
     /// Baseline for `hold_freed_memory`: the node leaves the host's free page reporting to a
     /// hypervisor on (`[container] hold_freed_memory = false`).
     #[arg(long)]
     report_freed_memory: bool,
+    /// `[container] spare_cgroups` (the node's default unless given; 0 is the baseline that
+    /// makes and removes every container's cgroups).
+    #[arg(long)]
+    spare_cgroups: Option<usize>,
 }
 
-impl FreedMemory {
+impl ContainerNodeOptions {
     /// The node configuration that says it.
     pub fn node_config(&self) -> String {
-        format!("[container]\nhold_freed_memory = {}\n", !self.report_freed_memory)
+        let mut text = format!("[container]\nhold_freed_memory = {}\n", !self.report_freed_memory);
+        if let Some(n) = self.spare_cgroups {
+            text.push_str(&format!("spare_cgroups = {n}\n"));
+        }
+        text
+    }
+
+    /// `spare_cgroups` as given (`None`: the node's default), for a bench's JSON.
+    pub fn spare_cgroups(&self) -> Option<usize> {
+        self.spare_cgroups
     }
 }
 

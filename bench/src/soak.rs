@@ -45,7 +45,7 @@ pub struct Options {
     #[arg(long, value_delimiter = ',')]
     ops: Vec<String>,
     #[command(flatten)]
-    freed_memory: crate::FreedMemory,
+    node: crate::ContainerNodeOptions,
 }
 
 /// The operations of the mix, in the order each client takes them.
@@ -101,7 +101,7 @@ impl Record {
 }
 
 pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
-    let (daemon, rt) = crate::start_daemon_with_config(&opts.freed_memory.node_config())?;
+    let (daemon, rt) = crate::start_daemon_with_config(&opts.node.node_config())?;
     let result = rt.block_on(soak(&daemon, &opts));
     drop(rt);
     drop(daemon);

@@ -265,6 +265,11 @@ impl Daemon {
                 if what == "sandbox record" && e.file_name() == "spare" {
                     continue;
                 }
+                // Destroyed containers' cgroups kept for the next creates: the node's, bounded,
+                // removed at its shutdown.
+                if what == "cgroup" && e.file_name().to_string_lossy().starts_with("spare-") {
+                    continue;
+                }
                 let dir_only = what == "cgroup";
                 if !dir_only || e.file_type().is_ok_and(|t| t.is_dir()) {
                     found.push(format!("{what} {}", e.path().display()));

@@ -82,7 +82,13 @@ pub struct RuntimeConfig {
     /// The smallest CPU quota per period a container gets: smaller quotas get longer periods
     /// ([`crate::cgroup::cpu_period_and_quota`]).
     pub cpu_min_quota_us: u64,
+    /// Destroyed containers' cgroups kept for the next creates, at most (v1 hosts;
+    /// `crate::cgroup::SpareCgroups`). 0 keeps none.
+    pub spare_cgroups: usize,
 }
+
+/// A node's default [`RuntimeConfig::spare_cgroups`].
+pub const DEFAULT_SPARE_CGROUPS: usize = 64;
 
 impl RuntimeConfig {
     pub(crate) fn spool_root(&self) -> PathBuf {
@@ -135,7 +141,8 @@ pub struct Runtime {
 
 impl Runtime {
     pub fn new(config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
-        let cgroups = CgroupManager::detect(&config.cgroup_root, &config.cgroup_parent)?;
+        let cgroups = CgroupManager::detect(&config.cgroup_root, &config.cgroup_parent)?
+            .with_spares(config.spare_cgroups);
         let layers = LayerMounts::new(&config.run_dir.join("layers"))?;
         // 0711: traversable without listing (shims of earlier builds reached the rootfs through
         // them as container root; a shim now clones it from here as host root).
@@ -170,12 +177,18 @@ impl Runtime {
         Ok(Runtime { config, cgroups, layers, spawner, shared_sys, spool_spares })
     }
 
+    /// How many destroyed containers' cgroups are kept for the next creates now.
+    pub fn spare_cgroups(&self) -> usize {
+        self.cgroups.spare_count()
+    }
+
     /// Releases node-wide resources (layer mounts) at shutdown, after the containers are gone.
     pub fn shutdown(&self) {
         self.layers.unmount_all();
         if let Some(sys) = &self.shared_sys {
             crate::shared_sys::unmount(&sys.path);
         }
+        self.cgroups.remove_spares();
         self.cgroups.remove_parent();
         crate::containers_dir::unmount_if_empty(&self.config.run_dir.join("c"));
         for dir in [
@@ -634,7 +647,7 @@ impl Container {
         }
         self.dispatcher.abort();
         let cgroup = self.cgroup.clone();
-        tokio::task::spawn_blocking(move || cgroup.remove())
+        tokio::task::spawn_blocking(move || cgroup.release())
             .await
             .map_err(|e| RuntimeError::Setup(format!("cleanup task: {e}")))??;
         self.rootfs.remove()?;

@@ -30,6 +30,7 @@ fn runtime_named(run: &std::path::Path, tag: &str, survive_node: bool) -> Runtim
         survive_node,
         spool_dir: None,
         cpu_min_quota_us: brig_container::cgroup::DEFAULT_CPU_MIN_QUOTA_US,
+        spare_cgroups: brig_container::runtime::DEFAULT_SPARE_CGROUPS,
     })
     .expect("runtime")
 }
@@ -353,4 +354,93 @@ async fn container_directories_are_on_a_tmpfs_of_the_nodes_own() {
     assert!(kept.exists(), "an earlier build's container directory was hidden");
     assert_eq!(on_tmpfs(&kept), !disk);
     rt.shutdown();
+}
+
+/// A destroyed container's cgroups are kept, emptied and reset, and the next create takes
+/// them (the same kernel cgroups, renamed) with its own limits; one that had an OOM kill is
+/// removed instead; spares are no container's strays, and go at shutdown.
+#[tokio::test]
+async fn a_destroyed_containers_cgroups_are_reset_and_taken_by_the_next_create() {
+    use std::os::unix::fs::MetadataExt;
+    let run = tempfile::tempdir().expect("tmp");
+    let rt = runtime_named(run.path(), "spare", false);
+    let parent = format!("brig-test-spare-{}", std::process::id());
+    let dir = |controller: &str, name: &str| {
+        PathBuf::from("/sys/fs/cgroup").join(controller).join(&parent).join(name)
+    };
+    let read = |controller: &str, name: &str, file: &str| {
+        let path = dir(controller, name).join(file);
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    };
+    let controllers = ["memory", "pids", "cpu", "cpuacct", "freezer"];
+
+    let mut spec = busybox_spec("first");
+    spec.limits =
+        CgroupLimits { memory_bytes: Some(64 << 20), pids: Some(64), cpu_millis: Some(10) };
+    let c = rt.create(&spec).await.expect("create");
+    // 24 MiB through the container's memory (its upper tmpfs), and some CPU.
+    let script = "head -c 25165824 /dev/zero > /big && rm /big && i=0 && \
+                  while [ $i -lt 300 ]; do i=$((i+1)); done";
+    let (status, _, err) = run_capture(&c, &["sh", "-c", script]).await;
+    assert_eq!(status, Some(ExitInfo::Code(0)), "{err}");
+    let peak: u64 =
+        read("memory", "first", "memory.max_usage_in_bytes").trim().parse().expect("peak");
+    assert!(peak >= 24 << 20, "peak {peak}");
+    let inode = std::fs::metadata(dir("memory", "first")).expect("memory cgroup").ino();
+    c.destroy().await.expect("destroy");
+
+    assert_eq!(rt.spare_cgroups(), 1);
+    for controller in controllers {
+        assert!(!dir(controller, "first").exists(), "{controller}: the old name is gone");
+        assert_eq!(read(controller, "spare-0", "cgroup.procs"), "", "{controller}");
+        let children = std::fs::read_dir(dir(controller, "spare-0")).expect("spare");
+        let children = children.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir()));
+        assert_eq!(children.count(), 0, "{controller}: exec cgroups are gone");
+    }
+    let peak: u64 =
+        read("memory", "spare-0", "memory.max_usage_in_bytes").trim().parse().expect("peak");
+    assert!(peak < 24 << 20, "the peak is reset: {peak}");
+    assert_eq!(read("cpuacct", "spare-0", "cpuacct.usage").trim(), "0");
+    assert_eq!(read("memory", "spare-0", "memory.failcnt").trim(), "0");
+    let live = std::collections::HashSet::new();
+    let strays = rt.stray_containers(&live, std::time::Duration::ZERO);
+    assert!(strays.is_empty(), "a spare is no stray: {strays:?}");
+
+    // The next create takes it, with limits of its own.
+    let mut spec = busybox_spec("second");
+    spec.limits = CgroupLimits { memory_bytes: Some(32 << 20), pids: None, cpu_millis: Some(1000) };
+    let c = rt.create(&spec).await.expect("create from the spare");
+    assert_eq!(std::fs::metadata(dir("memory", "second")).expect("cgroup").ino(), inode);
+    assert_eq!(rt.spare_cgroups(), 0);
+    assert!(!dir("memory", "spare-0").exists());
+    assert_eq!(read("memory", "second", "memory.limit_in_bytes").trim(), (32u64 << 20).to_string());
+    assert_eq!(read("pids", "second", "pids.max").trim(), "max");
+    assert_eq!(read("cpu", "second", "cpu.cfs_period_us").trim(), "100000");
+    assert_eq!(read("cpu", "second", "cpu.cfs_quota_us").trim(), "100000");
+    if dir("cpu", "second").join("cpu.cfs_burst_us").exists() {
+        assert_eq!(read("cpu", "second", "cpu.cfs_burst_us").trim(), "100000");
+    }
+    assert_eq!(read("cpu", "second", "cpu.shares").trim(), "1024");
+    let (status, out, err) = run_capture(&c, &["sh", "-c", "echo ok; cat /proc/self/cgroup"]).await;
+    assert_eq!(status, Some(ExitInfo::Code(0)), "{err}");
+    assert!(out.starts_with("ok\n"), "{out}");
+
+    // An OOM kill: the cgroup that had it is removed, not kept.
+    let (status, _, _) = run_capture(&c, &["sh", "-c", "x=a; while true; do x=$x$x; done"]).await;
+    assert_eq!(status, Some(ExitInfo::Signal(libc::SIGKILL)));
+    c.destroy().await.expect("destroy");
+    assert_eq!(rt.spare_cgroups(), 0, "a cgroup with an OOM kill is not kept");
+    for controller in controllers {
+        assert!(!dir(controller, "second").exists(), "{controller}");
+    }
+
+    // Kept again, then removed with the node.
+    let c = rt.create(&busybox_spec("third")).await.expect("create");
+    c.destroy().await.expect("destroy");
+    assert_eq!(rt.spare_cgroups(), 1);
+    rt.shutdown();
+    for controller in controllers {
+        let parent_dir = PathBuf::from("/sys/fs/cgroup").join(controller).join(&parent);
+        assert!(!parent_dir.exists(), "{controller}: {}", parent_dir.display());
+    }
 }

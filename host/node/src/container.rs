@@ -143,6 +143,7 @@ impl ContainerTier {
             survive_node,
             spool_dir: Some(state_dir.join("spool")),
             cpu_min_quota_us: config.cpu_min_quota_us,
+            spare_cgroups: config.spare_cgroups,
         })
         .map_err(|e| crate::error::chain(&e))?;
         Ok(ContainerTier {

@@ -107,6 +107,7 @@ fn service() -> Result<&'static Service, Refusal> {
                 survive_node: false,
                 spool_dir: None,
                 cpu_min_quota_us: brig_container::cgroup::DEFAULT_CPU_MIN_QUOTA_US,
+                spare_cgroups: brig_container::runtime::DEFAULT_SPARE_CGROUPS,
             };
             let runtime = {
                 let _in_tokio = tokio.enter();
