@@ -357,8 +357,9 @@ async fn container_directories_are_on_a_tmpfs_of_the_nodes_own() {
 }
 
 /// A destroyed container's cgroups are kept, emptied and reset, and the next create takes
-/// them (the same kernel cgroups, renamed) with its own limits; one that had an OOM kill is
-/// removed instead; spares are no container's strays, and go at shutdown.
+/// them (the same kernel cgroups, renamed) with its own limits, whatever the last container's
+/// were; one that had an OOM kill is removed instead; spares are no container's strays, and
+/// go at shutdown.
 #[tokio::test]
 async fn a_destroyed_containers_cgroups_are_reset_and_taken_by_the_next_create() {
     use std::os::unix::fs::MetadataExt;
@@ -370,23 +371,25 @@ async fn a_destroyed_containers_cgroups_are_reset_and_taken_by_the_next_create()
     };
     let read = |controller: &str, name: &str, file: &str| {
         let path = dir(controller, name).join(file);
-        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        let text = std::fs::read_to_string(&path);
+        text.unwrap_or_else(|e| panic!("{}: {e}", path.display())).trim().to_string()
     };
+    let inode = |name: &str| std::fs::metadata(dir("memory", name)).expect("cgroup").ino();
     let controllers = ["memory", "pids", "cpu", "cpuacct", "freezer"];
+    let has_burst = |name: &str| dir("cpu", name).join("cpu.cfs_burst_us").exists();
 
     let mut spec = busybox_spec("first");
     spec.limits =
-        CgroupLimits { memory_bytes: Some(64 << 20), pids: Some(64), cpu_millis: Some(10) };
+        CgroupLimits { memory_bytes: Some(64 << 20), pids: Some(64), cpu_millis: Some(1000) };
     let c = rt.create(&spec).await.expect("create");
     // 24 MiB through the container's memory (its upper tmpfs), and some CPU.
     let script = "head -c 25165824 /dev/zero > /big && rm /big && i=0 && \
-                  while [ $i -lt 300 ]; do i=$((i+1)); done";
+                  while [ $i -lt 3000 ]; do i=$((i+1)); done";
     let (status, _, err) = run_capture(&c, &["sh", "-c", script]).await;
     assert_eq!(status, Some(ExitInfo::Code(0)), "{err}");
-    let peak: u64 =
-        read("memory", "first", "memory.max_usage_in_bytes").trim().parse().expect("peak");
+    let peak: u64 = read("memory", "first", "memory.max_usage_in_bytes").parse().expect("peak");
     assert!(peak >= 24 << 20, "peak {peak}");
-    let inode = std::fs::metadata(dir("memory", "first")).expect("memory cgroup").ino();
+    let first = inode("first");
     c.destroy().await.expect("destroy");
 
     assert_eq!(rt.spare_cgroups(), 1);
@@ -397,33 +400,41 @@ async fn a_destroyed_containers_cgroups_are_reset_and_taken_by_the_next_create()
         let children = children.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir()));
         assert_eq!(children.count(), 0, "{controller}: exec cgroups are gone");
     }
-    let peak: u64 =
-        read("memory", "spare-0", "memory.max_usage_in_bytes").trim().parse().expect("peak");
+    let peak: u64 = read("memory", "spare-0", "memory.max_usage_in_bytes").parse().expect("peak");
     assert!(peak < 24 << 20, "the peak is reset: {peak}");
-    assert_eq!(read("cpuacct", "spare-0", "cpuacct.usage").trim(), "0");
-    assert_eq!(read("memory", "spare-0", "memory.failcnt").trim(), "0");
+    assert_eq!(read("cpuacct", "spare-0", "cpuacct.usage"), "0");
+    assert_eq!(read("memory", "spare-0", "memory.failcnt"), "0");
     let live = std::collections::HashSet::new();
     let strays = rt.stray_containers(&live, std::time::Duration::ZERO);
     assert!(strays.is_empty(), "a spare is no stray: {strays:?}");
 
-    // The next create takes it, with limits of its own.
+    // The next create takes it, with limits of its own: a smaller CPU quota than the burst
+    // the spare holds (the burst goes first), no pids limit.
     let mut spec = busybox_spec("second");
-    spec.limits = CgroupLimits { memory_bytes: Some(32 << 20), pids: None, cpu_millis: Some(1000) };
+    spec.limits = CgroupLimits { memory_bytes: Some(32 << 20), pids: None, cpu_millis: Some(10) };
     let c = rt.create(&spec).await.expect("create from the spare");
-    assert_eq!(std::fs::metadata(dir("memory", "second")).expect("cgroup").ino(), inode);
+    assert_eq!(inode("second"), first, "the same kernel cgroup");
     assert_eq!(rt.spare_cgroups(), 0);
     assert!(!dir("memory", "spare-0").exists());
-    assert_eq!(read("memory", "second", "memory.limit_in_bytes").trim(), (32u64 << 20).to_string());
-    assert_eq!(read("pids", "second", "pids.max").trim(), "max");
-    assert_eq!(read("cpu", "second", "cpu.cfs_period_us").trim(), "100000");
-    assert_eq!(read("cpu", "second", "cpu.cfs_quota_us").trim(), "100000");
-    if dir("cpu", "second").join("cpu.cfs_burst_us").exists() {
-        assert_eq!(read("cpu", "second", "cpu.cfs_burst_us").trim(), "100000");
+    assert_eq!(read("memory", "second", "memory.limit_in_bytes"), (32u64 << 20).to_string());
+    assert_eq!(read("pids", "second", "pids.max"), "max");
+    assert_eq!(read("cpu", "second", "cpu.cfs_period_us"), "500000");
+    assert_eq!(read("cpu", "second", "cpu.cfs_quota_us"), "5000");
+    if has_burst("second") {
+        assert_eq!(read("cpu", "second", "cpu.cfs_burst_us"), "5000");
     }
-    assert_eq!(read("cpu", "second", "cpu.shares").trim(), "1024");
-    let (status, out, err) = run_capture(&c, &["sh", "-c", "echo ok; cat /proc/self/cgroup"]).await;
-    assert_eq!(status, Some(ExitInfo::Code(0)), "{err}");
-    assert!(out.starts_with("ok\n"), "{out}");
+    let (status, out, err) = run_capture(&c, &["echo", "ok"]).await;
+    assert_eq!((status, out.as_str()), (Some(ExitInfo::Code(0)), "ok\n"), "{err}");
+    c.destroy().await.expect("destroy");
+
+    // Again, by a container with no CPU limit: the quota goes.
+    let mut spec = busybox_spec("third");
+    spec.limits = CgroupLimits { memory_bytes: Some(32 << 20), pids: Some(64), cpu_millis: None };
+    let c = rt.create(&spec).await.expect("create from the spare");
+    assert_eq!(inode("third"), first, "the same kernel cgroup");
+    assert_eq!(read("cpu", "third", "cpu.cfs_quota_us"), "-1");
+    assert_eq!(read("cpu", "third", "cpu.shares"), "1024");
+    assert_eq!(read("pids", "third", "pids.max"), "64");
 
     // An OOM kill: the cgroup that had it is removed, not kept.
     let (status, _, _) = run_capture(&c, &["sh", "-c", "x=a; while true; do x=$x$x; done"]).await;
@@ -431,11 +442,11 @@ async fn a_destroyed_containers_cgroups_are_reset_and_taken_by_the_next_create()
     c.destroy().await.expect("destroy");
     assert_eq!(rt.spare_cgroups(), 0, "a cgroup with an OOM kill is not kept");
     for controller in controllers {
-        assert!(!dir(controller, "second").exists(), "{controller}");
+        assert!(!dir(controller, "third").exists(), "{controller}");
     }
 
     // Kept again, then removed with the node.
-    let c = rt.create(&busybox_spec("third")).await.expect("create");
+    let c = rt.create(&busybox_spec("fourth")).await.expect("create");
     c.destroy().await.expect("destroy");
     assert_eq!(rt.spare_cgroups(), 1);
     rt.shutdown();
