@@ -21,6 +21,12 @@ fn runtime(run: &std::path::Path) -> Runtime {
 }
 
 fn runtime_named(run: &std::path::Path, tag: &str, survive_node: bool) -> Runtime {
+    let spares = brig_container::runtime::DEFAULT_SPARE_CGROUPS;
+    runtime_with_spares(run, tag, survive_node, spares)
+}
+
+fn runtime_with_spares(run: &std::path::Path, tag: &str, survive: bool, spares: usize) -> Runtime {
+    let survive_node = survive;
     Runtime::new(RuntimeConfig {
         run_dir: run.to_owned(),
         shim_path: PathBuf::from(env!("CARGO_BIN_EXE_brig-shim")),
@@ -30,7 +36,7 @@ fn runtime_named(run: &std::path::Path, tag: &str, survive_node: bool) -> Runtim
         survive_node,
         spool_dir: None,
         cpu_min_quota_us: brig_container::cgroup::DEFAULT_CPU_MIN_QUOTA_US,
-        spare_cgroups: brig_container::runtime::DEFAULT_SPARE_CGROUPS,
+        spare_cgroups: spares,
     })
     .expect("runtime")
 }
@@ -454,4 +460,35 @@ async fn a_destroyed_containers_cgroups_are_reset_and_taken_by_the_next_create()
         let parent_dir = PathBuf::from("/sys/fs/cgroup").join(controller).join(&parent);
         assert!(!parent_dir.exists(), "{controller}: {}", parent_dir.display());
     }
+}
+
+/// No more spares are kept than the bound, even when containers are destroyed at once; the
+/// rest are removed.
+#[tokio::test]
+async fn spare_cgroups_stay_within_their_bound() {
+    let run = tempfile::tempdir().expect("tmp");
+    let rt = runtime_with_spares(run.path(), "bound", false, 2);
+    let parent = format!("brig-test-bound-{}", std::process::id());
+    let mut made = Vec::new();
+    for i in 0..4 {
+        made.push(rt.create(&busybox_spec(&format!("b{i}"))).await.expect("create"));
+    }
+    let destroys = made.iter().map(|c| c.destroy());
+    for done in futures::future::join_all(destroys).await {
+        done.expect("destroy");
+    }
+    assert_eq!(rt.spare_cgroups(), 2);
+    let memory = PathBuf::from("/sys/fs/cgroup/memory").join(&parent);
+    let mut left: Vec<String> = std::fs::read_dir(&memory)
+        .expect("parent")
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(left.iter().all(|n| n.starts_with("spare-")), "{left:?}");
+    drop(made);
+    rt.shutdown();
+    assert!(!memory.exists());
 }

@@ -26,7 +26,7 @@
 //! its parent it has no container for, spares a crashed run left included.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::{
     child_cgroups, read_pids, remove_tree, write_if_changed, CgroupLimits, ContainerCgroup, Version,
@@ -41,6 +41,8 @@ pub struct SpareCgroups {
     cap: usize,
     /// Directories (one per hierarchy) of each spare.
     free: parking_lot::Mutex<Vec<Vec<(&'static str, PathBuf)>>>,
+    /// Spares kept plus those being kept now, so that destroys at once do not pass `cap`.
+    held: AtomicUsize,
     next: AtomicU64,
 }
 
@@ -87,7 +89,12 @@ fn rename_all(
 
 impl SpareCgroups {
     pub fn new(cap: usize) -> SpareCgroups {
-        SpareCgroups { cap, free: parking_lot::Mutex::new(Vec::new()), next: AtomicU64::new(0) }
+        SpareCgroups {
+            cap,
+            free: parking_lot::Mutex::new(Vec::new()),
+            held: AtomicUsize::new(0),
+            next: AtomicU64::new(0),
+        }
     }
 
     /// How many spares are kept now.
@@ -108,6 +115,7 @@ impl SpareCgroups {
         limits: &CgroupLimits,
     ) -> Option<Vec<(&'static str, PathBuf)>> {
         let spare = self.free.lock().pop()?;
+        self.held.fetch_sub(1, Ordering::Relaxed);
         let name = dirs.first()?.1.file_name()?.to_string_lossy().into_owned();
         let taken = rename_all(&spare, &name)?;
         match reset_for(&taken, limits) {
@@ -126,21 +134,35 @@ impl SpareCgroups {
     /// room and it qualifies (module docs). `false`: not kept, and left as it was; `true`:
     /// kept, or (a rename failed) removed.
     pub(super) fn keep(&self, cgroup: &ContainerCgroup) -> bool {
-        if cgroup.version != Version::V1 || self.len() >= self.cap {
+        if cgroup.version != Version::V1 {
             return false;
         }
-        if cgroup.oom_kills() > 0 || cgroup.is_frozen() {
+        if self.held.fetch_add(1, Ordering::Relaxed) >= self.cap {
+            self.held.fetch_sub(1, Ordering::Relaxed);
             return false;
+        }
+        let kept = self.try_keep(cgroup);
+        if kept != Some(true) {
+            self.held.fetch_sub(1, Ordering::Relaxed);
+        }
+        kept.is_some()
+    }
+
+    /// [`SpareCgroups::keep`] with a place reserved: `Some(true)` kept, `Some(false)` removed
+    /// (a rename failed), `None` not kept and left as it was.
+    fn try_keep(&self, cgroup: &ContainerCgroup) -> Option<bool> {
+        if cgroup.oom_kills() > 0 || cgroup.is_frozen() {
+            return None;
         }
         for (_, dir) in &cgroup.dirs {
             // Exec cgroups go (kept ones are empty; a busy one means a process is left).
             for child in child_cgroups(dir) {
                 if remove_tree(&child).is_err() {
-                    return false;
+                    return None;
                 }
             }
             if !read_pids(dir).is_empty() {
-                return false;
+                return None;
             }
         }
         let reset = [
@@ -152,21 +174,22 @@ impl SpareCgroups {
             let Some(dir) = cgroup.dir(controller) else { continue };
             if let Err(e) = std::fs::write(dir.join(file), "0") {
                 tracing::debug!(file, error = %e, "cannot reset a cgroup counter; not kept");
-                return false;
+                return None;
             }
         }
         let name = format!("{SPARE_PREFIX}{}", self.next.fetch_add(1, Ordering::Relaxed));
         let Some(spare) = rename_all(&cgroup.dirs, &name) else {
             // Both names' directories are gone: nothing is left to remove.
-            return true;
+            return Some(false);
         };
         self.free.lock().push(spare);
-        true
+        Some(true)
     }
 
     /// Removes every spare (at shutdown).
     pub fn remove_all(&self) {
         let spares = std::mem::take(&mut *self.free.lock());
+        self.held.fetch_sub(spares.len(), Ordering::Relaxed);
         for dirs in spares {
             for (_, dir) in dirs {
                 let _ = remove_tree(&dir);
