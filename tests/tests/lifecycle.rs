@@ -22,10 +22,11 @@ async fn sh(sb: &Sandbox, script: &str) -> String {
 
 /// Starts a process that counts up in /tmp/count every 50 ms, detached from any exec.
 async fn start_counter(sb: &Sandbox) {
+    // Written aside and renamed, so a reader never finds the file truncated and not yet written.
     sh(
         sb,
-        "(i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done) \
-         </dev/null >/dev/null 2>&1 &",
+        "(i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; \
+         sleep 0.05; done) </dev/null >/dev/null 2>&1 &",
     )
     .await;
 }
@@ -377,10 +378,17 @@ async fn sandboxes_survive_brigd_restarts_and_crashes() {
     let running = client.sandbox(running.id());
     assert_eq!(state(&running).await, SandboxState::Running);
 
-    // A crash (SIGKILL, no cleanup) loses nothing either.
+    // A destroyed container's cgroups wait as a spare for the next create.
+    let gone = client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
+    gone.destroy().await.expect("destroy");
+    assert!(!spare_cgroups(&daemon).is_empty(), "no spare cgroup kept");
+
+    // A crash (SIGKILL, no cleanup) loses nothing either, and the spares it left are removed
+    // by the next start.
     daemon.crash().expect("crash");
     daemon.start_again().expect("start");
     let client = daemon.client().await.expect("reconnect");
+    assert_eq!(spare_cgroups(&daemon), Vec::<std::path::PathBuf>::new());
     let running = client.sandbox(running.id());
     let a: u64 = sh(&running, "cat /tmp/count").await.trim().parse().expect("count");
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -388,6 +396,26 @@ async fn sandboxes_survive_brigd_restarts_and_crashes() {
     assert!(b > a, "the running sandbox's process did not survive: {a} -> {b}");
     assert_eq!(client.sandbox(fncall.id()).read_file("f").await.expect("read"), b"ws");
     assert_eq!(sh(&client.sandbox(paused.id()), "cat /state").await, "before\n");
+}
+
+/// The node's spare cgroups (destroyed containers' cgroups kept for the next create), in any
+/// v1 hierarchy.
+fn spare_cgroups(daemon: &Daemon) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else { return found };
+    for c in controllers.flatten() {
+        let Ok(children) = std::fs::read_dir(c.path().join(format!("brig-0-{}", daemon.tag())))
+        else {
+            continue;
+        };
+        found.extend(
+            children
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("spare-"))
+                .map(|e| e.path()),
+        );
+    }
+    found
 }
 
 /// The freezer file of a container's cgroup (v1 or v2), found by sandbox id.
