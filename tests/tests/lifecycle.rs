@@ -382,6 +382,8 @@ async fn sandboxes_survive_brigd_restarts_and_crashes() {
     let gone = client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
     gone.destroy().await.expect("destroy");
     assert!(!spare_cgroups(&daemon).is_empty(), "no spare cgroup kept");
+    let text = brig_tests::net::metrics_text(daemon.state_dir()).expect("metrics");
+    assert_eq!(brig_tests::net::metric(&text, "brig_container_spare_cgroups "), 1.0, "{text}");
 
     // A crash (SIGKILL, no cleanup) loses nothing either, and the spares it left are removed
     // by the next start.

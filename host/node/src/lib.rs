@@ -271,6 +271,10 @@ impl Node {
         let reserved = shrinker_ids::ShrinkerIds::beside(&self.inner.run_dir).this_boot();
         m.shrinker_ids_reserved
             .set(reserved.map_or(0, |r| i64::try_from(r.ids).unwrap_or(i64::MAX)));
+        if let Ok(containers) = &self.inner.containers {
+            let spares = containers.runtime().spare_cgroups();
+            m.spare_cgroups.set(i64::try_from(spares).unwrap_or(i64::MAX));
+        }
         m.encode()
     }
 

@@ -77,6 +77,8 @@ pub struct Metrics {
     free_page_reporting: Family<StateLabel, Gauge>,
     /// Memory cgroup shrinker ids this boot has reserved (`shrinker_ids`); 0 if none.
     pub shrinker_ids_reserved: Gauge,
+    /// Destroyed containers' cgroups kept for the next creates, read at each scrape.
+    pub spare_cgroups: Gauge,
 }
 
 impl Default for Metrics {
@@ -142,7 +144,14 @@ impl Default for Metrics {
             "Memory cgroup shrinker ids the host reserved this boot, so a fill does not grow every memory cgroup's shrinker map (0 if none)",
             shrinker_ids_reserved.clone(),
         );
+        let spare_cgroups = Gauge::default();
+        registry.register(
+            "container_spare_cgroups",
+            "Destroyed containers' cgroups kept, emptied and reset, for the next creates ([container] spare_cgroups)",
+            spare_cgroups.clone(),
+        );
         Metrics {
+            spare_cgroups,
             shrinker_ids_reserved,
             free_page_reporting,
             stray_objects,
