@@ -235,37 +235,52 @@ impl CgroupManager {
     ) -> Result<ContainerCgroup, CgroupError> {
         let dirs = self.dirs(name);
         let spares = self.spares.clone();
-        if let Some(taken) = spares.as_ref().and_then(|s| s.take(&dirs, limits)) {
-            return Ok(ContainerCgroup { version: self.version, dirs: taken, spares });
+        if let Some(taken) = spares.as_ref().and_then(|s| s.take(&dirs)) {
+            let cg = ContainerCgroup { version: self.version, dirs: taken, spares: spares.clone() };
+            match cg.write_limits(limits, true).and_then(|()| cg.reset_cpu(limits)) {
+                Ok(()) => return Ok(cg),
+                Err(e) => {
+                    tracing::warn!(container = name, error = %e, "cannot reuse a spare cgroup");
+                    let _ = cg.remove();
+                }
+            }
         }
         let cg = ContainerCgroup { version: self.version, dirs, spares };
         for (_, dir) in &cg.dirs {
             std::fs::create_dir_all(dir).map_err(io("create", dir))?;
         }
-        let write =
-            |file: PathBuf, value: String| std::fs::write(&file, value).map_err(io("write", &file));
-        match self.version {
-            Version::V1 => {
-                let dir = |c: &str| cg.dir(c).map(Path::to_path_buf);
-                if let (Some(bytes), Some(d)) = (limits.memory_bytes, dir("memory")) {
-                    write(d.join("memory.limit_in_bytes"), bytes.to_string())?;
-                }
-                if let (Some(n), Some(d)) = (limits.pids, dir("pids")) {
-                    write(d.join("pids.max"), n.to_string())?;
-                }
-            }
-            Version::V2 => {
-                let d = cg.dirs[0].1.clone();
-                if let Some(bytes) = limits.memory_bytes {
-                    write(d.join("memory.max"), bytes.to_string())?;
-                }
-                if let Some(n) = limits.pids {
-                    write(d.join("pids.max"), n.to_string())?;
-                }
-                chown(&d.join("cgroup.procs"), owner)?;
-            }
+        cg.write_limits(limits, false)?;
+        if self.version == Version::V2 {
+            chown(&cg.dirs[0].1.join("cgroup.procs"), owner)?;
         }
         Ok(cg)
+    }
+}
+
+impl ContainerCgroup {
+    /// Writes the memory and pids parts of `limits`; with `unset_too`, a part `limits` leaves
+    /// out is written as unlimited (a spare's last container may have had one).
+    fn write_limits(&self, limits: &CgroupLimits, unset_too: bool) -> Result<(), CgroupError> {
+        let (memory_file, unlimited_memory) = match self.version {
+            Version::V1 => ("memory.limit_in_bytes", "-1"),
+            Version::V2 => ("memory.max", "max"),
+        };
+        let parts = [
+            ("memory", memory_file, limits.memory_bytes, unlimited_memory),
+            ("pids", "pids.max", limits.pids, "max"),
+        ];
+        for (controller, file, value, unlimited) in parts {
+            let value = match value {
+                Some(n) => n.to_string(),
+                None if unset_too => unlimited.to_string(),
+                None => continue,
+            };
+            if let Some(d) = self.dir(controller) {
+                let file = d.join(file);
+                std::fs::write(&file, value).map_err(io("write", &file))?;
+            }
+        }
+        Ok(())
     }
 }
 

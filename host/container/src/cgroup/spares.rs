@@ -51,15 +51,6 @@ pub fn is_spare_name(name: &str) -> bool {
     name.starts_with(SPARE_PREFIX)
 }
 
-/// Sets a cgroup directory's modification time to now: a spare taken for a create under way
-/// looks new to the stray scan (`crate::strays`), as a directory made for it would.
-fn touch(dir: &std::path::Path) {
-    use nix::sys::stat::{utimensat, UtimensatFlags};
-    use nix::sys::time::TimeSpec;
-    let now = TimeSpec::UTIME_NOW;
-    let _ = utimensat(nix::fcntl::AT_FDCWD, dir, &now, &now, UtimensatFlags::NoFollowSymlink);
-}
-
 /// Renames each of `dirs` to the same place under `name`; on a failure, removes every
 /// directory of both names and returns `None`.
 fn rename_all(
@@ -70,10 +61,7 @@ fn rename_all(
     for (controller, dir) in dirs {
         let to = dir.with_file_name(name);
         match std::fs::rename(dir, &to) {
-            Ok(()) => {
-                touch(&to);
-                renamed.push((*controller, to));
-            }
+            Ok(()) => renamed.push((*controller, to)),
             Err(e) => {
                 tracing::warn!(from = %dir.display(), to = %to.display(), error = %e,
                     "cannot rename a cgroup; removing it");
@@ -106,28 +94,17 @@ impl SpareCgroups {
         self.len() == 0
     }
 
-    /// A spare renamed to container `name`'s directories (`dirs`, one per hierarchy), with
-    /// the limits of `limits` that are not the CPU quota: `None` if there is none, or it
-    /// could not be taken (it is removed then).
+    /// A spare renamed to a container's directories (`dirs`, one per hierarchy), for the
+    /// caller to give its limits: `None` if there is none, or it could not be renamed (it is
+    /// removed then).
     pub(super) fn take(
         &self,
         dirs: &[(&'static str, PathBuf)],
-        limits: &CgroupLimits,
     ) -> Option<Vec<(&'static str, PathBuf)>> {
+        let name = dirs.first()?.1.file_name()?.to_string_lossy().into_owned();
         let spare = self.free.lock().pop()?;
         self.held.fetch_sub(1, Ordering::Relaxed);
-        let name = dirs.first()?.1.file_name()?.to_string_lossy().into_owned();
-        let taken = rename_all(&spare, &name)?;
-        match reset_for(&taken, limits) {
-            Ok(()) => Some(taken),
-            Err(e) => {
-                tracing::warn!(container = %name, error = %e, "cannot reuse a spare cgroup");
-                for (_, d) in &taken {
-                    let _ = remove_tree(d);
-                }
-                None
-            }
-        }
+        rename_all(&spare, &name)
     }
 
     /// Keeps `cgroup` (its container destroyed, its processes killed) as a spare if there is
@@ -198,33 +175,15 @@ impl SpareCgroups {
     }
 }
 
-/// Puts a taken spare's limits, weight and idle policy as a new cgroup would have them for
-/// `limits` (the CPU quota is written when the container has started, only where it differs).
-fn reset_for(
-    dirs: &[(&'static str, PathBuf)],
-    limits: &CgroupLimits,
-) -> Result<(), super::CgroupError> {
-    let dir = |c: &str| dirs.iter().find(|(d, _)| *d == c).map(|(_, p)| p.clone());
-    if let Some(d) = dir("memory") {
-        let limit = limits.memory_bytes.map_or_else(|| "-1".to_string(), |b| b.to_string());
-        let file = d.join("memory.limit_in_bytes");
-        std::fs::write(&file, limit).map_err(super::io("write", &file))?;
-    }
-    if let Some(d) = dir("pids") {
-        let max = limits.pids.map_or_else(|| "max".to_string(), |n| n.to_string());
-        let file = d.join("pids.max");
-        std::fs::write(&file, max).map_err(super::io("write", &file))?;
-    }
-    if let Some(d) = dir("cpu") {
-        // An idle group refuses weight changes: leave idle first.
-        let idle = d.join("cpu.idle");
-        if idle.exists() {
-            write_if_changed(&idle, "0")?;
-        }
-        write_if_changed(&d.join("cpu.shares"), "1024")?;
-        if limits.cpu_millis.is_none() {
+impl ContainerCgroup {
+    /// A taken spare's CPU weight and idle policy as a new cgroup has them, and no quota if
+    /// the new container has no CPU limit (one it has is written by
+    /// [`ContainerCgroup::limit_cpu`], only where it differs).
+    pub(super) fn reset_cpu(&self, limits: &CgroupLimits) -> Result<(), super::CgroupError> {
+        self.set_best_effort(false)?;
+        if let (None, Some(d)) = (limits.cpu_millis, self.dir("cpu")) {
             write_if_changed(&d.join("cpu.cfs_quota_us"), "-1")?;
         }
+        Ok(())
     }
-    Ok(())
 }
