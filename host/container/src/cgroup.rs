@@ -126,10 +126,14 @@ impl CgroupManager {
     }
 
     /// Keeps up to `cap` destroyed containers' cgroups for the next creates (`spares`): on v1
-    /// only (v2 cannot rename a cgroup), and none for a `cap` of 0.
-    pub fn with_spares(mut self, cap: usize) -> CgroupManager {
+    /// only (v2 cannot rename a cgroup), and none for a `cap` of 0. A spare not taken within
+    /// `idle` is removed (never, for a zero `idle`).
+    pub fn with_spares(mut self, cap: usize, idle: std::time::Duration) -> CgroupManager {
         self.spares =
             (self.version == Version::V1 && cap > 0).then(|| Arc::new(SpareCgroups::new(cap)));
+        if let (Some(spares), false) = (&self.spares, idle.is_zero()) {
+            SpareCgroups::start_trimming(spares, idle);
+        }
         self
     }
 

@@ -85,10 +85,19 @@ pub struct RuntimeConfig {
     /// Destroyed containers' cgroups kept for the next creates, at most (v1 hosts;
     /// `crate::cgroup::SpareCgroups`). 0 keeps none.
     pub spare_cgroups: usize,
+    /// A spare cgroup not taken within this many seconds is removed (0: kept until shutdown).
+    pub spare_cgroups_idle_secs: u64,
 }
 
-/// A node's default [`RuntimeConfig::spare_cgroups`].
-pub const DEFAULT_SPARE_CGROUPS: usize = 64;
+/// A node's default [`RuntimeConfig::spare_cgroups`]: as many as the containers a node is
+/// sized for (`[container] reserve_shrinker_ids_for`), so that a whole wave's cgroups wait
+/// for the next wave.
+pub const DEFAULT_SPARE_CGROUPS: usize = 10_000;
+
+/// A node's default [`RuntimeConfig::spare_cgroups_idle_secs`]: longer than an RL trainer's
+/// update between two waves of rollouts usually takes, short enough that a node left idle
+/// gives the memory back within minutes.
+pub const DEFAULT_SPARE_CGROUPS_IDLE_SECS: u64 = 300;
 
 impl RuntimeConfig {
     pub(crate) fn spool_root(&self) -> PathBuf {
@@ -142,7 +151,10 @@ pub struct Runtime {
 impl Runtime {
     pub fn new(config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
         let cgroups = CgroupManager::detect(&config.cgroup_root, &config.cgroup_parent)?
-            .with_spares(config.spare_cgroups);
+            .with_spares(
+                config.spare_cgroups,
+                std::time::Duration::from_secs(config.spare_cgroups_idle_secs),
+            );
         let layers = LayerMounts::new(&config.run_dir.join("layers"))?;
         // 0711: traversable without listing (shims of earlier builds reached the rootfs through
         // them as container root; a shim now clones it from here as host root).

@@ -26,6 +26,16 @@ fn runtime_named(run: &std::path::Path, tag: &str, survive_node: bool) -> Runtim
 }
 
 fn runtime_with_spares(run: &std::path::Path, tag: &str, survive: bool, spares: usize) -> Runtime {
+    runtime_with_idle_spares(run, tag, survive, spares, 0)
+}
+
+fn runtime_with_idle_spares(
+    run: &std::path::Path,
+    tag: &str,
+    survive: bool,
+    spares: usize,
+    spare_cgroups_idle_secs: u64,
+) -> Runtime {
     let survive_node = survive;
     Runtime::new(RuntimeConfig {
         run_dir: run.to_owned(),
@@ -37,6 +47,7 @@ fn runtime_with_spares(run: &std::path::Path, tag: &str, survive: bool, spares: 
         spool_dir: None,
         cpu_min_quota_us: brig_container::cgroup::DEFAULT_CPU_MIN_QUOTA_US,
         spare_cgroups: spares,
+        spare_cgroups_idle_secs,
     })
     .expect("runtime")
 }
@@ -491,4 +502,49 @@ async fn spare_cgroups_stay_within_their_bound() {
     drop(made);
     rt.shutdown();
     assert!(!memory.exists());
+}
+
+/// The spare directories under the test runtime's parent in the memory hierarchy.
+fn spare_dirs(parent: &str) -> Vec<String> {
+    let memory = PathBuf::from("/sys/fs/cgroup/memory").join(parent);
+    let mut left: Vec<String> = std::fs::read_dir(&memory)
+        .expect("parent")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("spare-"))
+        .collect();
+    left.sort();
+    left
+}
+
+/// A spare not taken within the idle time is removed by the node's trim thread, in every
+/// hierarchy; one taken in time serves its create as before.
+#[tokio::test]
+async fn spare_cgroups_left_idle_are_removed() {
+    let run = tempfile::tempdir().expect("tmp");
+    let rt = runtime_with_idle_spares(run.path(), "idle", false, 8, 2);
+    let parent = format!("brig-test-idle-{}", std::process::id());
+    let first = rt.create(&busybox_spec("i0")).await.expect("create");
+    first.destroy().await.expect("destroy");
+    assert_eq!(rt.spare_cgroups(), 1);
+    // Taken within the idle time: the next create gets it.
+    let second = rt.create(&busybox_spec("i1")).await.expect("create");
+    assert_eq!(rt.spare_cgroups(), 0, "the spare was taken");
+    second.destroy().await.expect("destroy");
+    assert_eq!(spare_dirs(&parent).len(), 1);
+    // Left idle: gone within the idle time and a tick or two, in every hierarchy.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while rt.spare_cgroups() > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(rt.spare_cgroups(), 0, "an idle spare is still kept after 10 s");
+    for controller in ["memory", "cpu", "pids", "freezer"] {
+        let dir = PathBuf::from("/sys/fs/cgroup").join(controller).join(&parent);
+        let left: Vec<String> = std::fs::read_dir(&dir)
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        assert!(!left.iter().any(|n| n.starts_with("spare-")), "{controller}: {left:?}");
+    }
+    drop((first, second));
+    rt.shutdown();
 }

@@ -154,6 +154,9 @@ pub struct ContainerConfig {
     /// the host (`docs/density.md`). Each spare holds its kernel memory meanwhile. 0 keeps
     /// none.
     pub spare_cgroups: usize,
+    /// A spare cgroup not taken within this many seconds is removed, a few a second, so a
+    /// node that stops creating gives their memory back. 0 keeps spares until shutdown.
+    pub spare_cgroups_idle_secs: u64,
     pub default_pids: u64,
     pub max_pids: u64,
     pub default_disk_mib: u64,
@@ -183,6 +186,7 @@ impl Default for ContainerConfig {
             hold_freed_memory: true,
             reserve_shrinker_ids_for: 10_000,
             spare_cgroups: brig_container::runtime::DEFAULT_SPARE_CGROUPS,
+            spare_cgroups_idle_secs: brig_container::runtime::DEFAULT_SPARE_CGROUPS_IDLE_SECS,
             default_pids: 1024,
             max_pids: 32_768,
             default_disk_mib: 1024,

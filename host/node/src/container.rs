@@ -144,6 +144,7 @@ impl ContainerTier {
             spool_dir: Some(state_dir.join("spool")),
             cpu_min_quota_us: config.cpu_min_quota_us,
             spare_cgroups: config.spare_cgroups,
+            spare_cgroups_idle_secs: config.spare_cgroups_idle_secs,
         })
         .map_err(|e| crate::error::chain(&e))?;
         Ok(ContainerTier {

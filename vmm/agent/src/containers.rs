@@ -107,7 +107,9 @@ fn service() -> Result<&'static Service, Refusal> {
                 survive_node: false,
                 spool_dir: None,
                 cpu_min_quota_us: brig_container::cgroup::DEFAULT_CPU_MIN_QUOTA_US,
-                spare_cgroups: brig_container::runtime::DEFAULT_SPARE_CGROUPS,
+                // A container-host VM holds far fewer containers than a node is sized for.
+                spare_cgroups: 64,
+                spare_cgroups_idle_secs: brig_container::runtime::DEFAULT_SPARE_CGROUPS_IDLE_SECS,
             };
             let runtime = {
                 let _in_tokio = tokio.enter();

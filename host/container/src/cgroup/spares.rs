@@ -24,9 +24,18 @@
 //! Spares are named [`SPARE_PREFIX`]`<n>`, which no sandbox id can be. Only the running node
 //! has any: it removes them at shutdown, and a node that starts removes every cgroup under
 //! its parent it has no container for, spares a crashed run left included.
+//!
+//! A spare holds its kernel memory (the shrinker map above) while it waits, so spares do not
+//! wait for ever: one not taken within the idle time is removed ([`SpareCgroups::trim_idle`],
+//! run each second by a thread of the node's, [`TRIM_PER_TICK`] at a time). The bound is
+//! sized for a node that ends one wave of sandboxes and starts the next (an RL job's steps):
+//! the next wave's creates take the last one's cgroups, and none of them is removed and made
+//! again; a node that stops creating gives them back after the idle time.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use super::{
     child_cgroups, read_pids, remove_tree, write_if_changed, CgroupLimits, ContainerCgroup, Version,
@@ -35,12 +44,20 @@ use super::{
 /// Names of spare cgroups start with this.
 pub const SPARE_PREFIX: &str = "spare-";
 
+/// Spares removed at most per second by the idle trim: each removal makes the kernel walk every
+/// memcg-aware list on the host (two per superblock) while it offlines the memory cgroup, so
+/// removing thousands at once would take a core for tens of seconds on a full node.
+pub const TRIM_PER_TICK: usize = 20;
+
+/// One spare: its directories (one per hierarchy), and when it was kept.
+type Spare = (Instant, Vec<(&'static str, PathBuf)>);
+
 /// The node's spare container cgroups, at most `cap`.
 #[derive(Debug)]
 pub struct SpareCgroups {
     cap: usize,
-    /// Directories (one per hierarchy) of each spare.
-    free: parking_lot::Mutex<Vec<Vec<(&'static str, PathBuf)>>>,
+    /// Spares, oldest first.
+    free: parking_lot::Mutex<Vec<Spare>>,
     /// Spares kept plus those being kept now, so that destroys at once do not pass `cap`.
     held: AtomicUsize,
     next: AtomicU64,
@@ -102,7 +119,7 @@ impl SpareCgroups {
         dirs: &[(&'static str, PathBuf)],
     ) -> Option<Vec<(&'static str, PathBuf)>> {
         let name = dirs.first()?.1.file_name()?.to_string_lossy().into_owned();
-        let spare = self.free.lock().pop()?;
+        let (_, spare) = self.free.lock().pop()?;
         self.held.fetch_sub(1, Ordering::Relaxed);
         rename_all(&spare, &name)
     }
@@ -159,18 +176,54 @@ impl SpareCgroups {
             // Both names' directories are gone: nothing is left to remove.
             return Some(false);
         };
-        self.free.lock().push(spare);
+        self.free.lock().push((Instant::now(), spare));
         Some(true)
     }
 
     /// Removes every spare (at shutdown).
     pub fn remove_all(&self) {
         let spares = std::mem::take(&mut *self.free.lock());
+        self.remove(spares);
+    }
+
+    /// Removes up to `at_most` spares kept `idle` ago or longer, oldest first; returns how many.
+    pub fn trim_idle(&self, idle: Duration, at_most: usize) -> usize {
+        let stale: Vec<Spare> = {
+            let mut free = self.free.lock();
+            let n =
+                free.iter().take(at_most).take_while(|(kept, _)| kept.elapsed() >= idle).count();
+            free.drain(..n).collect()
+        };
+        let n = stale.len();
+        if n > 0 {
+            tracing::debug!(removed = n, "spare cgroups idle too long removed");
+        }
+        self.remove(stale);
+        n
+    }
+
+    fn remove(&self, spares: Vec<Spare>) {
         self.held.fetch_sub(spares.len(), Ordering::Relaxed);
-        for dirs in spares {
+        for (_, dirs) in spares {
             for (_, dir) in dirs {
                 let _ = remove_tree(&dir);
             }
+        }
+    }
+
+    /// Starts the thread that removes spares left idle for `idle` ([`TRIM_PER_TICK`] a
+    /// second); it ends once `spares` is dropped.
+    pub(super) fn start_trimming(spares: &Arc<SpareCgroups>, idle: Duration) {
+        let weak: Weak<SpareCgroups> = Arc::downgrade(spares);
+        let tick = Duration::from_secs(1);
+        let started =
+            std::thread::Builder::new().name("spare-cgroup-trim".into()).spawn(move || loop {
+                std::thread::sleep(tick);
+                let Some(spares) = weak.upgrade() else { return };
+                spares.trim_idle(idle, TRIM_PER_TICK);
+            });
+        if let Err(e) = started {
+            tracing::warn!(error = %e, "no thread to trim idle spare cgroups; they wait until shutdown");
         }
     }
 }
