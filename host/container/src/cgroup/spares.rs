@@ -61,6 +61,9 @@ pub struct SpareCgroups {
     /// Spares kept plus those being kept now, so that destroys at once do not pass `cap`.
     held: AtomicUsize,
     next: AtomicU64,
+    /// Held while spares taken out of `free` are removed, so that [`SpareCgroups::remove_all`]
+    /// returns only once a trim under way is done too (the node removes its parent cgroup next).
+    removing: parking_lot::Mutex<()>,
 }
 
 /// Whether `name` is a spare's (not a container's).
@@ -99,6 +102,7 @@ impl SpareCgroups {
             free: parking_lot::Mutex::new(Vec::new()),
             held: AtomicUsize::new(0),
             next: AtomicU64::new(0),
+            removing: parking_lot::Mutex::new(()),
         }
     }
 
@@ -203,6 +207,7 @@ impl SpareCgroups {
     }
 
     fn remove(&self, spares: Vec<Spare>) {
+        let _removing = self.removing.lock();
         self.held.fetch_sub(spares.len(), Ordering::Relaxed);
         for (_, dirs) in spares {
             for (_, dir) in dirs {
