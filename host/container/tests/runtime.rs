@@ -490,13 +490,7 @@ async fn spare_cgroups_stay_within_their_bound() {
     }
     assert_eq!(rt.spare_cgroups(), 2);
     let memory = PathBuf::from("/sys/fs/cgroup/memory").join(&parent);
-    let mut left: Vec<String> = std::fs::read_dir(&memory)
-        .expect("parent")
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    left.sort();
+    let left = child_cgroups("memory", &parent);
     assert_eq!(left.len(), 2, "{left:?}");
     assert!(left.iter().all(|n| n.starts_with("spare-")), "{left:?}");
     drop(made);
@@ -504,17 +498,20 @@ async fn spare_cgroups_stay_within_their_bound() {
     assert!(!memory.exists());
 }
 
-/// The spare directories under the test runtime's parent in the memory hierarchy.
-fn spare_dirs(parent: &str) -> Vec<String> {
-    let memory = PathBuf::from("/sys/fs/cgroup/memory").join(parent);
-    let mut left: Vec<String> = std::fs::read_dir(&memory)
-        .expect("parent")
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("spare-"))
-        .collect();
-    left.sort();
-    left
+/// Names of the cgroups under the test runtime's `parent` in the v1 `controller` hierarchy,
+/// sorted (none if the parent is gone).
+fn child_cgroups(controller: &str, parent: &str) -> Vec<String> {
+    let dir = PathBuf::from("/sys/fs/cgroup").join(controller).join(parent);
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
 }
 
 /// A spare not taken within the idle time is removed by the node's trim thread, in every
@@ -531,7 +528,8 @@ async fn spare_cgroups_left_idle_are_removed() {
     let second = rt.create(&busybox_spec("i1")).await.expect("create");
     assert_eq!(rt.spare_cgroups(), 0, "the spare was taken");
     second.destroy().await.expect("destroy");
-    assert_eq!(spare_dirs(&parent).len(), 1);
+    let spares = child_cgroups("memory", &parent);
+    assert!(spares.len() == 1 && spares[0].starts_with("spare-"), "{spares:?}");
     // Left idle: gone within the idle time and a tick or two, in every hierarchy.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while rt.spare_cgroups() > 0 && std::time::Instant::now() < deadline {
@@ -539,10 +537,7 @@ async fn spare_cgroups_left_idle_are_removed() {
     }
     assert_eq!(rt.spare_cgroups(), 0, "an idle spare is still kept after 10 s");
     for controller in ["memory", "cpu", "pids", "freezer"] {
-        let dir = PathBuf::from("/sys/fs/cgroup").join(controller).join(&parent);
-        let left: Vec<String> = std::fs::read_dir(&dir)
-            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-            .unwrap_or_default();
+        let left = child_cgroups(controller, &parent);
         assert!(!left.iter().any(|n| n.starts_with("spare-")), "{controller}: {left:?}");
     }
     drop((first, second));

@@ -191,7 +191,7 @@ impl SpareCgroups {
     }
 
     /// Removes up to `at_most` spares kept `idle` ago or longer, oldest first; returns how many.
-    pub fn trim_idle(&self, idle: Duration, at_most: usize) -> usize {
+    fn trim_idle(&self, idle: Duration, at_most: usize) -> usize {
         let stale: Vec<Spare> = {
             let mut free = self.free.lock();
             let n =
