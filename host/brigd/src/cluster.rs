@@ -168,7 +168,10 @@ pub async fn run_control(
     let upkeep = tokio::spawn(plane.clone().maintain());
     // The E2B API of a replica places through it and reaches sandboxes on their nodes, as
     // any client of the cluster does.
-    let (e2b, e2b_envd) = crate::start_e2b(e2b, state, local, &identity.fingerprint()).await?;
+    // Project tokens live in the cluster's state: unknown keys are asked about.
+    let keys = brig_e2b::KeyCheck::AskDaemon;
+    let (e2b, e2b_envd) =
+        crate::start_e2b(e2b, state, local, &identity.fingerprint(), keys).await?;
     let endpoint = crate::Endpoint {
         addr: local,
         cert_sha256: identity.fingerprint(),

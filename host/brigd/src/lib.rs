@@ -123,6 +123,7 @@ pub(crate) async fn start_e2b(
     state: &Path,
     quic: SocketAddr,
     fingerprint: &str,
+    keys: brig_e2b::KeyCheck,
 ) -> anyhow::Result<(Option<SocketAddr>, Option<SocketAddr>)> {
     if config.listen_addr()?.is_none() && config.envd_listen_addr()?.is_none() {
         return Ok((None, None));
@@ -134,7 +135,7 @@ pub(crate) async fn start_e2b(
     }
     let connect =
         brig_sdk::ConnectOptions::new(addr, brig_sdk::Pin::Sha256(fingerprint.to_string()), token);
-    let gateway = brig_e2b::Gateway::new(config.clone(), connect, state)?;
+    let gateway = brig_e2b::Gateway::new(config.clone(), connect, keys, state)?;
     Ok(gateway.start().await?)
 }
 
@@ -180,7 +181,14 @@ pub async fn run(
         },
         None => (None, None),
     };
-    let (e2b, e2b_envd) = start_e2b(&opts.e2b, state, local, &identity.fingerprint()).await?;
+    // The all-in-one daemon admits exactly its token file, so the gateway checks API keys
+    // against it alone; a node also takes the control plane's signed tokens.
+    let keys = match opts.role {
+        RoleOptions::All => brig_e2b::KeyCheck::TokenFile(state.join("access-token")),
+        _ => brig_e2b::KeyCheck::AskDaemon,
+    };
+    let (e2b, e2b_envd) =
+        start_e2b(&opts.e2b, state, local, &identity.fingerprint(), keys).await?;
     let endpoint = Endpoint {
         addr: local,
         cert_sha256: identity.fingerprint(),

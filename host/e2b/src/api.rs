@@ -21,6 +21,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::gateway::header;
+use crate::keys::KeyError;
 use crate::{Gateway, ENVD_VERSION};
 
 /// Labels the gateway keeps on a sandbox for itself (not shown as metadata).
@@ -105,11 +106,12 @@ pub(crate) async fn caller(gw: &Gateway, headers: &HeaderMap) -> Result<Client, 
         .map(str::trim)
         .filter(|k| !k.is_empty())
         .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "no X-API-Key"))?;
-    gw.client_for_key(key).await.map_err(|e| match e.code() {
-        Some(ErrorCode::Unauthenticated) => {
-            ApiError::new(StatusCode::UNAUTHORIZED, "the API key is not a valid Brig access token")
-        }
-        _ => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("brigd: {e}")),
+    gw.client_for_key(key).await.map_err(|e| {
+        let status = match e {
+            KeyError::Refused => StatusCode::UNAUTHORIZED,
+            KeyError::Busy | KeyError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        ApiError::new(status, e.to_string())
     })
 }
 
@@ -230,6 +232,10 @@ async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> A
         return Err(ApiError::bad(format!(
             "metadata keys starting {INTERNAL_PREFIX:?} are reserved"
         )));
+    }
+    crate::limits::check_metadata(&metadata).map_err(|e| ApiError::bad(e.to_string()))?;
+    if let Some(env) = &req.env_vars {
+        crate::limits::check_sandbox_env(env).map_err(|e| ApiError::bad(e.to_string()))?;
     }
     let timeout = checked_timeout(&gw, req.timeout)?;
     let auto_pause = req.auto_pause.unwrap_or(false);
@@ -385,6 +391,7 @@ async fn get_one(
 async fn kill(State(gw): State<Gateway>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult {
     let (sb, _) = visible(&gw, &headers, &id).await?;
     gw.inner.running.forget(&id);
+    gw.inner.watchers.forget(sb.id());
     sb.destroy().await.map_err(ApiError::from_brig)?;
     gw.inner.lifetimes.forget(&id);
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -466,6 +473,8 @@ async fn pause(State(gw): State<Gateway>, Path(id): Path<String>, headers: Heade
         return Err(ApiError::new(StatusCode::CONFLICT, format!("sandbox {id} is already paused")));
     }
     gw.inner.running.forget(&id);
+    // A watcher's next look would resume it.
+    gw.inner.watchers.forget(sb.id());
     sb.pause().await.map_err(ApiError::from_brig)?;
     gw.inner.lifetimes.forget(&id);
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -607,6 +616,7 @@ impl Gateway {
                 let Ok(admin) = gw.admin().await else { continue };
                 for id in due {
                     gw.inner.running.forget(&id);
+                    gw.inner.watchers.forget(&id);
                     if let Err(e) = admin.sandbox(&id).pause().await {
                         tracing::warn!(sandbox = %id, error = %e, "pause at E2B timeout failed");
                     }

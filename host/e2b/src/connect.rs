@@ -21,6 +21,8 @@ use serde::Serialize;
 /// Largest request message accepted (envd's requests are small; file data goes through
 /// `/files`, stdin through many small messages).
 pub const MAX_MESSAGE: usize = 4 << 20;
+/// How long a unary or server-streaming request's one message may take to arrive.
+pub const MESSAGE_READ_TIMEOUT: Duration = Duration::from_secs(30);
 const FLAG_COMPRESSED: u8 = 0x01;
 const FLAG_END: u8 = 0x02;
 
@@ -114,6 +116,7 @@ pub enum Code {
     Internal,
     Unavailable,
     Unauthenticated,
+    DataLoss,
 }
 
 impl Code {
@@ -132,6 +135,7 @@ impl Code {
             Code::Internal => "internal",
             Code::Unavailable => "unavailable",
             Code::Unauthenticated => "unauthenticated",
+            Code::DataLoss => "data_loss",
         }
     }
 
@@ -139,7 +143,7 @@ impl Code {
     pub fn status(self) -> StatusCode {
         match self {
             Code::Canceled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-            Code::Unknown | Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
             Code::InvalidArgument => StatusCode::BAD_REQUEST,
             Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
             Code::NotFound => StatusCode::NOT_FOUND,
@@ -226,8 +230,9 @@ pub fn unary_reply<T: Message>(codec: Codec, result: Result<T, ConnectError>) ->
 
 /// Reads a unary request's body (at most [`MAX_MESSAGE`] bytes) and decodes it.
 pub async fn unary_request<T: Message>(codec: Codec, body: Body) -> Result<T, ConnectError> {
-    let bytes = axum::body::to_bytes(body, MAX_MESSAGE)
+    let bytes = tokio::time::timeout(MESSAGE_READ_TIMEOUT, axum::body::to_bytes(body, MAX_MESSAGE))
         .await
+        .map_err(|_| slow_message())?
         .map_err(|e| ConnectError::new(Code::ResourceExhausted, format!("request body: {e}")))?;
     codec.decode(&bytes)
 }
@@ -337,16 +342,26 @@ impl EnvelopeReader {
     }
 }
 
+fn slow_message() -> ConnectError {
+    ConnectError::new(
+        Code::DeadlineExceeded,
+        format!("the request's message did not arrive within {MESSAGE_READ_TIMEOUT:?}"),
+    )
+}
+
 /// Reads a server-streaming request's one message.
 pub async fn single_stream_request<T: Message>(
     codec: Codec,
     body: Body,
 ) -> Result<T, ConnectError> {
-    let collected = http_body_util::Limited::new(body, MAX_MESSAGE + 5)
-        .collect()
-        .await
-        .map_err(|e| ConnectError::new(Code::ResourceExhausted, format!("request body: {e}")))?
-        .to_bytes();
+    let collected = tokio::time::timeout(
+        MESSAGE_READ_TIMEOUT,
+        http_body_util::Limited::new(body, MAX_MESSAGE + 5).collect(),
+    )
+    .await
+    .map_err(|_| slow_message())?
+    .map_err(|e| ConnectError::new(Code::ResourceExhausted, format!("request body: {e}")))?
+    .to_bytes();
     let mut reader = EnvelopeReader {
         codec,
         body: Body::empty().into_data_stream(),

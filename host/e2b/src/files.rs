@@ -22,6 +22,8 @@ use crate::Gateway;
 
 /// Bytes in flight between the HTTP body and Brig, per transfer.
 const PIPE_BYTES: usize = 256 << 10;
+/// Least a gzip body may inflate to, whatever the configured disk.
+const MIN_INFLATE_CAP: u64 = 1 << 20;
 
 #[derive(Debug, serde::Deserialize)]
 pub struct FileQuery {
@@ -231,19 +233,60 @@ impl Sink {
     }
 }
 
-/// Undoes `Content-Encoding: gzip` piece by piece.
-struct Gunzip(flate2::write::GzDecoder<Vec<u8>>);
+/// Input bytes inflated in one step: deflate makes at most ~1032 bytes of a byte, so one step
+/// holds at most ~1 MiB of output before it is passed on.
+const GUNZIP_STEP: usize = 1 << 10;
+
+/// Undoes `Content-Encoding: gzip` as a stream: the body is inflated a small step at a time,
+/// each step's output passed on before the next, and inflation stops once the output passes
+/// `cap` bytes (a bomb ends as a 507, having written no more than the cap).
+struct Gunzip {
+    decoder: flate2::write::GzDecoder<Vec<u8>>,
+    inflated: u64,
+    cap: u64,
+}
 
 impl Gunzip {
-    fn feed(&mut self, bytes: &[u8]) -> Result<Bytes, FileError> {
-        self.0.write_all(bytes).map_err(|e| FileError::bad(format!("bad gzip body: {e}")))?;
-        Ok(Bytes::from(std::mem::take(self.0.get_mut())))
+    fn new(cap: u64) -> Gunzip {
+        Gunzip { decoder: flate2::write::GzDecoder::new(Vec::new()), inflated: 0, cap }
     }
 
-    fn end(mut self) -> Result<Bytes, FileError> {
-        self.0.try_finish().map_err(|e| FileError::bad(format!("bad gzip body: {e}")))?;
-        Ok(Bytes::from(std::mem::take(self.0.get_mut())))
+    /// Inflates `bytes` into `sink`, step by step.
+    async fn feed(&mut self, bytes: &[u8], mut sink: Sink) -> Result<Sink, FileError> {
+        for step in bytes.chunks(GUNZIP_STEP) {
+            self.decoder.write_all(step).map_err(bad_gzip)?;
+            sink = self.pass_on(sink).await?;
+        }
+        Ok(sink)
     }
+
+    /// Checks the gzip trailer and passes on what is left.
+    async fn end(mut self, sink: Sink) -> Result<Sink, FileError> {
+        self.decoder.try_finish().map_err(bad_gzip)?;
+        self.pass_on(sink).await
+    }
+
+    async fn pass_on(&mut self, sink: Sink) -> Result<Sink, FileError> {
+        let out = std::mem::take(self.decoder.get_mut());
+        if out.is_empty() {
+            return Ok(sink);
+        }
+        self.inflated += out.len() as u64;
+        if self.inflated > self.cap {
+            return Err(FileError::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                format!(
+                    "the gzip body inflates past {} MiB, the sandbox's disk; nothing more was written",
+                    self.cap >> 20
+                ),
+            ));
+        }
+        sink.write(Bytes::from(out)).await
+    }
+}
+
+fn bad_gzip(e: std::io::Error) -> FileError {
+    FileError::bad(format!("bad gzip body: {e}"))
 }
 
 /// What one written file answers.
@@ -273,16 +316,42 @@ pub async fn upload(
             Err(e) => Err(FileError::bad(e.body_text())),
         }
     } else {
-        upload_raw(&sb, &user, q.path.as_deref(), &headers, request.into_body()).await
+        // An inflated body larger than the sandbox's disk could not be written anyway.
+        let cap = gw.config().disk_mib.saturating_mul(1 << 20).max(MIN_INFLATE_CAP);
+        upload_raw(&sb, &user, q.path.as_deref(), &headers, request.into_body(), cap).await
     };
+    // A sandbox killed (or paused) during the upload answers as gone, the SDK's "not running",
+    // whatever the write itself said: a file written into a sandbox that ended is not there.
+    let gone = sandbox_ended(&sb).await;
     match result {
+        Ok(_) if gone => crate::connect::sandbox_gone(sb.id()),
         Ok(entries) => (StatusCode::OK, axum::Json(entries)).into_response(),
         Err(e) => {
             // The client may still be sending: answer once it has finished, or it may see its
             // connection reset instead of this error.
             pump.drain().await;
+            if gone {
+                return crate::connect::sandbox_gone(sb.id());
+            }
             e.into_response()
         }
+    }
+}
+
+/// Whether the sandbox is known to be no longer running (a failed status request that is
+/// not "not found" says nothing).
+async fn sandbox_ended(sb: &Sandbox) -> bool {
+    match sb.status().await {
+        Ok(info) => info.state != brig_sdk::SandboxState::Running,
+        Err(e) => matches!(
+            e.code(),
+            Some(
+                ErrorCode::NotFound
+                    | ErrorCode::Expired
+                    | ErrorCode::SandboxLost
+                    | ErrorCode::BadRequest
+            )
+        ),
     }
 }
 
@@ -290,6 +359,8 @@ pub async fn upload(
 /// for how long; past either the connection is closed under the client.
 const DRAIN_BYTES: u64 = 4 << 30;
 const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(60);
+/// Longest an upload's body may go without a byte before the upload fails.
+const BODY_STALL: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Moves a request body through a small channel, so that a handler that stops reading can still
 /// read the rest of it (and throw it away) before it answers.
@@ -302,7 +373,19 @@ impl BodyPump {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, axum::Error>>(8);
         let task = tokio::spawn(async move {
             let mut stream = body.into_data_stream();
-            while let Some(chunk) = stream.next().await {
+            loop {
+                let chunk = match tokio::time::timeout(BODY_STALL, stream.next()).await {
+                    Ok(Some(chunk)) => chunk,
+                    Ok(None) => break,
+                    Err(_) => {
+                        let stalled = std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no byte of the body for {BODY_STALL:?}"),
+                        );
+                        let _ = tx.send(Err(axum::Error::new(stalled))).await;
+                        return;
+                    }
+                };
                 if tx.send(chunk).await.is_err() {
                     break;
                 }
@@ -332,35 +415,32 @@ impl BodyPump {
     }
 }
 
+/// `inflate_cap`: most bytes a gzip body may inflate to.
 async fn upload_raw(
     sb: &Sandbox,
     user: &EnvdUser,
     path: Option<&str>,
     headers: &HeaderMap,
     body: Body,
+    inflate_cap: u64,
 ) -> Result<Vec<serde_json::Value>, FileError> {
     let path = user.resolve(path.ok_or_else(|| FileError::bad("no path"))?);
     let gzip = crate::gateway::header(headers, "content-encoding")
         .is_some_and(|e| e.eq_ignore_ascii_case("gzip"));
-    let mut gunzip = gzip.then(|| Gunzip(flate2::write::GzDecoder::new(Vec::new())));
+    let mut gunzip = gzip.then(|| Gunzip::new(inflate_cap));
     let mut sink = Sink::open(sb, user, &path).await?;
     let mut body = body.into_data_stream();
     while let Some(chunk) = body.next().await {
         // A broken request leaves the file as far as it got, as a failed copy would.
         let chunk = chunk.map_err(|e| FileError::bad(format!("request body: {e}")))?;
-        let bytes = match gunzip.as_mut() {
-            Some(g) => g.feed(&chunk)?,
-            None => chunk,
+        sink = match gunzip.as_mut() {
+            Some(g) => g.feed(&chunk, sink).await?,
+            None if chunk.is_empty() => sink,
+            None => sink.write(chunk).await?,
         };
-        if !bytes.is_empty() {
-            sink = sink.write(bytes).await?;
-        }
     }
     if let Some(g) = gunzip {
-        let rest = g.end()?;
-        if !rest.is_empty() {
-            sink = sink.write(rest).await?;
-        }
+        sink = g.end(sink).await?;
     }
     sink.finish().await?;
     Ok(vec![written(&path)])

@@ -1,9 +1,8 @@
 //! envd's `filesystem.Filesystem` service on Brig's file API. Operations that must act as the
 //! calling user (make a directory, move) run as that user in the sandbox, so ownership and
-//! permission checks are the sandbox's own; watchers poll the tree and report differences.
+//! permission checks are the sandbox's own; watchers are in [`crate::watch`].
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::Arc;
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -11,7 +10,6 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use brig_sdk::{Cmd, FileKind, FileStat, Sandbox};
-use tokio::sync::mpsc;
 
 use crate::connect::{self, Code, Codec, ConnectError};
 use crate::envd::{self, brig_error, EnvdUser};
@@ -20,13 +18,8 @@ use crate::Gateway;
 
 /// Most entries a recursive listing returns.
 const MAX_ENTRIES: usize = 100_000;
-/// Deepest `ListDir` depth served.
-const MAX_DEPTH: u32 = 32;
-/// How often a watcher looks at its tree.
-const WATCH_EVERY: Duration = Duration::from_millis(200);
-/// Watchers of the sync SDK alive at once, and the events each keeps until read.
-const MAX_WATCHERS: usize = 1024;
-const MAX_QUEUED_EVENTS: usize = 10_000;
+/// Deepest `ListDir` depth served (and watched).
+pub(crate) const MAX_DEPTH: u32 = 32;
 
 /// `POST /filesystem.Filesystem/{method}`.
 pub async fn rpc(
@@ -36,7 +29,9 @@ pub async fn rpc(
     body: Body,
 ) -> Response {
     if method == "WatchDir" {
-        return watch_dir(&gw, &headers, body).await.unwrap_or_else(IntoResponse::into_response);
+        return crate::watch::watch_dir(&gw, &headers, body)
+            .await
+            .unwrap_or_else(IntoResponse::into_response);
     }
     let codec = match Codec::unary(&headers) {
         Ok(c) => c,
@@ -59,9 +54,9 @@ pub async fn rpc(
         "Move" => serve!(pb::MoveRequest, move_entry),
         "ListDir" => serve!(pb::ListDirRequest, list_dir),
         "Remove" => serve!(pb::RemoveRequest, remove),
-        "CreateWatcher" => serve!(pb::CreateWatcherRequest, create_watcher),
-        "GetWatcherEvents" => serve!(pb::GetWatcherEventsRequest, watcher_events),
-        "RemoveWatcher" => serve!(pb::RemoveWatcherRequest, remove_watcher),
+        "CreateWatcher" => serve!(pb::CreateWatcherRequest, crate::watch::create_watcher),
+        "GetWatcherEvents" => serve!(pb::GetWatcherEventsRequest, crate::watch::watcher_events),
+        "RemoveWatcher" => serve!(pb::RemoveWatcherRequest, crate::watch::remove_watcher),
         other => {
             ConnectError::new(Code::Unimplemented, format!("no method {other}")).into_response()
         }
@@ -192,8 +187,14 @@ async fn remove(
     Ok(pb::RemoveResponse {})
 }
 
-/// Every entry under `root` down to `depth` levels (1: the directory's own entries).
-async fn walk(sb: &Sandbox, root: &str, depth: u32) -> Result<Vec<FileStat>, ConnectError> {
+/// Every entry under `root` down to `depth` levels (1: the directory's own entries), at most
+/// `limit` of them; whether that was all of them.
+pub(crate) async fn walk(
+    sb: &Sandbox,
+    root: &str,
+    depth: u32,
+    limit: usize,
+) -> Result<(Vec<FileStat>, bool), ConnectError> {
     let mut out = Vec::new();
     let mut queue = VecDeque::from([(root.trim_end_matches('/').to_string(), 1u32)]);
     while let Some((dir, level)) = queue.pop_front() {
@@ -206,12 +207,12 @@ async fn walk(sb: &Sandbox, root: &str, depth: u32) -> Result<Vec<FileStat>, Con
                 queue.push_back((e.path.clone(), level + 1));
             }
             out.push(e);
-            if out.len() >= MAX_ENTRIES {
-                return Ok(out);
+            if out.len() >= limit {
+                return Ok((out, false));
             }
         }
     }
-    Ok(out)
+    Ok((out, true))
 }
 
 async fn list_dir(
@@ -226,77 +227,15 @@ async fn list_dir(
     if top.kind != FileKind::Dir {
         return Err(ConnectError::new(Code::InvalidArgument, format!("{path} is not a directory")));
     }
-    let entries = walk(&sb, &path, depth).await?;
+    let (entries, _) = walk(&sb, &path, depth, MAX_ENTRIES).await?;
     Ok(pb::ListDirResponse { entries: entries.iter().map(entry_info).collect() })
 }
 
-/// What a watcher remembers of a tree: each path's kind, size and modification time.
-type Snapshot = BTreeMap<String, (FileKind, u64, u64)>;
-
-async fn snapshot(sb: &Sandbox, root: &str, recursive: bool) -> Result<Snapshot, ConnectError> {
-    let entries = walk(sb, root, if recursive { MAX_DEPTH } else { 1 }).await?;
-    Ok(entries.into_iter().map(|e| (e.path, (e.kind, e.size, e.modified_unix_ms))).collect())
-}
-
-/// The events that turn `before` into `after`, named relative to `root`.
-fn diff(root: &str, before: &Snapshot, after: &Snapshot) -> Vec<pb::FilesystemEvent> {
-    let rel = |p: &str| p.strip_prefix(root).unwrap_or(p).trim_start_matches('/').to_string();
-    let mut events = Vec::new();
-    for (path, now) in after {
-        let kind = match before.get(path) {
-            None => pb::EventType::Create,
-            Some(was) if was != now => pb::EventType::Write,
-            Some(_) => continue,
-        };
-        events.push(pb::FilesystemEvent { name: rel(path), r#type: kind as i32, entry: None });
-    }
-    for path in before.keys().filter(|p| !after.contains_key(*p)) {
-        events.push(pb::FilesystemEvent {
-            name: rel(path),
-            r#type: pb::EventType::Remove as i32,
-            entry: None,
-        });
-    }
-    events
-}
-
-/// Watches `root` until `tx` closes, sending each round's events (after a first snapshot).
-async fn watch_loop(
-    sb: Sandbox,
-    root: String,
-    recursive: bool,
-    tx: mpsc::Sender<Result<pb::FilesystemEvent, ConnectError>>,
-) {
-    let mut before = match snapshot(&sb, &root, recursive).await {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = tx.send(Err(e)).await;
-            return;
-        }
-    };
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(WATCH_EVERY) => {}
-            _ = tx.closed() => return,
-        }
-        let after = match snapshot(&sb, &root, recursive).await {
-            Ok(s) => s,
-            // The directory went away or the sandbox stopped: the watch ends with why.
-            Err(e) => {
-                let _ = tx.send(Err(e)).await;
-                return;
-            }
-        };
-        for event in diff(&root, &before, &after) {
-            if tx.send(Ok(event)).await.is_err() {
-                return;
-            }
-        }
-        before = after;
-    }
-}
-
-async fn watch_target(sb: &Sandbox, user: &EnvdUser, path: &str) -> Result<String, ConnectError> {
+pub(crate) async fn watch_target(
+    sb: &Sandbox,
+    user: &EnvdUser,
+    path: &str,
+) -> Result<String, ConnectError> {
     let root = user.resolve(path);
     let stat = sb.stat(&root).await.map_err(brig_error)?;
     if stat.kind != FileKind::Dir {
@@ -305,178 +244,12 @@ async fn watch_target(sb: &Sandbox, user: &EnvdUser, path: &str) -> Result<Strin
     Ok(root)
 }
 
-/// `WatchDir`: `start`, then events as the tree changes, keepalives while it does not.
-async fn watch_dir(
-    gw: &Gateway,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<Response, ConnectError> {
-    use pb::watch_dir_response::{Event, KeepAlive, StartEvent};
-    let codec = Codec::streaming(headers)?;
-    let req: pb::WatchDirRequest = connect::single_stream_request(codec, body).await?;
-    let sb = envd::sandbox(gw, headers).await?;
-    let user = EnvdUser::from_headers(headers)?;
-    let root = watch_target(&sb, &user, &req.path).await?;
-    let (tx, rx) = mpsc::channel(256);
-    tokio::spawn(watch_loop(sb, root, req.recursive, tx));
-    let deadline = connect::deadline(headers).map(|d| tokio::time::Instant::now() + d);
-    let first = futures::stream::iter([Ok(pb::WatchDirResponse {
-        event: Some(Event::Start(StartEvent {})),
-    })]);
-    let rest = futures::stream::unfold((rx, deadline), |(mut rx, deadline)| async move {
-        let next = async {
-            match tokio::time::timeout(Duration::from_secs(50), rx.recv()).await {
-                Ok(Some(Ok(e))) => Some(Ok(Event::Filesystem(e))),
-                Ok(Some(Err(e))) => Some(Err(e)),
-                Ok(None) => None,
-                Err(_) => Some(Ok(Event::Keepalive(KeepAlive {}))),
-            }
-        };
-        let item = match deadline {
-            Some(at) => match tokio::time::timeout_at(at, next).await {
-                Ok(item) => item?,
-                // The client's deadline ends a watch normally.
-                Err(_) => return None,
-            },
-            None => next.await?,
-        };
-        let ended = item.is_err();
-        let message = item.map(|e| pb::WatchDirResponse { event: Some(e) });
-        Some((message, (rx, if ended { Some(tokio::time::Instant::now()) } else { deadline })))
-    });
-    Ok(connect::stream_reply(codec, futures::StreamExt::chain(first, rest)))
-}
-
-/// The sync SDK's watchers: events collected between its polls.
-#[derive(Default)]
-pub struct Watchers {
-    by_id: parking_lot::Mutex<HashMap<String, Arc<Watcher>>>,
-}
-
-struct Watcher {
-    sandbox: String,
-    events: parking_lot::Mutex<VecDeque<pb::FilesystemEvent>>,
-    failed: parking_lot::Mutex<Option<ConnectError>>,
-    /// Dropped with the watcher: its loop ends.
-    _stop: mpsc::Sender<()>,
-}
-
-async fn create_watcher(
-    gw: &Gateway,
-    sb: Sandbox,
-    user: EnvdUser,
-    req: pb::CreateWatcherRequest,
-) -> Result<pb::CreateWatcherResponse, ConnectError> {
-    if gw.inner.watchers.by_id.lock().len() >= MAX_WATCHERS {
-        return Err(ConnectError::new(Code::ResourceExhausted, "too many watchers"));
-    }
-    let root = watch_target(&sb, &user, &req.path).await?;
-    let (stop, mut stopped) = mpsc::channel::<()>(1);
-    let watcher = Arc::new(Watcher {
-        sandbox: sb.id().to_string(),
-        events: Default::default(),
-        failed: Default::default(),
-        _stop: stop,
-    });
-    let id = format!("w-{}", hex::encode(rand_id()));
-    let (tx, mut rx) = mpsc::channel(256);
-    tokio::spawn(watch_loop(sb, root, req.recursive, tx));
-    let weak = Arc::downgrade(&watcher);
-    tokio::spawn(async move {
-        loop {
-            let item = tokio::select! {
-                item = rx.recv() => item,
-                _ = stopped.recv() => None,
-            };
-            let (Some(item), Some(w)) = (item, weak.upgrade()) else { return };
-            match item {
-                Ok(event) => {
-                    let mut q = w.events.lock();
-                    if q.len() < MAX_QUEUED_EVENTS {
-                        q.push_back(event);
-                    }
-                }
-                Err(e) => {
-                    *w.failed.lock() = Some(e);
-                    return;
-                }
-            }
-        }
-    });
-    gw.inner.watchers.by_id.lock().insert(id.clone(), watcher);
-    Ok(pb::CreateWatcherResponse { watcher_id: id })
-}
-
-fn watcher(gw: &Gateway, sb: &Sandbox, id: &str) -> Result<Arc<Watcher>, ConnectError> {
-    gw.inner
-        .watchers
-        .by_id
-        .lock()
-        .get(id)
-        .filter(|w| w.sandbox == sb.id())
-        .cloned()
-        .ok_or_else(|| ConnectError::new(Code::NotFound, format!("no watcher {id}")))
-}
-
-async fn watcher_events(
-    gw: &Gateway,
-    sb: Sandbox,
-    _: EnvdUser,
-    req: pb::GetWatcherEventsRequest,
-) -> Result<pb::GetWatcherEventsResponse, ConnectError> {
-    let w = watcher(gw, &sb, &req.watcher_id)?;
-    if let Some(e) = w.failed.lock().take() {
-        gw.inner.watchers.by_id.lock().remove(&req.watcher_id);
-        return Err(e);
-    }
-    let events = w.events.lock().drain(..).collect();
-    Ok(pb::GetWatcherEventsResponse { events })
-}
-
-async fn remove_watcher(
-    gw: &Gateway,
-    sb: Sandbox,
-    _: EnvdUser,
-    req: pb::RemoveWatcherRequest,
-) -> Result<pb::RemoveWatcherResponse, ConnectError> {
-    watcher(gw, &sb, &req.watcher_id)?;
-    gw.inner.watchers.by_id.lock().remove(&req.watcher_id);
-    Ok(pb::RemoveWatcherResponse {})
-}
-
-fn rand_id() -> [u8; 8] {
-    let mut id = [0u8; 8];
-    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut id);
-    id
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn watch_differences_name_paths_relative_to_the_root() {
-        let before: Snapshot = [
-            ("/w/a".to_string(), (FileKind::File, 1, 10)),
-            ("/w/b".to_string(), (FileKind::File, 1, 10)),
-        ]
-        .into();
-        let after: Snapshot = [
-            ("/w/a".to_string(), (FileKind::File, 2, 11)),
-            ("/w/c/d".to_string(), (FileKind::File, 0, 12)),
-        ]
-        .into();
-        let mut got: Vec<(String, i32)> =
-            diff("/w", &before, &after).into_iter().map(|e| (e.name, e.r#type)).collect();
-        got.sort();
-        assert_eq!(
-            got,
-            vec![
-                ("a".into(), pb::EventType::Write as i32),
-                ("b".into(), pb::EventType::Remove as i32),
-                ("c/d".into(), pb::EventType::Create as i32),
-            ]
-        );
+    fn entries_read_as_envd_writes_them() {
         assert_eq!(permissions(FileKind::Dir, 0o755), "drwxr-xr-x");
         let json = serde_json::to_value(entry_info(&FileStat {
             path: "/home/user/x.txt".into(),

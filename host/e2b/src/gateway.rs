@@ -1,5 +1,5 @@
-//! The gateway's shared state: Brig clients per API key, the daemon's own client for envd
-//! requests, the secret behind envd access tokens, and the routes.
+//! The gateway's shared state: the API keys it serves (see [`crate::keys`]), the daemon's own
+//! client for envd requests, the secret behind envd access tokens, and the routes.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -13,10 +13,8 @@ use axum::Router;
 use brig_sdk::{Client, ConnectOptions};
 
 use crate::connect::ConnectError;
+use crate::keys::{KeyCheck, KeyError, Keys, Served};
 use crate::E2bConfig;
-
-/// Most distinct API keys whose connections are kept open at once.
-const MAX_CLIENTS: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -83,10 +81,10 @@ pub(crate) struct Inner {
     /// Where brigd listens and how to trust it (its own token for envd requests).
     connect: ConnectOptions,
     admin: tokio::sync::OnceCell<Client>,
-    clients: parking_lot::Mutex<HashMap<String, Client>>,
+    keys: Keys,
     key: ring::hmac::Key,
     pub(crate) processes: crate::process::Processes,
-    pub(crate) watchers: crate::filesystem::Watchers,
+    pub(crate) watchers: crate::watch::Watchers,
     pub(crate) lifetimes: crate::api::Lifetimes,
     /// The sandbox behind `debug_sandbox_id` on the debug layout, made on first use.
     debug_sandbox: tokio::sync::Mutex<Option<String>>,
@@ -97,21 +95,24 @@ pub(crate) struct Inner {
 }
 
 impl Gateway {
-    /// A gateway in front of the brigd `connect` names (with the daemon's own access token);
-    /// its token secret lives in `state_dir/e2b-secret` (made on first start, 0600).
+    /// A gateway in front of the brigd `connect` names (with the daemon's own access token),
+    /// checking API keys as `keys` says; its token secret lives in `state_dir/e2b-secret`
+    /// (made on first start, 0600).
     pub fn new(
         config: E2bConfig,
         connect: ConnectOptions,
+        keys: KeyCheck,
         state_dir: &Path,
     ) -> Result<Gateway, GatewayError> {
         let secret = load_or_create_secret(&state_dir.join("e2b-secret"))?;
+        let keys = Keys::new(keys, &connect.token);
         Ok(Gateway {
             debug_layout: false,
             inner: Arc::new(Inner {
                 config,
                 connect,
                 admin: tokio::sync::OnceCell::new(),
-                clients: parking_lot::Mutex::new(HashMap::new()),
+                keys,
                 key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret),
                 processes: Default::default(),
                 watchers: Default::default(),
@@ -149,17 +150,7 @@ impl Gateway {
                 }
             };
             let router = Gateway { debug_layout: slot == 1, ..self.clone() }.router();
-            // Small writes (Connect envelopes, stream ends) go out at once: without TCP_NODELAY
-            // a reply waits on the client's delayed ACK (~40 ms a command).
-            use axum::serve::ListenerExt;
-            let listener = listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, router).await {
-                    tracing::error!(%local, error = %e, "E2B API server stopped");
-                }
-            });
+            tokio::spawn(crate::serve::serve(listener, router, local));
             tracing::info!(%local, "E2B-compatible API on http://{local}");
             if slot == 0 {
                 bound.0 = Some(local);
@@ -187,23 +178,19 @@ impl Gateway {
             .with_state(self.clone())
     }
 
-    /// The Brig client for an API key (connected once, then shared), or why there is none.
-    pub(crate) async fn client_for_key(&self, key: &str) -> Result<Client, brig_sdk::Error> {
-        if let Some(client) = self.inner.clients.lock().get(key) {
-            return Ok(client.clone());
+    /// The Brig client for an API key (checked first; see [`crate::keys`]), or why there is
+    /// none. A refused key allocates nothing.
+    pub(crate) async fn client_for_key(&self, key: &str) -> Result<Client, KeyError> {
+        match self.inner.keys.serve(key, &self.inner.connect).await? {
+            Served::Own(client) => Ok(client),
+            Served::Admin => self
+                .inner
+                .admin
+                .get_or_try_init(|| Client::connect(self.inner.connect.clone()))
+                .await
+                .cloned()
+                .map_err(|e| KeyError::Unavailable(e.to_string())),
         }
-        let mut options = self.inner.connect.clone();
-        options.token = key.to_string();
-        let client = Client::connect(options).await?;
-        let mut clients = self.inner.clients.lock();
-        if clients.len() >= MAX_CLIENTS {
-            // Keys come and go (projects rotate them): drop an arbitrary cached one.
-            if let Some(old) = clients.keys().next().cloned() {
-                clients.remove(&old);
-            }
-        }
-        clients.insert(key.to_string(), client.clone());
-        Ok(client)
     }
 
     /// The daemon's own client, for envd requests (authorized by their access token).

@@ -23,12 +23,17 @@ pub mod envd;
 pub mod files;
 pub mod filesystem;
 mod gateway;
+pub mod keys;
+pub mod limits;
 pub mod process;
+mod serve;
+pub mod watch;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 pub use gateway::{Gateway, GatewayError};
+pub use keys::KeyCheck;
 
 /// The `[e2b]` section of brigd's configuration.
 #[derive(Debug, Clone, serde::Deserialize)]

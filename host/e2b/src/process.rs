@@ -233,6 +233,9 @@ async fn start(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Response
         .chain(config.args.iter().map(String::as_str))
         .collect();
     let cwd = config.cwd.as_deref().map_or_else(|| user.home(), |c| user.resolve(c));
+    let envs: std::collections::BTreeMap<&String, &String> = config.envs.iter().collect();
+    crate::limits::check_command(&argv, &envs, &cwd)
+        .map_err(|e| ConnectError::new(Code::InvalidArgument, e.to_string()))?;
     // The node's own limit on the command: the request's deadline (the gateway also ends the
     // stream then), or the longest a command may run (E2B's `timeout=0`: no limit but the
     // sandbox's).
@@ -244,8 +247,6 @@ async fn start(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Response
     if let Some(name) = user.brig_user() {
         cmd = cmd.user(&name);
     }
-    let mut envs: Vec<(&String, &String)> = config.envs.iter().collect();
-    envs.sort();
     for (k, v) in envs {
         cmd = cmd.env(k, v);
     }
@@ -411,9 +412,18 @@ async fn pump(
             Some(Some(Ok(ExecEvent::Stdout(b)))) => {
                 Ok(Event::Data(DataEvent { output: Some(Output::Stdout(b.to_vec())) }))
             }
-            Some(Some(Ok(ExecEvent::Stderr(b)))) => {
-                Ok(Event::Data(DataEvent { output: Some(Output::Stderr(b.to_vec())) }))
-            }
+            Some(Some(Ok(ExecEvent::Stderr(b)))) => match lost_output(&b) {
+                // The client read too slowly and the node did not keep what it missed: the
+                // stream ends with that error (never a quiet gap); the command runs on.
+                Some(bytes) => Err(ConnectError::new(
+                    Code::DataLoss,
+                    format!(
+                        "process {pid}: {bytes} bytes of its output were not kept while the \
+                         client read too slowly; the output is incomplete (the process runs on)"
+                    ),
+                )),
+                None => Ok(Event::Data(DataEvent { output: Some(Output::Stderr(b.to_vec())) })),
+            },
             Some(Some(Ok(ExecEvent::Exited(result)))) => Ok(Event::End(end_event(&result))),
             Some(Some(Err(e))) => {
                 if attached {
@@ -423,13 +433,23 @@ async fn pump(
             }
         };
         let last = matches!(message, Ok(Event::End(_)));
-        if attached && tx.send(message).await.is_err() {
+        let failed = message.is_err();
+        if attached && (tx.send(message).await.is_err() || failed) {
             attached = false;
         }
         if last {
             return Pumped::Ended;
         }
     }
+}
+
+/// The node's note on stderr that a reader fell behind the output it keeps: how many bytes it
+/// did not keep.
+fn lost_output(bytes: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let count =
+        text.strip_prefix("[brig: ")?.strip_suffix(" bytes of earlier output were not kept]\n")?;
+    count.parse().ok()
 }
 
 /// envd's end event for a Brig result: a signal death is exit code -1 with the signal named,
@@ -503,6 +523,16 @@ mod tests {
         })))
         .expect("json");
         assert_eq!(data["event"]["data"]["stdout"], "aGk=");
+    }
+
+    #[test]
+    fn the_nodes_note_of_lost_output_is_recognised() {
+        assert_eq!(
+            lost_output(b"[brig: 1234 bytes of earlier output were not kept]\n"),
+            Some(1234)
+        );
+        assert_eq!(lost_output(b"[brig: lots of output]\n"), None);
+        assert_eq!(lost_output(b"ordinary stderr\n"), None);
     }
 
     #[test]
