@@ -16,6 +16,7 @@ use brig_sdk::{Client, ConnectOptions};
 pub mod behaviour;
 pub mod cluster;
 pub mod emulated;
+pub mod hostile;
 pub mod layering;
 pub mod net;
 

@@ -6,40 +6,9 @@
 use std::time::{Duration, Instant};
 
 use brig_sdk::{AuditKind, Client, Cmd, ExecOutput, Sandbox, SandboxOptions};
+use brig_tests::hostile::Report;
 use brig_tests::net::Mirror;
-use brig_tests::{artifacts, image, Daemon};
-
-struct Report {
-    group: &'static str,
-    rows: Vec<(String, String, bool)>,
-}
-
-impl Report {
-    fn new(group: &'static str) -> Report {
-        Report { group, rows: Vec::new() }
-    }
-
-    fn row(&mut self, attempt: &str, contained: bool, outcome: String) {
-        self.rows.push((attempt.to_string(), outcome.replace('\n', " "), contained));
-    }
-
-    /// Writes the report, then fails if any attempt got through.
-    fn finish(self) {
-        let mut text = format!(
-            "### hostile agents: {}\n\n| attempt | result | outcome |\n|---|---|---|\n",
-            self.group
-        );
-        for (attempt, outcome, ok) in &self.rows {
-            let verdict = if *ok { "contained" } else { "**GOT THROUGH**" };
-            text += &format!("| {attempt} | {verdict} | {outcome} |\n");
-        }
-        let dir = artifacts().join("reports");
-        let _ = std::fs::create_dir_all(&dir);
-        let _ = std::fs::write(dir.join(format!("hostile-{}.md", self.group)), &text);
-        println!("{text}");
-        assert!(self.rows.iter().all(|r| r.2), "{text}");
-    }
-}
+use brig_tests::{image, Daemon};
 
 async fn run(sb: &Sandbox, script: &str, timeout_s: u64) -> ExecOutput {
     sb.exec_with(Cmd::shell(script).timeout(Duration::from_secs(timeout_s)).output_limit(1 << 20))

@@ -6,6 +6,12 @@
 //! The last component of a path that is created or removed is always handled relative to its
 //! already-resolved parent, without following it. Files and directories the node creates are
 //! owned by container root.
+//!
+//! Only the sandbox's own files move through here. An existing file is first resolved without
+//! being opened (`O_PATH`), checked, and only then opened through that resolution: a FIFO, a
+//! device or a socket is refused before anything could block on it, and so is a file of a
+//! kernel file system (proc, sysfs, cgroup, …), whose writes and many reads act with the
+//! opener's rights, here the node's rather than the sandbox's ([`DISK_FILESYSTEMS`]).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
@@ -22,8 +28,10 @@ pub enum FileError {
     },
     #[error("{0:?} names no file (empty, `.` or `..` as the last component)")]
     BadPath(String),
-    #[error("{0:?} is not a regular file")]
+    #[error("{0:?} is not a regular file (a directory, FIFO, device or socket): the files API moves regular files only")]
     NotRegular(String),
+    #[error("{path:?} is on a kernel file system ({magic:#x}), not the sandbox's disk: the files API moves the sandbox's own files only; read it with a command")]
+    KernelFile { path: String, magic: u32 },
 }
 
 impl FileError {
@@ -41,6 +49,54 @@ fn err(path: &str) -> impl FnOnce(rustix::io::Errno) -> FileError + '_ {
 }
 
 const RESOLVE: ResolveFlags = ResolveFlags::IN_ROOT.union(ResolveFlags::NO_MAGICLINKS);
+
+/// File systems that hold a sandbox's own files (`statfs` magic numbers): its overlay root and
+/// upper tmpfs, its layers (EROFS, FUSE), volumes and disks. Anything else is a kernel file
+/// system whose files the file API refuses.
+pub const DISK_FILESYSTEMS: &[(u32, &str)] = &[
+    (0x794c_7630, "overlay"),
+    (0x0102_1994, "tmpfs"),
+    (0x8584_58f6, "ramfs"),
+    (0x0000_ef53, "ext2/3/4"),
+    (0x5846_5342, "xfs"),
+    (0x9123_683e, "btrfs"),
+    (0xe0f5_e1e2, "erofs"),
+    (0x6573_5546, "fuse"),
+    (0x7371_7368, "squashfs"),
+    (0xf2f5_2010, "f2fs"),
+    (0x0000_6969, "nfs"),
+    (0x0102_1997, "9p"),
+];
+
+/// `Ok` if `fd` (any descriptor, `O_PATH` too) is on one of [`DISK_FILESYSTEMS`].
+fn check_disk_fs(fd: BorrowedFd<'_>, path: &str) -> Result<(), FileError> {
+    let st = rustix::fs::fstatfs(fd).map_err(err(path))?;
+    // `f_type` is a C long holding a 32-bit magic number.
+    let magic = st.f_type as u32;
+    if DISK_FILESYSTEMS.iter().any(|(m, _)| *m == magic) {
+        Ok(())
+    } else {
+        Err(FileError::KernelFile { path: path.to_string(), magic })
+    }
+}
+
+/// `Ok` if `fd` is a regular file on the sandbox's disk.
+fn check_data_file(fd: BorrowedFd<'_>, path: &str) -> Result<(), FileError> {
+    let st = rustix::fs::fstat(fd).map_err(err(path))?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(FileError::NotRegular(path.to_string()));
+    }
+    check_disk_fs(fd, path)
+}
+
+/// Opens the file an `O_PATH` descriptor resolved (the same inode, whatever the path now
+/// names) with `flags`.
+fn reopen(found: &OwnedFd, flags: OFlags, path: &str) -> Result<OwnedFd, FileError> {
+    use std::os::fd::AsRawFd;
+    let through = format!("/proc/self/fd/{}", found.as_raw_fd());
+    rustix::fs::open(through.as_str(), flags | OFlags::CLOEXEC | OFlags::NOCTTY, Mode::empty())
+        .map_err(err(path))
+}
 
 /// A container's root directory and the owner for new files.
 #[derive(Clone, Copy)]
@@ -101,16 +157,12 @@ impl<'a> RootDir<'a> {
         Ok(())
     }
 
-    /// Opens a regular file for reading (never blocks on a FIFO).
+    /// Opens a regular file of the sandbox's disk for reading; anything else is refused
+    /// before it is opened (so nothing blocks on a FIFO or a device).
     pub fn open_read(&self, path: &str) -> Result<std::fs::File, FileError> {
-        let fd =
-            self.resolve(path, OFlags::RDONLY | OFlags::NOCTTY | OFlags::NONBLOCK, Mode::empty())?;
-        let st = rustix::fs::fstat(&fd).map_err(err(path))?;
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-            return Err(FileError::NotRegular(path.to_string()));
-        }
-        rustix::fs::fcntl_setfl(&fd, OFlags::RDONLY).map_err(err(path))?;
-        Ok(std::fs::File::from(fd))
+        let found = self.resolve(path, OFlags::PATH, Mode::empty())?;
+        check_data_file(found.as_fd(), path)?;
+        Ok(std::fs::File::from(reopen(&found, OFlags::RDONLY, path)?))
     }
 
     /// Opens a file for writing (truncating, or appending), creating it and, if asked, its
@@ -131,21 +183,43 @@ impl<'a> RootDir<'a> {
             }
         }
         let (parent, name) = self.parent(path)?;
-        let mut flags = OFlags::WRONLY | OFlags::CREATE | OFlags::NOCTTY | OFlags::CLOEXEC;
-        flags |= if append { OFlags::APPEND } else { OFlags::TRUNC };
-        // The final component is resolved in the (confined) parent, following a symlink only
-        // through a second confined resolution of the whole path.
-        let fd = match rustix::fs::openat(
+        check_disk_fs(parent.as_fd(), path)?;
+        let access = OFlags::WRONLY | OFlags::NOCTTY | OFlags::CLOEXEC | OFlags::NONBLOCK;
+        let mode = Mode::from_raw_mode(mode.unwrap_or(0o644) & 0o7777);
+        // A new file is made in the (confined) parent, never through a link: a regular file.
+        let made = rustix::fs::openat(
             &parent,
             name,
-            flags | OFlags::NOFOLLOW,
-            Mode::from_raw_mode(mode.unwrap_or(0o644) & 0o7777),
-        ) {
-            Err(rustix::io::Errno::LOOP) => {
-                self.resolve(path, flags, Mode::from_raw_mode(0o644))?
+            access | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW,
+            mode,
+        );
+        let fd = match made {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::EXIST) => {
+                // An existing entry, or a link: resolved in the root without opening it,
+                // checked, then opened through that resolution.
+                match self.resolve(path, OFlags::PATH, Mode::empty()) {
+                    Ok(found) => {
+                        check_data_file(found.as_fd(), path)?;
+                        let how = if append { OFlags::APPEND } else { OFlags::TRUNC };
+                        reopen(&found, access | how, path)?
+                    }
+                    // A dangling link: its target is made where the root says it is.
+                    Err(FileError::Io { source, .. })
+                        if source.kind() == std::io::ErrorKind::NotFound =>
+                    {
+                        let fd = self.resolve(path, access | OFlags::CREATE, mode)?;
+                        check_data_file(fd.as_fd(), path)?;
+                        fd
+                    }
+                    Err(e) => return Err(e),
+                }
             }
-            other => other.map_err(err(path))?,
+            Err(e) => return Err(err(path)(e)),
         };
+        // Writes to a regular file block as the disk does, not as a reader would.
+        let flags = rustix::fs::fcntl_getfl(&fd).map_err(err(path))?;
+        rustix::fs::fcntl_setfl(&fd, flags - OFlags::NONBLOCK).map_err(err(path))?;
         self.give_to_owner(fd.as_fd(), path)?;
         Ok(std::fs::File::from(fd))
     }
@@ -191,6 +265,7 @@ impl<'a> RootDir<'a> {
     pub fn mkdir(&self, path: &str, parents: bool) -> Result<(), FileError> {
         if !parents {
             let (parent, name) = self.parent(path)?;
+            check_disk_fs(parent.as_fd(), path)?;
             rustix::fs::mkdirat(&parent, name, Mode::from_raw_mode(0o755)).map_err(err(path))?;
             return self.chown_at(&parent, name, path);
         }
@@ -206,6 +281,7 @@ impl<'a> RootDir<'a> {
             }
             let parent =
                 self.resolve(&parent_path, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())?;
+            check_disk_fs(parent.as_fd(), path)?;
             match rustix::fs::mkdirat(&parent, part, Mode::from_raw_mode(0o755)) {
                 Ok(()) => self.chown_at(&parent, part, path)?,
                 Err(rustix::io::Errno::EXIST) => {}
@@ -230,6 +306,7 @@ impl<'a> RootDir<'a> {
     /// Removes a file, symlink or (with `recursive`) a directory tree.
     pub fn remove(&self, path: &str, recursive: bool) -> Result<(), FileError> {
         let (parent, name) = self.parent(path)?;
+        check_disk_fs(parent.as_fd(), path)?;
         let st = rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW).map_err(err(path))?;
         if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
             return rustix::fs::unlinkat(&parent, name, AtFlags::empty()).map_err(err(path));
@@ -298,5 +375,108 @@ fn entry(path: String, st: &rustix::fs::Stat) -> Entry {
         size: u64::try_from(st.st_size).unwrap_or(0),
         mode: st.st_mode & 0o7777,
         modified_unix_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::time::Duration;
+
+    use super::*;
+
+    fn open_dir(path: &std::path::Path) -> OwnedFd {
+        rustix::fs::open(path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+            .expect("open root")
+    }
+
+    /// Runs `f` on a thread and fails if it does not return within 5 s (it blocked).
+    fn within_5s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(Duration::from_secs(5)).expect("a file operation blocked")
+    }
+
+    #[test]
+    fn fifos_and_devices_are_refused_without_blocking() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let fifo = tmp.path().join("answer.txt");
+        rustix::fs::mknodat(rustix::fs::CWD, &fifo, FileType::Fifo, Mode::from_raw_mode(0o666), 0)
+            .expect("mkfifo");
+        let root = tmp.path().to_path_buf();
+        let (write, read) = within_5s(move || {
+            let fd = open_dir(&root);
+            let dir = RootDir::new(fd.as_fd(), 0);
+            let w = dir.open_write("/answer.txt", false, false, None).map(|_| ());
+            let r = dir.open_read("answer.txt").map(|_| ());
+            (w, r)
+        });
+        assert!(matches!(write, Err(FileError::NotRegular(_))), "{write:?}");
+        assert!(matches!(read, Err(FileError::NotRegular(_))), "{read:?}");
+        // A device, seen through the host's root.
+        let host = open_dir(std::path::Path::new("/"));
+        let dir = RootDir::new(host.as_fd(), 0);
+        let null = dir.open_write("/dev/null", false, false, None).map(|_| ());
+        assert!(matches!(null, Err(FileError::NotRegular(_))), "{null:?}");
+        let tty = dir.open_read("/dev/tty").map(|_| ());
+        assert!(matches!(tty, Err(FileError::NotRegular(_))), "{tty:?}");
+    }
+
+    #[test]
+    fn kernel_files_are_refused() {
+        let host = open_dir(std::path::Path::new("/"));
+        let dir = RootDir::new(host.as_fd(), 0);
+        for path in ["/proc/self/status", "/proc/1/mem", "/sys/kernel/uevent_seqnum"] {
+            let read = dir.open_read(path).map(|_| ());
+            assert!(matches!(read, Err(FileError::KernelFile { .. })), "{path}: {read:?}");
+        }
+        // Refused before anything is opened for writing.
+        for path in ["/proc/self/timerslack_ns", "/proc/self/autogroup", "/sys/kernel/new"] {
+            let write = dir.open_write(path, false, false, None).map(|_| ());
+            assert!(matches!(write, Err(FileError::KernelFile { .. })), "{path}: {write:?}");
+        }
+        // cgroupfs where this host has it (v1: /sys/fs/cgroup itself is a tmpfs), sysfs.
+        let cgroups = ["/sys/fs/cgroup/memory", "/sys/fs/cgroup"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).join("cgroup.procs").exists())
+            .unwrap_or("/sys/kernel");
+        for parent in [cgroups, "/sys/kernel"] {
+            let path = format!("{parent}/brig-test-refused");
+            let mkdir = dir.mkdir(&path, false);
+            assert!(matches!(mkdir, Err(FileError::KernelFile { .. })), "{path}: {mkdir:?}");
+            assert!(!std::path::Path::new(&path).exists(), "{path} was made");
+        }
+    }
+
+    #[test]
+    fn regular_files_are_written_read_and_appended_through_links() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        std::os::unix::fs::symlink("/data/real.txt", tmp.path().join("link")).expect("link");
+        let fd = open_dir(tmp.path());
+        let dir = RootDir::new(fd.as_fd(), rustix::process::getuid().as_raw());
+        let mut f = dir.open_write("/data/real.txt", false, true, Some(0o600)).expect("new");
+        f.write_all(b"one\n").expect("write");
+        drop(f);
+        // An existing file through a link inside the root: truncated, then appended to.
+        let mut f = dir.open_write("/link", false, false, None).expect("through link");
+        f.write_all(b"two\n").expect("write");
+        drop(f);
+        let mut f = dir.open_write("/data/real.txt", true, false, None).expect("append");
+        f.write_all(b"three\n").expect("append");
+        drop(f);
+        let mut text = String::new();
+        dir.open_read("/link").expect("read").read_to_string(&mut text).expect("read");
+        assert_eq!(text, "two\nthree\n");
+        let st = std::fs::metadata(tmp.path().join("data/real.txt")).expect("stat");
+        assert_eq!(std::os::unix::fs::PermissionsExt::mode(&st.permissions()) & 0o777, 0o600);
+        // A dangling link's target is made inside the root.
+        std::os::unix::fs::symlink("/made.txt", tmp.path().join("dangling")).expect("link");
+        dir.open_write("/dangling", false, false, None)
+            .expect("dangling")
+            .write_all(b"x")
+            .expect("write");
+        assert_eq!(std::fs::read(tmp.path().join("made.txt")).expect("made"), b"x");
     }
 }

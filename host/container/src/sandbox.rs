@@ -671,9 +671,23 @@ impl From<RuntimeError> for SandboxError {
 
 impl From<FileError> for SandboxError {
     fn from(e: FileError) -> SandboxError {
-        match e.io_kind() {
-            Some(kind) => SandboxError::Io { kind, message: e.to_string() },
-            None => SandboxError::BadRequest(e.to_string()),
+        // What a path names that the files API cannot serve is the caller's to fix: a magic
+        // link or a loop of links, a device with nothing behind it, a name too long.
+        let refused = |errno: i32| {
+            [libc::ELOOP, libc::ENXIO, libc::ENODEV, libc::ENAMETOOLONG, libc::EXDEV]
+                .contains(&errno)
+        };
+        match &e {
+            FileError::Io { source, .. } if source.raw_os_error().is_some_and(refused) => {
+                SandboxError::BadRequest(e.to_string())
+            }
+            FileError::Io { source, .. } if source.raw_os_error() == Some(libc::EROFS) => {
+                SandboxError::PermissionDenied(e.to_string())
+            }
+            _ => match e.io_kind() {
+                Some(kind) => SandboxError::Io { kind, message: e.to_string() },
+                None => SandboxError::BadRequest(e.to_string()),
+            },
         }
     }
 }
@@ -709,6 +723,13 @@ mod tests {
         assert!(matches!(SandboxError::from(SessionError::Busy), SandboxError::Conflict(_)));
         assert!(matches!(SandboxError::from(SessionError::Idle), SandboxError::BadRequest(_)));
         assert!(matches!(SandboxError::from(SessionError::Closed), SandboxError::NotFound(_)));
+        let magic = FileError::Io {
+            path: "/proc/1/root".into(),
+            source: std::io::Error::from_raw_os_error(libc::ELOOP),
+        };
+        assert!(matches!(SandboxError::from(magic), SandboxError::BadRequest(_)));
+        let kernel = FileError::KernelFile { path: "/proc/1/mem".into(), magic: 0x9fa0 };
+        assert!(matches!(SandboxError::from(kernel), SandboxError::BadRequest(_)));
         let setup = SandboxError::from(RuntimeError::Setup("no rootfs".into()));
         assert!(matches!(&setup, SandboxError::Internal(t) if t.contains("no rootfs")));
     }

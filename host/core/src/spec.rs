@@ -50,6 +50,49 @@ impl std::str::FromStr for Tier {
 /// Sandbox labels (job, rollout, step, …), kept sorted by key.
 pub type Labels = Vec<(String, String)>;
 
+/// Most labels one sandbox carries (they live in its record and in every listing).
+pub const MAX_LABELS: usize = 256;
+/// Most bytes of one label's key.
+pub const MAX_LABEL_KEY_BYTES: usize = 256;
+/// Most bytes of one label's value.
+pub const MAX_LABEL_VALUE_BYTES: usize = 4096;
+/// Most bytes of all of a sandbox's labels together.
+pub const MAX_LABELS_BYTES: usize = 64 << 10;
+
+/// Labels past one of the bounds above.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LabelError {
+    #[error("{count} labels; at most {MAX_LABELS} are accepted")]
+    TooMany { count: usize },
+    #[error("label key {key:?}… is empty or longer than {MAX_LABEL_KEY_BYTES} bytes")]
+    BadKey { key: String },
+    #[error("the value of label {key:?} is longer than {MAX_LABEL_VALUE_BYTES} bytes")]
+    ValueTooLong { key: String },
+    #[error("labels take {bytes} bytes; at most {MAX_LABELS_BYTES} are accepted")]
+    TooLarge { bytes: usize },
+}
+
+/// Checks a sandbox's labels against the bounds above.
+pub fn check_labels(labels: &[(String, String)]) -> Result<(), LabelError> {
+    if labels.len() > MAX_LABELS {
+        return Err(LabelError::TooMany { count: labels.len() });
+    }
+    let mut bytes = 0;
+    for (key, value) in labels {
+        if key.is_empty() || key.len() > MAX_LABEL_KEY_BYTES {
+            return Err(LabelError::BadKey { key: key.chars().take(64).collect() });
+        }
+        if value.len() > MAX_LABEL_VALUE_BYTES {
+            return Err(LabelError::ValueTooLong { key: key.clone() });
+        }
+        bytes += key.len() + value.len();
+    }
+    if bytes > MAX_LABELS_BYTES {
+        return Err(LabelError::TooLarge { bytes });
+    }
+    Ok(())
+}
+
 /// What happens to a sandbox left idle past its TTL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -113,5 +156,31 @@ impl SandboxSpec {
     /// Whether every pair of `selector` is among this sandbox's labels.
     pub fn matches(&self, selector: &[(String, String)]) -> bool {
         selector.iter().all(|pair| self.labels.contains(pair))
+    }
+}
+
+#[cfg(test)]
+mod label_tests {
+    use super::*;
+
+    fn labels(n: usize, value: usize) -> Labels {
+        (0..n).map(|i| (format!("k{i}"), "v".repeat(value))).collect()
+    }
+
+    #[test]
+    fn labels_past_their_bounds_are_refused() {
+        assert_eq!(check_labels(&labels(MAX_LABELS, 10)), Ok(()));
+        assert!(matches!(check_labels(&labels(10_000, 1)), Err(LabelError::TooMany { .. })));
+        assert!(matches!(
+            check_labels(&labels(1, MAX_LABEL_VALUE_BYTES + 1)),
+            Err(LabelError::ValueTooLong { .. })
+        ));
+        assert!(matches!(check_labels(&labels(100, 1000)), Err(LabelError::TooLarge { .. })));
+        let long_key = vec![("k".repeat(MAX_LABEL_KEY_BYTES + 1), String::new())];
+        assert!(matches!(check_labels(&long_key), Err(LabelError::BadKey { .. })));
+        assert!(matches!(
+            check_labels(&[(String::new(), "v".into())]),
+            Err(LabelError::BadKey { .. })
+        ));
     }
 }

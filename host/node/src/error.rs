@@ -49,6 +49,9 @@ pub enum NodeError {
     Limit { limit: crate::limits::Limit, max: u64 },
     #[error("upload exceeds the {0}-byte limit")]
     UploadTooLarge(u64),
+    /// A file operation on a sandbox's files did not finish within the node's deadline.
+    #[error("{what}: the file operation did not finish within {after:?}")]
+    FileDeadline { what: String, after: std::time::Duration },
     #[error(transparent)]
     Fncall(#[from] FncallError),
     #[error("I/O error on {what}")]
@@ -75,6 +78,8 @@ pub enum NodeError {
     ControlOnly(&'static str),
     #[error("bad command")]
     BadCommand(#[from] brig_core::CommandError),
+    #[error("bad labels")]
+    BadLabels(#[from] brig_core::LabelError),
     /// A sandbox's tier refused or failed an operation.
     #[error("{}", sandbox_text(.id, *.tier, .source))]
     Sandbox { id: String, tier: Tier, source: SandboxError },
@@ -139,6 +144,7 @@ impl NodeError {
             NodeError::Full(_) => ErrorCode::ResourceExhausted,
             NodeError::Limit { .. } => ErrorCode::QuotaExceeded,
             NodeError::UploadTooLarge(_) => ErrorCode::TooLarge,
+            NodeError::FileDeadline { .. } => ErrorCode::Unavailable,
             NodeError::Fncall(e) => match e {
                 FncallError::ToolNotFound(_) => ErrorCode::NotFound,
                 FncallError::BadToolName(_) => ErrorCode::BadRequest,
@@ -164,7 +170,7 @@ impl NodeError {
                 ErrorCode::ResourceExhausted
             }
             NodeError::Net(_) => ErrorCode::Unavailable,
-            NodeError::BadCommand(_) => ErrorCode::BadRequest,
+            NodeError::BadCommand(_) | NodeError::BadLabels(_) => ErrorCode::BadRequest,
             NodeError::Sandbox { source, .. } => match source {
                 SandboxError::Unsupported { .. } | SandboxError::BadRequest(_) => {
                     ErrorCode::BadRequest

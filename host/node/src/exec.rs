@@ -252,7 +252,7 @@ pub(crate) async fn pump(
             }
             output => {
                 if let Some(reply) = output_reply(output).and_then(|r| skip.skip(r)) {
-                    hub.push(reply);
+                    hub.push_for_readers(reply).await;
                 }
             }
         }

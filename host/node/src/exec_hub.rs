@@ -8,6 +8,10 @@
 //!                                 ▲ notify
 //! client stream(s) ─ cursor ──────┘  replay from the start, then follow, then Exited
 //! ```
+//! While a client streams an exec, output it has not had is never dropped: the pump waits for
+//! it instead (and the command, its pipe full, waits for the pump), so a slow reader slows the
+//! command and gets all of its output. Only output nobody is reading is dropped past
+//! [`HUB_BYTES`], and a client that attaches later is told how much on its stderr.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +31,9 @@ use crate::NodeError;
 const HUB_BYTES: usize = 8 << 20;
 /// How long a finished exec stays attachable.
 const FINISHED_KEEP: Duration = Duration::from_secs(600);
+/// Output of one sandbox's finished execs kept in memory together; past it the oldest
+/// finished exec's output is let go (its status stays, and a client that attaches is told).
+const FINISHED_OUTPUT_BYTES: usize = 32 << 20;
 
 /// Sets an exec's terminal size.
 pub(crate) type Resizer = Box<dyn Fn(TerminalSize) -> std::io::Result<()> + Send + Sync>;
@@ -44,6 +51,63 @@ pub(crate) struct ExecHub {
     pub(crate) stdin: StdinSlot,
     state: Mutex<HubState>,
     changed: Notify,
+    /// Readers moved on: a pump waiting for them looks again.
+    drained: Notify,
+    /// Its sandbox's finished execs, which it joins when it finishes.
+    finished_output: Arc<FinishedOutput>,
+}
+
+/// A sandbox's finished execs in the order they finished, whose kept output together stays
+/// within [`FINISHED_OUTPUT_BYTES`].
+#[derive(Default)]
+struct FinishedOutput {
+    hubs: Mutex<VecDeque<std::sync::Weak<ExecHub>>>,
+}
+
+impl FinishedOutput {
+    /// Adds a finished hub, then lets go of the oldest finished output past the bound (never
+    /// of a hub a client is still reading).
+    fn add(&self, hub: &Arc<ExecHub>) {
+        let mut hubs = self.hubs.lock();
+        hubs.push_back(Arc::downgrade(hub));
+        hubs.retain(|h| h.strong_count() > 0);
+        let live: Vec<Arc<ExecHub>> = hubs.iter().filter_map(std::sync::Weak::upgrade).collect();
+        let mut total: usize = live.iter().map(|h| h.state.lock().bytes).sum();
+        for old in &live {
+            if total <= FINISHED_OUTPUT_BYTES {
+                break;
+            }
+            let mut st = old.state.lock();
+            if !st.readers.is_empty() {
+                continue;
+            }
+            total -= st.bytes;
+            st.dropped_bytes += st.bytes as u64;
+            st.first += st.events.len() as u64;
+            st.events.clear();
+            st.bytes = 0;
+        }
+    }
+}
+
+/// A client's place in a hub while it streams; gone with the stream.
+struct Reader<'a> {
+    hub: &'a ExecHub,
+    id: u64,
+}
+
+impl Reader<'_> {
+    fn at(&self, next: u64) {
+        self.hub.state.lock().readers.insert(self.id, next);
+        self.hub.drained.notify_waiters();
+    }
+}
+
+impl Drop for Reader<'_> {
+    fn drop(&mut self) {
+        self.hub.state.lock().readers.remove(&self.id);
+        self.hub.drained.notify_waiters();
+    }
 }
 
 #[derive(Default)]
@@ -61,6 +125,26 @@ struct HubState {
     detached: bool,
     result: Option<ExecResult>,
     finished: Option<Instant>,
+    /// The clients streaming it now: reader id → the index of the next event it needs.
+    readers: HashMap<u64, u64>,
+    next_reader: u64,
+}
+
+impl HubState {
+    /// Whether taking in `incoming` more bytes would drop output a reader has not had.
+    fn would_drop_unread(&self, incoming: usize) -> bool {
+        let Some(slowest) = self.readers.values().min() else { return false };
+        let mut over = (self.bytes + incoming).saturating_sub(HUB_BYTES);
+        let mut dropped = 0u64;
+        for event in &self.events {
+            if over == 0 {
+                break;
+            }
+            over = over.saturating_sub(output_len(event));
+            dropped += 1;
+        }
+        dropped > 0 && *slowest < self.first + dropped
+    }
 }
 
 /// Output bytes of one command, by stream.
@@ -106,6 +190,23 @@ fn output_len(reply: &Reply) -> usize {
 }
 
 impl ExecHub {
+    /// Takes in a command's output as its pump reads it, first waiting while that would drop
+    /// output a streaming client has not had (see the module's comment).
+    pub(crate) async fn push_for_readers(&self, reply: Reply) {
+        let incoming = output_len(&reply);
+        loop {
+            let drained = self.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            if !self.state.lock().would_drop_unread(incoming) {
+                break;
+            }
+            drained.await;
+        }
+        self.push(reply);
+    }
+
+    /// Takes in output, dropping the oldest past [`HUB_BYTES`] whoever has read it.
     pub(crate) fn push(&self, reply: Reply) {
         let mut st = self.state.lock();
         st.seen.add(&reply);
@@ -163,12 +264,13 @@ impl ExecHub {
         Some(st.seen)
     }
 
-    pub(crate) fn finish(&self, result: ExecResult) {
+    pub(crate) fn finish(self: &Arc<Self>, result: ExecResult) {
         let mut st = self.state.lock();
         st.detached = false;
         st.result = Some(result);
         st.finished = Some(Instant::now());
         drop(st);
+        self.finished_output.add(self);
         // Nothing reads its stdin any more: the tier's writer lets go of the pipe.
         self.stdin.close();
         self.changed.notify_waiters();
@@ -205,6 +307,14 @@ impl ExecHub {
         let peer_gone = exchange.peer_gone();
         tokio::pin!(peer_gone);
         let mut next = 0u64;
+        let reader = {
+            let mut st = self.state.lock();
+            st.next_reader += 1;
+            let id = st.next_reader;
+            let first = st.first;
+            st.readers.insert(id, first);
+            Reader { hub: self, id }
+        };
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
@@ -231,6 +341,7 @@ impl ExecHub {
             for reply in &batch {
                 exchange.reply(reply).await?;
             }
+            reader.at(next);
             if let Some(result) = result {
                 return Ok(Some(Reply::Exited(result)));
             }
@@ -247,6 +358,7 @@ impl ExecHub {
 pub(crate) struct ExecTable {
     execs: Mutex<HashMap<u64, Arc<ExecHub>>>,
     next: AtomicU64,
+    finished_output: Arc<FinishedOutput>,
 }
 
 impl ExecTable {
@@ -275,6 +387,8 @@ impl ExecTable {
             stdin: StdinSlot::default(),
             state: Mutex::default(),
             changed: Notify::new(),
+            drained: Notify::new(),
+            finished_output: self.finished_output.clone(),
         });
         self.execs.lock().insert(exec_id, hub.clone());
         hub
@@ -380,5 +494,75 @@ impl ExecTable {
         self.execs
             .lock()
             .retain(|_, hub| hub.state.lock().finished.is_none_or(|t| t.elapsed() < FINISHED_KEEP));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn out(bytes: usize) -> Reply {
+        Reply::Output { stream: OutputStream::Stdout, data: vec![b'x'; bytes] }
+    }
+
+    fn hub(table: &ExecTable, id: u64) -> Arc<ExecHub> {
+        table.insert_with(id, vec!["yes".into()], Box::new(|| {}), None)
+    }
+
+    #[test]
+    fn output_a_reader_has_not_had_is_not_dropped() {
+        let table = ExecTable::default();
+        let hub = hub(&table, 1);
+        for _ in 0..8 {
+            hub.push(out(1 << 20));
+        }
+        assert!(!hub.state.lock().would_drop_unread(1 << 20), "nobody reads: drop freely");
+        hub.state.lock().readers.insert(1, 0);
+        assert!(hub.state.lock().would_drop_unread(1 << 20), "the reader has not had event 0");
+        assert!(!hub.state.lock().would_drop_unread(0));
+        hub.state.lock().readers.insert(1, 1);
+        assert!(!hub.state.lock().would_drop_unread(1 << 20), "event 0 is read");
+        assert!(hub.state.lock().would_drop_unread(2 << 20), "event 1 is not");
+    }
+
+    #[tokio::test]
+    async fn a_pump_waits_for_a_slow_reader_and_goes_on_when_it_reads() {
+        let table = ExecTable::default();
+        let hub = hub(&table, 1);
+        for _ in 0..8 {
+            hub.push(out(1 << 20));
+        }
+        let reader = Reader { hub: &hub, id: 9 };
+        reader.at(0);
+        let pushed = {
+            let hub = hub.clone();
+            tokio::spawn(async move { hub.push_for_readers(out(1 << 20)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!pushed.is_finished(), "the pump must wait for the reader");
+        reader.at(8);
+        tokio::time::timeout(Duration::from_secs(5), pushed).await.expect("went on").expect("join");
+        assert_eq!(hub.state.lock().dropped_bytes, 1 << 20, "only read output was dropped");
+    }
+
+    #[test]
+    fn finished_output_of_a_sandbox_is_bounded_and_spares_readers() {
+        let table = ExecTable::default();
+        let hubs: Vec<_> = (1..=6).map(|id| hub(&table, id)).collect();
+        // Hub 1 is still being read; the others are not.
+        hubs[0].state.lock().readers.insert(1, 0);
+        for hub in &hubs {
+            for _ in 0..8 {
+                hub.push(out(1 << 20));
+            }
+            hub.finish(ExecResult::default());
+        }
+        let kept: Vec<usize> = hubs.iter().map(|h| h.state.lock().bytes).collect();
+        assert_eq!(kept[0], 8 << 20, "a hub being read keeps its output");
+        let others: usize = kept[1..].iter().sum();
+        assert!(kept.iter().sum::<usize>() <= FINISHED_OUTPUT_BYTES + (8 << 20), "{kept:?}");
+        assert_eq!(others, 24 << 20, "{kept:?}");
+        assert_eq!(kept[1], 0, "the oldest unread output went first: {kept:?}");
+        assert!(hubs.iter().all(|h| h.state.lock().result.is_some()), "statuses stay");
     }
 }

@@ -5,11 +5,12 @@
 
 use std::io::SeekFrom;
 
-use brig_core::sandbox::{FileAccess, Op, ReadSource, WriteOptions};
+use std::io::{Read, Seek, Write};
+
+use brig_core::sandbox::{FileAccess, Op, ReadSource, SandboxError, WriteOptions};
 use brig_proto::{FileOp, FileReadRequest, FileWriteRequest, Reply, Request};
 use brig_transport::Exchange;
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use crate::{convert, Node, NodeError};
 
@@ -99,14 +100,17 @@ pub(crate) async fn write(
         entry.touch();
         return Ok(Some(Reply::Written { bytes }));
     }
-    let file = match entry.sandbox.open_write(&req.path, options).await {
+    let path = req.path.clone();
+    let opened = node
+        .tier_file_op(&entry, &req.path, move |s| async move { s.open_write(&path, options).await })
+        .await;
+    let mut file = match opened {
         Ok(file) => file,
         Err(e) => {
             exchange.refuse_upload();
-            return Err(entry.fail(e));
+            return Err(e);
         }
     };
-    let mut file = tokio::fs::File::from_std(file);
     let limit = node.inner.config.max_upload_bytes;
     let mut written: u64 = 0;
     while let Some(chunk) = exchange.read_upload().await? {
@@ -115,9 +119,24 @@ pub(crate) async fn write(
             exchange.refuse_upload();
             return Err(NodeError::UploadTooLarge(limit));
         }
-        file.write_all(&chunk).await.map_err(io(&req.path))?;
+        let wrote = node
+            .file_work(&entry, &req.path, move || {
+                let mut file = file;
+                file.write_all(&chunk).map(|()| file)
+            })
+            .await?;
+        file = match wrote {
+            Ok(file) => file,
+            Err(e) => {
+                exchange.refuse_upload();
+                return Err(entry.gone_error().unwrap_or_else(|| io(&req.path)(e)));
+            }
+        };
     }
-    file.flush().await.map_err(io(&req.path))?;
+    // A sandbox destroyed while the bytes went in kept them in a file nobody will read.
+    if let Some(gone) = entry.gone_error() {
+        return Err(gone);
+    }
     entry.touch();
     Ok(Some(Reply::Written { bytes: written }))
 }
@@ -130,7 +149,11 @@ pub(crate) async fn read(
     let entry = node.live(&req.sandbox).await?;
     entry.require(Op::Files)?;
     let limit = node.guest_read_limit() as u64;
-    let file = match entry.sandbox.read(&req.path, limit).await.map_err(|e| entry.fail(e))? {
+    let path = req.path.clone();
+    let source = node
+        .tier_file_op(&entry, &req.path, move |s| async move { s.read(&path, limit).await })
+        .await?;
+    let file = match source {
         ReadSource::Bytes(data) => {
             send_range(exchange, &data, req.offset, req.len).await?;
             entry.touch();
@@ -138,33 +161,48 @@ pub(crate) async fn read(
         }
         ReadSource::File(file) => file,
     };
-    let mut file = tokio::fs::File::from_std(file);
-    let meta = file.metadata().await.map_err(io(&req.path))?;
-    if meta.is_dir() {
-        return Err(NodeError::Io {
-            what: req.path.clone(),
-            source: std::io::Error::new(std::io::ErrorKind::IsADirectory, "is a directory"),
-        });
-    }
-    let available = meta.len().saturating_sub(req.offset);
+    // The size is announced before the bytes, so it is measured where they come from.
+    let offset = req.offset;
+    let sized = node
+        .file_work(&entry, &req.path, move || {
+            let mut file = file;
+            let meta = file.metadata()?;
+            if meta.is_dir() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::IsADirectory,
+                    "is a directory",
+                ));
+            }
+            if offset > 0 {
+                file.seek(SeekFrom::Start(offset))?;
+            }
+            Ok((file, meta.len()))
+        })
+        .await?;
+    let (mut file, len) = sized.map_err(io(&req.path))?;
+    let available = len.saturating_sub(req.offset);
     let size = req.len.map_or(available, |len| len.min(available));
-    if req.offset > 0 {
-        file.seek(SeekFrom::Start(req.offset)).await.map_err(io(&req.path))?;
-    }
     exchange.reply(&Reply::FileData { size }).await?;
     let mut remaining = size;
     while remaining > 0 {
         let want = usize::try_from(remaining).unwrap_or(CHUNK_BYTES).min(CHUNK_BYTES);
-        let mut buf = BytesMut::zeroed(want);
-        let n = file.read(&mut buf).await.map_err(io(&req.path))?;
-        if n == 0 {
+        let piece = node
+            .file_work(&entry, &req.path, move || {
+                let mut buf = BytesMut::zeroed(want);
+                let n = file.read(&mut buf)?;
+                buf.truncate(n);
+                Ok::<_, std::io::Error>((file, buf))
+            })
+            .await?;
+        let (back, buf) = piece.map_err(io(&req.path))?;
+        file = back;
+        if buf.is_empty() {
             // The file shrank while we read it; the client sees fewer bytes than announced.
             tracing::debug!(path = %req.path, "file shrank during download");
             break;
         }
-        buf.truncate(n);
+        remaining -= buf.len() as u64;
         exchange.send_raw(buf.freeze()).await?;
-        remaining -= n as u64;
     }
     entry.touch();
     Ok(None)
@@ -181,17 +219,29 @@ pub(crate) async fn small(node: &Node, op: FileOp) -> Result<Reply, NodeError> {
     };
     let entry = node.live(sandbox).await?;
     entry.require(Op::Files)?;
-    let s = &entry.sandbox;
-    let reply = match &op {
-        FileOp::List { .. } => s
-            .list(path)
-            .await
-            .map(|list| Reply::Entries(list.into_iter().map(convert::entry_to_wire).collect())),
-        FileOp::Stat { .. } => s.stat(path).await.map(|e| Reply::Stat(convert::entry_to_wire(e))),
-        FileOp::Mkdir { parents, .. } => s.mkdir(path, *parents).await.map(|()| Reply::Done),
-        FileOp::Remove { recursive, .. } => s.remove(path, *recursive).await.map(|()| Reply::Done),
-        _ => return Err(crate::route::misrouted(op.kind())),
-    };
+    let path = path.to_string();
+    let reply = node
+        .tier_file_op(&entry, op.kind(), move |s| async move {
+            match op {
+                FileOp::List { .. } => s.list(&path).await.map(|list| {
+                    Reply::Entries(list.into_iter().map(convert::entry_to_wire).collect())
+                }),
+                FileOp::Stat { .. } => {
+                    s.stat(&path).await.map(|e| Reply::Stat(convert::entry_to_wire(e)))
+                }
+                FileOp::Mkdir { parents, .. } => {
+                    s.mkdir(&path, parents).await.map(|()| Reply::Done)
+                }
+                FileOp::Remove { recursive, .. } => {
+                    s.remove(&path, recursive).await.map(|()| Reply::Done)
+                }
+                other => Err(SandboxError::BadRequest(format!(
+                    "{} is not a small file operation",
+                    other.kind()
+                ))),
+            }
+        })
+        .await?;
     entry.touch();
-    reply.map_err(|e| entry.fail(e))
+    Ok(reply)
 }

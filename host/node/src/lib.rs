@@ -27,6 +27,7 @@ mod error;
 mod exec;
 mod exec_hub;
 mod exec_input;
+mod file_work;
 mod files;
 mod free_page_reporting;
 mod fullvm;
@@ -110,6 +111,8 @@ struct Inner {
     intents: intents::Intents,
     /// Clients following audit trails now (bounded by `limits.audit_followers`).
     audit_followers: limits::Gauge,
+    /// The bounds and deadline of file work on the blocking pool.
+    file_work: file_work::FileWorkGate,
 }
 
 impl Node {
@@ -146,6 +149,7 @@ impl Node {
         let sandboxes = SandboxTable::new(&state_dir.join("sandboxes"))?;
         let audit = Arc::new(AuditLog::open(&state_dir.join("audit"))?);
         let intents = intents::Intents::open(&state_dir.join("ops"))?;
+        let file_work = file_work::FileWorkGate::new(&config.limits);
         let node = Node {
             inner: Arc::new(Inner {
                 config,
@@ -164,6 +168,7 @@ impl Node {
                 working_set: parking_lot::Mutex::new((std::time::Instant::now(), 0, 0)),
                 working_set_refreshing: std::sync::atomic::AtomicBool::new(false),
                 audit_followers: limits::Gauge::default(),
+                file_work,
                 intents,
                 zram,
             }),

@@ -62,6 +62,8 @@ impl Node {
         let mut labels = req.labels.clone();
         labels.sort();
         labels.dedup();
+        brig_core::check_labels(&labels)?;
+        brig_core::check_sandbox_env(&req.env)?;
         let id = SandboxId::generate(cfg.node_id());
         let egress = match &req.egress {
             Some(texts) if matches!(tier, Tier::Container | Tier::Fullvm) => {

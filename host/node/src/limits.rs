@@ -27,6 +27,14 @@ pub struct LimitsConfig {
     pub audit_followers: usize,
     /// Bytes one exec's streamed stdin may carry; past it the command's stdin is closed.
     pub exec_stdin_bytes: u64,
+    /// File operations of one sandbox under way at once on the node's blocking pool (see
+    /// `file_work`): a sandbox whose files hang holds at most this many threads.
+    pub file_ops_per_sandbox: usize,
+    /// File operations under way at once on the whole node.
+    pub file_ops_per_node: usize,
+    /// How long one file operation (an open, a chunk of a transfer, a listing) may take before
+    /// its request answers with an error.
+    pub file_op_deadline_ms: u64,
 }
 
 impl Default for LimitsConfig {
@@ -37,6 +45,9 @@ impl Default for LimitsConfig {
             streams_per_connection: 8192,
             audit_followers: 256,
             exec_stdin_bytes: 16 << 30,
+            file_ops_per_sandbox: 8,
+            file_ops_per_node: 128,
+            file_op_deadline_ms: 30_000,
         }
     }
 }
@@ -48,6 +59,8 @@ pub enum Limit {
     ExecsPerSandbox,
     AuditFollowers,
     ExecStdinBytes,
+    FileOpsPerSandbox,
+    FileOpsPerNode,
 }
 
 impl Limit {
@@ -58,6 +71,8 @@ impl Limit {
             Limit::ExecsPerSandbox => "running or kept execs per sandbox",
             Limit::AuditFollowers => "clients following audit trails on this node",
             Limit::ExecStdinBytes => "bytes of stdin per exec",
+            Limit::FileOpsPerSandbox => "file operations under way per sandbox",
+            Limit::FileOpsPerNode => "file operations under way on this node",
         }
     }
 
@@ -68,6 +83,8 @@ impl Limit {
             Limit::ExecsPerSandbox => "execs_per_sandbox",
             Limit::AuditFollowers => "audit_followers",
             Limit::ExecStdinBytes => "exec_stdin_bytes",
+            Limit::FileOpsPerSandbox => "file_ops_per_sandbox",
+            Limit::FileOpsPerNode => "file_ops_per_node",
         }
     }
 

@@ -55,6 +55,9 @@ pub(crate) struct SandboxEntry {
     /// Its record file's newest slot (`None` until this run first writes it); the lock also
     /// puts concurrent saves (a clock save and a state change) in one order.
     record_seq: Mutex<Option<u64>>,
+    /// Its file operations under way on the node's blocking pool (see `file_work`), made at
+    /// the first one with the node's bound.
+    file_ops: std::sync::OnceLock<Arc<tokio::sync::Semaphore>>,
 }
 
 impl SandboxEntry {
@@ -80,7 +83,13 @@ impl SandboxEntry {
             sandbox,
             gone: std::sync::OnceLock::new(),
             record_seq: Mutex::new(None),
+            file_ops: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Its bound of file operations under way (`max` of them, fixed at the first use).
+    pub fn file_ops(&self, max: usize) -> Arc<tokio::sync::Semaphore> {
+        self.file_ops.get_or_init(|| Arc::new(tokio::sync::Semaphore::new(max))).clone()
     }
 
     /// A failure of its tier, as the node reports it (naming this sandbox). Once the sandbox
@@ -90,6 +99,11 @@ impl SandboxEntry {
             Some(gone) => gone.error(&self.id.to_string()),
             None => NodeError::sandbox(&self.id.to_string(), self.tier, e),
         }
+    }
+
+    /// Why it left the table, as a request hears it, once it has.
+    pub fn gone_error(&self) -> Option<NodeError> {
+        self.gone.get().map(|gone| gone.error(&self.id.to_string()))
     }
 
     /// `Ok` if its tier serves `op`, else the typed refusal.

@@ -97,12 +97,38 @@ fn rooted(path: &str) -> std::io::Result<String> {
     })
 }
 
+/// Opens `path` for a file transfer (`write`: made if missing, truncated) if it is a regular
+/// file: opened without blocking, so a FIFO or a device is refused before anything waits on it.
+fn open_regular(path: &str, write: bool) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(!write)
+        .write(write)
+        .create(write)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{path} is not a regular file (a FIFO, device or socket)"),
+        ));
+    }
+    // Transfers of a regular file block as the disk does.
+    let flags = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_GETFL)?;
+    let flags = nix::fcntl::OFlag::from_bits_truncate(flags) - nix::fcntl::OFlag::O_NONBLOCK;
+    nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_SETFL(flags))?;
+    if write {
+        file.set_len(0)?;
+    }
+    Ok(file)
+}
+
 /// Writes the next `len` bytes of the connection to `path` (parents created).
 fn put(reader: &mut impl Read, path: &str, len: u64) -> std::io::Result<()> {
     if let Some(parent) = std::path::Path::new(path).parent() {
         std::fs::create_dir_all(parent)?;
     }
-    let mut file = std::fs::File::create(path)?;
+    let mut file = open_regular(path, true)?;
     let copied = std::io::copy(&mut reader.take(len), &mut file)?;
     if copied != len {
         return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "upload cut short"));
@@ -112,7 +138,7 @@ fn put(reader: &mut impl Read, path: &str, len: u64) -> std::io::Result<()> {
 
 /// Sends `path`'s bytes as STDOUT frames.
 fn get(out: &Mutex<std::fs::File>, path: &str) -> std::io::Result<()> {
-    let mut file = std::fs::File::open(path)?;
+    let mut file = open_regular(path, false)?;
     let mut buf = vec![0u8; 64 << 10];
     loop {
         let n = file.read(&mut buf)?;
