@@ -4,9 +4,18 @@
 //!  sandbox netns                 host (init netns)                       nftables table brig_<tag>
 //!  eth0 10.x.y.(4s+2)/30 ◀─veth─▶ b<tag><slot> 10.x.y.(4s+1)/30         forward/input hooks:
 //!  lo (always up)                 ip_forward on, masquerade out          iifname vmap @sandboxes
-//!                                                                         → chain s<slot>: allowed
-//!                                                                           sets, else log + drop
+//!                                                                         → chain s<slot>:
+//!                                                                           services, guard,
+//!                                                                           denied, allowed sets,
+//!                                                                           else log + drop
 //! ```
+//! A slot's chain serves both hooks: traffic to the node itself arrives on `input`, not
+//! `forward`. After the node's services (which its operator configured, so they may name the
+//! node's own addresses), every packet passes the table's `guard` chain, which refuses the
+//! node's own addresses (by address type: every local address, each sandbox's gateway among
+//! them), this daemon's sandbox subnet, [`brig_core::egress::PROTECTED_NETWORKS`] and IPv6;
+//! then the sandbox's denied destinations, then its allowed ones. So no rule a client gives,
+//! the default allow-all included, reaches the host, another sandbox or a metadata service.
 //! Each daemon claims its own /20 of 10.128.0.0/9 and its own table, so daemons on one host
 //! never collide. A sandbox's traffic is matched by the host-side interface it arrives on, not
 //! by source address, so root inside the sandbox (which has no `CAP_NET_ADMIN` or
@@ -22,7 +31,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use brig_core::Destination;
+use brig_core::egress::{AddressRange, AddressRanges, PROTECTED_NETWORKS};
+use brig_core::{Destination, EgressPolicy};
 use parking_lot::Mutex;
 
 /// Sandboxes one daemon can network (a /20 of /30 links).
@@ -58,38 +68,30 @@ pub enum NetError {
 pub const WARM_PER_RULES: usize = 4;
 pub const WARM_RULE_SETS: usize = 8;
 
-/// A rule set as a pool key: sorted, without repeats.
-fn rule_key(rules: &[Destination]) -> Vec<Destination> {
-    let mut key = rules.to_vec();
-    key.sort_by_key(|d| (u32::from(d.addr), d.prefix, d.port));
-    key.dedup();
-    key
-}
-
-/// Slots made ready ahead, by rule set.
+/// Slots made ready ahead, by rule set (an [`EgressPolicy`] is canonical: sorted, no repeats).
 #[derive(Debug, Default)]
 struct WarmSlots {
-    ready: HashMap<Vec<Destination>, Vec<u32>>,
+    ready: HashMap<EgressPolicy, Vec<u32>>,
     /// Rule sets being made ready now.
-    refilling: HashSet<Vec<Destination>>,
+    refilling: HashSet<EgressPolicy>,
     /// The rule set of each slot in use.
-    in_use: HashMap<u32, Vec<Destination>>,
+    in_use: HashMap<u32, EgressPolicy>,
 }
 
 impl WarmSlots {
-    fn take(&mut self, key: &[Destination]) -> Option<u32> {
+    fn take(&mut self, key: &EgressPolicy) -> Option<u32> {
         self.ready.get_mut(key)?.pop()
     }
 
     /// Whether `key` needs more slots made ready (and is not being served already).
-    fn wants(&self, key: &Vec<Destination>) -> bool {
+    fn wants(&self, key: &EgressPolicy) -> bool {
         let have = self.ready.get(key).map_or(0, Vec::len);
         let known = self.ready.contains_key(key) || self.ready.len() < WARM_RULE_SETS;
         known && have < WARM_PER_RULES / 2 && !self.refilling.contains(key)
     }
 
     /// Keeps a freed slot (rules unchanged) if its rule set's pool has room.
-    fn give_back(&mut self, key: Vec<Destination>, slot: u32) -> bool {
+    fn give_back(&mut self, key: EgressPolicy, slot: u32) -> bool {
         match self.ready.get_mut(&key) {
             Some(ready) if ready.len() < WARM_PER_RULES => {
                 ready.push(slot);
@@ -207,7 +209,36 @@ impl Network {
                 self.base
             );
         }
+        // Made again on every start (a table an older daemon left has none of it).
+        script += &self.guard_script();
         run("nft", &["-f", "-"], &script)
+    }
+
+    /// The table's `refuse` chain (log a new connection, drop) and its `guard` chain, which
+    /// every slot's chain jumps to after its services: the node's own addresses, this
+    /// daemon's subnet, the protected networks and IPv6 are refused.
+    fn guard_script(&self) -> String {
+        let (t, log) = (&self.table, self.log_prefix());
+        let mut protected: Vec<Destination> =
+            PROTECTED_NETWORKS.iter().filter_map(|n| n.parse().ok()).collect();
+        protected.push(Destination { addr: self.base, prefix: 20, port: None });
+        let elements = range_elements(&AddressRanges::of(&protected).any_port);
+        format!(
+            "add set inet {t} protected {{ type ipv4_addr; flags interval; }}\n\
+             flush set inet {t} protected\n\
+             add element inet {t} protected {{ {elements} }}\n\
+             add chain inet {t} refuse\n\
+             flush chain inet {t} refuse\n\
+             add rule inet {t} refuse ct state new \
+               limit rate 100/second burst 200 packets log prefix \"{log}deny \"\n\
+             add rule inet {t} refuse drop\n\
+             add chain inet {t} guard\n\
+             flush chain inet {t} guard\n\
+             add rule inet {t} guard meta nfproto ipv6 goto refuse\n\
+             add rule inet {t} guard fib daddr type {{ local, broadcast, multicast, anycast }} \
+               goto refuse\n\
+             add rule inet {t} guard ip daddr @protected goto refuse\n"
+        )
     }
 
     /// The kernel log prefix of this daemon's egress log lines.
@@ -241,11 +272,7 @@ impl Network {
     }
 
     /// Gives the sandbox whose init is `pid` a link with `rules`; returns its slot.
-    pub async fn attach(
-        self: &Arc<Self>,
-        pid: i32,
-        rules: &[Destination],
-    ) -> Result<u32, NetError> {
+    pub async fn attach(self: &Arc<Self>, pid: i32, rules: &EgressPolicy) -> Result<u32, NetError> {
         self.attach_in(Netns::Pid(pid), rules).await
     }
 
@@ -260,9 +287,9 @@ impl Network {
     pub async fn attach_in(
         self: &Arc<Self>,
         netns: Netns<'_>,
-        rules: &[Destination],
+        rules: &EgressPolicy,
     ) -> Result<u32, NetError> {
-        let key = rule_key(rules);
+        let key = rules.clone();
         let warm = self.warm.lock().take(&key);
         let slot = match warm {
             Some(slot) => slot,
@@ -271,7 +298,7 @@ impl Network {
         self.warm.lock().in_use.insert(slot, key.clone());
         let made = match warm {
             Some(_) => self.link(netns, slot).await,
-            None => self.attach_slot(netns, slot, rules).await,
+            None => self.attach_slot(netns, slot, rules.clone()).await,
         };
         if let Err(e) = made {
             // Its nftables part may be half made: removed, not pooled.
@@ -306,7 +333,7 @@ impl Network {
     }
 
     /// Makes slots ready ahead for `key` in the background, if it has too few.
-    fn refill(self: &Arc<Self>, key: Vec<Destination>) {
+    fn refill(self: &Arc<Self>, key: EgressPolicy) {
         let want = {
             let mut warm = self.warm.lock();
             if !warm.wants(&key) {
@@ -346,61 +373,31 @@ impl Network {
         &self,
         netns: Netns<'_>,
         slot: u32,
-        rules: &[Destination],
+        rules: EgressPolicy,
     ) -> Result<(), NetError> {
-        let script = self.slot_script(slot, rules);
         // The base chains drop whatever arrives on this daemon's links until the slot's chain is
         // in the verdict map, so the link may come up before its rules: both are made at once.
-        let nft = tokio::task::spawn_blocking(move || run("nft", &["-f", "-"], &script));
+        // The script (a few thousand ranges at most) is written off the async workers too.
+        let (table, log) = (self.table.clone(), self.log_prefix());
+        let ifname = self.ifname(slot);
+        let nft = tokio::task::spawn_blocking(move || {
+            run("nft", &["-f", "-"], &slot_script(&table, &log, &ifname, slot, &rules))
+        });
         let (nft, link) = tokio::join!(nft, self.link(netns, slot));
         nft.map_err(|e| NetError::Task(e.to_string()))??;
         link
     }
 
-    /// The nftables part of a slot: its chain and sets (made first, so no packet ever passes
-    /// before the rules exist), its rules, then its verdict-map entry.
-    fn slot_script(&self, slot: u32, rules: &[Destination]) -> String {
-        let (t, ifname) = (&self.table, self.ifname(slot));
-        let log = self.log_prefix();
-        let mut script = format!(
-            "add set inet {t} a{slot} {{ type ipv4_addr . inet_service; flags interval; }}\n\
-             add set inet {t} n{slot} {{ type ipv4_addr; flags interval; }}\n\
-             add chain inet {t} s{slot}\n\
-             flush chain inet {t} s{slot}\n\
-             add rule inet {t} s{slot} ct state established,related accept\n\
-             add rule inet {t} s{slot} meta l4proto {{ tcp, udp }} ip daddr . th dport @a{slot} \
-               ct state new log prefix \"{log}allow \" accept\n\
-             add rule inet {t} s{slot} ip daddr @n{slot} ct state new log prefix \"{log}allow \" accept\n\
-             add element inet {t} sandboxes {{ \"{ifname}\" : jump s{slot} }}\n"
-        );
-        script += &self.rules_script(slot, rules);
-        script
-    }
-
-    fn rules_script(&self, slot: u32, rules: &[Destination]) -> String {
-        let t = &self.table;
-        let mut script = format!("flush set inet {t} a{slot}\nflush set inet {t} n{slot}\n");
-        let (ported, any): (Vec<&Destination>, Vec<&Destination>) =
-            rules.iter().partition(|d| d.port.is_some());
-        if !ported.is_empty() {
-            let elems: Vec<String> = ported
-                .iter()
-                .map(|d| format!("{} . {}", d.network(), d.port.unwrap_or_default()))
-                .collect();
-            script += &format!("add element inet {t} a{slot} {{ {} }}\n", elems.join(", "));
-        }
-        if !any.is_empty() {
-            let elems: Vec<String> = any.iter().map(|d| d.network()).collect();
-            script += &format!("add element inet {t} n{slot} {{ {} }}\n", elems.join(", "));
-        }
-        script
+    /// The nftables part of a slot (see [`slot_script`]).
+    fn slot_script(&self, slot: u32, rules: &EgressPolicy) -> String {
+        slot_script(&self.table, &self.log_prefix(), &self.ifname(slot), slot, rules)
     }
 
     /// Replaces a slot's rules atomically: connections already open stay open; new ones follow
-    /// the new rules.
-    pub fn set_rules(&self, slot: u32, rules: &[Destination]) -> Result<(), NetError> {
-        run("nft", &["-f", "-"], &self.rules_script(slot, rules))?;
-        self.warm.lock().in_use.insert(slot, rule_key(rules));
+    /// the new rules. Blocks on `nft`: call it off the async workers.
+    pub fn set_rules(&self, slot: u32, rules: &EgressPolicy) -> Result<(), NetError> {
+        run("nft", &["-f", "-"], &self.slot_script(slot, rules))?;
+        self.warm.lock().in_use.insert(slot, rules.clone());
         Ok(())
     }
 
@@ -417,13 +414,16 @@ impl Network {
                 }
             }
         }
-        let script = format!(
+        let mut script = format!(
             "delete element inet {t} sandboxes {{ \"{ifname}\" }}\n\
              flush chain inet {t} s{slot}\n\
-             delete chain inet {t} s{slot}\n\
-             delete set inet {t} a{slot}\n\
-             delete set inet {t} n{slot}\n"
+             delete chain inet {t} s{slot}\n"
         );
+        for set in SLOT_SETS {
+            // Made first, so a set the slot never had is no error.
+            script += &format!("add set inet {t} {}{slot} {}\n", set.prefix, set.kind());
+            script += &format!("delete set inet {t} {}{slot}\n", set.prefix);
+        }
         if let Err(e) = run("nft", &["-f", "-"], &script) {
             tracing::debug!(slot, error = %e, "removing a sandbox's egress rules");
         }
@@ -453,6 +453,108 @@ impl Network {
         let _ = run("nft", &["delete", "table", "inet", &self.table], "");
         let _ = std::fs::remove_dir_all(&self.claim);
     }
+}
+
+/// One of a slot's named sets: its name's prefix (the slot number follows), whether its
+/// elements carry a port, and the verdict its rule gives.
+struct SlotSet {
+    prefix: &'static str,
+    ported: bool,
+    allow: bool,
+}
+
+impl SlotSet {
+    fn kind(&self) -> &'static str {
+        if self.ported {
+            "{ type ipv4_addr . inet_service; flags interval; }"
+        } else {
+            "{ type ipv4_addr; flags interval; }"
+        }
+    }
+}
+
+/// A slot's sets in the order its chain checks them: services, (guard,) denied, allowed.
+const SLOT_SETS: [SlotSet; 6] = [
+    SlotSet { prefix: "sa", ported: true, allow: true },
+    SlotSet { prefix: "sn", ported: false, allow: true },
+    SlotSet { prefix: "da", ported: true, allow: false },
+    SlotSet { prefix: "dn", ported: false, allow: false },
+    SlotSet { prefix: "a", ported: true, allow: true },
+    SlotSet { prefix: "n", ported: false, allow: true },
+];
+
+/// Ranges as nftables set elements (`a`, or `a-b`), comma-separated.
+fn range_elements(ranges: &[AddressRange]) -> String {
+    let mut out = String::with_capacity(ranges.len() * 32);
+    for (i, (a, b)) in ranges.iter().enumerate() {
+        if i > 0 {
+            out += ", ";
+        }
+        out += &if a == b { a.to_string() } else { format!("{a}-{b}") };
+    }
+    out
+}
+
+/// Ported ranges as elements of an `ipv4_addr . inet_service` interval set.
+fn ported_elements(ported: &[(u16, Vec<AddressRange>)]) -> String {
+    let mut out = String::new();
+    for (port, ranges) in ported {
+        for (a, b) in ranges {
+            if !out.is_empty() {
+                out += ", ";
+            }
+            out += &if a == b { format!("{a} . {port}") } else { format!("{a}-{b} . {port}") };
+        }
+    }
+    out
+}
+
+/// The nftables part of a slot, written whole each time (one transaction: connections open
+/// stay open, new ones follow the new rules): its chain, flushed and filled again, the sets
+/// its rules need (sets it no longer needs are removed), then its verdict-map entry, so no
+/// packet passes before the rules exist. Linear in the rules (after their `O(n log n)` merge).
+fn slot_script(t: &str, log: &str, ifname: &str, slot: u32, rules: &EgressPolicy) -> String {
+    let [services, deny, allow] =
+        [&rules.services, &rules.deny, &rules.allow].map(|d| AddressRanges::of(d));
+    let lists = [&services, &deny, &allow];
+    let mut script = format!("add chain inet {t} s{slot}\nflush chain inet {t} s{slot}\n");
+    let mut chain = format!("add rule inet {t} s{slot} ct state established,related accept\n");
+    for (i, set) in SLOT_SETS.iter().enumerate() {
+        let ranges = lists[i / 2];
+        let elements = if set.ported {
+            ported_elements(&ranges.ported)
+        } else {
+            range_elements(&ranges.any_port)
+        };
+        let name = format!("{}{slot}", set.prefix);
+        script += &format!("add set inet {t} {name} {}\n", set.kind());
+        if elements.is_empty() {
+            script += &format!("delete set inet {t} {name}\n");
+        } else {
+            script += &format!(
+                "flush set inet {t} {name}\nadd element inet {t} {name} {{ {elements} }}\n"
+            );
+            let matched = if set.ported {
+                format!("meta l4proto {{ tcp, udp }} ip daddr . th dport @{name}")
+            } else {
+                format!("ip daddr @{name}")
+            };
+            chain += &if set.allow {
+                format!(
+                    "add rule inet {t} s{slot} {matched} ct state new log prefix \"{log}allow \" \
+                     accept\n"
+                )
+            } else {
+                format!("add rule inet {t} s{slot} {matched} goto refuse\n")
+            };
+        }
+        if set.prefix == "sn" {
+            chain += &format!("add rule inet {t} s{slot} jump guard\n");
+        }
+    }
+    script += &chain;
+    script += &format!("add element inet {t} sandboxes {{ \"{ifname}\" : jump s{slot} }}\n");
+    script
 }
 
 /// A sandbox's network namespace: a container's (by a process in it) or a named one (`ip
@@ -609,8 +711,10 @@ mod tests {
     #[test]
     fn pooled_slots_are_kept_per_rule_set_within_bounds() {
         let d = |port| Destination { addr: Ipv4Addr::new(10, 0, 0, 1), prefix: 32, port };
-        let (a, b) =
-            (rule_key(&[d(Some(80)), d(None), d(Some(80))]), rule_key(&[d(None), d(Some(80))]));
+        let (a, b) = (
+            EgressPolicy::allowing(vec![d(Some(80)), d(None), d(Some(80))]),
+            EgressPolicy::allowing(vec![d(None), d(Some(80))]),
+        );
         assert_eq!(a, b, "order and repeats do not make another rule set");
         let mut warm = WarmSlots::default();
         assert!(warm.wants(&a));
@@ -620,16 +724,49 @@ mod tests {
         warm.ready.insert(a.clone(), vec![1, 2, 3]);
         assert!(!warm.wants(&a), "enough ready");
         assert_eq!(warm.take(&a), Some(3));
-        assert_eq!(warm.take(&[]), None, "nothing ready for another rule set");
+        assert_eq!(warm.take(&EgressPolicy::default()), None, "nothing ready for another rule set");
         assert!(warm.give_back(a.clone(), 7));
         assert!(warm.give_back(a.clone(), 8));
         assert_eq!(warm.ready[&a].len(), WARM_PER_RULES);
         assert!(!warm.give_back(a.clone(), 9), "a full pool frees the slot instead");
-        assert!(!warm.give_back(vec![], 10), "no pool for a rule set never made ready");
+        let other = EgressPolicy::default();
+        assert!(!warm.give_back(other, 10), "no pool for a rule set never made ready");
         for port in 0..WARM_RULE_SETS as u16 {
-            warm.ready.insert(vec![d(Some(port))], vec![]);
+            warm.ready.insert(EgressPolicy::allowing(vec![d(Some(port))]), vec![]);
         }
-        assert!(!warm.wants(&[d(Some(999))].to_vec()), "no more rule sets than the bound");
+        let unseen = EgressPolicy::allowing(vec![d(Some(999))]);
+        assert!(!warm.wants(&unseen), "no more rule sets than the bound");
+    }
+
+    #[test]
+    fn slot_rules_check_services_then_the_guard_then_denials_then_allowances() {
+        let p = |texts: &[&str]| -> Vec<Destination> {
+            texts.iter().map(|t| t.parse().expect("test")).collect()
+        };
+        let policy = EgressPolicy::new(
+            p(&["10.240.0.2:8080"]),
+            p(&["10.0.0.0/8", "10.1.2.3", "1.1.1.1:53"]),
+            p(&["0.0.0.0/0"]),
+        );
+        let script = slot_script("brig_t", "brig-t ", "bt0001", 1, &policy);
+        let rules: Vec<&str> = script.lines().filter(|l| l.starts_with("add rule")).collect();
+        let at = |needle: &str| {
+            rules.iter().position(|r| r.contains(needle)).unwrap_or_else(|| panic!("{needle}"))
+        };
+        assert!(rules[0].contains("established,related accept"));
+        assert!(at("@sa1") < at("jump guard"), "services come before the guard");
+        assert!(at("jump guard") < at("@da1") && at("@da1") < at("@dn1"), "{script}");
+        assert!(at("@dn1") < at("@n1"), "denials come before allowances");
+        assert!(rules[at("@dn1")].ends_with("goto refuse"));
+        assert!(!script.contains("@sn1") && !script.contains("@a1 "), "no rule for an empty set");
+        assert!(script.contains("delete set inet brig_t sn1"), "unused sets go");
+        assert!(script.contains("add element inet brig_t dn1 { 10.0.0.0-10.255.255.255 }"));
+        assert!(script.contains("add element inet brig_t sa1 { 10.240.0.2 . 8080 }"));
+        assert!(script.trim_end().ends_with("{ \"bt0001\" : jump s1 }"), "the map entry last");
+        // An empty policy still passes the guard, then nothing is allowed.
+        let closed = slot_script("brig_t", "brig-t ", "bt0001", 1, &EgressPolicy::default());
+        assert!(closed.contains("jump guard"));
+        assert_eq!(closed.matches(" accept").count(), 1, "only established traffic: {closed}");
     }
 
     #[test]

@@ -15,7 +15,7 @@ pub mod stdin;
 
 pub use call::{CallLimits, CallOutcome, CallReport, ToolCall};
 pub use command::{check_command, check_sandbox_env, CommandError};
-pub use egress::{Destination, EgressRule};
+pub use egress::{Destination, EgressPolicy, EgressRule};
 pub use id::{IdError, NodeId, SandboxId};
 pub use sandbox::{Capabilities, Op, Sandbox, SandboxError};
 pub use spec::{check_labels, IdleAction, LabelError, Labels, QosClass, SandboxSpec, Tier};

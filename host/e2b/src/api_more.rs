@@ -48,63 +48,49 @@ fn cidr(text: &str) -> Result<(u32, u8), ApiError> {
     Ok((u32::from(addr) & mask, prefix))
 }
 
-/// The networks of the whole IPv4 space left after taking `deny` out, fewest first.
-fn complement(deny: &[(u32, u8)]) -> Vec<(u32, u8)> {
-    let mut out = Vec::new();
-    let mut stack = vec![(0u32, 0u8)];
-    while let Some((net, prefix)) = stack.pop() {
-        let covers = |(d, p): &(u32, u8)| {
-            *p <= prefix && {
-                let mask = if *p == 0 { 0 } else { u32::MAX << (32 - u32::from(*p)) };
-                net & mask == *d
-            }
-        };
-        let inside = |(d, p): &(u32, u8)| {
-            *p > prefix && {
-                let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(prefix)) };
-                d & mask == net
-            }
-        };
-        if deny.iter().any(covers) {
-            continue;
-        }
-        if !deny.iter().any(inside) {
-            out.push((net, prefix));
-            continue;
-        }
-        let half = 1u32 << (31 - u32::from(prefix));
-        stack.push((net | half, prefix + 1));
-        stack.push((net, prefix + 1));
-    }
-    out
-}
+/// The most `allowOut` and `denyOut` entries one request may name, together: the node serves
+/// at most 4,096 egress rules per sandbox (`brig_core::egress::MAX_EGRESS_RULES`), and a
+/// `denyOut` takes one more for the allow-all it is cut out of.
+pub const MAX_NETWORK_ENTRIES: usize = 4095;
 
 /// Brig egress rules for E2B network settings: `None` leaves the sandbox on loopback only
 /// (`allow_internet_access: false` with nothing allowed), otherwise the allowed networks
-/// (everything but `denyOut`, unless `allowOut` names what is allowed).
+/// (everything but `denyOut`, unless `allowOut` names what is allowed). Everything but
+/// `denyOut` is one allow-all rule and one denial (`!net`) per entry: linear, and the node
+/// keeps its own addresses, its sandboxes and link-local addresses out of reach whatever the
+/// rules say. More than [`MAX_NETWORK_ENTRIES`] entries answer 400 before anything is parsed.
 pub fn egress_rules(
     network: Option<&Network>,
     internet: Option<bool>,
 ) -> Result<Option<Vec<String>>, ApiError> {
     let internet = internet.or(network.and_then(|n| n.allow_internet_access)).unwrap_or(true);
-    let allow: Vec<(u32, u8)> = network
-        .and_then(|n| n.allow_out.as_ref())
-        .map(|a| a.iter().map(|t| cidr(t)).collect::<Result<_, _>>())
-        .transpose()?
-        .unwrap_or_default();
-    let deny: Vec<(u32, u8)> = network
-        .and_then(|n| n.deny_out.as_ref())
-        .map(|d| d.iter().map(|t| cidr(t)).collect::<Result<_, _>>())
-        .transpose()?
-        .unwrap_or_default();
-    let networks = if !allow.is_empty() {
-        allow
+    let (allow_out, deny_out) = network.map_or((&[][..], &[][..]), |n| {
+        (n.allow_out.as_deref().unwrap_or(&[]), n.deny_out.as_deref().unwrap_or(&[]))
+    });
+    let entries = allow_out.len() + deny_out.len();
+    if entries > MAX_NETWORK_ENTRIES {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "network: {entries} allowOut and denyOut entries; at most {MAX_NETWORK_ENTRIES} \
+                 are served per sandbox (use CIDR networks to name more addresses)"
+            ),
+        ));
+    }
+    let text = |(n, p): (u32, u8)| format!("{}/{p}", Ipv4Addr::from(n));
+    let allow: Vec<String> =
+        allow_out.iter().map(|t| cidr(t).map(text)).collect::<Result<_, _>>()?;
+    let deny: Vec<String> = deny_out.iter().map(|t| cidr(t).map(text)).collect::<Result<_, _>>()?;
+    if !allow.is_empty() {
+        Ok(Some(allow))
     } else if !internet {
-        return Ok(None);
+        Ok(None)
     } else {
-        complement(&deny)
-    };
-    Ok(Some(networks.into_iter().map(|(n, p)| format!("{}/{p}", Ipv4Addr::from(n))).collect()))
+        let mut rules = Vec::with_capacity(deny.len() + 1);
+        rules.push("0.0.0.0/0".to_string());
+        rules.extend(deny.into_iter().map(|d| format!("!{d}")));
+        Ok(Some(rules))
+    }
 }
 
 /// `PUT /sandboxes/{id}/network`: replaces the sandbox's rules.
@@ -306,17 +292,39 @@ mod tests {
             egress_rules(Some(&n), None).expect("rules").expect("some")
         };
         assert_eq!(rules(&[]), vec!["0.0.0.0/0"]);
-        let r = rules(&["10.0.0.0/8"]);
-        assert_eq!(r.len(), 8);
-        assert!(r.contains(&"11.0.0.0/8".to_string()) && r.contains(&"128.0.0.0/1".to_string()));
-        assert!(!r.iter().any(|x| x.starts_with("10.")));
-        let r = rules(&["10.1.2.3"]);
-        assert_eq!(r.len(), 32, "{r:?}");
-        assert!(rules(&["0.0.0.0/0"]).is_empty());
+        assert_eq!(rules(&["10.0.0.0/8"]), vec!["0.0.0.0/0", "!10.0.0.0/8"]);
+        assert_eq!(rules(&["10.1.2.3"]), vec!["0.0.0.0/0", "!10.1.2.3/32"]);
+        assert_eq!(rules(&["10.1.2.3/8"]), vec!["0.0.0.0/0", "!10.0.0.0/8"], "host bits cleared");
+        assert_eq!(rules(&["0.0.0.0/0"]), vec!["0.0.0.0/0", "!0.0.0.0/0"]);
         assert!(egress_rules(None, Some(false)).expect("rules").is_none());
         let allow = Network { allow_out: Some(vec!["1.2.3.4".into()]), ..Default::default() };
         assert_eq!(egress_rules(Some(&allow), None).expect("r"), Some(vec!["1.2.3.4/32".into()]));
         let named = Network { allow_out: Some(vec!["example.com".into()]), ..Default::default() };
         assert!(egress_rules(Some(&named), None).is_err());
+    }
+
+    /// The rules are linear in the entries, and past the cap the answer is a 400 at once.
+    #[test]
+    fn long_deny_lists_are_linear_and_capped() {
+        let list = |n: u32| -> Vec<String> {
+            (0..n).map(|i| Ipv4Addr::from(0x0b00_0000 + i * 7).to_string()).collect()
+        };
+        let at_cap =
+            Network { deny_out: Some(list(MAX_NETWORK_ENTRIES as u32)), ..Default::default() };
+        let started = std::time::Instant::now();
+        let rules = egress_rules(Some(&at_cap), None).expect("at the cap").expect("some");
+        assert!(
+            started.elapsed() < std::time::Duration::from_millis(500),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(rules.len(), MAX_NETWORK_ENTRIES + 1);
+        let over = Network { deny_out: Some(list(100_000)), ..Default::default() };
+        let started = std::time::Instant::now();
+        let err = egress_rules(Some(&over), None).expect_err("over the cap");
+        assert!(started.elapsed() < std::time::Duration::from_millis(100));
+        let body = err.body().to_string();
+        assert!(body.contains("at most 4095"), "{body}");
+        assert_eq!(err.into_response().status(), StatusCode::BAD_REQUEST);
     }
 }

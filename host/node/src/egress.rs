@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use brig_container::network::{self, Network};
-use brig_core::{Destination, EgressRule};
+use brig_core::{EgressPolicy, EgressRule};
 use brig_proto::{AuditKind, SandboxInfo};
 use parking_lot::Mutex;
 
@@ -37,20 +37,24 @@ pub(crate) enum NetnsRef {
 }
 
 impl Node {
-    /// Parses rule texts and resolves services through the node's configuration.
+    /// Parses rule texts and resolves services through the node's configuration. At most
+    /// [`brig_core::egress::MAX_EGRESS_RULES`] rules (a `bad_request` beyond); linear in them.
     pub(crate) fn resolve_egress(
         &self,
         texts: &[String],
-    ) -> Result<(Vec<EgressRule>, Vec<Destination>), NodeError> {
-        let mut rules = Vec::new();
-        let mut dests = Vec::new();
+    ) -> Result<(Vec<EgressRule>, EgressPolicy), NodeError> {
+        brig_core::egress::check_rule_count(texts.len())
+            .map_err(|e| NodeError::BadEgress(e.to_string()))?;
+        let mut rules = Vec::with_capacity(texts.len());
+        let (mut reached, mut deny, mut allow) = (Vec::new(), Vec::new(), Vec::new());
         for text in texts {
             let rule: EgressRule =
                 text.parse().map_err(|e: brig_core::egress::EgressRuleError| {
                     NodeError::BadEgress(e.to_string())
                 })?;
             match &rule {
-                EgressRule::Destination(d) => dests.push(*d),
+                EgressRule::Destination(d) => allow.push(*d),
+                EgressRule::Deny(d) => deny.push(*d),
                 EgressRule::Service(name) => {
                     let services = &self.inner.config.egress_services;
                     let Some((_, to)) = services.iter().find(|(n, _)| n == name) else {
@@ -60,12 +64,13 @@ impl Node {
                             if known.is_empty() { "none".into() } else { known.join(", ") }
                         )));
                     };
-                    dests.extend(to.iter().copied());
+                    // The operator's own destinations: the one way to the node's addresses.
+                    reached.extend(to.iter().copied());
                 }
             }
             rules.push(rule);
         }
-        Ok((rules, dests))
+        Ok((rules, EgressPolicy::new(reached, deny, allow)))
     }
 
     /// The node's network, opened on first use (with its kernel-log watcher).
@@ -108,7 +113,7 @@ impl Node {
         &self,
         id: &str,
         pid: i32,
-        dests: Vec<Destination>,
+        dests: EgressPolicy,
     ) -> Result<u32, NodeError> {
         self.attach_network_to(id, NetnsRef::Pid(pid), dests).await
     }
@@ -118,7 +123,7 @@ impl Node {
         &self,
         id: &str,
         netns: NetnsRef,
-        dests: Vec<Destination>,
+        dests: EgressPolicy,
     ) -> Result<u32, NodeError> {
         let net = self.network()?;
         let slot = match &netns {

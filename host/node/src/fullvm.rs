@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use brig_container::network::{self, VM_GATEWAY, VM_GUEST_ADDR, VM_TAP};
-use brig_core::{Destination, SandboxId, Tier};
+use brig_core::{EgressPolicy, SandboxId, Tier};
 use brig_vmtier::{GuestAddress, MicroVm, VmNet, VmTier, VmTierConfig};
 use serde::{Deserialize, Serialize};
 
@@ -86,7 +86,7 @@ impl Node {
     pub(crate) async fn create_fullvm(
         &self,
         id: &SandboxId,
-        egress: Option<Vec<Destination>>,
+        egress: Option<EgressPolicy>,
     ) -> Result<(MicroVm, Option<u32>), NodeError> {
         let tier = self.fullvm_tier()?.clone();
         let name = id.to_string();
@@ -110,7 +110,7 @@ impl Node {
     pub(crate) async fn vm_network(
         &self,
         id: &SandboxId,
-        dests: Vec<Destination>,
+        dests: EgressPolicy,
     ) -> Result<(VmNet, u32), NodeError> {
         let ns = self.netns_name(id);
         let made = {

@@ -151,7 +151,7 @@ impl Node {
     async fn adopt_fork(
         &self,
         entry: SandboxEntry,
-        egress: Option<Vec<brig_core::Destination>>,
+        egress: Option<brig_core::EgressPolicy>,
     ) -> Result<Arc<SandboxEntry>, NodeError> {
         let id = entry.id;
         let entry = self.adopt(entry).await?;
@@ -491,7 +491,7 @@ impl Node {
         &self,
         parent: &SandboxEntry,
         ids: &[SandboxId],
-        egress: Option<Vec<brig_core::Destination>>,
+        egress: Option<brig_core::EgressPolicy>,
         parent_paused: bool,
         evaluation: bool,
     ) -> Result<Vec<Result<(Arc<dyn Sandbox>, Option<u32>), NodeError>>, NodeError> {
@@ -576,7 +576,7 @@ impl Node {
         tier: Tier,
         placement: Option<brig_proto::Placement>,
         req: &CreateRequest,
-        egress: &Option<(Vec<brig_core::EgressRule>, Vec<brig_core::Destination>)>,
+        egress: &Option<(Vec<brig_core::EgressRule>, brig_core::EgressPolicy)>,
     ) -> Result<(Arc<dyn Sandbox>, Option<u32>), NodeError> {
         let sandbox: Arc<dyn Sandbox> = match tier {
             Tier::Fncall => {
