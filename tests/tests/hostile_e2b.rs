@@ -1,0 +1,773 @@
+//! The hostile suite for the E2B-compatible API: a stranger without a key, a client with a key
+//! and a sandbox's access token, each trying to take the node's memory or CPU, to starve other
+//! sandboxes, or to get a wrong answer. Every attack is driven over real HTTP against a real
+//! brigd, and is followed (and, where it lasts, accompanied) by the checks that it was
+//! contained: another sandbox's `echo ok` answers within 1 s, the API's `/health` within 1 s,
+//! and brigd's resident memory stays within a stated budget.
+//!
+//! The HTTP client here is written out (HTTP/1.1 over `std::net`, Connect's JSON envelopes) so
+//! an attack can do what no library client would: stop mid-header, read a stream slowly.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use brig_tests::{image, Daemon};
+use serde_json::{json, Value};
+
+/// brigd's memory growth allowed during and after one attack.
+const RSS_BUDGET_MIB: u64 = 64;
+/// How long a bystander's command and the health check may take.
+const ANSWER_WITHIN: Duration = Duration::from_secs(1);
+
+/// A daemon whose E2B sandboxes have a 64 MiB disk (the cap of an inflated upload).
+fn daemon() -> Daemon {
+    let config = format!(
+        "[e2b]\ndisk_mib = 64\nmemory_mib = 256\n[e2b.templates]\nbase = {:?}\n",
+        image("debian-12")
+    );
+    Daemon::start_with_config(&config, &[]).expect("brigd")
+}
+
+// ---------------------------------------------------------------------------------------------
+// A small HTTP/1.1 client.
+
+struct Response {
+    status: u16,
+    body: Box<dyn Read + Send>,
+}
+
+impl Response {
+    fn text(mut self) -> String {
+        let mut out = Vec::new();
+        let _ = self.body.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    fn json(self) -> Value {
+        let text = self.text();
+        serde_json::from_str(&text).unwrap_or(Value::String(text))
+    }
+}
+
+/// A chunked body, decoded as it is read.
+struct Chunked<R> {
+    inner: R,
+    left: usize,
+    done: bool,
+}
+
+impl<R: BufRead> Read for Chunked<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.done || buf.is_empty() {
+            return Ok(0);
+        }
+        if self.left == 0 {
+            let mut line = String::new();
+            self.inner.read_line(&mut line)?;
+            if line.trim().is_empty() {
+                // The CRLF after the previous chunk.
+                line.clear();
+                self.inner.read_line(&mut line)?;
+            }
+            let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
+                .map_err(|e| std::io::Error::other(format!("chunk size {line:?}: {e}")))?;
+            if size == 0 {
+                self.done = true;
+                return Ok(0);
+            }
+            self.left = size;
+        }
+        let want = buf.len().min(self.left);
+        let n = self.inner.read(&mut buf[..want])?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        self.left -= n;
+        Ok(n)
+    }
+}
+
+fn host_port(url: &str) -> String {
+    url.trim_start_matches("http://").trim_end_matches('/').to_string()
+}
+
+/// Sends one request (`Connection: close`) and reads the answer's head.
+fn request(
+    url: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> anyhow::Result<Response> {
+    let addr = host_port(url);
+    let mut tcp = TcpStream::connect(&addr).with_context(|| format!("connecting to {addr}"))?;
+    tcp.set_read_timeout(Some(Duration::from_secs(120)))?;
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head += &format!("{k}: {v}\r\n");
+    }
+    head += "\r\n";
+    tcp.write_all(head.as_bytes())?;
+    tcp.write_all(body)?;
+    read_response(tcp)
+}
+
+fn read_response(tcp: TcpStream) -> anyhow::Result<Response> {
+    let mut reader = BufReader::new(tcp);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let status: u16 =
+        line.split_whitespace().nth(1).with_context(|| format!("status line {line:?}"))?.parse()?;
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        reader.read_line(&mut line)?;
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':') {
+            headers.push((k.trim().to_string(), v.trim().to_string()));
+        }
+    }
+    let find = |name: &str| {
+        headers
+            .iter()
+            .find(|(k, _): &&(String, String)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    };
+    let body: Box<dyn Read + Send> =
+        if find("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+            Box::new(Chunked { inner: reader, left: 0, done: false })
+        } else if let Some(len) = find("content-length").and_then(|v| v.parse::<u64>().ok()) {
+            Box::new(reader.take(len))
+        } else {
+            Box::new(reader)
+        };
+    Ok(Response { status, body })
+}
+
+// ---------------------------------------------------------------------------------------------
+// E2B's API, as the SDK speaks it.
+
+struct Api {
+    url: String,
+    key: String,
+}
+
+struct Sbx {
+    id: String,
+    token: String,
+}
+
+impl Api {
+    fn new(daemon: &Daemon) -> Api {
+        Api {
+            url: daemon.e2b_url().expect("E2B API address"),
+            key: daemon.access_token().expect("token"),
+        }
+    }
+
+    fn create_with(&self, body: Value) -> anyhow::Result<Response> {
+        let key = self.key.clone();
+        request(
+            &self.url,
+            "POST",
+            "/sandboxes",
+            &[("X-API-Key", key.as_str()), ("Content-Type", "application/json")],
+            body.to_string().as_bytes(),
+        )
+    }
+
+    fn create(&self) -> Sbx {
+        let r = self.create_with(json!({"templateID": "base", "timeout": 900})).expect("create");
+        let status = r.status;
+        let v = r.json();
+        assert_eq!(status, 201, "create: {v}");
+        Sbx {
+            id: v["sandboxID"].as_str().expect("id").to_string(),
+            token: v["envdAccessToken"].as_str().expect("token").to_string(),
+        }
+    }
+
+    fn kill(&self, sb: &Sbx) -> u16 {
+        request(
+            &self.url,
+            "DELETE",
+            &format!("/sandboxes/{}", sb.id),
+            &[("X-API-Key", self.key.as_str())],
+            b"",
+        )
+        .map(|r| r.status)
+        .unwrap_or(0)
+    }
+
+    /// A Connect streaming call to sandbox `sb`'s envd.
+    fn stream(&self, sb: &Sbx, path: &str, message: &Value) -> anyhow::Result<Response> {
+        let mut body = vec![0u8];
+        let payload = message.to_string();
+        body.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        body.extend_from_slice(payload.as_bytes());
+        request(
+            &self.url,
+            "POST",
+            path,
+            &[
+                ("E2b-Sandbox-Id", sb.id.as_str()),
+                ("X-Access-Token", sb.token.as_str()),
+                ("Content-Type", "application/connect+json"),
+                ("Connect-Protocol-Version", "1"),
+                ("Authorization", "Basic cm9vdDo="),
+            ],
+            &body,
+        )
+    }
+
+    /// Runs `script` as root in `sb`: (stdout, exit code, the stream's error if any).
+    fn run(&self, sb: &Sbx, script: &str) -> anyhow::Result<(Vec<u8>, Option<i64>, Option<Value>)> {
+        let message = json!({"process": {"cmd": "/bin/sh", "args": ["-c", script]}});
+        let r = self.stream(sb, "/process.Process/Start", &message)?;
+        if r.status != 200 {
+            let status = r.status;
+            bail!("start answered {status}: {}", r.text());
+        }
+        let mut body = r.body;
+        let (mut stdout, mut exit, mut error) = (Vec::new(), None, None);
+        while let Some((flags, v)) = envelope(&mut body)? {
+            if flags & 2 != 0 {
+                error = v.get("error").cloned();
+                break;
+            }
+            let event = &v["event"];
+            if let Some(data) = event["data"]["stdout"].as_str() {
+                stdout.extend(base64_decode(data));
+            }
+            if let Some(end) = event.get("end") {
+                exit = Some(end["exitCode"].as_i64().unwrap_or(0));
+            }
+        }
+        Ok((stdout, exit, error))
+    }
+}
+
+/// One Connect envelope: (flags, its JSON), `None` at the end of the body.
+fn envelope(body: &mut impl Read) -> anyhow::Result<Option<(u8, Value)>> {
+    let mut head = [0u8; 5];
+    match body.read_exact(&mut head) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    let mut payload = vec![0u8; len];
+    body.read_exact(&mut payload)?;
+    Ok(Some((head[0], serde_json::from_slice(&payload)?)))
+}
+
+fn base64_decode(text: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => Some(c - b'A'),
+        b'a'..=b'z' => Some(c - b'a' + 26),
+        b'0'..=b'9' => Some(c - b'0' + 52),
+        b'+' | b'-' => Some(62),
+        b'/' | b'_' => Some(63),
+        _ => None,
+    };
+    let (mut out, mut acc, mut bits) = (Vec::with_capacity(text.len() * 3 / 4), 0u32, 0);
+    for v in text.bytes().filter_map(value) {
+        acc = (acc << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// The checks after (and during) every attack.
+
+fn rss_mib(daemon: &Daemon) -> u64 {
+    let pid = daemon.pid().expect("brigd pid");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0, |kib| kib / 1024)
+}
+
+/// brigd's CPU time so far (user + system).
+fn cpu_time(daemon: &Daemon) -> Duration {
+    let pid = daemon.pid().expect("brigd pid");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').map_or("", |(_, r)| r).split_whitespace().collect();
+    let ticks: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
+        + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
+/// The bystander's `echo ok` and the API's `/health`, each within [`ANSWER_WITHIN`].
+fn node_answers(api: &Api, bystander: &Sbx) -> Result<(), String> {
+    let started = Instant::now();
+    let health =
+        request(&api.url, "GET", "/health", &[], b"").map_err(|e| format!("health: {e}"))?;
+    if health.status != 200 || started.elapsed() > ANSWER_WITHIN {
+        return Err(format!("/health: {} after {:?}", health.status, started.elapsed()));
+    }
+    let started = Instant::now();
+    let (out, exit, error) =
+        api.run(bystander, "echo ok").map_err(|e| format!("bystander: {e}"))?;
+    let took = started.elapsed();
+    if out != b"ok\n" || exit != Some(0) || error.is_some() || took > ANSWER_WITHIN {
+        return Err(format!(
+            "bystander: {:?} exit {exit:?} error {error:?} after {took:?}",
+            String::from_utf8_lossy(&out)
+        ));
+    }
+    Ok(())
+}
+
+/// The node answers, and brigd's memory is within budget of `baseline`.
+fn contained(daemon: &Daemon, api: &Api, bystander: &Sbx, baseline: u64, when: &str) {
+    if let Err(e) = node_answers(api, bystander) {
+        panic!("{when}: {e}\nbrigd:\n{}", tail(daemon));
+    }
+    let rss = rss_mib(daemon);
+    assert!(
+        rss <= baseline + RSS_BUDGET_MIB,
+        "{when}: brigd holds {rss} MiB, {} MiB over its {baseline} MiB (budget {RSS_BUDGET_MIB})",
+        rss.saturating_sub(baseline)
+    );
+    println!("{when}: brigd {rss} MiB (baseline {baseline} MiB); the node answered");
+}
+
+fn tail(daemon: &Daemon) -> String {
+    let log = daemon.log_text();
+    let start = log.len().saturating_sub(8_000);
+    log[log.floor_char_boundary(start)..].to_string()
+}
+
+/// Runs `attack` on a thread while the node is checked every second; then checks again.
+fn during<T: Send + 'static>(
+    daemon: &Daemon,
+    api: &Api,
+    bystander: &Sbx,
+    baseline: u64,
+    attack: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let handle = std::thread::spawn(attack);
+    let mut peak = 0;
+    while !handle.is_finished() {
+        contained(daemon, api, bystander, baseline, "during the attack");
+        peak = peak.max(rss_mib(daemon));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let out = handle.join().expect("the attack thread");
+    contained(daemon, api, bystander, baseline, "after the attack");
+    println!("peak brigd RSS during the attack: {peak} MiB (baseline {baseline} MiB)");
+    out
+}
+
+/// A daemon, its API, a bystander sandbox, and brigd's resident memory once warmed up.
+fn setup() -> (Daemon, Api, Sbx, u64) {
+    let daemon = daemon();
+    let api = Api::new(&daemon);
+    let bystander = api.create();
+    // Warm the paths the checks take, so their first use is not counted against an attack.
+    for _ in 0..3 {
+        node_answers(&api, &bystander).expect("the node answers before any attack");
+    }
+    let baseline = rss_mib(&daemon);
+    (daemon, api, bystander, baseline)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The attacks.
+
+/// A stranger sends 3,000 random API keys: each is refused (401) without a connection or
+/// client made for it, so brigd's memory stays put; the real key still works.
+#[test]
+fn unknown_api_keys_are_refused_without_allocating() {
+    let (daemon, api, bystander, baseline) = setup();
+    let url = api.url.clone();
+    let refused = during(&daemon, &api, &bystander, baseline, move || {
+        let mut statuses = std::collections::BTreeMap::new();
+        for i in 0..3000u32 {
+            let key = format!("{:016x}{i:08x}", rand_u64());
+            let status = request(&url, "GET", "/sandboxes", &[("X-API-Key", key.as_str())], b"")
+                .map_or(0, |r| r.status);
+            *statuses.entry(status).or_insert(0u32) += 1;
+        }
+        statuses
+    });
+    assert_eq!(refused.get(&401), Some(&3000), "statuses: {refused:?}");
+    let ok = request(&api.url, "GET", "/sandboxes", &[("X-API-Key", api.key.as_str())], b"")
+        .expect("list");
+    let status = ok.status;
+    assert_eq!(status, 200, "the daemon's key: {}", ok.text());
+}
+
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    h.finish()
+}
+
+/// 1,000 connections each send 380 KiB of a request head that never ends, and 100 more send
+/// a few bytes of one and stall: the first are refused once the head passes the cap (431, the
+/// connection closed), the others closed at the header deadline; brigd holds none of it.
+#[test]
+fn unfinished_request_heads_are_cut_off() {
+    let (daemon, api, bystander, baseline) = setup();
+    let addr = host_port(&api.url);
+    let stalled: Vec<TcpStream> = (0..100)
+        .map(|_| {
+            let mut tcp = TcpStream::connect(&addr).expect("connect");
+            tcp.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ").expect("write");
+            tcp
+        })
+        .collect();
+    let opened = Instant::now();
+    let big = during(&daemon, &api, &bystander, baseline, move || {
+        let mut conns = Vec::new();
+        let line = format!("X-Filler: {}\r\n", "a".repeat(1000));
+        for _ in 0..1000 {
+            let Ok(mut tcp) = TcpStream::connect(&addr) else { continue };
+            let _ = tcp.set_write_timeout(Some(Duration::from_secs(5)));
+            let _ = tcp.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n");
+            // 380 KiB of header lines, never the blank line that ends the head.
+            for _ in 0..380 {
+                if tcp.write_all(line.as_bytes()).is_err() {
+                    break;
+                }
+            }
+            conns.push(tcp);
+        }
+        conns
+    });
+    // Each was answered 431 or closed: none is left open by the server.
+    let mut answered = std::collections::BTreeMap::new();
+    for tcp in big {
+        *answered.entry(closed_by_server(tcp, Duration::from_secs(20))).or_insert(0u32) += 1;
+    }
+    assert_eq!(answered.get("closed").copied().unwrap_or(0), 1000, "{answered:?}");
+    let mut late = 0;
+    for tcp in stalled {
+        if closed_by_server(tcp, Duration::from_secs(30)) != "closed" {
+            late += 1;
+        }
+    }
+    assert_eq!(late, 0, "stalled heads still open {:?} after they were sent", opened.elapsed());
+    contained(&daemon, &api, &bystander, baseline, "after the connections ended");
+}
+
+/// Waits up to `within` for the server to end the connection (an answer then EOF, or a
+/// reset): "closed", or "open".
+fn closed_by_server(mut tcp: TcpStream, within: Duration) -> &'static str {
+    let deadline = Instant::now() + within;
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        let _ = tcp.set_read_timeout(Some(Duration::from_millis(500)));
+        match tcp.read(&mut buf) {
+            Ok(0) => return "closed",
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return "closed",
+        }
+    }
+    "open"
+}
+
+/// A gzip bomb (1 GiB of zeros in ~1 MiB) uploaded with `Content-Encoding: gzip` is inflated
+/// as a stream and stopped at the sandbox's disk size with a 507, brigd's memory flat.
+#[test]
+fn a_gzip_bomb_is_stopped_at_the_disk_size() {
+    let (daemon, api, bystander, baseline) = setup();
+    let target = api.create();
+    let bomb = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys, zlib\n\
+             c = zlib.compressobj(9, zlib.DEFLATED, 31)\n\
+             z = bytes(1 << 20)\n\
+             out = sys.stdout.buffer\n\
+             for _ in range(1024): out.write(c.compress(z))\n\
+             out.write(c.flush())\n",
+        ])
+        .output()
+        .expect("python3 makes the bomb");
+    assert!(bomb.status.success() && bomb.stdout.len() < 4 << 20, "bomb {}", bomb.stdout.len());
+    let (url, id, token) = (api.url.clone(), target.id.clone(), target.token.clone());
+    let body = bomb.stdout;
+    let answer = during(&daemon, &api, &bystander, baseline, move || {
+        let r = request(
+            &url,
+            "POST",
+            "/files?path=/tmp/bomb&username=root",
+            &[
+                ("E2b-Sandbox-Id", id.as_str()),
+                ("X-Access-Token", token.as_str()),
+                ("Content-Type", "application/octet-stream"),
+                ("Content-Encoding", "gzip"),
+            ],
+            &body,
+        )
+        .expect("upload");
+        (r.status, r.text())
+    });
+    assert_eq!(answer.0, 507, "the bomb's answer: {answer:?}");
+    assert!(answer.1.contains("MiB"), "{answer:?}");
+    // An honest gzip upload still inflates.
+    let small = std::process::Command::new("sh")
+        .args(["-c", "printf 'hello gzip\\n' | gzip -c"])
+        .output()
+        .expect("gzip");
+    let r = request(
+        &api.url,
+        "POST",
+        "/files?path=/tmp/small&username=root",
+        &[
+            ("E2b-Sandbox-Id", target.id.as_str()),
+            ("X-Access-Token", target.token.as_str()),
+            ("Content-Type", "application/octet-stream"),
+            ("Content-Encoding", "gzip"),
+        ],
+        &small.stdout,
+    )
+    .expect("upload");
+    let status = r.status;
+    assert_eq!(status, 200, "{}", r.text());
+    let (out, _, _) = api.run(&target, "cat /tmp/small").expect("cat");
+    assert_eq!(out, b"hello gzip\n");
+}
+
+/// 40 `WatchDir` streams on a sandbox: a watch of `/` (more entries than a watcher follows) is
+/// refused with a clear error; on a directory of 2,000 files, 16 are served and the rest
+/// refused, while another sandbox can still watch; killing the sandbox ends its watchers.
+#[test]
+fn watchers_are_capped_per_sandbox_and_freed_with_it() {
+    let (daemon, api, bystander, baseline) = setup();
+    let target = api.create();
+    let (_, exit, _) =
+        api.run(&target, "mkdir -p /w && cd /w && seq 1 2000 | xargs touch").expect("files");
+    assert_eq!(exit, Some(0));
+    let watch = |sb: &Sbx, path: &str| {
+        api.stream(sb, "/filesystem.Filesystem/WatchDir", &json!({"path": path, "recursive": true}))
+    };
+    // The whole tree: refused (its first look passes the entry cap), the error says why.
+    let whole = watch(&target, "/").expect("watch /");
+    let status = whole.status;
+    let mut body = whole.body;
+    let mut said = String::new();
+    if status == 200 {
+        while let Ok(Some((flags, v))) = envelope(&mut body) {
+            if flags & 2 != 0 {
+                said = v.to_string();
+                break;
+            }
+        }
+    } else {
+        let _ = body.read_to_string(&mut said);
+    }
+    assert!(said.contains("resource_exhausted") && said.contains("entries"), "watch of /: {said}");
+
+    let cpu_before = cpu_time(&daemon);
+    let started = Instant::now();
+    let mut served = Vec::new();
+    let mut refused = 0;
+    for _ in 0..40 {
+        let r = watch(&target, "/w").expect("watch");
+        if r.status == 200 {
+            served.push(r);
+        } else {
+            let text = r.text();
+            assert!(text.contains("resource_exhausted"), "{text}");
+            refused += 1;
+        }
+    }
+    assert_eq!((served.len(), refused), (16, 24));
+    // Another sandbox still watches.
+    let other = watch(&bystander, "/tmp").expect("the bystander watches");
+    assert_eq!(other.status, 200);
+    drop(other);
+    for _ in 0..10 {
+        contained(&daemon, &api, &bystander, baseline, "16 watchers running");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let cpu = cpu_time(&daemon) - cpu_before;
+    let wall = started.elapsed();
+    println!("brigd used {cpu:?} of CPU in {wall:?} with 16 watchers");
+    assert!(cpu < wall, "brigd used {cpu:?} of CPU in {wall:?}");
+
+    // Killed: every stream ends with the sandbox's "not found", within a few seconds.
+    assert_eq!(api.kill(&target), 204);
+    let ended = Instant::now();
+    let handles: Vec<_> = served
+        .into_iter()
+        .map(|r| {
+            std::thread::spawn(move || {
+                let mut body = r.body;
+                while let Ok(Some((flags, v))) = envelope(&mut body) {
+                    if flags & 2 != 0 {
+                        return v.to_string();
+                    }
+                }
+                String::new()
+            })
+        })
+        .collect();
+    for h in handles {
+        let last = h.join().expect("reader");
+        assert!(last.contains("not found"), "a watch of the killed sandbox ended with {last:?}");
+    }
+    assert!(
+        ended.elapsed() < Duration::from_secs(10),
+        "watchers ended {:?} after the kill",
+        ended.elapsed()
+    );
+    contained(&daemon, &api, &bystander, baseline, "after the kill");
+}
+
+/// Requests the node cannot carry out answer 400 with the limit they passed, before anything
+/// is sent: a command with 1 MB of arguments or of environment, an environment name with `=`
+/// or a NUL, a create with 10,000 metadata keys or a bad environment.
+#[test]
+fn oversized_and_malformed_requests_answer_400() {
+    let (daemon, api, bystander, baseline) = setup();
+    let target = api.create();
+    let big = "x".repeat(1 << 20);
+    let cases = [
+        ("1 MB of arguments", json!({"process": {"cmd": "/bin/echo", "args": [big.clone()]}})),
+        ("1 MB of env", json!({"process": {"cmd": "/bin/true", "envs": {"BIG": big.clone()}}})),
+        ("= in an env name", json!({"process": {"cmd": "/bin/true", "envs": {"A=B": "1"}}})),
+        ("NUL in an env value", json!({"process": {"cmd": "/bin/true", "envs": {"A": "a\u{0}b"}}})),
+    ];
+    for (what, message) in cases {
+        let r = api.stream(&target, "/process.Process/Start", &message).expect("start");
+        let status = r.status;
+        let text = r.text();
+        assert_eq!(status, 400, "{what}: {text}");
+        assert!(text.contains("invalid_argument"), "{what}: {text}");
+    }
+    let (out, exit, _) = api.run(&target, "echo still").expect("run");
+    assert_eq!((out.as_slice(), exit), (&b"still\n"[..], Some(0)), "later commands still run");
+
+    let metadata: serde_json::Map<String, Value> =
+        (0..10_000).map(|i| (format!("k{i}"), Value::String("v".into()))).collect();
+    let creates = [
+        ("10,000 metadata keys", json!({"templateID": "base", "metadata": metadata})),
+        ("NUL in an env value", json!({"templateID": "base", "envVars": {"A": "a\u{0}b"}})),
+        ("= in an env name", json!({"templateID": "base", "envVars": {"A=B": "1"}})),
+    ];
+    for (what, body) in creates {
+        let r = api.create_with(body).expect("create");
+        let status = r.status;
+        let text = r.text();
+        assert_eq!(status, 400, "{what}: {text}");
+        assert!(
+            text.contains("at most") || text.contains("NUL") || text.contains('='),
+            "{what}: {text}"
+        );
+    }
+    contained(&daemon, &api, &bystander, baseline, "after the requests");
+}
+
+/// A sandbox killed while a file is being uploaded into it: the upload answers 502 "… was not
+/// found", what E2B's SDK reads as "not running" (never a 200 or a 500 with no message).
+#[test]
+fn an_upload_into_a_killed_sandbox_answers_not_running() {
+    let (daemon, api, bystander, baseline) = setup();
+    for user in ["root", "user"] {
+        let target = api.create();
+        let addr = host_port(&api.url);
+        let mut tcp = TcpStream::connect(&addr).expect("connect");
+        tcp.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
+        let total: u64 = 64 << 20;
+        let head = format!(
+            "POST /files?path=/tmp/upload&username={user} HTTP/1.1\r\nHost: {addr}\r\n\
+             E2b-Sandbox-Id: {}\r\nX-Access-Token: {}\r\nContent-Type: application/octet-stream\r\n\
+             Content-Length: {total}\r\nConnection: close\r\n\r\n",
+            target.id, target.token
+        );
+        tcp.write_all(head.as_bytes()).expect("head");
+        let chunk = vec![b'a'; 1 << 20];
+        for _ in 0..4 {
+            tcp.write_all(&chunk).expect("first part");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(api.kill(&target), 204);
+        // The rest, as far as the server takes it.
+        let writer = {
+            let mut tcp = tcp.try_clone().expect("clone");
+            std::thread::spawn(move || {
+                let _ = tcp.set_write_timeout(Some(Duration::from_secs(30)));
+                for _ in 4..64 {
+                    if tcp.write_all(&chunk).is_err() {
+                        break;
+                    }
+                }
+            })
+        };
+        let r = read_response(tcp).expect("an answer");
+        let status = r.status;
+        let text = r.text();
+        let _ = writer.join();
+        assert_eq!(status, 502, "upload as {user} into a killed sandbox: {text}");
+        assert!(text.contains("was not found"), "{user}: {text}");
+    }
+    contained(&daemon, &api, &bystander, baseline, "after the uploads");
+}
+
+/// A client that reads 40 MB of stdout slowly gets all of it, or an error on the stream that
+/// says output was lost; never part of it with a clean exit.
+#[test]
+fn a_slow_reader_gets_all_output_or_an_error() {
+    let (daemon, api, bystander, baseline) = setup();
+    let target = api.create();
+    let total: usize = 40_000_000;
+    let message = json!({"process": {"cmd": "/bin/sh", "args": ["-c", format!("head -c {total} /dev/zero")]}});
+    let r = api.stream(&target, "/process.Process/Start", &message).expect("start");
+    assert_eq!(r.status, 200);
+    let mut body = r.body;
+    let (mut got, mut exit, mut error) = (0usize, None, None);
+    let mut first = true;
+    while let Some((flags, v)) = envelope(&mut body).expect("an envelope") {
+        if flags & 2 != 0 {
+            error = v.get("error").cloned();
+            break;
+        }
+        if let Some(data) = v["event"]["data"]["stdout"].as_str() {
+            got += base64_decode(data).len();
+            if first {
+                // Fall far behind: the command writes everything meanwhile.
+                first = false;
+                std::thread::sleep(Duration::from_secs(8));
+            }
+        }
+        if let Some(end) = v["event"].get("end") {
+            exit = Some(end["exitCode"].as_i64().unwrap_or(0));
+        }
+    }
+    println!("read {got} of {total} bytes, exit {exit:?}, error {error:?}");
+    if got == total {
+        assert_eq!(exit, Some(0));
+    } else {
+        let e =
+            error.unwrap_or_else(|| panic!("{got} of {total} bytes and no error (exit {exit:?})"));
+        assert_eq!(e["code"], "data_loss", "{e}");
+    }
+    contained(&daemon, &api, &bystander, baseline, "after the slow read");
+}
