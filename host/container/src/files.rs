@@ -30,7 +30,7 @@ pub enum FileError {
     BadPath(String),
     #[error("{0:?} is not a regular file (a directory, FIFO, device or socket): the files API moves regular files only")]
     NotRegular(String),
-    #[error("{path:?} is on a kernel file system ({magic:#x}), not the sandbox's disk: the files API moves the sandbox's own files only; read it with a command")]
+    #[error("{path:?} is on a kernel file system ({magic:#x}), not the sandbox's disk: the files API moves the sandbox's own files only (a command in the sandbox may use it)")]
     KernelFile { path: String, magic: u32 },
 }
 
