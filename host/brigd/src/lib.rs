@@ -187,8 +187,7 @@ pub async fn run(
         RoleOptions::All => brig_e2b::KeyCheck::TokenFile(state.join("access-token")),
         _ => brig_e2b::KeyCheck::AskDaemon,
     };
-    let (e2b, e2b_envd) =
-        start_e2b(&opts.e2b, state, local, &identity.fingerprint(), keys).await?;
+    let (e2b, e2b_envd) = start_e2b(&opts.e2b, state, local, &identity.fingerprint(), keys).await?;
     let endpoint = Endpoint {
         addr: local,
         cert_sha256: identity.fingerprint(),
