@@ -23,6 +23,7 @@ pub mod files;
 pub mod kept;
 pub mod netlink;
 pub mod network;
+mod nft_rules;
 pub mod protect;
 
 mod create;

@@ -31,9 +31,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use brig_core::egress::{AddressRange, AddressRanges, PROTECTED_NETWORKS};
-use brig_core::{Destination, EgressPolicy};
+use brig_core::EgressPolicy;
 use parking_lot::Mutex;
+
+use crate::nft_rules::{guard_script, slot_script, unguarded_slots, SLOT_SETS};
 
 /// Sandboxes one daemon can network (a /20 of /30 links).
 pub const MAX_SLOTS: u32 = 1024;
@@ -134,6 +135,9 @@ pub struct Network {
     warm: Mutex<WarmSlots>,
     /// This daemon's claim on its subnet (a directory naming the owner).
     claim: PathBuf,
+    /// Slots whose chain an older daemon wrote without the guard (found in a table kept
+    /// across a restart): their sandboxes' rules are written again when restored.
+    unguarded: Mutex<HashSet<u32>>,
 }
 
 impl Network {
@@ -176,6 +180,7 @@ impl Network {
             slots: Mutex::default(),
             warm: Mutex::default(),
             claim,
+            unguarded: Mutex::default(),
         };
         net.ensure_table()?;
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
@@ -192,7 +197,11 @@ impl Network {
              add chain inet {t} postrouting {{ type nat hook postrouting priority 100; }}\n"
         );
         let exists = run("nft", &["list", "chain", "inet", t, "forward"], "").is_ok();
-        if !exists {
+        if exists {
+            let listing = Command::new("nft").args(["list", "table", "inet", t]).output();
+            let listing = listing.map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+            *self.unguarded.lock() = unguarded_slots(&listing.unwrap_or_default());
+        } else {
             for (chain, hook) in [("forward", "forward"), ("input", "input")] {
                 script += &format!(
                     "add chain inet {t} {chain} {{ type filter hook {hook} priority 0; }}\n\
@@ -210,35 +219,8 @@ impl Network {
             );
         }
         // Made again on every start (a table an older daemon left has none of it).
-        script += &self.guard_script();
+        script += &guard_script(&self.table, &self.log_prefix(), self.base);
         run("nft", &["-f", "-"], &script)
-    }
-
-    /// The table's `refuse` chain (log a new connection, drop) and its `guard` chain, which
-    /// every slot's chain jumps to after its services: the node's own addresses, this
-    /// daemon's subnet, the protected networks and IPv6 are refused.
-    fn guard_script(&self) -> String {
-        let (t, log) = (&self.table, self.log_prefix());
-        let mut protected: Vec<Destination> =
-            PROTECTED_NETWORKS.iter().filter_map(|n| n.parse().ok()).collect();
-        protected.push(Destination { addr: self.base, prefix: 20, port: None });
-        let elements = range_elements(&AddressRanges::of(&protected).any_port);
-        format!(
-            "add set inet {t} protected {{ type ipv4_addr; flags interval; }}\n\
-             flush set inet {t} protected\n\
-             add element inet {t} protected {{ {elements} }}\n\
-             add chain inet {t} refuse\n\
-             flush chain inet {t} refuse\n\
-             add rule inet {t} refuse ct state new \
-               limit rate 100/second burst 200 packets log prefix \"{log}deny \"\n\
-             add rule inet {t} refuse drop\n\
-             add chain inet {t} guard\n\
-             flush chain inet {t} guard\n\
-             add rule inet {t} guard meta nfproto ipv6 goto refuse\n\
-             add rule inet {t} guard fib daddr type {{ local, broadcast, multicast, anycast }} \
-               goto refuse\n\
-             add rule inet {t} guard ip daddr @protected goto refuse\n"
-        )
     }
 
     /// The kernel log prefix of this daemon's egress log lines.
@@ -269,6 +251,12 @@ impl Network {
     /// Marks a slot used (a sandbox restored after a daemon restart).
     pub fn reserve(&self, slot: u32) {
         self.slots.lock().insert(slot);
+    }
+
+    /// Whether a restored slot's chain predates the guard, so its rules must be written again
+    /// ([`Network::set_rules`]) before its sandbox is safe.
+    pub fn unguarded(&self, slot: u32) -> bool {
+        self.unguarded.lock().contains(&slot)
     }
 
     /// Gives the sandbox whose init is `pid` a link with `rules`; returns its slot.
@@ -398,6 +386,7 @@ impl Network {
     pub fn set_rules(&self, slot: u32, rules: &EgressPolicy) -> Result<(), NetError> {
         run("nft", &["-f", "-"], &self.slot_script(slot, rules))?;
         self.warm.lock().in_use.insert(slot, rules.clone());
+        self.unguarded.lock().remove(&slot);
         Ok(())
     }
 
@@ -453,108 +442,6 @@ impl Network {
         let _ = run("nft", &["delete", "table", "inet", &self.table], "");
         let _ = std::fs::remove_dir_all(&self.claim);
     }
-}
-
-/// One of a slot's named sets: its name's prefix (the slot number follows), whether its
-/// elements carry a port, and the verdict its rule gives.
-struct SlotSet {
-    prefix: &'static str,
-    ported: bool,
-    allow: bool,
-}
-
-impl SlotSet {
-    fn kind(&self) -> &'static str {
-        if self.ported {
-            "{ type ipv4_addr . inet_service; flags interval; }"
-        } else {
-            "{ type ipv4_addr; flags interval; }"
-        }
-    }
-}
-
-/// A slot's sets in the order its chain checks them: services, (guard,) denied, allowed.
-const SLOT_SETS: [SlotSet; 6] = [
-    SlotSet { prefix: "sa", ported: true, allow: true },
-    SlotSet { prefix: "sn", ported: false, allow: true },
-    SlotSet { prefix: "da", ported: true, allow: false },
-    SlotSet { prefix: "dn", ported: false, allow: false },
-    SlotSet { prefix: "a", ported: true, allow: true },
-    SlotSet { prefix: "n", ported: false, allow: true },
-];
-
-/// Ranges as nftables set elements (`a`, or `a-b`), comma-separated.
-fn range_elements(ranges: &[AddressRange]) -> String {
-    let mut out = String::with_capacity(ranges.len() * 32);
-    for (i, (a, b)) in ranges.iter().enumerate() {
-        if i > 0 {
-            out += ", ";
-        }
-        out += &if a == b { a.to_string() } else { format!("{a}-{b}") };
-    }
-    out
-}
-
-/// Ported ranges as elements of an `ipv4_addr . inet_service` interval set.
-fn ported_elements(ported: &[(u16, Vec<AddressRange>)]) -> String {
-    let mut out = String::new();
-    for (port, ranges) in ported {
-        for (a, b) in ranges {
-            if !out.is_empty() {
-                out += ", ";
-            }
-            out += &if a == b { format!("{a} . {port}") } else { format!("{a}-{b} . {port}") };
-        }
-    }
-    out
-}
-
-/// The nftables part of a slot, written whole each time (one transaction: connections open
-/// stay open, new ones follow the new rules): its chain, flushed and filled again, the sets
-/// its rules need (sets it no longer needs are removed), then its verdict-map entry, so no
-/// packet passes before the rules exist. Linear in the rules (after their `O(n log n)` merge).
-fn slot_script(t: &str, log: &str, ifname: &str, slot: u32, rules: &EgressPolicy) -> String {
-    let [services, deny, allow] =
-        [&rules.services, &rules.deny, &rules.allow].map(|d| AddressRanges::of(d));
-    let lists = [&services, &deny, &allow];
-    let mut script = format!("add chain inet {t} s{slot}\nflush chain inet {t} s{slot}\n");
-    let mut chain = format!("add rule inet {t} s{slot} ct state established,related accept\n");
-    for (i, set) in SLOT_SETS.iter().enumerate() {
-        let ranges = lists[i / 2];
-        let elements = if set.ported {
-            ported_elements(&ranges.ported)
-        } else {
-            range_elements(&ranges.any_port)
-        };
-        let name = format!("{}{slot}", set.prefix);
-        script += &format!("add set inet {t} {name} {}\n", set.kind());
-        if elements.is_empty() {
-            script += &format!("delete set inet {t} {name}\n");
-        } else {
-            script += &format!(
-                "flush set inet {t} {name}\nadd element inet {t} {name} {{ {elements} }}\n"
-            );
-            let matched = if set.ported {
-                format!("meta l4proto {{ tcp, udp }} ip daddr . th dport @{name}")
-            } else {
-                format!("ip daddr @{name}")
-            };
-            chain += &if set.allow {
-                format!(
-                    "add rule inet {t} s{slot} {matched} ct state new log prefix \"{log}allow \" \
-                     accept\n"
-                )
-            } else {
-                format!("add rule inet {t} s{slot} {matched} goto refuse\n")
-            };
-        }
-        if set.prefix == "sn" {
-            chain += &format!("add rule inet {t} s{slot} jump guard\n");
-        }
-    }
-    script += &chain;
-    script += &format!("add element inet {t} sandboxes {{ \"{ifname}\" : jump s{slot} }}\n");
-    script
 }
 
 /// A sandbox's network namespace: a container's (by a process in it) or a named one (`ip
@@ -707,6 +594,7 @@ pub fn watch_kernel_log(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use brig_core::Destination;
 
     #[test]
     fn pooled_slots_are_kept_per_rule_set_within_bounds() {
@@ -736,37 +624,6 @@ mod tests {
         }
         let unseen = EgressPolicy::allowing(vec![d(Some(999))]);
         assert!(!warm.wants(&unseen), "no more rule sets than the bound");
-    }
-
-    #[test]
-    fn slot_rules_check_services_then_the_guard_then_denials_then_allowances() {
-        let p = |texts: &[&str]| -> Vec<Destination> {
-            texts.iter().map(|t| t.parse().expect("test")).collect()
-        };
-        let policy = EgressPolicy::new(
-            p(&["10.240.0.2:8080"]),
-            p(&["10.0.0.0/8", "10.1.2.3", "1.1.1.1:53"]),
-            p(&["0.0.0.0/0"]),
-        );
-        let script = slot_script("brig_t", "brig-t ", "bt0001", 1, &policy);
-        let rules: Vec<&str> = script.lines().filter(|l| l.starts_with("add rule")).collect();
-        let at = |needle: &str| {
-            rules.iter().position(|r| r.contains(needle)).unwrap_or_else(|| panic!("{needle}"))
-        };
-        assert!(rules[0].contains("established,related accept"));
-        assert!(at("@sa1") < at("jump guard"), "services come before the guard");
-        assert!(at("jump guard") < at("@da1") && at("@da1") < at("@dn1"), "{script}");
-        assert!(at("@dn1") < at("@n1"), "denials come before allowances");
-        assert!(rules[at("@dn1")].ends_with("goto refuse"));
-        assert!(!script.contains("@sn1") && !script.contains("@a1 "), "no rule for an empty set");
-        assert!(script.contains("delete set inet brig_t sn1"), "unused sets go");
-        assert!(script.contains("add element inet brig_t dn1 { 10.0.0.0-10.255.255.255 }"));
-        assert!(script.contains("add element inet brig_t sa1 { 10.240.0.2 . 8080 }"));
-        assert!(script.trim_end().ends_with("{ \"bt0001\" : jump s1 }"), "the map entry last");
-        // An empty policy still passes the guard, then nothing is allowed.
-        let closed = slot_script("brig_t", "brig-t ", "bt0001", 1, &EgressPolicy::default());
-        assert!(closed.contains("jump guard"));
-        assert_eq!(closed.matches(" accept").count(), 1, "only established traffic: {closed}");
     }
 
     #[test]

@@ -134,14 +134,34 @@ impl Node {
         Ok(slot)
     }
 
-    /// Takes back a restored sandbox's slot.
-    pub(crate) fn reserve_network(&self, id: &str, slot: u32) {
-        match self.network() {
-            Ok(net) => {
-                net.reserve(slot);
-                self.inner.egress.owners.lock().insert(slot, id.to_string());
+    /// Takes back a restored sandbox's slot. A slot an older daemon wrote without the guard
+    /// (see `brig_container::network`) gets its sandbox's `rules` written again; rules that no
+    /// longer resolve (a service gone from the configuration) close it instead.
+    pub(crate) async fn reserve_network(&self, id: &str, slot: u32, rules: Option<&[EgressRule]>) {
+        let net = match self.network() {
+            Ok(net) => net,
+            Err(e) => {
+                tracing::warn!(sandbox = id, error = %e, "network unavailable on restore");
+                return;
             }
-            Err(e) => tracing::warn!(sandbox = id, error = %e, "network unavailable on restore"),
+        };
+        net.reserve(slot);
+        self.inner.egress.owners.lock().insert(slot, id.to_string());
+        if !net.unguarded(slot) {
+            return;
+        }
+        let texts: Vec<String> = rules.unwrap_or_default().iter().map(|r| r.to_string()).collect();
+        let policy = self.resolve_egress(&texts).map(|(_, p)| p).unwrap_or_else(|e| {
+            tracing::warn!(sandbox = id, error = %e, "restored egress rules closed");
+            EgressPolicy::default()
+        });
+        let written = tokio::task::spawn_blocking(move || net.set_rules(slot, &policy)).await;
+        match written {
+            Ok(Ok(())) => {
+                tracing::info!(sandbox = id, slot, "egress rules rewritten with the guard")
+            }
+            Ok(Err(e)) => tracing::warn!(sandbox = id, error = %e, "egress rules not rewritten"),
+            Err(e) => tracing::warn!(sandbox = id, error = %e, "egress rules not rewritten"),
         }
     }
 

@@ -232,7 +232,7 @@ impl Node {
                 _ => {}
             }
             if let Some(slot) = record.spec.net_slot {
-                self.reserve_network(&id.to_string(), slot);
+                self.reserve_network(&id.to_string(), slot, record.spec.egress.as_deref()).await;
             }
             // Recorded as running but found frozen: the node died in a fork or checkpoint,
             // which freeze the parent meanwhile. Thaw it (a no-op when it runs).
