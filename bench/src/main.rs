@@ -11,6 +11,7 @@ mod density;
 mod e2b;
 mod fncall;
 mod fullvm;
+mod hostile;
 mod images;
 mod ksm;
 mod lifecycle;
@@ -61,6 +62,8 @@ enum Bench {
     Soak(soak::Options),
     /// Placement for a simulated 160-node unit: decisions/s and load spread, power-of-k vs random.
     Sim(sim::Options),
+    /// The hostile suites' attacks on one node: brigd's RSS growth and a bystander's worst answer.
+    Hostile(hostile::Options),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -72,6 +75,7 @@ fn main() -> anyhow::Result<()> {
         Bench::Lifecycle(opts) => lifecycle::run(opts)?,
         Bench::Density(opts) => density::run(opts)?,
         Bench::Qos(opts) => qos::run(opts)?,
+        Bench::Hostile(opts) => hostile::run(opts)?,
         Bench::Sim(opts) => sim::run(opts)?,
         Bench::Soak(opts) => soak::run(opts)?,
         Bench::Microvm(opts) => microvm::run(opts)?,

@@ -17,6 +17,7 @@ pub mod behaviour;
 pub mod cluster;
 pub mod emulated;
 pub mod hostile;
+pub mod hostile_http;
 pub mod layering;
 pub mod net;
 

@@ -5,14 +5,17 @@
 //! contained: another sandbox's `echo ok` answers within 1 s, the API's `/health` within 1 s,
 //! and brigd's resident memory stays within a stated budget.
 //!
-//! The HTTP client here is written out (HTTP/1.1 over `std::net`, Connect's JSON envelopes) so
-//! an attack can do what no library client would: stop mid-header, read a stream slowly.
+//! The HTTP client and the attacks `brig-bench hostile` measures too are in
+//! `brig_tests::hostile_http`.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use brig_tests::hostile_http::{
+    base64_decode, closed_by_server, envelope, gzip_bomb, host_port, random_keys, read_response,
+    request, rss_mib, stalled_uploads, unfinished_heads, upload, watch, Api, Sbx,
+};
 use brig_tests::{image, Daemon};
 use serde_json::{json, Value};
 
@@ -31,277 +34,7 @@ fn daemon() -> Daemon {
 }
 
 // ---------------------------------------------------------------------------------------------
-// A small HTTP/1.1 client.
-
-struct Response {
-    status: u16,
-    body: Box<dyn Read + Send>,
-}
-
-impl Response {
-    fn text(mut self) -> String {
-        let mut out = Vec::new();
-        let _ = self.body.read_to_end(&mut out);
-        String::from_utf8_lossy(&out).into_owned()
-    }
-
-    fn json(self) -> Value {
-        let text = self.text();
-        serde_json::from_str(&text).unwrap_or(Value::String(text))
-    }
-}
-
-/// A chunked body, decoded as it is read.
-struct Chunked<R> {
-    inner: R,
-    left: usize,
-    done: bool,
-}
-
-impl<R: BufRead> Read for Chunked<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if self.done || buf.is_empty() {
-            return Ok(0);
-        }
-        if self.left == 0 {
-            let mut line = String::new();
-            self.inner.read_line(&mut line)?;
-            if line.trim().is_empty() {
-                // The CRLF after the previous chunk.
-                line.clear();
-                self.inner.read_line(&mut line)?;
-            }
-            let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
-                .map_err(|e| std::io::Error::other(format!("chunk size {line:?}: {e}")))?;
-            if size == 0 {
-                self.done = true;
-                return Ok(0);
-            }
-            self.left = size;
-        }
-        let want = buf.len().min(self.left);
-        let n = self.inner.read(&mut buf[..want])?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        self.left -= n;
-        Ok(n)
-    }
-}
-
-fn host_port(url: &str) -> String {
-    url.trim_start_matches("http://").trim_end_matches('/').to_string()
-}
-
-/// Sends one request (`Connection: close`) and reads the answer's head.
-fn request(
-    url: &str,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> anyhow::Result<Response> {
-    let addr = host_port(url);
-    let mut tcp = TcpStream::connect(&addr).with_context(|| format!("connecting to {addr}"))?;
-    tcp.set_read_timeout(Some(Duration::from_secs(120)))?;
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        head += &format!("{k}: {v}\r\n");
-    }
-    head += "\r\n";
-    tcp.write_all(head.as_bytes())?;
-    tcp.write_all(body)?;
-    read_response(tcp)
-}
-
-fn read_response(tcp: TcpStream) -> anyhow::Result<Response> {
-    let mut reader = BufReader::new(tcp);
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    let status: u16 =
-        line.split_whitespace().nth(1).with_context(|| format!("status line {line:?}"))?.parse()?;
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        reader.read_line(&mut line)?;
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = l.split_once(':') {
-            headers.push((k.trim().to_string(), v.trim().to_string()));
-        }
-    }
-    let find = |name: &str| {
-        headers
-            .iter()
-            .find(|(k, _): &&(String, String)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.clone())
-    };
-    let body: Box<dyn Read + Send> =
-        if find("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
-            Box::new(Chunked { inner: reader, left: 0, done: false })
-        } else if let Some(len) = find("content-length").and_then(|v| v.parse::<u64>().ok()) {
-            Box::new(reader.take(len))
-        } else {
-            Box::new(reader)
-        };
-    Ok(Response { status, body })
-}
-
-// ---------------------------------------------------------------------------------------------
-// E2B's API, as the SDK speaks it.
-
-struct Api {
-    url: String,
-    key: String,
-}
-
-struct Sbx {
-    id: String,
-    token: String,
-}
-
-impl Api {
-    fn new(daemon: &Daemon) -> Api {
-        Api {
-            url: daemon.e2b_url().expect("E2B API address"),
-            key: daemon.access_token().expect("token"),
-        }
-    }
-
-    fn create_with(&self, body: Value) -> anyhow::Result<Response> {
-        let key = self.key.clone();
-        request(
-            &self.url,
-            "POST",
-            "/sandboxes",
-            &[("X-API-Key", key.as_str()), ("Content-Type", "application/json")],
-            body.to_string().as_bytes(),
-        )
-    }
-
-    fn create(&self) -> Sbx {
-        let r = self.create_with(json!({"templateID": "base", "timeout": 900})).expect("create");
-        let status = r.status;
-        let v = r.json();
-        assert_eq!(status, 201, "create: {v}");
-        Sbx {
-            id: v["sandboxID"].as_str().expect("id").to_string(),
-            token: v["envdAccessToken"].as_str().expect("token").to_string(),
-        }
-    }
-
-    fn kill(&self, sb: &Sbx) -> u16 {
-        request(
-            &self.url,
-            "DELETE",
-            &format!("/sandboxes/{}", sb.id),
-            &[("X-API-Key", self.key.as_str())],
-            b"",
-        )
-        .map(|r| r.status)
-        .unwrap_or(0)
-    }
-
-    /// A Connect streaming call to sandbox `sb`'s envd.
-    fn stream(&self, sb: &Sbx, path: &str, message: &Value) -> anyhow::Result<Response> {
-        let mut body = vec![0u8];
-        let payload = message.to_string();
-        body.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-        body.extend_from_slice(payload.as_bytes());
-        request(
-            &self.url,
-            "POST",
-            path,
-            &[
-                ("E2b-Sandbox-Id", sb.id.as_str()),
-                ("X-Access-Token", sb.token.as_str()),
-                ("Content-Type", "application/connect+json"),
-                ("Connect-Protocol-Version", "1"),
-                ("Authorization", "Basic cm9vdDo="),
-            ],
-            &body,
-        )
-    }
-
-    /// Runs `script` as root in `sb`: (stdout, exit code, the stream's error if any).
-    fn run(&self, sb: &Sbx, script: &str) -> anyhow::Result<(Vec<u8>, Option<i64>, Option<Value>)> {
-        let message = json!({"process": {"cmd": "/bin/sh", "args": ["-c", script]}});
-        let r = self.stream(sb, "/process.Process/Start", &message)?;
-        if r.status != 200 {
-            let status = r.status;
-            bail!("start answered {status}: {}", r.text());
-        }
-        let mut body = r.body;
-        let (mut stdout, mut exit, mut error) = (Vec::new(), None, None);
-        while let Some((flags, v)) = envelope(&mut body)? {
-            if flags & 2 != 0 {
-                error = v.get("error").cloned();
-                break;
-            }
-            let event = &v["event"];
-            if let Some(data) = event["data"]["stdout"].as_str() {
-                stdout.extend(base64_decode(data));
-            }
-            if let Some(end) = event.get("end") {
-                exit = Some(end["exitCode"].as_i64().unwrap_or(0));
-            }
-        }
-        Ok((stdout, exit, error))
-    }
-}
-
-/// One Connect envelope: (flags, its JSON), `None` at the end of the body.
-fn envelope(body: &mut impl Read) -> anyhow::Result<Option<(u8, Value)>> {
-    let mut head = [0u8; 5];
-    match body.read_exact(&mut head) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e.into()),
-    }
-    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-    let mut payload = vec![0u8; len];
-    body.read_exact(&mut payload)?;
-    Ok(Some((head[0], serde_json::from_slice(&payload)?)))
-}
-
-fn base64_decode(text: &str) -> Vec<u8> {
-    let value = |c: u8| match c {
-        b'A'..=b'Z' => Some(c - b'A'),
-        b'a'..=b'z' => Some(c - b'a' + 26),
-        b'0'..=b'9' => Some(c - b'0' + 52),
-        b'+' | b'-' => Some(62),
-        b'/' | b'_' => Some(63),
-        _ => None,
-    };
-    let (mut out, mut acc, mut bits) = (Vec::with_capacity(text.len() * 3 / 4), 0u32, 0);
-    for v in text.bytes().filter_map(value) {
-        acc = (acc << 6) | u32::from(v);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-        }
-    }
-    out
-}
-
-// ---------------------------------------------------------------------------------------------
 // The checks after (and during) every attack.
-
-fn rss_mib(daemon: &Daemon) -> u64 {
-    let pid = daemon.pid().expect("brigd pid");
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .map_or(0, |kib| kib / 1024)
-}
 
 /// brigd's CPU time so far (user + system).
 fn cpu_time(daemon: &Daemon) -> Duration {
@@ -397,29 +130,13 @@ fn setup() -> (Daemon, Api, Sbx, u64) {
 #[test]
 fn unknown_api_keys_are_refused_without_allocating() {
     let (daemon, api, bystander, baseline) = setup();
-    let url = api.url.clone();
-    let refused = during(&daemon, &api, &bystander, baseline, move || {
-        let mut statuses = std::collections::BTreeMap::new();
-        for i in 0..3000u32 {
-            let key = format!("{:016x}{i:08x}", rand_u64());
-            let status = request(&url, "GET", "/sandboxes", &[("X-API-Key", key.as_str())], b"")
-                .map_or(0, |r| r.status);
-            *statuses.entry(status).or_insert(0u32) += 1;
-        }
-        statuses
-    });
+    let attacker = api.clone();
+    let refused = during(&daemon, &api, &bystander, baseline, move || random_keys(&attacker, 3000));
     assert_eq!(refused.get(&401), Some(&3000), "statuses: {refused:?}");
     let ok = request(&api.url, "GET", "/sandboxes", &[("X-API-Key", api.key.as_str())], b"")
         .expect("list");
     let status = ok.status;
     assert_eq!(status, 200, "the daemon's key: {}", ok.text());
-}
-
-fn rand_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(Instant::now().elapsed().as_nanos());
-    h.finish()
 }
 
 /// 1,000 connections each send 380 KiB of a request head that never ends, and 100 more send
@@ -437,23 +154,9 @@ fn unfinished_request_heads_are_cut_off() {
         })
         .collect();
     let opened = Instant::now();
-    let big = during(&daemon, &api, &bystander, baseline, move || {
-        let mut conns = Vec::new();
-        let line = format!("X-Filler: {}\r\n", "a".repeat(1000));
-        for _ in 0..1000 {
-            let Ok(mut tcp) = TcpStream::connect(&addr) else { continue };
-            let _ = tcp.set_write_timeout(Some(Duration::from_secs(5)));
-            let _ = tcp.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n");
-            // 380 KiB of header lines, never the blank line that ends the head.
-            for _ in 0..380 {
-                if tcp.write_all(line.as_bytes()).is_err() {
-                    break;
-                }
-            }
-            conns.push(tcp);
-        }
-        conns
-    });
+    let attacker = api.clone();
+    let big =
+        during(&daemon, &api, &bystander, baseline, move || unfinished_heads(&attacker, 1000, 380));
     // Each was answered 431 or closed: none is left open by the server.
     let mut answered = std::collections::BTreeMap::new();
     for tcp in big {
@@ -470,63 +173,16 @@ fn unfinished_request_heads_are_cut_off() {
     contained(&daemon, &api, &bystander, baseline, "after the connections ended");
 }
 
-/// Waits up to `within` for the server to end the connection (an answer then EOF, or a
-/// reset): "closed", or "open".
-fn closed_by_server(mut tcp: TcpStream, within: Duration) -> &'static str {
-    let deadline = Instant::now() + within;
-    let mut buf = [0u8; 4096];
-    while Instant::now() < deadline {
-        let _ = tcp.set_read_timeout(Some(Duration::from_millis(500)));
-        match tcp.read(&mut buf) {
-            Ok(0) => return "closed",
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => return "closed",
-        }
-    }
-    "open"
-}
-
 /// A gzip bomb (1 GiB of zeros in ~1 MiB) uploaded with `Content-Encoding: gzip` is inflated
 /// as a stream and stopped at the sandbox's disk size with a 507, brigd's memory flat.
 #[test]
 fn a_gzip_bomb_is_stopped_at_the_disk_size() {
     let (daemon, api, bystander, baseline) = setup();
     let target = api.create();
-    let bomb = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import sys, zlib\n\
-             c = zlib.compressobj(9, zlib.DEFLATED, 31)\n\
-             z = bytes(1 << 20)\n\
-             out = sys.stdout.buffer\n\
-             for _ in range(1024): out.write(c.compress(z))\n\
-             out.write(c.flush())\n",
-        ])
-        .output()
-        .expect("python3 makes the bomb");
-    assert!(bomb.status.success() && bomb.stdout.len() < 4 << 20, "bomb {}", bomb.stdout.len());
-    let (url, id, token) = (api.url.clone(), target.id.clone(), target.token.clone());
-    let body = bomb.stdout;
+    let body = gzip_bomb();
+    let (attacker, victim) = (api.clone(), target.clone());
     let answer = during(&daemon, &api, &bystander, baseline, move || {
-        let r = request(
-            &url,
-            "POST",
-            "/files?path=/tmp/bomb&username=root",
-            &[
-                ("E2b-Sandbox-Id", id.as_str()),
-                ("X-Access-Token", token.as_str()),
-                ("Content-Type", "application/octet-stream"),
-                ("Content-Encoding", "gzip"),
-            ],
-            &body,
-        )
-        .expect("upload");
-        (r.status, r.text())
+        upload(&attacker, &victim, "/tmp/bomb", &body, true)
     });
     assert_eq!(answer.0, 507, "the bomb's answer: {answer:?}");
     assert!(answer.1.contains("MiB"), "{answer:?}");
@@ -535,21 +191,8 @@ fn a_gzip_bomb_is_stopped_at_the_disk_size() {
         .args(["-c", "printf 'hello gzip\\n' | gzip -c"])
         .output()
         .expect("gzip");
-    let r = request(
-        &api.url,
-        "POST",
-        "/files?path=/tmp/small&username=root",
-        &[
-            ("E2b-Sandbox-Id", target.id.as_str()),
-            ("X-Access-Token", target.token.as_str()),
-            ("Content-Type", "application/octet-stream"),
-            ("Content-Encoding", "gzip"),
-        ],
-        &small.stdout,
-    )
-    .expect("upload");
-    let status = r.status;
-    assert_eq!(status, 200, "{}", r.text());
+    let (status, text) = upload(&api, &target, "/tmp/small", &small.stdout, true);
+    assert_eq!(status, 200, "{text}");
     let (out, _, _) = api.run(&target, "cat /tmp/small").expect("cat");
     assert_eq!(out, b"hello gzip\n");
 }
@@ -564,9 +207,7 @@ fn watchers_are_capped_per_sandbox_and_freed_with_it() {
     let (_, exit, _) =
         api.run(&target, "mkdir -p /w && cd /w && seq 1 2000 | xargs touch").expect("files");
     assert_eq!(exit, Some(0));
-    let watch = |sb: &Sbx, path: &str| {
-        api.stream(sb, "/filesystem.Filesystem/WatchDir", &json!({"path": path, "recursive": true}))
-    };
+    let watch = |sb: &Sbx, path: &str| watch(&api, sb, path);
     // The whole tree: refused (its first look passes the entry cap), the error says why.
     let whole = watch(&target, "/").expect("watch /");
     let status = whole.status;
@@ -770,4 +411,33 @@ fn a_slow_reader_gets_all_output_or_an_error() {
         assert_eq!(e["code"], "data_loss", "{e}");
     }
     contained(&daemon, &api, &bystander, baseline, "after the slow read");
+}
+
+/// 600 uploads into one sandbox that send a first MiB and stall: past its share of the
+/// gateway's uploads (16; of requests, 256) that sandbox hears 429, brigd holds no more than
+/// its budget, and another sandbox's commands go on (before, all envd traffic shared one
+/// budget: 8,400 stalled uploads made the others fail with 429).
+#[test]
+fn stalled_uploads_into_one_sandbox_leave_the_others_alone() {
+    let (daemon, api, bystander, baseline) = setup();
+    let target = api.create();
+    let stalled = stalled_uploads(&api, &target, 600);
+    assert_eq!(stalled.len(), 600, "every upload connected");
+    std::thread::sleep(Duration::from_secs(2));
+    for _ in 0..3 {
+        contained(
+            &daemon,
+            &api,
+            &bystander,
+            baseline,
+            "with 600 uploads stalled in another sandbox",
+        );
+    }
+    // The attacker's own sandbox is told why (the share is its own).
+    let (status, text) = upload(&api, &target, "/tmp/one-more", b"x", false);
+    assert_eq!(status, 429, "{text}");
+    assert!(text.contains("uploads open"), "{text}");
+    drop(stalled);
+    assert_eq!(api.kill(&target), 204);
+    contained(&daemon, &api, &bystander, baseline, "after the uploads ended");
 }

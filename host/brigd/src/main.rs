@@ -1,5 +1,8 @@
 //! `brigd`: the Brig daemon binary. See `brigd --help`.
-#![forbid(unsafe_code)]
+// Only `allocator` calls an unsafe API (glibc's `mallopt`).
+#![deny(unsafe_code)]
+
+mod allocator;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -97,6 +100,7 @@ enum Role {
 }
 
 fn main() -> anyhow::Result<()> {
+    allocator::one_arena_per_core();
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log)?)

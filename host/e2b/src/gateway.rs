@@ -90,6 +90,8 @@ pub(crate) struct Inner {
     debug_sandbox: tokio::sync::Mutex<Option<String>>,
     /// Sandboxes seen running moments ago (see [`RecentlyRunning`]).
     pub(crate) running: RecentlyRunning,
+    /// Each sandbox's share of the requests open to the node (`crate::budget`).
+    pub(crate) budgets: crate::budget::SandboxBudgets,
     /// Images whose sandboxes were found to have E2B's `user` already (see `api::ensure_user`).
     pub(crate) images_with_user: parking_lot::Mutex<std::collections::HashSet<String>>,
 }
@@ -120,6 +122,7 @@ impl Gateway {
                 debug_sandbox: tokio::sync::Mutex::new(None),
                 images_with_user: Default::default(),
                 running: Default::default(),
+                budgets: Default::default(),
             }),
         })
     }
@@ -164,9 +167,8 @@ impl Gateway {
 
     /// Every route of both halves (control API and envd) on one router.
     pub fn router(&self) -> Router {
-        Router::new()
-            .route("/health", get(crate::envd::health))
-            .merge(crate::api::routes())
+        // envd's routes, each request within its sandbox's share (see `crate::budget`).
+        let envd = Router::new()
             .route("/process.Process/{method}", post(crate::process::rpc))
             .route("/filesystem.Filesystem/{method}", post(crate::filesystem::rpc))
             .route(
@@ -175,6 +177,14 @@ impl Gateway {
                     .post(crate::files::upload)
                     .layer(DefaultBodyLimit::disable()),
             )
+            .route_layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                crate::budget::per_sandbox,
+            ));
+        Router::new()
+            .route("/health", get(crate::envd::health))
+            .merge(crate::api::routes())
+            .merge(envd)
             .with_state(self.clone())
     }
 

@@ -18,6 +18,7 @@
 
 pub mod api;
 mod api_more;
+mod budget;
 pub mod connect;
 pub mod envd;
 pub mod files;

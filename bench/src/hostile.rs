@@ -1,0 +1,256 @@
+//! `hostile`: the attacks of the hostile suites (`tests/tests/hostile*.rs`), each against one
+//! release brigd, measured as a node operator sees them: brigd's peak RSS growth over the
+//! attack (sampled every 20 ms against the RSS just before it), the slowest answer a
+//! bystander got meanwhile (the node's status and a bystander container's `echo ok`, one after
+//! the other every 50 ms, and the E2B API's `/health`), and whether every one of those answered
+//! within 1 s. The attacks run one after the other on one node, so a leak of one shows in the
+//! next one's baseline, and the last line says what the node holds after all of them.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use brig_sdk::{Client, Cmd, ExecEvent, Sandbox, SandboxOptions};
+use brig_tests::hostile_http::{self, Api as E2bApi};
+use brig_tests::{image, Daemon};
+use serde_json::{json, Value};
+
+/// A probe answer slower than this counts as the node not answering.
+const ANSWER_WITHIN: Duration = Duration::from_secs(1);
+
+#[derive(clap::Args, Debug)]
+pub struct Options {
+    /// Run only the attacks whose names contain this.
+    #[arg(long)]
+    only: Option<String>,
+}
+
+/// What one attack did to the node.
+struct Measured {
+    name: &'static str,
+    rss_growth_mib: f64,
+    bystander_worst_ms: f64,
+    probes: u64,
+    late_or_failed: u64,
+    /// What the attack itself saw (refusals, bytes delivered), for the reader.
+    outcome: String,
+}
+
+fn rss_bytes(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
+/// Runs `attack` while sampling brigd's RSS and probing the bystanders.
+async fn measure<F: std::future::Future<Output = String>>(
+    name: &'static str,
+    daemon: &Daemon,
+    client: &Client,
+    bystander: &Sandbox,
+    api: &E2bApi,
+    attack: F,
+) -> Measured {
+    let pid = daemon.pid().expect("brigd runs");
+    let baseline = rss_bytes(pid);
+    let done = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(baseline));
+    let sampler = {
+        let (done, peak) = (done.clone(), peak.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                peak.fetch_max(rss_bytes(pid), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let probes = async {
+        let (mut worst, mut count, mut late) = (Duration::ZERO, 0u64, 0u64);
+        loop {
+            for took in [probe_native(client, bystander).await, probe_health(api).await] {
+                count += 1;
+                match took {
+                    Some(t) if t <= ANSWER_WITHIN => worst = worst.max(t),
+                    Some(t) => {
+                        worst = worst.max(t);
+                        late += 1;
+                    }
+                    None => {
+                        worst = worst.max(ANSWER_WITHIN);
+                        late += 1;
+                    }
+                }
+            }
+            if done.load(Ordering::Relaxed) {
+                return (worst, count, late);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let attack = async {
+        let outcome = attack.await;
+        done.store(true, Ordering::Relaxed);
+        outcome
+    };
+    let (outcome, (worst, probes, late)) = tokio::join!(attack, probes);
+    let _ = sampler.join();
+    let growth = peak.load(Ordering::Relaxed).saturating_sub(baseline);
+    let m = Measured {
+        name,
+        rss_growth_mib: growth as f64 / (1 << 20) as f64,
+        bystander_worst_ms: worst.as_secs_f64() * 1000.0,
+        probes,
+        late_or_failed: late,
+        outcome,
+    };
+    println!(
+        "  {:<28} rss +{:>7.1} MiB  bystander worst {:>7.1} ms  answered {}/{}  {}",
+        m.name,
+        m.rss_growth_mib,
+        m.bystander_worst_ms,
+        m.probes - m.late_or_failed,
+        m.probes,
+        m.outcome
+    );
+    m
+}
+
+/// The node's status, then the bystander's `echo ok`; the time both took, `None` on failure.
+async fn probe_native(client: &Client, bystander: &Sandbox) -> Option<Duration> {
+    let started = Instant::now();
+    let probe = async {
+        client.node_status().await.ok()?;
+        let out = bystander.exec(["echo", "ok"]).await.ok()?;
+        (out.stdout_text() == "ok\n").then_some(())
+    };
+    match tokio::time::timeout(Duration::from_secs(10), probe).await {
+        Ok(Some(())) => Some(started.elapsed()),
+        _ => None,
+    }
+}
+
+/// The E2B API's `/health` over a fresh HTTP connection.
+async fn probe_health(api: &E2bApi) -> Option<Duration> {
+    let api = api.clone();
+    let started = Instant::now();
+    let ok = tokio::task::spawn_blocking(move || api.health(Duration::from_secs(10)))
+        .await
+        .unwrap_or(false);
+    ok.then(|| started.elapsed())
+}
+
+/// `n` futures of one kind at once; how many ended in an error, and the first error's text.
+async fn refusals<T, E: std::fmt::Display>(
+    all: Vec<impl std::future::Future<Output = Result<T, E>>>,
+) -> (usize, usize, String) {
+    let n = all.len();
+    let results = futures::future::join_all(all).await;
+    let first = results.iter().find_map(|r| r.as_ref().err().map(|e| e.to_string()));
+    let refused = results.iter().filter(|r| r.is_err()).count();
+    (refused, n, first.unwrap_or_default().chars().take(80).collect())
+}
+
+pub fn run(opts: Options) -> anyhow::Result<Value> {
+    let config = format!(
+        "[e2b]\ndisk_mib = 64\nmemory_mib = 256\n[e2b.templates]\nbase = {:?}\n",
+        image("debian-12")
+    );
+    let (daemon, rt) = crate::start_daemon_with_config(&config)?;
+    let api = E2bApi { url: daemon.e2b_url()?, key: daemon.access_token()? };
+    let measured = rt.block_on(async {
+        let client = daemon.client().await?;
+        let bystander = client.create(SandboxOptions::container(&image("busybox"))).await?;
+        let sb = client.create(SandboxOptions::container(&image("busybox"))).await?;
+        sb.exec(["sh", "-c", "mkdir -p /workspace && mkfifo /workspace/in /workspace/out"]).await?;
+        let wanted = |name: &str| opts.only.as_deref().is_none_or(|o| name.contains(o));
+        let mut all = Vec::new();
+        macro_rules! attack {
+            ($name:literal, $body:expr) => {
+                if wanted($name) {
+                    all.push(measure($name, &daemon, &client, &bystander, &api, $body).await);
+                }
+            };
+        }
+        attack!("fifo_uploads", async {
+            let writes = (0..64).map(|_| sb.write_file("/workspace/in", b"answer")).collect();
+            let (refused, n, first) = refusals(writes).await;
+            format!("{refused}/{n} refused ({first})")
+        });
+        attack!("fifo_downloads", async {
+            let reads = (0..64).map(|_| sb.read_file("/workspace/out")).collect();
+            let (refused, n, first) = refusals(reads).await;
+            format!("{refused}/{n} refused ({first})")
+        });
+        attack!("kernel_files", async {
+            let paths = ["/proc/1/timerslack_ns", "/proc/self/autogroup", "/proc/1/mem"];
+            let writes =
+                (0..120).map(|i| sb.write_file(paths[i % paths.len()], b"1")).collect::<Vec<_>>();
+            let (refused, n, first) = refusals(writes).await;
+            format!("{refused}/{n} refused ({first})")
+        });
+        attack!("slow_stdout_reader", async {
+            let cmd = Cmd::shell("dd if=/dev/zero bs=1048576 count=40 2>/dev/null")
+                .output_limit(64 << 20)
+                .timeout(Duration::from_secs(120));
+            let Ok(mut stream) = sb.exec_stream(cmd).await else { return "exec failed".into() };
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let mut bytes = 0u64;
+            while let Some(Ok(event)) = stream.next().await {
+                if let ExecEvent::Stdout(b) = event {
+                    bytes += b.len() as u64;
+                }
+            }
+            format!("{} of 40 MiB delivered", bytes >> 20)
+        });
+        attack!("label_flood", async {
+            let creates = (0..20)
+                .map(|_| {
+                    let mut o = SandboxOptions::container(&image("busybox"));
+                    for i in 0..10_000 {
+                        o = o.label(&format!("k{i}"), "v");
+                    }
+                    client.create(o)
+                })
+                .collect();
+            let (refused, n, first) = refusals(creates).await;
+            format!("{refused}/{n} refused ({first})")
+        });
+        for (name, attack) in hostile_http::ATTACKS {
+            if wanted(name) {
+                let attacker = api.clone();
+                let run = async move {
+                    tokio::task::spawn_blocking(move || attack(&attacker))
+                        .await
+                        .unwrap_or_else(|e| format!("the attack panicked: {e}"))
+                };
+                all.push(measure(name, &daemon, &client, &bystander, &api, run).await);
+            }
+        }
+        anyhow::Ok(all)
+    })?;
+    let max_rss = measured.iter().map(|m| m.rss_growth_mib).fold(0.0, f64::max);
+    let max_ms = measured.iter().map(|m| m.bystander_worst_ms).fold(0.0, f64::max);
+    let answered = measured.iter().filter(|m| m.late_or_failed == 0).count();
+    let fraction = answered as f64 / measured.len().max(1) as f64;
+    let rss_after = daemon.pid().map_or(0, rss_bytes) >> 20;
+    Ok(json!({
+        "bench": "hostile",
+        "attacks": measured.iter().map(|m| json!({
+            "name": m.name,
+            "rss_growth_mib": crate::stats::round3(m.rss_growth_mib),
+            "bystander_worst_ms": crate::stats::round3(m.bystander_worst_ms),
+            "node_answered": m.late_or_failed == 0,
+            "probes": m.probes,
+            "outcome": m.outcome,
+        })).collect::<Vec<_>>(),
+        "max_rss_growth_mib": crate::stats::round3(max_rss),
+        "max_bystander_ms": crate::stats::round3(max_ms),
+        "node_answered_fraction": crate::stats::round3(fraction),
+        "brigd_rss_after_mib": rss_after,
+        "goals": {"max_rss_growth_mib": 64, "max_bystander_ms": 100, "node_answered_fraction": 1.0},
+    }))
+}
