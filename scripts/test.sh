@@ -9,6 +9,10 @@ cd "$root"
 "$root/scripts/build-images.sh"
 "$root/scripts/build-vm-guests.sh"
 "$root/scripts/build-fullvm-image.sh"
+# The layering test reads `cargo metadata --offline`, which needs every locked crate, also
+# those only other targets build (a fresh machine's build never downloads them).
+echo "[test] cargo fetch"
+cargo fetch --quiet
 echo "[test] cargo fmt --check"
 cargo fmt --all --check
 echo "[test] cargo clippy"
