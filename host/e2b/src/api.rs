@@ -233,12 +233,17 @@ async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> A
             "metadata keys starting {INTERNAL_PREFIX:?} are reserved"
         )));
     }
-    crate::limits::check_metadata(&metadata).map_err(|e| ApiError::bad(e.to_string()))?;
+    let auto_pause = req.auto_pause.unwrap_or(false);
+    let mut own_labels = vec![(TEMPLATE_LABEL, template.as_str())];
+    if auto_pause {
+        own_labels.push((AUTOPAUSE_LABEL, "true"));
+    }
+    crate::limits::check_metadata(&metadata, &own_labels)
+        .map_err(|e| ApiError::bad(e.to_string()))?;
     if let Some(env) = &req.env_vars {
         crate::limits::check_sandbox_env(env).map_err(|e| ApiError::bad(e.to_string()))?;
     }
     let timeout = checked_timeout(&gw, req.timeout)?;
-    let auto_pause = req.auto_pause.unwrap_or(false);
     let cfg = gw.config();
     let image = image_for(&gw, &template, &metadata);
     let mut options = SandboxOptions::container(&image)
