@@ -303,7 +303,8 @@ mod tests {
         assert!(egress_rules(Some(&named), None).is_err());
     }
 
-    /// The rules are linear in the entries, and past the cap the answer is a 400 at once.
+    /// The rules are linear in the entries, and past the cap the answer is a 400 before any
+    /// entry is read.
     #[test]
     fn long_deny_lists_are_linear_and_capped() {
         let list = |n: u32| -> Vec<String> {
@@ -311,18 +312,16 @@ mod tests {
         };
         let at_cap =
             Network { deny_out: Some(list(MAX_NETWORK_ENTRIES as u32)), ..Default::default() };
+        // Milliseconds of work; the bound is one a loaded 2-core machine meets too.
         let started = std::time::Instant::now();
         let rules = egress_rules(Some(&at_cap), None).expect("at the cap").expect("some");
-        assert!(
-            started.elapsed() < std::time::Duration::from_millis(500),
-            "{:?}",
-            started.elapsed()
-        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
         assert_eq!(rules.len(), MAX_NETWORK_ENTRIES + 1);
-        let over = Network { deny_out: Some(list(100_000)), ..Default::default() };
-        let started = std::time::Instant::now();
+        // Past the cap, entries none of which is an address: the answer names the count, so
+        // the count was checked before any entry was parsed.
+        let unparsed = vec!["not an address".to_string(); 100_000];
+        let over = Network { deny_out: Some(unparsed), ..Default::default() };
         let err = egress_rules(Some(&over), None).expect_err("over the cap");
-        assert!(started.elapsed() < std::time::Duration::from_millis(100));
         let body = err.body().to_string();
         assert!(body.contains("at most 4095"), "{body}");
         assert_eq!(err.into_response().status(), StatusCode::BAD_REQUEST);
