@@ -684,6 +684,10 @@ impl From<FileError> for SandboxError {
             FileError::Io { source, .. } if source.raw_os_error() == Some(libc::EROFS) => {
                 SandboxError::PermissionDenied(e.to_string())
             }
+            // A process of the sandbox holds a lease on the file.
+            FileError::Io { source, .. } if source.raw_os_error() == Some(libc::EAGAIN) => {
+                SandboxError::Conflict(format!("{e} (a process in the sandbox holds the file)"))
+            }
             _ => match e.io_kind() {
                 Some(kind) => SandboxError::Io { kind, message: e.to_string() },
                 None => SandboxError::BadRequest(e.to_string()),

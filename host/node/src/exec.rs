@@ -93,14 +93,17 @@ impl Node {
             hub.stdin.open(tx, limits.exec_stdin_bytes);
             forward_upload(upload, hub.clone())
         });
+        // This client's place is taken before the pump starts: nothing it has not read is
+        // dropped while its first reply goes out.
+        let reader = hub.reader();
         tokio::spawn(pump(running.events, hub.clone(), exec_id, recorder, Seen::default()));
         exchange.reply(&Reply::ExecStarted { exec_id }).await?;
         let streamed = match stdin_over {
-            None => hub.stream(exchange).await,
+            None => hub.stream_as(reader, exchange).await,
             // Stdin over its limit ends this client's stream with the error; the command runs
             // on (its stdin closed) and can be attached to by id.
             Some(over) => tokio::select! {
-                streamed = hub.stream(exchange) => streamed,
+                streamed = hub.stream_as(reader, exchange) => streamed,
                 Ok(max) = over => Err(Limit::ExecStdinBytes.reached(max)),
             },
         };

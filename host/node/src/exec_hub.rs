@@ -29,6 +29,11 @@ use crate::NodeError;
 
 /// Output kept per exec for reattaching clients.
 const HUB_BYTES: usize = 8 << 20;
+/// A streaming client that takes none of an exec's output for this long no longer holds the
+/// command back: output past the hub's bound is dropped for it as for nobody (it is told how
+/// much when it reads on), so a client that stopped reading without hanging up cannot stall a
+/// command, its kill or its timeout for longer.
+const READER_STALL: Duration = Duration::from_secs(30);
 /// How long a finished exec stays attachable.
 const FINISHED_KEEP: Duration = Duration::from_secs(600);
 /// Output of one sandbox's finished execs kept in memory together; past it the oldest
@@ -91,16 +96,31 @@ impl FinishedOutput {
 }
 
 /// A client's place in a hub while it streams; gone with the stream.
-struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     hub: &'a ExecHub,
     id: u64,
 }
 
 impl Reader<'_> {
+    /// The reader has had every event before `next`.
     fn at(&self, next: u64) {
-        self.hub.state.lock().readers.insert(self.id, next);
+        {
+            let mut st = self.hub.state.lock();
+            let place =
+                st.readers.entry(self.id).or_insert(ReaderPlace { next, moved: Instant::now() });
+            if next > place.next {
+                *place = ReaderPlace { next, moved: Instant::now() };
+            }
+        }
         self.hub.drained.notify_waiters();
     }
+}
+
+/// Where a streaming client is: the next event it needs, and when it last took any.
+#[derive(Debug, Clone, Copy)]
+struct ReaderPlace {
+    next: u64,
+    moved: Instant,
 }
 
 impl Drop for Reader<'_> {
@@ -125,15 +145,19 @@ struct HubState {
     detached: bool,
     result: Option<ExecResult>,
     finished: Option<Instant>,
-    /// The clients streaming it now: reader id → the index of the next event it needs.
-    readers: HashMap<u64, u64>,
+    /// The clients streaming it now, by reader id.
+    readers: HashMap<u64, ReaderPlace>,
     next_reader: u64,
 }
 
 impl HubState {
-    /// Whether taking in `incoming` more bytes would drop output a reader has not had.
-    fn would_drop_unread(&self, incoming: usize) -> bool {
-        let Some(slowest) = self.readers.values().min() else { return false };
+    /// Whether taking in `incoming` more bytes would drop output a reader has not had: until
+    /// when to wait for the readers it would drop from (the latest moment one of them becomes
+    /// stalled, [`READER_STALL`]), or `None` to take it in now.
+    fn wait_for_readers(&self, incoming: usize, now: Instant) -> Option<Instant> {
+        if self.readers.is_empty() {
+            return None;
+        }
         let mut over = (self.bytes + incoming).saturating_sub(HUB_BYTES);
         let mut dropped = 0u64;
         for event in &self.events {
@@ -143,7 +167,12 @@ impl HubState {
             over = over.saturating_sub(output_len(event));
             dropped += 1;
         }
-        dropped > 0 && *slowest < self.first + dropped
+        self.readers
+            .values()
+            .filter(|r| r.next < self.first + dropped)
+            .map(|r| r.moved + READER_STALL)
+            .filter(|stalled_at| *stalled_at > now)
+            .max()
     }
 }
 
@@ -198,10 +227,9 @@ impl ExecHub {
             let drained = self.drained.notified();
             tokio::pin!(drained);
             drained.as_mut().enable();
-            if !self.state.lock().would_drop_unread(incoming) {
-                break;
-            }
-            drained.await;
+            let until = self.state.lock().wait_for_readers(incoming, Instant::now());
+            let Some(until) = until else { break };
+            let _ = tokio::time::timeout_at(until.into(), drained).await;
         }
         self.push(reply);
     }
@@ -302,19 +330,32 @@ impl ExecHub {
         }
     }
 
+    /// A place for a client that will stream it, from the oldest output kept: taken before the
+    /// command's pump starts, so nothing it has not read is dropped before it reads.
+    pub(crate) fn reader(&self) -> Reader<'_> {
+        let mut st = self.state.lock();
+        st.next_reader += 1;
+        let id = st.next_reader;
+        let place = ReaderPlace { next: st.first, moved: Instant::now() };
+        st.readers.insert(id, place);
+        Reader { hub: self, id }
+    }
+
     /// Streams everything kept and then what follows, until the exec ends.
     pub(crate) async fn stream(&self, exchange: &mut Exchange) -> Result<Option<Reply>, NodeError> {
+        let reader = self.reader();
+        self.stream_as(reader, exchange).await
+    }
+
+    /// As [`ExecHub::stream`], for a client whose place was taken ahead ([`ExecHub::reader`]).
+    pub(crate) async fn stream_as(
+        &self,
+        reader: Reader<'_>,
+        exchange: &mut Exchange,
+    ) -> Result<Option<Reply>, NodeError> {
         let peer_gone = exchange.peer_gone();
         tokio::pin!(peer_gone);
         let mut next = 0u64;
-        let reader = {
-            let mut st = self.state.lock();
-            st.next_reader += 1;
-            let id = st.next_reader;
-            let first = st.first;
-            st.readers.insert(id, first);
-            Reader { hub: self, id }
-        };
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
@@ -339,7 +380,10 @@ impl ExecHub {
                 (batch, st.result.clone())
             };
             for reply in &batch {
-                exchange.reply(reply).await?;
+                // A client that takes nothing for so long has left without hanging up.
+                tokio::time::timeout(READER_STALL, exchange.reply(reply))
+                    .await
+                    .map_err(|_| TransportError::PeerGone)??;
             }
             reader.at(next);
             if let Some(result) = result {
@@ -516,13 +560,20 @@ mod tests {
         for _ in 0..8 {
             hub.push(out(1 << 20));
         }
-        assert!(!hub.state.lock().would_drop_unread(1 << 20), "nobody reads: drop freely");
-        hub.state.lock().readers.insert(1, 0);
-        assert!(hub.state.lock().would_drop_unread(1 << 20), "the reader has not had event 0");
-        assert!(!hub.state.lock().would_drop_unread(0));
-        hub.state.lock().readers.insert(1, 1);
-        assert!(!hub.state.lock().would_drop_unread(1 << 20), "event 0 is read");
-        assert!(hub.state.lock().would_drop_unread(2 << 20), "event 1 is not");
+        let now = Instant::now();
+        let waits = |incoming: usize| hub.state.lock().wait_for_readers(incoming, now).is_some();
+        assert!(!waits(1 << 20), "nobody reads: drop freely");
+        let place = |next| ReaderPlace { next, moved: now };
+        hub.state.lock().readers.insert(1, place(0));
+        assert!(waits(1 << 20), "the reader has not had event 0");
+        assert!(!waits(0));
+        hub.state.lock().readers.insert(1, place(1));
+        assert!(!waits(1 << 20), "event 0 is read");
+        assert!(waits(2 << 20), "event 1 is not");
+        // A reader that took nothing for READER_STALL holds nothing back.
+        let stalled = ReaderPlace { next: 0, moved: now - READER_STALL };
+        hub.state.lock().readers.insert(1, stalled);
+        assert!(!waits(2 << 20), "a stalled reader does not hold the command");
     }
 
     #[tokio::test]
@@ -532,14 +583,15 @@ mod tests {
         for _ in 0..8 {
             hub.push(out(1 << 20));
         }
-        let reader = Reader { hub: &hub, id: 9 };
-        reader.at(0);
+        let reader = hub.reader();
         let pushed = {
             let hub = hub.clone();
             tokio::spawn(async move { hub.push_for_readers(out(1 << 20)).await })
         };
+        // The test's runtime has one thread: while this sleeps, the pump runs up to its wait.
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!pushed.is_finished(), "the pump must wait for the reader");
+        assert_eq!(hub.state.lock().events.len(), 8, "nothing taken in meanwhile");
         reader.at(8);
         tokio::time::timeout(Duration::from_secs(5), pushed).await.expect("went on").expect("join");
         assert_eq!(hub.state.lock().dropped_bytes, 1 << 20, "only read output was dropped");
@@ -550,7 +602,7 @@ mod tests {
         let table = ExecTable::default();
         let hubs: Vec<_> = (1..=6).map(|id| hub(&table, id)).collect();
         // Hub 1 is still being read; the others are not.
-        hubs[0].state.lock().readers.insert(1, 0);
+        hubs[0].state.lock().readers.insert(1, ReaderPlace { next: 0, moved: Instant::now() });
         for hub in &hubs {
             for _ in 0..8 {
                 hub.push(out(1 << 20));
