@@ -61,13 +61,15 @@ pub const MAX_EGRESS_RULES: usize = 4096;
 
 /// Networks no rule but a service opens, beside the node's own addresses (which the node
 /// matches by address type) and its sandboxes' subnet: "this network", loopback, link-local
-/// (cloud metadata at 169.254.169.254 among them), another cloud's metadata address,
-/// multicast and the limited broadcast address.
+/// (cloud metadata at 169.254.169.254 among them), Alibaba's metadata address, Azure's
+/// WireServer (168.63.129.16: the VM agent's channel to the fabric, its configuration and
+/// certificates), multicast and the limited broadcast address.
 pub const PROTECTED_NETWORKS: &[&str] = &[
     "0.0.0.0/8",
     "127.0.0.0/8",
     "169.254.0.0/16",
     "100.100.100.200/32",
+    "168.63.129.16/32",
     "224.0.0.0/4",
     "255.255.255.255/32",
 ];
@@ -333,7 +335,9 @@ mod tests {
     }
 
     /// 100,000 destinations (a denial list as E2B clients send them) become ranges in well under
-    /// a second even unoptimized: the computation is a sort and one pass, not a search per rule.
+    /// a second even unoptimized: the computation is a sort and one pass, not a search per rule
+    /// (the quadratic complement it replaced took 17-26 s). The bound is absolute and generous, not
+    /// a ratio of millisecond timings, so a noisy machine does not fail it.
     #[test]
     fn a_large_rule_list_is_computed_in_linear_time() {
         let dests: Vec<Destination> = (0..100_000u32)
@@ -343,18 +347,19 @@ mod tests {
                 port: if i % 3 == 0 { Some(443) } else { None },
             })
             .collect();
-        let started = std::time::Instant::now();
         let small = AddressRanges::of(&dests[..10_000]);
-        let small_took = started.elapsed();
         let started = std::time::Instant::now();
         let big = AddressRanges::of(&dests);
         let took = started.elapsed();
-        assert!(took < std::time::Duration::from_millis(500), "100,000 destinations took {took:?}");
-        // Ten times the input, not a hundred times the time (with slack for a noisy machine).
-        assert!(
-            took < small_took * 40 + std::time::Duration::from_millis(20),
-            "{small_took:?} → {took:?}"
-        );
+        assert!(took < std::time::Duration::from_secs(3), "100,000 destinations took {took:?}");
+        // Disjoint and sorted, per port: what an interval set loads as is.
+        let disjoint = |ranges: &[AddressRange]| {
+            ranges.iter().all(|(a, b)| a <= b)
+                && ranges
+                    .windows(2)
+                    .all(|w| u64::from(u32::from(w[0].1)) + 1 < u64::from(u32::from(w[1].0)))
+        };
+        assert!(disjoint(&big.any_port) && big.ported.iter().all(|(_, r)| disjoint(r)));
         assert!(big.len() >= small.len() && big.len() <= dests.len());
         let policy = EgressPolicy::new(vec![], dests.clone(), dests);
         assert!(policy.deny.len() <= 100_000 && policy.deny.windows(2).all(|w| w[0] != w[1]));
