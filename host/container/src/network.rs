@@ -13,9 +13,10 @@
 //! `forward`. After the node's services (which its operator configured, so they may name the
 //! node's own addresses), every packet passes the table's `guard` chain, which refuses the
 //! node's own addresses (by address type: every local address, each sandbox's gateway among
-//! them), this daemon's sandbox subnet, [`brig_core::egress::PROTECTED_NETWORKS`] and IPv6;
-//! then the sandbox's denied destinations, then its allowed ones. So no rule a client gives,
-//! the default allow-all included, reaches the host, another sandbox or a metadata service.
+//! them), this daemon's sandbox subnet, [`brig_core::egress::PROTECTED_NETWORKS`], IPv6 and
+//! connections the host's own NAT redirected (a forwarded port); then the sandbox's denied
+//! destinations, then its allowed ones. So no rule a client gives, the default allow-all
+//! included, reaches the host, another sandbox or a metadata service.
 //! Each daemon claims its own /20 of 10.128.0.0/9 and its own table, so daemons on one host
 //! never collide. A sandbox's traffic is matched by the host-side interface it arrives on, not
 //! by source address, so root inside the sandbox (which has no `CAP_NET_ADMIN` or
@@ -34,7 +35,10 @@ use std::sync::Arc;
 use brig_core::EgressPolicy;
 use parking_lot::Mutex;
 
-use crate::nft_rules::{guard_script, slot_script, unguarded_slots, SLOT_SETS};
+pub use crate::nft_rules::SlotOutcome;
+use crate::nft_rules::{
+    closed_slot_script, guard_script, slot_script, unguarded_slots, write_or_close, SLOT_SETS,
+};
 
 /// Sandboxes one daemon can network (a /20 of /30 links).
 pub const MAX_SLOTS: u32 = 1024;
@@ -123,6 +127,20 @@ fn run(tool: &'static str, args: &[&str], script: &str) -> Result<(), NetError> 
     Ok(())
 }
 
+/// `nft list table inet <t>`: its text, or why it could not be read.
+fn list_table(t: &str) -> Result<String, NetError> {
+    let tool = "nft";
+    let out = Command::new(tool)
+        .args(["list", "table", "inet", t])
+        .output()
+        .map_err(|source| NetError::Spawn { tool, source })?;
+    if !out.status.success() {
+        let detail = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        return Err(NetError::Tool { tool, detail: format!("listing table {t}: {detail}") });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// The node's sandbox network.
 #[derive(Debug)]
 pub struct Network {
@@ -136,7 +154,7 @@ pub struct Network {
     /// This daemon's claim on its subnet (a directory naming the owner).
     claim: PathBuf,
     /// Slots whose chain an older daemon wrote without the guard (found in a table kept
-    /// across a restart): their sandboxes' rules are written again when restored.
+    /// across a restart): closed on open, their sandboxes' rules written again when restored.
     unguarded: Mutex<HashSet<u32>>,
 }
 
@@ -198,9 +216,16 @@ impl Network {
         );
         let exists = run("nft", &["list", "chain", "inet", t, "forward"], "").is_ok();
         if exists {
-            let listing = Command::new("nft").args(["list", "table", "inet", t]).output();
-            let listing = listing.map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
-            *self.unguarded.lock() = unguarded_slots(&listing.unwrap_or_default());
+            // Slots an older daemon wrote without the guard are closed in the same transaction
+            // as the guard is written, until their sandboxes' rules are written again (see
+            // `restore_rules`): a sandbox never restored keeps no way to the node. A listing
+            // that cannot be read fails the open rather than leave them as they are.
+            let unguarded = unguarded_slots(&list_table(t)?);
+            for &slot in &unguarded {
+                tracing::warn!(table = %t, slot, "slot without the guard closed until restored");
+                script += &closed_slot_script(t, slot);
+            }
+            *self.unguarded.lock() = unguarded;
         } else {
             for (chain, hook) in [("forward", "forward"), ("input", "input")] {
                 script += &format!(
@@ -254,7 +279,7 @@ impl Network {
     }
 
     /// Whether a restored slot's chain predates the guard, so its rules must be written again
-    /// ([`Network::set_rules`]) before its sandbox is safe.
+    /// ([`Network::restore_rules`]): until then it refuses everything.
     pub fn unguarded(&self, slot: u32) -> bool {
         self.unguarded.lock().contains(&slot)
     }
@@ -388,6 +413,38 @@ impl Network {
         self.warm.lock().in_use.insert(slot, rules.clone());
         self.unguarded.lock().remove(&slot);
         Ok(())
+    }
+
+    /// Writes a restored slot's rules again (a slot [`Network::unguarded`] reports), failing
+    /// closed: rules that cannot be written leave its chain refusing everything, or, failing
+    /// that, its link out of the verdict map (the base chains drop what arrives on it). Returns
+    /// where the slot ended up and the errors met on the way there; an error if no step took
+    /// (nothing else can be done then: its chain is as [`Network::open`] left it, closed).
+    /// Blocks on `nft`: call it off the async workers.
+    pub fn restore_rules(
+        &self,
+        slot: u32,
+        rules: &EgressPolicy,
+    ) -> Result<(SlotOutcome, Vec<NetError>), NetError> {
+        let script = self.slot_script(slot, rules);
+        let ifname = self.ifname(slot);
+        let (outcome, mut errors) =
+            write_or_close(&self.table, &ifname, slot, script, |s| run("nft", &["-f", "-"], s));
+        let Some(outcome) = outcome else {
+            return Err(errors.pop().unwrap_or(NetError::Task("no nft step ran".into())));
+        };
+        let mut warm = self.warm.lock();
+        match outcome {
+            SlotOutcome::Ruled => {
+                warm.in_use.insert(slot, rules.clone());
+            }
+            // Not pooled with rules it does not have.
+            SlotOutcome::Closed | SlotOutcome::Unmapped => {
+                warm.in_use.remove(&slot);
+            }
+        }
+        self.unguarded.lock().remove(&slot);
+        Ok((outcome, errors))
     }
 
     /// Removes a slot's link and rules (best effort: the link dies with the sandbox anyway).

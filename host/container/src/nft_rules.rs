@@ -9,7 +9,10 @@ use brig_core::{Destination, EgressPolicy};
 
 /// The table's `refuse` chain (log a new connection, drop) and its `guard` chain, which
 /// every slot's chain jumps to after its services: the node's own addresses (by address type),
-/// this daemon's subnet (`base`/20), the protected networks and IPv6 are refused. Written
+/// this daemon's subnet (`base`/20), the protected networks and IPv6 are refused, and so is a
+/// connection the host's own NAT rewrote (`ct status dnat`): a port the host forwards (Docker's
+/// published ports, a Kubernetes node port), reached through one of the node's addresses, arrives
+/// at this hook already sent on to another address, which none of the checks above name. Written
 /// again on every start: a table an older daemon left has none of it.
 pub(crate) fn guard_script(t: &str, log: &str, base: Ipv4Addr) -> String {
     let mut protected: Vec<Destination> =
@@ -28,6 +31,7 @@ pub(crate) fn guard_script(t: &str, log: &str, base: Ipv4Addr) -> String {
          add chain inet {t} guard\n\
          flush chain inet {t} guard\n\
          add rule inet {t} guard meta nfproto ipv6 goto refuse\n\
+         add rule inet {t} guard ct status dnat goto refuse\n\
          add rule inet {t} guard fib daddr type {{ local, broadcast, multicast, anycast }} \
            goto refuse\n\
          add rule inet {t} guard ip daddr @protected goto refuse\n"
@@ -142,6 +146,58 @@ pub(crate) fn slot_script(
     script
 }
 
+/// A slot's chain left refusing everything, established connections included (its sets are
+/// kept; no rule reads them): what a slot gets when its rules cannot be written and it must not
+/// keep the ones it has.
+pub(crate) fn closed_slot_script(t: &str, slot: u32) -> String {
+    format!(
+        "add chain inet {t} s{slot}\nflush chain inet {t} s{slot}\n\
+         add rule inet {t} s{slot} goto refuse\n"
+    )
+}
+
+/// A slot's link taken out of the verdict map: the base chains then log and drop whatever
+/// arrives on it.
+pub(crate) fn unmapped_slot_script(t: &str, ifname: &str) -> String {
+    format!("delete element inet {t} sandboxes {{ \"{ifname}\" }}\n")
+}
+
+/// Where a slot whose rules had to be written again ended up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotOutcome {
+    /// Its rules, behind the guard.
+    Ruled,
+    /// Its chain refuses everything ([`closed_slot_script`]).
+    Closed,
+    /// Its link is out of the verdict map ([`unmapped_slot_script`]).
+    Unmapped,
+}
+
+/// Writes a slot's rules, failing closed: `rules_script` first; if `run` fails it, the slot's
+/// chain is closed; if that fails too, its link leaves the verdict map. The outcome reached (none
+/// if every step failed) and the errors of the steps that failed, in order.
+pub(crate) fn write_or_close<E>(
+    t: &str,
+    ifname: &str,
+    slot: u32,
+    rules_script: String,
+    mut run: impl FnMut(&str) -> Result<(), E>,
+) -> (Option<SlotOutcome>, Vec<E>) {
+    let steps = [
+        (SlotOutcome::Ruled, rules_script),
+        (SlotOutcome::Closed, closed_slot_script(t, slot)),
+        (SlotOutcome::Unmapped, unmapped_slot_script(t, ifname)),
+    ];
+    let mut errors = Vec::new();
+    for (outcome, script) in steps {
+        match run(&script) {
+            Ok(()) => return (Some(outcome), errors),
+            Err(e) => errors.push(e),
+        }
+    }
+    (None, errors)
+}
+
 /// The slots whose chain (`chain s<slot> { … }` in `nft list table`) has no jump to the guard:
 /// written by a daemon from before the guard.
 pub(crate) fn unguarded_slots(listing: &str) -> std::collections::HashSet<u32> {
@@ -203,11 +259,15 @@ mod tests {
         let script = guard_script("brig_t", "brig-t ", Ipv4Addr::new(10, 128, 16, 0));
         assert!(script.contains("fib daddr type { local, broadcast, multicast, anycast }"));
         assert!(script.contains("meta nfproto ipv6 goto refuse"));
+        assert!(script.contains("add rule inet brig_t guard ct status dnat goto refuse"));
+        let protected = script.lines().find(|l| l.starts_with("add element")).expect("elements");
+        assert!(protected.contains(" 168.63.129.16,"), "Azure's WireServer alone: {protected}");
         for range in [
             "10.128.16.0-10.128.31.255",
             "127.0.0.0-127.255.255.255",
             "169.254.0.0-169.254.255.255",
             "100.100.100.200",
+            "168.63.129.16",
         ] {
             assert!(script.contains(range), "{range} not protected: {script}");
         }
@@ -221,5 +281,39 @@ mod tests {
                        \tchain guard {\n\t\tmeta nfproto ipv6 goto refuse\n\t}\n\
                        \tchain forward {\n\t\ttype filter hook forward priority filter; policy accept;\n\t}\n}\n";
         assert_eq!(unguarded_slots(listing), [1].into_iter().collect());
+    }
+
+    #[test]
+    fn a_slot_whose_rules_cannot_be_written_is_closed() {
+        let rules = slot_script("brig_t", "brig-t ", "bt0001", 1, &EgressPolicy::default());
+        // `run` failing its first `fails` scripts: the outcome, the errors, the scripts tried.
+        let attempt = |fails: usize| {
+            let mut tried: Vec<String> = Vec::new();
+            let (done, errors) = write_or_close("brig_t", "bt0001", 1, rules.clone(), |script| {
+                tried.push(script.to_string());
+                if tried.len() <= fails {
+                    Err(tried.len())
+                } else {
+                    Ok(())
+                }
+            });
+            (done, errors, tried)
+        };
+        let (done, errors, tried) = attempt(0);
+        assert_eq!((done, errors), (Some(SlotOutcome::Ruled), vec![]));
+        assert_eq!(tried, vec![rules.clone()], "the rules first, and alone when they are written");
+        let (done, errors, tried) = attempt(1);
+        assert_eq!((done, errors), (Some(SlotOutcome::Closed), vec![1]));
+        // Closed: the chain flushed down to the refusal, nothing accepted, the link still mapped.
+        assert_eq!(
+            tried[1],
+            "add chain inet brig_t s1\nflush chain inet brig_t s1\n\
+             add rule inet brig_t s1 goto refuse\n"
+        );
+        let (done, errors, tried) = attempt(2);
+        assert_eq!((done, errors), (Some(SlotOutcome::Unmapped), vec![1, 2]));
+        assert_eq!(tried[2], "delete element inet brig_t sandboxes { \"bt0001\" }\n");
+        let (done, errors, _) = attempt(3);
+        assert_eq!((done, errors), (None, vec![1, 2, 3]), "every step failed: the caller is told");
     }
 }

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use brig_container::network::{self, Network};
+use brig_container::network::{self, Network, SlotOutcome};
 use brig_core::{EgressPolicy, EgressRule};
 use brig_proto::{AuditKind, SandboxInfo};
 use parking_lot::Mutex;
@@ -135,8 +135,9 @@ impl Node {
     }
 
     /// Takes back a restored sandbox's slot. A slot an older daemon wrote without the guard
-    /// (see `brig_container::network`) gets its sandbox's `rules` written again; rules that no
-    /// longer resolve (a service gone from the configuration) close it instead.
+    /// (see `brig_container::network`; closed since the network opened) gets its sandbox's
+    /// `rules` written again; rules that no longer resolve (a service gone from the
+    /// configuration) or that cannot be written leave it closed, which is logged and audited.
     pub(crate) async fn reserve_network(&self, id: &str, slot: u32, rules: Option<&[EgressRule]>) {
         let net = match self.network() {
             Ok(net) => net,
@@ -151,18 +152,36 @@ impl Node {
             return;
         }
         let texts: Vec<String> = rules.unwrap_or_default().iter().map(|r| r.to_string()).collect();
-        let policy = self.resolve_egress(&texts).map(|(_, p)| p).unwrap_or_else(|e| {
-            tracing::warn!(sandbox = id, error = %e, "restored egress rules closed");
-            EgressPolicy::default()
-        });
-        let written = tokio::task::spawn_blocking(move || net.set_rules(slot, &policy)).await;
-        match written {
-            Ok(Ok(())) => {
-                tracing::info!(sandbox = id, slot, "egress rules rewritten with the guard")
+        let (policy, unresolved) = match self.resolve_egress(&texts) {
+            Ok((_, policy)) => (policy, None),
+            Err(e) => (EgressPolicy::default(), Some(e.to_string())),
+        };
+        let written = tokio::task::spawn_blocking(move || net.restore_rules(slot, &policy)).await;
+        let closed = match (written, unresolved) {
+            (Ok(Ok((SlotOutcome::Ruled, _))), None) => {
+                tracing::info!(sandbox = id, slot, "egress rules rewritten with the guard");
+                return;
             }
-            Ok(Err(e)) => tracing::warn!(sandbox = id, error = %e, "egress rules not rewritten"),
-            Err(e) => tracing::warn!(sandbox = id, error = %e, "egress rules not rewritten"),
-        }
+            (Ok(Ok((SlotOutcome::Ruled, _))), Some(why)) => {
+                format!("its egress rules no longer resolve ({why}): no egress")
+            }
+            (Ok(Ok((outcome, errors))), _) => {
+                let why: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+                let left = match outcome {
+                    SlotOutcome::Unmapped => "its link is out of the sandboxes map",
+                    _ => "its chain refuses everything",
+                };
+                format!("its egress rules could not be written ({}): {left}", why.join("; "))
+            }
+            (Ok(Err(e)), _) => format!(
+                "its egress rules could not be written, its chain left as opened (closed): {e}"
+            ),
+            (Err(e), _) => format!("writing its egress rules failed: {e}"),
+        };
+        tracing::error!(sandbox = id, slot, reason = %closed, "restored sandbox's egress closed");
+        self.inner
+            .audit
+            .record(id, AuditKind::Lifecycle { event: "egress_closed".into(), detail: closed });
     }
 
     pub(crate) fn detach_network(&self, slot: u32) {
