@@ -22,9 +22,10 @@ done
 # for the control-plane replicas), protobuf-compiler (the etcd client's gRPC code is generated at
 # build time), qemu-system-x86 + cpio + kmod (the emulated host that runs Linux guests on
 # brig-vmm in the tests, GUEST.md section 2; kmod's depmod indexes its kernel modules), util-linux
-# (nsenter).
+# (nsenter), xfsprogs (mkfs.xfs: the node's store of containers' writable layers, with project
+# quotas; e2fsprogs' mkfs.ext4 makes a per-container image where the kernel has no XFS quotas).
 packages=(erofs-utils busybox-static debootstrap e2fsprogs iproute2 nftables fuse3 procps psmisc curl
-    etcd-server protobuf-compiler qemu-system-x86 cpio kmod util-linux)
+    etcd-server protobuf-compiler qemu-system-x86 cpio kmod util-linux xfsprogs)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -165,6 +165,45 @@ async fn resource_bombs_are_contained() {
             },
         )
         .await;
+    // A disk larger than the memory limit: the writable layer is on the node's disk, not in
+    // the sandbox's memory, so filling it is ENOSPC and not an OOM kill.
+    let big = client
+        .create(SandboxOptions::container(&image("busybox")).memory_mib(128).disk_mib(512))
+        .await
+        .expect("create");
+    suite
+        .attempt(
+            &big,
+            "disk fill past the memory limit",
+            "echo intact > /keep; dd if=/dev/zero of=/fill bs=1M 2>&1 | grep -o 'No space left on device'; cat /keep",
+            120,
+            |out| {
+                let text = out.stdout_text();
+                (text.contains("No space left") && text.ends_with("intact\n") && !out.result.oom_killed)
+                    .then(|| "ENOSPC at its 512 MiB disk under 128 MiB of memory; not OOM-killed; an earlier file intact".to_string())
+                    .ok_or_else(|| format!("no ENOSPC or the file lost: {}", describe(out)))
+            },
+        )
+        .await;
+    // An upload past the disk's size: a typed error, and the sandbox lives on.
+    let _ = run(&big, "rm -f /fill", 30).await;
+    let zeros = tokio::io::AsyncReadExt::take(tokio::io::repeat(0), 600 << 20);
+    let uploaded = big.upload("/upload.bin", zeros).await;
+    let verdict = match &uploaded {
+        Err(brig_sdk::Error::Server {
+            code: brig_proto::ErrorCode::ResourceExhausted,
+            message,
+        }) => Ok(format!("resource_exhausted ({})", tail(message))),
+        other => Err(format!("not a typed full-disk error: {other:?}")),
+    };
+    let health = healthy(&client, &bystander, &big).await;
+    let kept = run(&big, "cat /keep", 10).await.stdout_text() == "intact\n";
+    let (ok, outcome) = match (verdict, health, kept) {
+        (Ok(v), Ok(()), true) => (true, format!("{v}; the sandbox runs on, its files intact")),
+        (Err(why), _, _) | (_, Err(why), _) => (false, why),
+        (_, _, false) => (false, "an earlier file was lost".into()),
+    };
+    suite.report.row("upload past the disk size", ok, outcome);
     suite
         .attempt(&sb, "`yes` flood", "yes", 3, |out| {
             let bytes = out.stdout.len();

@@ -22,19 +22,20 @@ impl Runtime {
         let dir = self.config.run_dir.join("c").join(&spec.name);
         // Off the async workers: a fork's seed copy takes milliseconds per MiB, and forks of
         // many children assemble in parallel.
-        let (disk_bytes, owner) = (spec.disk_bytes, self.config.id_base);
+        let upper = crate::rootfs::Upper { disk_bytes: spec.disk_bytes, store: self.store.clone() };
+        let owner = self.config.id_base;
         let (hostname, seed) = (spec.hostname.clone(), spec.seed.clone());
         let protect = spec.protect.clone();
         let rootfs = tokio::task::spawn_blocking(move || {
             let seed = seed.as_deref();
-            Rootfs::assemble(&dir, &layer_points, disk_bytes, owner, &hostname, seed, &protect)
+            Rootfs::assemble(&dir, &layer_points, &upper, owner, &hostname, seed, &protect)
         })
         .await
         .map_err(|e| RuntimeError::Setup(format!("assembling the rootfs: {e}")))??;
         let cgroup = match self.cgroups.create(&spec.name, &spec.limits, self.config.id_base) {
             Ok(cg) => cg,
             Err(e) => {
-                let _ = rootfs.remove();
+                let _ = tokio::task::spawn_blocking(rootfs.remover()).await;
                 return Err(e.into());
             }
         };
@@ -47,7 +48,7 @@ impl Runtime {
             failed => {
                 cgroup.kill_all();
                 let _ = cgroup.remove();
-                let _ = rootfs.remove();
+                let _ = tokio::task::spawn_blocking(rootfs.remover()).await;
                 match failed {
                     Ok(Err(e)) => Err(e),
                     _ => Err(RuntimeError::StartTimeout(START_TIMEOUT)),

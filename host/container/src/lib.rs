@@ -4,7 +4,8 @@
 //! ```text
 //! Runtime::create(spec)
 //!   rootfs   EROFS layer images mounted once per node (read-only, shared) → overlayfs with a
-//!            per-sandbox writable upper (size-capped tmpfs) → <run>/c/<id>/rootfs
+//!            per-sandbox writable upper on the node's disk (`writable_store`), or a
+//!            size-capped tmpfs → <run>/c/<id>/rootfs
 //!   cgroup   memory, pids, cpu limits (v1 hierarchies or the v2 unified tree)
 //!   shim     brig-shim: user namespace (container root = host uid 100000), then mount, uts,
 //!            ipc, net, cgroup and pid namespaces (the mount namespace a copy of the node's
@@ -43,3 +44,5 @@ pub mod spawner;
 pub mod spool;
 pub mod strays;
 pub mod terminal;
+pub mod writable_store;
+mod xfs_quota;

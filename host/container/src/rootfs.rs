@@ -3,21 +3,27 @@
 //!
 //! ```text
 //! <run>/layers/<key>/              EROFS image mounted read-only (file-backed: no loop device)
-//! <run>/c/<id>/upper/              tmpfs, size = the disk quota: upper/ and work/ for overlay
+//! <run>/c/<id>/upper/              the writable layer: upper/ and work/ for overlay
 //! <run>/c/<id>/rootfs/             overlay: lowerdir = toolkit:workspace:base (top first)
 //! ```
-//! The upper is a size-capped tmpfs, so filling the disk gives the container ENOSPC and never
-//! touches the host's disk; its pages are charged to the container's memory cgroup. Once the
-//! container is built (from clones of these mounts), the host-side mounts are detached: the
+//! The writable layer is on the node's disk-backed store ([`crate::writable_store`]): a
+//! directory with an XFS project quota of the disk size bound here, or an ext4 image of that
+//! size loop-mounted here; filling the disk gives the writer ENOSPC and costs the container no
+//! pinned memory. Where the node has no store (and in a container-host VM's guest) it is a
+//! size-capped tmpfs whose pages are charged to the container's memory cgroup (a disk larger
+//! than the memory limit fills into the OOM killer). Once the container is built (from clones of these mounts), the host-side mounts are detached: the
 //! container's mount namespace keeps them alive, and the host mount table stays small however
 //! many containers run.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
+
+use crate::writable_store::{StoreError, WritableStore};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RootfsError {
@@ -43,6 +49,8 @@ pub enum RootfsError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot make the writable layer on the node's store")]
+    Store(#[from] StoreError),
 }
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> RootfsError + 'a {
@@ -69,7 +77,7 @@ impl LayerSource {
 
 /// A rootfs directory being assembled: removed (unmounted first) when dropped before
 /// [`Unfinished::done`], so a step that fails leaves nothing behind.
-struct Unfinished<'a>(&'a Path);
+struct Unfinished<'a>(&'a Path, Option<&'a Arc<WritableStore>>);
 
 impl Unfinished<'_> {
     fn done(self) {
@@ -79,7 +87,9 @@ impl Unfinished<'_> {
 
 impl Drop for Unfinished<'_> {
     fn drop(&mut self) {
-        let _ = Rootfs::at(self.0).remove();
+        if let Err(e) = Rootfs::at(self.0).with_store(self.1.cloned()).remove() {
+            tracing::warn!(dir = %self.0.display(), error = %e, "cannot remove an unfinished rootfs");
+        }
     }
 }
 
@@ -196,15 +206,24 @@ fn is_mount_point(path: &Path) -> bool {
     }
 }
 
-/// The directory on the upper tmpfs that becomes the container's /dev.
+/// The directory on the writable layer that becomes the container's /dev.
 pub const DEV_DIR: &str = "dev";
-/// The empty directory on the upper tmpfs bound over masked directories.
+/// The empty directory on the writable layer bound over masked directories.
 pub const EMPTY_DIR: &str = "empty";
+
+/// A container's writable layer: its size, and the node's store it is on (`None`: a tmpfs).
+#[derive(Debug, Clone)]
+pub struct Upper {
+    pub disk_bytes: u64,
+    pub store: Option<Arc<WritableStore>>,
+}
 
 /// One container's assembled root filesystem on the host.
 #[derive(Debug)]
 pub struct Rootfs {
     dir: PathBuf,
+    /// The store its writable layer is on (removed with it), if not a tmpfs.
+    store: Option<Arc<WritableStore>>,
     /// The writable upper directory, held open so it stays reachable after the host-side
     /// mounts are detached (for checkpoints).
     upper: Option<std::os::fd::OwnedFd>,
@@ -213,14 +232,14 @@ pub struct Rootfs {
 }
 
 impl Rootfs {
-    /// Builds `<dir>/rootfs` from `layers` (mount points, bottom first) and a fresh upper of
-    /// `disk_bytes`, owned by `owner` (host uid of container root).
+    /// Builds `<dir>/rootfs` from `layers` (mount points, bottom first) and a fresh writable
+    /// layer (`upper`), owned by `owner` (host uid of container root).
     /// `seed`: a writable layer to start from (a fork's parent's), copied before mounting.
     /// `protect`: paths covered by read-only or hiding mounts (see [`crate::protect`]).
     pub fn assemble(
         dir: &Path,
         layers: &[PathBuf],
-        disk_bytes: u64,
+        upper_spec: &Upper,
         owner: u32,
         hostname: &str,
         seed: Option<&Path>,
@@ -232,27 +251,35 @@ impl Rootfs {
             .mode(0o711)
             .create(dir)
             .map_err(io("create", dir))?;
-        let mut rootfs = Rootfs { dir: dir.to_owned(), upper: None, upper_link: None };
+        let store = upper_spec.store.clone();
+        let mut rootfs =
+            Rootfs { dir: dir.to_owned(), store: store.clone(), upper: None, upper_link: None };
         // A step that fails (a protected path missing from the image, a full disk while a
         // fork's layer is copied) leaves nothing mounted or on disk.
-        let unfinished = Unfinished(dir);
+        let unfinished = Unfinished(dir, upper_spec.store.as_ref());
         let upper_mnt = dir.join("upper");
         let merged = rootfs.path();
         for d in [&upper_mnt, &merged] {
             std::fs::create_dir_all(d).map_err(io("create", d))?;
         }
-        let size = disk_bytes.max(1 << 20);
-        mount(
-            Some("brig-upper"),
-            &upper_mnt,
-            Some("tmpfs"),
-            MsFlags::MS_NODEV,
-            Some(format!("size={size},mode=0755,uid={owner},gid={owner}").as_str()),
-        )
-        .map_err(mnt("mount tmpfs upper", &upper_mnt))?;
+        let size = upper_spec.disk_bytes.max(1 << 20);
+        match &store {
+            Some(store) => {
+                let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+                store.attach(&name.unwrap_or_default(), size, owner, &upper_mnt)?;
+            }
+            None => mount(
+                Some("brig-upper"),
+                &upper_mnt,
+                Some("tmpfs"),
+                MsFlags::MS_NODEV,
+                Some(format!("size={size},mode=0755,uid={owner},gid={owner}").as_str()),
+            )
+            .map_err(mnt("mount tmpfs upper", &upper_mnt))?,
+        }
         let (upper, work) = (upper_mnt.join("upper"), upper_mnt.join("work"));
-        // /dev and the empty directory masks are bound from: on this tmpfs, not tmpfs mounts
-        // of their own (a superblock per container each).
+        // /dev and the empty directory masks are bound from: on the writable layer, not tmpfs
+        // mounts of their own (a superblock per container each).
         let (dev, empty) = (upper_mnt.join(DEV_DIR), upper_mnt.join(EMPTY_DIR));
         for d in [&upper, &work, &dev] {
             std::fs::create_dir(d).map_err(io("create", d))?;
@@ -327,7 +354,13 @@ impl Rootfs {
 
     /// The rootfs directory of an earlier run (to re-attach to or remove it).
     pub fn at(dir: &Path) -> Rootfs {
-        Rootfs { dir: dir.to_owned(), upper: None, upper_link: None }
+        Rootfs { dir: dir.to_owned(), store: None, upper: None, upper_link: None }
+    }
+
+    /// With the store its writable layer is on (removed with it by [`Rootfs::remove`]).
+    pub fn with_store(mut self, store: Option<Arc<WritableStore>>) -> Rootfs {
+        self.store = store;
+        self
     }
 
     /// With the upper directory's descriptor (handed over on re-attach by a shim from before
@@ -347,12 +380,12 @@ impl Rootfs {
         self
     }
 
-    /// The upper tmpfs's directory that becomes /dev.
+    /// The writable layer's directory that becomes /dev.
     pub fn dev_dir(&self) -> PathBuf {
         self.dir.join("upper").join(DEV_DIR)
     }
 
-    /// The upper tmpfs's empty directory, bound over masked directories.
+    /// The writable layer's empty directory, bound over masked directories.
     pub fn empty_dir(&self) -> PathBuf {
         self.dir.join("upper").join(EMPTY_DIR)
     }
@@ -407,13 +440,24 @@ impl Rootfs {
         }
     }
 
-    /// Detaches what is still mounted and removes the directory.
+    /// Detaches what is still mounted and removes the directory, and the writable layer on
+    /// the node's store (blocking: a layer may hold gigabytes).
     pub fn remove(&self) -> Result<(), RootfsError> {
         self.detach();
-        match std::fs::remove_dir_all(&self.dir) {
+        let removed = match std::fs::remove_dir_all(&self.dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(RootfsError::Io { what: "remove", path: self.dir.clone(), source: e }),
+        };
+        if let (Some(store), Some(name)) = (&self.store, self.dir.file_name()) {
+            store.remove(&name.to_string_lossy())?;
         }
+        removed
+    }
+
+    /// What [`Rootfs::remove`] does, as a job for a blocking thread.
+    pub fn remover(&self) -> impl FnOnce() -> Result<(), RootfsError> + Send + 'static {
+        let rootfs = Rootfs::at(&self.dir).with_store(self.store.clone());
+        move || rootfs.remove()
     }
 }

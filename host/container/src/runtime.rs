@@ -87,6 +87,10 @@ pub struct RuntimeConfig {
     pub spare_cgroups: usize,
     /// A spare cgroup not taken within this many seconds is removed (0: kept until shutdown).
     pub spare_cgroups_idle_secs: u64,
+    /// The disk-backed store of writable layers (`crate::writable_store`), mounted at
+    /// `<run_dir>/writable`. `None`, or a store that cannot be made (logged): each writable
+    /// layer is a tmpfs charged to its container's memory.
+    pub writable_store: Option<crate::writable_store::StoreConfig>,
 }
 
 /// A node's default [`RuntimeConfig::spare_cgroups`]: as many as the containers a node is
@@ -146,6 +150,8 @@ pub struct Runtime {
     pub(crate) shared_sys: Option<crate::shared_sys::SharedSys>,
     /// Removed spools' files, for the next commands' (`crate::spare_files`).
     pub(crate) spool_spares: Option<Arc<crate::spare_files::SpareFiles>>,
+    /// The store writable layers are made on, if the node has one.
+    pub(crate) store: Option<Arc<crate::writable_store::WritableStore>>,
 }
 
 impl Runtime {
@@ -186,7 +192,23 @@ impl Runtime {
         let spool_spares =
             spares.inspect_err(|e| tracing::warn!(error = %e, "no spare spools")).ok();
         let spool_spares = spool_spares.map(Arc::new);
-        Ok(Runtime { config, cgroups, layers, spawner, shared_sys, spool_spares })
+        let store = config.writable_store.as_ref().and_then(|store| {
+            let point = config.run_dir.join("writable");
+            match crate::writable_store::WritableStore::open(store, &point) {
+                Ok(store) => Some(Arc::new(store)),
+                Err(e) => {
+                    let error = brig_core::sandbox::chain(&e);
+                    tracing::warn!(%error, "no disk-backed writable store; writable layers are tmpfs in the containers' memory");
+                    None
+                }
+            }
+        });
+        Ok(Runtime { config, cgroups, layers, spawner, shared_sys, spool_spares, store })
+    }
+
+    /// The disk-backed store writable layers are made on (`None`: tmpfs layers).
+    pub fn writable_store(&self) -> Option<&Arc<crate::writable_store::WritableStore>> {
+        self.store.as_ref()
     }
 
     /// How many destroyed containers' cgroups are kept for the next creates now.
@@ -203,6 +225,9 @@ impl Runtime {
         self.cgroups.remove_spares();
         self.cgroups.remove_parent();
         crate::containers_dir::unmount_if_empty(&self.config.run_dir.join("c"));
+        if let Some(store) = &self.store {
+            store.unmount_if_empty();
+        }
         for dir in [
             self.config.run_dir.join("layers"),
             self.config.run_dir.join("sys"),
@@ -226,8 +251,16 @@ impl Runtime {
                 let cg = self.cgroups.attach(&name);
                 cg.kill_all();
                 let _ = cg.remove();
-                let _ = Rootfs::at(&e.path()).remove();
+                let _ = Rootfs::at(&e.path()).with_store(self.store.clone()).remove();
                 removed += 1;
+            }
+        }
+        // Layers on the store whose run directory is already gone.
+        if let Some(store) = &self.store {
+            for name in store.names().into_iter().filter(|n| !keep.contains(n)) {
+                if let Err(e) = store.remove(&name) {
+                    tracing::warn!(container = name, error = %e, "cannot remove a writable layer");
+                }
             }
         }
         if let Ok(entries) = std::fs::read_dir(self.config.spool_root()) {
@@ -284,7 +317,7 @@ impl Runtime {
         let (report, fds) = tokio::time::timeout(START_TIMEOUT, shim.recv_with_fds())
             .await
             .map_err(|_| RuntimeError::StartTimeout(START_TIMEOUT))??;
-        let rootfs = Rootfs::at(&dir);
+        let rootfs = Rootfs::at(&dir).with_store(self.store.clone());
         let (init_pid, running, next_exec_id, rootfs, kept) = match report {
             FromShim::ReattachedKeeping { init_pid, running, next_exec_id, upper_fd, kept } => {
                 let upper = upper_link(shim_pid, upper_fd);
@@ -662,7 +695,10 @@ impl Container {
         tokio::task::spawn_blocking(move || cgroup.release())
             .await
             .map_err(|e| RuntimeError::Setup(format!("cleanup task: {e}")))??;
-        self.rootfs.remove()?;
+        // Off the async workers: a writable layer on disk may hold gigabytes.
+        tokio::task::spawn_blocking(self.rootfs.remover())
+            .await
+            .map_err(|e| RuntimeError::Setup(format!("cleanup task: {e}")))??;
         if let Err(e) = self.finished_spools.remove_dir(&self.spool_dir) {
             tracing::warn!(dir = %self.spool_dir.display(), error = %e, "cannot remove spools");
         }

@@ -649,6 +649,12 @@ impl From<RuntimeError> for SandboxError {
             RuntimeError::Shim(crate::shim_conn::ShimConnError::SpawnFailed(_)) => {
                 SandboxError::Exhausted(brig_core::sandbox::chain(&e))
             }
+            // No room on the node's disk for the writable layer.
+            RuntimeError::Rootfs(crate::rootfs::RootfsError::Store(store))
+                if store.is_no_space() =>
+            {
+                SandboxError::Exhausted(brig_core::sandbox::chain(&e))
+            }
             // The shim hung up (it died, taking the container): the same answer the node
             // gives once it has noticed (`Container::death`).
             RuntimeError::Shim(crate::shim_conn::ShimConnError::Gone) => {
@@ -736,6 +742,13 @@ mod tests {
         assert!(matches!(SandboxError::from(kernel), SandboxError::BadRequest(_)));
         let setup = SandboxError::from(RuntimeError::Setup("no rootfs".into()));
         assert!(matches!(&setup, SandboxError::Internal(t) if t.contains("no rootfs")));
+        let full = crate::writable_store::StoreError::Command {
+            command: "mkfs.ext4",
+            path: "/state/writable-layers/x.ext4".into(),
+            output: "mkfs.ext4: No space left on device while writing out".into(),
+        };
+        let full = RuntimeError::Rootfs(crate::rootfs::RootfsError::Store(full));
+        assert!(matches!(SandboxError::from(full), SandboxError::Exhausted(_)));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! What is left on the host of containers the node no longer has: their cgroups (and any
 //! process still in them), run directories, mounts and spools. Found by name against the
-//! node's live containers; removed the way a restart removes orphans.
+//! node's live containers (and their writable layers on the node's store); removed the way a
+//! restart removes orphans.
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
@@ -64,6 +65,9 @@ impl Runtime {
         let mut names = Self::names_in(&self.config.run_dir.join("c"));
         names.extend(Self::names_in(&self.config.spool_root()));
         names.extend(self.cgroups.names());
+        if let Some(store) = &self.store {
+            names.extend(store.names());
+        }
         let now = SystemTime::now();
         // One read of the mount table for the whole scan.
         let mounts = mount_points();
@@ -73,9 +77,11 @@ impl Runtime {
             let dir = self.container_dir(&name);
             let mut places: Vec<(&str, PathBuf)> =
                 cgroup.existing_dirs().into_iter().map(|d| ("cgroup", d)).collect();
+            let layer = self.store.as_ref().map(|s| ("writable layer", s.dir_of(&name)));
             places.extend(
                 [("run directory", dir.clone()), ("spool", self.config.spool_root().join(&name))]
                     .into_iter()
+                    .chain(layer)
                     .filter(|(_, p)| p.exists()),
             );
             let newest = places.iter().filter_map(|(_, p)| modified(p)).max();
@@ -100,7 +106,9 @@ impl Runtime {
         let cgroup = self.cgroups.attach(name);
         cgroup.kill_all();
         let dir = self.container_dir(name);
-        let _ = Rootfs::at(&dir).remove();
+        if let Err(e) = Rootfs::at(&dir).with_store(self.store.clone()).remove() {
+            tracing::warn!(container = name, error = %e, "cannot remove a stray rootfs");
+        }
         // Whatever mount the rootfs did not know of (a FUSE or bind mount) goes too.
         for point in under(&mount_points(), &dir) {
             let _ = nix::mount::umount2(point.as_str(), nix::mount::MntFlags::MNT_DETACH);

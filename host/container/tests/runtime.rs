@@ -48,6 +48,7 @@ fn runtime_with_idle_spares(
         cpu_min_quota_us: brig_container::cgroup::DEFAULT_CPU_MIN_QUOTA_US,
         spare_cgroups: spares,
         spare_cgroups_idle_secs,
+        writable_store: None,
     })
     .expect("runtime")
 }

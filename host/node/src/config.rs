@@ -161,11 +161,29 @@ pub struct ContainerConfig {
     pub max_pids: u64,
     pub default_disk_mib: u64,
     pub max_disk_mib: u64,
+    /// Where containers' writable layers live: `disk`, a directory with an XFS project quota
+    /// of the sandbox's disk size on one sparse image per node (`<state>/writable.xfs`,
+    /// loop-mounted under the run directory; a full disk is ENOSPC, and the layer costs the
+    /// sandbox no memory), or `memory`, a tmpfs charged to the sandbox's memory limit (a disk
+    /// larger than the memory fills into the OOM killer). Where the store cannot be made (no
+    /// `mkfs.xfs`, no loop devices) the node logs why and uses `memory`.
+    pub writable_layer: WritableLayer,
+    /// The sparse image's size with `writable_layer = "disk"`: all writable layers together
+    /// hold at most this (the node's disk holds what they hold; at least 512).
+    pub writable_store_mib: u64,
     pub default_exec_timeout_ms: u64,
     pub max_exec_timeout_ms: u64,
     /// Cap on stdout + stderr returned per exec (DSec lost tens of GB to `yes`).
     pub default_output_limit_bytes: u64,
     pub max_output_limit_bytes: u64,
+}
+
+/// Where containers' writable layers live ([`ContainerConfig::writable_layer`]).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum WritableLayer {
+    Disk,
+    Memory,
 }
 
 impl Default for ContainerConfig {
@@ -191,6 +209,8 @@ impl Default for ContainerConfig {
             max_pids: 32_768,
             default_disk_mib: 1024,
             max_disk_mib: 64 * 1024,
+            writable_layer: WritableLayer::Disk,
+            writable_store_mib: 64 * 1024,
             default_exec_timeout_ms: 10 * 60 * 1000,
             max_exec_timeout_ms: 24 * 60 * 60 * 1000,
             default_output_limit_bytes: 16 << 20,

@@ -11,6 +11,7 @@ use brig_container::protect::{Protected, Protections};
 use brig_container::rootfs::LayerSource;
 use brig_container::runtime::{ContainerSpec, Runtime, RuntimeConfig};
 use brig_container::sandbox::{hostname, ContainerSandbox};
+use brig_container::writable_store::StoreConfig;
 use brig_core::SandboxId;
 use brig_images::{LayerStore, ResolvedLayer};
 use brig_proto::CreateRequest;
@@ -145,6 +146,13 @@ impl ContainerTier {
             cpu_min_quota_us: config.cpu_min_quota_us,
             spare_cgroups: config.spare_cgroups,
             spare_cgroups_idle_secs: config.spare_cgroups_idle_secs,
+            writable_store: match config.writable_layer {
+                crate::config::WritableLayer::Disk => Some(StoreConfig {
+                    image: state_dir.join("writable.xfs"),
+                    size_bytes: config.writable_store_mib << 20,
+                }),
+                crate::config::WritableLayer::Memory => None,
+            },
         })
         .map_err(|e| crate::error::chain(&e))?;
         Ok(ContainerTier {
@@ -296,6 +304,18 @@ impl ContainerTier {
             Err(e) => {
                 if let Some(store) = store {
                     store.release(&digests);
+                }
+                // No room on the node's disk for the writable layer: resource_exhausted, as
+                // for any other full disk.
+                if let brig_container::runtime::RuntimeError::Rootfs(
+                    brig_container::rootfs::RootfsError::Store(full),
+                ) = &e
+                {
+                    if full.is_no_space() {
+                        let kind = std::io::ErrorKind::StorageFull;
+                        let source = std::io::Error::new(kind, brig_core::sandbox::chain(&e));
+                        return Err(NodeError::Io { what: "the writable layer".into(), source });
+                    }
                 }
                 Err(e.into())
             }

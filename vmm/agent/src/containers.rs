@@ -110,6 +110,8 @@ fn service() -> Result<&'static Service, Refusal> {
                 // A container-host VM holds far fewer containers than a node is sized for.
                 spare_cgroups: 64,
                 spare_cgroups_idle_secs: brig_container::runtime::DEFAULT_SPARE_CGROUPS_IDLE_SECS,
+                // The guest's writable layers stay tmpfs (the VM's memory is its own).
+                writable_store: None,
             };
             let runtime = {
                 let _in_tokio = tokio.enter();
