@@ -188,3 +188,28 @@ async fn layers_are_known_again_after_a_restart() {
     drop(store);
     rt.shutdown();
 }
+
+/// The stray scan finds a layer no live container claims, and removing the stray takes it.
+#[tokio::test]
+async fn a_stray_containers_layer_is_found_and_removed() {
+    let run = tempfile::tempdir().expect("tmp");
+    let _mount = StoreMount(run.path().to_owned());
+    let rt = runtime(run.path(), "wsstray", true);
+    let c = rt.create(&spec("stray", 64 << 20, 32 << 20)).await.expect("create");
+    let store = rt.writable_store().expect("store").clone();
+    let layer = store.dir_of("stray");
+    drop(c);
+    drop(rt);
+
+    let rt = runtime(run.path(), "wsstray", true);
+    let strays = rt.stray_containers(&Default::default(), std::time::Duration::ZERO);
+    let found = strays.iter().find(|s| s.name == "stray").expect("the stray is found");
+    let line = format!("writable layer {}", layer.display());
+    assert!(found.parts.contains(&line), "{found:?}");
+    rt.remove_stray_container("stray");
+    assert!(!layer.exists(), "the stray's layer is removed");
+    let store = rt.writable_store().expect("store").clone();
+    assert!(store.names().is_empty(), "{:?}", store.names());
+    drop(store);
+    rt.shutdown();
+}
