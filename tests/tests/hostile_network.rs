@@ -4,6 +4,10 @@
 //! the operator configured opens a way to the node, and that way is audited. Rule lists are
 //! capped with a typed 4xx, and a list at the cap is computed without stalling the node.
 //!
+//! Timings are checked against generous absolute bounds (what was slow took tens of seconds:
+//! the quadratic complement of 100,000 entries, 17-26 s), never against a ratio of or a small
+//! margin over other timings, so a loaded two-core machine does not fail them.
+//!
 //! The node's side is watched from the outside: TCP listeners on every host address (bound to
 //! `0.0.0.0`) record whoever connects.
 
@@ -245,7 +249,7 @@ async fn a_sandbox_reaches_neither_the_host_nor_its_neighbours() {
     assert_eq!(trap.peers().len(), 1, "the trap saw the host's own connection");
 }
 
-/// The node's status answers within `limit` every 50 ms until `done`; the worst latency.
+/// The node's status asked every 50 ms until `done`; the worst latency.
 fn watch_node(client: Client, done: Arc<AtomicBool>) -> tokio::task::JoinHandle<Duration> {
     tokio::spawn(async move {
         let mut worst = Duration::ZERO;
@@ -258,6 +262,12 @@ fn watch_node(client: Client, done: Arc<AtomicBool>) -> tokio::task::JoinHandle<
         worst
     })
 }
+
+/// Bounds for a refusal (a count checked before any work) and for a sandbox made or its rules
+/// replaced with a list at the cap: several times what they take on a loaded machine, so they
+/// catch a stall, not a constant factor (linearity is brig-core's unit test, on 100,000 rules).
+const REFUSED_WITHIN: Duration = Duration::from_secs(5);
+const MADE_WITHIN: Duration = Duration::from_secs(10);
 
 fn addresses(n: usize) -> Vec<String> {
     (0..n as u32).map(|i| Ipv4Addr::from(0x0b00_0000 + i * 7).to_string()).collect()
@@ -279,7 +289,7 @@ async fn rule_lists_are_capped_and_a_list_at_the_cap_is_quick() {
     let err = client.create(busybox().egress(over.clone())).await.expect_err("over the cap");
     assert_eq!(err.code(), Some(ErrorCode::BadRequest), "{err}");
     assert!(err.to_string().contains("at most 4096"), "{err}");
-    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+    assert!(started.elapsed() < REFUSED_WITHIN, "took {:?}", started.elapsed());
 
     let body = |deny: Vec<String>| {
         serde_json::json!({ "templateID": "base", "network": { "denyOut": deny } }).to_string()
@@ -288,29 +298,27 @@ async fn rule_lists_are_capped_and_a_list_at_the_cap_is_quick() {
     let (status, text) = e2b_create(&daemon, &body(addresses(MAX_E2B_ENTRIES + 1)));
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("at most 4095"), "{text}");
-    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+    assert!(started.elapsed() < REFUSED_WITHIN, "took {:?}", started.elapsed());
     // The size the issue was found with: refused (400, or 413 for the body) within seconds.
     let started = Instant::now();
     let (status, text) = e2b_create(&daemon, &body(addresses(100_000)));
     assert!(status == 400 || status == 413, "{status} {text}");
-    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    assert!(started.elapsed() < REFUSED_WITHIN, "took {:?}", started.elapsed());
 
-    // At the cap: made, enforced, and about as quick as a sandbox with one rule.
-    let started = Instant::now();
+    // At the cap: made, enforced, and quick.
     let small = client.create(busybox().egress(["0.0.0.0/0"])).await.expect("one rule");
-    let one_rule = started.elapsed();
     assert_eq!(fetch(&small, &mirror).await, "reachable");
     let mut at_cap: Vec<String> = vec!["0.0.0.0/0".into(), format!("!{}", mirror.addr)];
     at_cap.extend(addresses(MAX_RULES - 2).into_iter().map(|a| format!("!{a}")));
     let started = Instant::now();
     let big = client.create(busybox().egress(at_cap.clone())).await.expect("at the cap");
     let cap_rules = started.elapsed();
-    assert!(cap_rules < one_rule + Duration::from_secs(1), "{cap_rules:?} against {one_rule:?}");
+    assert!(cap_rules < MADE_WITHIN, "a sandbox with rules at the cap took {cap_rules:?}");
     assert_eq!(fetch(&big, &mirror).await, "", "the denied mirror is out of reach");
     let started = Instant::now();
     small.set_egress(at_cap).await.expect("rules at the cap");
     let replaced = started.elapsed();
-    assert!(replaced < Duration::from_secs(1), "replacing rules took {replaced:?}");
+    assert!(replaced < MADE_WITHIN, "replacing rules took {replaced:?}");
     assert_eq!(fetch(&small, &mirror).await, "", "the new rules hold");
 
     let mut deny = addresses(MAX_E2B_ENTRIES - 1);
@@ -324,9 +332,9 @@ async fn rule_lists_are_capped_and_a_list_at_the_cap_is_quick() {
         .expect("sandboxID")
         .to_string();
     assert_eq!(fetch(&client.sandbox(&id), &mirror).await, "", "denyOut holds");
-    assert!(e2b_took < one_rule + Duration::from_secs(2), "E2B create took {e2b_took:?}");
+    assert!(e2b_took < MADE_WITHIN, "E2B create took {e2b_took:?}");
 
     done.store(true, Ordering::Relaxed);
     let worst = watcher.await.expect("watcher");
-    assert!(worst < Duration::from_secs(1), "the node's status took {worst:?}");
+    assert!(worst < Duration::from_secs(3), "the node stalled: its status took {worst:?}");
 }
