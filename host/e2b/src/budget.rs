@@ -9,7 +9,8 @@
 //! holds a transfer's buffers on both sides of that connection while its client sends.
 //!
 //! A request counts as open until its response body is dropped, so a stream holds its place
-//! while it streams.
+//! while it streams. Only a request carrying its sandbox's access token takes a place: a
+//! stranger who knows the id is refused first, and cannot use up the share.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
 use tokio::sync::Semaphore;
 
-use crate::gateway::header;
+use crate::envd;
 use crate::Gateway;
 
 /// Envd requests one sandbox has open at once (a 32nd of the node's default 8,192 per
@@ -66,16 +67,23 @@ fn too_many(sandbox: &str, what: &str, max: usize) -> Response {
     (StatusCode::TOO_MANY_REQUESTS, axum::Json(body)).into_response()
 }
 
-/// Middleware on the envd routes: the request goes on holding one place of its sandbox's
-/// share (kept by its response body), or answers 429 when the share is used up.
+/// Middleware on the envd routes: a request whose caller may touch its sandbox (see
+/// [`envd::authorized`]: a short id and its access token) goes on holding one place of that
+/// sandbox's share (kept by its response body), or answers 429 when the share is used up.
+/// Anyone else is answered at once (401 for a missing or wrong token), before its body is
+/// read or a place taken: knowing a sandbox's id is not enough to use up its share, and only
+/// ids the gateway signed are remembered.
 pub(crate) async fn per_sandbox(
     State(gw): State<Gateway>,
     request: Request,
     next: Next,
 ) -> Response {
-    let Some(sandbox) = header(request.headers(), "e2b-sandbox-id").map(str::to_string) else {
-        // The handler says what is missing.
-        return next.run(request).await;
+    let sandbox = match envd::authorized(&gw, request.headers()) {
+        Ok(id) => id.to_string(),
+        Err(e) => {
+            tracing::debug!(path = request.uri().path(), error = %e, "envd request refused");
+            return e.into_response();
+        }
     };
     let share = gw.inner.budgets.share(&sandbox);
     let Ok(place) = share.requests.try_acquire_owned() else {
@@ -100,7 +108,77 @@ pub(crate) async fn per_sandbox(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use brig_sdk::{ConnectOptions, Pin};
+    use tower_service::Service as _;
+
     use super::*;
+    use crate::{E2bConfig, KeyCheck};
+
+    fn gateway() -> Gateway {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir =
+            std::env::temp_dir().join(format!("brig-e2b-budget-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("state dir");
+        // No brigd behind it: the requests here never get past the middleware.
+        let connect = ConnectOptions::new(
+            "127.0.0.1:9".parse().expect("addr"),
+            Pin::Sha256("00".repeat(32)),
+            "token",
+        );
+        let gw = Gateway::new(E2bConfig::default(), connect, KeyCheck::AskDaemon, &dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        gw.expect("gateway")
+    }
+
+    /// A Start request for `id` with `token` whose body never arrives.
+    fn stalled_start(id: &str, token: &str) -> Request {
+        let never = futures::stream::pending::<Result<bytes::Bytes, std::io::Error>>();
+        Request::post("/process.Process/Start")
+            .header("e2b-sandbox-id", id)
+            .header("x-access-token", token)
+            .header("content-type", "application/connect+json")
+            .body(Body::from_stream(never))
+            .expect("request")
+    }
+
+    #[tokio::test]
+    async fn strangers_are_answered_before_a_body_is_read_or_a_place_taken() {
+        let gw = gateway();
+        let router = gw.router();
+        let id = "sb-00000000-0123456789abcdef";
+        let other_token = gw.envd_token("sb-00000000-fedcba9876543210");
+        let mut answers = Vec::new();
+        for token in ["", "00", "not hex", other_token.as_str()] {
+            for _ in 0..=PER_SANDBOX {
+                let call = router.clone().call(stalled_start(id, token));
+                let response = tokio::time::timeout(Duration::from_secs(5), call)
+                    .await
+                    .expect("answered without the body")
+                    .expect("infallible");
+                assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "token {token:?}");
+                // Held, as a stalled client would hold it.
+                answers.push(response);
+            }
+        }
+        let long = format!("sb-{}", "0".repeat(100_000));
+        let response = router.clone().call(stalled_start(&long, "")).await.expect("infallible");
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        assert!(gw.inner.budgets.0.lock().is_empty(), "no share is kept for strangers");
+        assert_eq!(gw.inner.budgets.share(id).requests.available_permits(), PER_SANDBOX);
+        // The debug layout's sandbox needs no token there, and only there.
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert("e2b-sandbox-id", crate::envd::DEBUG_SANDBOX_ID.parse().expect("value"));
+        assert!(envd::authorized(&gw, &headers).is_err());
+        let debug = Gateway { debug_layout: true, ..gw.clone() };
+        assert!(envd::authorized(&debug, &headers).is_ok());
+        headers.insert("e2b-sandbox-id", id.parse().expect("value"));
+        headers.insert("x-access-token", gw.envd_token(id).parse().expect("value"));
+        assert_eq!(envd::authorized(&gw, &headers).ok(), Some(id));
+    }
 
     #[test]
     fn a_sandbox_share_is_its_own_and_idle_shares_are_forgotten() {

@@ -79,15 +79,26 @@ impl EnvdUser {
     }
 }
 
-/// The sandbox an envd request is for, once its access token is checked and it is running.
-/// A sandbox that is gone or paused answers as envd's proxy does ("… was not found", 502),
-/// which the SDKs read as "not running"; a missing or wrong token is `unauthenticated`.
-pub async fn sandbox(gw: &Gateway, headers: &HeaderMap) -> Result<Sandbox, ConnectError> {
+/// Longest `E2b-Sandbox-Id` looked at. Brig's sandbox ids are 28 bytes (`sb-`, 8 and 16 hex
+/// digits: `brig_core::SandboxId`), the debug layout's [`DEBUG_SANDBOX_ID`] 16.
+pub const MAX_SANDBOX_ID_BYTES: usize = 64;
+
+/// The sandbox id of an envd request whose caller may touch that sandbox: the id is short
+/// enough to be one and `X-Access-Token` is its envd access token (the debug layout's
+/// [`DEBUG_SANDBOX_ID`] needs none, as a local envd). Checked before anything else is done
+/// for the request (its body read, a place of its sandbox's share taken); a missing or wrong
+/// token is `unauthenticated` (401).
+pub fn authorized<'h>(gw: &Gateway, headers: &'h HeaderMap) -> Result<&'h str, ConnectError> {
     let id = header(headers, "e2b-sandbox-id")
         .ok_or_else(|| ConnectError::new(Code::InvalidArgument, "no E2b-Sandbox-Id header"))?;
+    if id.len() > MAX_SANDBOX_ID_BYTES {
+        return Err(ConnectError::new(
+            Code::InvalidArgument,
+            format!("E2b-Sandbox-Id is {} bytes long, not a sandbox id", id.len()),
+        ));
+    }
     if gw.debug_layout && id == DEBUG_SANDBOX_ID {
-        let id = gw.debug_sandbox().await?;
-        return Ok(gw.admin().await?.sandbox(&id));
+        return Ok(id);
     }
     let token = header(headers, "x-access-token").unwrap_or("");
     if !gw.envd_token_ok(id, token) {
@@ -95,6 +106,19 @@ pub async fn sandbox(gw: &Gateway, headers: &HeaderMap) -> Result<Sandbox, Conne
             Code::Unauthenticated,
             format!("no valid X-Access-Token for sandbox {id}"),
         ));
+    }
+    Ok(id)
+}
+
+/// The sandbox an envd request is for, once its access token is checked ([`authorized`]) and
+/// it is running. A sandbox that is gone or paused answers as envd's proxy does ("… was not
+/// found", 502), which the SDKs read as "not running"; a missing or wrong token is
+/// `unauthenticated`.
+pub async fn sandbox(gw: &Gateway, headers: &HeaderMap) -> Result<Sandbox, ConnectError> {
+    let id = authorized(gw, headers)?;
+    if gw.debug_layout && id == DEBUG_SANDBOX_ID {
+        let id = gw.debug_sandbox().await?;
+        return Ok(gw.admin().await?.sandbox(&id));
     }
     let sb = gw.admin().await?.sandbox(id);
     if gw.inner.running.fresh(id) {

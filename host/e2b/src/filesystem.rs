@@ -40,8 +40,9 @@ pub async fn rpc(
     macro_rules! serve {
         ($req:ty, $f:expr) => {{
             let r = async {
-                let req: $req = connect::unary_request(codec, body).await?;
+                // The token first: nobody else's body is read.
                 let sb = envd::sandbox(&gw, &headers).await?;
+                let req: $req = connect::unary_request(codec, body).await?;
                 let user = EnvdUser::from_headers(&headers)?;
                 $f(&gw, sb, user, req).await
             };

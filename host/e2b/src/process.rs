@@ -90,15 +90,17 @@ async fn unary(gw: &Gateway, method: &str, headers: &HeaderMap, body: Body) -> R
     match method {
         "List" => {
             let r = async {
+                let sb = envd::sandbox(gw, headers).await?;
                 connect::unary_request::<pb::ListRequest>(codec, body).await?;
-                list(gw, headers).await
+                list(gw, &sb).await
             };
             connect::unary_reply(codec, r.await)
         }
         "SendInput" => {
             let r = async {
+                let sb = envd::sandbox(gw, headers).await?;
                 let req: pb::SendInputRequest = connect::unary_request(codec, body).await?;
-                let (sb, pid) = selected(gw, headers, req.process.as_ref()).await?;
+                let pid = selected(gw, &sb, req.process.as_ref())?;
                 let data = input_bytes(req.input)?;
                 send_stdin(&sb, pid, StdinOp::Data(data)).await?;
                 Ok(pb::SendInputResponse {})
@@ -107,8 +109,9 @@ async fn unary(gw: &Gateway, method: &str, headers: &HeaderMap, body: Body) -> R
         }
         "CloseStdin" => {
             let r = async {
+                let sb = envd::sandbox(gw, headers).await?;
                 let req: pb::CloseStdinRequest = connect::unary_request(codec, body).await?;
-                let (sb, pid) = selected(gw, headers, req.process.as_ref()).await?;
+                let pid = selected(gw, &sb, req.process.as_ref())?;
                 send_stdin(&sb, pid, StdinOp::Close).await?;
                 Ok(pb::CloseStdinResponse {})
             };
@@ -116,8 +119,9 @@ async fn unary(gw: &Gateway, method: &str, headers: &HeaderMap, body: Body) -> R
         }
         "SendSignal" => {
             let r = async {
+                let sb = envd::sandbox(gw, headers).await?;
                 let req: pb::SendSignalRequest = connect::unary_request(codec, body).await?;
-                let (sb, pid) = selected(gw, headers, req.process.as_ref()).await?;
+                let pid = selected(gw, &sb, req.process.as_ref())?;
                 let running = sb
                     .execs()
                     .await
@@ -135,8 +139,9 @@ async fn unary(gw: &Gateway, method: &str, headers: &HeaderMap, body: Body) -> R
         }
         _ => {
             let r = async {
+                let sb = envd::sandbox(gw, headers).await?;
                 let req: pb::UpdateRequest = connect::unary_request(codec, body).await?;
-                let (sb, pid) = selected(gw, headers, req.process.as_ref()).await?;
+                let pid = selected(gw, &sb, req.process.as_ref())?;
                 if let Some(size) = req.pty.and_then(|p| p.size) {
                     let (rows, cols) = terminal_size(size);
                     sb.resize_terminal(u64::from(pid), rows, cols).await.map_err(brig_error)?;
@@ -148,14 +153,13 @@ async fn unary(gw: &Gateway, method: &str, headers: &HeaderMap, body: Body) -> R
     }
 }
 
-/// The sandbox and pid a request's selector names.
-async fn selected(
+/// The pid a request's selector names in sandbox `sb`.
+fn selected(
     gw: &Gateway,
-    headers: &HeaderMap,
+    sb: &Sandbox,
     selector: Option<&pb::ProcessSelector>,
-) -> Result<(Sandbox, u32), ConnectError> {
+) -> Result<u32, ConnectError> {
     use pb::process_selector::Selector;
-    let sb = envd::sandbox(gw, headers).await?;
     let pid = match selector.and_then(|s| s.selector.as_ref()) {
         Some(Selector::Pid(pid)) => *pid,
         Some(Selector::Tag(tag)) => gw.inner.processes.by_tag(sb.id(), tag).ok_or_else(|| {
@@ -163,7 +167,7 @@ async fn selected(
         })?,
         None => return Err(ConnectError::new(Code::InvalidArgument, "no process selector")),
     };
-    Ok((sb, pid))
+    Ok(pid)
 }
 
 fn input_bytes(input: Option<pb::ProcessInput>) -> Result<Bytes, ConnectError> {
@@ -190,8 +194,7 @@ async fn send_stdin(sb: &Sandbox, pid: u32, op: StdinOp) -> Result<(), ConnectEr
     })
 }
 
-async fn list(gw: &Gateway, headers: &HeaderMap) -> Result<pb::ListResponse, ConnectError> {
-    let sb = envd::sandbox(gw, headers).await?;
+async fn list(gw: &Gateway, sb: &Sandbox) -> Result<pb::ListResponse, ConnectError> {
     let execs = sb.execs().await.map_err(brig_error)?;
     let known = gw.inner.processes.known.lock();
     let processes = execs
@@ -220,8 +223,9 @@ async fn list(gw: &Gateway, headers: &HeaderMap) -> Result<pb::ListResponse, Con
 /// `deadline_exceeded`; a client that goes away leaves the command running.
 async fn start(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Response, ConnectError> {
     let codec = Codec::streaming(headers)?;
-    let req: pb::StartRequest = connect::single_stream_request(codec, body).await?;
+    // The token first: nobody else's body is read.
     let sb = envd::sandbox(gw, headers).await?;
+    let req: pb::StartRequest = connect::single_stream_request(codec, body).await?;
     let user = EnvdUser::from_headers(headers)?;
     let config = req
         .process
@@ -291,8 +295,9 @@ async fn connect_rpc(
     body: Body,
 ) -> Result<Response, ConnectError> {
     let codec = Codec::streaming(headers)?;
+    let sb = envd::sandbox(gw, headers).await?;
     let req: pb::ConnectRequest = connect::single_stream_request(codec, body).await?;
-    let (sb, pid) = selected(gw, headers, req.process.as_ref()).await?;
+    let pid = selected(gw, &sb, req.process.as_ref())?;
     let mut stream = sb.attach(u64::from(pid)).await.map_err(brig_error)?;
     let pty = gw.inner.processes.is_pty(sb.id(), pid);
     let deadline = connect::deadline(headers);
@@ -313,6 +318,7 @@ async fn stream_input(
 ) -> Result<Response, ConnectError> {
     use pb::stream_input_request::Event as In;
     let codec = Codec::streaming(headers)?;
+    let sb = envd::sandbox(gw, headers).await?;
     let mut reader = connect::EnvelopeReader::new(codec, body);
     let first: Option<pb::StreamInputRequest> = reader.next().await?;
     let selector = match first.and_then(|m| m.event) {
@@ -321,7 +327,7 @@ async fn stream_input(
             return Err(ConnectError::new(Code::InvalidArgument, "the first message is not start"))
         }
     };
-    let (sb, pid) = selected(gw, headers, selector.as_ref()).await?;
+    let pid = selected(gw, &sb, selector.as_ref())?;
     let result = async {
         while let Some(message) = reader.next::<pb::StreamInputRequest>().await? {
             match message.event {
@@ -404,27 +410,21 @@ async fn pump(
             None => next.await,
         };
         let message = match event {
-            None => Ok(Event::Keepalive(KeepAlive {})),
+            None => Event::Keepalive(KeepAlive {}),
             Some(None) => return Pumped::Ended,
             Some(Some(Ok(ExecEvent::Stdout(b)))) if pty => {
-                Ok(Event::Data(DataEvent { output: Some(Output::Pty(b.to_vec())) }))
+                Event::Data(DataEvent { output: Some(Output::Pty(b.to_vec())) })
             }
             Some(Some(Ok(ExecEvent::Stdout(b)))) => {
-                Ok(Event::Data(DataEvent { output: Some(Output::Stdout(b.to_vec())) }))
+                Event::Data(DataEvent { output: Some(Output::Stdout(b.to_vec())) })
             }
-            Some(Some(Ok(ExecEvent::Stderr(b)))) => match lost_output(&b) {
-                // The client read too slowly and the node did not keep what it missed: the
-                // stream ends with that error (never a quiet gap); the command runs on.
-                Some(bytes) => Err(ConnectError::new(
-                    Code::DataLoss,
-                    format!(
-                        "process {pid}: {bytes} bytes of its output were not kept while the \
-                         client read too slowly; the output is incomplete (the process runs on)"
-                    ),
-                )),
-                None => Ok(Event::Data(DataEvent { output: Some(Output::Stderr(b.to_vec())) })),
-            },
-            Some(Some(Ok(ExecEvent::Exited(result)))) => Ok(Event::End(end_event(&result))),
+            // Passed on as it came: a note of the node's (output not kept for a reader that
+            // attached late) is stderr text like any other, never a signal the process could
+            // fake by printing it.
+            Some(Some(Ok(ExecEvent::Stderr(b)))) => {
+                Event::Data(DataEvent { output: Some(Output::Stderr(b.to_vec())) })
+            }
+            Some(Some(Ok(ExecEvent::Exited(result)))) => Event::End(end_event(&result)),
             Some(Some(Err(e))) => {
                 if attached {
                     let _ = tx.send(Err(brig_error(e))).await;
@@ -432,24 +432,14 @@ async fn pump(
                 return Pumped::Failed;
             }
         };
-        let last = matches!(message, Ok(Event::End(_)));
-        let failed = message.is_err();
-        if attached && (tx.send(message).await.is_err() || failed) {
+        let last = matches!(message, Event::End(_));
+        if attached && tx.send(Ok(message)).await.is_err() {
             attached = false;
         }
         if last {
             return Pumped::Ended;
         }
     }
-}
-
-/// The node's note on stderr that a reader fell behind the output it keeps: how many bytes it
-/// did not keep.
-fn lost_output(bytes: &[u8]) -> Option<u64> {
-    let text = std::str::from_utf8(bytes).ok()?;
-    let count =
-        text.strip_prefix("[brig: ")?.strip_suffix(" bytes of earlier output were not kept]\n")?;
-    count.parse().ok()
 }
 
 /// envd's end event for a Brig result: a signal death is exit code -1 with the signal named,
@@ -523,16 +513,6 @@ mod tests {
         })))
         .expect("json");
         assert_eq!(data["event"]["data"]["stdout"], "aGk=");
-    }
-
-    #[test]
-    fn the_nodes_note_of_lost_output_is_recognised() {
-        assert_eq!(
-            lost_output(b"[brig: 1234 bytes of earlier output were not kept]\n"),
-            Some(1234)
-        );
-        assert_eq!(lost_output(b"[brig: lots of output]\n"), None);
-        assert_eq!(lost_output(b"ordinary stderr\n"), None);
     }
 
     #[test]

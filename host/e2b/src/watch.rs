@@ -283,8 +283,8 @@ pub(crate) async fn watch_dir(
 ) -> Result<Response, ConnectError> {
     use pb::watch_dir_response::{Event, KeepAlive, StartEvent};
     let codec = Codec::streaming(headers)?;
-    let req: pb::WatchDirRequest = connect::single_stream_request(codec, body).await?;
     let sb = envd::sandbox(gw, headers).await?;
+    let req: pb::WatchDirRequest = connect::single_stream_request(codec, body).await?;
     let user = EnvdUser::from_headers(headers)?;
     let (slot, scanner) = gw.inner.watchers.take(gw, sb.id())?;
     let root = watch_target(&sb, &user, &req.path).await?;
