@@ -9,7 +9,8 @@
 //! margin over other timings, so a loaded two-core machine does not fail them.
 //!
 //! The node's side is watched from the outside: TCP listeners on every host address (bound to
-//! `0.0.0.0`) record whoever connects.
+//! `0.0.0.0`) record whoever connects; a port the host forwards (DNAT, as Docker publishes one)
+//! is one more way to the node that must stay shut.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -120,10 +121,12 @@ async fn try_connect(sb: &Sandbox, targets: &[(String, u16)]) -> Vec<(String, St
 
 /// The mirror's page fetched from inside `sb`, or "" when no connection was made.
 async fn fetch(sb: &Sandbox, mirror: &Mirror) -> String {
-    let script = format!(
-        "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {} {} | tail -n 1",
-        mirror.addr, mirror.port
-    );
+    get(sb, &mirror.addr, mirror.port).await
+}
+
+/// The last line of what `GET /` on `addr`:`port` answers inside `sb`; "" if nothing does.
+async fn get(sb: &Sandbox, addr: &str, port: u16) -> String {
+    let script = format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {addr} {port} | tail -n 1");
     sb.exec_with(Cmd::shell(&script)).await.expect("exec").stdout_text().trim().to_string()
 }
 
@@ -247,6 +250,140 @@ async fn a_sandbox_reaches_neither_the_host_nor_its_neighbours() {
     TcpStream::connect(("127.0.0.1", trap.port)).expect("the trap listens");
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(trap.peers().len(), 1, "the trap saw the host's own connection");
+}
+
+/// A port the host forwards (as Docker publishes a container's port): new TCP connections to
+/// `port` on any of the host's addresses are sent on to `to` by the host's own NAT, in a table
+/// of the test's, removed when dropped.
+struct ForwardedPort {
+    table: String,
+}
+
+impl ForwardedPort {
+    fn open(port: u16, to: &str, to_port: u16) -> ForwardedPort {
+        let table = format!("brig_test_fwd_{}", std::process::id());
+        let script = format!(
+            "add table ip {table}\n\
+             add chain ip {table} pre {{ type nat hook prerouting priority -100; }}\n\
+             add rule ip {table} pre fib daddr type local tcp dport {port} dnat to {to}:{to_port}\n"
+        );
+        nft(&script);
+        ForwardedPort { table }
+    }
+}
+
+impl Drop for ForwardedPort {
+    fn drop(&mut self) {
+        let _ =
+            std::process::Command::new("nft").args(["delete", "table", "ip", &self.table]).status();
+    }
+}
+
+/// A port the host forwards is one of the node's ways in: reached through the sandbox's gateway
+/// (a host address), it arrives at the node's rules already sent on elsewhere, so the guard's
+/// checks of the destination miss it. The guard refuses what the host's NAT redirected; only a
+/// service naming where it goes opens it.
+#[tokio::test]
+async fn a_port_the_host_forwards_is_out_of_reach() {
+    let mirror = Mirror::start("forwarded").expect("mirror");
+    let daemon = daemon(&[format!("fwd={}:{}", mirror.addr, mirror.port)]);
+    let client = daemon.client().await.expect("connect");
+    let port =
+        TcpListener::bind("0.0.0.0:0").expect("a free port").local_addr().expect("port").port();
+    let _forward = ForwardedPort::open(port, &mirror.addr, mirror.port);
+
+    let open = client
+        .create(SandboxOptions::container(&image("busybox")).egress(["0.0.0.0/0"]))
+        .await
+        .expect("allow-all sandbox");
+    assert_eq!(fetch(&open, &mirror).await, "forwarded", "the mirror itself is open");
+    let gateway = gateway_of(&open).await;
+    assert_eq!(get(&open, &gateway, port).await, "", "a port the host forwards was reached");
+
+    // The operator's service naming the forward's destination opens it: the forward works.
+    let svc = client
+        .create(SandboxOptions::container(&image("busybox")).egress(["fwd"]))
+        .await
+        .expect("sandbox with the service");
+    let gateway = gateway_of(&svc).await;
+    assert_eq!(get(&svc, &gateway, port).await, "forwarded", "the forward, through a service");
+}
+
+/// Runs an nftables script on the host.
+fn nft(script: &str) {
+    let mut nft = std::process::Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("nft");
+    nft.stdin.take().expect("stdin").write_all(script.as_bytes()).expect("script");
+    assert!(nft.wait().expect("nft").success(), "nft: {script}");
+}
+
+/// The upgrade path fails closed. Slots whose chain an older daemon wrote without the guard
+/// (here, an allow-all chain put in place of the guarded one) reach the host until the daemon
+/// restarts; the new daemon writes their sandboxes' rules again: the internet stays open and
+/// the host shut, and a slot whose rules cannot be written (here, a set of another type in the
+/// way) refuses everything, the audit trail saying why.
+#[tokio::test]
+async fn slots_written_without_the_guard_are_guarded_or_closed_on_restart() {
+    let mirror = Mirror::start("outside").expect("mirror");
+    let trap = Trap::listen();
+    let mut daemon = Daemon::start_with(&["--on-exit", "keep"]).expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    let t = format!("brig_{}", daemon.tag());
+    let mut olds = Vec::new();
+    for broken in [false, true] {
+        let sb = client
+            .create(SandboxOptions::container(&image("busybox")).egress(["0.0.0.0/0"]))
+            .await
+            .expect("sandbox");
+        assert_eq!(fetch(&sb, &mirror).await, "outside");
+        let gateway: Ipv4Addr = gateway_of(&sb).await.parse().expect("gateway");
+        let slot = (u32::from(gateway) & 0xfff) / 4;
+        let mut script = format!(
+            "flush chain inet {t} s{slot}\n\
+             add rule inet {t} s{slot} ct state established,related accept\n\
+             add rule inet {t} s{slot} accept\n"
+        );
+        if broken {
+            script += &format!(
+                "delete set inet {t} n{slot}\nadd set inet {t} n{slot} {{ type inet_service; }}\n"
+            );
+        }
+        nft(&script);
+        let old = try_connect(&sb, &[(gateway.to_string(), trap.port)]).await;
+        assert_eq!(old[0].1, "host-reached", "the old chain is open");
+        olds.push((sb.id().to_string(), gateway, slot));
+    }
+
+    daemon.restart().expect("restart");
+    let client = daemon.client().await.expect("connect");
+    for (broken, (id, gateway, slot)) in [false, true].into_iter().zip(olds) {
+        let sb = client.sandbox(&id);
+        let internet = if broken { "" } else { "outside" };
+        assert_eq!(fetch(&sb, &mirror).await, internet, "broken: {broken}");
+        let now = try_connect(&sb, &[(gateway.to_string(), trap.port)]).await;
+        assert_eq!(now[0].1, "", "the host after the restart (broken: {broken})");
+        let chain = std::process::Command::new("nft")
+            .args(["list", "chain", "inet", &t, &format!("s{slot}")])
+            .output()
+            .expect("nft list");
+        let chain = String::from_utf8_lossy(&chain.stdout).to_string();
+        let events = sb.audit(0).await.expect("audit");
+        let closed = events.iter().any(|e| {
+            matches!(&e.kind, AuditKind::Lifecycle { event, detail }
+                if event == "egress_closed" && detail.contains("could not be written"))
+        });
+        if broken {
+            assert!(chain.contains("goto refuse") && !chain.contains("accept"), "{chain}");
+            assert!(closed, "the closing is audited: {events:?}");
+        } else {
+            assert!(chain.contains("jump guard"), "{chain}");
+            assert!(!closed, "{events:?}");
+        }
+    }
+    assert_eq!(trap.peers().len(), 2, "only the old chains' connections: {:?}", trap.peers());
 }
 
 /// The node's status asked every 50 ms until `done`; the worst latency.
