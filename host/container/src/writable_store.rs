@@ -17,9 +17,9 @@
 //!
 //! Where the kernel has no XFS quotas (`CONFIG_XFS_QUOTA` off, as in some VM kernels), each
 //! layer is an image of its own instead: `<state>/writable-layers/<name>.ext4`, sparse, of the
-//! disk size, ext4 without a journal, loop-mounted at `<run>/c/<name>/upper`. The same ENOSPC,
-//! at the price of a loop device and a superblock per container (the tmpfs's superblock, so
-//! the count stays).
+//! disk size, ext4 without a journal (a sparse copy of a template formatted once per size),
+//! loop-mounted at `<run>/c/<name>/upper`. The same ENOSPC, at the price of a loop device
+//! and a superblock per container (the tmpfs's superblock, so the count stays).
 
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsFd, OwnedFd};
@@ -151,6 +151,8 @@ pub struct WritableStore {
     /// The XFS mount's root, for quota calls.
     root: Option<OwnedFd>,
     ids: Mutex<Ids>,
+    /// Held while a template image is made: a template is never replaced while copied.
+    templates: Mutex<()>,
 }
 
 /// The extension of per-layer images.
@@ -218,6 +220,7 @@ impl WritableStore {
             point: dir.to_owned(),
             root: None,
             ids: Mutex::default(),
+            templates: Mutex::default(),
         })
     }
 
@@ -251,6 +254,7 @@ impl WritableStore {
             point: point.to_owned(),
             root: Some(root),
             ids: Mutex::default(),
+            templates: Mutex::default(),
         };
         // Ids of the layers an earlier run left (kept containers' among them).
         let mut ids = Ids::default();
@@ -354,7 +358,9 @@ impl WritableStore {
         let names = entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned());
         match self.kind {
             StoreKind::ProjectQuota => names.collect(),
+            // Templates and images being made start with a dot.
             StoreKind::Images => names
+                .filter(|n| !n.starts_with('.'))
                 .filter_map(|n| n.strip_suffix(&format!(".{IMAGE_EXT}")).map(str::to_string))
                 .collect(),
         }
@@ -388,24 +394,11 @@ impl WritableStore {
                 let image = self.dir_of(name);
                 let _ = std::fs::remove_file(&image);
                 let made = (|| {
-                    let file = std::fs::File::create(&image).map_err(io("create", &image))?;
-                    file.set_len(bytes).map_err(io("size", &image))?;
-                    drop(file);
-                    let root = format!("root_owner={owner}:{owner},nodiscard");
-                    let args: [&std::ffi::OsStr; 11] = [
-                        "-q".as_ref(),
-                        "-F".as_ref(),
-                        "-b".as_ref(),
-                        "4096".as_ref(),
-                        "-m".as_ref(),
-                        "0".as_ref(),
-                        "-O".as_ref(),
-                        "^has_journal".as_ref(),
-                        "-E".as_ref(),
-                        root.as_ref(),
-                        image.as_os_str(),
-                    ];
-                    run("mkfs.ext4", &args, &image)?;
+                    let template = self.template(bytes, owner)?;
+                    // A sparse copy of a formatted image (8 ms) instead of a mkfs (70-90 ms).
+                    let args: [&std::ffi::OsStr; 3] =
+                        ["--sparse=always".as_ref(), template.as_os_str(), image.as_os_str()];
+                    run("cp", &args, &image)?;
                     let options = "loop,nodev,nosuid,noatime";
                     let args: [&std::ffi::OsStr; 6] = [
                         "-t".as_ref(),
@@ -423,6 +416,42 @@ impl WritableStore {
                 made
             }
         }
+    }
+
+    /// A formatted, empty image of `bytes` whose root `owner` owns, made once per size and
+    /// owner (`.template-<bytes>-<owner>.ext4`, not a layer).
+    fn template(&self, bytes: u64, owner: u32) -> Result<PathBuf, StoreError> {
+        let template = self.point.join(format!(".template-{bytes}-{owner}.{IMAGE_EXT}"));
+        let _making = self.templates.lock();
+        if template.exists() {
+            return Ok(template);
+        }
+        let fresh = self.point.join(format!(".new-{}.{IMAGE_EXT}", rand::random::<u64>()));
+        let made = (|| {
+            let file = std::fs::File::create(&fresh).map_err(io("create", &fresh))?;
+            file.set_len(bytes).map_err(io("size", &fresh))?;
+            drop(file);
+            let root = format!("root_owner={owner}:{owner},nodiscard");
+            let args: [&std::ffi::OsStr; 11] = [
+                "-q".as_ref(),
+                "-F".as_ref(),
+                "-b".as_ref(),
+                "4096".as_ref(),
+                "-m".as_ref(),
+                "0".as_ref(),
+                "-O".as_ref(),
+                "^has_journal".as_ref(),
+                "-E".as_ref(),
+                root.as_ref(),
+                fresh.as_os_str(),
+            ];
+            run("mkfs.ext4", &args, &fresh)?;
+            std::fs::rename(&fresh, &template).map_err(io("rename", &fresh))
+        })();
+        if made.is_err() {
+            let _ = std::fs::remove_file(&fresh);
+        }
+        made.map(|()| template)
     }
 
     /// Container `name`'s project id, if it has a layer.
@@ -503,6 +532,13 @@ impl WritableStore {
             return;
         }
         if self.kind == StoreKind::Images {
+            if let Ok(entries) = std::fs::read_dir(&self.point) {
+                for e in
+                    entries.flatten().filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+                {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
             let _ = std::fs::remove_dir(&self.point);
             return;
         }
