@@ -135,6 +135,11 @@ pub struct ContainerNodeOptions {
     /// makes and removes every container's cgroups).
     #[arg(long)]
     spare_cgroups: Option<usize>,
+    /// `[container] writable_layer`: `auto` (the default), `disk` (on the node's disk, an
+    /// image per layer where the kernel has no XFS quotas)
+    /// or `memory` (a tmpfs charged to the container's memory).
+    #[arg(long)]
+    writable_layer: Option<String>,
 }
 
 impl ContainerNodeOptions {
@@ -143,6 +148,9 @@ impl ContainerNodeOptions {
         let mut text = format!("[container]\nhold_freed_memory = {}\n", !self.report_freed_memory);
         if let Some(n) = self.spare_cgroups {
             text.push_str(&format!("spare_cgroups = {n}\n"));
+        }
+        if let Some(layer) = &self.writable_layer {
+            text.push_str(&format!("writable_layer = {layer:?}\n"));
         }
         text
     }

@@ -124,7 +124,9 @@ fn describe(out: &ExecOutput) -> String {
 
 #[tokio::test]
 async fn resource_bombs_are_contained() {
-    let daemon = Daemon::start().expect("brigd");
+    // Writable layers on disk even where the kernel has no XFS quotas (an image per layer).
+    let daemon =
+        Daemon::start_with_config("[container]\nwritable_layer = \"disk\"\n", &[]).expect("brigd");
     let client = daemon.client().await.expect("connect");
     let bystander = client.create(SandboxOptions::container(&image("busybox"))).await.expect("b");
     let sb = client

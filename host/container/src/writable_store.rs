@@ -93,7 +93,15 @@ pub struct StoreConfig {
     pub image: PathBuf,
     /// Its size: the most all writable layers together may hold.
     pub size_bytes: u64,
+    /// Where the kernel has no XFS project quotas: an ext4 image per layer (`true`), which
+    /// costs a create ~10 ms (a sparse copy and a loop mount), or no store (`false`: the
+    /// runtime keeps layers in memory).
+    pub images_fallback: bool,
 }
+
+/// Written (with the reason) when this boot's kernel refused a store with project quotas; in
+/// the host's run directory, so a reboot (perhaps into another kernel) tries again.
+const QUOTA_REFUSED: &str = "/run/brig/writable-store-refused";
 
 /// How the store keeps layers apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,8 +204,20 @@ impl WritableStore {
     /// Mounts the store at `point` (made if missing), or finds it mounted by an earlier run;
     /// where the kernel has no XFS quotas, a store of per-layer images instead.
     pub fn open(config: &StoreConfig, point: &Path) -> Result<WritableStore, StoreError> {
+        // A kernel that refused the store once this boot refuses it again: without the images
+        // fallback, a node does not make and drop a store at every start.
+        if !config.images_fallback && Path::new(QUOTA_REFUSED).exists() {
+            return Err(StoreError::NoQuota(point.to_owned()));
+        }
         match Self::open_quota(config, point) {
             Ok(store) => Ok(store),
+            Err(e) if !config.images_fallback => {
+                if let Some(dir) = Path::new(QUOTA_REFUSED).parent() {
+                    let _ = std::fs::create_dir_all(dir);
+                }
+                let _ = std::fs::write(QUOTA_REFUSED, brig_core::sandbox::chain(&e));
+                Err(e)
+            }
             Err(e) => {
                 let images = config.image.with_file_name("writable-layers");
                 let error = brig_core::sandbox::chain(&e);

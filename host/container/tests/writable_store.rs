@@ -46,6 +46,7 @@ fn runtime(run: &Path, tag: &str, survive_node: bool) -> Runtime {
         writable_store: Some(StoreConfig {
             image: run.join("state/writable.xfs"),
             size_bytes: 2 << 30,
+            images_fallback: true,
         }),
     })
     .expect("runtime");

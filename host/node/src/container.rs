@@ -146,12 +146,18 @@ impl ContainerTier {
             cpu_min_quota_us: config.cpu_min_quota_us,
             spare_cgroups: config.spare_cgroups,
             spare_cgroups_idle_secs: config.spare_cgroups_idle_secs,
-            writable_store: match config.writable_layer {
-                crate::config::WritableLayer::Disk => Some(StoreConfig {
+            writable_store: {
+                use crate::config::WritableLayer;
+                let store = |images_fallback| StoreConfig {
                     image: state_dir.join("writable.xfs"),
                     size_bytes: config.writable_store_mib << 20,
-                }),
-                crate::config::WritableLayer::Memory => None,
+                    images_fallback,
+                };
+                match config.writable_layer {
+                    WritableLayer::Auto => Some(store(false)),
+                    WritableLayer::Disk => Some(store(true)),
+                    WritableLayer::Memory => None,
+                }
             },
         })
         .map_err(|e| crate::error::chain(&e))?;
