@@ -15,6 +15,8 @@ use brig_tests::hostile_http::{self, Api as E2bApi};
 use brig_tests::{image, Daemon};
 use serde_json::{json, Value};
 
+use crate::soak::rss_bytes;
+
 /// A probe answer slower than this counts as the node not answering.
 const ANSWER_WITHIN: Duration = Duration::from_secs(1);
 
@@ -34,16 +36,6 @@ struct Measured {
     late_or_failed: u64,
     /// What the attack itself saw (refusals, bytes delivered), for the reader.
     outcome: String,
-}
-
-fn rss_bytes(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches(" kB").parse::<u64>().ok())
-        .unwrap_or(0)
-        * 1024
 }
 
 /// Runs `attack` while sampling brigd's RSS and probing the bystanders.

@@ -108,7 +108,8 @@ pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
     result
 }
 
-fn rss_bytes(pid: u32) -> u64 {
+/// A process's resident memory (`VmRSS`), in bytes; 0 if it is gone.
+pub(crate) fn rss_bytes(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()

@@ -43,8 +43,10 @@ struct FsXattr {
 const _: () = assert!(std::mem::size_of::<FsXattr>() == 28);
 
 /// `_IOR('X', 31, struct fsxattr)` and `_IOW('X', 32, struct fsxattr)`.
-const FS_IOC_FSGETXATTR: libc::c_ulong = 0x801c_581f;
-const FS_IOC_FSSETXATTR: libc::c_ulong = 0x401c_5820;
+// `ioctl`'s request is a C unsigned long with glibc and an int with musl (the in-guest agent
+// builds this crate for musl): the same 32 bits either way.
+const FS_IOC_FSGETXATTR: libc::Ioctl = 0x801c_581f_u32 as libc::Ioctl;
+const FS_IOC_FSSETXATTR: libc::Ioctl = 0x401c_5820_u32 as libc::Ioctl;
 const FS_XFLAG_PROJINHERIT: u32 = 0x0000_0200;
 
 /// `struct fs_disk_quota` of `<linux/dqblk_xfs.h>`.
