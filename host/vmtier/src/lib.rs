@@ -82,6 +82,9 @@ pub struct VmTierConfig {
 pub enum VmTierError {
     #[error("VMs cannot run here: {0}")]
     Unavailable(String),
+    /// A file transfer's path in the guest is no regular file (the agent's words).
+    #[error("{0}")]
+    NotRegular(String),
     #[error("{what}")]
     Io {
         what: String,
@@ -685,9 +688,7 @@ impl VmTier {
             collect(&mut request_with_body(&vm.uds, &request, data).await?, ReplyLimits::CONTROL)
                 .await?;
         if out.exit_code != 0 {
-            return Err(VmTierError::Agent(
-                String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            ));
+            return Err(file_failure(&out));
         }
         Ok(())
     }
@@ -704,9 +705,7 @@ impl VmTier {
         let mut stream = request_stream(&vm.uds, &request).await?;
         let out = collect(&mut stream, ReplyLimits::file(max_bytes)).await?;
         if out.exit_code != 0 {
-            return Err(VmTierError::Agent(
-                String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            ));
+            return Err(file_failure(&out));
         }
         Ok(out.stdout)
     }
@@ -741,6 +740,17 @@ impl VmTier {
                 tracing::warn!(vm = %id, error = %e, "VMM cgroup left behind");
             }
         }
+    }
+}
+
+/// What a failed file transfer's answer says: a refused path (typed by its EXIT status), or the
+/// agent's words.
+fn file_failure(out: &ExecOutput) -> VmTierError {
+    let text = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    if out.exit_code == brig_vmm_api::agent::EXIT_NOT_REGULAR {
+        VmTierError::NotRegular(text)
+    } else {
+        VmTierError::Agent(text)
     }
 }
 

@@ -264,6 +264,7 @@ impl From<VmTierError> for SandboxError {
             }
             e @ VmTierError::ReplyTooLarge { .. } => SandboxError::TooLarge(e.to_string()),
             e @ VmTierError::Paused => SandboxError::Conflict(e.to_string()),
+            VmTierError::NotRegular(why) => SandboxError::BadRequest(why),
             VmTierError::Lost(why) => SandboxError::Lost(why),
             other => SandboxError::Internal(brig_core::sandbox::chain(&other)),
         }
@@ -280,6 +281,8 @@ mod tests {
         assert!(matches!(&big, SandboxError::TooLarge(t) if t.contains("8-byte")));
         let slow = SandboxError::from(VmTierError::ReplyTimeout(std::time::Duration::from_secs(1)));
         assert!(matches!(slow, SandboxError::Unavailable(_)));
+        let fifo = SandboxError::from(VmTierError::NotRegular("/x is not a regular file".into()));
+        assert!(matches!(&fifo, SandboxError::BadRequest(t) if t.contains("not a regular file")));
         let agent = SandboxError::from(VmTierError::Agent("no such file".into()));
         assert!(matches!(&agent, SandboxError::Internal(t) if t.contains("no such file")));
     }

@@ -97,6 +97,18 @@ fn rooted(path: &str) -> std::io::Result<String> {
     })
 }
 
+/// A file transfer's path that is no regular file (answered with `agent::EXIT_NOT_REGULAR`).
+#[derive(Debug)]
+struct NotRegular(String);
+
+impl std::fmt::Display for NotRegular {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} is not a regular file (a FIFO, device or socket)", self.0)
+    }
+}
+
+impl std::error::Error for NotRegular {}
+
 /// Opens `path` for a file transfer (`write`: made if missing, truncated) if it is a regular
 /// file: opened without blocking, so a FIFO or a device is refused before anything waits on it.
 fn open_regular(path: &str, write: bool) -> std::io::Result<std::fs::File> {
@@ -110,7 +122,7 @@ fn open_regular(path: &str, write: bool) -> std::io::Result<std::fs::File> {
     if !file.metadata()?.is_file() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
-            format!("{path} is not a regular file (a FIFO, device or socket)"),
+            NotRegular(path.to_string()),
         ));
     }
     // Transfers of a regular file block as the disk does.
@@ -175,7 +187,9 @@ fn done(out: &Mutex<std::fs::File>, result: std::io::Result<()>) -> std::io::Res
         Ok(()) => frame(out, agent::EXIT, &0i32.to_le_bytes()),
         Err(e) => {
             frame(out, agent::STDERR, format!("brig-agent: {e}\n").as_bytes())?;
-            frame(out, agent::EXIT, &1i32.to_le_bytes())
+            let refused = e.get_ref().is_some_and(|inner| inner.is::<NotRegular>());
+            let status = if refused { agent::EXIT_NOT_REGULAR } else { 1 };
+            frame(out, agent::EXIT, &status.to_le_bytes())
         }
     }
 }

@@ -61,6 +61,9 @@ pub const REQUEST: u8 = 32;
 pub const MAX_FRAME: usize = 1 << 20;
 /// The EXIT status of a command whose program could not be started (as a shell says 127).
 pub const EXIT_CANNOT_START: i32 = 127;
+/// The EXIT status of a file transfer (`Put`, `Get`) whose path is no regular file (a FIFO, a
+/// device, a socket): refused before anything waits on it.
+pub const EXIT_NOT_REGULAR: i32 = 3;
 /// The EXIT status of an agent that cannot read a request (an agent older than the request's
 /// kind or fields says it too).
 pub const EXIT_BAD_REQUEST: i32 = 2;
