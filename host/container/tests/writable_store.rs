@@ -31,6 +31,42 @@ impl Drop for StoreMount {
     }
 }
 
+/// Removes a test's cgroup parent (`brig-test-<tag>-<pid>`) from every hierarchy when the test
+/// ends, passed or not: a container's cgroups may still be on their way out when the runtime's
+/// shutdown tries to remove its parent.
+struct TestCgroups(String);
+
+impl TestCgroups {
+    fn new(tag: &str) -> TestCgroups {
+        TestCgroups(format!("brig-test-{tag}-{}", std::process::id()))
+    }
+}
+
+impl Drop for TestCgroups {
+    fn drop(&mut self) {
+        let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else { return };
+        for hierarchy in hierarchies.flatten() {
+            let dir = hierarchy.path().join(&self.0);
+            for _ in 0..50 {
+                if !dir.exists() || remove_cgroup_tree(&dir).is_ok() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// Removes a cgroup and its children, deepest first (a cgroup directory goes with `rmdir`).
+fn remove_cgroup_tree(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_cgroup_tree(&entry.path())?;
+        }
+    }
+    std::fs::remove_dir(dir)
+}
+
 fn runtime(run: &Path, tag: &str, survive_node: bool) -> Runtime {
     let rt = Runtime::new(RuntimeConfig {
         run_dir: run.to_owned(),
@@ -96,6 +132,7 @@ async fn run_capture(
 /// quota.
 #[tokio::test]
 async fn a_full_disk_is_enospc_not_an_oom_kill() {
+    let _cgroups = TestCgroups::new("wsfull");
     let run = tempfile::tempdir().expect("tmp");
     let _mount = StoreMount(run.path().to_owned());
     let rt = runtime(run.path(), "wsfull", false);
@@ -153,6 +190,7 @@ async fn a_full_disk_is_enospc_not_an_oom_kill() {
 /// handed out again.
 #[tokio::test]
 async fn layers_are_known_again_after_a_restart() {
+    let _cgroups = TestCgroups::new("wsrestart");
     let run = tempfile::tempdir().expect("tmp");
     let _mount = StoreMount(run.path().to_owned());
     let rt = runtime(run.path(), "wsrestart", true);
@@ -193,6 +231,7 @@ async fn layers_are_known_again_after_a_restart() {
 /// The stray scan finds a layer no live container claims, and removing the stray takes it.
 #[tokio::test]
 async fn a_stray_containers_layer_is_found_and_removed() {
+    let _cgroups = TestCgroups::new("wsstray");
     let run = tempfile::tempdir().expect("tmp");
     let _mount = StoreMount(run.path().to_owned());
     let rt = runtime(run.path(), "wsstray", true);
