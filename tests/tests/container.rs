@@ -237,7 +237,9 @@ async fn files_round_trip_and_stay_inside() {
     let daemon = Daemon::start().expect("brigd");
     let client = daemon.client().await.expect("connect");
     let sb = client
-        .create(SandboxOptions::container(&image("busybox")).disk_mib(1200))
+        // An upload is the sandbox's: on a writable layer in memory (this host's default) its
+        // bytes count against the sandbox's memory.
+        .create(SandboxOptions::container(&image("busybox")).disk_mib(1200).memory_mib(1536))
         .await
         .expect("create");
     sb.write_file("/workspace/src/app.py", b"print('hi')\n").await.expect("write");

@@ -22,7 +22,11 @@ impl Runtime {
         let dir = self.config.run_dir.join("c").join(&spec.name);
         // Off the async workers: a fork's seed copy takes milliseconds per MiB, and forks of
         // many children assemble in parallel.
-        let upper = crate::rootfs::Upper { disk_bytes: spec.disk_bytes, store: self.store.clone() };
+        let disk_bytes = match &self.store {
+            Some(_) => spec.disk_bytes,
+            None => memory_layer_bytes(spec.disk_bytes, spec.limits.memory_bytes),
+        };
+        let upper = crate::rootfs::Upper { disk_bytes, store: self.store.clone() };
         let owner = self.config.id_base;
         let (hostname, seed) = (spec.hostname.clone(), spec.seed.clone());
         let protect = spec.protect.clone();
@@ -143,6 +147,14 @@ impl Runtime {
             .ok_or_else(|| RuntimeError::Setup(format!("container init {init_pid} is gone")))?;
         // The process the spawner started has exited by now: the shim goes on as pid 1.
         let (shim_pid, shim_start) = (init_pid, init_start);
+        // The container lives as long as its pid 1: when its memory runs out (a full tmpfs
+        // writable layer, an upload), the OOM killer picks one of its processes, not the
+        // shim: their scores are raised ([`crate::runtime::PROCESS_OOM_SCORE_ADJ`]), and the
+        // shim is exempt where the node may lower a score (CAP_SYS_RESOURCE).
+        let adj = format!("/proc/{shim_pid}/oom_score_adj");
+        if let Err(e) = std::fs::write(&adj, "-1000") {
+            tracing::debug!(error = %e, "the shim stays an ordinary OOM candidate");
+        }
         let ready = began.elapsed();
         // Only now: setting up the namespaces and mounts is the node's work, not the container's.
         if let Some(millis) = spec.limits.cpu_millis {
@@ -160,4 +172,31 @@ struct Started {
     serving: Serving,
     /// The shim's descriptor number of the writable upper directory.
     upper_fd: i32,
+}
+
+/// Memory a container keeps for its processes (and its shim) when its writable layer is in
+/// memory (a tmpfs charged to it): the layer is that much smaller than the memory limit, so a
+/// full layer is ENOSPC for the writer, never an OOM with nothing left to kill but pid 1.
+pub const MEMORY_LAYER_RESERVE: u64 = 32 << 20;
+
+/// The size of a writable layer in memory: the disk asked for, within the memory limit less
+/// [`MEMORY_LAYER_RESERVE`] (half the limit at least, for tiny limits).
+pub fn memory_layer_bytes(disk_bytes: u64, memory_bytes: Option<u64>) -> u64 {
+    memory_bytes.map_or(disk_bytes, |memory| {
+        disk_bytes.min(memory.saturating_sub(MEMORY_LAYER_RESERVE).max(memory / 2))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_layer_in_memory_leaves_room_for_the_processes() {
+        let mib = |n: u64| n << 20;
+        assert_eq!(memory_layer_bytes(mib(1024), Some(mib(192))), mib(160));
+        assert_eq!(memory_layer_bytes(mib(64), Some(mib(192))), mib(64));
+        assert_eq!(memory_layer_bytes(mib(1024), Some(mib(40))), mib(20));
+        assert_eq!(memory_layer_bytes(mib(1024), None), mib(1024));
+    }
 }

@@ -37,6 +37,7 @@ pub mod session_journal;
 pub mod shared_sys;
 pub mod shim;
 pub mod shim_conn;
+pub mod shim_files;
 pub mod shim_proto;
 pub mod slot_file;
 pub mod spare_files;

@@ -19,6 +19,14 @@ use crate::spawner::{ShimSpawner, SpawnerError};
 pub const DEFAULT_ID_BASE: u32 = 100_000;
 /// How many ids each container maps.
 pub const ID_COUNT: u32 = 65_536;
+/// What every process of a container has as its OOM score adjustment (`oom_score_adj`): when
+/// the container's memory runs out (a full writable layer in memory, an upload), the OOM
+/// killer takes one of them, not the shim (its pid 1, whose end is the container's); when the
+/// host's runs out, containers go before the host's own services. The node sets it for each
+/// process it starts (raising takes no privilege); the shim itself is exempt (-1000) where the
+/// node has CAP_SYS_RESOURCE.
+pub const PROCESS_OOM_SCORE_ADJ: &str = "500";
+
 /// The shim's listening socket, in the container's run directory.
 pub(crate) const SHIM_SOCKET: &str = "shim.sock";
 /// Seconds between sweeps of a container's spools.
@@ -658,6 +666,9 @@ impl Container {
         let keep_fds = u8::try_from(keep.len() + usize::from(keeps_input))
             .map_err(|_| RuntimeError::Setup("too many fds".into()))?;
         let (pid, exit) = self.shim.spawn(spec, &fds, keep_fds, keeps_input).await?;
+        // Raising a score takes no privilege, but the process cannot do it itself before it
+        // execs (it is not dumpable then, so its /proc files are host root's).
+        let _ = std::fs::write(format!("/proc/{pid}/oom_score_adj"), PROCESS_OOM_SCORE_ADJ);
         let keeper = (keep_fds > 0).then(|| self.shim.clone());
         Ok(Process { exec_id, pid, exit, cgroup, pool: self.exec_cgroups.clone(), keeper })
     }

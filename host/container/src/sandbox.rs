@@ -12,14 +12,14 @@ use brig_core::sandbox::{
     BoxFuture, Capabilities, Condition, ContainerRecord, ExecControl, ExecEvent, ExecExit,
     ExecSpec, FileAccess, ForkChild, ForkKind, ForkOptions, Forked, KeptWork, Op, PauseKind,
     Persistence, ReadSource, RecoveredExec, Requested, RunningExec, Sandbox, SandboxError,
-    SessionSpec, Stdin, StdinChunk, TerminalSize, Usage, WriteOptions,
+    SessionSpec, Stdin, StdinChunk, TerminalSize, UploadTarget, Usage, WriteOptions,
 };
 use brig_core::{QosClass, SandboxId, Tier};
 use tokio::sync::mpsc;
 
 use crate::cgroup::CgroupLimits;
 use crate::exec::{Killer, Stdin as EngineStdin};
-use crate::files::{FileError, OwnedRootDir};
+use crate::files::FileError;
 use crate::protect::{Protected, Protections};
 use crate::rootfs::LayerSource;
 use crate::runtime::{Container, ContainerSpec, Runtime, RuntimeError};
@@ -139,10 +139,6 @@ impl ContainerSandbox {
                 .map(|(path, hidden)| Protected { path: path.clone(), hidden: *hidden })
                 .collect(),
         })
-    }
-
-    fn root(&self) -> Result<OwnedRootDir, FileError> {
-        self.container.root_dir()
     }
 
     /// A child on the same layers, starting from a copy of the writable layer (the caller
@@ -477,25 +473,25 @@ impl Sandbox for ContainerSandbox {
         path: &'a str,
         _max_bytes: u64,
     ) -> BoxFuture<'a, Result<ReadSource, SandboxError>> {
-        Box::pin(async move { Ok(ReadSource::File(self.root()?.dir().open_read(path)?)) })
+        Box::pin(async move { Ok(ReadSource::File(self.container.read_file(path).await?)) })
     }
 
     fn open_write<'a>(
         &'a self,
         path: &'a str,
         o: WriteOptions,
-    ) -> BoxFuture<'a, Result<std::fs::File, SandboxError>> {
+    ) -> BoxFuture<'a, Result<UploadTarget, SandboxError>> {
         Box::pin(
-            async move { Ok(self.root()?.dir().open_write(path, o.append, o.parents, o.mode)?) },
+            async move { Ok(self.container.write_file(path, o.append, o.parents, o.mode).await?) },
         )
     }
 
     fn stat<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Entry, SandboxError>> {
-        Box::pin(async move { Ok(self.root()?.dir().stat(path)?) })
+        Box::pin(async move { Ok(self.container.stat_file(path).await?) })
     }
 
     fn list<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, SandboxError>> {
-        Box::pin(async move { Ok(self.root()?.dir().list(path)?) })
+        Box::pin(async move { Ok(self.container.list_dir(path).await?) })
     }
 
     fn mkdir<'a>(
@@ -503,7 +499,7 @@ impl Sandbox for ContainerSandbox {
         path: &'a str,
         parents: bool,
     ) -> BoxFuture<'a, Result<(), SandboxError>> {
-        Box::pin(async move { Ok(self.root()?.dir().mkdir(path, parents)?) })
+        Box::pin(async move { Ok(self.container.make_dir(path, parents).await?) })
     }
 
     fn remove<'a>(
@@ -511,7 +507,7 @@ impl Sandbox for ContainerSandbox {
         path: &'a str,
         recursive: bool,
     ) -> BoxFuture<'a, Result<(), SandboxError>> {
-        Box::pin(async move { Ok(self.root()?.dir().remove(path, recursive)?) })
+        Box::pin(async move { Ok(self.container.remove_path(path, recursive).await?) })
     }
 
     /// Freezes every process and pushes reclaimable memory out; the bytes freed.

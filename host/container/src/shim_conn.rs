@@ -148,6 +148,16 @@ impl ShimConn {
         self.send_bytes(&bytes, &[]).await.map_err(ShimConnError::Socket)
     }
 
+    /// Sends a message with `fds` attached.
+    pub async fn send_with_fds(
+        &self,
+        msg: &ToShim,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(), ShimConnError> {
+        let bytes = postcard::to_allocvec(msg).map_err(ShimConnError::Encode)?;
+        self.send_bytes(&bytes, fds).await.map_err(ShimConnError::Socket)
+    }
+
     async fn send_bytes(&self, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
         loop {
             let mut guard = self.fd.writable().await?;

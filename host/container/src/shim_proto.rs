@@ -101,6 +101,92 @@ pub enum ToShim {
     /// The node has closed process `exec_id`'s stdin: the shim closes its copy of the write
     /// end, so the process reads end of file.
     ReleaseKeptInput { exec_id: u64 },
+    /// A file operation done with the container's rights (`crate::shim::file_op`): a child of
+    /// the shim, in the container's namespaces, cgroups, root and confinement, runs as
+    /// container root. Attached: the reply socket (a `SOCK_SEQPACKET` end the child answers
+    /// [`FileReply`]s on), then, for [`FileRequest::Write`], the read end of a pipe with the
+    /// bytes, and for [`FileRequest::List`], the write end of a pipe the entries go into.
+    /// Last, so older variants keep their tags.
+    FileOp(FileRequest),
+}
+
+/// What one file operation is; paths are as the container sees them.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum FileRequest {
+    /// Open a regular file for reading: the reply is [`FileReply::Opened`] with it attached.
+    Read {
+        path: String,
+    },
+    /// Open (create, truncate or append to) a file, answer [`FileReply::Ready`], copy the
+    /// pipe's bytes into it until the pipe ends, then answer [`FileReply::Written`].
+    Write {
+        path: String,
+        append: bool,
+        parents: bool,
+        mode: Option<u32>,
+    },
+    Stat {
+        path: String,
+    },
+    /// The entries go into the pipe (postcard `Vec<WireEntry>`), then [`FileReply::Done`].
+    List {
+        path: String,
+    },
+    Mkdir {
+        path: String,
+        parents: bool,
+    },
+    Remove {
+        path: String,
+        recursive: bool,
+    },
+}
+
+/// The file child's answers, on the request's reply socket.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum FileReply {
+    /// The file, opened for reading, is attached.
+    Opened,
+    /// The file is open: send the bytes.
+    Ready,
+    /// Every byte of the pipe is in the file.
+    Written {
+        bytes: u64,
+    },
+    Entry(WireEntry),
+    Done,
+    Failed(WireFileError),
+}
+
+/// [`brig_core::files::Entry`] on the wire.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WireEntry {
+    pub path: String,
+    /// 0 file, 1 directory, 2 symlink, 3 other.
+    pub kind: u8,
+    pub size: u64,
+    pub mode: u32,
+    pub modified_unix_ms: u64,
+}
+
+/// [`crate::files::FileError`] on the wire (I/O errors as their errno).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum WireFileError {
+    Io {
+        path: String,
+        errno: i32,
+    },
+    /// Not an errno: the operation failed in the shim or the child (text says how).
+    Other {
+        path: String,
+        message: String,
+    },
+    BadPath(String),
+    NotRegular(String),
+    KernelFile {
+        path: String,
+        magic: u32,
+    },
 }
 
 /// A process whose output descriptors the shim holds for a reconnecting node.

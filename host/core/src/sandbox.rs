@@ -429,6 +429,26 @@ pub struct WriteOptions {
     pub mode: Option<u32>,
 }
 
+/// Where an upload's bytes go ([`FileAccess::Local`]): they are written to `file`; once it is
+/// closed, `landed` (when there is one) answers whether all of them reached the sandbox's file
+/// (a tier whose writer runs inside the sandbox reports its disk filling up there).
+pub struct UploadTarget {
+    pub file: std::fs::File,
+    pub landed: Option<BoxFuture<'static, Result<u64, SandboxError>>>,
+}
+
+impl From<std::fs::File> for UploadTarget {
+    fn from(file: std::fs::File) -> Self {
+        UploadTarget { file, landed: None }
+    }
+}
+
+impl std::fmt::Debug for UploadTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UploadTarget").field("file", &self.file).finish_non_exhaustive()
+    }
+}
+
 /// What a read gives: a local file to stream, or a guest's bytes.
 #[derive(Debug)]
 pub enum ReadSource {
@@ -586,12 +606,12 @@ pub trait Sandbox: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<ReadSource, SandboxError>> {
         unsupported(Op::Files)
     }
-    /// A local file to stream an upload into ([`FileAccess::Local`] only).
+    /// Where to stream an upload ([`FileAccess::Local`] only).
     fn open_write<'a>(
         &'a self,
         _path: &'a str,
         _options: WriteOptions,
-    ) -> BoxFuture<'a, Result<std::fs::File, SandboxError>> {
+    ) -> BoxFuture<'a, Result<UploadTarget, SandboxError>> {
         unsupported(Op::Files)
     }
     /// Writes a whole file ([`FileAccess::Guest`]).

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use brig_core::files::Entry;
 use brig_core::sandbox::{
     BoxFuture, Capabilities, FileAccess, ForkChild, ForkKind, ForkOptions, Forked, Op, PauseKind,
-    Persistence, ReadSource, Sandbox, SandboxError, WriteOptions,
+    Persistence, ReadSource, Sandbox, SandboxError, UploadTarget, WriteOptions,
 };
 use brig_core::{CallReport, Tier, ToolCall};
 
@@ -68,8 +68,10 @@ impl Sandbox for FncallSandbox {
         &'a self,
         path: &'a str,
         o: WriteOptions,
-    ) -> BoxFuture<'a, Result<std::fs::File, SandboxError>> {
-        Box::pin(async move { Ok(self.workspace.open_write(path, o.append, o.parents, o.mode)?) })
+    ) -> BoxFuture<'a, Result<UploadTarget, SandboxError>> {
+        Box::pin(
+            async move { Ok(self.workspace.open_write(path, o.append, o.parents, o.mode)?.into()) },
+        )
     }
 
     fn stat<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Entry, SandboxError>> {

@@ -197,7 +197,7 @@ fn io_code(e: &std::io::Error) -> ErrorCode {
         AlreadyExists => ErrorCode::AlreadyExists,
         PermissionDenied => ErrorCode::PermissionDenied,
         InvalidInput | NotADirectory | IsADirectory | DirectoryNotEmpty => ErrorCode::BadRequest,
-        StorageFull | QuotaExceeded | FileTooLarge => ErrorCode::ResourceExhausted,
+        StorageFull | QuotaExceeded | FileTooLarge | OutOfMemory => ErrorCode::ResourceExhausted,
         _ => ErrorCode::Internal,
     }
 }

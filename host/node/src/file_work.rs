@@ -40,6 +40,11 @@ impl FileWorkGate {
         }
     }
 
+    /// How long a file operation may take.
+    pub(crate) fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
     /// Runs `work` on the blocking pool holding one permit of `own` (the sandbox's bound,
     /// `file_ops_per_sandbox` permits) and one of the node's, each waited for at most the
     /// deadline, and answers within the deadline.

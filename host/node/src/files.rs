@@ -104,8 +104,8 @@ pub(crate) async fn write(
     let opened = node
         .tier_file_op(&entry, &req.path, move |s| async move { s.open_write(&path, options).await })
         .await;
-    let mut file = match opened {
-        Ok(file) => file,
+    let (mut file, landed) = match opened {
+        Ok(target) => (target.file, target.landed),
         Err(e) => {
             exchange.refuse_upload();
             return Err(e);
@@ -129,9 +129,29 @@ pub(crate) async fn write(
             Ok(file) => file,
             Err(e) => {
                 exchange.refuse_upload();
+                // A writer in the sandbox that stopped taking bytes says why (its disk is
+                // full, it was killed); that is the answer, not the broken pipe.
+                if let Some(landed) = landed {
+                    let after = node.inner.file_work.deadline();
+                    if let Ok(Err(why)) = tokio::time::timeout(after, landed).await {
+                        return Err(entry.fail(why));
+                    }
+                }
                 return Err(entry.gone_error().unwrap_or_else(|| io(&req.path)(e)));
             }
         };
+    }
+    drop(file);
+    // A tier whose writer runs in the sandbox says whether everything arrived (its disk may
+    // have filled up after the last chunk left here).
+    if let Some(landed) = landed {
+        let after = node.inner.file_work.deadline();
+        let landed = tokio::time::timeout(after, landed).await;
+        let landed =
+            landed.map_err(|_| NodeError::FileDeadline { what: req.path.clone(), after })?;
+        if let Err(e) = landed {
+            return Err(entry.gone_error().unwrap_or_else(|| entry.fail(e)));
+        }
     }
     // A sandbox destroyed while the bytes went in kept them in a file nobody will read.
     if let Some(gone) = entry.gone_error() {

@@ -20,6 +20,7 @@
 //! its memory until exec: see `spawn`).
 
 mod child;
+mod file_op;
 mod mounts;
 pub mod security;
 mod spawn;
@@ -265,6 +266,10 @@ fn serve(mut control: Option<OwnedFd>, links: &Links) -> Result<(), ShimError> {
                     if let Some(entry) = kept.by_exec.get_mut(&exec_id) {
                         entry.input = None;
                     }
+                    continue;
+                }
+                ToShim::FileOp(request) => {
+                    file_op::start(request, fds);
                     continue;
                 }
                 ToShim::Spawn(spec) => (spec, fds, ToKeep::default()),

@@ -1,0 +1,289 @@
+//! The node's side of file operations done with a container's rights
+//! ([`crate::shim::file_op`]): each request gets a reply socket of its own, sent with the
+//! request to the shim; the child the shim forks answers on it. Every answer is read with a
+//! byte cap ([`MAX_REPLY_BYTES`], [`MAX_LISTING_BYTES`]) and a deadline ([`REPLY_DEADLINE`]).
+//!
+//! ```text
+//! read    → FileOp(Read)   [reply]          ← Opened + the file     (the node streams it)
+//! write   → FileOp(Write)  [reply, pipe r]  ← Ready … bytes into the pipe, closed … ← Written
+//! list    → FileOp(List)   [reply, pipe w]  ← entries in the pipe, then Done
+//! stat, mkdir, remove                       ← Entry / Done
+//! any of them                               ← Failed(error)
+//! ```
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::Duration;
+
+use brig_core::files::{Entry, EntryKind, MAX_LIST_ENTRIES};
+use brig_core::sandbox::{BoxFuture, SandboxError, UploadTarget};
+use tokio::io::unix::AsyncFd;
+use tokio::io::AsyncReadExt;
+
+use crate::control;
+use crate::files::FileError;
+use crate::runtime::Container;
+use crate::shim_conn::ShimConnError;
+use crate::shim_proto::{FileReply, FileRequest, ToShim, WireEntry, WireFileError};
+
+/// Largest answer of a file child.
+pub const MAX_REPLY_BYTES: usize = 64 << 10;
+/// Largest listing taken in ([`MAX_LIST_ENTRIES`] entries with names of ~600 bytes).
+pub const MAX_LISTING_BYTES: u64 = 64 << 20;
+/// How long the node waits for one answer (the first of a write, the end of the copy after
+/// the node closed its pipe, a whole listing).
+pub const REPLY_DEADLINE: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShimFileError {
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error("file operation channel")]
+    Channel(#[source] std::io::Error),
+    #[error(transparent)]
+    Shim(#[from] ShimConnError),
+    #[error("the sandbox's file operation gave no answer within {0:?}")]
+    Deadline(Duration),
+    #[error("the sandbox's file operation ended without an answer (the sandbox stopped, or it ran out of memory or processes)")]
+    NoAnswer,
+    #[error("the sandbox's file operation answered {0:?}, which does not fit the request")]
+    Unexpected(String),
+    #[error("the directory's listing is larger than {0} bytes")]
+    ListingTooLarge(u64),
+    #[error("the directory's listing cannot be read: {0}")]
+    BadListing(String),
+}
+
+impl From<ShimFileError> for SandboxError {
+    fn from(e: ShimFileError) -> SandboxError {
+        match e {
+            ShimFileError::File(e) => e.into(),
+            ShimFileError::Deadline(_) | ShimFileError::NoAnswer => {
+                SandboxError::Unavailable(e.to_string())
+            }
+            ShimFileError::ListingTooLarge(_) => SandboxError::TooLarge(e.to_string()),
+            ShimFileError::Shim(ShimConnError::Gone) => SandboxError::Lost(e.to_string()),
+            other => SandboxError::Internal(other.to_string()),
+        }
+    }
+}
+
+pub(crate) fn wire_entry(e: Entry) -> WireEntry {
+    let kind = match e.kind {
+        EntryKind::File => 0,
+        EntryKind::Dir => 1,
+        EntryKind::Symlink => 2,
+        EntryKind::Other => 3,
+    };
+    WireEntry {
+        path: e.path,
+        kind,
+        size: e.size,
+        mode: e.mode,
+        modified_unix_ms: e.modified_unix_ms,
+    }
+}
+
+fn entry_of(w: WireEntry) -> Entry {
+    let kind = match w.kind {
+        0 => EntryKind::File,
+        1 => EntryKind::Dir,
+        2 => EntryKind::Symlink,
+        _ => EntryKind::Other,
+    };
+    Entry { path: w.path, kind, size: w.size, mode: w.mode, modified_unix_ms: w.modified_unix_ms }
+}
+
+pub(crate) fn wire_error(e: &FileError) -> WireFileError {
+    match e {
+        FileError::Io { path, source } => match source.raw_os_error() {
+            Some(errno) => WireFileError::Io { path: path.clone(), errno },
+            None => WireFileError::Other { path: path.clone(), message: source.to_string() },
+        },
+        FileError::BadPath(p) => WireFileError::BadPath(p.clone()),
+        FileError::NotRegular(p) => WireFileError::NotRegular(p.clone()),
+        FileError::KernelFile { path, magic } => {
+            WireFileError::KernelFile { path: path.clone(), magic: *magic }
+        }
+    }
+}
+
+fn error_of(w: WireFileError) -> FileError {
+    match w {
+        WireFileError::Io { path, errno } => {
+            FileError::Io { path, source: std::io::Error::from_raw_os_error(errno) }
+        }
+        WireFileError::Other { path, message } => {
+            FileError::Io { path, source: std::io::Error::other(message) }
+        }
+        WireFileError::BadPath(p) => FileError::BadPath(p),
+        WireFileError::NotRegular(p) => FileError::NotRegular(p),
+        WireFileError::KernelFile { path, magic } => FileError::KernelFile { path, magic },
+    }
+}
+
+/// The node's end of one request's reply socket.
+struct ReplySocket {
+    fd: AsyncFd<OwnedFd>,
+}
+
+impl ReplySocket {
+    fn new(fd: OwnedFd) -> Result<Self, ShimFileError> {
+        let nonblocking = rustix::fs::fcntl_getfl(&fd)
+            .and_then(|flags| rustix::fs::fcntl_setfl(&fd, flags | rustix::fs::OFlags::NONBLOCK));
+        nonblocking.map_err(|e| ShimFileError::Channel(e.into()))?;
+        #[allow(unsafe_code)]
+        // SAFETY: `fd` moves into the AsyncFd and is closed only with it; an OwnedFd always
+        // reports the same descriptor.
+        let fd = unsafe { AsyncFd::register(fd) }.map_err(|e| ShimFileError::Channel(e.into()))?;
+        Ok(ReplySocket { fd })
+    }
+
+    /// The next answer and what is attached to it, within [`REPLY_DEADLINE`].
+    async fn next(&self) -> Result<(FileReply, Vec<OwnedFd>), ShimFileError> {
+        let wait = async {
+            loop {
+                let mut guard = self.fd.readable().await.map_err(ShimFileError::Channel)?;
+                let mut buf = Vec::new();
+                let received = guard.try_io(|fd| {
+                    let len = control::peek_len(fd.get_ref().as_fd())?;
+                    if len > MAX_REPLY_BYTES {
+                        return Err(std::io::Error::from_raw_os_error(libc::EMSGSIZE));
+                    }
+                    buf.resize(len.max(1), 0);
+                    control::recv(fd.get_ref().as_fd(), &mut buf).map_err(std::io::Error::from)
+                });
+                match received {
+                    Ok(Ok(Some((len, fds)))) => {
+                        let reply = postcard::from_bytes(&buf[..len])
+                            .map_err(|e| ShimFileError::Unexpected(e.to_string()))?;
+                        return Ok((reply, fds));
+                    }
+                    Ok(Ok(None)) => return Err(ShimFileError::NoAnswer),
+                    Ok(Err(e)) => return Err(ShimFileError::Channel(e)),
+                    Err(_would_block) => continue,
+                }
+            }
+        };
+        tokio::time::timeout(REPLY_DEADLINE, wait)
+            .await
+            .map_err(|_| ShimFileError::Deadline(REPLY_DEADLINE))?
+    }
+
+    /// The next answer, which must be `Done`.
+    async fn done(&self) -> Result<(), ShimFileError> {
+        match self.next().await?.0 {
+            FileReply::Done => Ok(()),
+            other => Err(refused(other)),
+        }
+    }
+}
+
+/// A failure the child reported, or an answer that does not fit.
+fn refused(reply: FileReply) -> ShimFileError {
+    match reply {
+        FileReply::Failed(e) => ShimFileError::File(error_of(e)),
+        other => ShimFileError::Unexpected(format!("{other:?}")),
+    }
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), ShimFileError> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| ShimFileError::Channel(e.into()))
+}
+
+impl Container {
+    /// Sends `request` with its reply socket and `pipe` (the child's end) to the shim.
+    async fn file_request(
+        &self,
+        request: FileRequest,
+        pipe: Option<OwnedFd>,
+    ) -> Result<ReplySocket, ShimFileError> {
+        use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+        let (mine, theirs) =
+            socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
+                .map_err(|e| ShimFileError::Channel(e.into()))?;
+        let mut fds: Vec<BorrowedFd<'_>> = vec![theirs.as_fd()];
+        fds.extend(pipe.as_ref().map(|p| p.as_fd()));
+        self.shim.send_with_fds(&ToShim::FileOp(request), &fds).await?;
+        ReplySocket::new(mine)
+    }
+
+    /// A regular file of the container, opened for reading with its rights.
+    pub async fn read_file(&self, path: &str) -> Result<std::fs::File, ShimFileError> {
+        let reply = self.file_request(FileRequest::Read { path: path.into() }, None).await?;
+        match reply.next().await? {
+            (FileReply::Opened, mut fds) if fds.len() == 1 => {
+                Ok(std::fs::File::from(fds.remove(0)))
+            }
+            (other, _) => Err(refused(other)),
+        }
+    }
+
+    /// A file of the container opened for writing with its rights: the bytes written to the
+    /// target's file are copied in by a process of the container, and `landed` says whether
+    /// they all arrived.
+    pub async fn write_file(
+        &self,
+        path: &str,
+        append: bool,
+        parents: bool,
+        mode: Option<u32>,
+    ) -> Result<UploadTarget, ShimFileError> {
+        let (read_end, write_end) = pipe()?;
+        let request = FileRequest::Write { path: path.into(), append, parents, mode };
+        let reply = self.file_request(request, Some(read_end)).await?;
+        match reply.next().await?.0 {
+            FileReply::Ready => {}
+            other => return Err(refused(other)),
+        }
+        let landed: BoxFuture<'static, Result<u64, SandboxError>> = Box::pin(async move {
+            match reply.next().await?.0 {
+                FileReply::Written { bytes } => Ok(bytes),
+                other => Err(refused(other).into()),
+            }
+        });
+        Ok(UploadTarget { file: std::fs::File::from(write_end), landed: Some(landed) })
+    }
+
+    pub async fn stat_file(&self, path: &str) -> Result<Entry, ShimFileError> {
+        let reply = self.file_request(FileRequest::Stat { path: path.into() }, None).await?;
+        match reply.next().await?.0 {
+            FileReply::Entry(e) => Ok(entry_of(e)),
+            other => Err(refused(other)),
+        }
+    }
+
+    /// A directory's entries, sorted by name (at most [`MAX_LIST_ENTRIES`]).
+    pub async fn list_dir(&self, path: &str) -> Result<Vec<Entry>, ShimFileError> {
+        let (read_end, write_end) = pipe()?;
+        let reply = self.file_request(FileRequest::List { path: path.into() }, Some(write_end));
+        let reply = reply.await?;
+        let read = async {
+            let mut listing = tokio::net::unix::pipe::Receiver::from_owned_fd(read_end)
+                .map_err(ShimFileError::Channel)?
+                .take(MAX_LISTING_BYTES + 1);
+            let mut bytes = Vec::new();
+            listing.read_to_end(&mut bytes).await.map_err(ShimFileError::Channel)?;
+            Ok::<_, ShimFileError>(bytes)
+        };
+        let bytes = tokio::time::timeout(REPLY_DEADLINE, read)
+            .await
+            .map_err(|_| ShimFileError::Deadline(REPLY_DEADLINE))??;
+        if bytes.len() as u64 > MAX_LISTING_BYTES {
+            return Err(ShimFileError::ListingTooLarge(MAX_LISTING_BYTES));
+        }
+        reply.done().await?;
+        let wire: Vec<WireEntry> =
+            postcard::from_bytes(&bytes).map_err(|e| ShimFileError::BadListing(e.to_string()))?;
+        Ok(wire.into_iter().take(MAX_LIST_ENTRIES).map(entry_of).collect())
+    }
+
+    pub async fn make_dir(&self, path: &str, parents: bool) -> Result<(), ShimFileError> {
+        let request = FileRequest::Mkdir { path: path.into(), parents };
+        self.file_request(request, None).await?.done().await
+    }
+
+    pub async fn remove_path(&self, path: &str, recursive: bool) -> Result<(), ShimFileError> {
+        let request = FileRequest::Remove { path: path.into(), recursive };
+        self.file_request(request, None).await?.done().await
+    }
+}
