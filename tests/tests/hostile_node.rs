@@ -103,8 +103,19 @@ async fn fifos_devices_and_kernel_files_are_refused_without_stalling_the_node() 
         ("read /sys/kernel/uevent_seqnum (size lies)", "/sys/kernel/uevent_seqnum"),
         ("read /dev/tty", "/dev/tty"),
         ("read /dev/zero (endless)", "/dev/zero"),
-        ("read through a magic link (/proc/1/root)", "/proc/1/root/etc/passwd"),
     ];
+    // The shim's root is out of the sandbox's reach, and so out of the API's: it acts with
+    // the sandbox's rights (refused at the magic link, or by the kernel before it).
+    let magic = sb.read_file("/proc/1/root/etc/passwd");
+    attempt(
+        &mut report,
+        &client,
+        &bystander,
+        "read through a magic link (/proc/1/root)",
+        magic,
+        |r| refused(r, ErrorCode::PermissionDenied).or_else(|_| refused(r, ErrorCode::BadRequest)),
+    )
+    .await;
     for (name, path) in special_reads {
         let read = sb.read_file(path);
         attempt(&mut report, &client, &bystander, name, read, |r| {

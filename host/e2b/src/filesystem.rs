@@ -200,7 +200,22 @@ pub(crate) async fn walk(
     let mut queue = VecDeque::from([(root.trim_end_matches('/').to_string(), 1u32)]);
     while let Some((dir, level)) = queue.pop_front() {
         let dir = if dir.is_empty() { "/".to_string() } else { dir };
-        let entries = sb.list_dir(&dir).await.map_err(brig_error)?;
+        let entries = match sb.list_dir(&dir).await {
+            Ok(entries) => entries,
+            // A directory below the root that went away meanwhile (a process's in /proc, a
+            // build's temporary one) is no longer part of the tree, and one the sandbox may
+            // not read (the shim's in /proc) shows as its entry only, as `find` would.
+            Err(e)
+                if level > 1
+                    && matches!(
+                        e.code(),
+                        Some(brig_sdk::ErrorCode::NotFound | brig_sdk::ErrorCode::PermissionDenied)
+                    ) =>
+            {
+                continue
+            }
+            Err(e) => return Err(brig_error(e)),
+        };
         for mut e in entries {
             let name = e.path.rsplit('/').next().unwrap_or("").to_string();
             e.path = if dir == "/" { format!("/{name}") } else { format!("{dir}/{name}") };
