@@ -78,6 +78,24 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         rtt.record(started.elapsed());
     }
     let cpu_after = cgroup_cpu_ns(sb.id());
+    // File operations run in a process of the container (forked by its shim, with its rights):
+    // a small write and read each, and a 32 MiB upload streamed through it.
+    let small = vec![7u8; 4096];
+    let (mut writes, mut reads) = (Latencies::default(), Latencies::default());
+    for i in 0..opts.execs {
+        let path = format!("/tmp/f{}", i % 8);
+        let started = Instant::now();
+        sb.write_file(&path, &small).await?;
+        writes.record(started.elapsed());
+        let started = Instant::now();
+        anyhow::ensure!(sb.read_file(&path).await?.len() == small.len(), "short read");
+        reads.record(started.elapsed());
+    }
+    let big = vec![9u8; 32 << 20];
+    let started = Instant::now();
+    sb.write_file("/tmp/big", &big).await?;
+    let upload_mib_s = 32.0 / started.elapsed().as_secs_f64();
+    sb.remove("/tmp/big", false).await?;
     sb.destroy().await?;
     let (Some(cpu_before), Some(cpu_after)) = (cpu_before, cpu_after) else {
         anyhow::bail!("no cpu accounting cgroup found for {}", sb.id());
@@ -117,6 +135,9 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
     );
     println!("  {:<40} {:>10.3} / {:.3}", "exec `true` round trip p50 / p99 ms", r50, r99);
     println!("  {:<40} {:>10.1}", "container CPU per exec `true` µs", exec_cpu_us);
+    let (w50, rd50) = (writes.quantile_ms(0.5), reads.quantile_ms(0.5));
+    println!("  {:<40} {:>10.3} / {:.3}", "4 KiB file write / read p50 ms", w50, rd50);
+    println!("  {:<40} {:>10.1}", "32 MiB upload MiB/s", upload_mib_s);
     println!(
         "  {:<40} {:>10.2}",
         format!("memory per idle container MiB ({} idle)", opts.idle),
@@ -131,6 +152,9 @@ async fn measure(daemon: &Daemon, opts: &Options) -> anyhow::Result<serde_json::
         "exec_rtt_p50_ms": round3(r50),
         "exec_rtt_p99_ms": round3(r99),
         "exec_cpu_us": round3(exec_cpu_us),
+        "file_write_4k_p50_ms": round3(w50),
+        "file_read_4k_p50_ms": round3(rd50),
+        "upload_mib_per_sec": round3(upload_mib_s),
         "idle_mem_mib": round3(idle_mib),
         "host_mem_drop_per_container_mib": round3(host_delta_mib),
         "samples": opts.samples,
