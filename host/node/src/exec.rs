@@ -101,10 +101,12 @@ impl Node {
         let streamed = match stdin_over {
             None => hub.stream_as(reader, exchange).await,
             // Stdin over its limit ends this client's stream with the error; the command runs
-            // on (its stdin closed) and can be attached to by id.
+            // on (its stdin closed) and can be attached to by id. Checked first: the closed
+            // stdin may end the command, and with it the stream, at once.
             Some(over) => tokio::select! {
-                streamed = hub.stream_as(reader, exchange) => streamed,
+                biased;
                 Ok(max) = over => Err(Limit::ExecStdinBytes.reached(max)),
+                streamed = hub.stream_as(reader, exchange) => streamed,
             },
         };
         entry.touch();

@@ -14,7 +14,7 @@
 //! [`HUB_BYTES`], and a client that attaches later is told how much on its stderr.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,44 @@ const FINISHED_KEEP: Duration = Duration::from_secs(600);
 /// Output of one sandbox's finished execs kept in memory together; past it the oldest
 /// finished exec's output is let go (its status stays, and a client that attaches is told).
 const FINISHED_OUTPUT_BYTES: usize = 32 << 20;
+/// The same bound over every sandbox of the node: many sandboxes each within their own bound
+/// still hold the node's memory only up to this.
+const NODE_FINISHED_OUTPUT_BYTES: usize = 512 << 20;
+
+/// The node's finished execs in the order they finished, and the output they keep in memory
+/// together (exact: every hub that lets output go takes it off).
+struct NodeFinished {
+    order: Mutex<VecDeque<std::sync::Weak<ExecHub>>>,
+    bytes: AtomicUsize,
+}
+
+/// One node per process (brigd).
+static NODE_FINISHED: NodeFinished =
+    NodeFinished { order: parking_lot::const_mutex(VecDeque::new()), bytes: AtomicUsize::new(0) };
+
+impl NodeFinished {
+    /// Counts a hub that just finished, then lets go of the oldest finished output (never of
+    /// a hub a client is still reading) until the node is within its bound.
+    fn add(&self, hub: &Arc<ExecHub>, limit: usize) {
+        let mut order = self.order.lock();
+        order.push_back(Arc::downgrade(hub));
+        let mut spared = Vec::new();
+        while self.bytes.load(Ordering::Relaxed) > limit {
+            let Some(old) = order.pop_front() else { break };
+            let Some(old) = old.upgrade() else { continue };
+            let mut st = old.state.lock();
+            if st.readers.is_empty() {
+                old.let_go(&mut st);
+            } else {
+                drop(st);
+                spared.push(Arc::downgrade(&old));
+            }
+        }
+        for hub in spared.into_iter().rev() {
+            order.push_front(hub);
+        }
+    }
+}
 
 /// Sets an exec's terminal size.
 pub(crate) type Resizer = Box<dyn Fn(TerminalSize) -> std::io::Result<()> + Send + Sync>;
@@ -60,6 +98,15 @@ pub(crate) struct ExecHub {
     drained: Notify,
     /// Its sandbox's finished execs, which it joins when it finishes.
     finished_output: Arc<FinishedOutput>,
+}
+
+impl Drop for ExecHub {
+    fn drop(&mut self) {
+        let st = self.state.get_mut();
+        if st.finished.is_some() {
+            NODE_FINISHED.bytes.fetch_sub(st.bytes, Ordering::Relaxed);
+        }
+    }
 }
 
 /// A sandbox's finished execs in the order they finished, whose kept output together stays
@@ -87,10 +134,7 @@ impl FinishedOutput {
                 continue;
             }
             total -= st.bytes;
-            st.dropped_bytes += st.bytes as u64;
-            st.first += st.events.len() as u64;
-            st.events.clear();
-            st.bytes = 0;
+            old.let_go(&mut st);
         }
     }
 }
@@ -296,12 +340,27 @@ impl ExecHub {
         let mut st = self.state.lock();
         st.detached = false;
         st.result = Some(result);
+        if st.finished.is_none() {
+            NODE_FINISHED.bytes.fetch_add(st.bytes, Ordering::Relaxed);
+        }
         st.finished = Some(Instant::now());
         drop(st);
         self.finished_output.add(self);
+        NODE_FINISHED.add(self, NODE_FINISHED_OUTPUT_BYTES);
         // Nothing reads its stdin any more: the tier's writer lets go of the pipe.
         self.stdin.close();
         self.changed.notify_waiters();
+    }
+
+    /// Lets go of the output it keeps (a client that attaches is told how much).
+    fn let_go(&self, st: &mut HubState) {
+        if st.finished.is_some() {
+            NODE_FINISHED.bytes.fetch_sub(st.bytes, Ordering::Relaxed);
+        }
+        st.dropped_bytes += st.bytes as u64;
+        st.first += st.events.len() as u64;
+        st.events.clear();
+        st.bytes = 0;
     }
 
     /// Its stdout and stderr as kept, and its result (for tests).
@@ -616,5 +675,29 @@ mod tests {
         assert_eq!(others, 24 << 20, "{kept:?}");
         assert_eq!(kept[1], 0, "the oldest unread output went first: {kept:?}");
         assert!(hubs.iter().all(|h| h.state.lock().result.is_some()), "statuses stay");
+    }
+
+    #[test]
+    fn finished_output_of_the_node_is_bounded_and_counted_exactly() {
+        // Six sandboxes, each within its own bound; the node's bound (here 20 MiB) holds.
+        let tables: Vec<ExecTable> = (0..6).map(|_| ExecTable::default()).collect();
+        let hubs: Vec<_> = tables.iter().map(|t| hub(t, 1)).collect();
+        hubs[0].state.lock().readers.insert(1, ReaderPlace { next: 0, moved: Instant::now() });
+        for hub in &hubs {
+            for _ in 0..8 {
+                hub.push(out(1 << 20));
+            }
+            hub.finish(ExecResult::default());
+            NODE_FINISHED.add(hub, 20 << 20);
+        }
+        let kept: Vec<usize> = hubs.iter().map(|h| h.state.lock().bytes).collect();
+        assert_eq!(kept[0], 8 << 20, "a hub being read keeps its output: {kept:?}");
+        assert!(kept.iter().sum::<usize>() <= (20 << 20) + (8 << 20), "{kept:?}");
+        assert_eq!(kept[5], 8 << 20, "the newest stays: {kept:?}");
+        let counted = NODE_FINISHED.bytes.load(Ordering::Relaxed);
+        assert_eq!(counted, kept.iter().sum::<usize>(), "the count is exact");
+        drop(hubs);
+        drop(tables);
+        assert_eq!(NODE_FINISHED.bytes.load(Ordering::Relaxed), 0, "gone with the hubs");
     }
 }
