@@ -23,9 +23,12 @@ done
 # build time), qemu-system-x86 + cpio + kmod (the emulated host that runs Linux guests on
 # brig-vmm in the tests, GUEST.md section 2; kmod's depmod indexes its kernel modules), util-linux
 # (nsenter), xfsprogs (mkfs.xfs: the node's store of containers' writable layers, with project
-# quotas; e2fsprogs' mkfs.ext4 makes a per-container image where the kernel has no XFS quotas).
+# quotas; e2fsprogs' mkfs.ext4 makes a per-container image where the kernel has no XFS quotas),
+# docker-registry + skopeo (the OCI registry the pull tests run on loopback, and what pushes
+# their images to it) and umoci (the eager unpack `brig-bench pull` compares against).
 packages=(erofs-utils busybox-static debootstrap e2fsprogs iproute2 nftables fuse3 procps psmisc curl
-    etcd-server protobuf-compiler qemu-system-x86 cpio kmod util-linux xfsprogs)
+    etcd-server protobuf-compiler qemu-system-x86 cpio kmod util-linux xfsprogs docker-registry skopeo
+    umoci)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

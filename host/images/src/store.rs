@@ -49,6 +49,9 @@ pub enum ImportSource {
     Erofs(PathBuf),
     /// A tree whose ownership is already shifted (a container's writable layer).
     Shifted(Staging, String),
+    /// A tree already unpacked at `root/` of the staging directory, owned as in its image (an
+    /// OCI layer from a registry): shifted, then imported.
+    Staged(Staging, String),
 }
 
 /// What a listing shows about a layer.
@@ -247,6 +250,7 @@ impl LayerStore {
         let work = self.config.dir.join("work");
         let (staging, shift, label) = match source {
             ImportSource::Shifted(staging, label) => (staging, false, label),
+            ImportSource::Staged(staging, label) => (staging, true, label),
             other => {
                 let staging = Staging::new_in(&work)?;
                 let root = staging.path().join("root");
@@ -577,6 +581,6 @@ fn stage(source: ImportSource, root: &Path, scratch: &Path) -> Result<String, St
             copied?;
             "erofs".into()
         }
-        ImportSource::Shifted(_, label) => label,
+        ImportSource::Shifted(_, label) | ImportSource::Staged(_, label) => label,
     })
 }

@@ -78,6 +78,58 @@ pub struct ImagesConfig {
     pub cache_max_mib: u64,
     /// Verified chunks kept in memory.
     pub cache_memory_mib: u64,
+    /// Where `image pull` may fetch from and how.
+    pub registries: RegistriesConfig,
+}
+
+/// Registries images are pulled from (`[images.registries]`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RegistriesConfig {
+    /// Registries (`host:port`) spoken to over plain HTTP; none by default.
+    pub insecure: Vec<String>,
+    /// Credentials, by registry.
+    pub credentials: Vec<RegistryCredential>,
+    /// Most uncompressed bytes of one layer and of one image.
+    pub max_layer_mib: u64,
+    pub max_image_mib: u64,
+}
+
+impl Default for RegistriesConfig {
+    fn default() -> Self {
+        RegistriesConfig {
+            insecure: Vec::new(),
+            credentials: Vec::new(),
+            max_layer_mib: 32 * 1024,
+            max_image_mib: 64 * 1024,
+        }
+    }
+}
+
+/// A registry's user and password (`[[images.registries.credentials]]`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryCredential {
+    pub registry: String,
+    pub username: String,
+    pub password: String,
+}
+
+impl RegistriesConfig {
+    /// The puller's settings.
+    pub fn pull_config(&self) -> brig_registry::PullConfig {
+        brig_registry::PullConfig {
+            insecure: self.insecure.clone(),
+            credentials: self
+                .credentials
+                .iter()
+                .map(|c| (c.registry.clone(), c.username.clone(), c.password.clone()))
+                .collect(),
+            max_layer_bytes: self.max_layer_mib << 20,
+            max_image_bytes: self.max_image_mib << 20,
+            ..brig_registry::PullConfig::default()
+        }
+    }
 }
 
 /// Where layer data lives.
@@ -98,6 +150,7 @@ impl Default for ImagesConfig {
             cache_dir: None,
             cache_max_mib: 10 * 1024,
             cache_memory_mib: 64,
+            registries: RegistriesConfig::default(),
         }
     }
 }

@@ -38,6 +38,8 @@ pub enum NodeError {
     Container(#[from] brig_container::runtime::RuntimeError),
     #[error(transparent)]
     Store(#[from] brig_images::StoreError),
+    #[error("image pull: {0}")]
+    Pull(#[from] brig_registry::PullError),
     #[error(transparent)]
     Build(#[from] brig_images::build::BuildError),
     #[error("the layer store is not available on this node ({0})")]
@@ -123,6 +125,18 @@ impl NodeError {
             NodeError::Container(_) | NodeError::Swap(_) => ErrorCode::Internal,
             NodeError::NoStore(_) => ErrorCode::Unavailable,
             NodeError::Build(_) => ErrorCode::BadRequest,
+            NodeError::Pull(e) => {
+                use brig_registry::pull::PullFailure as F;
+                match e.failure() {
+                    F::BadReference | F::BadImage => ErrorCode::BadRequest,
+                    F::Denied => ErrorCode::PermissionDenied,
+                    F::NotFound => ErrorCode::NotFound,
+                    F::Unreachable | F::Store => ErrorCode::Unavailable,
+                    F::TooLarge => ErrorCode::TooLarge,
+                    F::Corrupt => ErrorCode::DataLoss,
+                    F::Internal => ErrorCode::Internal,
+                }
+            }
             NodeError::Store(e) => {
                 use brig_images::StoreError as S;
                 match e {

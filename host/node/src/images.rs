@@ -177,6 +177,37 @@ pub(crate) async fn handle(store: &LayerStore, op: ImageOp) -> Result<Reply, Nod
     })
 }
 
+/// Pulls an image from its registry into the store (`brig_registry::pull`).
+pub(crate) async fn pull(
+    store: &LayerStore,
+    config: &brig_registry::PullConfig,
+    req: brig_proto::ImagePullRequest,
+) -> Result<Reply, NodeError> {
+    let pulled = brig_registry::pull(store, config, &req.reference, req.name.as_deref()).await?;
+    let layers = pulled
+        .layers
+        .into_iter()
+        .map(|l| brig_proto::PulledLayer {
+            layer: l.layer,
+            diff_id: l.diff_id,
+            reused: l.reused,
+            downloaded_bytes: l.downloaded_bytes,
+        })
+        .collect();
+    let c = pulled.config;
+    Ok(Reply::Pulled(brig_proto::PulledImage {
+        name: pulled.name,
+        manifest_digest: pulled.manifest_digest,
+        layers,
+        downloaded_bytes: pulled.downloaded_bytes,
+        env: c.env.unwrap_or_default(),
+        cmd: c.cmd.unwrap_or_default(),
+        entrypoint: c.entrypoint.unwrap_or_default(),
+        working_dir: c.working_dir.filter(|w| !w.is_empty()),
+        user: c.user.filter(|u| !u.is_empty()),
+    }))
+}
+
 /// Packs a sandbox's writable layer into a new store layer, without `scrub` paths. The sandbox
 /// is frozen while its changes are copied, so the layer is a consistent point in time. The
 /// layer's source says what it goes on top of: `checkpoint of ID on IMAGE`.

@@ -181,6 +181,10 @@ impl Node {
             let layer = images::checkpoint(&store, &entry, req).await?;
             return Ok(Reply::Layer(images::layer_to_wire(layer)));
         }
+        if let ImageOp::Pull(req) = op {
+            let config = self.inner.config.images.registries.pull_config();
+            return images::pull(&store, &config, req).await;
+        }
         images::handle(store.as_ref(), op).await
     }
 }

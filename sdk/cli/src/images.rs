@@ -24,6 +24,14 @@ pub enum ImageCommand {
         #[arg(long)]
         on_node: bool,
     },
+    /// Pull an image from an OCI registry (`python:3.12-slim`, `localhost:5000/x:tag`): one
+    /// layer per image layer, the image an environment (`--image env:NAME` creates from it).
+    Pull {
+        reference: String,
+        /// The environment's name (default `pulled/<reference>`).
+        #[arg(long)]
+        name: Option<String>,
+    },
     /// List layers.
     Ls,
     /// Show a layer (and its files with --files).
@@ -123,6 +131,33 @@ pub async fn image(client: &Client, cmd: ImageCommand, json: bool) -> anyhow::Re
                 println!(
                     "{}@{} {} ({} chunks, {} new)",
                     layer.name, layer.version, layer.digest, layer.chunks, layer.new_chunks
+                );
+            }
+        }
+        ImageCommand::Pull { reference, name } => {
+            let pulled = client.pull_image(&reference, name.as_deref()).await?;
+            if json {
+                let layers: Vec<_> = pulled
+                    .layers
+                    .iter()
+                    .map(|l| json!({"layer": l.layer, "diff_id": l.diff_id, "reused": l.reused, "downloaded_bytes": l.downloaded_bytes}))
+                    .collect();
+                println!(
+                    "{}",
+                    json!({"name": pulled.name, "manifest_digest": pulled.manifest_digest, "layers": layers, "downloaded_bytes": pulled.downloaded_bytes})
+                );
+            } else {
+                for l in &pulled.layers {
+                    let how = if l.reused {
+                        "already here".to_string()
+                    } else {
+                        format!("{} bytes", l.downloaded_bytes)
+                    };
+                    println!("  {} ({how})", l.layer);
+                }
+                println!(
+                    "env:{} {} ({} bytes downloaded)",
+                    pulled.name, pulled.manifest_digest, pulled.downloaded_bytes
                 );
             }
         }

@@ -181,6 +181,25 @@ impl Client {
         )
     }
 
+    /// Pulls `reference` (`python:3.12-slim`, `localhost:5000/x:tag`, `…@sha256:…`) from its
+    /// registry into the node's layer store: one layer per image layer (a layer the store has
+    /// already is not downloaded again), the image the environment `name` (default
+    /// `pulled/<reference>`), which sandboxes are created from as `env:<name>`.
+    pub async fn pull_image(
+        &self,
+        reference: &str,
+        name: Option<&str>,
+    ) -> Result<brig_proto::PulledImage, Error> {
+        let request = brig_proto::ImagePullRequest {
+            reference: reference.to_string(),
+            name: name.map(str::to_string),
+        };
+        match self.request(&Request::Image(ImageOp::Pull(request))).await? {
+            Reply::Pulled(pulled) => Ok(pulled),
+            other => Err(unexpected("image_pull", &other)),
+        }
+    }
+
     pub async fn envs(&self) -> Result<Vec<(String, Vec<String>)>, Error> {
         match self.request(&Request::Image(ImageOp::EnvList)).await? {
             Reply::Envs(envs) => Ok(envs),

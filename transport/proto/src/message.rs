@@ -220,6 +220,9 @@ pub enum ImageOp {
     EnvList,
     /// Saves a sandbox's filesystem changes as a new layer.
     Checkpoint(CheckpointRequest),
+    /// Pulls an image from an OCI registry into the layer store (`Reply::Pulled`). Last, so
+    /// older variants keep their tags.
+    Pull(ImagePullRequest),
 }
 
 /// Requests about the node itself.
@@ -441,6 +444,7 @@ impl ImageOp {
             ImageOp::EnvCreate { .. } => "env_create",
             ImageOp::EnvList => "env_list",
             ImageOp::Checkpoint(_) => "checkpoint",
+            ImageOp::Pull(_) => "image_pull",
         }
     }
 }
@@ -530,6 +534,8 @@ pub enum Reply {
     Token {
         token: String,
     },
+    /// An image pulled from a registry. Last, so older variants keep their tags.
+    Pulled(PulledImage),
 }
 
 #[cfg(test)]

@@ -28,6 +28,42 @@ pub struct ImageImportRequest {
     pub node_path: Option<String>,
 }
 
+/// Pull `reference` (`python:3.12-slim`, `ghcr.io/org/img@sha256:…`, `localhost:5000/x:tag`)
+/// from its registry: each image layer becomes a layer of the store, the image an environment.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ImagePullRequest {
+    pub reference: String,
+    /// The environment's name; `None`: `pulled/<reference>`.
+    pub name: Option<String>,
+}
+
+/// What a pull made: `env:<name>` creates sandboxes from it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct PulledImage {
+    pub name: String,
+    pub manifest_digest: String,
+    /// Bottom first.
+    pub layers: Vec<PulledLayer>,
+    /// Compressed bytes downloaded.
+    pub downloaded_bytes: u64,
+    /// The image's own settings (`Env`, `Cmd`, `Entrypoint`, `WorkingDir`, `User`).
+    pub env: Vec<String>,
+    pub cmd: Vec<String>,
+    pub entrypoint: Vec<String>,
+    pub working_dir: Option<String>,
+    pub user: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct PulledLayer {
+    /// The store's layer (`oci/<hex of the diff digest>`).
+    pub layer: String,
+    pub diff_id: String,
+    /// It was in the store already: nothing downloaded.
+    pub reused: bool,
+    pub downloaded_bytes: u64,
+}
+
 /// A layer in the store.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct LayerInfo {

@@ -1,0 +1,405 @@
+//! Pulling an image from an OCI distribution registry into the layer store: each image layer
+//! becomes the Brig layer `oci/<hex of its diff digest>` (converted once: a layer already there
+//! is neither downloaded nor converted again), and the image an environment of those layers.
+//!
+//! ```text
+//! manifest + config ─▶ for each layer: in the store? ─ yes ─▶ reuse
+//!                                         └ no ─▶ download (digest checked) ─▶ unpack (diff
+//!                                                 digest checked, capped) ─▶ import
+//! env NAME = [oci/<diff₁>, oci/<diff₂>, …]   (from the last layer that hides all below)
+//! ```
+
+use std::path::Path;
+
+use brig_images::{ImportSource, LayerStore, StoreError};
+use futures::StreamExt;
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference, RegistryOperation};
+use serde::Deserialize;
+use tokio::io::AsyncWriteExt;
+
+use crate::unpack::{unpack_layer, Compression, UnpackError};
+
+/// Where images come from and how much of them is taken in.
+#[derive(Debug, Clone)]
+pub struct PullConfig {
+    /// Registries (`host:port`) spoken to over plain HTTP, not HTTPS. Empty by default.
+    pub insecure: Vec<String>,
+    /// Credentials by registry (`host:port`): user and password.
+    pub credentials: Vec<(String, String, String)>,
+    /// Most compressed bytes of one layer.
+    pub max_layer_download_bytes: u64,
+    /// Most uncompressed bytes of one layer.
+    pub max_layer_bytes: u64,
+    /// Most uncompressed bytes of one image.
+    pub max_image_bytes: u64,
+}
+
+impl Default for PullConfig {
+    fn default() -> Self {
+        PullConfig {
+            insecure: Vec::new(),
+            credentials: Vec::new(),
+            max_layer_download_bytes: 16 << 30,
+            max_layer_bytes: 32 << 30,
+            max_image_bytes: 64 << 30,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PullError {
+    #[error("{0:?} is not an image reference: {1}")]
+    BadReference(String, String),
+    #[error("{reference}: {what}: {source}")]
+    Registry {
+        reference: String,
+        what: &'static str,
+        #[source]
+        source: oci_client::errors::OciDistributionError,
+    },
+    #[error(
+        "{reference}: layer {digest} has media type {media_type:?}, which Brig does not unpack"
+    )]
+    NotALayer { reference: String, digest: String, media_type: String },
+    #[error("{reference}: the image config is unreadable: {detail}")]
+    BadConfig { reference: String, detail: String },
+    #[error(
+        "{reference}: the manifest has {layers} layers but the config {diff_ids} diff digests"
+    )]
+    LayerCount { reference: String, layers: usize, diff_ids: usize },
+    #[error("{reference}: layer {digest} failed to download: {detail} (nothing of it was kept)")]
+    Download { reference: String, digest: String, detail: String },
+    #[error("{reference}: layer {digest} is larger than {cap} bytes compressed")]
+    LayerTooLarge { reference: String, digest: String, cap: u64 },
+    #[error("{reference}: the image unpacks to more than {cap} bytes")]
+    ImageTooLarge { reference: String, cap: u64 },
+    #[error(transparent)]
+    Unpack(#[from] UnpackError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What a pull did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pulled {
+    /// The environment the image is (`env:<name>` creates from it).
+    pub name: String,
+    /// Digest of the image manifest pulled (the platform's, for an index).
+    pub manifest_digest: String,
+    /// Bottom first.
+    pub layers: Vec<PulledLayer>,
+    /// Compressed bytes downloaded (layers only).
+    pub downloaded_bytes: u64,
+    pub config: ImageConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PulledLayer {
+    /// The Brig layer: `oci/<hex>`.
+    pub layer: String,
+    pub diff_id: String,
+    /// Already in the store: not downloaded.
+    pub reused: bool,
+    /// Compressed bytes downloaded for it (0 when reused).
+    pub downloaded_bytes: u64,
+}
+
+/// The parts of an image's config a sandbox uses.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ImageConfig {
+    #[serde(default)]
+    pub env: Option<Vec<String>>,
+    #[serde(default)]
+    pub cmd: Option<Vec<String>>,
+    #[serde(default)]
+    pub entrypoint: Option<Vec<String>>,
+    #[serde(default)]
+    pub working_dir: Option<String>,
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ConfigFile {
+    #[serde(default)]
+    config: Option<ImageConfig>,
+    rootfs: RootFs,
+}
+
+#[derive(Deserialize)]
+struct RootFs {
+    diff_ids: Vec<String>,
+}
+
+/// The Brig layer an OCI layer with diff digest `diff_id` becomes.
+pub fn layer_name(diff_id: &str) -> String {
+    format!("oci/{}", diff_id.strip_prefix("sha256:").unwrap_or(diff_id))
+}
+
+/// The environment name for `reference` when none is given: `pulled/` and the reference with
+/// every character a name may not have made a `-`.
+pub fn default_name(reference: &str) -> String {
+    let clean: String = reference
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || "._-/".contains(c) { c } else { '-' })
+        .collect();
+    let parts: Vec<&str> = clean.split('/').filter(|p| !p.is_empty()).collect();
+    let joined: Vec<String> = parts.iter().map(|p| p.trim_start_matches('.').to_string()).collect();
+    format!("pulled/{}", joined.join("/"))
+}
+
+/// Pulls `reference` into `store` as environment `name` (default [`default_name`]).
+pub async fn pull(
+    store: &LayerStore,
+    config: &PullConfig,
+    reference: &str,
+    name: Option<&str>,
+) -> Result<Pulled, PullError> {
+    let image: Reference = reference.parse().map_err(|e: oci_client::ParseError| {
+        PullError::BadReference(reference.into(), e.to_string())
+    })?;
+    let registry = image.resolve_registry().to_string();
+    let client_config = ClientConfig {
+        protocol: ClientProtocol::HttpsExcept(config.insecure.clone()),
+        ..ClientConfig::default()
+    };
+    let registry_error = |what: &'static str| {
+        let reference = reference.to_string();
+        move |source| PullError::Registry { reference, what, source }
+    };
+    let client = Client::try_from(client_config).map_err(registry_error("client setup"))?;
+    let auth = config
+        .credentials
+        .iter()
+        .find(|(r, _, _)| *r == registry || *r == image.registry())
+        .map_or(RegistryAuth::Anonymous, |(_, u, p)| RegistryAuth::Basic(u.clone(), p.clone()));
+    client
+        .auth(&image, &auth, RegistryOperation::Pull)
+        .await
+        .map_err(registry_error("authentication"))?;
+    let (manifest, manifest_digest, config_json) =
+        client.pull_manifest_and_config(&image, &auth).await.map_err(registry_error("manifest"))?;
+    let bad_config = |detail: String| PullError::BadConfig { reference: reference.into(), detail };
+    let parsed: ConfigFile =
+        serde_json::from_str(&config_json).map_err(|e| bad_config(e.to_string()))?;
+    let diff_ids = parsed.rootfs.diff_ids;
+    if diff_ids.len() != manifest.layers.len() {
+        return Err(PullError::LayerCount {
+            reference: reference.into(),
+            layers: manifest.layers.len(),
+            diff_ids: diff_ids.len(),
+        });
+    }
+    let mut layers = Vec::with_capacity(diff_ids.len());
+    let (mut downloaded, mut unpacked_total, mut bottom) = (0u64, 0u64, 0usize);
+    for (i, (descriptor, diff_id)) in manifest.layers.iter().zip(&diff_ids).enumerate() {
+        let layer = layer_name(diff_id);
+        if let Ok((info, _)) = store.inspect(&layer).await {
+            tracing::debug!(%layer, digest = %info.digest, "layer already converted");
+            layers.push(PulledLayer {
+                layer,
+                diff_id: diff_id.clone(),
+                reused: true,
+                downloaded_bytes: 0,
+            });
+            continue;
+        }
+        let compression = Compression::of_media_type(&descriptor.media_type).ok_or_else(|| {
+            PullError::NotALayer {
+                reference: reference.into(),
+                digest: descriptor.digest.clone(),
+                media_type: descriptor.media_type.clone(),
+            }
+        })?;
+        let staging = brig_images::build::Staging::new_in(&store.work_dir()).map_err(|e| {
+            PullError::Io { what: "staging directory".into(), source: std::io::Error::other(e) }
+        })?;
+        let blob = staging.path().join("blob");
+        let bytes = download(&client, &image, descriptor, &blob, config, reference).await?;
+        downloaded += bytes;
+        let root = staging.path().join("root");
+        std::fs::create_dir(&root)
+            .map_err(|source| PullError::Io { what: "staging root".into(), source })?;
+        let cap = config.max_layer_bytes.min(config.max_image_bytes.saturating_sub(unpacked_total));
+        let (blob2, root2, name) = (blob.clone(), root.clone(), descriptor.digest.clone());
+        let unpacked = tokio::task::spawn_blocking(move || {
+            unpack_layer(&blob2, compression, &root2, cap, &name)
+        })
+        .await
+        .map_err(|e| PullError::Io {
+            what: "unpack task".into(),
+            source: std::io::Error::other(e),
+        })?
+        .map_err(|e| match e {
+            UnpackError::TooLarge { cap, .. } if cap < config.max_layer_bytes => {
+                PullError::ImageTooLarge {
+                    reference: reference.into(),
+                    cap: config.max_image_bytes,
+                }
+            }
+            other => other.into(),
+        })?;
+        unpacked_total += unpacked.bytes;
+        if &unpacked.diff_id != diff_id {
+            return Err(UnpackError::DiffDigest {
+                layer: descriptor.digest.clone(),
+                expected: diff_id.clone(),
+                actual: unpacked.diff_id,
+            }
+            .into());
+        }
+        if unpacked.hides_below {
+            bottom = i;
+        }
+        let _ = std::fs::remove_file(&blob);
+        let label = format!("oci {reference} layer {}", descriptor.digest);
+        store.import(&layer, None, ImportSource::Staged(staging, label)).await?;
+        layers.push(PulledLayer {
+            layer,
+            diff_id: diff_id.clone(),
+            reused: false,
+            downloaded_bytes: bytes,
+        });
+    }
+    let name = name.map_or_else(|| default_name(reference), str::to_string);
+    let env: Vec<String> = layers[bottom..].iter().map(|l| l.layer.clone()).collect();
+    store.create_env(&name, env).await?;
+    tracing::info!(%reference, %name, layers = layers.len(), downloaded, "image pulled");
+    Ok(Pulled {
+        name,
+        manifest_digest,
+        layers,
+        downloaded_bytes: downloaded,
+        config: parsed.config.unwrap_or_default(),
+    })
+}
+
+/// Downloads one layer blob into `path`; its digest is checked by the client as the stream
+/// ends (a mismatch or a cut leaves nothing: the caller's staging directory goes).
+async fn download(
+    client: &Client,
+    image: &Reference,
+    descriptor: &oci_client::manifest::OciDescriptor,
+    path: &Path,
+    config: &PullConfig,
+    reference: &str,
+) -> Result<u64, PullError> {
+    let failed = |detail: String| PullError::Download {
+        reference: reference.into(),
+        digest: descriptor.digest.clone(),
+        detail,
+    };
+    let cap = config.max_layer_download_bytes;
+    if u64::try_from(descriptor.size).unwrap_or(u64::MAX) > cap {
+        return Err(PullError::LayerTooLarge {
+            reference: reference.into(),
+            digest: descriptor.digest.clone(),
+            cap,
+        });
+    }
+    let mut stream =
+        client.pull_blob_stream(image, descriptor).await.map_err(|e| failed(e.to_string()))?;
+    let mut out = tokio::fs::File::create(path)
+        .await
+        .map_err(|source| PullError::Io { what: "blob file".into(), source })?;
+    let mut bytes = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| failed(e.to_string()))?;
+        bytes += chunk.len() as u64;
+        if bytes > cap {
+            return Err(PullError::LayerTooLarge {
+                reference: reference.into(),
+                digest: descriptor.digest.clone(),
+                cap,
+            });
+        }
+        out.write_all(&chunk)
+            .await
+            .map_err(|source| PullError::Io { what: "blob file".into(), source })?;
+    }
+    out.flush().await.map_err(|source| PullError::Io { what: "blob file".into(), source })?;
+    Ok(bytes)
+}
+
+/// What kind of failure a pull met, for the caller's error code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PullFailure {
+    /// The reference is malformed.
+    BadReference,
+    /// The registry refused the credentials (or asked for some).
+    Denied,
+    /// No such repository, tag or digest.
+    NotFound,
+    /// The registry could not be reached or failed.
+    Unreachable,
+    /// The image is malformed: a layer that is no layer, paths out of its root, a diff digest
+    /// that does not match.
+    BadImage,
+    /// Past a configured cap.
+    TooLarge,
+    /// A blob arrived cut short or with the wrong digest.
+    Corrupt,
+    /// The layer store failed.
+    Store,
+    Internal,
+}
+
+impl PullError {
+    pub fn failure(&self) -> PullFailure {
+        use oci_client::errors::{OciDistributionError as O, OciErrorCode as C};
+        match self {
+            PullError::BadReference(..) => PullFailure::BadReference,
+            PullError::Registry { source, .. } => match source {
+                O::AuthenticationFailure(_) | O::UnauthorizedError { .. } => PullFailure::Denied,
+                O::ImageManifestNotFoundError(_) => PullFailure::NotFound,
+                O::ServerError { code: 401 | 403, .. } => PullFailure::Denied,
+                O::ServerError { code: 404, .. } => PullFailure::NotFound,
+                O::RegistryError { envelope, .. } => {
+                    let codes = || envelope.errors.iter().map(|e| &e.code);
+                    if codes().any(|c| matches!(c, C::Unauthorized | C::Denied)) {
+                        PullFailure::Denied
+                    } else if codes().any(|c| {
+                        matches!(
+                            c,
+                            C::ManifestUnknown | C::NameUnknown | C::NotFound | C::BlobUnknown
+                        )
+                    }) {
+                        PullFailure::NotFound
+                    } else {
+                        PullFailure::Unreachable
+                    }
+                }
+                O::UnsupportedMediaTypeError(_)
+                | O::UnsupportedSchemaVersionError(_)
+                | O::ManifestParsingError(_)
+                | O::IncompatibleLayerMediaTypeError(_) => PullFailure::BadImage,
+                O::DigestError(_) => PullFailure::Corrupt,
+                _ => PullFailure::Unreachable,
+            },
+            PullError::NotALayer { .. }
+            | PullError::BadConfig { .. }
+            | PullError::LayerCount { .. } => PullFailure::BadImage,
+            PullError::Download { .. } => PullFailure::Corrupt,
+            PullError::LayerTooLarge { .. } | PullError::ImageTooLarge { .. } => {
+                PullFailure::TooLarge
+            }
+            PullError::Unpack(UnpackError::TooLarge { .. }) => PullFailure::TooLarge,
+            PullError::Unpack(UnpackError::PathEscape { .. } | UnpackError::DiffDigest { .. }) => {
+                PullFailure::BadImage
+            }
+            PullError::Unpack(UnpackError::Io { .. }) => PullFailure::BadImage,
+            PullError::Store(_) => PullFailure::Store,
+            PullError::Io { .. } => PullFailure::Internal,
+        }
+    }
+}

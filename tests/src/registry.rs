@@ -1,0 +1,253 @@
+//! A real OCI registry for tests (Debian's `docker-registry`, the CNCF distribution server) on
+//! loopback, and OCI image layouts built here and pushed to it with `skopeo`.
+//!
+//! ```text
+//! OciImage::new().layer(..).layer(..) ─▶ write_layout(dir) ─▶ Registry::push(dir, "x:1")
+//!                                                  (skopeo copy oci:DIR:TAG docker://127.0.0.1:P/x:1)
+//! ```
+//! The registry and its storage go when the value is dropped, also when a test fails.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::Context;
+use sha2::{Digest, Sha256};
+
+/// A `docker-registry serve` on 127.0.0.1, plain HTTP, filesystem storage in a temp dir.
+pub struct Registry {
+    child: Child,
+    dir: tempfile::TempDir,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+}
+
+impl Registry {
+    pub fn start() -> anyhow::Result<Registry> {
+        let dir = tempfile::Builder::new().prefix("brig-registry-").tempdir()?;
+        let config = format!(
+            "version: 0.1\nlog: {{level: info}}\nstorage:\n  filesystem: {{rootdirectory: {}}}\n  \
+             delete: {{enabled: true}}\nhttp:\n  addr: 127.0.0.1:0\n  secret: brig-test\n",
+            dir.path().join("store").display()
+        );
+        let config_path = dir.path().join("config.yml");
+        std::fs::write(&config_path, config)?;
+        let mut child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&config_path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context(
+                "docker-registry (Debian's docker-registry package; scripts/install-deps.sh)",
+            )?;
+        let stderr = child.stderr.take().context("registry stderr")?;
+        let mut lines = std::io::BufReader::new(stderr).lines();
+        let addr = loop {
+            let Some(line) = lines.next() else {
+                let _ = child.kill();
+                anyhow::bail!("docker-registry ended before it listened");
+            };
+            let line = line?;
+            if let Some(at) = line.find("listening on ") {
+                let rest = &line[at + "listening on ".len()..];
+                let addr: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+                    .collect();
+                break addr;
+            }
+        };
+        // Keep draining its log so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Ok(Registry { child, dir, addr })
+    }
+
+    /// Pushes tag `tag` of the OCI layout at `layout` as `repo:tag` here; the reference to pull.
+    pub fn push(&self, layout: &Path, tag: &str, repo: &str) -> anyhow::Result<String> {
+        let reference = format!("{}/{repo}:{tag}", self.addr);
+        let out = Command::new("skopeo")
+            .args(["--insecure-policy", "copy", "--quiet", "--dest-tls-verify=false"])
+            .arg(format!("oci:{}:{tag}", layout.display()))
+            .arg(format!("docker://{reference}"))
+            .output()
+            .context("skopeo (scripts/install-deps.sh)")?;
+        anyhow::ensure!(out.status.success(), "skopeo: {}", String::from_utf8_lossy(&out.stderr));
+        Ok(reference)
+    }
+
+    /// The file the registry keeps blob `digest` in (to damage it).
+    pub fn blob_file(&self, digest: &str) -> PathBuf {
+        let hex = digest.trim_start_matches("sha256:");
+        self.dir
+            .path()
+            .join("store/docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One entry of a layer being built.
+pub enum Entry {
+    File { path: String, mode: u32, uid: u64, data: Vec<u8> },
+    Dir { path: String, mode: u32 },
+    Symlink { path: String, target: String },
+    HardLink { path: String, target: String },
+}
+
+/// A layer: its entries, written as a gzip tar.
+#[derive(Default)]
+pub struct Layer {
+    pub entries: Vec<Entry>,
+}
+
+impl Layer {
+    pub fn file(mut self, path: &str, mode: u32, data: &[u8]) -> Self {
+        let data = data.to_vec();
+        self.entries.push(Entry::File { path: path.into(), mode, uid: 0, data });
+        self
+    }
+    pub fn owned_file(mut self, path: &str, mode: u32, uid: u64, data: &[u8]) -> Self {
+        self.entries.push(Entry::File { path: path.into(), mode, uid, data: data.to_vec() });
+        self
+    }
+    pub fn dir(mut self, path: &str) -> Self {
+        self.entries.push(Entry::Dir { path: path.into(), mode: 0o755 });
+        self
+    }
+    pub fn symlink(mut self, path: &str, target: &str) -> Self {
+        self.entries.push(Entry::Symlink { path: path.into(), target: target.into() });
+        self
+    }
+    pub fn hard_link(mut self, path: &str, target: &str) -> Self {
+        self.entries.push(Entry::HardLink { path: path.into(), target: target.into() });
+        self
+    }
+
+    /// The uncompressed tar.
+    pub fn tar(&self) -> anyhow::Result<Vec<u8>> {
+        let mut b = tar::Builder::new(Vec::new());
+        for e in &self.entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_mtime(1_700_000_000);
+            h.set_uid(0);
+            h.set_gid(0);
+            let (path, data): (&str, &[u8]) = match e {
+                Entry::File { path, mode, uid, data } => {
+                    h.set_entry_type(tar::EntryType::Regular);
+                    h.set_mode(*mode);
+                    h.set_uid(*uid);
+                    h.set_gid(*uid);
+                    (path, data)
+                }
+                Entry::Dir { path, mode } => {
+                    h.set_entry_type(tar::EntryType::Directory);
+                    h.set_mode(*mode);
+                    (path, &[])
+                }
+                Entry::Symlink { path, target } | Entry::HardLink { path, target } => {
+                    let kind = match e {
+                        Entry::Symlink { .. } => tar::EntryType::Symlink,
+                        _ => tar::EntryType::Link,
+                    };
+                    h.set_entry_type(kind);
+                    h.set_mode(0o777);
+                    h.set_link_name(target)?;
+                    (path, &[])
+                }
+            };
+            h.set_size(data.len() as u64);
+            // Raw, so a test can write what a hostile layer would (`../x`).
+            let name = &mut h.as_old_mut().name;
+            anyhow::ensure!(path.len() < name.len(), "path too long for the test's tar: {path}");
+            name[..path.len()].copy_from_slice(path.as_bytes());
+            h.set_cksum();
+            b.append(&h, data)?;
+        }
+        Ok(b.into_inner()?)
+    }
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+/// Writes `bytes` as a blob of the layout; its digest.
+fn put_blob(layout: &Path, bytes: &[u8]) -> anyhow::Result<String> {
+    let digest = sha256(bytes);
+    let dir = layout.join("blobs/sha256");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join(digest.trim_start_matches("sha256:")), bytes)?;
+    Ok(digest)
+}
+
+/// What an image layout holds of one image: its layers' blob digests and sizes (bottom first).
+pub struct Written {
+    pub layer_digests: Vec<String>,
+    pub layer_sizes: Vec<u64>,
+    pub diff_ids: Vec<String>,
+}
+
+/// Writes an image of `layers` (gzip-compressed) with `env`/`cmd` as tag `tag` of the OCI
+/// layout at `layout` (made if missing; other tags stay).
+pub fn write_image(
+    layout: &Path,
+    tag: &str,
+    layers: &[Layer],
+    env: &[&str],
+) -> anyhow::Result<Written> {
+    std::fs::create_dir_all(layout)?;
+    std::fs::write(layout.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+    let mut written = Written { layer_digests: vec![], layer_sizes: vec![], diff_ids: vec![] };
+    let mut descriptors = Vec::new();
+    for layer in layers {
+        let tar = layer.tar()?;
+        written.diff_ids.push(sha256(&tar));
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&tar)?;
+        let blob = gz.finish()?;
+        let digest = put_blob(layout, &blob)?;
+        descriptors.push(serde_json::json!({
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": digest, "size": blob.len()
+        }));
+        written.layer_digests.push(digest);
+        written.layer_sizes.push(blob.len() as u64);
+    }
+    let config = serde_json::json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Env": env, "Cmd": ["/bin/sh"], "WorkingDir": "/"},
+        "rootfs": {"type": "layers", "diff_ids": written.diff_ids},
+    });
+    let config = serde_json::to_vec(&config)?;
+    let config_digest = put_blob(layout, &config)?;
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": config_digest, "size": config.len()},
+        "layers": descriptors,
+    }))?;
+    let manifest_digest = put_blob(layout, &manifest)?;
+    let index_path = layout.join("index.json");
+    let mut index: serde_json::Value = match std::fs::read(&index_path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)?,
+        Err(_) => serde_json::json!({"schemaVersion": 2, "manifests": []}),
+    };
+    let entry = serde_json::json!({
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "digest": manifest_digest, "size": manifest.len(),
+        "annotations": {"org.opencontainers.image.ref.name": tag},
+    });
+    index["manifests"].as_array_mut().context("index manifests")?.push(entry);
+    std::fs::write(&index_path, serde_json::to_vec(&index)?)?;
+    Ok(written)
+}

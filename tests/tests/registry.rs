@@ -1,0 +1,153 @@
+//! `brig image pull` against a real registry (Debian's `docker-registry` on loopback, fed with
+//! `skopeo` from OCI layouts built here): each image layer becomes one Brig layer, converted
+//! once; whiteouts, opaque directories, hard links, setuid bits and owners stay right across the
+//! stack; a second image on the same base downloads only its own layer; bad references,
+//! escapes and damaged blobs are typed errors that leave nothing behind.
+
+use brig_sdk::{ErrorCode, SandboxOptions};
+use brig_tests::registry::{write_image, Layer, Registry};
+use brig_tests::Daemon;
+
+/// A runnable base: static busybox with a few applets, /etc and the usual directories.
+fn base() -> Layer {
+    let busybox = std::fs::read("/bin/busybox").expect("busybox-static");
+    let mut layer = Layer::default();
+    for d in ["bin/", "etc/", "tmp/", "proc/", "sys/", "dev/", "root/", "workspace/", "opt/"] {
+        layer = layer.dir(d);
+    }
+    layer = layer.file("bin/busybox", 0o755, &busybox);
+    for applet in ["sh", "cat", "ls", "stat", "echo", "test", "id", "sleep", "true"] {
+        layer = layer.symlink(&format!("bin/{applet}"), "busybox");
+    }
+    layer
+        .file("etc/passwd", 0o644, b"root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000::/:/bin/sh\n")
+        .file("etc/group", 0o644, b"root:x:0:\nagent:x:1000:\n")
+}
+
+fn middle() -> Layer {
+    Layer::default()
+        .file("etc/motd", 0o644, b"from the middle layer\n")
+        .file("opt/old-a", 0o644, b"a")
+        .file("opt/old-b", 0o644, b"b")
+}
+
+fn top() -> Layer {
+    Layer::default()
+        .file("etc/.wh.motd", 0o644, b"")
+        .file("opt/.wh..wh..opq", 0o644, b"")
+        .file("opt/new", 0o644, b"new\n")
+        .file("bin/su-like", 0o4755, b"#!/bin/sh\n")
+        .hard_link("bin/su-link", "bin/su-like")
+        .owned_file("workspace/agent.txt", 0o600, 1000, b"agent's\n")
+}
+
+async fn sh(sb: &brig_sdk::Sandbox, script: &str) -> String {
+    let out = sb.exec(["sh", "-c", script]).await.expect("exec");
+    format!("{}{}", out.stdout_text(), String::from_utf8_lossy(&out.stderr))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_are_pulled_layer_by_layer_and_run() {
+    let registry = Registry::start().expect("registry");
+    let layout = tempfile::tempdir().expect("layout");
+    let a = write_image(layout.path(), "a", &[base(), middle(), top()], &["GREETING=hi"])
+        .expect("image a");
+    let own = Layer::default().file("etc/b-only", 0o644, b"b\n");
+    let b = write_image(layout.path(), "b", &[base(), middle(), own], &[]).expect("image b");
+    let ref_a = registry.push(layout.path(), "a", "brig/a").expect("push a");
+    let ref_b = registry.push(layout.path(), "b", "brig/b").expect("push b");
+
+    let config = format!("[images.registries]\ninsecure = [\"{}\"]\n", registry.addr);
+    let daemon = Daemon::start_with_config(&config, &[]).expect("brigd");
+    let client = daemon.client().await.expect("connect");
+
+    let pulled = client.pull_image(&ref_a, Some("test/a")).await.expect("pull a");
+    assert_eq!(pulled.name, "test/a");
+    assert_eq!(pulled.layers.len(), 3);
+    assert!(pulled.layers.iter().all(|l| !l.reused), "{:?}", pulled.layers);
+    assert_eq!(pulled.downloaded_bytes, a.layer_sizes.iter().sum::<u64>());
+    assert_eq!(pulled.env, ["GREETING=hi"]);
+    for (layer, diff_id) in pulled.layers.iter().zip(&a.diff_ids) {
+        assert_eq!(&layer.diff_id, diff_id);
+        assert_eq!(layer.layer, format!("oci/{}", diff_id.trim_start_matches("sha256:")));
+    }
+
+    let sb = client
+        .create(SandboxOptions::container("env:test/a"))
+        .await
+        .expect("create from the pulled image");
+    assert_eq!(
+        sh(&sb, "cat /etc/motd 2>&1; echo rc=$?").await.trim_end().lines().last(),
+        Some("rc=1")
+    );
+    assert_eq!(sh(&sb, "ls /opt").await, "new\n", "the opaque directory hides the layer below");
+    assert_eq!(sh(&sb, "stat -c %a /bin/su-like").await, "4755\n", "setuid kept");
+    let inodes = sh(&sb, "stat -c %i /bin/su-like /bin/su-link").await;
+    let inodes: Vec<&str> = inodes.lines().collect();
+    assert_eq!(inodes.len(), 2);
+    assert_eq!(inodes[0], inodes[1], "a hard link stays one file");
+    assert_eq!(sh(&sb, "stat -c %u:%a /workspace/agent.txt").await, "1000:600\n");
+    sb.destroy().await.expect("destroy");
+
+    // The second image shares its two lower layers: only its own is downloaded.
+    let second = client.pull_image(&ref_b, None).await.expect("pull b");
+    let reused: Vec<bool> = second.layers.iter().map(|l| l.reused).collect();
+    assert_eq!(reused, [true, true, false]);
+    assert_eq!(second.downloaded_bytes, b.layer_sizes[2], "only the layer it does not share");
+    assert_eq!(second.name, format!("pulled/{}", ref_b.replace(':', "-")));
+    let sb =
+        client.create(SandboxOptions::container(&format!("env:{}", second.name))).await.expect("b");
+    assert_eq!(sh(&sb, "cat /etc/b-only /etc/motd").await, "b\nfrom the middle layer\n");
+    sb.destroy().await.expect("destroy");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_pulls_are_typed_errors_that_leave_nothing() {
+    let registry = Registry::start().expect("registry");
+    let layout = tempfile::tempdir().expect("layout");
+    let escape = Layer::default().file("../outside", 0o644, b"x");
+    let bad = write_image(layout.path(), "escape", &[base(), escape], &[]).expect("escape");
+    let ref_escape = registry.push(layout.path(), "escape", "brig/escape").expect("push");
+    let damaged = Layer::default().file("etc/damaged", 0o644, &[7u8; 4096]);
+    let dmg = write_image(layout.path(), "damaged", &[damaged], &[]).expect("damaged");
+    let ref_damaged = registry.push(layout.path(), "damaged", "brig/damaged").expect("push");
+
+    let config = format!("[images.registries]\ninsecure = [\"{}\"]\n", registry.addr);
+    let daemon = Daemon::start_with_config(&config, &[]).expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    let code = |r: Result<brig_proto::PulledImage, brig_sdk::Error>| match r {
+        Ok(p) => panic!("pulled: {p:?}"),
+        Err(e) => (e.code(), e.to_string()),
+    };
+
+    let (c, text) = code(client.pull_image("not a reference!", None).await);
+    assert_eq!(c, Some(ErrorCode::BadRequest), "{text}");
+    let (c, text) = code(client.pull_image(&format!("{}/brig/none:1", registry.addr), None).await);
+    assert_eq!(c, Some(ErrorCode::NotFound), "{text}");
+    let (c, text) =
+        code(client.pull_image(&format!("{}/brig/a:missing", registry.addr), None).await);
+    assert_eq!(c, Some(ErrorCode::NotFound), "{text}");
+    let (c, text) = code(client.pull_image("127.0.0.1:1/brig/a:1", None).await);
+    assert_eq!(c, Some(ErrorCode::Unavailable), "{text}");
+
+    let (c, text) = code(client.pull_image(&ref_escape, None).await);
+    assert_eq!(c, Some(ErrorCode::BadRequest), "{text}");
+    assert!(text.contains("../outside"), "{text}");
+    let escaped = format!("oci/{}", bad.diff_ids[1].trim_start_matches("sha256:"));
+    assert!(client.inspect_image(&escaped).await.is_err(), "the escaping layer was stored");
+
+    // A blob the registry serves with other bytes than its digest names.
+    let blob = registry.blob_file(&dmg.layer_digests[0]);
+    let mut bytes = std::fs::read(&blob).expect("blob");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&blob, bytes).expect("damage");
+    let (c, text) = code(client.pull_image(&ref_damaged, None).await);
+    assert_eq!(c, Some(ErrorCode::DataLoss), "{text}");
+    assert!(text.contains(&dmg.layer_digests[0]), "says which blob: {text}");
+    let stored = format!("oci/{}", dmg.diff_ids[0].trim_start_matches("sha256:"));
+    assert!(client.inspect_image(&stored).await.is_err(), "a damaged layer was stored");
+    let work = daemon.state_dir().join("layers/work");
+    let left: Vec<_> = std::fs::read_dir(&work).map(|d| d.flatten().collect()).unwrap_or_default();
+    assert!(left.is_empty(), "half layers left in {}: {left:?}", work.display());
+}
