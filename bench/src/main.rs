@@ -17,6 +17,7 @@ mod ksm;
 mod lifecycle;
 mod microvm;
 mod probe;
+mod pull;
 mod python;
 mod qos;
 mod sim;
@@ -40,6 +41,8 @@ enum Bench {
     Container(container::Options),
     /// Layer store: fetched fraction for a Python import, cold/warm create, disk writes.
     Images(images::Options),
+    /// `brig image pull` of a five-layer image from a loopback registry against skopeo + umoci.
+    Pull(pull::Options),
     /// Idle sandboxes one node holds at once, memory per sandbox, what stopped it.
     Density(density::Options),
     /// Step latency of a latency-sensitive sandbox under background CPU load, QoS off and on.
@@ -72,6 +75,7 @@ fn main() -> anyhow::Result<()> {
         Bench::Fncall(opts) => fncall::run(opts)?,
         Bench::Container(opts) => container::run(opts)?,
         Bench::Images(opts) => images::run(opts)?,
+        Bench::Pull(opts) => pull::run(opts)?,
         Bench::Lifecycle(opts) => lifecycle::run(opts)?,
         Bench::Density(opts) => density::run(opts)?,
         Bench::Qos(opts) => qos::run(opts)?,
