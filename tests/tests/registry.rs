@@ -87,6 +87,7 @@ async fn images_are_pulled_layer_by_layer_and_run() {
     assert_eq!(inodes.len(), 2);
     assert_eq!(inodes[0], inodes[1], "a hard link stays one file");
     assert_eq!(sh(&sb, "stat -c %u:%a /workspace/agent.txt").await, "1000:600\n");
+    assert_eq!(sh(&sb, "echo $GREETING").await, "hi\n", "the image's Env applies");
     sb.destroy().await.expect("destroy");
 
     // The second image shares its two lower layers: only its own is downloaded.

@@ -39,6 +39,10 @@ pub struct LayerRecord {
 pub struct Catalog {
     pub layers: BTreeMap<String, BTreeMap<u32, String>>,
     pub envs: BTreeMap<String, Vec<String>>,
+    /// Variables the processes of an environment's sandboxes start with (a pulled image's
+    /// `Env`), by environment.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env_variables: BTreeMap<String, Vec<(String, String)>>,
 }
 
 /// A parsed layer reference.

@@ -414,9 +414,38 @@ impl LayerStore {
         let _guard = self.write.lock().await;
         let mut catalog = self.catalog.lock().clone();
         catalog.envs.insert(name.to_string(), layers);
+        // A redefined environment starts without the variables of what it was.
+        catalog.env_variables.remove(name);
         self.save_catalog(&catalog)?;
         *self.catalog.lock() = catalog;
         Ok(())
+    }
+
+    /// Sets the variables the processes of environment `name`'s sandboxes start with.
+    pub async fn set_env_variables(
+        &self,
+        name: &str,
+        variables: Vec<(String, String)>,
+    ) -> Result<(), StoreError> {
+        let _guard = self.write.lock().await;
+        let mut catalog = self.catalog.lock().clone();
+        if !catalog.envs.contains_key(name) {
+            return Err(StoreError::NoEnv(name.to_string()));
+        }
+        if variables.is_empty() {
+            catalog.env_variables.remove(name);
+        } else {
+            catalog.env_variables.insert(name.to_string(), variables);
+        }
+        self.save_catalog(&catalog)?;
+        *self.catalog.lock() = catalog;
+        Ok(())
+    }
+
+    /// The variables of `spec`'s environment (`env:NAME`); none for other specs.
+    pub fn env_variables(&self, spec: &str) -> Vec<(String, String)> {
+        let Some(name) = spec.strip_prefix("env:") else { return Vec::new() };
+        self.catalog.lock().env_variables.get(name).cloned().unwrap_or_default()
     }
 
     pub fn envs(&self) -> Vec<(String, Vec<String>)> {

@@ -304,8 +304,10 @@ impl ContainerTier {
             seed: None,
             protect: Protections { paths: protected, reveal: false },
         };
-        match ContainerSandbox::create(&self.runtime, spec, req.env.clone(), digests.clone()).await
-        {
+        // An environment's own variables (a pulled image's `Env`), the request's on top.
+        let image_env = store.map(|s| s.env_variables(image)).unwrap_or_default();
+        let env = brig_container::sandbox::merged_env(&image_env, req.env.clone());
+        match ContainerSandbox::create(&self.runtime, spec, env, digests.clone()).await {
             Ok(sandbox) => Ok(sandbox),
             Err(e) => {
                 if let Some(store) = store {

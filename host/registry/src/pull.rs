@@ -274,14 +274,12 @@ pub async fn pull(
     let name = name.map_or_else(|| default_name(reference), str::to_string);
     let env: Vec<String> = layers[bottom..].iter().map(|l| l.layer.clone()).collect();
     store.create_env(&name, env).await?;
+    let config = parsed.config.unwrap_or_default();
+    let variables = config.env.iter().flatten().filter_map(|v| v.split_once('='));
+    let variables = variables.map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    store.set_env_variables(&name, variables).await?;
     tracing::info!(%reference, %name, layers = layers.len(), downloaded, "image pulled");
-    Ok(Pulled {
-        name,
-        manifest_digest,
-        layers,
-        downloaded_bytes: downloaded,
-        config: parsed.config.unwrap_or_default(),
-    })
+    Ok(Pulled { name, manifest_digest, layers, downloaded_bytes: downloaded, config })
 }
 
 /// Downloads one layer blob into `path`; its digest is checked by the client as the stream
