@@ -76,6 +76,30 @@ impl Registry {
         Ok(reference)
     }
 
+    /// As [`Registry::push`], every platform of an index (`--all`), and with `docker` as
+    /// Docker v2 schema 2 (skopeo converts the media types).
+    pub fn push_with(
+        &self,
+        layout: &Path,
+        tag: &str,
+        repo: &str,
+        docker: bool,
+    ) -> anyhow::Result<String> {
+        let reference = format!("{}/{repo}:{tag}", self.addr);
+        let mut cmd = Command::new("skopeo");
+        cmd.args(["--insecure-policy", "copy", "--quiet", "--all", "--dest-tls-verify=false"]);
+        if docker {
+            cmd.args(["-f", "v2s2"]);
+        }
+        let out = cmd
+            .arg(format!("oci:{}:{tag}", layout.display()))
+            .arg(format!("docker://{reference}"))
+            .output()
+            .context("skopeo (scripts/install-deps.sh)")?;
+        anyhow::ensure!(out.status.success(), "skopeo: {}", String::from_utf8_lossy(&out.stderr));
+        Ok(reference)
+    }
+
     /// The file the registry keeps blob `digest` in (to damage it).
     pub fn blob_file(&self, digest: &str) -> PathBuf {
         let hex = digest.trim_start_matches("sha256:");
@@ -196,6 +220,14 @@ pub struct Written {
     pub diff_ids: Vec<String>,
 }
 
+/// How the layers of an image written here are compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compress {
+    Gzip,
+    Zstd,
+    None,
+}
+
 /// Writes an image of `layers` (gzip-compressed) with `env`/`cmd` as tag `tag` of the OCI
 /// layout at `layout` (made if missing; other tags stay).
 pub fn write_image(
@@ -204,6 +236,68 @@ pub fn write_image(
     layers: &[Layer],
     env: &[&str],
 ) -> anyhow::Result<Written> {
+    let (written, manifest) = write_manifest(layout, layers, env, "amd64", Compress::Gzip)?;
+    add_to_index(layout, tag, "application/vnd.oci.image.manifest.v1+json", &manifest)?;
+    Ok(written)
+}
+
+/// Writes an image index of one image per `(architecture, layers, compression)` as tag `tag`.
+pub fn write_multi_platform(
+    layout: &Path,
+    tag: &str,
+    images: &[(&str, &[Layer], Compress)],
+) -> anyhow::Result<Vec<Written>> {
+    let mut entries = Vec::new();
+    let mut all = Vec::new();
+    for (arch, layers, compress) in images {
+        let (written, manifest) = write_manifest(layout, layers, &[], arch, *compress)?;
+        let (digest, size) = manifest;
+        entries.push(serde_json::json!({
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": digest, "size": size,
+            "platform": {"architecture": arch, "os": "linux"},
+        }));
+        all.push(written);
+    }
+    let index = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": entries,
+    }))?;
+    let digest = put_blob(layout, &index)?;
+    add_to_index(layout, tag, "application/vnd.oci.image.index.v1+json", &(digest, index.len()))?;
+    Ok(all)
+}
+
+fn add_to_index(
+    layout: &Path,
+    tag: &str,
+    media_type: &str,
+    (digest, size): &(String, usize),
+) -> anyhow::Result<()> {
+    let index_path = layout.join("index.json");
+    let mut index: serde_json::Value = match std::fs::read(&index_path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)?,
+        Err(_) => serde_json::json!({"schemaVersion": 2, "manifests": []}),
+    };
+    let entry = serde_json::json!({
+        "mediaType": media_type, "digest": digest, "size": size,
+        "annotations": {"org.opencontainers.image.ref.name": tag},
+    });
+    index["manifests"].as_array_mut().context("index manifests")?.push(entry);
+    std::fs::write(&index_path, serde_json::to_vec(&index)?)?;
+    Ok(())
+}
+
+/// Writes the blobs and manifest of one image; what was written and the manifest's digest
+/// and size.
+fn write_manifest(
+    layout: &Path,
+    layers: &[Layer],
+    env: &[&str],
+    arch: &str,
+    compress: Compress,
+) -> anyhow::Result<(Written, (String, usize))> {
     std::fs::create_dir_all(layout)?;
     std::fs::write(layout.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)?;
     let mut written = Written { layer_digests: vec![], layer_sizes: vec![], diff_ids: vec![] };
@@ -211,19 +305,26 @@ pub fn write_image(
     for layer in layers {
         let tar = layer.tar()?;
         written.diff_ids.push(sha256(&tar));
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        gz.write_all(&tar)?;
-        let blob = gz.finish()?;
+        let (blob, media_type) = match compress {
+            Compress::Gzip => {
+                let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+                gz.write_all(&tar)?;
+                (gz.finish()?, "application/vnd.oci.image.layer.v1.tar+gzip")
+            }
+            Compress::Zstd => {
+                (zstd::encode_all(&tar[..], 3)?, "application/vnd.oci.image.layer.v1.tar+zstd")
+            }
+            Compress::None => (tar, "application/vnd.oci.image.layer.v1.tar"),
+        };
         let digest = put_blob(layout, &blob)?;
         descriptors.push(serde_json::json!({
-            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-            "digest": digest, "size": blob.len()
+            "mediaType": media_type, "digest": digest, "size": blob.len()
         }));
         written.layer_digests.push(digest);
         written.layer_sizes.push(blob.len() as u64);
     }
     let config = serde_json::json!({
-        "architecture": "amd64", "os": "linux",
+        "architecture": arch, "os": "linux",
         "config": {"Env": env, "Cmd": ["/bin/sh"], "WorkingDir": "/"},
         "rootfs": {"type": "layers", "diff_ids": written.diff_ids},
     });
@@ -237,17 +338,5 @@ pub fn write_image(
         "layers": descriptors,
     }))?;
     let manifest_digest = put_blob(layout, &manifest)?;
-    let index_path = layout.join("index.json");
-    let mut index: serde_json::Value = match std::fs::read(&index_path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)?,
-        Err(_) => serde_json::json!({"schemaVersion": 2, "manifests": []}),
-    };
-    let entry = serde_json::json!({
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "digest": manifest_digest, "size": manifest.len(),
-        "annotations": {"org.opencontainers.image.ref.name": tag},
-    });
-    index["manifests"].as_array_mut().context("index manifests")?.push(entry);
-    std::fs::write(&index_path, serde_json::to_vec(&index)?)?;
-    Ok(written)
+    Ok((written, (manifest_digest, manifest.len())))
 }

@@ -152,3 +152,45 @@ async fn bad_pulls_are_typed_errors_that_leave_nothing() {
     let left: Vec<_> = std::fs::read_dir(&work).map(|d| d.flatten().collect()).unwrap_or_default();
     assert!(left.is_empty(), "half layers left in {}: {left:?}", work.display());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn indexes_docker_media_types_and_zstd_layers_are_pulled() {
+    use brig_tests::registry::{write_multi_platform, Compress};
+    let registry = Registry::start().expect("registry");
+    let layout = tempfile::tempdir().expect("layout");
+    let amd = [base(), Layer::default().file("etc/arch", 0o644, b"amd64\n")];
+    let arm = [base(), Layer::default().file("etc/arch", 0o644, b"arm64\n")];
+    let images = [("arm64", &arm[..], Compress::Gzip), ("amd64", &amd[..], Compress::Zstd)];
+    let written = write_multi_platform(layout.path(), "multi", &images).expect("index");
+    let plain = [base(), Layer::default().file("etc/kind", 0o644, b"plain tar\n")];
+    let plain_images = [("amd64", &plain[..], Compress::None)];
+    write_multi_platform(layout.path(), "plain", &plain_images).expect("plain");
+    let docker_layers = [base(), Layer::default().file("etc/kind", 0o644, b"docker v2\n")];
+    write_image(layout.path(), "docker", &docker_layers, &[]).expect("docker");
+    let ref_multi = registry.push_with(layout.path(), "multi", "brig/multi", false).expect("push");
+    let ref_plain = registry.push_with(layout.path(), "plain", "brig/plain", false).expect("push");
+    let ref_docker =
+        registry.push_with(layout.path(), "docker", "brig/docker", true).expect("push v2s2");
+
+    let config = format!("[images.registries]\ninsecure = [\"{}\"]\n", registry.addr);
+    let daemon = Daemon::start_with_config(&config, &[]).expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    for (reference, file, expected) in [
+        (&ref_multi, "/etc/arch", "amd64\n"),
+        (&ref_plain, "/etc/kind", "plain tar\n"),
+        (&ref_docker, "/etc/kind", "docker v2\n"),
+    ] {
+        let pulled = client.pull_image(reference, None).await.expect("pull");
+        let sb = client
+            .create(SandboxOptions::container(&format!("env:{}", pulled.name)))
+            .await
+            .expect("create");
+        assert_eq!(sh(&sb, &format!("cat {file}")).await, expected, "{reference}");
+        sb.destroy().await.expect("destroy");
+    }
+    // The node's platform was chosen from the index: the amd64 image's (zstd) layer.
+    let amd_top = format!("oci/{}", written[1].diff_ids[1].trim_start_matches("sha256:"));
+    client.inspect_image(&amd_top).await.expect("the amd64 layer");
+    let arm_top = format!("oci/{}", written[0].diff_ids[1].trim_start_matches("sha256:"));
+    assert!(client.inspect_image(&arm_top).await.is_err(), "the arm64 layer was pulled too");
+}
