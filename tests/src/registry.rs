@@ -14,22 +14,115 @@ use std::process::{Child, Command, Stdio};
 use anyhow::Context;
 use sha2::{Digest, Sha256};
 
-/// A `docker-registry serve` on 127.0.0.1, plain HTTP, filesystem storage in a temp dir.
+/// A `docker-registry serve` on 127.0.0.1, filesystem storage in a temp dir: plain HTTP, or
+/// TLS with a CA of its own and htpasswd (bcrypt) users.
 pub struct Registry {
     child: Child,
     dir: tempfile::TempDir,
     /// `127.0.0.1:PORT`.
     pub addr: String,
+    /// With TLS: the directory with `ca.crt` (skopeo's cert dir), and the CA's PEM file.
+    pub cert_dir: Option<PathBuf>,
+    /// With auth: the user and password that may push and pull.
+    pub user: Option<(String, String)>,
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let out = cmd.output().with_context(|| format!("{cmd:?}"))?;
+    anyhow::ensure!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(())
+}
+
+/// A CA and a server certificate for 127.0.0.1 signed by it, in `dir` (`ca.crt`, `srv.pem`,
+/// `srv.key`).
+fn make_certs(dir: &Path) -> anyhow::Result<()> {
+    let p = |name: &str| dir.join(name);
+    run(Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=brig-test-ca",
+        ])
+        .arg("-keyout")
+        .arg(p("ca.key"))
+        .arg("-out")
+        .arg(p("ca.crt")))?;
+    run(Command::new("openssl")
+        .args(["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1"])
+        .arg("-keyout")
+        .arg(p("srv.key"))
+        .arg("-out")
+        .arg(p("srv.csr")))?;
+    std::fs::write(
+        p("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
+    )?;
+    run(Command::new("openssl")
+        .args(["x509", "-req", "-days", "2", "-CAcreateserial"])
+        .arg("-in")
+        .arg(p("srv.csr"))
+        .arg("-CA")
+        .arg(p("ca.crt"))
+        .arg("-CAkey")
+        .arg(p("ca.key"))
+        .arg("-extfile")
+        .arg(p("ext.cnf"))
+        .arg("-out")
+        .arg(p("srv.pem")))?;
+    Ok(())
 }
 
 impl Registry {
     pub fn start() -> anyhow::Result<Registry> {
+        Self::start_with(None)
+    }
+
+    /// With `user`: TLS (a CA of its own) and htpasswd auth for that one user.
+    pub fn start_with(user: Option<(&str, &str)>) -> anyhow::Result<Registry> {
         let dir = tempfile::Builder::new().prefix("brig-registry-").tempdir()?;
-        let config = format!(
+        let mut config = format!(
             "version: 0.1\nlog: {{level: info}}\nstorage:\n  filesystem: {{rootdirectory: {}}}\n  \
              delete: {{enabled: true}}\nhttp:\n  addr: 127.0.0.1:0\n  secret: brig-test\n",
             dir.path().join("store").display()
         );
+        let mut cert_dir = None;
+        if let Some((name, password)) = user {
+            let certs = dir.path().join("certs");
+            std::fs::create_dir(&certs)?;
+            make_certs(&certs)?;
+            config.push_str(&format!(
+                "  tls: {{certificate: {}, key: {}}}\n",
+                certs.join("srv.pem").display(),
+                certs.join("srv.key").display()
+            ));
+            // bcrypt, the only hash the registry's htpasswd takes.
+            let script = "import crypt,sys;print(sys.argv[1]+':'+crypt.crypt(sys.argv[2],crypt.mksalt(crypt.METHOD_BLOWFISH)))";
+            let out = Command::new("python3")
+                .args(["-W", "ignore", "-c", script, name, password])
+                .output()?;
+            anyhow::ensure!(
+                out.status.success(),
+                "htpasswd: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let htpasswd = dir.path().join("htpasswd");
+            std::fs::write(&htpasswd, &out.stdout)?;
+            config.push_str(&format!(
+                "auth:\n  htpasswd: {{realm: brig-test, path: {}}}\n",
+                htpasswd.display()
+            ));
+            // skopeo's cert dir holds only the CA.
+            let skopeo_dir = dir.path().join("skopeo-certs");
+            std::fs::create_dir(&skopeo_dir)?;
+            std::fs::copy(certs.join("ca.crt"), skopeo_dir.join("ca.crt"))?;
+            cert_dir = Some(skopeo_dir);
+        }
         let config_path = dir.path().join("config.yml");
         std::fs::write(&config_path, config)?;
         let mut child = Command::new("docker-registry")
@@ -60,20 +153,18 @@ impl Registry {
         };
         // Keep draining its log so it never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Ok(Registry { child, dir, addr })
+        let user = user.map(|(u, p)| (u.to_string(), p.to_string()));
+        Ok(Registry { child, dir, addr, cert_dir, user })
+    }
+
+    /// The CA certificate's file, with TLS.
+    pub fn ca_file(&self) -> Option<PathBuf> {
+        self.cert_dir.as_ref().map(|d| d.join("ca.crt"))
     }
 
     /// Pushes tag `tag` of the OCI layout at `layout` as `repo:tag` here; the reference to pull.
     pub fn push(&self, layout: &Path, tag: &str, repo: &str) -> anyhow::Result<String> {
-        let reference = format!("{}/{repo}:{tag}", self.addr);
-        let out = Command::new("skopeo")
-            .args(["--insecure-policy", "copy", "--quiet", "--dest-tls-verify=false"])
-            .arg(format!("oci:{}:{tag}", layout.display()))
-            .arg(format!("docker://{reference}"))
-            .output()
-            .context("skopeo (scripts/install-deps.sh)")?;
-        anyhow::ensure!(out.status.success(), "skopeo: {}", String::from_utf8_lossy(&out.stderr));
-        Ok(reference)
+        self.push_with(layout, tag, repo, false)
     }
 
     /// As [`Registry::push`], every platform of an index (`--all`), and with `docker` as
@@ -87,7 +178,14 @@ impl Registry {
     ) -> anyhow::Result<String> {
         let reference = format!("{}/{repo}:{tag}", self.addr);
         let mut cmd = Command::new("skopeo");
-        cmd.args(["--insecure-policy", "copy", "--quiet", "--all", "--dest-tls-verify=false"]);
+        cmd.args(["--insecure-policy", "copy", "--quiet", "--all"]);
+        match &self.cert_dir {
+            Some(dir) => cmd.arg("--dest-cert-dir").arg(dir),
+            None => cmd.arg("--dest-tls-verify=false"),
+        };
+        if let Some((user, password)) = &self.user {
+            cmd.arg("--dest-creds").arg(format!("{user}:{password}"));
+        }
         if docker {
             cmd.args(["-f", "v2s2"]);
         }

@@ -194,3 +194,44 @@ async fn indexes_docker_media_types_and_zstd_layers_are_pulled() {
     let arm_top = format!("oci/{}", written[0].diff_ids[1].trim_start_matches("sha256:"));
     assert!(client.inspect_image(&arm_top).await.is_err(), "the arm64 layer was pulled too");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_with_tls_and_htpasswd_takes_its_users_credentials_only() {
+    let registry = Registry::start_with(Some(("alice", "s3cret"))).expect("registry");
+    let layout = tempfile::tempdir().expect("layout");
+    write_image(layout.path(), "a", &[base()], &[]).expect("image");
+    let reference = registry.push(layout.path(), "a", "brig/private").expect("push");
+    let ca_file = registry.ca_file().expect("ca");
+    let node = |user: &str, password: &str, ca: bool| {
+        let mut config = format!(
+            "[images.registries]\n[[images.registries.credentials]]\nregistry = \"{}\"\n\
+             username = \"{user}\"\npassword = \"{password}\"\n",
+            registry.addr
+        );
+        if ca {
+            config = config.replace(
+                "[images.registries]\n",
+                &format!("[images.registries]\nca_files = [\"{}\"]\n", ca_file.display()),
+            );
+        }
+        Daemon::start_with_config(&config, &[]).expect("brigd")
+    };
+
+    let good = node("alice", "s3cret", true);
+    let client = good.client().await.expect("connect");
+    let pulled = client.pull_image(&reference, None).await.expect("pull with the user's creds");
+    assert_eq!(pulled.layers.len(), 1);
+    drop(client);
+    drop(good);
+
+    for (user, password, with_ca, expected) in [
+        ("alice", "wrong", true, ErrorCode::PermissionDenied),
+        ("mallory", "s3cret", true, ErrorCode::PermissionDenied),
+        ("alice", "s3cret", false, ErrorCode::Unavailable),
+    ] {
+        let daemon = node(user, password, with_ca);
+        let client = daemon.client().await.expect("connect");
+        let err = client.pull_image(&reference, None).await.expect_err("refused");
+        assert_eq!(err.code(), Some(expected), "{user}/{password}/ca {with_ca}: {err}");
+    }
+}

@@ -90,6 +90,8 @@ pub struct RegistriesConfig {
     pub insecure: Vec<String>,
     /// Credentials, by registry.
     pub credentials: Vec<RegistryCredential>,
+    /// PEM files of CAs trusted besides the system's (a registry with a private CA).
+    pub ca_files: Vec<PathBuf>,
     /// Most uncompressed bytes of one layer and of one image.
     pub max_layer_mib: u64,
     pub max_image_mib: u64,
@@ -100,6 +102,7 @@ impl Default for RegistriesConfig {
         RegistriesConfig {
             insecure: Vec::new(),
             credentials: Vec::new(),
+            ca_files: Vec::new(),
             max_layer_mib: 32 * 1024,
             max_image_mib: 64 * 1024,
         }
@@ -125,6 +128,7 @@ impl RegistriesConfig {
                 .iter()
                 .map(|c| (c.registry.clone(), c.username.clone(), c.password.clone()))
                 .collect(),
+            ca_files: self.ca_files.clone(),
             max_layer_bytes: self.max_layer_mib << 20,
             max_image_bytes: self.max_image_mib << 20,
             ..brig_registry::PullConfig::default()

@@ -13,7 +13,7 @@ use std::path::Path;
 
 use brig_images::{ImportSource, LayerStore, StoreError};
 use futures::StreamExt;
-use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference, RegistryOperation};
 use serde::Deserialize;
@@ -28,6 +28,8 @@ pub struct PullConfig {
     pub insecure: Vec<String>,
     /// Credentials by registry (`host:port`): user and password.
     pub credentials: Vec<(String, String, String)>,
+    /// PEM files of CAs trusted besides the system's.
+    pub ca_files: Vec<std::path::PathBuf>,
     /// Most compressed bytes of one layer.
     pub max_layer_download_bytes: u64,
     /// Most uncompressed bytes of one layer.
@@ -41,6 +43,7 @@ impl Default for PullConfig {
         PullConfig {
             insecure: Vec::new(),
             credentials: Vec::new(),
+            ca_files: Vec::new(),
             max_layer_download_bytes: 16 << 30,
             max_layer_bytes: 32 << 30,
             max_image_bytes: 64 << 30,
@@ -169,8 +172,17 @@ pub async fn pull(
         PullError::BadReference(reference.into(), e.to_string())
     })?;
     let registry = image.resolve_registry().to_string();
+    let mut roots = Vec::new();
+    for file in &config.ca_files {
+        let data = std::fs::read(file).map_err(|source| PullError::Io {
+            what: format!("CA file {}", file.display()),
+            source,
+        })?;
+        roots.push(Certificate { encoding: CertificateEncoding::Pem, data });
+    }
     let client_config = ClientConfig {
         protocol: ClientProtocol::HttpsExcept(config.insecure.clone()),
+        extra_root_certificates: roots,
         ..ClientConfig::default()
     };
     let registry_error = |what: &'static str| {
