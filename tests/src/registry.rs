@@ -78,6 +78,36 @@ fn make_certs(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Starts `docker-registry serve CONFIG`; the process and the address it listens on.
+fn serve(config_path: &Path) -> anyhow::Result<(Child, String)> {
+    let mut child = Command::new("docker-registry")
+        .arg("serve")
+        .arg(config_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("docker-registry (Debian's docker-registry package; scripts/install-deps.sh)")?;
+    let stderr = child.stderr.take().context("registry stderr")?;
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    let addr = loop {
+        let Some(line) = lines.next() else {
+            let _ = child.kill();
+            let _ = child.wait();
+            anyhow::bail!("docker-registry ended before it listened");
+        };
+        let line = line?;
+        if let Some(at) = line.find("listening on ") {
+            let rest = &line[at + "listening on ".len()..];
+            let addr: String =
+                rest.chars().take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':').collect();
+            break addr;
+        }
+    };
+    // Keep draining its log so it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Ok((child, addr))
+}
+
 impl Registry {
     pub fn start() -> anyhow::Result<Registry> {
         Self::start_with(None)
@@ -125,36 +155,24 @@ impl Registry {
         }
         let config_path = dir.path().join("config.yml");
         std::fs::write(&config_path, config)?;
-        let mut child = Command::new("docker-registry")
-            .arg("serve")
-            .arg(&config_path)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context(
-                "docker-registry (Debian's docker-registry package; scripts/install-deps.sh)",
-            )?;
-        let stderr = child.stderr.take().context("registry stderr")?;
-        let mut lines = std::io::BufReader::new(stderr).lines();
-        let addr = loop {
-            let Some(line) = lines.next() else {
-                let _ = child.kill();
-                anyhow::bail!("docker-registry ended before it listened");
-            };
-            let line = line?;
-            if let Some(at) = line.find("listening on ") {
-                let rest = &line[at + "listening on ".len()..];
-                let addr: String = rest
-                    .chars()
-                    .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-                    .collect();
-                break addr;
-            }
-        };
-        // Keep draining its log so it never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        let (child, addr) = serve(&config_path)?;
         let user = user.map(|(u, p)| (u.to_string(), p.to_string()));
         Ok(Registry { child, dir, addr, cert_dir, user })
+    }
+
+    /// Kills the registry (as a crash would) and starts it again on the same address and
+    /// storage.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let config_path = self.dir.path().join("config.yml");
+        let config = std::fs::read_to_string(&config_path)?;
+        let config = config.replace("addr: 127.0.0.1:0", &format!("addr: {}", self.addr));
+        std::fs::write(&config_path, config)?;
+        let (child, addr) = serve(&config_path)?;
+        anyhow::ensure!(addr == self.addr, "restarted on {addr}, not {}", self.addr);
+        self.child = child;
+        Ok(())
     }
 
     /// The CA certificate's file, with TLS.
@@ -196,6 +214,19 @@ impl Registry {
             .context("skopeo (scripts/install-deps.sh)")?;
         anyhow::ensure!(out.status.success(), "skopeo: {}", String::from_utf8_lossy(&out.stderr));
         Ok(reference)
+    }
+
+    /// The manifest (or index) the registry serves for `reference`, as JSON text.
+    pub fn raw_manifest(&self, reference: &str) -> anyhow::Result<String> {
+        let mut cmd = Command::new("skopeo");
+        cmd.args(["--insecure-policy", "inspect", "--raw"]);
+        match &self.cert_dir {
+            Some(dir) => cmd.arg("--cert-dir").arg(dir),
+            None => cmd.arg("--tls-verify=false"),
+        };
+        let out = cmd.arg(format!("docker://{reference}")).output()?;
+        anyhow::ensure!(out.status.success(), "skopeo: {}", String::from_utf8_lossy(&out.stderr));
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// The file the registry keeps blob `digest` in (to damage it).
@@ -313,6 +344,8 @@ fn put_blob(layout: &Path, bytes: &[u8]) -> anyhow::Result<String> {
 
 /// What an image layout holds of one image: its layers' blob digests and sizes (bottom first).
 pub struct Written {
+    /// Digest of the image's manifest.
+    pub manifest_digest: String,
     pub layer_digests: Vec<String>,
     pub layer_sizes: Vec<u64>,
     pub diff_ids: Vec<String>,
@@ -398,7 +431,12 @@ fn write_manifest(
 ) -> anyhow::Result<(Written, (String, usize))> {
     std::fs::create_dir_all(layout)?;
     std::fs::write(layout.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)?;
-    let mut written = Written { layer_digests: vec![], layer_sizes: vec![], diff_ids: vec![] };
+    let mut written = Written {
+        manifest_digest: String::new(),
+        layer_digests: vec![],
+        layer_sizes: vec![],
+        diff_ids: vec![],
+    };
     let mut descriptors = Vec::new();
     for layer in layers {
         let tar = layer.tar()?;
@@ -436,5 +474,6 @@ fn write_manifest(
         "layers": descriptors,
     }))?;
     let manifest_digest = put_blob(layout, &manifest)?;
+    written.manifest_digest = manifest_digest.clone();
     Ok((written, (manifest_digest, manifest.len())))
 }

@@ -16,7 +16,7 @@ fn base() -> Layer {
         layer = layer.dir(d);
     }
     layer = layer.file("bin/busybox", 0o755, &busybox);
-    for applet in ["sh", "cat", "ls", "stat", "echo", "test", "id", "sleep", "true"] {
+    for applet in ["sh", "cat", "ls", "stat", "echo", "test", "id", "sleep", "true", "wc"] {
         layer = layer.symlink(&format!("bin/{applet}"), "busybox");
     }
     layer
@@ -172,6 +172,17 @@ async fn indexes_docker_media_types_and_zstd_layers_are_pulled() {
     let ref_docker =
         registry.push_with(layout.path(), "docker", "brig/docker", true).expect("push v2s2");
 
+    // What the registry holds: an index, whose amd64 image has zstd layers (skopeo keeps
+    // compressed layers as they are; it compresses plain tar ones, which the unpack unit tests
+    // cover), and a Docker v2 manifest.
+    let index = registry.raw_manifest(&ref_multi).expect("index");
+    assert!(index.contains("image.index.v1+json"), "{index}");
+    let amd_ref = format!("{}/brig/multi@{}", registry.addr, written[1].manifest_digest);
+    let amd = registry.raw_manifest(&amd_ref).expect("amd64 manifest");
+    assert!(amd.contains("tar+zstd"), "{amd}");
+    let docker = registry.raw_manifest(&ref_docker).expect("docker manifest");
+    assert!(docker.contains("application/vnd.docker.distribution.manifest.v2+json"), "{docker}");
+
     let config = format!("[images.registries]\ninsecure = [\"{}\"]\n", registry.addr);
     let daemon = Daemon::start_with_config(&config, &[]).expect("brigd");
     let client = daemon.client().await.expect("connect");
@@ -234,4 +245,65 @@ async fn a_registry_with_tls_and_htpasswd_takes_its_users_credentials_only() {
         let err = client.pull_image(&reference, None).await.expect_err("refused");
         assert_eq!(err.code(), Some(expected), "{user}/{password}/ca {with_ca}: {err}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_that_dies_mid_pull_does_not_fail_it() {
+    use brig_tests::registry::{write_multi_platform, Compress};
+    let mut registry = Registry::start().expect("registry");
+    let layout = tempfile::tempdir().expect("layout");
+    // 256 MiB in one plain tar layer: long enough on loopback to be cut in the middle.
+    let mut block = vec![0u8; 1 << 20];
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for b in block.iter_mut() {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        *b = state as u8;
+    }
+    let mut big = Layer::default().dir("data/");
+    for i in 0..256 {
+        block[0] = i as u8;
+        big = big.file(&format!("data/f{i:03}"), 0o644, &block);
+    }
+    let layers = [base(), big];
+    let _ = write_multi_platform(layout.path(), "big", &[("amd64", &layers[..], Compress::None)])
+        .expect("image");
+    let reference = registry.push(layout.path(), "big", "brig/big").expect("push");
+    let config = format!("[images.registries]\ninsecure = [\"{}\"]\n", registry.addr);
+    let daemon = Daemon::start_with_config(&config, &[]).expect("brigd");
+    let client = daemon.client().await.expect("connect");
+
+    let pull = {
+        let client = client.clone();
+        let reference = reference.clone();
+        tokio::spawn(async move { client.pull_image(&reference, Some("test/big")).await })
+    };
+    // Wait until part of the big blob is on the node, then kill the registry and bring it back.
+    let work = daemon.state_dir().join("layers/work");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let partial = loop {
+        let sizes: Vec<u64> = std::fs::read_dir(&work)
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.path().join("blob").metadata().ok())
+                    .map(|m| m.len())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some(&size) = sizes.iter().find(|&&s| s > 16 << 20) {
+            break size;
+        }
+        assert!(std::time::Instant::now() < deadline, "the download never started");
+        assert!(!pull.is_finished(), "the pull finished before it could be cut");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
+    registry.restart().expect("restart");
+    let pulled = pull.await.expect("join").expect("the pull went on after the registry came back");
+    // (skopeo compressed the layers on their way into the registry: sizes are the registry's.)
+    let big_blob = pulled.layers[1].downloaded_bytes;
+    assert!(partial < big_blob, "cut at {partial} of {big_blob}");
+    let sb = client.create(SandboxOptions::container("env:test/big")).await.expect("create");
+    assert_eq!(sh(&sb, "ls /data | wc -l").await.trim(), "256");
+    sb.destroy().await.expect("destroy");
 }

@@ -17,7 +17,7 @@ use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientP
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference, RegistryOperation};
 use serde::Deserialize;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 
 use crate::unpack::{unpack_layer, Compression, UnpackError};
 
@@ -294,8 +294,17 @@ pub async fn pull(
     Ok(Pulled { name, manifest_digest, layers, downloaded_bytes: downloaded, config })
 }
 
-/// Downloads one layer blob into `path`; its digest is checked by the client as the stream
-/// ends (a mismatch or a cut leaves nothing: the caller's staging directory goes).
+/// Tries of one blob download before a pull gives up on it.
+const DOWNLOAD_TRIES: u32 = 4;
+/// The wait before the first retry; it doubles with each.
+const FIRST_BACKOFF: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Downloads one layer blob into `path`. A download cut short (the registry restarted, the
+/// connection dropped) goes on from the bytes it has with a Range request, or from the start
+/// if the registry sends the whole blob, up to [`DOWNLOAD_TRIES`] times with a doubling wait.
+/// The whole blob's digest is checked here (a resumed part is not checked by the client); a
+/// mismatch or a download that cannot finish is an error, and the caller's staging directory,
+/// with the part, goes with it.
 async fn download(
     client: &Client,
     image: &Reference,
@@ -304,41 +313,97 @@ async fn download(
     config: &PullConfig,
     reference: &str,
 ) -> Result<u64, PullError> {
+    use oci_client::client::BlobResponse;
+    use sha2::{Digest, Sha256};
     let failed = |detail: String| PullError::Download {
         reference: reference.into(),
         digest: descriptor.digest.clone(),
         detail,
     };
+    let too_large = || PullError::LayerTooLarge {
+        reference: reference.into(),
+        digest: descriptor.digest.clone(),
+        cap: config.max_layer_download_bytes,
+    };
     let cap = config.max_layer_download_bytes;
     if u64::try_from(descriptor.size).unwrap_or(u64::MAX) > cap {
-        return Err(PullError::LayerTooLarge {
-            reference: reference.into(),
-            digest: descriptor.digest.clone(),
-            cap,
-        });
+        return Err(too_large());
     }
-    let mut stream =
-        client.pull_blob_stream(image, descriptor).await.map_err(|e| failed(e.to_string()))?;
-    let mut out = tokio::fs::File::create(path)
-        .await
-        .map_err(|source| PullError::Io { what: "blob file".into(), source })?;
-    let mut bytes = 0u64;
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| failed(e.to_string()))?;
-        bytes += chunk.len() as u64;
-        if bytes > cap {
-            return Err(PullError::LayerTooLarge {
-                reference: reference.into(),
-                digest: descriptor.digest.clone(),
-                cap,
-            });
+    let file_error = |source| PullError::Io { what: "blob file".into(), source };
+    let mut out = tokio::fs::File::create(path).await.map_err(file_error)?;
+    let (mut hasher, mut bytes) = (Sha256::new(), 0u64);
+    let mut backoff = FIRST_BACKOFF;
+    let mut last_error = String::new();
+    for attempt in 0..DOWNLOAD_TRIES {
+        if attempt > 0 {
+            tracing::info!(blob = %descriptor.digest, bytes, attempt, error = %last_error, "resuming a blob download");
+            tokio::time::sleep(backoff).await;
+            backoff *= 2;
         }
-        out.write_all(&chunk)
-            .await
-            .map_err(|source| PullError::Io { what: "blob file".into(), source })?;
+        let response = if bytes == 0 {
+            client.pull_blob_stream(image, descriptor).await.map(BlobResponse::Full)
+        } else {
+            client.pull_blob_stream_partial(image, descriptor, bytes, None).await
+        };
+        let mut stream = match response {
+            Ok(BlobResponse::Partial(stream)) => stream,
+            Ok(BlobResponse::Full(stream)) => {
+                // The whole blob again: start over.
+                if bytes > 0 {
+                    out.set_len(0).await.map_err(file_error)?;
+                    out.seek(std::io::SeekFrom::Start(0)).await.map_err(file_error)?;
+                    (hasher, bytes) = (Sha256::new(), 0);
+                }
+                stream
+            }
+            Err(e) if retryable(&e) => {
+                last_error = e.to_string();
+                continue;
+            }
+            Err(e) => return Err(failed(e.to_string())),
+        };
+        let mut cut = None;
+        while let Some(chunk) = stream.next().await {
+            let chunk = match chunk {
+                Ok(chunk) => chunk,
+                Err(e) => {
+                    cut = Some(e.to_string());
+                    break;
+                }
+            };
+            bytes += chunk.len() as u64;
+            if bytes > cap {
+                return Err(too_large());
+            }
+            hasher.update(&chunk);
+            out.write_all(&chunk).await.map_err(file_error)?;
+        }
+        match cut {
+            None => {
+                out.flush().await.map_err(file_error)?;
+                let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
+                if descriptor.digest.starts_with("sha256:") && actual != descriptor.digest {
+                    return Err(failed(format!("its bytes are {actual}")));
+                }
+                return Ok(bytes);
+            }
+            // The client's own check of a whole blob failed: nothing to resume.
+            Some(e) if e.contains("igest") => return Err(failed(e)),
+            Some(e) => last_error = e,
+        }
     }
-    out.flush().await.map_err(|source| PullError::Io { what: "blob file".into(), source })?;
-    Ok(bytes)
+    Err(failed(format!("gave up after {DOWNLOAD_TRIES} tries: {last_error}")))
+}
+
+/// Whether a failed blob request may succeed when tried again (the registry or the network,
+/// not the request).
+fn retryable(e: &oci_client::errors::OciDistributionError) -> bool {
+    use oci_client::errors::OciDistributionError as O;
+    match e {
+        O::RequestError(_) | O::IoError(_) => true,
+        O::ServerError { code, .. } => *code >= 500 || *code == 429,
+        _ => false,
+    }
 }
 
 /// What kind of failure a pull met, for the caller's error code.
