@@ -307,3 +307,56 @@ async fn a_registry_that_dies_mid_pull_does_not_fail_it() {
     assert_eq!(sh(&sb, "ls /data | wc -l").await.trim(), "256");
     sb.destroy().await.expect("destroy");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_of_an_image_the_node_lacks_pull_it_once_together() {
+    let registry = Registry::start().expect("registry");
+    let layout = tempfile::tempdir().expect("layout");
+    write_image(layout.path(), "a", &[base(), middle()], &["FROM_IMAGE=yes"]).expect("image");
+    let reference = registry.push(layout.path(), "a", "brig/oncreate").expect("push");
+    let config = format!("[images.registries]\ninsecure = [\"{}\"]\n", registry.addr);
+    let daemon = Daemon::start_with_config(&config, &[]).expect("brigd");
+    let client = daemon.client().await.expect("connect");
+
+    let image = format!("oci:{reference}");
+    let creates = (0..3).map(|_| {
+        let (client, image) = (client.clone(), image.clone());
+        tokio::spawn(async move { client.create(SandboxOptions::container(&image)).await })
+    });
+    let mut sandboxes = Vec::new();
+    for create in creates {
+        sandboxes.push(create.await.expect("join").expect("create pulls what it lacks"));
+    }
+    for sb in &sandboxes {
+        assert_eq!(sh(sb, "cat /etc/motd; echo $FROM_IMAGE").await, "from the middle layer\nyes\n");
+    }
+    let later = client.create(SandboxOptions::container(&image)).await.expect("create again");
+    let log = daemon.log_text();
+    assert_eq!(log.matches("image pulled").count(), 1, "one pull for four creates:\n{log}");
+    for sb in sandboxes.into_iter().chain([later]) {
+        sb.destroy().await.expect("destroy");
+    }
+    // The E2B API creates from it by template id (the id is the image reference). Its
+    // commands run as root here (`run`): this image has no E2B user.
+    let api = brig_tests::hostile_http::Api::new(&daemon);
+    let made = tokio::task::spawn_blocking(move || {
+        let r = api.create_with(serde_json::json!({"templateID": image, "timeout": 60}))?;
+        let status = r.status;
+        let v = r.json();
+        anyhow::ensure!(status == 201, "create: {status} {v}");
+        let sb = brig_tests::hostile_http::Sbx {
+            id: v["sandboxID"].as_str().unwrap_or_default().to_string(),
+            token: v["envdAccessToken"].as_str().unwrap_or_default().to_string(),
+        };
+        let (out, exit, _) = api.run(&sb, "cat /etc/motd")?;
+        api.kill(&sb);
+        Ok::<_, anyhow::Error>((out, exit))
+    });
+    let (out, exit) = made.await.expect("join").expect("E2B create from the pulled image");
+    assert_eq!((out.as_slice(), exit), (&b"from the middle layer\n"[..], Some(0)));
+
+    // A reference no registry has is the create's typed error.
+    let missing = format!("oci:{}/brig/none:1", registry.addr);
+    let err = client.create(SandboxOptions::container(&missing)).await.expect_err("refused");
+    assert_eq!(err.code(), Some(ErrorCode::NotFound), "{err}");
+}

@@ -177,6 +177,44 @@ pub(crate) async fn handle(store: &LayerStore, op: ImageOp) -> Result<Reply, Nod
     })
 }
 
+/// Pulls under way for creates, by reference (each a lock its creates wait on).
+pub(crate) type PullsInFlight =
+    parking_lot::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>;
+
+/// The prefix of a create's image that names a registry image (`oci:python:3.12-slim`).
+pub(crate) const REGISTRY_PREFIX: &str = "oci:";
+
+/// The environment of registry image `reference` (`env:pulled/…`), pulled first if the store
+/// does not have it; concurrent calls for one reference share the pull.
+pub(crate) async fn registry_image(
+    store: &LayerStore,
+    config: &brig_registry::PullConfig,
+    pulls: &PullsInFlight,
+    reference: &str,
+) -> Result<String, NodeError> {
+    let name = brig_registry::default_name(reference);
+    let spec = format!("env:{name}");
+    if store.expand(&spec).is_ok() {
+        return Ok(spec);
+    }
+    let lock = pulls.lock().entry(reference.to_string()).or_default().clone();
+    let result = async {
+        let _turn = lock.lock().await;
+        // A create that waited finds what the first one pulled.
+        if store.expand(&spec).is_err() {
+            tracing::info!(%reference, "pulling an image a create asked for");
+            brig_registry::pull(store, config, reference, Some(&name)).await?;
+        }
+        Ok::<_, NodeError>(spec)
+    }
+    .await;
+    let mut pulls = pulls.lock();
+    if pulls.get(reference).is_some_and(|l| Arc::ptr_eq(l, &lock) && Arc::strong_count(l) <= 2) {
+        pulls.remove(reference);
+    }
+    result
+}
+
 /// Pulls an image from its registry into the store (`brig_registry::pull`).
 pub(crate) async fn pull(
     store: &LayerStore,

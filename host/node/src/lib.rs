@@ -113,6 +113,9 @@ struct Inner {
     audit_followers: limits::Gauge,
     /// The bounds and deadline of file work on the blocking pool.
     file_work: file_work::FileWorkGate,
+    /// Registry pulls creates are waiting for, by reference: concurrent creates of one image
+    /// the node has not seen share one pull (`images::registry_image`).
+    pulls: images::PullsInFlight,
 }
 
 impl Node {
@@ -169,6 +172,7 @@ impl Node {
                 working_set_refreshing: std::sync::atomic::AtomicBool::new(false),
                 audit_followers: limits::Gauge::default(),
                 file_work,
+                pulls: Default::default(),
                 intents,
                 zram,
             }),

@@ -591,6 +591,24 @@ impl Node {
             }
             Tier::Container => {
                 let store = self.inner.store.as_ref().ok().map(Arc::as_ref);
+                // An image of a registry (`oci:REF`) the store lacks is pulled first.
+                let pulled;
+                let registry_ref = req
+                    .image
+                    .as_deref()
+                    .and_then(|i| i.strip_prefix(crate::images::REGISTRY_PREFIX));
+                let req = match registry_ref {
+                    Some(reference) => {
+                        let store = self.store()?;
+                        let config = self.inner.config.images.registries.pull_config();
+                        let pulls = &self.inner.pulls;
+                        let env = crate::images::registry_image(&store, &config, pulls, reference)
+                            .await?;
+                        pulled = CreateRequest { image: Some(env), ..req.clone() };
+                        &pulled
+                    }
+                    None => req,
+                };
                 Arc::new(self.container_tier()?.create(id, req, store).await?)
             }
             Tier::Microvm => {
