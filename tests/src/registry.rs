@@ -477,3 +477,19 @@ fn write_manifest(
     written.manifest_digest = manifest_digest.clone();
     Ok((written, (manifest_digest, manifest.len())))
 }
+
+/// A runnable base layer: static busybox with a few applets, /etc and the usual directories.
+pub fn busybox_base() -> Layer {
+    let busybox = std::fs::read("/bin/busybox").expect("busybox-static");
+    let mut layer = Layer::default();
+    for d in ["bin/", "etc/", "tmp/", "proc/", "sys/", "dev/", "root/", "workspace/", "opt/"] {
+        layer = layer.dir(d);
+    }
+    layer = layer.file("bin/busybox", 0o755, &busybox);
+    for applet in ["sh", "cat", "ls", "stat", "echo", "test", "id", "sleep", "true", "wc"] {
+        layer = layer.symlink(&format!("bin/{applet}"), "busybox");
+    }
+    layer
+        .file("etc/passwd", 0o644, b"root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000::/:/bin/sh\n")
+        .file("etc/group", 0o644, b"root:x:0:\nagent:x:1000:\n")
+}

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use brig_sdk::Pin;
 use brig_tests::cluster::{node_of, Cluster};
+use brig_tests::registry::{busybox_base, write_image, Registry};
 use brig_tests::{artifacts, image, repo_root, Daemon};
 
 fn python() -> PathBuf {
@@ -29,11 +30,19 @@ fn report(out: &std::process::Output) -> String {
 #[test]
 fn the_python_sdk_drives_every_call_against_brigd() {
     let _ = (image("busybox"), image("debian-12"));
-    let daemon = Daemon::start_with(&[]).expect("brigd");
+    // A registry with one image, for the suite's pull (BRIG_TEST_IMAGE_REF).
+    let registry = Registry::start().expect("registry");
+    let layout = tempfile::tempdir().expect("layout");
+    let layer = busybox_base().file("etc/pulled", 0o644, b"from a registry\n");
+    write_image(layout.path(), "py", &[layer], &[]).expect("image");
+    let reference = registry.push(layout.path(), "py", "brig/python").expect("push");
+    let config = format!("[images.registries]\ninsecure = [\"{}\"]\n", registry.addr);
+    let daemon = Daemon::start_with_config(&config, &[]).expect("brigd");
     let out = Command::new(python())
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=5"])
         .arg(repo_root().join("sdk/python/tests"))
         .env("BRIG_STATE_DIR", daemon.state_dir())
+        .env("BRIG_TEST_IMAGE_REF", &reference)
         .output()
         .expect("running pytest");
     assert!(out.status.success(), "the Python SDK suite failed:\n{}", report(&out));

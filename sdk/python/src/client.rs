@@ -269,6 +269,21 @@ impl PyClient {
         })
     }
 
+    /// Pulls `reference` (`python:3.12-slim`, `localhost:5000/x:tag`) from its registry: one
+    /// layer per image layer, the image the environment `name` (default `pulled/<reference>`).
+    #[pyo3(signature = (reference, name=None))]
+    fn pull_image<'py>(
+        &self,
+        py: Python<'py>,
+        reference: String,
+        name: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move {
+            Json::of(&client.pull_image(&reference, name.as_deref()).await.map_err(to_py)?)
+        })
+    }
+
     /// A layer's record and the paths it holds.
     fn inspect_image<'py>(
         &self,

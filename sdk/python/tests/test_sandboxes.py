@@ -161,3 +161,18 @@ async def test_qos_checkpoints_images_and_terminals(client, box):
     await shell.write_stdin(b"stty size; echo $((6 * 7)); exit\n")
     out = b"".join([d async for _, d in shell])
     assert b"30 100" in out and b"42" in out, out
+
+
+async def test_pull_image_from_a_registry(client):
+    """An image of the registry the Rust harness started (BRIG_TEST_IMAGE_REF), pulled and run."""
+    reference = os.environ["BRIG_TEST_IMAGE_REF"]
+    pulled = await client.pull_image(reference, name="py/pulled")
+    assert pulled["name"] == "py/pulled"
+    assert [layer["reused"] for layer in pulled["layers"]] == [False]
+    sb = await client.create(image="env:py/pulled")
+    try:
+        assert await sb.read_file("/etc/pulled") == b"from a registry\n"
+    finally:
+        await sb.destroy()
+    again = await client.pull_image(reference)
+    assert again["downloaded_bytes"] == 0 and again["name"].startswith("pulled/")
