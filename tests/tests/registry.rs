@@ -348,3 +348,42 @@ async fn creates_of_an_image_the_node_lacks_pull_it_once_together() {
     let err = client.create(SandboxOptions::container(&missing)).await.expect_err("refused");
     assert_eq!(err.code(), Some(ErrorCode::NotFound), "{err}");
 }
+
+/// Two nodes sharing one blob backend (a directory here; S3 in production): an image pulled
+/// on one is created from on the other without downloading a layer again, its data fetched
+/// chunk by chunk as it is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_pulled_on_one_node_is_created_on_another_without_a_download() {
+    let registry = Registry::start().expect("registry");
+    let layout = tempfile::tempdir().expect("layout");
+    let data = Layer::default().file("srv/big", 0o644, &vec![5u8; 8 << 20]);
+    write_image(layout.path(), "a", &[base(), middle(), data], &[]).expect("image");
+    let reference = registry.push(layout.path(), "a", "brig/shared").expect("push");
+    let shared = tempfile::tempdir().expect("backend");
+    let config = format!(
+        "[images.backend]\nkind = \"local\"\ndir = \"{}\"\n[images.registries]\ninsecure = [\"{}\"]\n",
+        shared.path().display(),
+        registry.addr
+    );
+    let first = Daemon::start_with_config(&config, &[]).expect("first node");
+    let pulled =
+        first.client().await.expect("connect").pull_image(&reference, None).await.expect("pull");
+    assert!(pulled.downloaded_bytes > 0);
+
+    let second = Daemon::start_with_config(&config, &[]).expect("second node");
+    let client = second.client().await.expect("connect");
+    let again = client.pull_image(&reference, None).await.expect("pull on the second node");
+    assert!(again.layers.iter().all(|l| l.reused), "{:?}", again.layers);
+    assert_eq!(again.downloaded_bytes, 0, "a layer was downloaded again");
+    let sb = client
+        .create(SandboxOptions::container(&format!("env:{}", again.name)))
+        .await
+        .expect("create on the second node");
+    assert_eq!(sh(&sb, "cat /etc/motd").await, "from the middle layer\n");
+    let fetched = client.node_status().await.expect("status").images.expect("images").fetched_bytes;
+    assert!(
+        fetched > 0 && fetched < 8 << 20,
+        "fetched {fetched} bytes: the unread 8 MiB file too?"
+    );
+    sb.destroy().await.expect("destroy");
+}

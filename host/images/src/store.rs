@@ -421,6 +421,40 @@ impl LayerStore {
         Ok(())
     }
 
+    /// Records in the blob backend that `key` (a content name, e.g. a registry layer's diff
+    /// digest) is layer `digest`, so every node sharing the backend finds it
+    /// ([`LayerStore::adopt_shared`]).
+    pub async fn share_name(&self, key: &str, digest: &str) -> Result<(), StoreError> {
+        let key = format!("names/{key}");
+        self.backend.put(&key, Bytes::from(digest.to_string())).await?;
+        Ok(())
+    }
+
+    /// The layer another node shared under `key` ([`LayerStore::share_name`]), named `name` in
+    /// this node's catalog too; `None` if no node shared one. Only the layer's record and meta
+    /// image are fetched: its data comes chunk by chunk when read.
+    pub async fn adopt_shared(
+        &self,
+        key: &str,
+        name: &str,
+    ) -> Result<Option<LayerInfo>, StoreError> {
+        validate_name(name)?;
+        let Ok(bytes) = self.backend.get(&format!("names/{key}")).await else {
+            return Ok(None);
+        };
+        let digest = String::from_utf8_lossy(&bytes).into_owned();
+        if !digest.starts_with("sha256:") {
+            return Ok(None);
+        }
+        let record = self.record(&digest).await?;
+        let _guard = self.write.lock().await;
+        let mut catalog = self.catalog.lock().clone();
+        let version = catalog.add(name, None, &digest)?;
+        self.save_catalog(&catalog)?;
+        *self.catalog.lock() = catalog;
+        Ok(Some(info(name, version, &record, 0)))
+    }
+
     /// Sets the variables the processes of environment `name`'s sandboxes start with.
     pub async fn set_env_variables(
         &self,

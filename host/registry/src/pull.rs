@@ -216,7 +216,13 @@ pub async fn pull(
     let (mut downloaded, mut unpacked_total, mut bottom) = (0u64, 0u64, 0usize);
     for (i, (descriptor, diff_id)) in manifest.layers.iter().zip(&diff_ids).enumerate() {
         let layer = layer_name(diff_id);
-        if let Ok((info, _)) = store.inspect(&layer).await {
+        let shared_key = layer.clone();
+        let known = match store.inspect(&layer).await {
+            Ok((info, _)) => Some(info),
+            // Converted by another node sharing the blob backend: only its record comes here.
+            Err(_) => store.adopt_shared(&shared_key, &layer).await?,
+        };
+        if let Some(info) = known {
             tracing::debug!(%layer, digest = %info.digest, "layer already converted");
             layers.push(PulledLayer {
                 layer,
@@ -275,7 +281,8 @@ pub async fn pull(
         }
         let _ = std::fs::remove_file(&blob);
         let label = format!("oci {reference} layer {}", descriptor.digest);
-        store.import(&layer, None, ImportSource::Staged(staging, label)).await?;
+        let info = store.import(&layer, None, ImportSource::Staged(staging, label)).await?;
+        store.share_name(&shared_key, &info.digest).await?;
         layers.push(PulledLayer {
             layer,
             diff_id: diff_id.clone(),
