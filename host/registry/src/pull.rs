@@ -10,6 +10,7 @@
 //! ```
 
 use std::path::Path;
+use std::sync::Arc;
 
 use brig_images::{ImportSource, LayerStore, StoreError};
 use futures::StreamExt;
@@ -212,24 +213,20 @@ pub async fn pull(
             diff_ids: diff_ids.len(),
         });
     }
-    let mut layers = Vec::with_capacity(diff_ids.len());
-    let (mut downloaded, mut unpacked_total, mut bottom) = (0u64, 0u64, 0usize);
-    for (i, (descriptor, diff_id)) in manifest.layers.iter().zip(&diff_ids).enumerate() {
+    // First what the store has, and downloads of the rest started (a few at a time), so
+    // later layers arrive while earlier ones are converted.
+    let limit = Arc::new(tokio::sync::Semaphore::new(CONCURRENT_DOWNLOADS));
+    let mut plan = Vec::with_capacity(diff_ids.len());
+    for (descriptor, diff_id) in manifest.layers.iter().zip(&diff_ids) {
         let layer = layer_name(diff_id);
-        let shared_key = layer.clone();
         let known = match store.inspect(&layer).await {
             Ok((info, _)) => Some(info),
             // Converted by another node sharing the blob backend: only its record comes here.
-            Err(_) => store.adopt_shared(&shared_key, &layer).await?,
+            Err(_) => store.adopt_shared(&layer, &layer).await?,
         };
         if let Some(info) = known {
             tracing::debug!(%layer, digest = %info.digest, "layer already converted");
-            layers.push(PulledLayer {
-                layer,
-                diff_id: diff_id.clone(),
-                reused: true,
-                downloaded_bytes: 0,
-            });
+            plan.push(Step::Known(layer));
             continue;
         }
         let compression = Compression::of_media_type(&descriptor.media_type).ok_or_else(|| {
@@ -243,8 +240,35 @@ pub async fn pull(
             PullError::Io { what: "staging directory".into(), source: std::io::Error::other(e) }
         })?;
         let blob = staging.path().join("blob");
-        let bytes = download(&client, &image, descriptor, &blob, config, reference).await?;
+        let (client, image, config) = (client.clone(), image.clone(), config.clone());
+        let (descriptor, reference) = (descriptor.clone(), reference.to_string());
+        let limit = limit.clone();
+        let task = tokio::spawn(async move {
+            let _turn = limit.acquire_owned().await;
+            download(&client, &image, &descriptor, &blob, &config, &reference).await
+        });
+        plan.push(Step::Fetch(Fetch { task: AbortOnDrop(task), staging, compression, layer }));
+    }
+    let mut layers = Vec::with_capacity(diff_ids.len());
+    let (mut downloaded, mut unpacked_total, mut bottom) = (0u64, 0u64, 0usize);
+    for (i, (step, (descriptor, diff_id))) in
+        plan.into_iter().zip(manifest.layers.iter().zip(&diff_ids)).enumerate()
+    {
+        let fetch = match step {
+            Step::Known(layer) => {
+                let diff_id = diff_id.clone();
+                layers.push(PulledLayer { layer, diff_id, reused: true, downloaded_bytes: 0 });
+                continue;
+            }
+            Step::Fetch(fetch) => fetch,
+        };
+        let Fetch { mut task, staging, compression, layer } = fetch;
+        let bytes = (&mut task.0).await.map_err(|e| PullError::Io {
+            what: "download task".into(),
+            source: std::io::Error::other(e),
+        })??;
         downloaded += bytes;
+        let blob = staging.path().join("blob");
         let root = staging.path().join("root");
         std::fs::create_dir(&root)
             .map_err(|source| PullError::Io { what: "staging root".into(), source })?;
@@ -282,13 +306,9 @@ pub async fn pull(
         let _ = std::fs::remove_file(&blob);
         let label = format!("oci {reference} layer {}", descriptor.digest);
         let info = store.import(&layer, None, ImportSource::Staged(staging, label)).await?;
-        store.share_name(&shared_key, &info.digest).await?;
-        layers.push(PulledLayer {
-            layer,
-            diff_id: diff_id.clone(),
-            reused: false,
-            downloaded_bytes: bytes,
-        });
+        store.share_name(&layer, &info.digest).await?;
+        let diff_id = diff_id.clone();
+        layers.push(PulledLayer { layer, diff_id, reused: false, downloaded_bytes: bytes });
     }
     let name = name.map_or_else(|| default_name(reference), str::to_string);
     let env: Vec<String> = layers[bottom..].iter().map(|l| l.layer.clone()).collect();
@@ -299,6 +319,34 @@ pub async fn pull(
     store.set_env_variables(&name, variables).await?;
     tracing::info!(%reference, %name, layers = layers.len(), downloaded, "image pulled");
     Ok(Pulled { name, manifest_digest, layers, downloaded_bytes: downloaded, config })
+}
+
+/// Layer downloads of one pull under way at once.
+const CONCURRENT_DOWNLOADS: usize = 3;
+
+/// What a pull does with one layer.
+enum Step {
+    /// The store has it (this node's catalog, or another node's through the backend).
+    Known(String),
+    Fetch(Fetch),
+}
+
+/// A layer being downloaded into `staging`. The download stops when this is dropped (a pull
+/// that failed on an earlier layer), before its staging directory goes.
+struct Fetch {
+    task: AbortOnDrop<Result<u64, PullError>>,
+    staging: brig_images::build::Staging,
+    compression: Compression,
+    layer: String,
+}
+
+/// A task aborted when its handle is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Tries of one blob download before a pull gives up on it.
