@@ -46,13 +46,46 @@ fn nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `fd` (a `SOCK_SEQPACKET` socket) made non-blocking and registered with the runtime.
+pub(crate) fn async_socket(fd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
+    nonblocking(&fd)?;
+    #[allow(unsafe_code)]
+    // SAFETY: `fd` is an open OwnedFd that moves into the AsyncFd and is dropped only with
+    // it; an OwnedFd always reports the same descriptor from as_raw_fd.
+    let registered = unsafe { AsyncFd::register(fd) };
+    registered.map_err(Into::into)
+}
+
+/// Receives one message of at most `max` bytes and the descriptors attached to it, waiting
+/// for it; `None` when the peer closed the socket. The buffer is sized to the message waiting.
+pub(crate) async fn recv_message(
+    fd: &AsyncFd<OwnedFd>,
+    max: usize,
+) -> std::io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
+    loop {
+        let mut guard = fd.readable().await?;
+        let mut buf = Vec::new();
+        let received = guard.try_io(|fd| {
+            let len = control::peek_len(fd.get_ref().as_fd()).map_err(std::io::Error::from)?;
+            // A longer one than allowed still fails in recv (MSG_TRUNC).
+            buf.resize(len.clamp(1, max), 0);
+            control::recv(fd.get_ref().as_fd(), &mut buf).map_err(std::io::Error::from)
+        });
+        match received {
+            Ok(Ok(Some((len, fds)))) => {
+                buf.truncate(len);
+                return Ok(Some((buf, fds)));
+            }
+            Ok(Ok(None)) => return Ok(None),
+            Ok(Err(e)) => return Err(e),
+            Err(_would_block) => continue,
+        }
+    }
+}
+
 impl ShimConn {
     pub fn new(fd: OwnedFd) -> Result<Arc<ShimConn>, ShimConnError> {
-        nonblocking(&fd).map_err(ShimConnError::Socket)?;
-        #[allow(unsafe_code)]
-        // SAFETY: `fd` is an open OwnedFd that moves into the AsyncFd and is dropped only with
-        // it; an OwnedFd always reports the same descriptor from as_raw_fd.
-        let fd = unsafe { AsyncFd::register(fd) }.map_err(|e| ShimConnError::Socket(e.into()))?;
+        let fd = async_socket(fd).map_err(ShimConnError::Socket)?;
         Ok(Arc::new(ShimConn {
             fd,
             waiters: Mutex::new(HashMap::new()),
@@ -67,23 +100,12 @@ impl ShimConn {
 
     /// Receives one message and the descriptors attached to it.
     pub async fn recv_with_fds(&self) -> Result<(FromShim, Vec<OwnedFd>), ShimConnError> {
-        loop {
-            let mut guard = self.fd.readable().await.map_err(ShimConnError::Socket)?;
-            // Sized to the message waiting (a longer one than allowed still fails in recv).
-            let mut buf = Vec::new();
-            match guard.try_io(|fd| {
-                let len = control::peek_len(fd.get_ref().as_fd()).map_err(std::io::Error::from)?;
-                buf.resize(len.clamp(1, MAX_MESSAGE_BYTES), 0);
-                control::recv(fd.get_ref().as_fd(), &mut buf).map_err(std::io::Error::from)
-            }) {
-                Ok(Ok(Some((len, fds)))) => {
-                    let msg = postcard::from_bytes(&buf[..len]).map_err(ShimConnError::Decode)?;
-                    return Ok((msg, fds));
-                }
-                Ok(Ok(None)) => return Err(ShimConnError::Gone),
-                Ok(Err(e)) => return Err(ShimConnError::Socket(e)),
-                Err(_would_block) => continue,
+        match recv_message(&self.fd, MAX_MESSAGE_BYTES).await {
+            Ok(Some((bytes, fds))) => {
+                Ok((postcard::from_bytes(&bytes).map_err(ShimConnError::Decode)?, fds))
             }
+            Ok(None) => Err(ShimConnError::Gone),
+            Err(e) => Err(ShimConnError::Socket(e)),
         }
     }
 

@@ -19,10 +19,9 @@ use brig_core::sandbox::{BoxFuture, SandboxError, UploadTarget};
 use tokio::io::unix::AsyncFd;
 use tokio::io::AsyncReadExt;
 
-use crate::control;
 use crate::files::FileError;
 use crate::runtime::Container;
-use crate::shim_conn::ShimConnError;
+use crate::shim_conn::{async_socket, recv_message, ShimConnError};
 use crate::shim_proto::{FileReply, FileRequest, ToShim, WireEntry, WireFileError};
 
 /// Largest answer of a file child.
@@ -128,45 +127,23 @@ struct ReplySocket {
 
 impl ReplySocket {
     fn new(fd: OwnedFd) -> Result<Self, ShimFileError> {
-        let nonblocking = rustix::fs::fcntl_getfl(&fd)
-            .and_then(|flags| rustix::fs::fcntl_setfl(&fd, flags | rustix::fs::OFlags::NONBLOCK));
-        nonblocking.map_err(|e| ShimFileError::Channel(e.into()))?;
-        #[allow(unsafe_code)]
-        // SAFETY: `fd` moves into the AsyncFd and is closed only with it; an OwnedFd always
-        // reports the same descriptor.
-        let fd = unsafe { AsyncFd::register(fd) }.map_err(|e| ShimFileError::Channel(e.into()))?;
-        Ok(ReplySocket { fd })
+        Ok(ReplySocket { fd: async_socket(fd).map_err(ShimFileError::Channel)? })
     }
 
     /// The next answer and what is attached to it, within [`REPLY_DEADLINE`].
     async fn next(&self) -> Result<(FileReply, Vec<OwnedFd>), ShimFileError> {
-        let wait = async {
-            loop {
-                let mut guard = self.fd.readable().await.map_err(ShimFileError::Channel)?;
-                let mut buf = Vec::new();
-                let received = guard.try_io(|fd| {
-                    let len = control::peek_len(fd.get_ref().as_fd())?;
-                    if len > MAX_REPLY_BYTES {
-                        return Err(std::io::Error::from_raw_os_error(libc::EMSGSIZE));
-                    }
-                    buf.resize(len.max(1), 0);
-                    control::recv(fd.get_ref().as_fd(), &mut buf).map_err(std::io::Error::from)
-                });
-                match received {
-                    Ok(Ok(Some((len, fds)))) => {
-                        let reply = postcard::from_bytes(&buf[..len])
-                            .map_err(|e| ShimFileError::Unexpected(e.to_string()))?;
-                        return Ok((reply, fds));
-                    }
-                    Ok(Ok(None)) => return Err(ShimFileError::NoAnswer),
-                    Ok(Err(e)) => return Err(ShimFileError::Channel(e)),
-                    Err(_would_block) => continue,
-                }
+        let received =
+            tokio::time::timeout(REPLY_DEADLINE, recv_message(&self.fd, MAX_REPLY_BYTES))
+                .await
+                .map_err(|_| ShimFileError::Deadline(REPLY_DEADLINE))?;
+        match received.map_err(ShimFileError::Channel)? {
+            Some((bytes, fds)) => {
+                let reply = postcard::from_bytes(&bytes)
+                    .map_err(|e| ShimFileError::Unexpected(e.to_string()))?;
+                Ok((reply, fds))
             }
-        };
-        tokio::time::timeout(REPLY_DEADLINE, wait)
-            .await
-            .map_err(|_| ShimFileError::Deadline(REPLY_DEADLINE))?
+            None => Err(ShimFileError::NoAnswer),
+        }
     }
 
     /// The next answer, which must be `Done`.
