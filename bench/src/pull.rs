@@ -17,7 +17,7 @@
 use std::time::Instant;
 
 use brig_sdk::SandboxOptions;
-use brig_tests::registry::{write_image, Layer, Registry};
+use brig_tests::registry::{busybox_base, write_image, Layer, Registry};
 use serde_json::json;
 
 use crate::stats::round3;
@@ -46,16 +46,6 @@ fn data_layer(dir: &str, mib: usize, seed: u64) -> Layer {
     layer
 }
 
-fn base() -> anyhow::Result<Layer> {
-    let busybox = std::fs::read("/bin/busybox")?;
-    let mut layer = Layer::default();
-    for d in ["bin/", "etc/", "tmp/", "proc/", "sys/", "dev/", "root/", "workspace/"] {
-        layer = layer.dir(d);
-    }
-    layer = layer.file("bin/busybox", 0o755, &busybox).symlink("bin/sh", "busybox");
-    Ok(layer.symlink("bin/true", "busybox").file("etc/passwd", 0o644, b"root:x:0:0::/:/bin/sh\n"))
-}
-
 fn du_mib(path: &std::path::Path) -> f64 {
     let out = std::process::Command::new("du").args(["-sbx"]).arg(path).output();
     let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
@@ -68,12 +58,12 @@ pub fn run(opts: Options) -> anyhow::Result<serde_json::Value> {
     let work = tempfile::tempdir()?;
     let layout = work.path().join("layout");
     println!("building a five-layer image of {} MiB per layer (not timed)", opts.layer_mib);
-    let mut base_layer = base()?;
+    let mut base_layer = busybox_base();
     base_layer.entries.extend(data_layer("data0", opts.layer_mib, 1).entries);
     let shared: Vec<Layer> =
         (1..4).map(|i| data_layer(&format!("data{i}"), opts.layer_mib, i as u64 + 1)).collect();
     let mut first = vec![base_layer];
-    let mut second = vec![base()?];
+    let mut second = vec![busybox_base()];
     second[0].entries.extend(data_layer("data0", opts.layer_mib, 1).entries);
     for (i, l) in shared.into_iter().enumerate() {
         second.push(data_layer(&format!("data{}", i + 1), opts.layer_mib, i as u64 + 2));
