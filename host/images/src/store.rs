@@ -359,6 +359,12 @@ impl LayerStore {
         Ok((info(&name, version, &record, 0), paths))
     }
 
+    /// The digest `reference` names in this node's catalog (no record or meta read).
+    pub fn digest_of(&self, reference: &str) -> Result<String, StoreError> {
+        let reference = Reference::parse(reference)?;
+        Ok(self.catalog.lock().resolve(&reference)?.0)
+    }
+
     /// Gives an existing layer another name and version.
     pub async fn tag(
         &self,

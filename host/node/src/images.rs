@@ -177,9 +177,43 @@ pub(crate) async fn handle(store: &LayerStore, op: ImageOp) -> Result<Reply, Nod
     })
 }
 
-/// Pulls under way for creates, by reference (each a lock its creates wait on).
-pub(crate) type PullsInFlight =
-    parking_lot::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>;
+/// Registry pulls of the node at once; more wait their turn.
+const PULLS_AT_ONCE: usize = 4;
+
+/// The node's registry pulls: how many run at once, and the ones creates wait on, by
+/// reference (each a lock).
+pub(crate) struct PullsInFlight {
+    at_once: tokio::sync::Semaphore,
+    by_reference:
+        parking_lot::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Default for PullsInFlight {
+    fn default() -> Self {
+        PullsInFlight {
+            at_once: tokio::sync::Semaphore::new(PULLS_AT_ONCE),
+            by_reference: Default::default(),
+        }
+    }
+}
+
+impl PullsInFlight {
+    /// Runs one pull in its turn.
+    async fn run(
+        &self,
+        store: &LayerStore,
+        config: &brig_registry::PullConfig,
+        reference: &str,
+        name: Option<&str>,
+    ) -> Result<brig_registry::Pulled, NodeError> {
+        let closed = |_| NodeError::Io {
+            what: "registry pull queue".into(),
+            source: std::io::Error::other("closed"),
+        };
+        let _turn = self.at_once.acquire().await.map_err(closed)?;
+        Ok(brig_registry::pull(store, config, reference, name).await?)
+    }
+}
 
 /// The prefix of a create's image that names a registry image (`oci:python:3.12-slim`).
 pub(crate) const REGISTRY_PREFIX: &str = "oci:";
@@ -197,18 +231,18 @@ pub(crate) async fn registry_image(
     if store.expand(&spec).is_ok() {
         return Ok(spec);
     }
-    let lock = pulls.lock().entry(reference.to_string()).or_default().clone();
+    let lock = pulls.by_reference.lock().entry(reference.to_string()).or_default().clone();
     let result = async {
         let _turn = lock.lock().await;
         // A create that waited finds what the first one pulled.
         if store.expand(&spec).is_err() {
             tracing::info!(%reference, "pulling an image a create asked for");
-            brig_registry::pull(store, config, reference, Some(&name)).await?;
+            pulls.run(store, config, reference, Some(&name)).await?;
         }
         Ok::<_, NodeError>(spec)
     }
     .await;
-    let mut pulls = pulls.lock();
+    let mut pulls = pulls.by_reference.lock();
     if pulls.get(reference).is_some_and(|l| Arc::ptr_eq(l, &lock) && Arc::strong_count(l) <= 2) {
         pulls.remove(reference);
     }
@@ -219,9 +253,10 @@ pub(crate) async fn registry_image(
 pub(crate) async fn pull(
     store: &LayerStore,
     config: &brig_registry::PullConfig,
+    pulls: &PullsInFlight,
     req: brig_proto::ImagePullRequest,
 ) -> Result<Reply, NodeError> {
-    let pulled = brig_registry::pull(store, config, &req.reference, req.name.as_deref()).await?;
+    let pulled = pulls.run(store, config, &req.reference, req.name.as_deref()).await?;
     let layers = pulled
         .layers
         .into_iter()

@@ -183,7 +183,7 @@ impl Node {
         }
         if let ImageOp::Pull(req) = op {
             let config = self.inner.config.images.registries.pull_config();
-            return images::pull(&store, &config, req).await;
+            return images::pull(&store, &config, &self.inner.pulls, req).await;
         }
         images::handle(store.as_ref(), op).await
     }

@@ -69,6 +69,10 @@ pub enum PullError {
     NotALayer { reference: String, digest: String, media_type: String },
     #[error("{reference}: the image config is unreadable: {detail}")]
     BadConfig { reference: String, detail: String },
+    #[error("{reference}: the image has {layers} layers; at most {MAX_LAYERS} are pulled")]
+    TooManyLayers { reference: String, layers: usize },
+    #[error("{reference}: the registry did not send the manifest and config within {after:?}")]
+    Stalled { reference: String, after: std::time::Duration },
     #[error(
         "{reference}: the manifest has {layers} layers but the config {diff_ids} diff digests"
     )]
@@ -184,6 +188,9 @@ pub async fn pull(
     let client_config = ClientConfig {
         protocol: ClientProtocol::HttpsExcept(config.insecure.clone()),
         extra_root_certificates: roots,
+        // A registry that stops sending fails the request (and a blob download is retried).
+        connect_timeout: Some(CONNECT_TIMEOUT),
+        read_timeout: Some(READ_TIMEOUT),
         ..ClientConfig::default()
     };
     let registry_error = |what: &'static str| {
@@ -200,8 +207,18 @@ pub async fn pull(
         .auth(&image, &auth, RegistryOperation::Pull)
         .await
         .map_err(registry_error("authentication"))?;
-    let (manifest, manifest_digest, config_json) =
-        client.pull_manifest_and_config(&image, &auth).await.map_err(registry_error("manifest"))?;
+    let manifest =
+        tokio::time::timeout(MANIFEST_DEADLINE, client.pull_manifest_and_config(&image, &auth))
+            .await
+            .map_err(|_| PullError::Stalled {
+                reference: reference.into(),
+                after: MANIFEST_DEADLINE,
+            })?;
+    let (manifest, manifest_digest, config_json) = manifest.map_err(registry_error("manifest"))?;
+    if manifest.layers.len() > MAX_LAYERS {
+        let layers = manifest.layers.len();
+        return Err(PullError::TooManyLayers { reference: reference.into(), layers });
+    }
     let bad_config = |detail: String| PullError::BadConfig { reference: reference.into(), detail };
     let parsed: ConfigFile =
         serde_json::from_str(&config_json).map_err(|e| bad_config(e.to_string()))?;
@@ -219,13 +236,13 @@ pub async fn pull(
     let mut plan = Vec::with_capacity(diff_ids.len());
     for (descriptor, diff_id) in manifest.layers.iter().zip(&diff_ids) {
         let layer = layer_name(diff_id);
-        let known = match store.inspect(&layer).await {
-            Ok((info, _)) => Some(info),
+        let known = match store.digest_of(&layer) {
+            Ok(digest) => Some(digest),
             // Converted by another node sharing the blob backend: only its record comes here.
-            Err(_) => store.adopt_shared(&layer, &layer).await?,
+            Err(_) => store.adopt_shared(&layer, &layer).await?.map(|info| info.digest),
         };
-        if let Some(info) = known {
-            tracing::debug!(%layer, digest = %info.digest, "layer already converted");
+        if let Some(digest) = known {
+            tracing::debug!(%layer, %digest, "layer already converted");
             plan.push(Step::Known(layer));
             continue;
         }
@@ -320,6 +337,15 @@ pub async fn pull(
     tracing::info!(%reference, %name, layers = layers.len(), downloaded, "image pulled");
     Ok(Pulled { name, manifest_digest, layers, downloaded_bytes: downloaded, config })
 }
+
+/// Most layers an image may have (overlay stacks past about 128 lower layers fail to mount).
+pub const MAX_LAYERS: usize = 128;
+/// How long a registry may take to accept a connection, and to send the next bytes.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long the manifest and the image config may take together (a registry that trickles
+/// them byte by byte is cut off).
+const MANIFEST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Layer downloads of one pull under way at once.
 const CONCURRENT_DOWNLOADS: usize = 3;
@@ -520,10 +546,14 @@ impl PullError {
             | PullError::BadConfig { .. }
             | PullError::LayerCount { .. } => PullFailure::BadImage,
             PullError::Download { .. } => PullFailure::Corrupt,
+            PullError::TooManyLayers { .. } => PullFailure::TooLarge,
+            PullError::Stalled { .. } => PullFailure::Unreachable,
             PullError::LayerTooLarge { .. } | PullError::ImageTooLarge { .. } => {
                 PullFailure::TooLarge
             }
-            PullError::Unpack(UnpackError::TooLarge { .. }) => PullFailure::TooLarge,
+            PullError::Unpack(
+                UnpackError::TooLarge { .. } | UnpackError::TooManyEntries { .. },
+            ) => PullFailure::TooLarge,
             PullError::Unpack(UnpackError::PathEscape { .. } | UnpackError::DiffDigest { .. }) => {
                 PullFailure::BadImage
             }

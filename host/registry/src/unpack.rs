@@ -19,6 +19,9 @@ use std::path::{Component, Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+/// Most entries (files, directories, links) one layer may have.
+pub const MAX_LAYER_ENTRIES: u64 = 1_000_000;
+
 const WHITEOUT: &str = ".wh.";
 const OPAQUE: &str = ".wh..wh..opq";
 
@@ -59,6 +62,8 @@ pub enum UnpackError {
     PathEscape { layer: String, path: String },
     #[error("layer {layer}: it unpacks to more than {cap} bytes, the most a layer may")]
     TooLarge { layer: String, cap: u64 },
+    #[error("layer {layer}: it has more than {cap} entries, the most a layer may")]
+    TooManyEntries { layer: String, cap: u64 },
     #[error("layer {layer}: unpacked, it is {actual}, but the image says {expected}")]
     DiffDigest { layer: String, expected: String, actual: String },
     #[error("layer {layer}: {what}")]
@@ -126,7 +131,7 @@ pub fn unpack_layer(
         Compression::Zstd => Box::new(zstd::Decoder::with_buffer(file).map_err(io("zstd"))?),
     };
     let mut hashing = Hashing { inner: decoder, hasher: Sha256::new(), bytes: 0, cap };
-    let result = unpack_entries(&mut hashing, dest, layer);
+    let result = unpack_entries(&mut hashing, dest, layer, MAX_LAYER_ENTRIES);
     // However deep the tar crate wrapped it, a failure past the cap is the cap's.
     let too_large = || UnpackError::TooLarge { layer: layer.to_string(), cap };
     let (entries, hides_below) = match result {
@@ -167,6 +172,7 @@ fn unpack_entries(
     reader: &mut dyn Read,
     dest: &Path,
     layer: &str,
+    max_entries: u64,
 ) -> Result<(u64, bool), UnpackError> {
     let io = |what: String| {
         let layer = layer.to_string();
@@ -182,6 +188,10 @@ fn unpack_entries(
     for entry in archive.entries().map_err(io("read the layer".into()))? {
         let mut entry = entry.map_err(io("read an entry".into()))?;
         count += 1;
+        if count > max_entries {
+            let layer = layer.to_string();
+            return Err(UnpackError::TooManyEntries { layer, cap: max_entries });
+        }
         let raw = entry.path().map_err(io("an entry's path".into()))?.into_owned();
         let rel = inside(&raw, layer)?;
         if let Some(link) = entry.link_name().map_err(io("a link's target".into()))? {
@@ -442,6 +452,23 @@ mod tests {
         assert!(matches!(result, Err(UnpackError::TooLarge { cap: 1048576, .. })), "{result:?}");
         let big = unpack_layer(&blob, Compression::Gzip, &root, 16 << 20, "fine").expect("fits");
         assert!(big.bytes > 8 << 20);
+    }
+
+    #[test]
+    fn entries_past_the_cap_are_refused() {
+        let mut layer = Layer::new();
+        for i in 0..5 {
+            layer.entry(&format!("f{i}"), tar::EntryType::Regular, 0o644, b"");
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let blob = layer.write(dir.path());
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).expect("root");
+        let mut file = std::fs::File::open(&blob).expect("blob");
+        let result = unpack_entries(&mut file, &root, "many", 3);
+        assert!(matches!(result, Err(UnpackError::TooManyEntries { cap: 3, .. })), "{result:?}");
+        let mut file = std::fs::File::open(&blob).expect("blob");
+        assert_eq!(unpack_entries(&mut file, &root, "many", 5).expect("fits").0, 5);
     }
 
     #[test]
