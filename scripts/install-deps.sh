@@ -25,10 +25,11 @@ done
 # (nsenter), xfsprogs (mkfs.xfs: the node's store of containers' writable layers, with project
 # quotas; e2fsprogs' mkfs.ext4 makes a per-container image where the kernel has no XFS quotas),
 # docker-registry + skopeo (the OCI registry the pull tests run on loopback, and what pushes
-# their images to it) and umoci (the eager unpack `brig-bench pull` compares against).
+# their images to it), openssl (the CA and certificate of the TLS registry test) and umoci (the
+# eager unpack `brig-bench pull` compares against).
 packages=(erofs-utils busybox-static debootstrap e2fsprogs iproute2 nftables fuse3 procps psmisc curl
     etcd-server protobuf-compiler qemu-system-x86 cpio kmod util-linux xfsprogs docker-registry skopeo
-    umoci)
+    openssl umoci)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
