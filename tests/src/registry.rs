@@ -367,7 +367,19 @@ pub fn write_image(
     layers: &[Layer],
     env: &[&str],
 ) -> anyhow::Result<Written> {
-    let (written, manifest) = write_manifest(layout, layers, env, "amd64", Compress::Gzip)?;
+    let config = serde_json::json!({"Env": env, "Cmd": ["/bin/sh"], "WorkingDir": "/"});
+    write_image_with(layout, tag, layers, config)
+}
+
+/// Writes an image as [`write_image`] does, with `config` as its image config's `config`
+/// (`Env`, `Cmd`, `Entrypoint`, `WorkingDir`, `User`).
+pub fn write_image_with(
+    layout: &Path,
+    tag: &str,
+    layers: &[Layer],
+    config: serde_json::Value,
+) -> anyhow::Result<Written> {
+    let (written, manifest) = write_manifest(layout, layers, config, "amd64", Compress::Gzip)?;
     add_to_index(layout, tag, "application/vnd.oci.image.manifest.v1+json", &manifest)?;
     Ok(written)
 }
@@ -381,7 +393,8 @@ pub fn write_multi_platform(
     let mut entries = Vec::new();
     let mut all = Vec::new();
     for (arch, layers, compress) in images {
-        let (written, manifest) = write_manifest(layout, layers, &[], arch, *compress)?;
+        let config = serde_json::json!({"Cmd": ["/bin/sh"], "WorkingDir": "/"});
+        let (written, manifest) = write_manifest(layout, layers, config, arch, *compress)?;
         let (digest, size) = manifest;
         entries.push(serde_json::json!({
             "mediaType": "application/vnd.oci.image.manifest.v1+json",
@@ -425,7 +438,7 @@ fn add_to_index(
 fn write_manifest(
     layout: &Path,
     layers: &[Layer],
-    env: &[&str],
+    image_config: serde_json::Value,
     arch: &str,
     compress: Compress,
 ) -> anyhow::Result<(Written, (String, usize))> {
@@ -461,7 +474,7 @@ fn write_manifest(
     }
     let config = serde_json::json!({
         "architecture": arch, "os": "linux",
-        "config": {"Env": env, "Cmd": ["/bin/sh"], "WorkingDir": "/"},
+        "config": image_config,
         "rootfs": {"type": "layers", "diff_ids": written.diff_ids},
     });
     let config = serde_json::to_vec(&config)?;

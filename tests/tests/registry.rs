@@ -49,8 +49,17 @@ async fn images_are_pulled_layer_by_layer_and_run() {
     let daemon = Daemon::start_with_config(&config, &[]).expect("brigd");
     let client = daemon.client().await.expect("connect");
 
-    let pulled = client.pull_image(&ref_a, Some("test/a")).await.expect("pull a");
+    let mut states = Vec::new();
+    let pulled = client
+        .pull_image_with_progress(&ref_a, Some("test/a"), |p| states.push(p.clone()))
+        .await
+        .expect("pull a");
     assert_eq!(pulled.name, "test/a");
+    let last = states.last().expect("progress of the pull");
+    let sizes: Vec<u64> = last.layers.iter().map(|l| l.size).collect();
+    assert_eq!(sizes, a.layer_sizes, "one entry per layer, bottom first");
+    assert!(last.layers.iter().all(|l| l.state == brig_sdk::PullLayerState::Done), "{last:?}");
+    assert_eq!(last.bytes(), (pulled.downloaded_bytes, pulled.downloaded_bytes));
     assert_eq!(pulled.layers.len(), 3);
     assert!(pulled.layers.iter().all(|l| !l.reused), "{:?}", pulled.layers);
     assert_eq!(pulled.downloaded_bytes, a.layer_sizes.iter().sum::<u64>());
@@ -78,14 +87,31 @@ async fn images_are_pulled_layer_by_layer_and_run() {
     assert_eq!(sh(&sb, "echo $GREETING").await, "hi\n", "the image's Env applies");
     sb.destroy().await.expect("destroy");
 
-    // The second image shares its two lower layers: only its own is downloaded.
-    let second = client.pull_image(&ref_b, None).await.expect("pull b");
-    let reused: Vec<bool> = second.layers.iter().map(|l| l.reused).collect();
-    assert_eq!(reused, [true, true, false]);
-    assert_eq!(second.downloaded_bytes, b.layer_sizes[2], "only the layer it does not share");
-    assert_eq!(second.name, format!("pulled/{}", ref_b.replace(':', "-")));
-    let sb =
-        client.create(SandboxOptions::container(&format!("env:{}", second.name))).await.expect("b");
+    // The second image shares its two lower layers: only its own is downloaded. The CLI
+    // tells so, a line per layer state when its stderr is not a terminal.
+    let cli = std::process::Command::new(brig_tests::binary("brig"))
+        .arg("--state-dir")
+        .arg(daemon.state_dir())
+        .args(["image", "pull", &ref_b])
+        .output()
+        .expect("brig image pull");
+    let stderr = String::from_utf8_lossy(&cli.stderr);
+    assert!(cli.status.success(), "brig image pull: {stderr}");
+    let short = |d: &str| d[..19].to_string();
+    for (i, digest) in b.layer_digests.iter().enumerate() {
+        let expected = if i < 2 { "already here" } else { "done" };
+        let line = format!("layer {}/3 {} ", i + 1, short(digest));
+        assert!(
+            stderr.lines().any(|l| l.starts_with(&line) && l.ends_with(expected)),
+            "no {line}...{expected} in:\n{stderr}"
+        );
+    }
+    let stdout = String::from_utf8_lossy(&cli.stdout);
+    let name = format!("pulled/{}", ref_b.replace(':', "-"));
+    let result = format!("({} bytes downloaded)", b.layer_sizes[2]);
+    assert!(stdout.contains(&format!("env:{name} ")), "the result on stdout: {stdout}");
+    assert!(stdout.contains(&result), "only the layer it does not share: {stdout}");
+    let sb = client.create(SandboxOptions::container(&format!("env:{name}"))).await.expect("b");
     assert_eq!(sh(&sb, "cat /etc/b-only /etc/motd").await, "b\nfrom the middle layer\n");
     sb.destroy().await.expect("destroy");
 }
@@ -307,14 +333,29 @@ async fn creates_of_an_image_the_node_lacks_pull_it_once_together() {
     let client = daemon.client().await.expect("connect");
 
     let image = format!("oci:{reference}");
-    let creates = (0..3).map(|_| {
-        let (client, image) = (client.clone(), image.clone());
-        tokio::spawn(async move { client.create(SandboxOptions::container(&image)).await })
+    // The first create tells how the pull goes; the others wait on the same pull.
+    let states = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let creates = (0..3).map(|i| {
+        let (client, image, states) = (client.clone(), image.clone(), states.clone());
+        tokio::spawn(async move {
+            let options = SandboxOptions::container(&image);
+            if i > 0 {
+                return client.create(options).await;
+            }
+            let seen = |p: &brig_sdk::PullProgress| states.lock().expect("lock").push(p.clone());
+            client.create_with_progress(options, seen).await
+        })
     });
     let mut sandboxes = Vec::new();
     for create in creates {
         sandboxes.push(create.await.expect("join").expect("create pulls what it lacks"));
     }
+    let states = states.lock().expect("lock").clone();
+    let last = states.last().expect("the create that pulled told of the pull");
+    assert_eq!(last.reference, reference);
+    let done: Vec<_> = last.layers.iter().map(|l| l.state).collect();
+    assert_eq!(done, [brig_sdk::PullLayerState::Done; 2], "{states:?}");
+    assert_eq!(last.bytes().0, last.bytes().1, "every byte downloaded: {last:?}");
     for sb in &sandboxes {
         assert_eq!(sh(sb, "cat /etc/motd; echo $FROM_IMAGE").await, "from the middle layer\nyes\n");
     }
@@ -385,5 +426,58 @@ async fn an_image_pulled_on_one_node_is_created_on_another_without_a_download() 
         fetched > 0 && fetched < 8 << 20,
         "fetched {fetched} bytes: the unread 8 MiB file too?"
     );
+    sb.destroy().await.expect("destroy");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_images_directory_user_and_command_are_its_sandboxes_defaults() {
+    use brig_sdk::Cmd;
+    use brig_tests::registry::write_image_with;
+    let registry = Registry::start().expect("registry");
+    let layout = tempfile::tempdir().expect("layout");
+    let app = Layer::default().dir("app/").file("app/run.sh", 0o755, b"echo ran $GREETING\n");
+    let config = serde_json::json!({
+        "Env": ["GREETING=hello", "PATH=/bin"],
+        "WorkingDir": "/app",
+        "User": "agent",
+        "Entrypoint": ["/bin/sh", "-c"],
+        "Cmd": ["./run.sh; pwd; id -u"],
+    });
+    write_image_with(layout.path(), "app", &[base(), app], config).expect("image");
+    let reference = registry.push(layout.path(), "app", "brig/app").expect("push");
+
+    let config = format!("[images.registries]\ninsecure = [\"{}\"]\n", registry.addr);
+    let mut daemon = Daemon::start_with_config(&config, &["--on-exit", "keep"]).expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    let pulled = client.pull_image(&reference, Some("test/app")).await.expect("pull");
+    assert_eq!(pulled.working_dir.as_deref(), Some("/app"));
+    assert_eq!(pulled.user.as_deref(), Some("agent"));
+    assert_eq!(pulled.entrypoint, ["/bin/sh", "-c"]);
+
+    let sb = client.create(SandboxOptions::container("env:test/app")).await.expect("create");
+    let id = sb.id().to_string();
+    assert_eq!(sh(&sb, "pwd; id -u").await, "/app\n1000\n", "WorkingDir and User apply");
+    let asked = sb.exec_with(Cmd::new(["sh", "-c", "pwd; id -u"]).cwd("/tmp").user("root"));
+    assert_eq!(asked.await.expect("exec").stdout_text(), "/tmp\n0\n", "the request's win");
+    let own = sb.exec(Vec::<String>::new()).await.expect("the image's command");
+    assert_eq!(own.stdout_text(), "ran hello\n/app\n1000\n", "no arguments: Entrypoint + Cmd");
+
+    // The defaults are kept with the sandbox: a restarted node still applies them.
+    drop(client);
+    daemon.restart().expect("restart");
+    let client = daemon.client().await.expect("reconnect");
+    let sb = client.sandbox(&id);
+    assert_eq!(sh(&sb, "pwd; id -u; echo $GREETING").await, "/app\n1000\nhello\n");
+    sb.destroy().await.expect("destroy");
+
+    // An image whose config names no WorkingDir (its `/`) or User: / and root.
+    write_image(layout.path(), "plain", &[base()], &[]).expect("plain");
+    let reference = registry.push(layout.path(), "plain", "brig/plain").expect("push");
+    let pulled = client.pull_image(&reference, None).await.expect("pull plain");
+    let sb = client
+        .create(SandboxOptions::container(&format!("env:{}", pulled.name)))
+        .await
+        .expect("create plain");
+    assert_eq!(sh(&sb, "pwd; id -u").await, "/\n0\n");
     sb.destroy().await.expect("destroy");
 }

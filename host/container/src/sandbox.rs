@@ -57,8 +57,8 @@ const EVENTS: usize = 64;
 pub struct ContainerSandbox {
     runtime: Arc<Runtime>,
     container: Arc<Container>,
-    /// Environment every command starts with.
-    env: Vec<(String, String)>,
+    /// What every command starts with when its request names nothing else.
+    defaults: ProcessDefaults,
     /// The default shell of sessions.
     shell: String,
     layers: Vec<LayerSource>,
@@ -73,6 +73,27 @@ pub struct ContainerSandbox {
 /// A container's hostname: derived from its sandbox id, so forks differ from their parent.
 pub fn hostname(id: &SandboxId) -> String {
     format!("sandbox-{}", &id.to_string()[12..])
+}
+
+/// What a container's commands start with when a request names nothing else: its image's
+/// variables (under the request's), directory, user and command.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessDefaults {
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<String>,
+    pub user: Option<String>,
+    pub command: Vec<String>,
+}
+
+impl ProcessDefaults {
+    /// The directory a command starts in: `asked`, else the image's (empty is `/`).
+    fn cwd(&self, asked: Option<String>) -> String {
+        asked.filter(|c| !c.is_empty()).or_else(|| self.cwd.clone()).unwrap_or_default()
+    }
+
+    fn user(&self, asked: Option<String>) -> Option<String> {
+        asked.or_else(|| self.user.clone())
+    }
 }
 
 /// `base` with `extra` on top (a name in both takes `extra`'s value).
@@ -91,7 +112,7 @@ impl ContainerSandbox {
     pub async fn create(
         runtime: &Arc<Runtime>,
         spec: ContainerSpec,
-        env: Vec<(String, String)>,
+        defaults: ProcessDefaults,
         layer_digests: Vec<String>,
     ) -> Result<ContainerSandbox, RuntimeError> {
         let container = runtime.create(&spec).await?;
@@ -99,7 +120,7 @@ impl ContainerSandbox {
         Ok(ContainerSandbox {
             runtime: runtime.clone(),
             container: Arc::new(container),
-            env,
+            defaults,
             shell: if has_bash { "/bin/bash" } else { "/bin/sh" }.to_string(),
             layers: spec.layers,
             limits: spec.limits,
@@ -119,7 +140,12 @@ impl ContainerSandbox {
         Ok(ContainerSandbox {
             runtime: runtime.clone(),
             container: Arc::new(container),
-            env: record.env.clone(),
+            defaults: ProcessDefaults {
+                env: record.env.clone(),
+                cwd: record.cwd.clone(),
+                user: record.user.clone(),
+                command: record.command.clone(),
+            },
             shell: record.shell.clone(),
             layers: record
                 .layers
@@ -161,7 +187,7 @@ impl ContainerSandbox {
         Ok(ContainerSandbox::create(
             &self.runtime,
             spec,
-            self.env.clone(),
+            self.defaults.clone(),
             self.layer_digests.clone(),
         )
         .await?)
@@ -364,6 +390,10 @@ impl Sandbox for ContainerSandbox {
         Some("host-kernel".into())
     }
 
+    fn image_command(&self) -> Vec<String> {
+        self.defaults.command.clone()
+    }
+
     fn exec(&self, spec: ExecSpec) -> BoxFuture<'_, Result<RunningExec, SandboxError>> {
         Box::pin(async move {
             let (stdin, mut input) = match spec.stdin {
@@ -373,9 +403,9 @@ impl Sandbox for ContainerSandbox {
             };
             let request = crate::exec::ExecRequest {
                 argv: spec.argv,
-                env: merged_env(&self.env, spec.env),
-                cwd: spec.cwd.unwrap_or_default(),
-                user: spec.user,
+                env: merged_env(&self.defaults.env, spec.env),
+                cwd: self.defaults.cwd(spec.cwd),
+                user: self.defaults.user(spec.user),
                 stdin,
                 timeout: Some(spec.timeout),
                 output_limit: spec.output_limit,
@@ -455,15 +485,19 @@ impl Sandbox for ContainerSandbox {
         spec: SessionSpec,
     ) -> BoxFuture<'_, Result<Box<dyn brig_core::sandbox::Session>, SandboxError>> {
         Box::pin(async move {
-            let cwd = spec.start_dir();
+            let cwd = match self.defaults.cwd(Some(spec.cwd.clone())) {
+                cwd if cwd.is_empty() => spec.start_dir(),
+                cwd => cwd,
+            };
             let shell = spec.shell.unwrap_or_else(|| self.shell.clone());
-            let env = merged_env(&self.env, spec.env);
+            let env = merged_env(&self.defaults.env, spec.env);
+            let user = self.defaults.user(spec.user);
             let keep = crate::session::SessionKeep {
                 dir: self.container.spool_dir().join(SESSIONS_DIR),
                 session_id: spec.id,
             };
             let session =
-                Session::open(&self.container, &shell, env, &cwd, spec.user, Some(keep)).await?;
+                Session::open(&self.container, &shell, env, &cwd, user, Some(keep)).await?;
             Ok(Box::new(session) as Box<dyn brig_core::sandbox::Session>)
         })
     }
@@ -593,13 +627,16 @@ impl Sandbox for ContainerSandbox {
         Some(ContainerRecord {
             layers: self.layers.iter().map(|l| (l.image.clone(), l.device.clone())).collect(),
             layer_digests: self.layer_digests.clone(),
-            env: self.env.clone(),
+            env: self.defaults.env.clone(),
             shell: self.shell.clone(),
             memory_bytes: self.limits.memory_bytes.unwrap_or(0),
             pids: self.limits.pids.unwrap_or(0),
             cpu_millis: self.limits.cpu_millis.unwrap_or(0),
             disk_bytes: self.disk_bytes,
             protected: self.protected.iter().map(|p| (p.path.clone(), p.hidden)).collect(),
+            cwd: self.defaults.cwd.clone(),
+            user: self.defaults.user.clone(),
+            command: self.defaults.command.clone(),
         })
     }
 }

@@ -297,6 +297,8 @@ impl ControlPlane {
     async fn create(&self, caller: &Caller, mut req: CreateRequest) -> Result<Reply, WireError> {
         let project = caller.project().map(str::to_string).or(req.project.clone());
         req.project = project.clone();
+        // The control plane relays one reply: a create through it tells of no pull.
+        req.pull_progress = false;
         if let Some(p) = &project {
             let live = self.registry.live_by_project();
             let replicas = self.replicas.load(Ordering::Relaxed);

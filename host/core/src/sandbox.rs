@@ -518,6 +518,14 @@ pub struct ContainerRecord {
     /// Protected paths: (path, hidden).
     #[serde(default)]
     pub protected: Vec<(String, bool)>,
+    /// The directory and user commands start with when a request names none (its image's).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Its image's command (`Entrypoint` + `Cmd`).
+    #[serde(default)]
+    pub command: Vec<String>,
 }
 
 /// What a restarted node needs to adopt a VM back (the on-disk format of a sandbox record's
@@ -582,6 +590,11 @@ pub trait Sandbox: Send + Sync + 'static {
     /// Where it runs, when the tier has a choice (`host-kernel`, `vm:NAME`).
     fn placement(&self) -> Option<String> {
         None
+    }
+    /// What a command request with no arguments runs: its image's `Entrypoint` + `Cmd`, as
+    /// `docker run IMAGE` would. Empty when its image names none.
+    fn image_command(&self) -> Vec<String> {
+        Vec::new()
     }
 
     fn exec(&self, _spec: ExecSpec) -> BoxFuture<'_, Result<RunningExec, SandboxError>> {

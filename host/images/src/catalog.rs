@@ -39,10 +39,54 @@ pub struct LayerRecord {
 pub struct Catalog {
     pub layers: BTreeMap<String, BTreeMap<u32, String>>,
     pub envs: BTreeMap<String, Vec<String>>,
-    /// Variables the processes of an environment's sandboxes start with (a pulled image's
-    /// `Env`), by environment.
+    /// Variables of an environment, as catalogs before [`EnvConfig`] kept them (read, then
+    /// moved into `configs`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env_variables: BTreeMap<String, Vec<(String, String)>>,
+    /// How the processes of an environment's sandboxes start (a pulled image's config), by
+    /// environment.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub configs: BTreeMap<String, EnvConfig>,
+}
+
+/// How the processes of an environment's sandboxes start: an OCI image's `Env`, `WorkingDir`,
+/// `User`, `Entrypoint` and `Cmd`. A request's own values go on top.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvConfig {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<(String, String)>,
+    /// The directory commands start in when the request names none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    /// The user commands run as when the request names none (a name or `uid[:gid]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entrypoint: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cmd: Vec<String>,
+}
+
+impl EnvConfig {
+    /// The image's own command (`Entrypoint` then `Cmd`), run by a command request with no
+    /// arguments; empty when the image names none.
+    pub fn command(&self) -> Vec<String> {
+        self.entrypoint.iter().chain(&self.cmd).cloned().collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self == &EnvConfig::default()
+    }
+}
+
+impl Catalog {
+    /// Moves variables an older catalog kept apart into [`Catalog::configs`].
+    pub fn upgrade(&mut self) {
+        for (name, env) in std::mem::take(&mut self.env_variables) {
+            self.configs.entry(name).or_default().env = env;
+        }
+    }
 }
 
 /// A parsed layer reference.
@@ -179,5 +223,24 @@ mod tests {
         for bad in ["", "Base/x", "a//b", "../x", "a@b", "x@-1", ".hidden", "sha256:zz"] {
             assert!(Reference::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn an_older_catalogs_variables_become_its_env_configs() {
+        let old = r#"{"layers":{},"envs":{"app":["oci/a"]},"env_variables":{"app":[["A","1"]]}}"#;
+        let mut c: Catalog = serde_json::from_str(old).expect("an older catalog reads");
+        c.upgrade();
+        assert!(c.env_variables.is_empty());
+        let config = &c.configs["app"];
+        assert_eq!(config.env, [("A".to_string(), "1".to_string())]);
+        assert_eq!(config.command(), Vec::<String>::new());
+        let saved = serde_json::to_string(&c).expect("save");
+        assert!(!saved.contains("env_variables"), "{saved}");
+        let config = EnvConfig {
+            entrypoint: vec!["/bin/sh".into(), "-c".into()],
+            cmd: vec!["run".into()],
+            ..EnvConfig::default()
+        };
+        assert_eq!(config.command(), ["/bin/sh", "-c", "run"]);
     }
 }

@@ -26,6 +26,7 @@ pub mod oci;
 mod recorded_process;
 mod store;
 
+pub use catalog::EnvConfig;
 pub use store::{GcReport, ImportSource, LayerInfo, LayerStore, ResolvedLayer, StoreConfig};
 
 /// Errors of the layer store.

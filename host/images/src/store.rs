@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use crate::backend::{chunk_key, Backend};
 use crate::build::{self, Staging};
 use crate::cache::ChunkCache;
-use crate::catalog::{validate_name, Catalog, LayerRecord, Reference};
+use crate::catalog::{validate_name, Catalog, EnvConfig, LayerRecord, Reference};
 use crate::layout::{self, SLOT_BYTES};
 use crate::lazy_server::{LazyServer, LazyStats, ServerConfig};
 use crate::lazyfs::ChunkEntry;
@@ -137,11 +137,12 @@ impl LayerStore {
         };
         let lazy = LazyServer::start_or_adopt(&server, &config.lazy_server_bin)?;
         let catalog_path = config.dir.join("catalog.json");
-        let catalog = match std::fs::read(&catalog_path) {
+        let mut catalog: Catalog = match std::fs::read(&catalog_path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map_err(|e| io(catalog_path.display().to_string())(std::io::Error::other(e)))?,
             Err(_) => Catalog::default(),
         };
+        catalog.upgrade();
         Ok(LayerStore {
             config,
             backend,
@@ -420,8 +421,8 @@ impl LayerStore {
         let _guard = self.write.lock().await;
         let mut catalog = self.catalog.lock().clone();
         catalog.envs.insert(name.to_string(), layers);
-        // A redefined environment starts without the variables of what it was.
-        catalog.env_variables.remove(name);
+        // A redefined environment starts without the settings of what it was.
+        catalog.configs.remove(name);
         self.save_catalog(&catalog)?;
         *self.catalog.lock() = catalog;
         Ok(())
@@ -461,31 +462,28 @@ impl LayerStore {
         Ok(Some(info(name, version, &record, 0)))
     }
 
-    /// Sets the variables the processes of environment `name`'s sandboxes start with.
-    pub async fn set_env_variables(
-        &self,
-        name: &str,
-        variables: Vec<(String, String)>,
-    ) -> Result<(), StoreError> {
+    /// Sets how the processes of environment `name`'s sandboxes start.
+    pub async fn set_env_config(&self, name: &str, config: EnvConfig) -> Result<(), StoreError> {
         let _guard = self.write.lock().await;
         let mut catalog = self.catalog.lock().clone();
         if !catalog.envs.contains_key(name) {
             return Err(StoreError::NoEnv(name.to_string()));
         }
-        if variables.is_empty() {
-            catalog.env_variables.remove(name);
+        if config.is_empty() {
+            catalog.configs.remove(name);
         } else {
-            catalog.env_variables.insert(name.to_string(), variables);
+            catalog.configs.insert(name.to_string(), config);
         }
         self.save_catalog(&catalog)?;
         *self.catalog.lock() = catalog;
         Ok(())
     }
 
-    /// The variables of `spec`'s environment (`env:NAME`); none for other specs.
-    pub fn env_variables(&self, spec: &str) -> Vec<(String, String)> {
-        let Some(name) = spec.strip_prefix("env:") else { return Vec::new() };
-        self.catalog.lock().env_variables.get(name).cloned().unwrap_or_default()
+    /// How the processes of `spec`'s environment (`env:NAME`) start; the defaults for other
+    /// specs.
+    pub fn env_config(&self, spec: &str) -> EnvConfig {
+        let Some(name) = spec.strip_prefix("env:") else { return EnvConfig::default() };
+        self.catalog.lock().configs.get(name).cloned().unwrap_or_default()
     }
 
     pub fn envs(&self) -> Vec<(String, Vec<String>)> {

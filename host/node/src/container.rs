@@ -304,10 +304,16 @@ impl ContainerTier {
             seed: None,
             protect: Protections { paths: protected, reveal: false },
         };
-        // An environment's own variables (a pulled image's `Env`), the request's on top.
-        let image_env = store.map(|s| s.env_variables(image)).unwrap_or_default();
-        let env = brig_container::sandbox::merged_env(&image_env, req.env.clone());
-        match ContainerSandbox::create(&self.runtime, spec, env, digests.clone()).await {
+        // An environment's own settings (a pulled image's config), the request's variables on
+        // top of its variables.
+        let config = store.map(|s| s.env_config(image)).unwrap_or_default();
+        let defaults = brig_container::sandbox::ProcessDefaults {
+            env: brig_container::sandbox::merged_env(&config.env, req.env.clone()),
+            command: config.command(),
+            cwd: config.working_dir,
+            user: config.user,
+        };
+        match ContainerSandbox::create(&self.runtime, spec, defaults, digests.clone()).await {
             Ok(sandbox) => Ok(sandbox),
             Err(e) => {
                 if let Some(store) = store {

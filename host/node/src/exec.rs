@@ -42,9 +42,14 @@ impl Node {
         req: brig_proto::ExecRequest,
         exchange: &mut Exchange,
     ) -> Result<Option<Reply>, NodeError> {
+        let mut req = req;
+        let entry = self.live(&req.sandbox).await?;
+        if req.argv.is_empty() {
+            // No arguments: the image's own command, as `docker run IMAGE`.
+            req.argv = entry.sandbox.image_command();
+        }
         // What execve cannot carry is refused here, the same for every tier.
         brig_core::check_command(&req.argv, &req.env, &req.cwd)?;
-        let entry = self.live(&req.sandbox).await?;
         entry.require(Op::Exec)?;
         if req.terminal.is_some() {
             entry.require(Op::Terminal)?;

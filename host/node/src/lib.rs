@@ -40,6 +40,7 @@ mod lifecycle;
 mod limits;
 pub mod metrics;
 mod microvm;
+mod pulls;
 mod route;
 #[cfg(test)]
 mod routing_tests;
@@ -115,7 +116,7 @@ struct Inner {
     file_work: file_work::FileWorkGate,
     /// Registry pulls creates are waiting for, by reference: concurrent creates of one image
     /// the node has not seen share one pull (`images::registry_image`).
-    pulls: images::PullsInFlight,
+    pulls: pulls::PullsInFlight,
 }
 
 impl Node {
@@ -333,6 +334,22 @@ impl Node {
             }
             Request::Exec(ExecOp::Attach { sandbox, exec_id }) => {
                 self.exec_attach(&sandbox, exec_id, &mut exchange).await
+            }
+            Request::Image(ImageOp::Pull(req)) => match self.store() {
+                Ok(store) => {
+                    let config = self.inner.config.images.registries.pull_config();
+                    let pulls = &self.inner.pulls;
+                    pulls::pull(&store, &config, pulls, req, &mut exchange).await.map(Some)
+                }
+                Err(e) => Err(e),
+            },
+            Request::Sandbox(SandboxOp::Create(req)) if req.pull_progress => {
+                // A create that pulls its image tells of the pull while it waits.
+                let image = req.image.as_deref().unwrap_or_default();
+                let reference = image.strip_prefix(pulls::REGISTRY_PREFIX).map(str::to_string);
+                let watch = || reference.as_deref().and_then(|r| self.inner.pulls.watch(r));
+                let created = pulls::reporting_progress(&mut exchange, watch, self.create(req));
+                created.await.map(|info| Some(Reply::Sandbox(info)))
             }
             Request::Image(ImageOp::Import(req)) => match self.store() {
                 Ok(store) => images::import(&store, req, &mut exchange).await.map(Some),

@@ -596,14 +596,14 @@ impl Node {
                 let registry_ref = req
                     .image
                     .as_deref()
-                    .and_then(|i| i.strip_prefix(crate::images::REGISTRY_PREFIX));
+                    .and_then(|i| i.strip_prefix(crate::pulls::REGISTRY_PREFIX));
                 let req = match registry_ref {
                     Some(reference) => {
                         let store = self.store()?;
                         let config = self.inner.config.images.registries.pull_config();
                         let pulls = &self.inner.pulls;
-                        let env = crate::images::registry_image(&store, &config, pulls, reference)
-                            .await?;
+                        let env =
+                            crate::pulls::registry_image(&store, &config, pulls, reference).await?;
                         pulled = CreateRequest { image: Some(env), ..req.clone() };
                         &pulled
                     }

@@ -181,9 +181,8 @@ impl Node {
             let layer = images::checkpoint(&store, &entry, req).await?;
             return Ok(Reply::Layer(images::layer_to_wire(layer)));
         }
-        if let ImageOp::Pull(req) = op {
-            let config = self.inner.config.images.registries.pull_config();
-            return images::pull(&store, &config, &self.inner.pulls, req).await;
+        if let ImageOp::Pull(_) = op {
+            return Err(misrouted("image_pull"));
         }
         images::handle(store.as_ref(), op).await
     }

@@ -12,7 +12,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use brig_images::{ImportSource, LayerStore, StoreError};
+use brig_images::{EnvConfig, ImportSource, LayerStore, StoreError};
 use futures::StreamExt;
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use oci_client::secrets::RegistryAuth;
@@ -20,6 +20,7 @@ use oci_client::{Client, Reference, RegistryOperation};
 use serde::Deserialize;
 use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 
+use crate::progress::{LayerState, Progress};
 use crate::unpack::{unpack_layer, Compression, UnpackError};
 
 /// Where images come from and how much of them is taken in.
@@ -136,6 +137,20 @@ pub struct ImageConfig {
     pub user: Option<String>,
 }
 
+/// What a sandbox of the image starts with: its variables, directory, user and command. An
+/// empty `WorkingDir` or `User` is the default (`/`, root), as for Docker.
+fn env_config(config: &ImageConfig) -> EnvConfig {
+    let env = config.env.iter().flatten().filter_map(|v| v.split_once('='));
+    let nonempty = |v: &Option<String>| v.clone().filter(|v| !v.is_empty());
+    EnvConfig {
+        env: env.map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        working_dir: nonempty(&config.working_dir),
+        user: nonempty(&config.user),
+        entrypoint: config.entrypoint.clone().unwrap_or_default(),
+        cmd: config.cmd.clone().unwrap_or_default(),
+    }
+}
+
 #[derive(Deserialize)]
 struct ConfigFile {
     #[serde(default)]
@@ -172,6 +187,7 @@ pub async fn pull(
     config: &PullConfig,
     reference: &str,
     name: Option<&str>,
+    progress: &Progress,
 ) -> Result<Pulled, PullError> {
     let image: Reference = reference.parse().map_err(|e: oci_client::ParseError| {
         PullError::BadReference(reference.into(), e.to_string())
@@ -230,11 +246,15 @@ pub async fn pull(
             diff_ids: diff_ids.len(),
         });
     }
+    progress.start(
+        reference,
+        manifest.layers.iter().map(|d| (d.digest.clone(), u64::try_from(d.size).unwrap_or(0))),
+    );
     // First what the store has, and downloads of the rest started (a few at a time), so
     // later layers arrive while earlier ones are converted.
     let limit = Arc::new(tokio::sync::Semaphore::new(CONCURRENT_DOWNLOADS));
     let mut plan = Vec::with_capacity(diff_ids.len());
-    for (descriptor, diff_id) in manifest.layers.iter().zip(&diff_ids) {
+    for (index, (descriptor, diff_id)) in manifest.layers.iter().zip(&diff_ids).enumerate() {
         let layer = layer_name(diff_id);
         let known = match store.digest_of(&layer) {
             Ok(digest) => Some(digest),
@@ -243,6 +263,7 @@ pub async fn pull(
         };
         if let Some(digest) = known {
             tracing::debug!(%layer, %digest, "layer already converted");
+            progress.set_state(index, LayerState::Reused);
             plan.push(Step::Known(layer));
             continue;
         }
@@ -259,10 +280,11 @@ pub async fn pull(
         let blob = staging.path().join("blob");
         let (client, image, config) = (client.clone(), image.clone(), config.clone());
         let (descriptor, reference) = (descriptor.clone(), reference.to_string());
-        let limit = limit.clone();
+        let (limit, progress) = (limit.clone(), progress.clone());
         let task = tokio::spawn(async move {
             let _turn = limit.acquire_owned().await;
-            download(&client, &image, &descriptor, &blob, &config, &reference).await
+            let report = |bytes| progress.downloaded(index, bytes);
+            download(&client, &image, &descriptor, &blob, &config, &reference, report).await
         });
         plan.push(Step::Fetch(Fetch { task: AbortOnDrop(task), staging, compression, layer }));
     }
@@ -284,6 +306,7 @@ pub async fn pull(
             what: "download task".into(),
             source: std::io::Error::other(e),
         })??;
+        progress.set_state(i, LayerState::Converting);
         downloaded += bytes;
         let blob = staging.path().join("blob");
         let root = staging.path().join("root");
@@ -324,6 +347,7 @@ pub async fn pull(
         let label = format!("oci {reference} layer {}", descriptor.digest);
         let info = store.import(&layer, None, ImportSource::Staged(staging, label)).await?;
         store.share_name(&layer, &info.digest).await?;
+        progress.set_state(i, LayerState::Done);
         let diff_id = diff_id.clone();
         layers.push(PulledLayer { layer, diff_id, reused: false, downloaded_bytes: bytes });
     }
@@ -331,9 +355,7 @@ pub async fn pull(
     let env: Vec<String> = layers[bottom..].iter().map(|l| l.layer.clone()).collect();
     store.create_env(&name, env).await?;
     let config = parsed.config.unwrap_or_default();
-    let variables = config.env.iter().flatten().filter_map(|v| v.split_once('='));
-    let variables = variables.map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    store.set_env_variables(&name, variables).await?;
+    store.set_env_config(&name, env_config(&config)).await?;
     tracing::info!(%reference, %name, layers = layers.len(), downloaded, "image pulled");
     Ok(Pulled { name, manifest_digest, layers, downloaded_bytes: downloaded, config })
 }
@@ -393,6 +415,7 @@ async fn download(
     path: &Path,
     config: &PullConfig,
     reference: &str,
+    report: impl Fn(u64),
 ) -> Result<u64, PullError> {
     use oci_client::client::BlobResponse;
     use sha2::{Digest, Sha256};
@@ -458,6 +481,7 @@ async fn download(
             }
             hasher.update(&chunk);
             out.write_all(&chunk).await.map_err(file_error)?;
+            report(bytes);
         }
         match cut {
             None => {

@@ -135,7 +135,11 @@ pub async fn image(client: &Client, cmd: ImageCommand, json: bool) -> anyhow::Re
             }
         }
         ImageCommand::Pull { reference, name } => {
-            let pulled = client.pull_image(&reference, name.as_deref()).await?;
+            let mut view = crate::pull_progress::PullView::new(json);
+            let pulled = client
+                .pull_image_with_progress(&reference, name.as_deref(), |p| view.show(p))
+                .await?;
+            view.finish();
             if json {
                 let layers: Vec<_> = pulled
                     .layers

@@ -5,6 +5,7 @@ mod cluster;
 mod images;
 mod lifecycle;
 mod output;
+mod pull_progress;
 mod security;
 mod shell;
 
@@ -236,8 +237,9 @@ struct ExecArgs {
     /// Start the command, print its exec id and return; follow it later with `brig attach`.
     #[arg(short = 'd', long)]
     detach: bool,
-    /// The command and its arguments (after `--`).
-    #[arg(last = true, required = true)]
+    /// The command and its arguments (after `--`); none runs the image's own command
+    /// (`Entrypoint` + `Cmd`).
+    #[arg(last = true)]
     argv: Vec<String>,
 }
 
@@ -468,7 +470,10 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             if let Some(placement) = placement {
                 options = options.placement(placement);
             }
-            let sandbox = client.create(options).await?;
+            // A create that pulls its image (`oci:REF`) shows the pull as it goes.
+            let mut view = pull_progress::PullView::new(json);
+            let sandbox = client.create_with_progress(options, |p| view.show(p)).await?;
+            view.finish();
             output::sandbox(&sandbox.status().await?, json, true);
             Ok(0)
         }

@@ -47,8 +47,14 @@ type Outcome = Box<dyn FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send>;
 /// (`call_soon_threadsafe`, which takes the GIL and wakes the loop); the rest only queue.
 struct LoopQueue {
     event_loop: Py<PyAny>,
-    pending: Mutex<Vec<(Py<PyAny>, Outcome)>>,
+    pending: Mutex<Vec<(Waiting, Outcome)>>,
     scheduled: AtomicBool,
+}
+
+/// Who takes an outcome on the loop: a future (its result), or a callback (called with it).
+enum Waiting {
+    Future(Py<PyAny>),
+    Callback(Arc<Py<PyAny>>),
 }
 
 /// Event loops by `id()`, each with its queue.
@@ -81,7 +87,17 @@ impl Drain {
         let batch = std::mem::take(
             &mut *self.0.pending.lock().map_err(|_| PyRuntimeError::new_err("poisoned"))?,
         );
-        for (future, outcome) in batch {
+        for (waiting, outcome) in batch {
+            let future = match waiting {
+                Waiting::Future(future) => future,
+                Waiting::Callback(callback) => {
+                    // A callback's own error is the program's: shown, and the rest go on.
+                    if let Err(e) = outcome(py).and_then(|v| callback.call1(py, (v,))) {
+                        e.print(py);
+                    }
+                    continue;
+                }
+            };
             let future = future.bind(py);
             if future.call_method0("done")?.extract::<bool>()? {
                 continue;
@@ -130,17 +146,47 @@ where
                 v.into_pyobject(py).map(|b| b.into_bound().into_any().unbind()).map_err(Into::into)
             })
         });
-        deliver(&queue, future_ref, outcome);
+        deliver(&queue, Waiting::Future(future_ref), outcome);
     });
     future.call_method1("add_done_callback", (AbortOnCancel(task.abort_handle()),))?;
     Ok(future)
 }
 
-fn deliver(queue: &Arc<LoopQueue>, future: Py<PyAny>, outcome: Outcome) {
+/// A Python callable that Rust tasks call on the event loop running now (it is scheduled
+/// there, as results are), so the program's callback runs on its own thread.
+#[derive(Clone)]
+pub(crate) struct LoopCallback {
+    queue: Arc<LoopQueue>,
+    callback: Arc<Py<PyAny>>,
+}
+
+impl LoopCallback {
+    pub(crate) fn new(py: Python<'_>, callback: Py<PyAny>) -> PyResult<LoopCallback> {
+        let get_loop = GET_RUNNING_LOOP.get_or_try_init(py, || {
+            py.import("asyncio")?.getattr("get_running_loop").map(Bound::unbind)
+        })?;
+        let event_loop = get_loop.call0(py)?.into_bound(py);
+        Ok(LoopCallback { queue: queue_for(&event_loop), callback: Arc::new(callback) })
+    }
+
+    /// Schedules a call with `value` (made into a Python object on the loop).
+    pub(crate) fn call<T: for<'a> IntoPyObject<'a> + Send + 'static>(&self, value: T) {
+        let outcome: Outcome = Box::new(move |py| {
+            value.into_pyobject(py).map(|b| b.into_bound().into_any().unbind()).map_err(Into::into)
+        });
+        deliver(&self.queue, Waiting::Callback(self.callback.clone()), outcome);
+    }
+}
+
+fn deliver(queue: &Arc<LoopQueue>, waiting: Waiting, outcome: Outcome) {
     if SHUTTING_DOWN.load(Ordering::Acquire) {
         return;
     }
-    queue.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((future, outcome));
+    queue
+        .pending
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push((waiting, outcome));
     if queue.scheduled.swap(true, Ordering::AcqRel) {
         return;
     }

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use crate::bridge::future_into_py;
+use crate::bridge::{future_into_py, LoopCallback};
 use brig_sdk::{AuditStream, Client, ConnectOptions, Pin, ProjectLimits};
 use futures::StreamExt;
 use pyo3::exceptions::{PyStopAsyncIteration, PyValueError};
@@ -271,16 +271,31 @@ impl PyClient {
 
     /// Pulls `reference` (`python:3.12-slim`, `localhost:5000/x:tag`) from its registry: one
     /// layer per image layer, the image the environment `name` (default `pulled/<reference>`).
-    #[pyo3(signature = (reference, name=None))]
+    /// `on_progress`, if given, is called on the event loop with the pull's state (a dict:
+    /// `reference`, `layers` of `digest`, `size`, `downloaded`, `state`) as it goes.
+    #[pyo3(signature = (reference, name=None, on_progress=None))]
     fn pull_image<'py>(
         &self,
         py: Python<'py>,
         reference: String,
         name: Option<String>,
+        on_progress: Option<Py<PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let client = self.inner.clone();
+        let on_progress = on_progress.map(|f| LoopCallback::new(py, f)).transpose()?;
         future_into_py(py, async move {
-            Json::of(&client.pull_image(&reference, name.as_deref()).await.map_err(to_py)?)
+            let pulled = match on_progress {
+                None => client.pull_image(&reference, name.as_deref()).await,
+                Some(callback) => {
+                    let report = |p: &brig_sdk::PullProgress| {
+                        if let Ok(value) = Json::of(p) {
+                            callback.call(value);
+                        }
+                    };
+                    client.pull_image_with_progress(&reference, name.as_deref(), report).await
+                }
+            };
+            Json::of(&pulled.map_err(to_py)?)
         })
     }
 

@@ -15,15 +15,13 @@ pub struct PySandbox {
     pub(crate) inner: Sandbox,
 }
 
-/// `exec`'s command: a string runs through `sh -c`, a list is the argv.
+/// `exec`'s command: a string runs through `sh -c`, a list is the argv (an empty list runs
+/// the image's own command, `Entrypoint` + `Cmd`).
 fn command(cmd: &Bound<'_, PyAny>) -> PyResult<Cmd> {
     if let Ok(script) = cmd.cast::<PyString>() {
         return Ok(Cmd::shell(script.to_str()?));
     }
     let argv: Vec<String> = cmd.extract()?;
-    if argv.is_empty() {
-        return Err(pyo3::exceptions::PyValueError::new_err("an empty command"));
-    }
     Ok(Cmd::new(argv))
 }
 

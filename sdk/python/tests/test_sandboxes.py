@@ -3,6 +3,7 @@
 import asyncio
 import json
 import os
+import threading
 
 import pytest
 
@@ -166,9 +167,22 @@ async def test_qos_checkpoints_images_and_terminals(client, box):
 async def test_pull_image_from_a_registry(client):
     """An image of the registry the Rust harness started (BRIG_TEST_IMAGE_REF), pulled and run."""
     reference = os.environ["BRIG_TEST_IMAGE_REF"]
-    pulled = await client.pull_image(reference, name="py/pulled")
+    seen = []
+    loop_thread = threading.get_ident()
+
+    def on_progress(state):
+        assert threading.get_ident() == loop_thread, "called on the event loop's thread"
+        seen.append(state)
+
+    pulled = await client.pull_image(reference, name="py/pulled", on_progress=on_progress)
     assert pulled["name"] == "py/pulled"
     assert [layer["reused"] for layer in pulled["layers"]] == [False]
+    await asyncio.sleep(0)  # progress scheduled before the result has run by now
+    assert seen, "no progress reached the callback"
+    last = seen[-1]
+    assert last["reference"] == reference
+    assert [layer["state"] for layer in last["layers"]] == ["Done"]
+    assert last["layers"][0]["downloaded"] == last["layers"][0]["size"] > 0
     sb = await client.create(image="env:py/pulled")
     try:
         assert await sb.read_file("/etc/pulled") == b"from a registry\n"

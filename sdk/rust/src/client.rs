@@ -380,6 +380,31 @@ impl Client {
         }
     }
 
+    /// Creates a sandbox as [`Client::create`] does; when the node pulls its image first
+    /// (`oci:REF` it has not seen), `on_progress` hears how the pull goes. Through a cluster's
+    /// control plane the create says nothing of a pull.
+    pub async fn create_with_progress(
+        &self,
+        options: SandboxOptions,
+        mut on_progress: impl FnMut(&brig_proto::PullProgress),
+    ) -> Result<Sandbox, Error> {
+        if self.inner.cluster.is_some() {
+            return self.create(options).await;
+        }
+        let mut request = options.into_request();
+        request.pull_progress = true;
+        let mut exchange = self.open(&Request::Sandbox(SandboxOp::Create(request))).await?;
+        exchange.finish_upload()?;
+        loop {
+            match exchange.reply().await? {
+                Reply::PullProgress(progress) => on_progress(&progress),
+                Reply::Sandbox(info) => return Ok(Sandbox::new(self.clone(), info.id)),
+                Reply::Error(e) => return Err(e.into()),
+                other => return Err(unexpected("create", &other)),
+            }
+        }
+    }
+
     /// A handle to an existing sandbox by id (e.g. after the rollout worker restarted).
     /// Nothing is checked until it is used; [`Sandbox::status`] checks it exists.
     pub fn sandbox(&self, id: &str) -> Sandbox {

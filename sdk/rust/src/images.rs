@@ -193,10 +193,36 @@ impl Client {
         let request = brig_proto::ImagePullRequest {
             reference: reference.to_string(),
             name: name.map(str::to_string),
+            progress: false,
         };
         match self.request(&Request::Image(ImageOp::Pull(request))).await? {
             Reply::Pulled(pulled) => Ok(pulled),
             other => Err(unexpected("image_pull", &other)),
+        }
+    }
+
+    /// Pulls as [`Client::pull_image`] does, calling `on_progress` with the pull's state as it
+    /// goes (a few times a second at most, each the whole state).
+    pub async fn pull_image_with_progress(
+        &self,
+        reference: &str,
+        name: Option<&str>,
+        mut on_progress: impl FnMut(&brig_proto::PullProgress),
+    ) -> Result<brig_proto::PulledImage, Error> {
+        let request = brig_proto::ImagePullRequest {
+            reference: reference.to_string(),
+            name: name.map(str::to_string),
+            progress: true,
+        };
+        let mut exchange = self.open(&Request::Image(ImageOp::Pull(request))).await?;
+        exchange.finish_upload()?;
+        loop {
+            match exchange.reply().await? {
+                Reply::PullProgress(progress) => on_progress(&progress),
+                Reply::Pulled(pulled) => return Ok(pulled),
+                Reply::Error(e) => return Err(e.into()),
+                other => return Err(unexpected("image_pull", &other)),
+            }
         }
     }
 

@@ -47,7 +47,7 @@ pub use security::AuditStream;
 pub use brig_proto::{
     AuditEvent, AuditKind, CallLimits, CallOutcome, CallRequest, CallResult, ErrorCode, ExecInfo,
     ExecResult, FileKind, FileStat, IdleAction, ImageFormat, ImageStats, LayerInfo, NodeCapacity,
-    NodeRoute, NodeStatus, NodeSummary, Placement, ProjectInfo, ProjectLimits, QosClass,
-    SandboxInfo, SandboxLimits, SandboxState, SandboxUsage, SessionOpenRequest, StrayObject, Tier,
-    ToolInfo, ToolWorld,
+    NodeRoute, NodeStatus, NodeSummary, Placement, ProjectInfo, ProjectLimits, PullLayerProgress,
+    PullLayerState, PullProgress, PulledImage, PulledLayer, QosClass, SandboxInfo, SandboxLimits,
+    SandboxState, SandboxUsage, SessionOpenRequest, StrayObject, Tier, ToolInfo, ToolWorld,
 };

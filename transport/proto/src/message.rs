@@ -536,6 +536,8 @@ pub enum Reply {
     },
     /// An image pulled from a registry. Last, so older variants keep their tags.
     Pulled(PulledImage),
+    /// How far a pull is (before `Pulled`, or a create's `Sandbox`, when asked for).
+    PullProgress(PullProgress),
 }
 
 #[cfg(test)]

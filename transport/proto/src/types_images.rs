@@ -35,6 +35,46 @@ pub struct ImagePullRequest {
     pub reference: String,
     /// The environment's name; `None`: `pulled/<reference>`.
     pub name: Option<String>,
+    /// Send [`PullProgress`] replies while it runs, before the `Pulled` one.
+    pub progress: bool,
+}
+
+/// How far a pull is, layer by layer (bottom first; empty until the manifest is read). Sent
+/// before the final reply of a pull or of a create that pulls, when the request asks for it;
+/// each is the whole state, so a client may skip any of them.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct PullProgress {
+    pub reference: String,
+    pub layers: Vec<PullLayerProgress>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct PullLayerProgress {
+    /// The layer blob's digest.
+    pub digest: String,
+    /// Its compressed size.
+    pub size: u64,
+    pub downloaded: u64,
+    pub state: PullLayerState,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PullLayerState {
+    Waiting,
+    Downloading,
+    /// Downloaded and checked; being turned into a layer.
+    Converting,
+    /// The store had it: nothing downloaded.
+    Reused,
+    Done,
+}
+
+impl PullProgress {
+    /// Compressed bytes downloaded so far and to download in all (reused layers left out).
+    pub fn bytes(&self) -> (u64, u64) {
+        let fetched = self.layers.iter().filter(|l| l.state != PullLayerState::Reused);
+        fetched.fold((0, 0), |(done, all), l| (done + l.downloaded, all + l.size))
+    }
 }
 
 /// What a pull made: `env:<name>` creates sandboxes from it.

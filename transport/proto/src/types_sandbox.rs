@@ -42,6 +42,9 @@ pub struct CreateRequest {
     /// The project the sandbox is charged to; set by the control plane (a node ignores it
     /// from a project-scoped client, whose token names the project).
     pub project: Option<String>,
+    /// When the create pulls its image (`oci:REF` the node lacks), send
+    /// [`crate::PullProgress`] replies while it does, before the `Sandbox` one.
+    pub pull_progress: bool,
 }
 
 /// Which kernel a container runs on.
