@@ -249,6 +249,7 @@ impl Drop for Registry {
 }
 
 /// One entry of a layer being built.
+#[derive(Clone)]
 pub enum Entry {
     File { path: String, mode: u32, uid: u64, data: Vec<u8> },
     Dir { path: String, mode: u32 },
@@ -257,7 +258,7 @@ pub enum Entry {
 }
 
 /// A layer: its entries, written as a gzip tar.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Layer {
     pub entries: Vec<Entry>,
 }

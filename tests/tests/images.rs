@@ -250,58 +250,11 @@ async fn checkpoint_to_layer_boots_without_scrubbed_paths() {
     assert_eq!(out, "built\napp\nvi-deleted\n");
 }
 
-/// A moto S3 server on a free loopback port, killed on drop.
-struct Moto(std::process::Child, u16);
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_moto() -> Moto {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("port")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let moto = Moto(
-        Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("moto_server (pip install 'moto[server]'; scripts/install-deps.sh does)"),
-        port,
-    );
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            // Create the bucket with a plain path-style PUT.
-            let out = Command::new("curl")
-                .args(["-s", "-X", "PUT", &format!("http://127.0.0.1:{port}/brig-layers")])
-                .output()
-                .expect("curl");
-            assert!(out.status.success());
-            return moto;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("moto did not start");
-}
-
 #[tokio::test]
 async fn s3_backend_serves_layers() {
-    let moto = start_moto();
+    let moto = brig_tests::s3::Moto::start().expect("moto");
     let config = tempfile::NamedTempFile::new().expect("config");
-    std::fs::write(
-        config.path(),
-        format!(
-            "[images.backend]\nkind = \"s3\"\nendpoint = \"http://127.0.0.1:{}\"\nbucket = \"brig-layers\"\naccess_key_id = \"test\"\nsecret_access_key = \"test\"\n",
-            moto.1
-        ),
-    )
-    .expect("write");
+    std::fs::write(config.path(), moto.backend_config()).expect("write");
     let daemon =
         Daemon::start_with(&["--config", config.path().to_str().expect("utf8")]).expect("brigd");
     let client = daemon.client().await.expect("connect");

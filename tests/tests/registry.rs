@@ -390,9 +390,9 @@ async fn creates_of_an_image_the_node_lacks_pull_it_once_together() {
     assert_eq!(err.code(), Some(ErrorCode::NotFound), "{err}");
 }
 
-/// Two nodes sharing one blob backend (a directory here; S3 in production): an image pulled
-/// on one is created from on the other without downloading a layer again, its data fetched
-/// chunk by chunk as it is read.
+/// Two nodes sharing one S3 blob backend (moto's server): an image pulled on one is created
+/// from on the other without downloading a layer again, its data fetched chunk by chunk as it
+/// is read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_image_pulled_on_one_node_is_created_on_another_without_a_download() {
     let registry = Registry::start().expect("registry");
@@ -400,12 +400,9 @@ async fn an_image_pulled_on_one_node_is_created_on_another_without_a_download() 
     let data = Layer::default().file("srv/big", 0o644, &vec![5u8; 8 << 20]);
     write_image(layout.path(), "a", &[base(), middle(), data], &[]).expect("image");
     let reference = registry.push(layout.path(), "a", "brig/shared").expect("push");
-    let shared = tempfile::tempdir().expect("backend");
-    let config = format!(
-        "[images.backend]\nkind = \"local\"\ndir = \"{}\"\n[images.registries]\ninsecure = [\"{}\"]\n",
-        shared.path().display(),
-        registry.addr
-    );
+    let s3 = brig_tests::s3::Moto::start().expect("moto");
+    let config =
+        format!("{}[images.registries]\ninsecure = [\"{}\"]\n", s3.backend_config(), registry.addr);
     let first = Daemon::start_with_config(&config, &[]).expect("first node");
     let pulled =
         first.client().await.expect("connect").pull_image(&reference, None).await.expect("pull");
@@ -479,5 +476,34 @@ async fn an_images_directory_user_and_command_are_its_sandboxes_defaults() {
         .await
         .expect("create plain");
     assert_eq!(sh(&sb, "pwd; id -u").await, "/\n0\n");
+    sb.destroy().await.expect("destroy");
+}
+
+/// A layer whose root is opaque hides every layer below it, also in a later image that reuses
+/// it without converting it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_layer_with_an_opaque_root_still_hides_what_is_below() {
+    let registry = Registry::start().expect("registry");
+    let layout = tempfile::tempdir().expect("layout");
+    let reset = base().file(".wh..wh..opq", 0o644, b"").file("etc/reset", 0o644, b"r\n");
+    let below = base().file("etc/below", 0o644, b"b\n");
+    write_image(layout.path(), "first", &[middle(), reset.clone()], &[]).expect("first");
+    let own = Layer::default().file("etc/own", 0o644, b"o\n");
+    write_image(layout.path(), "second", &[below, reset, own], &[]).expect("second");
+    let first = registry.push(layout.path(), "first", "brig/first").expect("push");
+    let second = registry.push(layout.path(), "second", "brig/second").expect("push");
+    let config = format!("[images.registries]\ninsecure = [\"{}\"]\n", registry.addr);
+    let daemon = Daemon::start_with_config(&config, &[]).expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    client.pull_image(&first, Some("test/first")).await.expect("pull first");
+    let pulled = client.pull_image(&second, Some("test/second")).await.expect("pull second");
+    let reused: Vec<bool> = pulled.layers.iter().map(|l| l.reused).collect();
+    assert_eq!(reused, [false, true, false]);
+    let envs = client.envs().await.expect("envs");
+    let (_, layers) = envs.iter().find(|(n, _)| n == "test/second").expect("the env");
+    assert_eq!(layers.len(), 2, "the env starts at the opaque layer: {layers:?}");
+    let sb = client.create(SandboxOptions::container("env:test/second")).await.expect("create");
+    let out = sh(&sb, "cat /etc/reset /etc/own; test -e /etc/below || echo hidden").await;
+    assert_eq!(out, "r\no\nhidden\n");
     sb.destroy().await.expect("destroy");
 }

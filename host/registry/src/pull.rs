@@ -264,7 +264,9 @@ pub async fn pull(
         if let Some(digest) = known {
             tracing::debug!(%layer, %digest, "layer already converted");
             progress.set_state(index, LayerState::Reused);
-            plan.push(Step::Known(layer));
+            // Whether it hides what is below it was found when it was converted.
+            let hides_below = store.record(&digest).await?.source.ends_with(HIDES_BELOW);
+            plan.push(Step::Known { layer, hides_below });
             continue;
         }
         let compression = Compression::of_media_type(&descriptor.media_type).ok_or_else(|| {
@@ -294,7 +296,10 @@ pub async fn pull(
         plan.into_iter().zip(manifest.layers.iter().zip(&diff_ids)).enumerate()
     {
         let fetch = match step {
-            Step::Known(layer) => {
+            Step::Known { layer, hides_below } => {
+                if hides_below {
+                    bottom = i;
+                }
                 let diff_id = diff_id.clone();
                 layers.push(PulledLayer { layer, diff_id, reused: true, downloaded_bytes: 0 });
                 continue;
@@ -344,7 +349,10 @@ pub async fn pull(
             bottom = i;
         }
         let _ = std::fs::remove_file(&blob);
-        let label = format!("oci {reference} layer {}", descriptor.digest);
+        let mut label = format!("oci {reference} layer {}", descriptor.digest);
+        if unpacked.hides_below {
+            label.push_str(HIDES_BELOW);
+        }
         let info = store.import(&layer, None, ImportSource::Staged(staging, label)).await?;
         store.share_name(&layer, &info.digest).await?;
         progress.set_state(i, LayerState::Done);
@@ -359,6 +367,10 @@ pub async fn pull(
     tracing::info!(%reference, %name, layers = layers.len(), downloaded, "image pulled");
     Ok(Pulled { name, manifest_digest, layers, downloaded_bytes: downloaded, config })
 }
+
+/// The end of the source of a converted layer whose root is opaque (it hides every layer
+/// below it): an image that reuses it starts there too.
+const HIDES_BELOW: &str = " (opaque root: hides the layers below)";
 
 /// Most layers an image may have (overlay stacks past about 128 lower layers fail to mount).
 pub const MAX_LAYERS: usize = 128;
@@ -375,7 +387,10 @@ const CONCURRENT_DOWNLOADS: usize = 3;
 /// What a pull does with one layer.
 enum Step {
     /// The store has it (this node's catalog, or another node's through the backend).
-    Known(String),
+    Known {
+        layer: String,
+        hides_below: bool,
+    },
     Fetch(Fetch),
 }
 

@@ -106,13 +106,12 @@ impl PullView {
         }
     }
 
-    /// Leaves the bars as they are (finished) before the result is printed.
+    /// Leaves the bars as they are (finished), above the result.
     pub fn finish(self) {
-        if let Some((multi, bars)) = self.bars {
+        if let Some((_, bars)) = self.bars {
             for bar in bars {
                 bar.finish();
             }
-            let _ = multi.clear();
         }
     }
 }
