@@ -500,7 +500,11 @@ pub fn busybox_base() -> Layer {
         layer = layer.dir(d);
     }
     layer = layer.file("bin/busybox", 0o755, &busybox);
-    for applet in ["sh", "cat", "ls", "stat", "echo", "test", "id", "sleep", "true", "wc"] {
+    let applets = [
+        "sh", "cat", "ls", "stat", "echo", "test", "id", "sleep", "true", "wc", "mkdir", "chown",
+        "readlink", "rm",
+    ];
+    for applet in applets {
         layer = layer.symlink(&format!("bin/{applet}"), "busybox");
     }
     layer

@@ -435,6 +435,8 @@ fn entry(path: String, st: &rustix::fs::Stat) -> Entry {
         size: u64::try_from(st.st_size).unwrap_or(0),
         mode: st.st_mode & 0o7777,
         modified_unix_ms,
+        uid: st.st_uid,
+        gid: st.st_gid,
     }
 }
 

@@ -79,6 +79,8 @@ pub(crate) fn wire_entry(e: Entry) -> WireEntry {
         size: e.size,
         mode: e.mode,
         modified_unix_ms: e.modified_unix_ms,
+        uid: e.uid,
+        gid: e.gid,
     }
 }
 
@@ -89,7 +91,16 @@ fn entry_of(w: WireEntry) -> Entry {
         2 => EntryKind::Symlink,
         _ => EntryKind::Other,
     };
-    Entry { path: w.path, kind, size: w.size, mode: w.mode, modified_unix_ms: w.modified_unix_ms }
+    let (uid, gid) = (w.uid, w.gid);
+    Entry {
+        path: w.path,
+        kind,
+        size: w.size,
+        mode: w.mode,
+        modified_unix_ms: w.modified_unix_ms,
+        uid,
+        gid,
+    }
 }
 
 pub(crate) fn wire_error(e: &FileError) -> WireFileError {

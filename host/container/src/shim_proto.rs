@@ -167,6 +167,8 @@ pub struct WireEntry {
     pub size: u64,
     pub mode: u32,
     pub modified_unix_ms: u64,
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// [`crate::files::FileError`] on the wire (I/O errors as their errno).

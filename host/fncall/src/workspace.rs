@@ -225,7 +225,8 @@ fn entry(path: String, meta: &cap_std::fs::Metadata) -> Entry {
         .ok()
         .and_then(|t| t.into_std().duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_millis() as u64);
-    Entry { path, kind, size: meta.len(), mode: meta.mode() & 0o7777, modified_unix_ms }
+    let (uid, gid) = (meta.uid(), meta.gid());
+    Entry { path, kind, size: meta.len(), mode: meta.mode() & 0o7777, modified_unix_ms, uid, gid }
 }
 
 #[cfg(test)]

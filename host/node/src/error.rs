@@ -40,6 +40,8 @@ pub enum NodeError {
     Store(#[from] brig_images::StoreError),
     #[error("image pull: {0}")]
     Pull(#[from] brig_registry::PullError),
+    #[error("image build: {0}")]
+    ImageBuild(#[from] crate::build::ImageBuildError),
     #[error(transparent)]
     Build(#[from] brig_images::build::BuildError),
     #[error("the layer store is not available on this node ({0})")]
@@ -125,6 +127,7 @@ impl NodeError {
             NodeError::Container(_) | NodeError::Swap(_) => ErrorCode::Internal,
             NodeError::NoStore(_) => ErrorCode::Unavailable,
             NodeError::Build(_) => ErrorCode::BadRequest,
+            NodeError::ImageBuild(e) => e.code(),
             NodeError::Pull(e) => {
                 use brig_registry::pull::PullFailure as F;
                 match e.failure() {

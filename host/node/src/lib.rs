@@ -17,6 +17,8 @@
 
 mod admission;
 mod audit;
+mod build;
+mod build_layers;
 mod config;
 mod container;
 mod container_host;
@@ -334,6 +336,9 @@ impl Node {
             }
             Request::Exec(ExecOp::Attach { sandbox, exec_id }) => {
                 self.exec_attach(&sandbox, exec_id, &mut exchange).await
+            }
+            Request::Image(ImageOp::Build(req)) => {
+                self.build_image(req, &mut exchange).await.map(Some)
             }
             Request::Image(ImageOp::Pull(req)) => match self.store() {
                 Ok(store) => {

@@ -181,8 +181,8 @@ impl Node {
             let layer = images::checkpoint(&store, &entry, req).await?;
             return Ok(Reply::Layer(images::layer_to_wire(layer)));
         }
-        if let ImageOp::Pull(_) = op {
-            return Err(misrouted("image_pull"));
+        if let ImageOp::Pull(_) | ImageOp::Build(_) = op {
+            return Err(misrouted(op.kind()));
         }
         images::handle(store.as_ref(), op).await
     }

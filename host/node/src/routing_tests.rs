@@ -103,6 +103,8 @@ impl Sandbox for FakeSandbox {
             size: 3,
             mode: 0o644,
             modified_unix_ms: 0,
+            uid: 0,
+            gid: 0,
         }))
     }
     fn pause(&self) -> BoxFuture<'_, Result<u64, SandboxError>> {

@@ -428,7 +428,17 @@ fn entry_from_guest(e: crate::FileEntry) -> Entry {
         "symlink" => EntryKind::Symlink,
         _ => EntryKind::Other,
     };
-    Entry { path: e.path, kind, size: e.size, mode: e.mode, modified_unix_ms: e.modified_unix_ms }
+    // The guest's entries do not carry owners.
+    let (uid, gid) = (0, 0);
+    Entry {
+        path: e.path,
+        kind,
+        size: e.size,
+        mode: e.mode,
+        modified_unix_ms: e.modified_unix_ms,
+        uid,
+        gid,
+    }
 }
 
 impl ContainerHosts {

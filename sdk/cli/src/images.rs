@@ -32,6 +32,9 @@ pub enum ImageCommand {
         #[arg(long)]
         name: Option<String>,
     },
+    /// Build an environment from a Dockerfile (one stage) and its context, each step a
+    /// layer kept in a step cache: an unchanged rebuild runs nothing.
+    Build(crate::build::BuildArgs),
     /// List layers.
     Ls,
     /// Show a layer (and its files with --files).
@@ -165,6 +168,7 @@ pub async fn image(client: &Client, cmd: ImageCommand, json: bool) -> anyhow::Re
                 );
             }
         }
+        ImageCommand::Build(args) => return crate::build::build(client, args, json).await,
         ImageCommand::Ls => print_layers(&client.images().await?, json),
         ImageCommand::Inspect { reference, files } => {
             let (layer, paths) = client.inspect_image(&reference).await?;

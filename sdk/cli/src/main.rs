@@ -1,6 +1,7 @@
 //! `brig`: the command line for Brig, over brig-sdk. See `brig --help`.
 #![forbid(unsafe_code)]
 
+mod build;
 mod cluster;
 mod images;
 mod lifecycle;
@@ -287,7 +288,7 @@ enum FileCommand {
     },
 }
 
-fn parse_pair(s: &str) -> Result<(String, String), String> {
+pub(crate) fn parse_pair(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))

@@ -257,7 +257,7 @@ impl Client {
     }
 }
 
-async fn send_all(
+pub(crate) async fn send_all(
     exchange: &mut brig_transport::ClientExchange,
     reader: &mut (impl tokio::io::AsyncRead + Unpin),
     path: &Path,

@@ -25,6 +25,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod build;
 mod client;
 mod cluster;
 mod error;
@@ -34,6 +35,7 @@ mod lifecycle;
 mod sandbox;
 mod security;
 
+pub use build::BuildOptions;
 pub use client::{read_token, Client, ConnectOptions, Pin, FAILOVER_AFTER};
 pub use cluster::CallHops;
 pub use error::Error;
@@ -45,9 +47,10 @@ pub use security::AuditStream;
 
 /// Wire types the SDK hands back.
 pub use brig_proto::{
-    AuditEvent, AuditKind, CallLimits, CallOutcome, CallRequest, CallResult, ErrorCode, ExecInfo,
-    ExecResult, FileKind, FileStat, IdleAction, ImageFormat, ImageStats, LayerInfo, NodeCapacity,
-    NodeRoute, NodeStatus, NodeSummary, Placement, ProjectInfo, ProjectLimits, PullLayerProgress,
-    PullLayerState, PullProgress, PulledImage, PulledLayer, QosClass, SandboxInfo, SandboxLimits,
-    SandboxState, SandboxUsage, SessionOpenRequest, StrayObject, Tier, ToolInfo, ToolWorld,
+    AuditEvent, AuditKind, BuildCommand, BuildEvent, BuildEventKind, BuildStep, BuiltImage,
+    CallLimits, CallOutcome, CallRequest, CallResult, ErrorCode, ExecInfo, ExecResult, FileKind,
+    FileStat, IdleAction, ImageFormat, ImageStats, LayerInfo, NodeCapacity, NodeRoute, NodeStatus,
+    NodeSummary, Placement, ProjectInfo, ProjectLimits, PullLayerProgress, PullLayerState,
+    PullProgress, PulledImage, PulledLayer, QosClass, SandboxInfo, SandboxLimits, SandboxState,
+    SandboxUsage, SessionOpenRequest, StrayObject, Tier, ToolInfo, ToolWorld,
 };

@@ -220,9 +220,11 @@ pub enum ImageOp {
     EnvList,
     /// Saves a sandbox's filesystem changes as a new layer.
     Checkpoint(CheckpointRequest),
-    /// Pulls an image from an OCI registry into the layer store (`Reply::Pulled`). Last, so
-    /// older variants keep their tags.
+    /// Pulls an image from an OCI registry into the layer store (`Reply::Pulled`).
     Pull(ImagePullRequest),
+    /// Builds an environment from a Dockerfile or steps (`BuildEvent`s, then `Built`). Last,
+    /// so older variants keep their tags.
+    Build(ImageBuildRequest),
 }
 
 /// Requests about the node itself.
@@ -301,6 +303,7 @@ impl Request {
             Request::File(FileOp::Write(_)) | Request::Tool(ToolOp::Add { .. }) => true,
             Request::Exec(ExecOp::Start(e)) => e.stdin == StdinMode::Stream,
             Request::Image(ImageOp::Import(i)) => i.node_path.is_none(),
+            Request::Image(ImageOp::Build(b)) => b.context,
             _ => false,
         }
     }
@@ -445,6 +448,7 @@ impl ImageOp {
             ImageOp::EnvList => "env_list",
             ImageOp::Checkpoint(_) => "checkpoint",
             ImageOp::Pull(_) => "image_pull",
+            ImageOp::Build(_) => "image_build",
         }
     }
 }
@@ -538,6 +542,9 @@ pub enum Reply {
     Pulled(PulledImage),
     /// How far a pull is (before `Pulled`, or a create's `Sandbox`, when asked for).
     PullProgress(PullProgress),
+    /// How a build goes (before `Built`).
+    BuildEvent(BuildEvent),
+    Built(BuiltImage),
 }
 
 #[cfg(test)]
