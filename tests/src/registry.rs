@@ -502,7 +502,7 @@ pub fn busybox_base() -> Layer {
     layer = layer.file("bin/busybox", 0o755, &busybox);
     let applets = [
         "sh", "cat", "ls", "stat", "echo", "test", "id", "sleep", "true", "wc", "mkdir", "chown",
-        "readlink", "rm",
+        "readlink", "rm", "grep", "cut", "head", "chmod", "printf",
     ];
     for applet in applets {
         layer = layer.symlink(&format!("bin/{applet}"), "busybox");

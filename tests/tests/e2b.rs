@@ -8,14 +8,20 @@ use std::process::Command;
 
 use brig_tests::cluster::{node_of, Cluster};
 use brig_tests::net::Mirror;
+use brig_tests::registry::{busybox_base, write_image, Registry};
 use brig_tests::{artifacts, image, repo_root, Daemon};
 
 /// A daemon whose `base` template is the Debian image and whose `image` metadata key picks
 /// an image directly; sandboxes get a 200 MiB disk, so a 300 MiB upload passes the quota.
 fn daemon() -> Daemon {
+    daemon_with("")
+}
+
+/// [`daemon`] with more configuration.
+fn daemon_with(extra: &str) -> Daemon {
     let config = format!(
         "[e2b]\nimage_metadata_key = \"image\"\ndisk_mib = 200\nmemory_mib = 512\n\
-         [e2b.templates]\nbase = {:?}\n",
+         [e2b.templates]\nbase = {:?}\n{extra}",
         image("debian-12")
     );
     let _ = image("busybox");
@@ -30,7 +36,13 @@ fn tool(rel: &str) -> PathBuf {
 
 #[test]
 fn the_e2b_python_sdk_runs_unchanged_against_brigd() {
-    let daemon = daemon();
+    // A registry with one image, for the template builds' `from_image` (BRIG_TEST_IMAGE_REF).
+    let registry = Registry::start().expect("registry");
+    let layout = tempfile::tempdir().expect("layout");
+    let layer = busybox_base().file("etc/pulled", 0o644, b"from a registry\n");
+    write_image(layout.path(), "e2b", &[layer], &["PATH=/bin"]).expect("image");
+    let reference = registry.push(layout.path(), "e2b", "brig/e2b").expect("push");
+    let daemon = daemon_with(&format!("[images.registries]\ninsecure = [\"{}\"]\n", registry.addr));
     let mirror = Mirror::start("brig e2b test").expect("a web service to reach");
     let url = daemon.e2b_url().expect("E2B API address");
     let out = Command::new(tool("venv/bin/python"))
@@ -40,6 +52,7 @@ fn the_e2b_python_sdk_runs_unchanged_against_brigd() {
         .env("E2B_SANDBOX_URL", &url)
         .env("E2B_API_KEY", daemon.access_token().expect("token"))
         .env("BRIG_TEST_WEB", format!("{}:{}", mirror.addr, mirror.port))
+        .env("BRIG_TEST_IMAGE_REF", &reference)
         .output()
         .expect("running pytest");
     let report = report(&out);

@@ -370,6 +370,7 @@ mod tests {
             sources: sources.iter().map(|s| s.to_string()).collect(),
             dest: dest.into(),
             chown: None,
+            owner: None,
             chmod: None,
         }
     }

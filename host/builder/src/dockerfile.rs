@@ -204,7 +204,7 @@ fn copy_spec(
     if sources.is_empty() || dest.is_empty() {
         return Err(bad("needs a source and a destination".into()));
     }
-    let mut spec = CopySpec { sources, dest, chown: None, chmod: None };
+    let mut spec = CopySpec { sources, dest, chown: None, owner: None, chmod: None };
     for (name, value) in flags {
         match name.as_str() {
             "chown" => {

@@ -29,6 +29,9 @@ pub struct CopySpec {
     pub dest: String,
     /// `uid[:gid]` the copies belong to (root by default).
     pub chown: Option<(u32, u32)>,
+    /// A user (`name` or `name:group`) of the image the copies belong to, looked up in the
+    /// image when the step runs (instead of `chown`).
+    pub owner: Option<String>,
     /// Mode bits for every copy instead of the source's.
     pub chmod: Option<u32>,
 }
@@ -39,6 +42,11 @@ pub enum Step {
     /// The base: `scratch`, an environment (`env:NAME`) or a registry image.
     From(String),
     Run(Command),
+    /// A command run as `user`, the config's user unchanged (an E2B `run_cmd(..., user=)`).
+    RunAs {
+        command: Command,
+        user: String,
+    },
     Copy(CopySpec),
     Env(Vec<(String, String)>),
     /// Sets (and makes) the working directory.
@@ -52,7 +60,7 @@ pub enum Step {
 impl Step {
     /// Whether the step adds a layer (the rest change only the config).
     pub fn makes_layer(&self) -> bool {
-        matches!(self, Step::Run(_) | Step::Copy(_) | Step::Workdir(_))
+        matches!(self, Step::Run(_) | Step::RunAs { .. } | Step::Copy(_) | Step::Workdir(_))
     }
 
     /// The step as a Dockerfile line, for logs.
@@ -67,6 +75,7 @@ impl Step {
         match self {
             Step::From(image) => format!("FROM {image}"),
             Step::Run(c) => format!("RUN {}", command(c)),
+            Step::RunAs { command: c, user } => format!("RUN (as {user}) {}", command(c)),
             Step::Copy(c) => format!("COPY {} {}", c.sources.join(" "), c.dest),
             Step::Env(vars) => format!("ENV {}", pairs(vars)),
             Step::Workdir(dir) => format!("WORKDIR {dir}"),
@@ -116,7 +125,7 @@ impl ImageConfig {
                     self.labels.push((k.clone(), v.clone()));
                 }
             }
-            Step::From(_) | Step::Run(_) | Step::Copy(_) => {}
+            Step::From(_) | Step::Run(_) | Step::RunAs { .. } | Step::Copy(_) => {}
         }
     }
 

@@ -93,7 +93,23 @@ pub fn routes() -> Router<Gateway> {
         .route("/sandboxes/{id}/fork", post(crate::api_more::fork))
         .route("/sandboxes/{id}/snapshots", post(crate::api_more::snapshot))
         .route("/snapshots", get(crate::api_more::list_snapshots))
-        .route("/templates/{id}", axum::routing::delete(crate::api_more::delete_snapshot))
+        .route("/templates", get(crate::templates::list))
+        .route("/v3/templates", post(crate::templates::create))
+        .route("/v2/templates", post(crate::templates::create))
+        .route("/templates/{id}", get(crate::templates::get_one).delete(crate::templates::delete))
+        .route("/templates/{id}/files/{hash}", get(crate::templates::files))
+        .route(
+            "/template-files/{hash}",
+            put(crate::templates::upload).layer(axum::extract::DefaultBodyLimit::disable()),
+        )
+        .route("/v2/templates/{id}/builds/{build}", post(crate::template_builds::start))
+        .route("/templates/{id}/builds/{build}/status", get(crate::template_builds::status))
+        .route("/templates/aliases/{alias}", get(crate::templates::alias))
+        .route(
+            "/templates/tags",
+            post(crate::templates::assign_tags).delete(crate::templates::remove_tags),
+        )
+        .route("/templates/{id}/tags", get(crate::templates::tags))
         .route("/sandboxes/{id}/network", put(crate::api_more::network))
         .route("/sandboxes/{id}/metrics", get(crate::api_more::metrics))
         .route("/sandboxes/{id}/logs", get(crate::api_more::logs))
@@ -203,7 +219,9 @@ fn image_for(gw: &Gateway, template: &str, metadata: &BTreeMap<String, String>) 
 /// Makes E2B's default user (`user`, home `/home/user`) if the image lacks it; prints
 /// `present` when the image already has it.
 const ENSURE_USER: &str = "if id -u user >/dev/null 2>&1; then echo present; else \
-    useradd -m -s /bin/bash user >/dev/null 2>&1 || adduser -D -s /bin/sh user >/dev/null 2>&1; fi";
+    useradd -m -s /bin/bash user >/dev/null 2>&1 || adduser -D -s /bin/sh user >/dev/null 2>&1 \
+    || { echo 'user:x:1000:1000::/home/user:/bin/sh' >> /etc/passwd && \
+    echo 'user:x:1000:' >> /etc/group && mkdir -p /home/user && chown 1000:1000 /home/user; }; fi";
 
 /// Gives a new sandbox E2B's default user unless its image is known to have it (images that
 /// lack it get it in each sandbox, one command at create).
@@ -245,7 +263,16 @@ async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> A
     }
     let timeout = checked_timeout(&gw, req.timeout)?;
     let cfg = gw.config();
-    let image = image_for(&gw, &template, &metadata);
+    // A template built through this API, by id or name (`name:tag`); else the configured
+    // mapping or the id itself as an image.
+    let built = match cfg.image_metadata_key.as_ref().and_then(|k| metadata.get(k)) {
+        Some(_) => None,
+        None => gw.inner.templates.resolve(&template),
+    };
+    let image = match &built {
+        Some(t) => t.build.image.clone(),
+        None => image_for(&gw, &template, &metadata),
+    };
     let mut options = SandboxOptions::container(&image)
         .memory_mib(cfg.memory_mib)
         .cpu_millis(cfg.cpu_millis)
@@ -259,6 +286,10 @@ async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> A
     }
     for (k, v) in &metadata {
         options = options.label(k, v);
+    }
+    let workdir = built.as_ref().and_then(|t| t.build.workdir.clone());
+    if let Some(dir) = &workdir {
+        options = options.label(crate::templates::WORKDIR_LABEL, dir);
     }
     for (k, v) in req.env_vars.iter().flatten() {
         options = options.env(k, v);
@@ -279,12 +310,55 @@ async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> A
         let _ = sb.destroy().await;
         return Err(ApiError::from_brig(e));
     }
+    if let Some(t) = &built {
+        if let Err(e) = start_template(&sb, &t.build, timeout).await {
+            let _ = sb.destroy().await;
+            return Err(e);
+        }
+    }
     if auto_pause {
         gw.inner.lifetimes.set(sb.id(), timeout);
     }
+    gw.inner.workdirs.set(sb.id(), workdir);
     gw.inner.running.mark(sb.id());
     tracing::debug!(sandbox = sb.id(), took = ?started.elapsed(), "E2B create");
     Ok((StatusCode::CREATED, Json(sandbox_json(&gw, sb.id(), &template))).into_response())
+}
+
+/// Longest a create waits for a template's ready command to pass.
+const READY_WITHIN: Duration = Duration::from_secs(300);
+
+/// Starts a template's start command (in the background, as E2B's `user`) and waits until
+/// its ready command exits 0: the create answers then, or fails when it never does.
+async fn start_template(
+    sb: &brig_sdk::Sandbox,
+    build: &crate::templates::BuildRecord,
+    timeout: Duration,
+) -> Result<(), ApiError> {
+    if let Some(start) = &build.start_cmd {
+        // The command runs on after its stream is dropped; its output is kept.
+        let stream = sb.exec_stream(Cmd::shell(start).user("user")).await;
+        drop(stream.map_err(ApiError::from_brig)?);
+    }
+    let Some(ready) = &build.ready_cmd else { return Ok(()) };
+    let deadline = std::time::Instant::now() + READY_WITHIN.min(timeout);
+    loop {
+        let check = Cmd::shell(ready).user("user").timeout(Duration::from_secs(30));
+        let out = sb.exec_with(check).await.map_err(ApiError::from_brig)?;
+        if out.result.exit_code == Some(0) {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!(
+                    "the template's ready command `{ready}` did not pass within {:?}",
+                    READY_WITHIN.min(timeout)
+                ),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Makes the debug layout's sandbox (the `base` template, the default timeout) with `admin`.
@@ -399,6 +473,7 @@ async fn kill(State(gw): State<Gateway>, Path(id): Path<String>, headers: Header
     gw.inner.watchers.forget(sb.id());
     sb.destroy().await.map_err(ApiError::from_brig)?;
     gw.inner.lifetimes.forget(&id);
+    gw.inner.workdirs.forget(&id);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -94,6 +94,10 @@ pub(crate) struct Inner {
     pub(crate) budgets: crate::budget::SandboxBudgets,
     /// Images whose sandboxes were found to have E2B's `user` already (see `api::ensure_user`).
     pub(crate) images_with_user: parking_lot::Mutex<std::collections::HashSet<String>>,
+    /// Templates built through the API, and their builds in progress.
+    pub(crate) templates: crate::templates::Templates,
+    pub(crate) template_builds: crate::template_builds::TemplateBuilds,
+    pub(crate) workdirs: crate::templates::Workdirs,
 }
 
 impl Gateway {
@@ -123,6 +127,9 @@ impl Gateway {
                 images_with_user: Default::default(),
                 running: Default::default(),
                 budgets: Default::default(),
+                templates: crate::templates::Templates::open(state_dir),
+                template_builds: Default::default(),
+                workdirs: Default::default(),
             }),
         })
     }

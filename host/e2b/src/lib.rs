@@ -28,6 +28,8 @@ pub mod keys;
 pub mod limits;
 pub mod process;
 mod serve;
+mod template_builds;
+mod templates;
 pub mod watch;
 
 use std::collections::BTreeMap;

@@ -236,7 +236,11 @@ async fn start(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Response
     let argv: Vec<&str> = std::iter::once(config.cmd.as_str())
         .chain(config.args.iter().map(String::as_str))
         .collect();
-    let cwd = config.cwd.as_deref().map_or_else(|| user.home(), |c| user.resolve(c));
+    // No directory: the template's WORKDIR, else the user's home (as envd).
+    let cwd = match config.cwd.as_deref() {
+        Some(c) => user.resolve(c),
+        None => gw.inner.workdirs.of(&sb).await.unwrap_or_else(|| user.home()),
+    };
     let envs: std::collections::BTreeMap<&String, &String> = config.envs.iter().collect();
     crate::limits::check_command(&argv, &envs, &cwd)
         .map_err(|e| ConnectError::new(Code::InvalidArgument, e.to_string()))?;

@@ -410,11 +410,13 @@ impl LayerStore {
     }
 
     /// Defines (or redefines) an environment: an ordered list of layer references, base first.
+    /// A part that is no store reference names one of the node's own image files
+    /// (`debian-12`), as in a create's layer stack; it is resolved when a sandbox starts.
     pub async fn create_env(&self, name: &str, layers: Vec<String>) -> Result<(), StoreError> {
         validate_name(name)?;
         {
             let catalog = self.catalog.lock();
-            for l in &layers {
+            for l in layers.iter().filter(|l| LayerStore::is_store_reference(l)) {
                 catalog.resolve(&Reference::parse(l)?)?;
             }
         }

@@ -185,17 +185,29 @@ impl Node {
             let key = StepKey::base(&[]);
             return Ok(State { layers: Vec::new(), config: ImageConfig::default(), key });
         }
-        let spec = match base.strip_prefix("env:") {
-            Some(_) => base.to_string(),
-            None => {
+        // `env:NAME`; the node's own images and store layers (`debian-12`, `/images/x`,
+        // `base/a@2+b`); else a registry reference (`oci:REF`, `python:3.12`, `ghcr.io/x/y`).
+        let local = |part: &str| {
+            part.starts_with('/')
+                || !part.contains(['/', ':', '@'])
+                || store.digest_of(part).is_ok()
+        };
+        let registry = base.starts_with(crate::pulls::REGISTRY_PREFIX)
+            || (!base.starts_with("env:") && !base.split('+').all(local));
+        let spec = match registry {
+            true => {
                 let reference = base.strip_prefix(crate::pulls::REGISTRY_PREFIX).unwrap_or(base);
                 let config = self.inner.config.images.registries.pull_config();
                 crate::pulls::registry_image(store, &config, &self.inner.pulls, reference).await?
             }
+            false => base.to_string(),
         };
         let mut layers = Vec::new();
-        for reference in store.expand(&spec)? {
-            layers.push(store.digest_of(&reference)?);
+        for part in store.expand(&spec)? {
+            layers.push(match LayerStore::is_store_reference(&part) {
+                true => store.digest_of(&part)?,
+                false => part,
+            });
         }
         let image = store.env_config(&spec);
         let config = ImageConfig {
@@ -208,6 +220,13 @@ impl Node {
         };
         Ok(State { key: StepKey::base(&layers), layers, config })
     }
+}
+
+/// A RUN's command, the user it runs as and the build variables it sees.
+struct RunCommand<'a> {
+    command: &'a brig_builder::Command,
+    user: Option<String>,
+    args: &'a [(String, String)],
 }
 
 /// Which step a build is at, for its events, errors and cache entry.
@@ -260,9 +279,10 @@ fn step_of(step: brig_proto::BuildStep) -> Step {
     match step {
         W::From(image) => Step::From(image),
         W::Run(c) => Step::Run(command_of(c)),
-        W::Copy { sources, dest, chown, chmod } => {
-            Step::Copy(brig_builder::CopySpec { sources, dest, chown, chmod })
+        W::Copy { sources, dest, chown, owner, chmod } => {
+            Step::Copy(brig_builder::CopySpec { sources, dest, chown, owner, chmod })
         }
+        W::RunAs { command, user } => Step::RunAs { command: command_of(command), user },
         W::Env(vars) => Step::Env(vars),
         W::Workdir(dir) => Step::Workdir(dir),
         W::User(user) => Step::User(user),
@@ -340,13 +360,19 @@ impl Node {
         at: &StepAt,
         exchange: &mut Exchange,
     ) -> Result<Option<String>, NodeError> {
-        let network = matches!(step, Step::Run(_));
+        let network = matches!(step, Step::Run(_) | Step::RunAs { .. });
         let sandbox = self.build_container(state, network).await?;
         let result = async {
             let entry = self.live(&sandbox).await?;
             match step {
-                Step::Run(command) => {
-                    self.run_command(&entry, state, command, args, at, exchange).await?;
+                Step::Run(_) | Step::RunAs { .. } => {
+                    let (command, user) = match step {
+                        Step::RunAs { command, user } => (command, Some(user.clone())),
+                        Step::Run(command) => (command, state.config.user.clone()),
+                        _ => return Ok(None),
+                    };
+                    let run = RunCommand { command, user, args };
+                    self.run_command(&entry, state, run, at, exchange).await?;
                     let req = brig_proto::CheckpointRequest {
                         sandbox: sandbox.clone(),
                         name: at.key.layer_name(),
@@ -357,6 +383,11 @@ impl Node {
                 }
                 Step::Copy(spec) => {
                     let context = context.ok_or(ImageBuildError::NoContext)?;
+                    let mut spec = spec.clone();
+                    if let Some(owner) = spec.owner.take() {
+                        spec.chown = Some(self.owner_ids(&entry, &owner, at).await?);
+                    }
+                    let spec = &spec;
                     let dest = state.config.resolve(&spec.dest);
                     let dest = if spec.dest.ends_with('/') { format!("{dest}/") } else { dest };
                     let dirs = image_dirs(&entry, &dest).await;
@@ -407,16 +438,93 @@ impl Node {
         Ok(self.create(req).await?.id)
     }
 
+    /// The uid and gid of `owner` (`name` or `name:group`, names or numbers) in the image,
+    /// read from its /etc/passwd and /etc/group (a user alone: its primary group).
+    async fn owner_ids(
+        &self,
+        entry: &crate::sandboxes::SandboxEntry,
+        owner: &str,
+        at: &StepAt,
+    ) -> Result<(u32, u32), NodeError> {
+        let (user, group) = owner.split_once(':').map_or((owner, None), |(u, g)| (u, Some(g)));
+        let missing = |what: &str, name: &str| -> NodeError {
+            at.failed(format!("no {what} {name:?} in the image"), String::new()).into()
+        };
+        // A field of the line of `name` in `file` (names are checked to need no quoting).
+        let field = |file: &str, name: &str, field: u8| {
+            let script = format!("grep '^{name}:' {file} | head -n 1 | cut -d: -f{field}");
+            vec!["/bin/sh".to_string(), "-c".to_string(), script]
+        };
+        let safe = |name: &str| {
+            !name.is_empty()
+                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        };
+        let number = |s: &str| if s == "root" { Some(0) } else { s.parse::<u32>().ok() };
+        let uid = match number(user) {
+            Some(uid) => uid,
+            None if safe(user) => {
+                let out = self.capture(entry, field("/etc/passwd", user, 3)).await?;
+                out.trim().parse().map_err(|_| missing("user", user))?
+            }
+            None => return Err(missing("user", user)),
+        };
+        let gid = match group {
+            Some(g) => match number(g) {
+                Some(gid) => gid,
+                None if safe(g) => {
+                    let out = self.capture(entry, field("/etc/group", g, 3)).await?;
+                    out.trim().parse().map_err(|_| missing("group", g))?
+                }
+                None => return Err(missing("group", g)),
+            },
+            None if number(user).is_some() => uid,
+            None => {
+                let out = self.capture(entry, field("/etc/passwd", user, 4)).await?;
+                out.trim().parse().unwrap_or(uid)
+            }
+        };
+        Ok((uid, gid))
+    }
+
+    /// The stdout of a short command in a build container (root, no input).
+    async fn capture(
+        &self,
+        entry: &crate::sandboxes::SandboxEntry,
+        argv: Vec<String>,
+    ) -> Result<String, NodeError> {
+        let spec = ExecSpec {
+            exec_id: entry.execs.next_id(),
+            argv,
+            env: vec![("PATH".into(), brig_builder::step::DEFAULT_PATH.into())],
+            cwd: None,
+            user: None,
+            stdin: Stdin::Empty,
+            timeout: Duration::from_secs(30),
+            output_limit: 64 << 10,
+            terminal: None,
+        };
+        let mut running = entry.sandbox.exec(spec).await.map_err(|e| entry.fail(e))?;
+        let mut out = Vec::new();
+        while let Some(happened) = running.events.recv().await {
+            match happened {
+                ExecEvent::Stdout(b) => out.extend_from_slice(&b),
+                ExecEvent::Stderr(_) => {}
+                ExecEvent::Exited(_) | ExecEvent::Detached(_) => break,
+            }
+        }
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
     /// Runs a RUN step's command, its output to the client; an error unless it exits 0.
     async fn run_command(
         &self,
         entry: &crate::sandboxes::SandboxEntry,
         state: &State,
-        command: &brig_builder::Command,
-        args: &[(String, String)],
+        run: RunCommand<'_>,
         at: &StepAt,
         exchange: &mut Exchange,
     ) -> Result<(), NodeError> {
+        let RunCommand { command, user, args } = run;
         let mut env = state.config.run_env();
         for (k, v) in args {
             if !env.iter().any(|(name, _)| name == k) {
@@ -428,7 +536,7 @@ impl Node {
             argv: command.argv(),
             env,
             cwd: state.config.working_dir.clone(),
-            user: state.config.user.clone(),
+            user,
             stdin: Stdin::Empty,
             timeout: STEP_TIMEOUT,
             output_limit: STEP_OUTPUT,

@@ -39,11 +39,13 @@ pub enum BuildStep {
     /// `scratch`, `env:NAME` or a registry image.
     From(String),
     Run(BuildCommand),
-    /// Context paths to `dest`; `chown` as `(uid, gid)`, `chmod` octal bits.
+    /// Context paths to `dest`; `chown` as `(uid, gid)`, or `owner` a user (`name[:group]`)
+    /// of the image; `chmod` octal bits.
     Copy {
         sources: Vec<String>,
         dest: String,
         chown: Option<(u32, u32)>,
+        owner: Option<String>,
         chmod: Option<u32>,
     },
     Env(Vec<(String, String)>),
@@ -52,6 +54,11 @@ pub enum BuildStep {
     Cmd(BuildCommand),
     Entrypoint(BuildCommand),
     Label(Vec<(String, String)>),
+    /// A command run as `user` (the image's user unchanged).
+    RunAs {
+        command: BuildCommand,
+        user: String,
+    },
 }
 
 /// How a build goes: step `step` of `steps` (from 1).
