@@ -25,6 +25,7 @@ pub mod kept;
 pub mod netlink;
 pub mod network;
 mod nft_rules;
+pub mod port_connect;
 pub mod protect;
 
 mod create;

@@ -287,9 +287,12 @@ async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> A
     for (k, v) in &metadata {
         options = options.label(k, v);
     }
-    let workdir = built.as_ref().and_then(|t| t.build.workdir.clone());
-    if let Some(dir) = &workdir {
-        options = options.label(crate::templates::WORKDIR_LABEL, dir);
+    let facts = crate::facts::Facts {
+        workdir: built.as_ref().and_then(|t| t.build.workdir.clone()),
+        private: req.network.as_ref().is_some_and(crate::api_more::Network::private_ports),
+    };
+    for (k, v) in facts.labels() {
+        options = options.label(k, &v);
     }
     for (k, v) in req.env_vars.iter().flatten() {
         options = options.env(k, v);
@@ -319,10 +322,12 @@ async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> A
     if auto_pause {
         gw.inner.lifetimes.set(sb.id(), timeout);
     }
-    gw.inner.workdirs.set(sb.id(), workdir);
+    let private = facts.private;
+    gw.inner.facts.set(sb.id(), facts);
     gw.inner.running.mark(sb.id());
     tracing::debug!(sandbox = sb.id(), took = ?started.elapsed(), "E2B create");
-    Ok((StatusCode::CREATED, Json(sandbox_json(&gw, sb.id(), &template))).into_response())
+    let body = sandbox_json(&gw, sb.id(), &template, private);
+    Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
 /// Longest a create waits for a template's ready command to pass.
@@ -381,14 +386,14 @@ pub(crate) async fn create_debug_sandbox(
 }
 
 /// The `Sandbox` answer of create and connect.
-pub(crate) fn sandbox_json(gw: &Gateway, id: &str, template: &str) -> Value {
+pub(crate) fn sandbox_json(gw: &Gateway, id: &str, template: &str, private: bool) -> Value {
     json!({
         "templateID": template,
         "sandboxID": id,
         "clientID": "brig",
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": gw.envd_token(id),
-        "trafficAccessToken": Value::Null,
+        "trafficAccessToken": if private { json!(gw.traffic_token(id)) } else { Value::Null },
         "domain": Value::Null,
     })
 }
@@ -473,7 +478,7 @@ async fn kill(State(gw): State<Gateway>, Path(id): Path<String>, headers: Header
     gw.inner.watchers.forget(sb.id());
     sb.destroy().await.map_err(ApiError::from_brig)?;
     gw.inner.lifetimes.forget(&id);
-    gw.inner.workdirs.forget(&id);
+    gw.inner.facts.forget(&id);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -586,7 +591,8 @@ async fn connect(
     apply_timeout(&gw, &sb, &info, timeout).await?;
     let template = label(&info, TEMPLATE_LABEL).unwrap_or("base").to_string();
     let status = if resumed { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(sandbox_json(&gw, &id, &template))).into_response())
+    let private = crate::facts::Facts::from_labels(&info.labels).private;
+    Ok((status, Json(sandbox_json(&gw, &id, &template, private))).into_response())
 }
 
 /// Sets the sandbox's E2B timeout to `timeout` from now.

@@ -25,8 +25,14 @@ pub struct Network {
     deny_out: Option<Vec<String>>,
     #[serde(rename = "allow_internet_access")]
     allow_internet_access: Option<bool>,
-    #[allow(dead_code)]
     allow_public_traffic: Option<bool>,
+}
+
+impl Network {
+    /// Whether the sandbox's ports need its traffic access token (`allowPublicTraffic: false`).
+    pub(crate) fn private_ports(&self) -> bool {
+        self.allow_public_traffic == Some(false)
+    }
 }
 
 fn cidr(text: &str) -> Result<(u32, u8), ApiError> {
@@ -137,7 +143,9 @@ pub async fn fork(
     let mut out = Vec::new();
     for child in children {
         let item = match crate::api::child_timeout(&gw, &child, req.timeout).await {
-            Ok(()) => json!({ "sandbox": crate::api::sandbox_json(&gw, child.id(), &template) }),
+            Ok(()) => {
+                json!({ "sandbox": crate::api::sandbox_json(&gw, child.id(), &template, false) })
+            }
             Err(e) => json!({ "error": e.body() }),
         };
         out.push(item);

@@ -97,7 +97,7 @@ pub(crate) struct Inner {
     /// Templates built through the API, and their builds in progress.
     pub(crate) templates: crate::templates::Templates,
     pub(crate) template_builds: crate::template_builds::TemplateBuilds,
-    pub(crate) workdirs: crate::templates::Workdirs,
+    pub(crate) facts: crate::facts::SandboxFacts,
 }
 
 impl Gateway {
@@ -129,7 +129,7 @@ impl Gateway {
                 budgets: Default::default(),
                 templates: crate::templates::Templates::open(state_dir),
                 template_builds: Default::default(),
-                workdirs: Default::default(),
+                facts: Default::default(),
             }),
         })
     }
@@ -192,6 +192,8 @@ impl Gateway {
             .route("/health", get(crate::envd::health))
             .merge(crate::api::routes())
             .merge(envd)
+            // A sandbox's own ports first: those requests never reach the routes above.
+            .layer(axum::middleware::from_fn_with_state(self.clone(), crate::ports::route))
             .with_state(self.clone())
     }
 
@@ -248,6 +250,11 @@ impl Gateway {
     }
 
     /// Whether `token` is sandbox `id`'s envd access token (compared in constant time).
+    /// Sandbox `id`'s traffic access token (its private ports need it).
+    pub(crate) fn traffic_token(&self, id: &str) -> String {
+        self.envd_token(&format!("traffic/{id}"))
+    }
+
     pub(crate) fn envd_token_ok(&self, id: &str, token: &str) -> bool {
         hex::decode(token.trim())
             .map(|tag| ring::hmac::verify(&self.inner.key, id.as_bytes(), &tag).is_ok())

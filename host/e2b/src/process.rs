@@ -239,7 +239,10 @@ async fn start(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Response
     // No directory: the template's WORKDIR, else the user's home (as envd).
     let cwd = match config.cwd.as_deref() {
         Some(c) => user.resolve(c),
-        None => gw.inner.workdirs.of(&sb).await.unwrap_or_else(|| user.home()),
+        None => {
+            let facts = gw.inner.facts.of(&sb).await.unwrap_or_default();
+            facts.workdir.unwrap_or_else(|| user.home())
+        }
     };
     let envs: std::collections::BTreeMap<&String, &String> = config.envs.iter().collect();
     crate::limits::check_command(&argv, &envs, &cwd)

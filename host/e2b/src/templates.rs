@@ -50,42 +50,6 @@ pub(crate) struct BuildRecord {
     pub finished_ms: u64,
 }
 
-/// Sandboxes' default directories (a template's WORKDIR), by sandbox id: set at create,
-/// read back from the sandbox's label after a restart of the gateway.
-#[derive(Default)]
-pub(crate) struct Workdirs(parking_lot::Mutex<std::collections::HashMap<String, Option<String>>>);
-
-/// Entries kept before the cache starts over.
-const WORKDIRS_KEPT: usize = 100_000;
-
-impl Workdirs {
-    pub(crate) fn set(&self, sandbox: &str, dir: Option<String>) {
-        let mut all = self.0.lock();
-        if all.len() >= WORKDIRS_KEPT {
-            all.clear();
-        }
-        all.insert(sandbox.to_string(), dir);
-    }
-
-    pub(crate) fn forget(&self, sandbox: &str) {
-        self.0.lock().remove(sandbox);
-    }
-
-    /// The default directory of `sb`, if its template sets one.
-    pub(crate) async fn of(&self, sb: &brig_sdk::Sandbox) -> Option<String> {
-        if let Some(known) = self.0.lock().get(sb.id()) {
-            return known.clone();
-        }
-        let info = sb.status().await.ok()?;
-        let dir = info.labels.iter().find(|(k, _)| k == WORKDIR_LABEL).map(|(_, v)| v.clone());
-        self.set(sb.id(), dir.clone());
-        dir
-    }
-}
-
-/// The label that keeps a template sandbox's default directory.
-pub(crate) const WORKDIR_LABEL: &str = "e2b.workdir";
-
 /// What a create from a template runs on.
 #[derive(Debug, Clone)]
 pub(crate) struct Resolved {

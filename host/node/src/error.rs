@@ -40,6 +40,8 @@ pub enum NodeError {
     Store(#[from] brig_images::StoreError),
     #[error("image pull: {0}")]
     Pull(#[from] brig_registry::PullError),
+    #[error("nothing answers on port {port} in the sandbox ({why})")]
+    PortClosed { port: u16, why: String },
     #[error("image build: {0}")]
     ImageBuild(#[from] crate::build::ImageBuildError),
     #[error(transparent)]
@@ -128,6 +130,7 @@ impl NodeError {
             NodeError::NoStore(_) => ErrorCode::Unavailable,
             NodeError::Build(_) => ErrorCode::BadRequest,
             NodeError::ImageBuild(e) => e.code(),
+            NodeError::PortClosed { .. } => ErrorCode::Unavailable,
             NodeError::Pull(e) => {
                 use brig_registry::pull::PullFailure as F;
                 match e.failure() {

@@ -42,6 +42,7 @@ mod lifecycle;
 mod limits;
 pub mod metrics;
 mod microvm;
+mod ports;
 mod pulls;
 mod route;
 #[cfg(test)]
@@ -336,6 +337,9 @@ impl Node {
             }
             Request::Exec(ExecOp::Attach { sandbox, exec_id }) => {
                 self.exec_attach(&sandbox, exec_id, &mut exchange).await
+            }
+            Request::Sandbox(SandboxOp::ConnectPort { sandbox, port }) => {
+                self.connect_port(&sandbox, port, &mut exchange).await
             }
             Request::Image(ImageOp::Build(req)) => {
                 self.build_image(req, &mut exchange).await.map(Some)

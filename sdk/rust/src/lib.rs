@@ -32,6 +32,7 @@ mod error;
 mod exec;
 mod images;
 mod lifecycle;
+mod ports;
 mod sandbox;
 mod security;
 

@@ -68,6 +68,13 @@ pub enum SandboxOp {
     },
     /// Replies `Audit` batches; with `follow`, goes on until the sandbox is gone, then `Done`.
     Audit(AuditRequest),
+    /// A TCP connection to `port` inside the sandbox (its own loopback, never the host's):
+    /// replies `PortOpen`, then the stream carries the connection's bytes both ways (the
+    /// upload to the sandbox, raw replies from it). Last, so older variants keep their tags.
+    ConnectPort {
+        sandbox: String,
+        port: u16,
+    },
 }
 
 /// Requests about commands in a sandbox.
@@ -304,6 +311,7 @@ impl Request {
             Request::Exec(ExecOp::Start(e)) => e.stdin == StdinMode::Stream,
             Request::Image(ImageOp::Import(i)) => i.node_path.is_none(),
             Request::Image(ImageOp::Build(b)) => b.context,
+            Request::Sandbox(SandboxOp::ConnectPort { .. }) => true,
             _ => false,
         }
     }
@@ -324,6 +332,7 @@ impl SandboxOp {
             SandboxOp::SetEgress { .. } => "set_egress",
             SandboxOp::SetQos { .. } => "set_qos",
             SandboxOp::Audit(_) => "audit",
+            SandboxOp::ConnectPort { .. } => "connect_port",
         }
     }
 
@@ -334,7 +343,8 @@ impl SandboxOp {
             | SandboxOp::Destroy { sandbox }
             | SandboxOp::Fork { sandbox, .. }
             | SandboxOp::SetEgress { sandbox, .. }
-            | SandboxOp::SetQos { sandbox, .. } => Some(sandbox),
+            | SandboxOp::SetQos { sandbox, .. }
+            | SandboxOp::ConnectPort { sandbox, .. } => Some(sandbox),
             SandboxOp::SetTtl(r) => Some(&r.sandbox),
             SandboxOp::Audit(r) => Some(&r.sandbox),
             SandboxOp::Pause(Target::Sandbox(s)) | SandboxOp::Resume(Target::Sandbox(s)) => Some(s),
@@ -545,6 +555,8 @@ pub enum Reply {
     /// How a build goes (before `Built`).
     BuildEvent(BuildEvent),
     Built(BuiltImage),
+    /// A `ConnectPort` reached its port: the connection's bytes follow, raw.
+    PortOpen,
 }
 
 #[cfg(test)]
