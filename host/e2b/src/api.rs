@@ -267,6 +267,9 @@ async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> A
     // mapping or the id itself as an image.
     let built = match cfg.image_metadata_key.as_ref().and_then(|k| metadata.get(k)) {
         Some(_) => None,
+        None if crate::code_interpreter::is_code_interpreter(&template) => {
+            Some(crate::code_interpreter::ensure(&gw, &client).await?)
+        }
         None => gw.inner.templates.resolve(&template),
     };
     let image = match &built {

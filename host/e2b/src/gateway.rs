@@ -98,6 +98,8 @@ pub(crate) struct Inner {
     pub(crate) templates: crate::templates::Templates,
     pub(crate) template_builds: crate::template_builds::TemplateBuilds,
     pub(crate) facts: crate::facts::SandboxFacts,
+    /// Held while the code-interpreter template is built (`crate::code_interpreter`).
+    pub(crate) code_interpreter_build: tokio::sync::Mutex<()>,
 }
 
 impl Gateway {
@@ -130,6 +132,7 @@ impl Gateway {
                 templates: crate::templates::Templates::open(state_dir),
                 template_builds: Default::default(),
                 facts: Default::default(),
+                code_interpreter_build: tokio::sync::Mutex::new(()),
             }),
         })
     }

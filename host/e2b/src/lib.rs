@@ -19,6 +19,7 @@
 pub mod api;
 mod api_more;
 mod budget;
+mod code_interpreter;
 pub mod connect;
 pub mod envd;
 mod facts;
