@@ -5,6 +5,7 @@
 //! first if needed.
 #![forbid(unsafe_code)]
 
+mod build;
 mod cluster;
 mod container;
 mod density;
@@ -41,6 +42,8 @@ enum Bench {
     Container(container::Options),
     /// Layer store: fetched fraction for a Python import, cold/warm create, disk writes.
     Images(images::Options),
+    /// Image builds (first, unchanged, last step changed), run_code and the port route.
+    Build(build::Options),
     /// `brig image pull` of a five-layer image from a loopback registry against skopeo + umoci.
     Pull(pull::Options),
     /// Idle sandboxes one node holds at once, memory per sandbox, what stopped it.
@@ -76,6 +79,7 @@ fn main() -> anyhow::Result<()> {
         Bench::Container(opts) => container::run(opts)?,
         Bench::Images(opts) => images::run(opts)?,
         Bench::Pull(opts) => pull::run(opts)?,
+        Bench::Build(opts) => build::run(opts)?,
         Bench::Lifecycle(opts) => lifecycle::run(opts)?,
         Bench::Density(opts) => density::run(opts)?,
         Bench::Qos(opts) => qos::run(opts)?,
