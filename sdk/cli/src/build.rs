@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use brig_sdk::{BuildEvent, BuildEventKind, BuildOptions, Client};
 use clap::Args;
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
+use std::io::IsTerminal;
 
 #[derive(Args, Debug)]
 pub struct BuildArgs {
@@ -25,9 +27,57 @@ pub struct BuildArgs {
     no_cache: bool,
 }
 
-/// How one event shows: `Step 2/9 : RUN make` (` (cached)`), the step's output as it comes,
-/// the step's time.
-fn show(event: &BuildEvent) {
+/// How a build shows on stderr: on a terminal, a spinner per step (its time; `cached` or
+/// `done` when it ends) with the step's output printed above; otherwise plain lines:
+/// `Step 2/9 : RUN make` (` (cached)`), the output as it comes, the step's time.
+struct BuildView {
+    terminal: Option<(MultiProgress, Option<ProgressBar>)>,
+}
+
+impl BuildView {
+    fn new() -> BuildView {
+        let terminal = std::io::stderr()
+            .is_terminal()
+            .then(|| (MultiProgress::with_draw_target(ProgressDrawTarget::stderr()), None));
+        BuildView { terminal }
+    }
+
+    fn show(&mut self, event: &BuildEvent) {
+        let Some((multi, current)) = &mut self.terminal else {
+            return plain(event);
+        };
+        match &event.kind {
+            BuildEventKind::Started { text, cached } => {
+                let bar = multi.add(ProgressBar::new_spinner());
+                let style =
+                    ProgressStyle::with_template("{spinner} {prefix} {wide_msg} {elapsed:>4}")
+                        .unwrap_or_else(|_| ProgressStyle::default_spinner());
+                bar.set_style(style);
+                bar.set_prefix(format!("[{}/{}]", event.step, event.steps));
+                bar.set_message(text.clone());
+                if *cached {
+                    bar.finish_with_message(format!("{text} (cached)"));
+                } else {
+                    bar.enable_steady_tick(std::time::Duration::from_millis(100));
+                    *current = Some(bar);
+                }
+            }
+            BuildEventKind::Log { text, .. } => {
+                for line in text.lines() {
+                    let _ = multi.println(format!("    {line}"));
+                }
+            }
+            BuildEventKind::Finished { millis } => {
+                if let Some(bar) = current.take() {
+                    let text = bar.message();
+                    bar.finish_with_message(format!("{text} ({:.1} s)", *millis as f64 / 1000.0));
+                }
+            }
+        }
+    }
+}
+
+fn plain(event: &BuildEvent) {
     match &event.kind {
         BuildEventKind::Started { text, cached } => {
             let cached = if *cached { " (cached)" } else { "" };
@@ -51,10 +101,11 @@ pub async fn build(client: &Client, args: BuildArgs, json: bool) -> anyhow::Resu
     if args.no_cache {
         options = options.no_cache();
     }
+    let mut view = BuildView::new();
     let built = client
         .build_image(options, |e| {
             if !json {
-                show(e)
+                view.show(e)
             }
         })
         .await?;

@@ -362,6 +362,45 @@ impl PyClient {
         [("direct", hops.direct), ("via_control", hops.via_control)].into_iter().collect()
     }
 
+    /// Builds environment `name` from a Dockerfile's text, COPY reading from the directory
+    /// `context`; each layer step is kept in the node's step cache, so an unchanged rebuild
+    /// runs nothing. `on_event`, if given, is called on the event loop with each step's
+    /// start, output and end (a dict: `step`, `steps`, `type` of `started`/`log`/`finished`,
+    /// and `text`, `cached`, `stream` or `millis`). A failing step raises with its output.
+    #[pyo3(signature = (name, dockerfile, context=None, build_args=None, no_cache=false, on_event=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn build_image<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        dockerfile: String,
+        context: Option<std::path::PathBuf>,
+        build_args: Option<std::collections::BTreeMap<String, String>>,
+        no_cache: bool,
+        on_event: Option<Py<PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        let on_event = on_event.map(|f| LoopCallback::new(py, f)).transpose()?;
+        let mut options = brig_sdk::BuildOptions::dockerfile(&name, &dockerfile);
+        if let Some(dir) = context {
+            options = options.context(dir);
+        }
+        for (k, v) in build_args.iter().flatten() {
+            options = options.build_arg(k, v);
+        }
+        if no_cache {
+            options = options.no_cache();
+        }
+        future_into_py(py, async move {
+            let report = |e: &brig_sdk::BuildEvent| {
+                if let Some(callback) = &on_event {
+                    callback.call(crate::convert::build_event(e));
+                }
+            };
+            Json::of(&client.build_image(options, report).await.map_err(to_py)?)
+        })
+    }
+
     /// Names an environment: layers, bottom first.
     fn create_env<'py>(
         &self,

@@ -188,3 +188,27 @@ pub(crate) fn selector(labels: &Bound<'_, PyDict>) -> PyResult<Vec<(String, Stri
 pub(crate) fn as_refs(pairs: &[(String, String)]) -> Vec<(&str, &str)> {
     pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
 }
+
+/// A build event as a flat dict: `step`, `steps`, `type` (`started`, `log`, `finished`) and
+/// its fields.
+pub(crate) fn build_event(e: &brig_sdk::BuildEvent) -> Json {
+    use brig_sdk::BuildEventKind as K;
+    let mut v = serde_json::json!({ "step": e.step, "steps": e.steps });
+    match &e.kind {
+        K::Started { text, cached } => {
+            v["type"] = "started".into();
+            v["text"] = text.clone().into();
+            v["cached"] = (*cached).into();
+        }
+        K::Log { stream, text } => {
+            v["type"] = "log".into();
+            v["stream"] = format!("{stream:?}").to_lowercase().into();
+            v["text"] = text.clone().into();
+        }
+        K::Finished { millis } => {
+            v["type"] = "finished".into();
+            v["millis"] = (*millis).into();
+        }
+    }
+    Json(v)
+}

@@ -190,3 +190,26 @@ async def test_pull_image_from_a_registry(client):
         await sb.destroy()
     again = await client.pull_image(reference)
     assert again["downloaded_bytes"] == 0 and again["name"].startswith("pulled/")
+
+
+async def test_build_image_from_a_dockerfile(client, tmp_path):
+    """A Dockerfile on the image the Rust harness pushed: its steps stream, a rebuild is cached,
+    a failing step raises with its output."""
+    (tmp_path / "hello.txt").write_text("hi there\n")
+    base = os.environ["BRIG_TEST_IMAGE_REF"]
+    dockerfile = f"FROM {base}\nCOPY hello.txt /hello.txt\nRUN cat /hello.txt\nENV WHO=py\n"
+    events = []
+    built = await client.build_image("py/built", dockerfile, context=tmp_path, on_event=events.append)
+    assert (built["steps_run"], built["steps_cached"]) == (2, 0)
+    assert {"step": 3, "steps": 4, "type": "log", "stream": "stdout", "text": "hi there\n"} in events
+    again = await client.build_image("py/built", dockerfile, context=tmp_path)
+    assert (again["steps_run"], again["steps_cached"]) == (0, 2)
+    sb = await client.create(image="env:py/built")
+    try:
+        assert await sb.read_file("/hello.txt") == b"hi there\n"
+        assert (await sb.exec("echo $WHO")).stdout == b"py\n"
+    finally:
+        await sb.destroy()
+    with pytest.raises(brig.BadRequest) as failed:
+        await client.build_image("py/fails", f"FROM {base}\nRUN echo oops; exit 4\n")
+    assert "exit code 4" in str(failed.value) and "oops" in str(failed.value)
