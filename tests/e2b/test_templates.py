@@ -120,3 +120,30 @@ async def test_from_dockerfile_and_from_a_registry_image(tmp_path):
         assert r.stdout == "notes\nfrom a registry\n", r.stdout
     finally:
         await sb.kill()
+
+
+async def test_tags_users_and_deleting_a_template(tmp_path):
+    import httpx
+
+    template = (
+        Template()
+        .from_base_image()
+        .set_user("root")
+        .run_cmd("id -un > /whoami")
+        .set_user("user")
+    )
+    Template.build(template, "brig-tags:one")
+    Template.assign_tags("brig-tags:one", ["two"])
+    tags = {t.tag for t in Template.get_tags("brig-tags")}
+    assert {"one", "two"} <= tags, tags
+    sb = await AsyncSandbox.create(template="brig-tags:two", timeout=60)
+    try:
+        assert (await sb.commands.run("cat /whoami; id -un")).stdout == "root\nuser\n"
+    finally:
+        await sb.kill()
+    Template.remove_tags("brig-tags", ["two"])
+    assert "two" not in {t.tag for t in Template.get_tags("brig-tags")}
+    url, key = os.environ["E2B_API_URL"], os.environ["E2B_API_KEY"]
+    r = httpx.delete(f"{url}/templates/brig-tags", headers={"X-API-Key": key})
+    assert r.status_code == 204, r.text
+    assert not Template.exists("brig-tags")

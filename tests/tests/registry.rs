@@ -507,3 +507,40 @@ async fn a_reused_layer_with_an_opaque_root_still_hides_what_is_below() {
     assert_eq!(out, "r\no\nhidden\n");
     sb.destroy().await.expect("destroy");
 }
+
+/// `[images.registries.mirrors]`: a registry's images come from its mirrors first, in order; a
+/// mirror that is down or lacks the image is passed over, down to the registry itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mirrors_serve_a_registrys_images_and_are_passed_over_when_they_cannot() {
+    let upstream = Registry::start().expect("upstream");
+    let mirror = Registry::start().expect("mirror");
+    let layout = tempfile::tempdir().expect("layout");
+    let from = |who: &str| base().file("etc/from", 0o644, format!("{who}\n").as_bytes());
+    write_image(layout.path(), "mirrored", &[from("mirror")], &[]).expect("mirror's");
+    write_image(layout.path(), "upstream", &[from("upstream")], &[]).expect("upstream's");
+    mirror.push(layout.path(), "mirrored", "brig/app").expect("push to the mirror");
+    upstream.push(layout.path(), "upstream", "brig/app").expect("push upstream");
+    upstream.push(layout.path(), "upstream", "brig/only").expect("push upstream only");
+    let dead = "127.0.0.1:1";
+    let config = format!(
+        "[images.registries]\ninsecure = [\"{u}\", \"{m}\", \"{dead}\"]\n\
+         [images.registries.mirrors]\n\"{u}\" = [\"{dead}\", \"{m}\"]\n",
+        u = upstream.addr,
+        m = mirror.addr
+    );
+    let daemon = Daemon::start_with_config(&config, &[]).expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    // `brig/app:mirrored` is on the mirror only; `brig/only:upstream` on the registry only.
+    for (image, expected) in
+        [("brig/app:mirrored", "mirror\n"), ("brig/only:upstream", "upstream\n")]
+    {
+        let reference = format!("{}/{image}", upstream.addr);
+        let pulled = client.pull_image(&reference, None).await.expect("pull");
+        let env = format!("env:{}", pulled.name);
+        let sb = client.create(SandboxOptions::container(&env)).await.expect("create");
+        assert_eq!(sh(&sb, "cat /etc/from").await, expected, "{reference}");
+        sb.destroy().await.expect("destroy");
+    }
+    let log = daemon.log_text();
+    assert!(log.contains("a mirror could not serve the image"), "{log}");
+}

@@ -92,6 +92,9 @@ pub struct RegistriesConfig {
     pub credentials: Vec<RegistryCredential>,
     /// PEM files of CAs trusted besides the system's (a registry with a private CA).
     pub ca_files: Vec<PathBuf>,
+    /// Mirrors by registry (`"docker.io" = ["mirror.local:5000"]`), tried in order before
+    /// the registry itself.
+    pub mirrors: std::collections::BTreeMap<String, Vec<String>>,
     /// Most uncompressed bytes of one layer and of one image.
     pub max_layer_mib: u64,
     pub max_image_mib: u64,
@@ -103,6 +106,7 @@ impl Default for RegistriesConfig {
             insecure: Vec::new(),
             credentials: Vec::new(),
             ca_files: Vec::new(),
+            mirrors: Default::default(),
             max_layer_mib: 32 * 1024,
             max_image_mib: 64 * 1024,
         }
@@ -129,6 +133,7 @@ impl RegistriesConfig {
                 .map(|c| (c.registry.clone(), c.username.clone(), c.password.clone()))
                 .collect(),
             ca_files: self.ca_files.clone(),
+            mirrors: self.mirrors.iter().map(|(r, m)| (r.clone(), m.clone())).collect(),
             max_layer_bytes: self.max_layer_mib << 20,
             max_image_bytes: self.max_image_mib << 20,
             ..brig_registry::PullConfig::default()

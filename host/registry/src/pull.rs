@@ -32,6 +32,10 @@ pub struct PullConfig {
     pub credentials: Vec<(String, String, String)>,
     /// PEM files of CAs trusted besides the system's.
     pub ca_files: Vec<std::path::PathBuf>,
+    /// Mirrors by registry (`docker.io` → `["mirror.local:5000"]`): an image of the registry
+    /// is pulled from its mirrors first, in order, and from the registry itself when none
+    /// can serve it.
+    pub mirrors: Vec<(String, Vec<String>)>,
     /// Most compressed bytes of one layer.
     pub max_layer_download_bytes: u64,
     /// Most uncompressed bytes of one layer.
@@ -46,6 +50,7 @@ impl Default for PullConfig {
             insecure: Vec::new(),
             credentials: Vec::new(),
             ca_files: Vec::new(),
+            mirrors: Vec::new(),
             max_layer_download_bytes: 16 << 30,
             max_layer_bytes: 32 << 30,
             max_image_bytes: 64 << 30,
@@ -192,6 +197,45 @@ pub async fn pull(
     let image: Reference = reference.parse().map_err(|e: oci_client::ParseError| {
         PullError::BadReference(reference.into(), e.to_string())
     })?;
+    let mirrors = config
+        .mirrors
+        .iter()
+        .filter(|(r, _)| r == image.registry() || r == image.resolve_registry())
+        .flat_map(|(_, mirrors)| mirrors);
+    for mirror in mirrors {
+        let (repository, mirror_host) = (image.repository().to_string(), mirror.clone());
+        let at_mirror = match image.digest() {
+            Some(digest) => Reference::with_digest(mirror_host, repository, digest.into()),
+            None => {
+                let tag = image.tag().unwrap_or("latest").to_string();
+                Reference::with_tag(mirror_host, repository, tag)
+            }
+        };
+        match pull_from(store, config, reference, at_mirror, name, progress).await {
+            Ok(pulled) => return Ok(pulled),
+            Err(e)
+                if matches!(
+                    e.failure(),
+                    PullFailure::Unreachable | PullFailure::NotFound | PullFailure::Denied
+                ) =>
+            {
+                tracing::warn!(%reference, %mirror, error = %e, "a mirror could not serve the image; trying the next");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    pull_from(store, config, reference, image, name, progress).await
+}
+
+/// Pulls `image` (`reference` itself, or where a mirror has it) as [`pull`] does.
+async fn pull_from(
+    store: &LayerStore,
+    config: &PullConfig,
+    reference: &str,
+    image: Reference,
+    name: Option<&str>,
+    progress: &Progress,
+) -> Result<Pulled, PullError> {
     let registry = image.resolve_registry().to_string();
     let mut roots = Vec::new();
     for file in &config.ca_files {
