@@ -3,7 +3,9 @@ replica places each create on a node; commands and files then reach the sandbox 
 the sandbox ids, one per line, last."""
 
 import asyncio
+import os
 
+import httpx
 from e2b import AsyncSandbox
 
 
@@ -17,6 +19,24 @@ async def main() -> None:
             assert await sb.files.read("/home/user/n.txt") == str(i)
         listed = await AsyncSandbox.list().next_items()
         assert sorted(s.sandbox_id for s in listed) == sorted(s.sandbox_id for s in sandboxes), listed
+        # A sandbox's port through the replica; another project's key does not reach it.
+        await sandboxes[1].commands.run(
+            "mkdir -p /tmp/www && echo port > /tmp/www/p && cd /tmp/www && python3 -m http.server 8000",
+            background=True,
+        )
+        url, host = os.environ["E2B_API_URL"], {"Host": sandboxes[1].get_host(8000)}
+        async with httpx.AsyncClient(timeout=30) as c:
+            for _ in range(100):
+                r = await c.get(f"{url}/p", headers=host)
+                if r.status_code == 200:
+                    break
+                await asyncio.sleep(0.1)
+            assert r.text == "port\n", r.text
+            own = await c.get(f"{url}/p", headers={**host, "X-API-Key": os.environ["E2B_API_KEY"]})
+            assert own.status_code == 200, own.text
+            other = {**host, "X-API-Key": os.environ["OTHER_PROJECT_KEY"]}
+            r = await c.get(f"{url}/p", headers=other)
+            assert r.status_code == 404, (r.status_code, r.text)
         await sandboxes[0].pause()
         again = await AsyncSandbox.connect(sandboxes[0].sandbox_id)
         assert await again.files.read("/home/user/n.txt") == "0"

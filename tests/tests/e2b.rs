@@ -151,14 +151,18 @@ fn a_control_replica_serves_the_e2b_api_for_its_cluster() {
         .block_on(async {
             let admin = cluster.admin().await?;
             admin.set_project("e2b-team", brig_sdk::ProjectLimits::default()).await?;
-            anyhow::Ok(admin.create_token("e2b-team").await?)
+            admin.set_project("other-team", brig_sdk::ProjectLimits::default()).await?;
+            let other = admin.create_token("other-team").await?;
+            anyhow::Ok((admin.create_token("e2b-team").await?, other))
         })
-        .expect("a project token");
+        .expect("project tokens");
+    let (token, other) = token;
     let out = Command::new(tool("venv/bin/python"))
         .arg(repo_root().join("tests/e2b/cluster_smoke.py"))
         .env("E2B_API_URL", &url)
         .env("E2B_SANDBOX_URL", &url)
         .env("E2B_API_KEY", &token)
+        .env("OTHER_PROJECT_KEY", &other)
         .output()
         .expect("running the script");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -54,6 +54,23 @@ async fn proxy(gw: &Gateway, sandbox: &str, port: u16, mut req: Request) -> Resp
         Ok(admin) => admin,
         Err(e) => return answer(StatusCode::SERVICE_UNAVAILABLE, sandbox, port, e.to_string()),
     };
+    // A request with an API key is its holder's: another project's sandbox is not there.
+    if header(req.headers(), "x-api-key").is_some() {
+        let client = match crate::api::caller(gw, req.headers()).await {
+            Ok(client) => client,
+            Err(e) => return e.into_response(),
+        };
+        if let Err(e) = client.sandbox(sandbox).status().await {
+            let status = match e.code() {
+                Some(ErrorCode::NotFound | ErrorCode::BadRequest | ErrorCode::PermissionDenied) => {
+                    StatusCode::NOT_FOUND
+                }
+                _ => StatusCode::BAD_GATEWAY,
+            };
+            let message = format!("the sandbox {sandbox} was not found");
+            return answer(status, sandbox, port, message);
+        }
+    }
     let sb = admin.sandbox(sandbox);
     // A private sandbox's ports take its traffic access token.
     if gw.inner.facts.of(&sb).await.is_some_and(|f| f.private) {
