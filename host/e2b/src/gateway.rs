@@ -100,6 +100,8 @@ pub(crate) struct Inner {
     pub(crate) facts: crate::facts::SandboxFacts,
     /// Held while the code-interpreter template is built (`crate::code_interpreter`).
     pub(crate) code_interpreter_build: tokio::sync::Mutex<()>,
+    /// The port routes' pooled connections to sandbox ports, made on first use.
+    pub(crate) port_client: tokio::sync::OnceCell<crate::ports::PortClient>,
 }
 
 impl Gateway {
@@ -133,6 +135,7 @@ impl Gateway {
                 template_builds: Default::default(),
                 facts: Default::default(),
                 code_interpreter_build: tokio::sync::Mutex::new(()),
+                port_client: tokio::sync::OnceCell::new(),
             }),
         })
     }

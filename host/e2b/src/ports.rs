@@ -43,6 +43,98 @@ pub(crate) async fn route(State(gw): State<Gateway>, req: Request, next: Next) -
     }
 }
 
+/// The made-up domain of pooled connections' URIs: `<sandbox>.<port>.brig-port`.
+const POOL_DOMAIN: &str = "brig-port";
+/// Idle connections kept to one sandbox port.
+const IDLE_PER_PORT: usize = 32;
+
+/// The HTTP client of port routes: connections to sandbox ports, kept for the next request.
+pub(crate) type PortClient = hyper_util::client::legacy::Client<PortConnector, Body>;
+
+fn pooled_client(admin: brig_sdk::Client) -> PortClient {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_max_idle_per_host(IDLE_PER_PORT)
+        .pool_idle_timeout(std::time::Duration::from_secs(30))
+        .build(PortConnector { admin })
+}
+
+/// Connects to the sandbox port a pooled URI names (`Sandbox::connect_port`).
+#[derive(Clone)]
+pub(crate) struct PortConnector {
+    admin: brig_sdk::Client,
+}
+
+/// A connection to a sandbox port, as hyper's client takes it.
+pub(crate) struct PortStream(tokio::io::DuplexStream);
+
+impl hyper_util::client::legacy::connect::Connection for PortStream {
+    fn connected(&self) -> hyper_util::client::legacy::connect::Connected {
+        hyper_util::client::legacy::connect::Connected::new()
+    }
+}
+
+impl tokio::io::AsyncRead for PortStream {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for PortStream {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+impl tower_service::Service<Uri> for PortConnector {
+    type Response = TokioIo<PortStream>;
+    type Error = brig_sdk::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let admin = self.admin.clone();
+        Box::pin(async move {
+            let host = uri.host().unwrap_or_default();
+            let mut parts = host.rsplitn(3, '.');
+            let (_, port, sandbox) = (parts.next(), parts.next(), parts.next());
+            let port = port.and_then(|p| p.parse::<u16>().ok()).unwrap_or(0);
+            let sandbox = sandbox.unwrap_or_default();
+            let stream = admin.sandbox(sandbox).connect_port(port).await?;
+            Ok(TokioIo::new(PortStream(stream)))
+        })
+    }
+}
+
 fn answer(status: StatusCode, sandbox: &str, port: u16, message: String) -> Response {
     let body =
         json!({ "sandboxId": sandbox, "port": port, "message": message, "code": status.as_u16() });
@@ -80,33 +172,9 @@ async fn proxy(gw: &Gateway, sandbox: &str, port: u16, mut req: Request) -> Resp
             return answer(StatusCode::FORBIDDEN, sandbox, port, message);
         }
     }
-    let stream = match sb.connect_port(port).await {
-        Ok(stream) => stream,
-        Err(e) => {
-            let (status, message) = match e.code() {
-                Some(ErrorCode::NotFound | ErrorCode::BadRequest | ErrorCode::Expired) => {
-                    (StatusCode::NOT_FOUND, format!("the sandbox {sandbox} was not found"))
-                }
-                Some(ErrorCode::Unavailable) => (
-                    StatusCode::BAD_GATEWAY,
-                    format!("the sandbox is running but port {port} is not open"),
-                ),
-                _ => (StatusCode::BAD_GATEWAY, crate::envd::brig_message(&e)),
-            };
-            return answer(status, sandbox, port, message);
-        }
-    };
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
-    {
-        Ok(pair) => pair,
-        Err(e) => return answer(StatusCode::BAD_GATEWAY, sandbox, port, e.to_string()),
-    };
-    tokio::spawn(async move {
-        if let Err(e) = conn.with_upgrades().await {
-            tracing::debug!(error = %e, "a proxied port connection ended");
-        }
-    });
-    // HTTP/1.1 to the sandbox: the path only, and a Host (an HTTP/2 request has :authority).
+    let client = gw.inner.port_client.get_or_init(|| async { pooled_client(admin) }).await;
+    // HTTP/1.1 to the sandbox, on a pooled connection to its port (`PortConnector`); the
+    // client's Host header is kept (an HTTP/2 request has it as its :authority).
     if let Some(authority) = req.uri().authority().cloned() {
         if !req.headers().contains_key(header::HOST) {
             if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
@@ -115,13 +183,33 @@ async fn proxy(gw: &Gateway, sandbox: &str, port: u16, mut req: Request) -> Resp
         }
     }
     let path = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
-    *req.uri_mut() = path.parse::<Uri>().unwrap_or_default();
+    let target = format!("http://{sandbox}.{port}.{POOL_DOMAIN}{path}");
+    let Ok(uri) = target.parse::<Uri>() else {
+        return answer(StatusCode::BAD_REQUEST, sandbox, port, format!("a bad path {path:?}"));
+    };
+    *req.uri_mut() = uri;
     *req.version_mut() = axum::http::Version::HTTP_11;
     let upgrading = req.headers().contains_key(header::UPGRADE);
     let client_side = upgrading.then(|| hyper::upgrade::on(&mut req));
-    let mut response = match sender.send_request(req).await {
+    let mut response = match client.request(req).await {
         Ok(response) => response,
-        Err(e) => return answer(StatusCode::BAD_GATEWAY, sandbox, port, e.to_string()),
+        Err(e) => {
+            // The connector's own error says whether the sandbox or its port is missing.
+            let brig = std::error::Error::source(&e)
+                .and_then(|s| s.downcast_ref::<brig_sdk::Error>())
+                .and_then(brig_sdk::Error::code);
+            let (status, message) = match brig {
+                Some(ErrorCode::NotFound | ErrorCode::BadRequest | ErrorCode::Expired) => {
+                    (StatusCode::NOT_FOUND, format!("the sandbox {sandbox} was not found"))
+                }
+                Some(ErrorCode::Unavailable) => (
+                    StatusCode::BAD_GATEWAY,
+                    format!("the sandbox is running but port {port} is not open"),
+                ),
+                _ => (StatusCode::BAD_GATEWAY, format!("port {port}: {e}")),
+            };
+            return answer(status, sandbox, port, message);
+        }
     };
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         if let Some(client_side) = client_side {

@@ -48,6 +48,8 @@ impl Node {
             };
         let io = |source| NodeError::Io { what: format!("port {port} connection"), source };
         stream.set_nonblocking(true).map_err(io)?;
+        // Bytes go on as they come (a proxied stream is often small pieces).
+        stream.set_nodelay(true).map_err(io)?;
         let stream = tokio::net::TcpStream::from_std(stream).map_err(io)?;
         exchange.reply(&Reply::PortOpen).await?;
         let (mut from_sandbox, mut to_sandbox) = stream.into_split();

@@ -18,6 +18,7 @@ import argparse
 import datetime
 import http.server
 import json
+import socket
 import threading
 import uuid
 
@@ -176,6 +177,11 @@ class Contexts:
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     contexts = None
+
+    def setup(self):
+        super().setup()
+        # Output goes out line by line: no waiting for the last line's acknowledgement.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def log_message(self, *args):
         pass
