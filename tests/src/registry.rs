@@ -18,6 +18,8 @@ use sha2::{Digest, Sha256};
 /// TLS with a CA of its own and htpasswd (bcrypt) users.
 pub struct Registry {
     child: Child,
+    /// With token auth: the token server.
+    token_server: Option<Child>,
     dir: tempfile::TempDir,
     /// `127.0.0.1:PORT`.
     pub addr: String,
@@ -157,7 +159,65 @@ impl Registry {
         std::fs::write(&config_path, config)?;
         let (child, addr) = serve(&config_path)?;
         let user = user.map(|(u, p)| (u.to_string(), p.to_string()));
-        Ok(Registry { child, dir, addr, cert_dir, user })
+        Ok(Registry { child, token_server: None, dir, addr, cert_dir, user })
+    }
+
+    /// Plain HTTP with token auth (the `WWW-Authenticate: Bearer` flow): a token server of
+    /// this crate (`registry_token.py`) grants what `user` asks for, nothing to anyone else.
+    pub fn start_with_token(user: (&str, &str)) -> anyhow::Result<Registry> {
+        let dir = tempfile::Builder::new().prefix("brig-registry-").tempdir()?;
+        let (key, cert) = (dir.path().join("token.key"), dir.path().join("token.crt"));
+        run(Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"])
+            .args(["-subj", "/CN=brig-test-token"])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert))?;
+        let portfile = dir.path().join("token.port");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/registry_token.py");
+        let mut token_server = Command::new("python3")
+            .arg(script)
+            .arg(&portfile)
+            .arg(&key)
+            .arg(&cert)
+            .args([user.0, user.1, "brig-test-issuer"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let mut port = None;
+        for _ in 0..200 {
+            if let Ok(text) = std::fs::read_to_string(&portfile) {
+                port = text.trim().parse::<u16>().ok();
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        let Some(port) = port else {
+            let _ = token_server.kill();
+            let _ = token_server.wait();
+            anyhow::bail!("the token server did not start");
+        };
+        let config = format!(
+            "version: 0.1\nlog: {{level: info}}\nstorage:\n  filesystem: {{rootdirectory: {}}}\n\
+             http:\n  addr: 127.0.0.1:0\n  secret: brig-test\nauth:\n  token:\n    \
+             realm: http://127.0.0.1:{port}/token\n    service: brig-test\n    \
+             issuer: brig-test-issuer\n    rootcertbundle: {}\n",
+            dir.path().join("store").display(),
+            cert.display()
+        );
+        let config_path = dir.path().join("config.yml");
+        std::fs::write(&config_path, config)?;
+        let (child, addr) = match serve(&config_path) {
+            Ok(pair) => pair,
+            Err(e) => {
+                let _ = token_server.kill();
+                let _ = token_server.wait();
+                return Err(e);
+            }
+        };
+        let user = Some((user.0.to_string(), user.1.to_string()));
+        Ok(Registry { child, token_server: Some(token_server), dir, addr, cert_dir: None, user })
     }
 
     /// Kills the registry (as a crash would) and starts it again on the same address and
@@ -245,6 +305,10 @@ impl Drop for Registry {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(mut token_server) = self.token_server.take() {
+            let _ = token_server.kill();
+            let _ = token_server.wait();
+        }
     }
 }
 

@@ -544,3 +544,41 @@ async fn mirrors_serve_a_registrys_images_and_are_passed_over_when_they_cannot()
     let log = daemon.log_text();
     assert!(log.contains("a mirror could not serve the image"), "{log}");
 }
+
+/// Token auth, the `WWW-Authenticate: Bearer` flow: the registry sends the client to its token
+/// server, which grants a token for the user's Basic credentials only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_with_token_auth_takes_a_token_for_its_users_credentials() {
+    let registry = Registry::start_with_token(("alice", "s3cret")).expect("registry");
+    let layout = tempfile::tempdir().expect("layout");
+    write_image(layout.path(), "a", &[base(), middle()], &[]).expect("image");
+    let reference = registry.push(layout.path(), "a", "brig/token").expect("push with a token");
+    let node = |credentials: Option<(&str, &str)>| {
+        let mut config = format!("[images.registries]\ninsecure = [\"{}\"]\n", registry.addr);
+        if let Some((user, password)) = credentials {
+            config.push_str(&format!(
+                "[[images.registries.credentials]]\nregistry = \"{}\"\nusername = \"{user}\"\n\
+                 password = \"{password}\"\n",
+                registry.addr
+            ));
+        }
+        Daemon::start_with_config(&config, &[]).expect("brigd")
+    };
+    let good = node(Some(("alice", "s3cret")));
+    let client = good.client().await.expect("connect");
+    let pulled = client.pull_image(&reference, None).await.expect("pull with a token");
+    let sb = client
+        .create(SandboxOptions::container(&format!("env:{}", pulled.name)))
+        .await
+        .expect("create");
+    assert_eq!(sh(&sb, "cat /etc/motd").await, "from the middle layer\n");
+    sb.destroy().await.expect("destroy");
+    drop(client);
+    drop(good);
+    for credentials in [None, Some(("alice", "wrong"))] {
+        let daemon = node(credentials);
+        let client = daemon.client().await.expect("connect");
+        let err = client.pull_image(&reference, None).await.expect_err("no token");
+        assert_eq!(err.code(), Some(ErrorCode::PermissionDenied), "{credentials:?}: {err}");
+    }
+}
