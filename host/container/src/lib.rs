@@ -26,6 +26,7 @@ pub mod netlink;
 pub mod network;
 mod nft_rules;
 pub mod port_connect;
+pub mod process_defaults;
 pub mod protect;
 
 mod create;

@@ -9,6 +9,7 @@ pub mod command;
 pub mod egress;
 pub mod files;
 pub mod id;
+pub mod records;
 pub mod sandbox;
 pub mod spec;
 pub mod stdin;

@@ -244,28 +244,42 @@ pub(crate) async fn upload(
     State(gw): State<Gateway>,
     UrlPath(hash): UrlPath<String>,
     Query(query): Query<UploadQuery>,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> ApiResult {
-    if !gw.envd_token_ok(&format!("template-files/{hash}"), &query.token) {
+    use futures::StreamExt;
+    use tokio::io::AsyncWriteExt;
+    let valid = hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit());
+    if !valid || !gw.envd_token_ok(&format!("template-files/{hash}"), &query.token) {
         return Err(ApiError::new(StatusCode::FORBIDDEN, "a wrong upload token"));
     }
-    if body.len() > MAX_UPLOAD_BYTES {
-        return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "the archive is too large"));
-    }
+    let failed =
+        |e: std::io::Error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
     let dir = gw.inner.templates.files.clone();
-    let path = dir.join(&hash);
-    let written = tokio::task::spawn_blocking(move || {
-        std::fs::create_dir_all(&dir)?;
-        let tmp = path.with_extension("part");
-        std::fs::write(&tmp, &body)?;
-        std::fs::rename(&tmp, &path)
-    })
-    .await;
-    match written {
-        Ok(Ok(())) => Ok(StatusCode::OK.into_response()),
-        Ok(Err(e)) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
-        Err(e) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+    tokio::fs::create_dir_all(&dir).await.map_err(failed)?;
+    // Streamed to a file of its own (two uploads of one hash do not meet), within the cap.
+    let part = dir.join(format!("{hash}.{}.part", new_id()));
+    let mut out = tokio::fs::File::create(&part).await.map_err(failed)?;
+    let (mut stream, mut bytes) = (body.into_data_stream(), 0usize);
+    let copied = async {
+        while let Some(piece) = stream.next().await {
+            let piece = piece.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.to_string()))?;
+            bytes += piece.len();
+            if bytes > MAX_UPLOAD_BYTES {
+                return Err(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "the archive is too large",
+                ));
+            }
+            out.write_all(&piece).await.map_err(failed)?;
+        }
+        out.flush().await.map_err(failed)?;
+        tokio::fs::rename(&part, dir.join(&hash)).await.map_err(failed)
     }
+    .await;
+    if copied.is_err() {
+        let _ = tokio::fs::remove_file(&part).await;
+    }
+    copied.map(|()| StatusCode::OK.into_response())
 }
 
 /// `GET /templates/aliases/{alias}`: the template a name names.

@@ -2,10 +2,11 @@
 //! image's own directories above them keep the attributes the image gives them.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::Arc;
 
 use brig_builder::context::DirAttributes;
-use brig_builder::{Context, CopySpec};
+use brig_builder::{Context, ContextError, CopySpec};
 use brig_images::LayerStore;
 
 use crate::build::{blocking, import_staged, ImageBuildError, StepAt};
@@ -20,20 +21,12 @@ pub(crate) async fn copy_layer(
     dirs: HashMap<String, DirAttributes>,
     at: &StepAt,
 ) -> Result<String, NodeError> {
-    let staging = brig_images::build::Staging::new_in(&store.work_dir())?;
-    let root = staging.path().join("root");
     let (context, spec, dest) = (context.clone(), spec.clone(), dest.to_string());
-    blocking(move || {
-        std::fs::create_dir(&root).map_err(|source| brig_builder::ContextError::Io {
-            what: "staging root".into(),
-            source,
-        })?;
+    staged_layer(store, at, move |root| {
         let image_dir = |p: &str| dirs.get(p).copied().flatten();
-        context.stage(&spec, &dest, &root, &image_dir)
+        context.stage(&spec, &dest, root, &image_dir).map(drop)
     })
-    .await?
-    .map_err(ImageBuildError::from)?;
-    import_staged(store, staging, at).await
+    .await
 }
 
 /// A layer that makes directory `dir` (and what is missing above it).
@@ -43,16 +36,27 @@ pub(crate) async fn dir_layer(
     dirs: HashMap<String, DirAttributes>,
     at: &StepAt,
 ) -> Result<String, NodeError> {
+    let dir = dir.to_string();
+    staged_layer(store, at, move |root| {
+        let image_dir = |p: &str| dirs.get(p).copied().flatten();
+        Context::make_dir(root, &dir, &image_dir)
+    })
+    .await
+}
+
+/// A layer of the tree `fill` stages at its root (on the blocking pool), kept as the step's
+/// cache entry.
+async fn staged_layer(
+    store: &Arc<LayerStore>,
+    at: &StepAt,
+    fill: impl FnOnce(&Path) -> Result<(), ContextError> + Send + 'static,
+) -> Result<String, NodeError> {
     let staging = brig_images::build::Staging::new_in(&store.work_dir())?;
     let root = staging.path().join("root");
-    let dir = dir.to_string();
     blocking(move || {
-        std::fs::create_dir(&root).map_err(|source| brig_builder::ContextError::Io {
-            what: "staging root".into(),
-            source,
-        })?;
-        let image_dir = |p: &str| dirs.get(p).copied().flatten();
-        Context::make_dir(&root, &dir, &image_dir)
+        std::fs::create_dir(&root)
+            .map_err(|source| ContextError::Io { what: "staging root".into(), source })?;
+        fill(&root)
     })
     .await?
     .map_err(ImageBuildError::from)?;
