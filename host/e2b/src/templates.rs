@@ -23,6 +23,8 @@ type ApiResult = Result<Response, ApiError>;
 
 /// The tag a build gets when none is named, and a name without `:tag` means.
 pub(crate) const DEFAULT_TAG: &str = "default";
+/// Most templates one gateway keeps (a new one past it is refused).
+const MAX_TEMPLATES: usize = 10_000;
 /// Largest file archive one COPY step may upload.
 const MAX_UPLOAD_BYTES: usize = 1 << 30;
 
@@ -193,6 +195,14 @@ pub(crate) async fn create(
         name.clone().filter(|n| gw.inner.templates.get(n).is_none()).unwrap_or_else(new_id)
     });
     let build_id = new_build_id();
+    if gw.inner.templates.get(&id).is_none()
+        && gw.inner.templates.by_id.lock().len() >= MAX_TEMPLATES
+    {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("this gateway keeps at most {MAX_TEMPLATES} templates: delete one first"),
+        ));
+    }
     let names = gw.inner.templates.change(|all| {
         let t = all
             .entry(id.clone())
