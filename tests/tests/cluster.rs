@@ -105,6 +105,11 @@ async fn placement_spreads_routes_go_direct_and_quotas_refuse() {
     admin.set_project("team/a", ProjectLimits::default()).await.expect("sub-project");
     let token = admin.create_token("team/a").await.expect("token");
     let member = cluster.client_with_token(&token).await.expect("member");
+    // Each token knows whom it speaks for (the E2B gateway scopes templates by it).
+    let who = member.whoami().await.expect("whoami");
+    assert_eq!((who.project.as_deref(), who.admin), (Some("team/a"), false));
+    let who = admin.whoami().await.expect("whoami");
+    assert_eq!((who.project, who.admin), (None, true));
     let mut mine = Vec::new();
     for _ in 0..3 {
         mine.push(member.create(SandboxOptions::fncall()).await.expect("within quota"));
@@ -171,6 +176,17 @@ async fn placement_spreads_routes_go_direct_and_quotas_refuse() {
         listed.lines().any(|l| l.starts_with("cli ") && l.contains("max_live      7")),
         "{listed}"
     );
+    // `brig token`: this CLI's token as an E2B API key; with a project, a new one for it (an
+    // E2B API key too) that admits a client scoped to the project.
+    let own = brig(&["token"]);
+    let file = std::fs::read_to_string(cluster.controls[1].state_dir().join("access-token"))
+        .expect("token file");
+    let secret = file.lines().next().expect("a token").trim_start_matches("e2b_");
+    assert_eq!(own.trim(), format!("e2b_{secret}"));
+    let made = brig(&["token", "cli"]);
+    assert!(made.trim().starts_with("e2b_"), "{made}");
+    let scoped = cluster.client_with_token(made.trim()).await.expect("the new token admits");
+    assert_eq!(scoped.whoami().await.expect("whoami").project.as_deref(), Some("cli"));
 }
 
 #[tokio::test]

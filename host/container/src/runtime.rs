@@ -419,6 +419,18 @@ pub fn process_start_time(pid: i32) -> Option<u64> {
     stat_field(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?, 22)
 }
 
+/// Process `host_pid`'s pid in its innermost pid namespace (the last `NSpid` of its
+/// `/proc/<pid>/status`): what it is inside its sandbox.
+pub fn pid_in_namespace(host_pid: i32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{host_pid}/status")).ok()?;
+    innermost_pid(&status)
+}
+
+fn innermost_pid(status: &str) -> Option<u32> {
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
+}
+
 /// Numeric field `n` (from 1, as proc(5) counts) of a `/proc/<pid>/stat` text, from field 3 on.
 pub(crate) fn stat_field(stat: &str, n: usize) -> Option<u64> {
     // The command name (field 2) is in parentheses and may contain anything: skip past it.
@@ -731,4 +743,16 @@ pub fn default_shim_path() -> PathBuf {
         .ok()
         .and_then(|exe| exe.parent().map(|d| d.join("brig-shim")))
         .unwrap_or_else(|| Path::new("/usr/local/bin/brig-shim").to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_pid_inside_its_namespace_is_the_last_nspid() {
+        let status = "Name:\tbash\nTgid:\t4242\nNSpid:\t4242\t17\nNSpgid:\t4242\t17\n";
+        assert_eq!(super::innermost_pid(status), Some(17));
+        assert_eq!(super::innermost_pid("NSpid:\t99\n"), Some(99));
+        assert_eq!(super::innermost_pid("Name:\tx\n"), None);
+        assert!(super::pid_in_namespace(std::process::id() as i32).is_some());
+    }
 }

@@ -219,10 +219,11 @@ const SESSIONS_DIR: &str = "sessions";
 
 /// A started engine command as the node sees it.
 fn running(exec: crate::exec::Exec) -> RunningExec {
+    let pid = crate::runtime::pid_in_namespace(exec.pid);
     let control = Arc::new(EngineControl { killer: exec.killer(), terminal: exec.terminal });
     let (tx, rx) = mpsc::channel(EVENTS);
     tokio::spawn(relay(exec.events, tx));
-    RunningExec { events: rx, control }
+    RunningExec { events: rx, control, pid }
 }
 
 impl ContainerSandbox {

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use brig_core::{NodeId, SandboxId};
 use brig_proto::{
-    CallRequest, ClusterKey, CreateRequest, ErrorCode, ListRequest, NodeRoute, ProjectInfo,
-    ProjectLimits, Reply, Request, WireError,
+    CallRequest, CallerInfo, ClusterKey, CreateRequest, ErrorCode, ListRequest, NodeRoute,
+    ProjectInfo, ProjectLimits, Reply, Request, WireError,
 };
-use brig_proto::{ControlOp, SandboxOp, ToolOp};
+use brig_proto::{ControlOp, NodeOp, SandboxOp, ToolOp};
 use brig_sched::{Demand, Placer, Strategy};
 use brig_transport::{Exchange, Service};
 use parking_lot::{Mutex, RwLock};
@@ -229,6 +229,10 @@ impl ControlPlane {
                 Ok(Reply::Cluster(self.registry.summaries()))
             }
             Request::Sandbox(SandboxOp::List(req)) => self.list(caller, req).await,
+            Request::Node(NodeOp::Whoami) => Ok(Reply::Caller(CallerInfo {
+                project: caller.project().map(str::to_string),
+                admin: *caller == Caller::Admin,
+            })),
             Request::Control(ControlOp::ProjectPut { name, limits }) => {
                 admin_only()?;
                 valid_project(&name)?;
@@ -261,7 +265,7 @@ impl ControlPlane {
             Request::Control(ControlOp::TokenCreate { project }) => {
                 admin_only()?;
                 valid_project(&project)?;
-                let token = hex::encode(rand::random::<[u8; 32]>());
+                let token = brig_proto::hello::e2b_key(&hex::encode(rand::random::<[u8; 32]>()));
                 let grant = Grant { project: Some(project), admin: false };
                 let hash = token_hash(&token);
                 self.store.put_grant(&hash, &grant).await.map_err(unavailable)?;

@@ -63,9 +63,10 @@ pub struct ClusterState {
     pub projects: BTreeMap<String, ProjectLimits>,
 }
 
-/// SHA-256 of a token, hex: how grants are keyed.
+/// SHA-256 of a token's secret, hex: how grants are keyed (`e2b_<hex>` and `<hex>` are one
+/// token).
 pub fn token_hash(token: &str) -> String {
-    hex::encode(Sha256::digest(token.as_bytes()))
+    hex::encode(Sha256::digest(brig_proto::hello::token_secret(token).as_bytes()))
 }
 
 /// Where the cluster state lives.

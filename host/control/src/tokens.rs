@@ -1,4 +1,5 @@
-//! Access tokens: 256-bit random secrets, stored hex-encoded one per line in a mode-0600 file.
+//! Access tokens: 256-bit random secrets, stored hex-encoded one per line in a mode-0600 file,
+//! written as E2B API keys (`e2b_<hex>`; with or without the prefix they are one token).
 //!
 //! On first start the file is created with one token; operators may add lines to admit more
 //! clients and remove lines to revoke them (re-read on [`AccessTokens::reload`]). Comparison is
@@ -6,6 +7,8 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
+
+use brig_proto::hello::token_secret;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
@@ -36,7 +39,7 @@ impl AccessTokens {
             if let Some(parent) = path.parent() {
                 std::fs::create_dir_all(parent).map_err(io)?;
             }
-            let token = hex::encode(rand::random::<[u8; 32]>());
+            let token = brig_proto::hello::e2b_key(&hex::encode(rand::random::<[u8; 32]>()));
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -70,9 +73,10 @@ impl AccessTokens {
             return false;
         };
         // Check every token so timing does not reveal which one (if any) matched.
-        tokens
-            .iter()
-            .fold(false, |found, t| constant_time_eq(t.as_bytes(), candidate.as_bytes()) | found)
+        let candidate = token_secret(candidate);
+        tokens.iter().fold(false, |found, t| {
+            constant_time_eq(token_secret(t).as_bytes(), candidate.as_bytes()) | found
+        })
     }
 }
 
@@ -108,12 +112,14 @@ mod tests {
         let path = dir.path().join("access-token");
         let a = AccessTokens::load_or_create(&path).expect("create");
         let token = a.primary().expect("token");
-        assert_eq!(token.len(), 64);
+        let secret = token.strip_prefix("e2b_").expect("an E2B API key");
+        assert!(secret.len() == 64 && secret.bytes().all(|b| b.is_ascii_hexdigit()));
         let b = AccessTokens::load_or_create(&path).expect("load");
         assert_eq!(b.primary(), Some(token.clone()));
-        assert!(b.verify(&token));
+        assert!(b.verify(&token) && b.verify(secret), "with and without the prefix");
         assert!(!b.verify(""));
-        assert!(!b.verify(&token[1..]));
+        assert!(!b.verify(&token[1..]) && !b.verify(&secret[1..]));
+        assert!(!b.verify(&format!("e2b_e2b_{secret}")));
         let mode = std::fs::metadata(&path)
             .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()));
         assert_eq!(mode.expect("mode") & 0o777, 0o600);

@@ -331,6 +331,8 @@ pub trait ExecControl: Send + Sync {
 pub struct RunningExec {
     pub events: mpsc::Receiver<ExecEvent>,
     pub control: Arc<dyn ExecControl>,
+    /// The command's pid inside the sandbox (its own pid namespace), where the tier knows it.
+    pub pid: Option<u32>,
 }
 
 /// What a tier kept across a restart of the node, or through a pause that saved it.

@@ -74,6 +74,8 @@ pub fn entry_to_wire(e: Entry) -> wire::FileStat {
         size: e.size,
         mode: e.mode,
         modified_unix_ms: e.modified_unix_ms,
+        uid: e.uid,
+        gid: e.gid,
     }
 }
 

@@ -91,8 +91,9 @@ impl Node {
         let recorder = self.recorder(&entry);
         let argv = req.argv;
         recorder.record(AuditKind::ExecStart { exec_id, argv: argv.clone(), user: req.user, cwd });
+        let pid = running.pid;
         let (kill, resizer) = controls(running.control, req.terminal.is_some());
-        let hub = entry.execs.insert_with(exec_id, argv, kill, resizer);
+        let hub = entry.execs.insert_with(exec_id, argv, pid, kill, resizer);
         // Its stdin is the hub's: this client's upload feeds it, and any client by id.
         let stdin_over = streamed.map(|(tx, upload)| {
             hub.stdin.open(tx, limits.exec_stdin_bytes);
@@ -102,7 +103,7 @@ impl Node {
         // dropped while its first reply goes out.
         let reader = hub.reader();
         tokio::spawn(pump(running.events, hub.clone(), exec_id, recorder, Seen::default()));
-        exchange.reply(&Reply::ExecStarted { exec_id }).await?;
+        exchange.reply(&Reply::ExecStarted { exec_id, pid }).await?;
         let streamed = match stdin_over {
             None => hub.stream_as(reader, exchange).await,
             // Stdin over its limit ends this client's stream with the error; the command runs
@@ -165,6 +166,7 @@ impl Node {
                 Some(running) => controls(running.control.clone(), true),
                 None => (Box::new(|| {}) as Killer, None),
             };
+            let pid = exec.running.as_ref().and_then(|r| r.pid);
             let (hub, mut skip, gap_note) = match entry.execs.find(exec.exec_id) {
                 Some(hub) => {
                     // Detached by a pause: it goes on in the hub its clients read.
@@ -177,7 +179,7 @@ impl Node {
                     (hub, seen, "output past what the guest keeps was lost while its VM was paused")
                 }
                 None => {
-                    let hub = entry.execs.insert_with(exec.exec_id, exec.argv, kill, resizer);
+                    let hub = entry.execs.insert_with(exec.exec_id, exec.argv, pid, kill, resizer);
                     (
                         hub,
                         Seen::default(),

@@ -86,6 +86,8 @@ pub(crate) type Killer = Box<dyn Fn() + Send + Sync>;
 /// One exec's output and outcome, shared by its pump and its readers.
 pub(crate) struct ExecHub {
     argv: Vec<String>,
+    /// Its pid inside the sandbox, where the tier knows it.
+    pub(crate) pid: Option<u32>,
     /// Replaced when a detached command is taken back (its new pump has the new control).
     killer: Mutex<Killer>,
     /// Sets the window size, for an exec on a terminal.
@@ -383,6 +385,7 @@ impl ExecHub {
         let st = self.state.lock();
         ExecInfo {
             exec_id,
+            pid: self.pid,
             argv: self.argv.clone(),
             result: st.result.clone(),
             buffered_bytes: st.bytes as u64,
@@ -474,17 +477,19 @@ impl ExecTable {
         self.next.fetch_max(exec_id, Ordering::Relaxed);
     }
 
-    /// A hub for exec `exec_id` running `argv`; `kill` stops it, `resize` resizes its
-    /// terminal (if it has one).
+    /// A hub for exec `exec_id` running `argv` (pid `pid` in the sandbox); `kill` stops it,
+    /// `resize` resizes its terminal (if it has one).
     pub(crate) fn insert_with(
         &self,
         exec_id: u64,
         argv: Vec<String>,
+        pid: Option<u32>,
         kill: Box<dyn Fn() + Send + Sync>,
         resize: Option<Resizer>,
     ) -> Arc<ExecHub> {
         let hub = Arc::new(ExecHub {
             argv,
+            pid,
             killer: Mutex::new(kill),
             resizer: resize,
             stdin: StdinSlot::default(),
@@ -547,7 +552,7 @@ impl ExecTable {
         exchange: &mut Exchange,
     ) -> Result<Option<Reply>, NodeError> {
         let hub = self.get(exec_id)?;
-        exchange.reply(&Reply::ExecStarted { exec_id }).await?;
+        exchange.reply(&Reply::ExecStarted { exec_id, pid: hub.pid }).await?;
         hub.stream(exchange).await
     }
 
@@ -609,7 +614,7 @@ mod tests {
     }
 
     fn hub(table: &ExecTable, id: u64) -> Arc<ExecHub> {
-        table.insert_with(id, vec!["yes".into()], Box::new(|| {}), None)
+        table.insert_with(id, vec!["yes".into()], None, Box::new(|| {}), None)
     }
 
     #[test]

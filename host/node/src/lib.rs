@@ -67,8 +67,8 @@ use std::time::Duration;
 use brig_core::{IdleAction, SandboxId, Tier};
 use brig_fncall::FncallBackend;
 use brig_proto::{
-    AuditKind, ExecOp, FileOp, ImageOp, Reply, Request, SandboxInfo, SandboxOp, SandboxState,
-    SessionOp, ToolOp,
+    AuditKind, ExecOp, FileOp, ImageOp, NodeOp, Reply, Request, SandboxInfo, SandboxOp,
+    SandboxState, SessionOp, ToolOp,
 };
 use brig_transport::Exchange;
 
@@ -296,6 +296,16 @@ impl Node {
     pub async fn serve_as(&self, principal: &Principal, request: Request, mut exchange: Exchange) {
         let kind = request.kind();
         let upload = request.has_upload();
+        if let Request::Node(NodeOp::Whoami) = request {
+            let project = match principal {
+                Principal::Admin => None,
+                Principal::Project(p) => Some(p.clone()),
+            };
+            let admin = project.is_none();
+            let _ = exchange.reply(&Reply::Caller(brig_proto::CallerInfo { project, admin })).await;
+            exchange.finish();
+            return;
+        }
         match self.authorize(principal, request) {
             Ok(request) => self.serve(request, exchange).await,
             Err(e) => {

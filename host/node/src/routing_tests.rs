@@ -340,7 +340,7 @@ async fn commands_and_sessions_a_pause_detached_go_on_after_the_resume() {
     let mut hubs = Vec::new();
     for exec_id in [1, 2] {
         let (tx, rx) = mpsc::channel(8);
-        let hub = entry.execs.insert_with(exec_id, vec!["cmd".into()], Box::new(|| {}), None);
+        let hub = entry.execs.insert_with(exec_id, vec!["cmd".into()], None, Box::new(|| {}), None);
         let recorder = node.recorder(&entry);
         tokio::spawn(crate::exec::pump(rx, hub.clone(), exec_id, recorder, Default::default()));
         senders.push(tx);
@@ -367,7 +367,7 @@ async fn commands_and_sessions_a_pause_detached_go_on_after_the_resume() {
     tx.send(ExecEvent::Exited(ExecExit { exit_code: Some(3), ..Default::default() }))
         .await
         .expect("send");
-    let running = RunningExec { events: rx, control: Arc::new(NoControl) };
+    let running = RunningExec { events: rx, control: Arc::new(NoControl), pid: None };
     let kept = KeptWork {
         execs: vec![RecoveredExec {
             exec_id: 1,

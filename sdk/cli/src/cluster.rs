@@ -13,8 +13,9 @@ pub enum ClusterCommand {
     /// Projects and their limits (`set` needs an admin token).
     #[command(subcommand)]
     Project(ProjectCommand),
-    /// Make an access token for a project (admin): its holder sees only that project.
-    Token { project: String },
+    /// Print this CLI's access token, or with a project make one for it (admin: its holder
+    /// sees only that project). Tokens are E2B API keys (`e2b_<hex>`), for `E2B_API_KEY`.
+    Token { project: Option<String> },
 }
 
 #[derive(Subcommand, Debug)]
@@ -81,7 +82,9 @@ pub async fn run(client: &Client, cmd: ClusterCommand, json: bool) -> anyhow::Re
                 output::line(json, &value, &human);
             }
         }
-        ClusterCommand::Token { project } => {
+        // Answered before connecting (see `main`).
+        ClusterCommand::Token { project: None } => {}
+        ClusterCommand::Token { project: Some(project) } => {
             let token = client.create_token(&project).await?;
             output::line(json, &serde_json::json!({ "project": project, "token": token }), &token);
         }

@@ -365,7 +365,23 @@ fn read_input(path: &PathBuf) -> anyhow::Result<Vec<u8>> {
     }
 }
 
+/// The token `args` name (as `connect` finds it), as an E2B API key.
+fn own_token(args: &ConnArgs) -> anyhow::Result<String> {
+    let token = match (&args.token, &args.token_file, &args.state_dir) {
+        (Some(t), _, _) => t.clone(),
+        (None, Some(path), _) => brig_sdk::read_token(path)?,
+        (None, None, Some(dir)) => ConnectOptions::from_state_dir(dir)?.token,
+        (None, None, None) => ConnectOptions::local()?.token,
+    };
+    Ok(brig_sdk::e2b_key(&token))
+}
+
 async fn run(cli: Cli) -> anyhow::Result<i32> {
+    // `brig token`: the token this CLI connects with, as an E2B API key (the same secret).
+    if let Command::Cluster(cluster::ClusterCommand::Token { project: None }) = cli.command {
+        println!("{}", own_token(&cli.conn)?);
+        return Ok(0);
+    }
     let client = connect(&cli.conn).await?;
     let json = cli.json;
     match cli.command {

@@ -115,6 +115,7 @@ pub enum ExecEvent {
 pub struct ExecStream {
     exchange: ClientExchange,
     exec_id: u64,
+    pid: Option<u32>,
     done: bool,
 }
 
@@ -131,7 +132,9 @@ impl ExecStream {
         request: &'static str,
     ) -> Result<ExecStream, Error> {
         match exchange.reply().await? {
-            Reply::ExecStarted { exec_id } => Ok(ExecStream { exchange, exec_id, done: false }),
+            Reply::ExecStarted { exec_id, pid } => {
+                Ok(ExecStream { exchange, exec_id, pid, done: false })
+            }
             Reply::Error(e) => Err(e.into()),
             other => Err(unexpected(request, &other)),
         }
@@ -140,6 +143,11 @@ impl ExecStream {
     /// Id for [`Sandbox::kill`].
     pub fn exec_id(&self) -> u64 {
         self.exec_id
+    }
+
+    /// The command's pid inside the sandbox (its pid namespace), where the tier knows it.
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
     }
 
     /// The next event; `None` after `Exited`.

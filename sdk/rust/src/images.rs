@@ -3,10 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
+use brig_proto::{CallerInfo, ImageOp, NodeOp, StrayObject};
 use brig_proto::{
     CheckpointRequest, ImageFormat, ImageImportRequest, LayerInfo, NodeStatus, Reply, Request,
 };
-use brig_proto::{ImageOp, NodeOp, StrayObject};
 use bytes::BytesMut;
 use tokio::io::AsyncReadExt;
 
@@ -245,6 +245,15 @@ impl Client {
         match self.request(&Request::Node(NodeOp::Doctor { remove, min_age_secs })).await? {
             Reply::Strays(found) => Ok(found),
             other => Err(unexpected("node_doctor", &other)),
+        }
+    }
+
+    /// Who this client's token speaks for: its project, or admin (asked of the control plane
+    /// in cluster mode, else of the node).
+    pub async fn whoami(&self) -> Result<CallerInfo, Error> {
+        match self.request(&Request::Node(NodeOp::Whoami)).await? {
+            Reply::Caller(caller) => Ok(caller),
+            other => Err(unexpected("whoami", &other)),
         }
     }
 

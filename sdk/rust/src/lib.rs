@@ -46,12 +46,14 @@ pub use lifecycle::Lifetimes;
 pub use sandbox::{Sandbox, SandboxOptions};
 pub use security::AuditStream;
 
+/// How tokens are written: `e2b_<hex>` (an E2B API key) and `<hex>` are one token.
+pub use brig_proto::hello::{e2b_key, token_secret};
 /// Wire types the SDK hands back.
 pub use brig_proto::{
     AuditEvent, AuditKind, BuildCommand, BuildEvent, BuildEventKind, BuildStep, BuiltImage,
-    CallLimits, CallOutcome, CallRequest, CallResult, ErrorCode, ExecInfo, ExecResult, FileKind,
-    FileStat, IdleAction, ImageFormat, ImageStats, LayerInfo, NodeCapacity, NodeRoute, NodeStatus,
-    NodeSummary, Placement, ProjectInfo, ProjectLimits, PullLayerProgress, PullLayerState,
-    PullProgress, PulledImage, PulledLayer, QosClass, SandboxInfo, SandboxLimits, SandboxState,
-    SandboxUsage, SessionOpenRequest, StrayObject, Tier, ToolInfo, ToolWorld,
+    CallLimits, CallOutcome, CallRequest, CallResult, CallerInfo, ErrorCode, ExecInfo, ExecResult,
+    FileKind, FileStat, IdleAction, ImageFormat, ImageStats, LayerInfo, NodeCapacity, NodeRoute,
+    NodeStatus, NodeSummary, Placement, ProjectInfo, ProjectLimits, PullLayerProgress,
+    PullLayerState, PullProgress, PulledImage, PulledLayer, QosClass, SandboxInfo, SandboxLimits,
+    SandboxState, SandboxUsage, SessionOpenRequest, StrayObject, Tier, ToolInfo, ToolWorld,
 };

@@ -235,17 +235,36 @@ impl Sandbox {
         Ok(out)
     }
 
+    /// Reads at most `max_bytes` of a file from its start, into memory.
+    pub async fn read_file_head(&self, path: &str, max_bytes: u64) -> Result<Vec<u8>, Error> {
+        let mut out = Vec::new();
+        self.download_range(path, 0, Some(max_bytes), &mut out).await?;
+        Ok(out)
+    }
+
     /// Streams a file into `writer`; returns the bytes written.
     pub async fn download(
         &self,
         path: &str,
+        writer: impl AsyncWrite + Unpin,
+    ) -> Result<u64, Error> {
+        self.download_range(path, 0, None, writer).await
+    }
+
+    /// Streams `len` bytes of a file (to its end when `None`) from `offset` into `writer`;
+    /// returns the bytes written.
+    pub async fn download_range(
+        &self,
+        path: &str,
+        offset: u64,
+        len: Option<u64>,
         mut writer: impl AsyncWrite + Unpin,
     ) -> Result<u64, Error> {
         let request = Request::File(FileOp::Read(FileReadRequest {
             sandbox: self.id.clone(),
             path: path.to_string(),
-            offset: 0,
-            len: None,
+            offset,
+            len,
         }));
         let mut exchange = self.client.open(&request).await?;
         exchange.finish_upload()?;

@@ -20,6 +20,21 @@ pub const CLIENT_FIXED_BYTES: usize = 8;
 /// Bytes of a server reply before the message.
 pub const SERVER_FIXED_BYTES: usize = 9;
 
+/// How Brig writes a token that E2B's SDKs take as an API key: `e2b_` and the hex secret.
+pub const E2B_KEY_PREFIX: &str = "e2b_";
+
+/// The secret a token carries: the token with surrounding space and an `e2b_` prefix taken
+/// off, so `e2b_<hex>` and `<hex>` are one token.
+pub fn token_secret(token: &str) -> &str {
+    let token = token.trim();
+    token.strip_prefix(E2B_KEY_PREFIX).unwrap_or(token)
+}
+
+/// A new token: 256 random bits, hex, written as an E2B API key (`e2b_<64 hex>`).
+pub fn e2b_key(secret_hex: &str) -> String {
+    format!("{E2B_KEY_PREFIX}{}", token_secret(secret_hex))
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientHello {
     pub version: u16,

@@ -42,7 +42,7 @@ pub use types_images::*;
 pub use types_sandbox::*;
 
 /// The protocol version this build speaks. Bump on any change to message encodings.
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// TLS application protocol name (ALPN). Versioning happens in the hello, not here.
 pub const ALPN: &[u8] = b"brig";

@@ -245,6 +245,9 @@ pub enum NodeOp {
         remove: bool,
         min_age_secs: u32,
     },
+    /// Who the connection's token speaks for; replies `Caller`. Last, so older variants keep
+    /// their tags.
+    Whoami,
 }
 
 /// Requests only the control plane serves.
@@ -286,6 +289,7 @@ impl Request {
             Request::Image(op) => op.kind(),
             Request::Node(NodeOp::Status) => "node_status",
             Request::Node(NodeOp::Doctor { .. }) => "node_doctor",
+            Request::Node(NodeOp::Whoami) => "whoami",
             Request::Control(op) => op.kind(),
         }
     }
@@ -498,6 +502,8 @@ pub enum Reply {
     Error(WireError),
     ExecStarted {
         exec_id: u64,
+        /// The command's pid inside the sandbox (its pid namespace), where the tier knows it.
+        pid: Option<u32>,
     },
     /// A piece of a command's output, in the order produced per stream.
     Output {
@@ -557,6 +563,8 @@ pub enum Reply {
     Built(BuiltImage),
     /// A `ConnectPort` reached its port: the connection's bytes follow, raw.
     PortOpen,
+    /// Who the connection's token speaks for.
+    Caller(CallerInfo),
 }
 
 #[cfg(test)]
@@ -615,6 +623,7 @@ mod tests {
             ),
             (Request::Image(ImageOp::CacheDrop), "image_cache_drop", None, false),
             (Request::Node(NodeOp::Status), "node_status", None, false),
+            (Request::Node(NodeOp::Whoami), "whoami", None, false),
             (
                 Request::Node(NodeOp::Doctor { remove: true, min_age_secs: 60 }),
                 "node_doctor",

@@ -57,6 +57,14 @@ pub struct ProjectLimits {
     pub max_creates_per_sec: Option<u32>,
 }
 
+/// Who a connection's token speaks for (`NodeOp::Whoami`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct CallerInfo {
+    /// The project it is scoped to; `None` for an admin token.
+    pub project: Option<String>,
+    pub admin: bool,
+}
+
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct ProjectInfo {
     pub name: String,

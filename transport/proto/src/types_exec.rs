@@ -87,6 +87,8 @@ pub struct SessionOpenRequest {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct ExecInfo {
     pub exec_id: u64,
+    /// Its pid inside the sandbox, where the tier knows it.
+    pub pid: Option<u32>,
     pub argv: Vec<String>,
     /// `None` while it runs.
     pub result: Option<ExecResult>,

@@ -37,6 +37,9 @@ pub struct FileStat {
     pub size: u64,
     pub mode: u32,
     pub modified_unix_ms: u64,
+    /// Owner and group as the sandbox sees them (0 where a tier does not say).
+    pub uid: u32,
+    pub gid: u32,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
