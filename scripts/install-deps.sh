@@ -66,6 +66,19 @@ if ! cmp -s "$requirements" "$venv/.requirements"; then
     "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
     cp "$requirements" "$venv/.requirements"
 fi
+# The oldest supported release of E2B's Python SDK, beside the newest (tests/tests/e2b.rs says
+# which cases run with it).
+oldest="$root/artifacts/venv-e2b-oldest"
+if [[ ! -x $oldest/bin/python ]]; then
+    log "python3 -m venv $oldest"
+    python3 -m venv "$oldest"
+fi
+if ! cmp -s "$root/tests/e2b/requirements-oldest.txt" "$oldest/.requirements"; then
+    log "pip install -r tests/e2b/requirements-oldest.txt (into $oldest)"
+    "$oldest/bin/pip" install --quiet --disable-pip-version-check \
+        -r "$root/tests/e2b/requirements-oldest.txt"
+    cp "$root/tests/e2b/requirements-oldest.txt" "$oldest/.requirements"
+fi
 node_dir="$root/artifacts/node"
 if ! cmp -s "$root/tests/e2b-js/package-lock.json" "$node_dir/package-lock.json" \
     || [[ ! -d $node_dir/node_modules/e2b ]]; then

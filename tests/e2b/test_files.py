@@ -57,6 +57,11 @@ async def test_listing_stat_mkdir_rename_remove(sandbox):
     }
     info = await sandbox.files.get_info("/home/user/a/b/c/f.txt")
     assert info.type == FileType.FILE and info.size == 5 and info.name == "f.txt"
+    # Owner and group by name, as envd reports them.
+    assert (info.owner, info.group) == ("user", "user"), info
+    etc = await sandbox.files.get_info("/etc/passwd")
+    assert (etc.owner, etc.group) == ("root", "root"), etc
+    assert {(e.owner, e.group) for e in deep} == {("user", "user")}
     assert (await sandbox.files.get_info("/home/user/a")).type == FileType.DIR
     moved = await sandbox.files.rename("/home/user/a/b/c/f.txt", "/home/user/g.txt")
     assert moved.path == "/home/user/g.txt"
@@ -64,6 +69,8 @@ async def test_listing_stat_mkdir_rename_remove(sandbox):
     assert not await sandbox.files.exists("/home/user/a/b/c/f.txt")
     await sandbox.files.remove("/home/user/a")
     assert not await sandbox.files.exists("/home/user/a")
+    # As envd's (os.RemoveAll, and E2B's own SDK tests): a missing path is removed already.
+    await sandbox.files.remove("/home/user/a")
 
 
 async def test_missing_files_are_not_found(sandbox):

@@ -50,6 +50,41 @@ async def test_info_list_by_metadata_and_kill():
     assert not await a.is_running()
 
 
+async def test_list_filters_by_template_start_and_awkward_metadata_in_either_order():
+    """`SandboxQuery(template=, started_after=)`, `order`, and metadata values with `&`, `=`,
+    spaces and `%` (E2B's SDK encodes them three times over)."""
+    from datetime import datetime, timezone
+
+    job = {"job": "a&b=c d%", "n": "x y"}
+    first = await AsyncSandbox.create(timeout=300, metadata=job)
+    await asyncio.sleep(0.05)
+    middle = datetime.now(timezone.utc)
+    await asyncio.sleep(0.05)
+    second = await AsyncSandbox.create(timeout=300, metadata=job)
+    other = await AsyncSandbox.create("busybox", timeout=300, metadata=job)
+    try:
+        ids = lambda page: [s.sandbox_id for s in page]  # noqa: E731
+        mine = SandboxQuery(metadata=job)
+        newest = await AsyncSandbox.list(query=mine).next_items()
+        assert ids(newest) == [other.sandbox_id, second.sandbox_id, first.sandbox_id]
+        oldest = await AsyncSandbox.list(query=mine, order="asc").next_items()
+        assert ids(oldest) == ids(newest)[::-1]
+        base = SandboxQuery(metadata=job, template="base")
+        assert ids(await AsyncSandbox.list(query=base).next_items()) == [
+            second.sandbox_id, first.sandbox_id,
+        ]
+        busybox = SandboxQuery(metadata=job, template="busybox")
+        assert ids(await AsyncSandbox.list(query=busybox).next_items()) == [other.sandbox_id]
+        late = SandboxQuery(metadata=job, started_after=middle)
+        assert ids(await AsyncSandbox.list(query=late).next_items()) == [
+            other.sandbox_id, second.sandbox_id,
+        ]
+        none = SandboxQuery(metadata=job, template="no-such-template")
+        assert await AsyncSandbox.list(query=none).next_items() == []
+    finally:
+        await asyncio.gather(first.kill(), second.kill(), other.kill())
+
+
 async def test_template_env_vars_and_image_by_metadata():
     sb = await AsyncSandbox.create(envs={"FROM_CREATE": "yes"}, timeout=120)
     try:
@@ -92,6 +127,45 @@ async def test_pause_then_connect_keeps_files_and_processes(sandbox):
     assert (await again.files.read("/home/user/state.txt")) == "kept"
     assert server.pid in [p.pid for p in await again.commands.list()]
     assert (await AsyncSandbox.get_info(sandbox.sandbox_id)).state == SandboxState.RUNNING
+
+
+async def test_connect_lengthens_a_running_sandboxs_timeout_and_never_shortens_it(sandbox):
+    """E2B: connecting to a running sandbox with a timeout sets it only if the new end is later."""
+    ends = (await sandbox.get_info()).end_at  # the fixture's 600 s
+    await AsyncSandbox.connect(sandbox.sandbox_id, timeout=30)
+    assert (await sandbox.get_info()).end_at >= ends, "connect(timeout=30) shortened 600 s"
+    await AsyncSandbox.connect(sandbox.sandbox_id, timeout=3000)
+    longer = (await sandbox.get_info()).end_at
+    assert (longer - ends).total_seconds() > 2000, (ends, longer)
+
+
+async def test_a_sandbox_paused_by_its_timeout_resumes_on_a_request_when_asked():
+    """`lifecycle={"on_timeout": "pause", "auto_resume": True}`: a command to the paused
+    sandbox resumes it (its files and state kept); without auto_resume it stays paused."""
+    woken = await AsyncSandbox.create(
+        timeout=2, lifecycle={"on_timeout": "pause", "auto_resume": True}
+    )
+    asleep = await AsyncSandbox.create(timeout=2, lifecycle={"on_timeout": "pause"})
+    try:
+        await woken.files.write("/home/user/kept.txt", "kept")
+        info = await woken.get_info()
+        assert info.lifecycle == {"on_timeout": "pause", "auto_resume": True}, info.lifecycle
+        assert (await asleep.get_info()).lifecycle["auto_resume"] is False
+        for _ in range(150):
+            states = [(await s.get_info()).state for s in (woken, asleep)]
+            if states == [SandboxState.PAUSED, SandboxState.PAUSED]:
+                break
+            await asyncio.sleep(0.2)
+        assert states == [SandboxState.PAUSED, SandboxState.PAUSED], states
+        r = await woken.commands.run("cat /home/user/kept.txt")
+        assert r.stdout == "kept"
+        assert (await woken.get_info()).state == SandboxState.RUNNING
+        assert await woken.files.read("/home/user/kept.txt") == "kept"
+        with pytest.raises(TimeoutException):
+            await asleep.commands.run("true")
+        assert (await asleep.get_info()).state == SandboxState.PAUSED
+    finally:
+        await asyncio.gather(woken.kill(), asleep.kill())
 
 
 async def test_fork_children_start_from_the_parents_files(sandbox):

@@ -1,7 +1,7 @@
 """A sandbox's own ports through the gateway, as E2B's SDK reaches them: the host
 `sandbox.get_host(port)` gives, and the `E2b-Sandbox-Id`/`E2b-Sandbox-Port` header pair;
 HTTP/1.1 and HTTP/2 clients, request and response bodies streamed, an upgraded connection
-carried both ways, 502 for a port nothing listens on (never the host's own port), 404 for a
+carried both ways, a WebSocket (RFC 6455, the `websockets` package as the client), 502 for a port nothing listens on (never the host's own port), 404 for a
 sandbox that is not there."""
 
 import asyncio
@@ -109,6 +109,95 @@ async def test_an_upgraded_connection_is_carried_both_ways(sandbox):
         await writer.drain()
         assert await asyncio.wait_for(reader.readexactly(len(word)), 30) == word.upper()
     writer.close()
+
+
+WS_SERVER = r'''
+import base64, hashlib, socket, struct, threading
+GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+def serve(c):
+    data = b""
+    while b"\r\n\r\n" not in data:
+        more = c.recv(4096)
+        if not more:
+            return
+        data += more
+    head, buf = data.split(b"\r\n\r\n", 1)
+    key = [l.split(b":", 1)[1].strip() for l in head.split(b"\r\n")
+           if l.lower().startswith(b"sec-websocket-key:")][0]
+    accept = base64.b64encode(hashlib.sha1(key + GUID).digest())
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+              b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+    def need(n):
+        nonlocal buf
+        while len(buf) < n:
+            more = c.recv(1 << 16)
+            if not more:
+                raise EOFError
+            buf += more
+        out, buf = buf[:n], buf[n:]
+        return out
+    while True:
+        b0, b1 = need(2)
+        op, n = b0 & 0x0F, b1 & 0x7F
+        if n == 126:
+            n = struct.unpack(">H", need(2))[0]
+        elif n == 127:
+            n = struct.unpack(">Q", need(8))[0]
+        mask = need(4) if b1 & 0x80 else b"\0\0\0\0"
+        body = bytes(x ^ mask[i % 4] for i, x in enumerate(need(n)))
+        if op == 8:
+            c.sendall(bytes([0x88, len(body)]) + body)
+            return
+        reply, op = {1: (body.upper(), 1), 2: (body[::-1], 2), 9: (body, 10)}[op]
+        size = len(reply)
+        if size < 126:
+            head = bytes([0x80 | op, size])
+        elif size < 65536:
+            head = bytes([0x80 | op, 126]) + struct.pack(">H", size)
+        else:
+            head = bytes([0x80 | op, 127]) + struct.pack(">Q", size)
+        c.sendall(head + reply)
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 8010))
+s.listen()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+'''
+
+
+async def test_a_websocket_is_carried_by_host_and_by_headers(sandbox):
+    """RFC 6455 through the port route, with the `websockets` package from PyPI as the client
+    (it checks the handshake's accept key and every frame): text, a 1 MiB binary message,
+    ping/pong and a clean close, reached by `get_host(port)` and by the header pair."""
+    from websockets.asyncio.client import connect
+
+    url = urlparse(os.environ["E2B_API_URL"])
+    await sandbox.files.write("/tmp/ws.py", WS_SERVER)
+    await sandbox.commands.run("python3 /tmp/ws.py", background=True)
+    await sandbox.commands.run(
+        "for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8010))' "
+        "2>/dev/null && exit 0; sleep 0.1; done; exit 1"
+    )
+    by_host = connect(
+        f"ws://{sandbox.get_host(8010)}/ws", host=url.hostname, port=url.port, max_size=4 << 20
+    )
+    by_headers = connect(
+        f"ws://{url.hostname}:{url.port}/ws",
+        additional_headers={"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "8010"},
+        max_size=4 << 20,
+    )
+    for opening in [by_host, by_headers]:
+        async with asyncio.timeout(60):
+            async with opening as ws:
+                await ws.send("hello")
+                assert await ws.recv() == "HELLO"
+                big = os.urandom(1 << 20)
+                await ws.send(big)
+                assert await ws.recv() == big[::-1]
+                await (await ws.ping(b"beat"))
+            assert ws.close_code == 1000, ws.close_code
 
 
 async def test_a_port_of_the_host_is_never_reached(sandbox):

@@ -147,3 +147,18 @@ async def test_tags_users_and_deleting_a_template(tmp_path):
     r = httpx.delete(f"{url}/templates/brig-tags", headers={"X-API-Key": key})
     assert r.status_code == 204, r.text
     assert not Template.exists("brig-tags")
+
+
+async def test_a_built_in_templates_name_is_refused():
+    """`base` (the gateway's configured template) and the code interpreter's names are not a
+    user's to build under: 409, and the SDK's build fails with the reason."""
+    import httpx
+
+    url, key = os.environ["E2B_API_URL"], os.environ["E2B_API_KEY"]
+    for name in ["base", "code-interpreter-v1", "code-interpreter:v2"]:
+        r = httpx.post(f"{url}/v3/templates", headers={"X-API-Key": key}, json={"name": name})
+        assert r.status_code == 409, (name, r.status_code, r.text)
+        assert "built-in" in r.json()["message"], r.text
+    with pytest.raises(Exception) as refused:
+        Template.build(Template().from_base_image().run_cmd("true"), "base")
+    assert "built-in" in str(refused.value), refused.value

@@ -59,6 +59,26 @@ fn the_e2b_python_sdk_runs_unchanged_against_brigd() {
     assert!(out.status.success(), "the E2B suite failed:\n{report}\nbrigd:\n{}", tail(&daemon));
 }
 
+/// The oldest supported E2B SDK (2.45.1, which checks API keys on the client) against brigd:
+/// its keys, commands and files cases.
+#[test]
+fn the_oldest_supported_e2b_python_sdk_runs_against_brigd() {
+    let daemon = daemon();
+    let url = daemon.e2b_url().expect("E2B API address");
+    let suite = repo_root().join("tests/e2b");
+    let out = Command::new(tool("venv-e2b-oldest/bin/python"))
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .args(["test_api_keys.py", "test_commands.py", "test_files.py"].map(|f| suite.join(f)))
+        .env("E2B_API_URL", &url)
+        .env("E2B_SANDBOX_URL", &url)
+        .env("E2B_API_KEY", daemon.access_token().expect("token"))
+        .output()
+        .expect("running pytest");
+    let report = report(&out);
+    assert!(out.status.success(), "e2b 2.45.1:\n{report}\nbrigd:\n{}", tail(&daemon));
+    assert!(!report.contains("skipped"), "2.45.1 checks keys: nothing is skipped\n{report}");
+}
+
 /// E2B's SDK across a `kill -9` of brigd: a process started with stdin before the crash is
 /// listed after it, takes more input by `send_stdin`, ends at `close_stdin`, and its output
 /// read again through `commands.connect` has both lines (`tests/e2b/restart_phases.py`).

@@ -45,6 +45,10 @@ impl ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, message)
     }
 
+    pub(crate) fn message(&self) -> &str {
+        &self.message
+    }
+
     /// The JSON body this error answers with.
     pub(crate) fn body(&self) -> Value {
         json!({ "code": self.status.as_u16(), "message": self.message })
@@ -169,6 +173,7 @@ struct NewSandbox {
     template_id: Option<String>,
     timeout: Option<u64>,
     auto_pause: Option<bool>,
+    auto_resume: Option<AutoResume>,
     metadata: Option<BTreeMap<String, String>>,
     env_vars: Option<BTreeMap<String, String>>,
     network: Option<crate::api_more::Network>,
@@ -177,6 +182,12 @@ struct NewSandbox {
     /// Accepted and ignored: every sandbox gets an envd access token.
     #[allow(dead_code)]
     secure: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct AutoResume {
+    enabled: bool,
 }
 
 pub(crate) fn unix_ms() -> u64 {
@@ -252,9 +263,16 @@ async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> A
         )));
     }
     let auto_pause = req.auto_pause.unwrap_or(false);
+    let auto_resume = req.auto_resume.as_ref().is_some_and(|a| a.enabled);
+    if auto_resume && !auto_pause {
+        return Err(ApiError::bad("autoResume needs autoPause: only a paused sandbox resumes"));
+    }
     let mut own_labels = vec![(TEMPLATE_LABEL, template.as_str())];
     if auto_pause {
         own_labels.push((AUTOPAUSE_LABEL, "true"));
+    }
+    if auto_resume {
+        own_labels.push((crate::auto_resume::AUTORESUME_LABEL, "true"));
     }
     crate::limits::check_metadata(&metadata, &own_labels)
         .map_err(|e| ApiError::bad(e.to_string()))?;
@@ -270,7 +288,15 @@ async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> A
         None if crate::code_interpreter::is_code_interpreter(&template) => {
             Some(crate::code_interpreter::ensure(&gw, &client).await?)
         }
-        None => gw.inner.templates.resolve(&template),
+        // A project's template is its own (an admin's, every project's): whose it is is
+        // asked of brigd only then, so creates from shared templates pay nothing.
+        None => match gw.inner.templates.resolve(&template) {
+            Some(found) if found.project.is_some() => {
+                let scope = crate::templates::Scope::of_client(&client).await?;
+                Some(found).filter(|f| scope.sees(f.project.as_deref()))
+            }
+            found => found,
+        },
     };
     let image = match &built {
         Some(t) => t.build.image.clone(),
@@ -282,6 +308,9 @@ async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> A
         .disk_mib(cfg.disk_mib)
         .label(TEMPLATE_LABEL, &template)
         .idle_ttl(timeout);
+    if auto_resume {
+        options = options.label(crate::auto_resume::AUTORESUME_LABEL, "true");
+    }
     if auto_pause {
         options = options.label(AUTOPAUSE_LABEL, "true").pause_when_idle();
     } else {
@@ -469,7 +498,10 @@ async fn get_one(
         obj.insert("allowInternetAccess".into(), info.egress.is_some().into());
         obj.insert(
             "lifecycle".into(),
-            json!({ "autoResume": false, "onTimeout": if auto_pause { "pause" } else { "kill" } }),
+            json!({
+                "autoResume": crate::auto_resume::wanted(&info),
+                "onTimeout": if auto_pause { "pause" } else { "kill" },
+            }),
         );
     }
     Ok(Json(detail).into_response())
@@ -482,6 +514,7 @@ async fn kill(State(gw): State<Gateway>, Path(id): Path<String>, headers: Header
     sb.destroy().await.map_err(ApiError::from_brig)?;
     gw.inner.lifetimes.forget(&id);
     gw.inner.facts.forget(&id);
+    gw.inner.owner_names.forget(&id);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -493,6 +526,25 @@ struct ListQuery {
     limit: Option<usize>,
     #[serde(rename = "nextToken")]
     next_token: Option<String>,
+    /// A template id or name: only sandboxes made from it.
+    template: Option<String>,
+    /// RFC 3339: only sandboxes started at or after it.
+    #[serde(rename = "startedAfter")]
+    started_after: Option<String>,
+    /// `asc` or `desc` (default) by start time.
+    order: Option<String>,
+}
+
+/// The pairs of a `metadata` filter. E2B's SDK quotes each key and value, form-encodes the
+/// pairs and sends that as one query value: after the query's own decoding the text is
+/// decoded once more as a whole, then split into pairs, each decoded again (as E2B's API).
+fn metadata_filter(text: &str) -> Result<Vec<(String, String)>, ApiError> {
+    let spaced = text.replace('+', " ");
+    let whole = percent_encoding::percent_decode_str(&spaced)
+        .decode_utf8()
+        .map_err(|e| ApiError::bad(format!("Error parsing metadata: {e}")))?;
+    serde_urlencoded::from_str(&whole)
+        .map_err(|e| ApiError::bad(format!("Error parsing metadata: {e}")))
 }
 
 async fn listing(
@@ -502,9 +554,33 @@ async fn listing(
 ) -> Result<Vec<SandboxInfo>, ApiError> {
     let client = caller(gw, headers).await?;
     let selector: Vec<(String, String)> = match q.metadata.as_deref() {
-        Some(text) if !text.is_empty() => serde_urlencoded::from_str(text)
-            .map_err(|e| ApiError::bad(format!("metadata filter: {e}")))?,
+        Some(text) if !text.is_empty() => metadata_filter(text)?,
         _ => Vec::new(),
+    };
+    let newest_first = match q.order.as_deref() {
+        None | Some("" | "desc") => true,
+        Some("asc") => false,
+        Some(other) => return Err(ApiError::bad(format!("invalid order {other:?}: asc or desc"))),
+    };
+    let after_ms = match q.started_after.as_deref().filter(|t| !t.is_empty()) {
+        Some(text) => {
+            let at = chrono::DateTime::parse_from_rfc3339(text)
+                .map_err(|e| ApiError::bad(format!("startedAfter {text:?}: {e}")))?;
+            u64::try_from(at.timestamp_millis()).unwrap_or(0)
+        }
+        None => 0,
+    };
+    // A template by id or name: the sandbox's own label, or the template both name.
+    let template = q.template.as_deref().filter(|t| !t.is_empty());
+    let same_template = |info: &SandboxInfo| match (template, label(info, TEMPLATE_LABEL)) {
+        (None, _) => true,
+        (Some(asked), Some(made)) => {
+            asked == made
+                || gw.inner.templates.id_of(crate::templates::split_tag(asked).0).is_some_and(
+                    |id| gw.inner.templates.id_of(crate::templates::split_tag(made).0) == Some(id),
+                )
+        }
+        (Some(_), None) => false,
     };
     let pairs: Vec<(&str, &str)> = selector.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let states: Vec<&str> = q.state.as_deref().map_or_else(Vec::new, |s| s.split(',').collect());
@@ -518,8 +594,12 @@ async fn listing(
             let state = if i.state == SandboxState::Paused { "paused" } else { "running" };
             states.is_empty() || states.contains(&state)
         })
+        .filter(|i| i.created_unix_ms >= after_ms && same_template(i))
         .collect();
-    found.sort_by(|a, b| (b.created_unix_ms, &b.id).cmp(&(a.created_unix_ms, &a.id)));
+    found.sort_by(|a, b| (a.created_unix_ms, &a.id).cmp(&(b.created_unix_ms, &b.id)));
+    if newest_first {
+        found.reverse();
+    }
     Ok(found)
 }
 
@@ -532,8 +612,9 @@ async fn list_v1(
     Ok(Json(found.iter().map(|i| listed(&gw, i)).collect::<Vec<_>>()).into_response())
 }
 
-/// `GET /v2/sandboxes`: newest first, `limit` per page, the next page's token in
-/// `x-next-token` (an offset into the same ordering).
+/// `GET /v2/sandboxes`: newest first (or `order=asc`), `limit` per page, the next page's
+/// token in `x-next-token` (an offset into the same ordering), and `x-total-running` (the
+/// running matches of every page) when running sandboxes were asked for.
 async fn list_v2(
     State(gw): State<Gateway>,
     Query(q): Query<ListQuery>,
@@ -547,6 +628,11 @@ async fn list_v2(
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let page: Vec<Value> = found.iter().skip(start).take(limit).map(|i| listed(&gw, i)).collect();
     let mut response = Json(page).into_response();
+    let wants_running = q.state.as_deref().is_none_or(|s| s.is_empty() || s.contains("running"));
+    if wants_running {
+        let running = found.iter().filter(|i| i.state == SandboxState::Running).count();
+        response.headers_mut().insert("x-total-running", HeaderValue::from(running));
+    }
     if start + limit < found.len() {
         if let Ok(v) = HeaderValue::from_str(&(start + limit).to_string()) {
             response.headers_mut().insert("x-next-token", v);
@@ -576,8 +662,9 @@ struct TimeoutBody {
     duration: Option<u64>,
 }
 
-/// `connect` and `resume`: a paused sandbox runs again (201), a running one answers as it is
-/// (200); either way its timeout starts again when one is given.
+/// `connect` and `resume`: a paused sandbox runs again (201) with its timeout from now; a
+/// running one answers as it is (200), its timeout lengthened to the one given if that ends
+/// later, never shortened (as E2B's `connect` does).
 async fn connect(
     State(gw): State<Gateway>,
     Path(id): Path<String>,
@@ -591,7 +678,10 @@ async fn connect(
         sb.resume().await.map_err(ApiError::from_brig)?;
     }
     let timeout = checked_timeout(&gw, req.timeout)?;
-    apply_timeout(&gw, &sb, &info, timeout).await?;
+    let left = Duration::from_millis(end_ms(&gw, &info).saturating_sub(unix_ms()));
+    if resumed || timeout > left {
+        apply_timeout(&gw, &sb, &info, timeout).await?;
+    }
     let template = label(&info, TEMPLATE_LABEL).unwrap_or("base").to_string();
     let status = if resumed { StatusCode::CREATED } else { StatusCode::OK };
     let private = crate::facts::Facts::from_labels(&info.labels).private;
@@ -599,7 +689,7 @@ async fn connect(
 }
 
 /// Sets the sandbox's E2B timeout to `timeout` from now.
-async fn apply_timeout(
+pub(crate) async fn apply_timeout(
     gw: &Gateway,
     sb: &Sandbox,
     info: &SandboxInfo,

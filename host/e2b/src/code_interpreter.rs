@@ -82,5 +82,5 @@ pub(crate) async fn ensure(gw: &Gateway, client: &Client) -> Result<Resolved, Ap
         t.tags.insert(DEFAULT_TAG.to_string(), build_id.clone());
         t.tags.insert(files_tag(), build_id.clone());
     });
-    Ok(Resolved { build: record })
+    Ok(Resolved { build: record, project: None })
 }

@@ -129,6 +129,11 @@ pub async fn sandbox(gw: &Gateway, headers: &HeaderMap) -> Result<Sandbox, Conne
             gw.inner.running.mark(id);
             Ok(sb)
         }
+        // Paused by its timeout and made to resume on a request (E2B's auto-resume).
+        Ok(info) if info.state == SandboxState::Paused && crate::auto_resume::wanted(&info) => {
+            crate::auto_resume::resume(gw, &sb, &info).await.map_err(|e| sandbox_error(id, e))?;
+            Ok(sb)
+        }
         Ok(_) => Err(ConnectError::SandboxGone(id.to_string())),
         Err(e) => Err(sandbox_error(id, e)),
     }

@@ -13,6 +13,7 @@ use brig_sdk::{Cmd, FileKind, FileStat, Sandbox};
 
 use crate::connect::{self, Code, Codec, ConnectError};
 use crate::envd::{self, brig_error, EnvdUser};
+use crate::owners::Names;
 use crate::pb::filesystem as pb;
 use crate::Gateway;
 
@@ -64,8 +65,8 @@ pub async fn rpc(
     }
 }
 
-/// envd's entry for a Brig file stat.
-pub fn entry_info(stat: &FileStat) -> pb::EntryInfo {
+/// envd's entry for a Brig file stat, its owner and group named by `names`.
+pub(crate) fn entry_info(stat: &FileStat, names: &Names) -> pb::EntryInfo {
     let name = stat.path.rsplit('/').next().unwrap_or("").to_string();
     let file_type = match stat.kind {
         FileKind::File => pb::FileType::File,
@@ -81,8 +82,8 @@ pub fn entry_info(stat: &FileStat) -> pb::EntryInfo {
         size: i64::try_from(stat.size).unwrap_or(i64::MAX),
         mode: stat.mode & 0o7777,
         permissions: permissions(stat.kind, stat.mode),
-        owner: String::new(),
-        group: String::new(),
+        owner: names.owner(stat.uid),
+        group: names.group(stat.gid),
         modified_time: Some(pbjson_types::Timestamp {
             seconds: i64::try_from(modified.as_secs()).unwrap_or(i64::MAX),
             nanos: i32::try_from(modified.subsec_nanos()).unwrap_or(0),
@@ -111,19 +112,19 @@ fn permissions(kind: FileKind, mode: u32) -> String {
 }
 
 /// Brig reports paths as asked; envd's are absolute.
-async fn stat_abs(sb: &Sandbox, path: &str) -> Result<pb::EntryInfo, ConnectError> {
+async fn stat_abs(gw: &Gateway, sb: &Sandbox, path: &str) -> Result<pb::EntryInfo, ConnectError> {
     let mut stat = sb.stat(path).await.map_err(brig_error)?;
     stat.path = path.to_string();
-    Ok(entry_info(&stat))
+    Ok(entry_info(&stat, &*gw.inner.owner_names.of(sb).await))
 }
 
 async fn stat(
-    _: &Gateway,
+    gw: &Gateway,
     sb: Sandbox,
     user: EnvdUser,
     req: pb::StatRequest,
 ) -> Result<pb::StatResponse, ConnectError> {
-    Ok(pb::StatResponse { entry: Some(stat_abs(&sb, &user.resolve(&req.path)).await?) })
+    Ok(pb::StatResponse { entry: Some(stat_abs(gw, &sb, &user.resolve(&req.path)).await?) })
 }
 
 /// Runs `argv` as `user` in the sandbox; a failure becomes the error its message implies.
@@ -154,7 +155,7 @@ pub(crate) async fn run_as(
 }
 
 async fn make_dir(
-    _: &Gateway,
+    gw: &Gateway,
     sb: Sandbox,
     user: EnvdUser,
     req: pb::MakeDirRequest,
@@ -164,18 +165,18 @@ async fn make_dir(
         return Err(ConnectError::new(Code::AlreadyExists, format!("{path} already exists")));
     }
     run_as(&sb, &user, &["mkdir", "-p", "--", &path]).await?;
-    Ok(pb::MakeDirResponse { entry: Some(stat_abs(&sb, &path).await?) })
+    Ok(pb::MakeDirResponse { entry: Some(stat_abs(gw, &sb, &path).await?) })
 }
 
 async fn move_entry(
-    _: &Gateway,
+    gw: &Gateway,
     sb: Sandbox,
     user: EnvdUser,
     req: pb::MoveRequest,
 ) -> Result<pb::MoveResponse, ConnectError> {
     let (from, to) = (user.resolve(&req.source), user.resolve(&req.destination));
     run_as(&sb, &user, &["mv", "-T", "--", &from, &to]).await?;
-    Ok(pb::MoveResponse { entry: Some(stat_abs(&sb, &to).await?) })
+    Ok(pb::MoveResponse { entry: Some(stat_abs(gw, &sb, &to).await?) })
 }
 
 async fn remove(
@@ -184,7 +185,11 @@ async fn remove(
     user: EnvdUser,
     req: pb::RemoveRequest,
 ) -> Result<pb::RemoveResponse, ConnectError> {
-    sb.remove(&user.resolve(&req.path), true).await.map_err(brig_error)?;
+    // As envd's (`os.RemoveAll`): a path that is not there is removed already.
+    match sb.remove(&user.resolve(&req.path), true).await {
+        Err(e) if e.code() == Some(brig_sdk::ErrorCode::NotFound) => {}
+        other => other.map_err(brig_error)?,
+    }
     Ok(pb::RemoveResponse {})
 }
 
@@ -232,7 +237,7 @@ pub(crate) async fn walk(
 }
 
 async fn list_dir(
-    _: &Gateway,
+    gw: &Gateway,
     sb: Sandbox,
     user: EnvdUser,
     req: pb::ListDirRequest,
@@ -244,7 +249,8 @@ async fn list_dir(
         return Err(ConnectError::new(Code::InvalidArgument, format!("{path} is not a directory")));
     }
     let (entries, _) = walk(&sb, &path, depth, MAX_ENTRIES).await?;
-    Ok(pb::ListDirResponse { entries: entries.iter().map(entry_info).collect() })
+    let names = gw.inner.owner_names.of(&sb).await;
+    Ok(pb::ListDirResponse { entries: entries.iter().map(|e| entry_info(e, &names)).collect() })
 }
 
 pub(crate) async fn watch_target(
@@ -267,13 +273,18 @@ mod tests {
     #[test]
     fn entries_read_as_envd_writes_them() {
         assert_eq!(permissions(FileKind::Dir, 0o755), "drwxr-xr-x");
-        let json = serde_json::to_value(entry_info(&FileStat {
-            path: "/home/user/x.txt".into(),
-            kind: FileKind::File,
-            size: 12,
-            mode: 0o100644,
-            modified_unix_ms: 1_700_000_000_500,
-        }))
+        let json = serde_json::to_value(entry_info(
+            &FileStat {
+                path: "/home/user/x.txt".into(),
+                kind: FileKind::File,
+                size: 12,
+                mode: 0o100644,
+                modified_unix_ms: 1_700_000_000_500,
+                uid: 1000,
+                gid: 1000,
+            },
+            &Names::parse("user:x:1000:1000::/home/user:/bin/sh\n", ""),
+        ))
         .expect("json");
         assert_eq!(json["name"], "x.txt");
         assert_eq!(json["type"], "FILE_TYPE_FILE");

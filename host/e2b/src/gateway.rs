@@ -98,6 +98,10 @@ pub(crate) struct Inner {
     pub(crate) templates: crate::templates::Templates,
     pub(crate) template_builds: crate::template_builds::TemplateBuilds,
     pub(crate) facts: crate::facts::SandboxFacts,
+    /// Owner and group names of each sandbox's files.
+    pub(crate) owner_names: crate::owners::OwnerNames,
+    /// Requests and connections open to each sandbox's ports.
+    pub(crate) port_load: crate::ports::PortLoad,
     /// Held while the code-interpreter template is built (`crate::code_interpreter`).
     pub(crate) code_interpreter_build: tokio::sync::Mutex<()>,
     /// The port routes' pooled connections to sandbox ports, made on first use.
@@ -134,6 +138,8 @@ impl Gateway {
                 templates: crate::templates::Templates::open(state_dir),
                 template_builds: Default::default(),
                 facts: Default::default(),
+                owner_names: Default::default(),
+                port_load: Default::default(),
                 code_interpreter_build: tokio::sync::Mutex::new(()),
                 port_client: tokio::sync::OnceCell::new(),
             }),

@@ -62,11 +62,11 @@ pub(crate) enum Served {
 
 type Digest = [u8; 32];
 
+/// The digest of a key's secret (`e2b_<hex>` and `<hex>` are one key).
 fn digest(text: &str) -> Digest {
+    let secret = brig_sdk::token_secret(text);
     let mut out = [0u8; 32];
-    out.copy_from_slice(
-        ring::digest::digest(&ring::digest::SHA256, text.trim().as_bytes()).as_ref(),
-    );
+    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, secret.as_bytes()).as_ref());
     out
 }
 

@@ -18,6 +18,7 @@
 
 pub mod api;
 mod api_more;
+mod auto_resume;
 mod budget;
 mod code_interpreter;
 pub mod connect;
@@ -28,6 +29,7 @@ pub mod filesystem;
 mod gateway;
 pub mod keys;
 pub mod limits;
+mod owners;
 mod ports;
 pub mod process;
 mod serve;

@@ -4,7 +4,9 @@
 //! sent to that port on the sandbox's own loopback through a `ConnectPort` stream
 //! (`Sandbox::connect_port`): HTTP/1.1 to the sandbox whatever the client spoke (HTTP/1.1 or
 //! HTTP/2), streaming bodies, and WebSocket (or any) upgrades carried both ways after the
-//! `101`. Nothing listening there is a `502`, as E2B answers.
+//! `101`. Nothing listening there is a `502`, as E2B answers. One sandbox's ports take at
+//! most [`MAX_OPEN_PER_SANDBOX`] requests and upgraded connections at once (`429` past it),
+//! so one busy sandbox cannot take every stream the gateway has.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -40,6 +42,47 @@ pub(crate) async fn route(State(gw): State<Gateway>, req: Request, next: Next) -
     match port_target(req.headers(), req.uri()) {
         Some((sandbox, port)) => proxy(&gw, &sandbox, port, req).await,
         None => next.run(req).await,
+    }
+}
+
+/// Requests (until their response body ends) and upgraded connections open to one sandbox's
+/// ports at once.
+pub(crate) const MAX_OPEN_PER_SANDBOX: usize = 1024;
+
+/// How many requests and connections are open to each sandbox's ports.
+#[derive(Default)]
+pub(crate) struct PortLoad {
+    open: std::sync::Arc<parking_lot::Mutex<std::collections::HashMap<String, usize>>>,
+}
+
+/// One open request or connection to a sandbox's port; its place is given back when dropped.
+pub(crate) struct PortSlot {
+    open: std::sync::Arc<parking_lot::Mutex<std::collections::HashMap<String, usize>>>,
+    sandbox: String,
+}
+
+impl PortLoad {
+    /// A place for one more request to `sandbox`'s ports, if it has fewer than the most.
+    pub(crate) fn enter(&self, sandbox: &str) -> Option<PortSlot> {
+        let mut open = self.open.lock();
+        let count = open.entry(sandbox.to_string()).or_default();
+        if *count >= MAX_OPEN_PER_SANDBOX {
+            return None;
+        }
+        *count += 1;
+        Some(PortSlot { open: self.open.clone(), sandbox: sandbox.to_string() })
+    }
+}
+
+impl Drop for PortSlot {
+    fn drop(&mut self) {
+        let mut open = self.open.lock();
+        if let Some(count) = open.get_mut(&self.sandbox) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&self.sandbox);
+            }
+        }
     }
 }
 
@@ -164,6 +207,7 @@ async fn proxy(gw: &Gateway, sandbox: &str, port: u16, mut req: Request) -> Resp
         }
     }
     let sb = admin.sandbox(sandbox);
+    crate::auto_resume::before_port_request(gw, &sb).await;
     // A private sandbox's ports take its traffic access token.
     if gw.inner.facts.of(&sb).await.is_some_and(|f| f.private) {
         let token = header(req.headers(), "e2b-traffic-access-token").unwrap_or_default();
@@ -172,6 +216,12 @@ async fn proxy(gw: &Gateway, sandbox: &str, port: u16, mut req: Request) -> Resp
             return answer(StatusCode::FORBIDDEN, sandbox, port, message);
         }
     }
+    let Some(slot) = gw.inner.port_load.enter(sandbox) else {
+        let message = format!(
+            "{MAX_OPEN_PER_SANDBOX} requests and connections are open to this sandbox's ports"
+        );
+        return answer(StatusCode::TOO_MANY_REQUESTS, sandbox, port, message);
+    };
     let client = gw.inner.port_client.get_or_init(|| async { pooled_client(admin) }).await;
     // HTTP/1.1 to the sandbox, on a pooled connection to its port (`PortConnector`); the
     // client's Host header is kept (an HTTP/2 request has it as its :authority).
@@ -215,6 +265,8 @@ async fn proxy(gw: &Gateway, sandbox: &str, port: u16, mut req: Request) -> Resp
         if let Some(client_side) = client_side {
             let sandbox_side = hyper::upgrade::on(&mut response);
             tokio::spawn(async move {
+                // The connection holds the sandbox's place while it is open.
+                let _slot = slot;
                 let (Ok(client), Ok(inner)) = tokio::join!(client_side, sandbox_side) else {
                     return;
                 };
@@ -222,13 +274,33 @@ async fn proxy(gw: &Gateway, sandbox: &str, port: u16, mut req: Request) -> Resp
                 let _ = tokio::io::copy_bidirectional(&mut client, &mut inner).await;
             });
         }
+        return response.map(Body::new);
     }
-    response.map(Body::new)
+    // The request holds its place until its response body ends (or is dropped).
+    use http_body_util::BodyExt;
+    response.map(|body| {
+        Body::new(body.map_frame(move |frame| {
+            let _held = &slot;
+            frame
+        }))
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_sandboxs_ports_take_at_most_so_many_at_once() {
+        let load = PortLoad::default();
+        let held: Vec<PortSlot> =
+            (0..MAX_OPEN_PER_SANDBOX).map(|_| load.enter("sb-a").expect("room")).collect();
+        assert!(load.enter("sb-a").is_none(), "one past the most");
+        assert!(load.enter("sb-b").is_some(), "another sandbox has its own");
+        drop(held);
+        assert!(load.open.lock().get("sb-a").is_none(), "given back, forgotten");
+        assert!(load.enter("sb-a").is_some());
+    }
 
     #[test]
     fn port_requests_are_told_from_envd_ones() {

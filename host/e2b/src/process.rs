@@ -1,7 +1,9 @@
-//! envd's `process.Process` service on Brig execs: a process's pid is its Brig exec id, so a
-//! command outlives the request that started it, is listed, re-attached (`Connect`, with the
-//! output the node kept) and killed by that id. `SendInput`, `StreamInput` and `CloseStdin`
-//! write its stdin by that id too (the node holds a streamed command's stdin, across restarts).
+//! envd's `process.Process` service on Brig execs. A process's pid is its pid inside the
+//! sandbox (as envd's: `kill <pid>` and `ps` in the sandbox see the same process); the node
+//! tells it with the exec, and a pid is turned back into its Brig exec id to be listed,
+//! re-attached (`Connect`, with the output the node kept) and killed. `SendInput`,
+//! `StreamInput` and `CloseStdin` write its stdin by exec id too (the node holds a streamed
+//! command's stdin, across restarts). A tier that cannot tell pids uses the exec id as pid.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -37,6 +39,7 @@ enum StdinOp {
 
 /// A process this gateway started: what it was asked to run.
 struct Known {
+    exec_id: u64,
     config: pb::ProcessConfig,
     tag: Option<String>,
     /// It runs on a terminal: its output is `pty` data.
@@ -54,13 +57,31 @@ impl Processes {
         self.known.lock().get(&(sandbox.to_string(), pid)).is_some_and(|k| k.pty)
     }
 
-    fn by_tag(&self, sandbox: &str, tag: &str) -> Option<u32> {
+    fn by_tag(&self, sandbox: &str, tag: &str) -> Option<Target> {
         self.known
             .lock()
             .iter()
             .find(|((s, _), k)| s == sandbox && k.tag.as_deref() == Some(tag))
-            .map(|((_, pid), _)| *pid)
+            .map(|((_, pid), k)| Target { pid: *pid, exec_id: k.exec_id })
     }
+
+    fn by_pid(&self, sandbox: &str, pid: u32) -> Option<Target> {
+        let known = self.known.lock();
+        known.get(&(sandbox.to_string(), pid)).map(|k| Target { pid, exec_id: k.exec_id })
+    }
+}
+
+/// A process a request names: its pid in the sandbox and its Brig exec id.
+#[derive(Debug, Clone, Copy)]
+struct Target {
+    pid: u32,
+    exec_id: u64,
+}
+
+/// The pid E2B's SDK sees for an exec: its pid in the sandbox, or (where the tier cannot
+/// tell) its exec id.
+fn e2b_pid(exec_id: u64, pid: Option<u32>) -> Option<u32> {
+    pid.or_else(|| u32::try_from(exec_id).ok())
 }
 
 /// `POST /process.Process/{method}`.
@@ -100,9 +121,9 @@ async fn unary(gw: &Gateway, method: &str, headers: &HeaderMap, body: Body) -> R
             let r = async {
                 let sb = envd::sandbox(gw, headers).await?;
                 let req: pb::SendInputRequest = connect::unary_request(codec, body).await?;
-                let pid = selected(gw, &sb, req.process.as_ref())?;
+                let target = selected(gw, &sb, req.process.as_ref()).await?;
                 let data = input_bytes(req.input)?;
-                send_stdin(&sb, pid, StdinOp::Data(data)).await?;
+                send_stdin(&sb, target, StdinOp::Data(data)).await?;
                 Ok(pb::SendInputResponse {})
             };
             connect::unary_reply(codec, r.await)
@@ -111,8 +132,8 @@ async fn unary(gw: &Gateway, method: &str, headers: &HeaderMap, body: Body) -> R
             let r = async {
                 let sb = envd::sandbox(gw, headers).await?;
                 let req: pb::CloseStdinRequest = connect::unary_request(codec, body).await?;
-                let pid = selected(gw, &sb, req.process.as_ref())?;
-                send_stdin(&sb, pid, StdinOp::Close).await?;
+                let target = selected(gw, &sb, req.process.as_ref()).await?;
+                send_stdin(&sb, target, StdinOp::Close).await?;
                 Ok(pb::CloseStdinResponse {})
             };
             connect::unary_reply(codec, r.await)
@@ -121,18 +142,22 @@ async fn unary(gw: &Gateway, method: &str, headers: &HeaderMap, body: Body) -> R
             let r = async {
                 let sb = envd::sandbox(gw, headers).await?;
                 let req: pb::SendSignalRequest = connect::unary_request(codec, body).await?;
-                let pid = selected(gw, &sb, req.process.as_ref())?;
+                let target = selected(gw, &sb, req.process.as_ref()).await?;
                 let running = sb
                     .execs()
                     .await
                     .map_err(brig_error)?
                     .iter()
-                    .any(|e| e.exec_id == u64::from(pid) && e.result.is_none());
+                    .any(|e| e.exec_id == target.exec_id && e.result.is_none());
                 if !running {
-                    return Err(ConnectError::new(Code::NotFound, format!("no process {pid}")));
+                    let pid = target.pid;
+                    return Err(ConnectError::new(
+                        Code::NotFound,
+                        format!("process with pid {pid} not found"),
+                    ));
                 }
                 // SIGTERM and SIGKILL both end the process tree (Brig's kill).
-                sb.kill(u64::from(pid)).await.map_err(brig_error)?;
+                sb.kill(target.exec_id).await.map_err(brig_error)?;
                 Ok(pb::SendSignalResponse {})
             };
             connect::unary_reply(codec, r.await)
@@ -141,10 +166,10 @@ async fn unary(gw: &Gateway, method: &str, headers: &HeaderMap, body: Body) -> R
             let r = async {
                 let sb = envd::sandbox(gw, headers).await?;
                 let req: pb::UpdateRequest = connect::unary_request(codec, body).await?;
-                let pid = selected(gw, &sb, req.process.as_ref())?;
+                let target = selected(gw, &sb, req.process.as_ref()).await?;
                 if let Some(size) = req.pty.and_then(|p| p.size) {
                     let (rows, cols) = terminal_size(size);
-                    sb.resize_terminal(u64::from(pid), rows, cols).await.map_err(brig_error)?;
+                    sb.resize_terminal(target.exec_id, rows, cols).await.map_err(brig_error)?;
                 }
                 Ok(pb::UpdateResponse {})
             };
@@ -153,21 +178,36 @@ async fn unary(gw: &Gateway, method: &str, headers: &HeaderMap, body: Body) -> R
     }
 }
 
-/// The pid a request's selector names in sandbox `sb`.
-fn selected(
+/// The process a request's selector names in sandbox `sb`: one this gateway started (by pid
+/// or tag) and still runs, else a command of the sandbox's with that pid (started before a
+/// restart of brigd, or through another gateway; a running one before one that ended).
+async fn selected(
     gw: &Gateway,
     sb: &Sandbox,
     selector: Option<&pb::ProcessSelector>,
-) -> Result<u32, ConnectError> {
+) -> Result<Target, ConnectError> {
     use pb::process_selector::Selector;
-    let pid = match selector.and_then(|s| s.selector.as_ref()) {
-        Some(Selector::Pid(pid)) => *pid,
+    match selector.and_then(|s| s.selector.as_ref()) {
+        Some(Selector::Pid(pid)) => {
+            if let Some(found) = gw.inner.processes.by_pid(sb.id(), *pid) {
+                return Ok(found);
+            }
+            // A running command with that pid, else the latest one that had it and ended
+            // (`Connect` reads a just-ended command's output again).
+            let execs = sb.execs().await.map_err(brig_error)?;
+            let with_pid = execs.iter().filter(|e| e2b_pid(e.exec_id, e.pid) == Some(*pid));
+            with_pid
+                .max_by_key(|e| (e.result.is_none(), e.exec_id))
+                .map(|e| Target { pid: *pid, exec_id: e.exec_id })
+                .ok_or_else(|| {
+                    ConnectError::new(Code::NotFound, format!("process with pid {pid} not found"))
+                })
+        }
         Some(Selector::Tag(tag)) => gw.inner.processes.by_tag(sb.id(), tag).ok_or_else(|| {
-            ConnectError::new(Code::NotFound, format!("no process tagged {tag:?}"))
-        })?,
-        None => return Err(ConnectError::new(Code::InvalidArgument, "no process selector")),
-    };
-    Ok(pid)
+            ConnectError::new(Code::NotFound, format!("process with tag {tag} not found"))
+        }),
+        None => Err(ConnectError::new(Code::InvalidArgument, "no process selector")),
+    }
 }
 
 fn input_bytes(input: Option<pb::ProcessInput>) -> Result<Bytes, ConnectError> {
@@ -178,13 +218,14 @@ fn input_bytes(input: Option<pb::ProcessInput>) -> Result<Bytes, ConnectError> {
     }
 }
 
-async fn send_stdin(sb: &Sandbox, pid: u32, op: StdinOp) -> Result<(), ConnectError> {
+async fn send_stdin(sb: &Sandbox, target: Target, op: StdinOp) -> Result<(), ConnectError> {
     // By exec id: the node holds a streamed command's stdin, so this reaches a process this
     // gateway started as well as one started before a restart of brigd.
     let sent = match op {
-        StdinOp::Data(data) => sb.write_stdin(u64::from(pid), data).await,
-        StdinOp::Close => sb.close_stdin(u64::from(pid)).await,
+        StdinOp::Data(data) => sb.write_stdin(target.exec_id, data).await,
+        StdinOp::Close => sb.close_stdin(target.exec_id).await,
     };
+    let pid = target.pid;
     sent.map_err(|e| match e.code() {
         Some(brig_sdk::ErrorCode::NotFound | brig_sdk::ErrorCode::Conflict) => ConnectError::new(
             Code::NotFound,
@@ -201,7 +242,7 @@ async fn list(gw: &Gateway, sb: &Sandbox) -> Result<pb::ListResponse, ConnectErr
         .into_iter()
         .filter(|e| e.result.is_none())
         .filter_map(|e| {
-            let pid = u32::try_from(e.exec_id).ok()?;
+            let pid = e2b_pid(e.exec_id, e.pid)?;
             let entry = known.get(&(sb.id().to_string(), pid));
             let config = entry.map(|k| k.config.clone()).unwrap_or_else(|| pb::ProcessConfig {
                 cmd: e.argv.first().cloned().unwrap_or_default(),
@@ -271,8 +312,9 @@ async fn start(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Response
         cmd = cmd.stdin_stream();
     }
     let mut stream = sb.exec_stream(cmd).await.map_err(brig_error)?;
-    let pid = u32::try_from(stream.exec_id())
-        .map_err(|_| ConnectError::new(Code::Internal, "exec id past the pid range"))?;
+    let exec_id = stream.exec_id();
+    let pid = e2b_pid(exec_id, stream.pid())
+        .ok_or_else(|| ConnectError::new(Code::Internal, "exec id past the pid range"))?;
     let key = (sb.id().to_string(), pid);
     // Its stdin stays open while the stream does (the pump holds it until the command ends);
     // input goes to it by exec id (`send_stdin`).
@@ -280,14 +322,14 @@ async fn start(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Response
         .processes
         .known
         .lock()
-        .insert(key.clone(), Known { config, tag: req.tag, pty: pty.is_some() });
+        .insert(key.clone(), Known { exec_id, config, tag: req.tag, pty: pty.is_some() });
     let keepalive = keepalive_interval(headers);
     let (tx, rx) = mpsc::channel(EVENT_QUEUE);
     let gw = gw.clone();
     tokio::spawn(async move {
         let ended = pump(&mut stream, pid, pty.is_some(), &tx, deadline, keepalive).await;
         if ended == Pumped::DeadlinePassed {
-            let _ = sb.kill(u64::from(pid)).await;
+            let _ = sb.kill(exec_id).await;
         }
         gw.inner.processes.known.lock().remove(&key);
     });
@@ -304,9 +346,9 @@ async fn connect_rpc(
     let codec = Codec::streaming(headers)?;
     let sb = envd::sandbox(gw, headers).await?;
     let req: pb::ConnectRequest = connect::single_stream_request(codec, body).await?;
-    let pid = selected(gw, &sb, req.process.as_ref())?;
-    let mut stream = sb.attach(u64::from(pid)).await.map_err(brig_error)?;
-    let pty = gw.inner.processes.is_pty(sb.id(), pid);
+    let target = selected(gw, &sb, req.process.as_ref()).await?;
+    let mut stream = sb.attach(target.exec_id).await.map_err(brig_error)?;
+    let (pid, pty) = (target.pid, gw.inner.processes.is_pty(sb.id(), target.pid));
     let deadline = connect::deadline(headers);
     let keepalive = keepalive_interval(headers);
     let (tx, rx) = mpsc::channel(EVENT_QUEUE);
@@ -334,12 +376,12 @@ async fn stream_input(
             return Err(ConnectError::new(Code::InvalidArgument, "the first message is not start"))
         }
     };
-    let pid = selected(gw, &sb, selector.as_ref())?;
+    let target = selected(gw, &sb, selector.as_ref()).await?;
     let result = async {
         while let Some(message) = reader.next::<pb::StreamInputRequest>().await? {
             match message.event {
                 Some(In::Data(data)) => {
-                    send_stdin(&sb, pid, StdinOp::Data(input_bytes(data.input)?)).await?
+                    send_stdin(&sb, target, StdinOp::Data(input_bytes(data.input)?)).await?
                 }
                 Some(In::Keepalive(_)) | None => {}
                 Some(In::Start(_)) => {

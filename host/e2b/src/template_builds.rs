@@ -17,8 +17,8 @@ use brig_sdk::{BuildCommand, BuildEvent, BuildEventKind, BuildOptions, BuildStep
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::api::{caller, rfc3339, unix_ms, ApiError};
-use crate::templates::BuildRecord;
+use crate::api::{rfc3339, unix_ms, ApiError};
+use crate::templates::{BuildRecord, Scope, Template};
 use crate::Gateway;
 
 type ApiResult = Result<Response, ApiError>;
@@ -157,9 +157,11 @@ pub(crate) async fn start(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult {
-    let client = caller(&gw, &headers).await?;
+    let (client, scope) = Scope::of(&gw, &headers).await?;
     let req: BuildStart = crate::api::parse(&body)?;
+    let yours = |t: Template| scope.owns(t.project.as_deref());
     let build = gw.inner.template_builds.get(&build_id).filter(|b| b.lock().template_id == id);
+    let build = build.filter(|_| gw.inner.templates.get(&id).is_some_and(yours));
     let build = build.ok_or_else(|| {
         ApiError::new(StatusCode::NOT_FOUND, format!("no build {build_id} of template {id}"))
     })?;
@@ -176,7 +178,7 @@ pub(crate) async fn start(
     }
     let (gw2, build2) = (gw.clone(), build.clone());
     tokio::spawn(async move {
-        let outcome = run(&gw2, &client, &id, &build_id, req, &build2).await;
+        let outcome = run(&gw2, &client, &scope, &id, &build_id, req, &build2).await;
         let mut b = build2.lock();
         match outcome {
             Ok(()) => {
@@ -207,8 +209,10 @@ pub(crate) async fn status(
     Query(query): Query<StatusQuery>,
     headers: HeaderMap,
 ) -> ApiResult {
-    caller(&gw, &headers).await?;
+    let (_, scope) = Scope::of(&gw, &headers).await?;
+    let seen = |t: Template| scope.sees(t.project.as_deref());
     let build = gw.inner.template_builds.get(&build_id).filter(|b| b.lock().template_id == id);
+    let build = build.filter(|_| gw.inner.templates.get(&id).is_some_and(seen));
     let build = build.ok_or_else(|| {
         ApiError::new(StatusCode::NOT_FOUND, format!("no build {build_id} of template {id}"))
     })?;
@@ -248,6 +252,7 @@ type Failure = (String, Option<String>);
 async fn run(
     gw: &Gateway,
     client: &Client,
+    scope: &Scope,
     id: &str,
     build_id: &str,
     req: BuildStart,
@@ -262,16 +267,18 @@ async fn run(
         .map_err(|e| (e.to_string(), None))?
         .map_err(|e| (e, Some("base".into())))?;
     let base = match (&req.from_template, &req.from_image) {
-        (Some(t), _) => match gw.inner.templates.resolve(t) {
-            Some(r) => r.build.image,
-            // A template of the gateway's configuration (`base`).
-            None => gw
-                .config()
-                .templates
-                .get(t)
-                .cloned()
-                .ok_or_else(|| (format!("no template {t:?}"), Some("base".to_string())))?,
-        },
+        (Some(t), _) => {
+            match gw.inner.templates.resolve(t).filter(|r| scope.sees(r.project.as_deref())) {
+                Some(r) => r.build.image,
+                // A template of the gateway's configuration (`base`).
+                None => gw
+                    .config()
+                    .templates
+                    .get(t)
+                    .cloned()
+                    .ok_or_else(|| (format!("no template {t:?}"), Some("base".to_string())))?,
+            }
+        }
         (None, Some(image)) if image != "e2bdev/base" => image.clone(),
         _ => gw.config().templates.get("base").cloned().unwrap_or_else(|| "debian-12".into()),
     };

@@ -3,6 +3,10 @@
 //! (`GET /templates/{id}/files/{hash}` and the upload it points to); aliases, tags, list,
 //! get, delete. A template's builds are Brig environments (`env:e2b/<id>/<build>`), built
 //! by `crate::template_builds`; a create names a template by id or name (`name:tag`).
+//!
+//! Templates belong to the project whose token made them ([`Scope`]): a project sees and
+//! changes its own, and starts from those an admin token made; a name another project's
+//! template holds, or a built-in template's, is refused (409).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,6 +18,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+
+use brig_sdk::Client;
 
 use crate::api::{caller, rfc3339, unix_ms, ApiError};
 use crate::gateway::header;
@@ -37,6 +43,52 @@ pub(crate) struct Template {
     pub created_ms: u64,
     pub cpu_count: Option<u64>,
     pub memory_mb: Option<u64>,
+    /// The project whose token made it; `None` when an admin token did (every project may
+    /// start from it).
+    #[serde(default)]
+    pub project: Option<String>,
+}
+
+/// Whose templates a caller sees and may change.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Scope {
+    /// The caller's project; `None` for an admin token (everything).
+    project: Option<String>,
+}
+
+impl Scope {
+    /// The caller of `headers` (401 without a valid key), and its scope (asked of brigd).
+    pub(crate) async fn of(gw: &Gateway, headers: &HeaderMap) -> Result<(Client, Scope), ApiError> {
+        let client = caller(gw, headers).await?;
+        let scope = Scope::of_client(&client).await?;
+        Ok((client, scope))
+    }
+
+    pub(crate) async fn of_client(client: &Client) -> Result<Scope, ApiError> {
+        let who = client
+            .whoami()
+            .await
+            .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("brigd: {e}")))?;
+        Ok(Scope { project: who.project })
+    }
+
+    /// Whether templates of `project` are this caller's to change (its own project or a
+    /// sub-project of it).
+    pub(crate) fn owns(&self, project: Option<&str>) -> bool {
+        match (&self.project, project) {
+            (None, _) => true,
+            (Some(me), Some(p)) => {
+                p == me || p.strip_prefix(me.as_str()).is_some_and(|r| r.starts_with('/'))
+            }
+            (Some(_), None) => false,
+        }
+    }
+
+    /// Whether templates of `project` are this caller's to start from: its own and an
+    /// admin's.
+    pub(crate) fn sees(&self, project: Option<&str>) -> bool {
+        project.is_none() || self.owns(project)
+    }
 }
 
 /// A finished build of a template.
@@ -56,6 +108,8 @@ pub(crate) struct BuildRecord {
 #[derive(Debug, Clone)]
 pub(crate) struct Resolved {
     pub build: BuildRecord,
+    /// The template's project (who may start from it).
+    pub project: Option<String>,
 }
 
 /// The gateway's templates, by id, saved whole on each change.
@@ -104,15 +158,34 @@ impl Templates {
         let (_, template) =
             all.iter().find(|(id, t)| *id == name || t.names.iter().any(|n| n == name))?;
         let build = template.tags.get(tag).and_then(|b| template.builds.get(b))?;
-        Some(Resolved { build: build.clone() })
+        Some(Resolved { build: build.clone(), project: template.project.clone() })
     }
 
-    /// The id of the template `name` names (by id or name).
+    /// The id of the template `name` names (by id or name), whoever's it is.
     pub(crate) fn id_of(&self, name: &str) -> Option<String> {
         let all = self.by_id.lock();
         all.iter()
             .find(|(id, t)| *id == name || t.names.iter().any(|n| n == name))
             .map(|(id, _)| id.clone())
+    }
+
+    /// The id of the template `name` names, if `scope` sees it.
+    pub(crate) fn seen_id(&self, name: &str, scope: &Scope) -> Option<String> {
+        let id = self.id_of(name)?;
+        self.get(&id).filter(|t| scope.sees(t.project.as_deref())).map(|_| id)
+    }
+
+    /// The id of the template `name` names, if `scope` may change it: 404 when it does not
+    /// see it, 403 when it only starts from it.
+    fn owned_id(&self, name: &str, scope: &Scope) -> Result<String, ApiError> {
+        let id = self.seen_id(name, scope).ok_or_else(|| not_found(name))?;
+        match self.get(&id) {
+            Some(t) if scope.owns(t.project.as_deref()) => Ok(id),
+            _ => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!("template {name:?} is shared by an admin: a project cannot change it"),
+            )),
+        }
     }
 }
 
@@ -170,7 +243,7 @@ pub(crate) async fn create(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult {
-    caller(&gw, &headers).await?;
+    let (_, scope) = Scope::of(&gw, &headers).await?;
     let req: NewTemplate = crate::api::parse(&body)?;
     let asked = req.name.or(req.alias);
     let (name, tag) = match asked.as_deref() {
@@ -191,6 +264,9 @@ pub(crate) async fn create(
             ));
         }
     }
+    if let Some(n) = &name {
+        clash(&gw, n, &scope)?;
+    }
     let id = name.as_deref().and_then(|n| gw.inner.templates.id_of(n)).unwrap_or_else(|| {
         name.clone().filter(|n| gw.inner.templates.get(n).is_none()).unwrap_or_else(new_id)
     });
@@ -204,9 +280,11 @@ pub(crate) async fn create(
         ));
     }
     let names = gw.inner.templates.change(|all| {
-        let t = all
-            .entry(id.clone())
-            .or_insert_with(|| Template { created_ms: unix_ms(), ..Default::default() });
+        let t = all.entry(id.clone()).or_insert_with(|| Template {
+            created_ms: unix_ms(),
+            project: scope.project.clone(),
+            ..Default::default()
+        });
         if let Some(n) = &name {
             if !t.names.contains(n) {
                 t.names.push(n.clone());
@@ -222,6 +300,25 @@ pub(crate) async fn create(
         "names": names, "tags": tags, "aliases": names,
     });
     Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+}
+
+/// Refuses a name that is not `scope`'s to build under (409): a built-in template's (the
+/// gateway's configured templates and the code interpreter), or one another project's
+/// template (or an admin's) holds.
+fn clash(gw: &Gateway, name: &str, scope: &Scope) -> Result<(), ApiError> {
+    let conflict = |why: &str| {
+        Err(ApiError::new(StatusCode::CONFLICT, format!("the template name {name:?} {why}")))
+    };
+    if gw.config().templates.contains_key(name)
+        || crate::code_interpreter::is_code_interpreter(name)
+    {
+        return conflict("is a built-in template's");
+    }
+    let held = gw.inner.templates.id_of(name).and_then(|id| gw.inner.templates.get(&id));
+    match held {
+        Some(t) if !scope.owns(t.project.as_deref()) => conflict("is taken by another project"),
+        _ => Ok(()),
+    }
 }
 
 /// `GET /templates/{id}/files/{hash}`: whether the files of a COPY step are here, and where
@@ -298,9 +395,9 @@ pub(crate) async fn alias(
     UrlPath(alias): UrlPath<String>,
     headers: HeaderMap,
 ) -> ApiResult {
-    caller(&gw, &headers).await?;
+    let (_, scope) = Scope::of(&gw, &headers).await?;
     let (name, _) = split_tag(&alias);
-    match gw.inner.templates.id_of(name) {
+    match gw.inner.templates.seen_id(name, &scope) {
         Some(id) => Ok(Json(json!({ "templateID": id, "public": false })).into_response()),
         None => Err(ApiError::new(StatusCode::NOT_FOUND, format!("no template {alias:?}"))),
     }
@@ -331,9 +428,13 @@ fn template_json(id: &str, t: &Template) -> Value {
 
 /// `GET /templates`: every template.
 pub(crate) async fn list(State(gw): State<Gateway>, headers: HeaderMap) -> ApiResult {
-    caller(&gw, &headers).await?;
+    let (_, scope) = Scope::of(&gw, &headers).await?;
     let all = gw.inner.templates.by_id.lock().clone();
-    let out: Vec<Value> = all.iter().map(|(id, t)| template_json(id, t)).collect();
+    let out: Vec<Value> = all
+        .iter()
+        .filter(|(_, t)| scope.sees(t.project.as_deref()))
+        .map(|(id, t)| template_json(id, t))
+        .collect();
     Ok(Json(out).into_response())
 }
 
@@ -343,8 +444,8 @@ pub(crate) async fn get_one(
     UrlPath(id): UrlPath<String>,
     headers: HeaderMap,
 ) -> ApiResult {
-    caller(&gw, &headers).await?;
-    let id = gw.inner.templates.id_of(&id).unwrap_or(id);
+    let (_, scope) = Scope::of(&gw, &headers).await?;
+    let id = gw.inner.templates.seen_id(&id, &scope).ok_or_else(|| not_found(&id))?;
     let t = gw.inner.templates.get(&id).ok_or_else(|| not_found(&id))?;
     let builds: Vec<Value> = t
         .builds
@@ -366,10 +467,11 @@ pub(crate) async fn delete(
     UrlPath(id): UrlPath<String>,
     headers: HeaderMap,
 ) -> ApiResult {
-    let Some(found) = gw.inner.templates.id_of(&id) else {
+    if gw.inner.templates.id_of(&id).is_none() {
         return crate::api_more::delete_snapshot(State(gw), UrlPath(id), headers).await;
-    };
-    caller(&gw, &headers).await?;
+    }
+    let (_, scope) = Scope::of(&gw, &headers).await?;
+    let found = gw.inner.templates.owned_id(&id, &scope)?;
     gw.inner.templates.change(|all| all.remove(&found));
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -388,11 +490,11 @@ pub(crate) async fn assign_tags(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult {
-    caller(&gw, &headers).await?;
+    let (_, scope) = Scope::of(&gw, &headers).await?;
     let req: TagsBody = crate::api::parse(&body)?;
     let target = req.target.unwrap_or_default();
     let (name, tag) = split_tag(&target);
-    let id = gw.inner.templates.id_of(name).ok_or_else(|| not_found(name))?;
+    let id = gw.inner.templates.owned_id(name, &scope)?;
     if let Some(bad) = req.tags.iter().find(|t| !valid_name(t)) {
         return Err(ApiError::new(StatusCode::BAD_REQUEST, format!("bad tag {bad:?}")));
     }
@@ -414,10 +516,10 @@ pub(crate) async fn remove_tags(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult {
-    caller(&gw, &headers).await?;
+    let (_, scope) = Scope::of(&gw, &headers).await?;
     let req: TagsBody = crate::api::parse(&body)?;
     let name = req.name.unwrap_or_default();
-    let id = gw.inner.templates.id_of(split_tag(&name).0).ok_or_else(|| not_found(&name))?;
+    let id = gw.inner.templates.owned_id(split_tag(&name).0, &scope)?;
     gw.inner.templates.change(|all| {
         if let Some(t) = all.get_mut(&id) {
             for tag in &req.tags {
@@ -434,8 +536,8 @@ pub(crate) async fn tags(
     UrlPath(id): UrlPath<String>,
     headers: HeaderMap,
 ) -> ApiResult {
-    caller(&gw, &headers).await?;
-    let id = gw.inner.templates.id_of(&id).unwrap_or(id);
+    let (_, scope) = Scope::of(&gw, &headers).await?;
+    let id = gw.inner.templates.seen_id(&id, &scope).ok_or_else(|| not_found(&id))?;
     let t = gw.inner.templates.get(&id).ok_or_else(|| not_found(&id))?;
     let out: Vec<Value> = t
         .tags
@@ -460,5 +562,15 @@ mod tests {
         assert_eq!(new_id().len(), 20);
         let build = new_build_id();
         assert_eq!((build.len(), &build[14..15]), (36, "4"));
+    }
+
+    #[test]
+    fn a_project_owns_its_own_and_sub_projects_templates_and_sees_an_admins() {
+        let admin = Scope::default();
+        let team = Scope { project: Some("team".into()) };
+        assert!(admin.owns(Some("team")) && admin.owns(None));
+        assert!(team.owns(Some("team")) && team.owns(Some("team/a")));
+        assert!(!team.owns(Some("teams")) && !team.owns(Some("other")) && !team.owns(None));
+        assert!(team.sees(None) && !team.sees(Some("other")));
     }
 }
