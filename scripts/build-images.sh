@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the container layer images the demo and tests use into artifacts/images/:
-# busybox.erofs (tiny base) and debian-12.erofs (debootstrap minbase + bash, python3, git, and
-# E2B's default user `user`, so the E2B API need not add it to each sandbox).
+# busybox.erofs (tiny base) and debian-12.erofs (debootstrap minbase + what E2B's base template
+# has: bash, python3 and pip, git, curl, wget, sudo, ca-certificates, build-essential; and E2B's
+# default user `user`, with sudo, so the E2B API need not add it to each sandbox).
 # Idempotent: an image is rebuilt only when missing or when its recipe (this script) changed.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -24,6 +25,7 @@ build() { # name, then brig-mkimage arguments
 }
 
 build busybox busybox
-build debian-12 debian --suite bookworm --include bash,coreutils,python3,git,ca-certificates,procps \
+build debian-12 debian --suite bookworm \
+    --include bash,coreutils,python3,python3-pip,git,ca-certificates,procps,curl,wget,sudo,build-essential \
     --user user
 echo "images in $out"

@@ -77,6 +77,24 @@ async def test_a_background_command_is_listed_reconnected_and_killed(sandbox):
     assert not await sandbox.commands.kill(sleeper.pid)
 
 
+async def test_the_base_template_has_e2bs_base_tooling(sandbox):
+    """What E2B's base template has and users' scripts call: curl, wget, pip, git, python3, a
+    compiler, CA certificates, and sudo for `user` without a password."""
+    r = await sandbox.commands.run(
+        "curl --version | head -1; wget --version | head -1; pip --version; git --version;"
+        " python3 --version; gcc --version | head -1; make --version | head -1;"
+        " test -s /etc/ssl/certs/ca-certificates.crt && echo certs; sudo -n id -un"
+    )
+    lines = r.stdout.splitlines()
+    for want, line in zip(["curl", "GNU Wget", "pip", "git", "Python 3", "gcc", "GNU Make"], lines):
+        assert line.startswith(want), (want, line)
+    assert lines[-2:] == ["certs", "root"], r.stdout
+    # A program built in the sandbox runs.
+    await sandbox.files.write("/home/user/hi.c", '#include <stdio.h>\nint main(){puts("built");}\n')
+    built = await sandbox.commands.run("cd ~ && gcc -o hi hi.c && ./hi")
+    assert built.stdout == "built\n"
+
+
 async def test_a_commands_pid_is_its_pid_in_the_sandbox(sandbox):
     """`handle.pid` is the process's own pid (envd's): `$$` of the shell E2B starts, seen in
     the sandbox's /proc, and `kill <pid>` from another command ends it."""

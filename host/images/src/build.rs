@@ -232,11 +232,22 @@ pub fn stage_debian(
     std::fs::create_dir_all(root.join("workspace")).map_err(io("create", root))
 }
 
-/// Adds an ordinary user (uid 1000, home `/home/NAME`, bash) to a staged Debian tree.
+/// Adds an ordinary user (uid 1000, home `/home/NAME`, bash) to a staged Debian tree; where
+/// the tree has sudo, the user may use it without a password (as E2B's base template's).
 pub fn add_user(root: &Path, name: &str) -> Result<(), BuildError> {
     let mut cmd = Command::new("chroot");
     cmd.arg(root).args(["useradd", "-m", "-u", "1000", "-s", "/bin/bash", name]);
-    run("chroot", &mut cmd)
+    run("chroot", &mut cmd)?;
+    let sudoers = root.join("etc/sudoers.d");
+    if sudoers.is_dir() {
+        use std::os::unix::fs::PermissionsExt;
+        let file = sudoers.join(name);
+        std::fs::write(&file, format!("{name} ALL=(ALL:ALL) NOPASSWD: ALL\n"))
+            .map_err(io("write", &file))?;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o440))
+            .map_err(io("chmod", &file))?;
+    }
+    Ok(())
 }
 
 /// A self-contained EROFS image of `dir` at `out`, written atomically.

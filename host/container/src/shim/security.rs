@@ -1,5 +1,5 @@
 //! What every process in a container gives up before it runs: capabilities beyond a small
-//! documented set, privilege gain through exec (`no_new_privs`), and the system calls in
+//! documented set (also after a setuid exec: the bounding set), and the system calls in
 //! [`denied_syscalls`].
 //!
 //! Capabilities kept for container root (all scoped to the container's user namespace):
@@ -216,13 +216,31 @@ pub fn drop_capabilities() -> Result<(), ShimError> {
     Ok(())
 }
 
-/// Applies the confinement that follows the change of user: capabilities, `no_new_privs`,
-/// seccomp. [`drop_bounding_set`] must have run first.
+/// Applies the confinement every container process inherits: the seccomp filters, then
+/// capabilities. [`drop_bounding_set`] must have run first.
+///
+/// The filters go in while the process still holds `CAP_SYS_ADMIN` in the container's user
+/// namespace, so they need no `no_new_privs`: a setuid program in the image (`sudo`, as E2B's
+/// base template has for its `user`) may make a process container root, with no more than the
+/// bounding set's capabilities and the same filters (what a command run as root has anyway),
+/// as in Docker's default. Where the filters cannot go in that way, `no_new_privs` is set
+/// first, as before.
 pub fn confine(programs: &SeccompPrograms) -> Result<(), ShimError> {
-    drop_capabilities()?;
-    nix::sys::prctl::set_no_new_privs().map_err(|e| ShimError::Sys("no_new_privs", e))?;
-    for program in [&programs.clone3, &programs.main] {
-        seccompiler::apply_filter(program).map_err(|e| ShimError::Seccomp(e.to_string()))?;
+    let filters = [&programs.clone3, &programs.main];
+    match super::sys::install_seccomp(filters[0]) {
+        Ok(()) => {
+            super::sys::install_seccomp(filters[1])
+                .map_err(|e| ShimError::Seccomp(e.to_string()))?;
+            drop_capabilities()
+        }
+        Err(_) => {
+            drop_capabilities()?;
+            nix::sys::prctl::set_no_new_privs().map_err(|e| ShimError::Sys("no_new_privs", e))?;
+            for program in filters {
+                seccompiler::apply_filter(program)
+                    .map_err(|e| ShimError::Seccomp(e.to_string()))?;
+            }
+            Ok(())
+        }
     }
-    Ok(())
 }

@@ -258,3 +258,29 @@ impl Retitle {
         }
     }
 }
+
+/// Installs seccomp filter `program` on the calling thread without setting `no_new_privs`
+/// (`seccompiler::apply_filter` sets it): the kernel takes the filter only from a process that
+/// holds `CAP_SYS_ADMIN` in its user namespace, and refuses with `EACCES` otherwise.
+pub(super) fn install_seccomp(program: &seccompiler::BpfProgram) -> Result<(), nix::errno::Errno> {
+    let mut filter: Vec<libc::sock_filter> = program
+        .iter()
+        .map(|i| libc::sock_filter { code: i.code, jt: i.jt, jf: i.jf, k: i.k })
+        .collect();
+    let len = u16::try_from(filter.len()).map_err(|_| nix::errno::Errno::E2BIG)?;
+    let prog = libc::sock_fprog { len, filter: filter.as_mut_ptr() };
+    // SAFETY: `prog` points at `filter`, `len` instructions that stay alive (and unchanged)
+    // for the call; the kernel copies the program in and keeps no pointer to it.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            0,
+            &prog as *const libc::sock_fprog,
+        )
+    };
+    if rc != 0 {
+        return Err(nix::errno::Errno::last());
+    }
+    Ok(())
+}
