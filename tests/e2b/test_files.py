@@ -73,6 +73,37 @@ async def test_listing_stat_mkdir_rename_remove(sandbox):
     await sandbox.files.remove("/home/user/a")
 
 
+def _marks_links():
+    """Whether this SDK reads envd's `is_symlink` (newer envd: `type` is the target's and the
+    flag marks the link, which the SDK shows as SYMLINK); older SDKs show the target's type."""
+    from e2b.envd.filesystem import filesystem_pb
+
+    return hasattr(filesystem_pb.EntryInfo(), "is_symlink")
+
+
+async def test_symlinks_read_as_envd_reports_them(sandbox):
+    """A link's type is its target's (marked as a link for SDKs that read `is_symlink`) and
+    `symlink_target` the fully resolved absolute path (E2B's test_file_symlink); a dangling
+    link has no type, and the SDK leaves it out of listings."""
+    await sandbox.files.write("/home/user/links/test.txt", "x")
+    await sandbox.commands.run(
+        "cd /home/user/links && ln -s test.txt to_file && ln -s /home/user/links to_dir"
+        " && ln -s nowhere dangling"
+    )
+    marked = _marks_links()
+    info = await sandbox.files.get_info("/home/user/links/to_file")
+    assert info.type == (FileType.SYMLINK if marked else FileType.FILE), info
+    assert info.symlink_target == "/home/user/links/test.txt", info
+    assert info.name == "to_file" and info.permissions.startswith("L"), info
+    to_dir = await sandbox.files.get_info("/home/user/links/to_dir")
+    assert to_dir.type == (FileType.SYMLINK if marked else FileType.DIR), to_dir
+    assert to_dir.symlink_target == "/home/user/links"
+    listed = {e.name: e for e in await sandbox.files.list("/home/user/links")}
+    assert set(listed) == {"test.txt", "to_file", "to_dir"}, listed
+    assert listed["to_file"].symlink_target == "/home/user/links/test.txt"
+    assert listed["test.txt"].symlink_target is None
+
+
 async def test_missing_files_are_not_found(sandbox):
     with pytest.raises(NotFoundException):
         await sandbox.files.read("/no/such/file")

@@ -99,7 +99,8 @@ fn permissions(kind: FileKind, mode: u32) -> String {
     let mut s = String::with_capacity(10);
     s.push(match kind {
         FileKind::Dir => 'd',
-        FileKind::Symlink => 'l',
+        // Go's `FileMode.String()`, which envd prints.
+        FileKind::Symlink => 'L',
         _ => '-',
     });
     for shift in [6u32, 3, 0] {
@@ -115,7 +116,60 @@ fn permissions(kind: FileKind, mode: u32) -> String {
 async fn stat_abs(gw: &Gateway, sb: &Sandbox, path: &str) -> Result<pb::EntryInfo, ConnectError> {
     let mut stat = sb.stat(path).await.map_err(brig_error)?;
     stat.path = path.to_string();
-    Ok(entry_info(&stat, &*gw.inner.owner_names.of(sb).await))
+    let mut entry = entry_info(&stat, &*gw.inner.owner_names.of(sb).await);
+    if stat.kind == FileKind::Symlink {
+        follow_links(sb, std::slice::from_mut(&mut entry)).await?;
+    }
+    Ok(entry)
+}
+
+/// Most symlinks of one answer resolved (one command in the sandbox for all of them); past
+/// it a link is reported as a link.
+const MAX_LINKS_RESOLVED: usize = 1000;
+
+/// Turns the symlinks among `entries` into what envd reports for them: the type and mode of
+/// what the link resolves to, `symlink_target` the fully resolved absolute path; a dangling
+/// link has no type (E2B's SDK leaves it out of listings) and its own path as target. The
+/// links are resolved inside the sandbox, as root, by one command.
+async fn follow_links(sb: &Sandbox, entries: &mut [pb::EntryInfo]) -> Result<(), ConnectError> {
+    let links: Vec<usize> = entries
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.r#type == pb::FileType::Symlink as i32)
+        .map(|(i, _)| i)
+        .take(MAX_LINKS_RESOLVED)
+        .collect();
+    if links.is_empty() {
+        return Ok(());
+    }
+    const SCRIPT: &str =
+        r#"for p; do t=$(readlink -f -- "$p") && [ -e "$t" ] && printf '%s\n' "$t" || echo; done"#;
+    let mut argv = vec!["sh", "-c", SCRIPT, "sh"];
+    argv.extend(links.iter().map(|&i| entries[i].path.as_str()));
+    let out = sb
+        .exec_with(Cmd::new(argv).cwd("/").timeout(Duration::from_secs(30)))
+        .await
+        .map_err(brig_error)?;
+    let text = out.stdout_text();
+    for (&i, target) in links.iter().zip(text.lines()) {
+        let entry = &mut entries[i];
+        if target.is_empty() {
+            entry.r#type = pb::FileType::Unspecified as i32;
+            entry.mode = 0;
+            entry.symlink_target = Some(entry.path.clone());
+            continue;
+        }
+        if let Ok(to) = sb.stat(target).await {
+            entry.r#type = match to.kind {
+                FileKind::File => pb::FileType::File,
+                FileKind::Dir => pb::FileType::Directory,
+                _ => pb::FileType::Unspecified,
+            } as i32;
+            entry.mode = to.mode & 0o777;
+        }
+        entry.symlink_target = Some(target.to_string());
+    }
+    Ok(())
 }
 
 async fn stat(
@@ -250,7 +304,10 @@ async fn list_dir(
     }
     let (entries, _) = walk(&sb, &path, depth, MAX_ENTRIES).await?;
     let names = gw.inner.owner_names.of(&sb).await;
-    Ok(pb::ListDirResponse { entries: entries.iter().map(|e| entry_info(e, &names)).collect() })
+    let mut entries: Vec<pb::EntryInfo> = entries.iter().map(|e| entry_info(e, &names)).collect();
+    follow_links(&sb, &mut entries).await?;
+    // As envd's: a link that resolves to nothing has no type, and E2B's SDK leaves it out.
+    Ok(pb::ListDirResponse { entries })
 }
 
 pub(crate) async fn watch_target(
