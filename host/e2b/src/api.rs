@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
@@ -25,7 +25,7 @@ use crate::keys::KeyError;
 use crate::{Gateway, ENVD_VERSION};
 
 /// Labels the gateway keeps on a sandbox for itself (not shown as metadata).
-const TEMPLATE_LABEL: &str = "e2b.template";
+pub(crate) const TEMPLATE_LABEL: &str = "e2b.template";
 const AUTOPAUSE_LABEL: &str = "e2b.autopause";
 const INTERNAL_PREFIX: &str = "e2b.";
 
@@ -41,7 +41,7 @@ impl ApiError {
         ApiError { status, message: message.into() }
     }
 
-    fn bad(message: impl Into<String>) -> ApiError {
+    pub(crate) fn bad(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, message)
     }
 
@@ -80,13 +80,13 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult = Result<Response, ApiError>;
+pub(crate) type ApiResult = Result<Response, ApiError>;
 
 /// The control API's routes.
 pub fn routes() -> Router<Gateway> {
     Router::new()
-        .route("/sandboxes", post(create).get(list_v1))
-        .route("/v2/sandboxes", post(create).get(list_v2))
+        .route("/sandboxes", post(create).get(crate::listing::list_v1))
+        .route("/v2/sandboxes", post(create).get(crate::listing::list_v2))
         .route("/sandboxes/{id}", get(get_one).delete(kill))
         .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/resume", post(connect))
@@ -442,7 +442,7 @@ fn checked_timeout(gw: &Gateway, asked: Option<u64>) -> Result<Duration, ApiErro
     Ok(Duration::from_secs(secs))
 }
 
-fn label<'a>(info: &'a SandboxInfo, key: &str) -> Option<&'a str> {
+pub(crate) fn label<'a>(info: &'a SandboxInfo, key: &str) -> Option<&'a str> {
     info.labels.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
 }
 
@@ -466,7 +466,7 @@ fn end_ms(gw: &Gateway, info: &SandboxInfo) -> u64 {
 }
 
 /// The listed form (and, with more fields, the detailed one) of a sandbox.
-fn listed(gw: &Gateway, info: &SandboxInfo) -> Value {
+pub(crate) fn listed(gw: &Gateway, info: &SandboxInfo) -> Value {
     let cfg = gw.config();
     let state = if info.state == SandboxState::Paused { "paused" } else { "running" };
     json!({
@@ -516,129 +516,6 @@ async fn kill(State(gw): State<Gateway>, Path(id): Path<String>, headers: Header
     gw.inner.facts.forget(&id);
     gw.inner.owner_names.forget(&id);
     Ok(StatusCode::NO_CONTENT.into_response())
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct ListQuery {
-    metadata: Option<String>,
-    state: Option<String>,
-    limit: Option<usize>,
-    #[serde(rename = "nextToken")]
-    next_token: Option<String>,
-    /// A template id or name: only sandboxes made from it.
-    template: Option<String>,
-    /// RFC 3339: only sandboxes started at or after it.
-    #[serde(rename = "startedAfter")]
-    started_after: Option<String>,
-    /// `asc` or `desc` (default) by start time.
-    order: Option<String>,
-}
-
-/// The pairs of a `metadata` filter. E2B's SDK quotes each key and value, form-encodes the
-/// pairs and sends that as one query value: after the query's own decoding the text is
-/// decoded once more as a whole, then split into pairs, each decoded again (as E2B's API).
-fn metadata_filter(text: &str) -> Result<Vec<(String, String)>, ApiError> {
-    let spaced = text.replace('+', " ");
-    let whole = percent_encoding::percent_decode_str(&spaced)
-        .decode_utf8()
-        .map_err(|e| ApiError::bad(format!("Error parsing metadata: {e}")))?;
-    serde_urlencoded::from_str(&whole)
-        .map_err(|e| ApiError::bad(format!("Error parsing metadata: {e}")))
-}
-
-async fn listing(
-    gw: &Gateway,
-    headers: &HeaderMap,
-    q: &ListQuery,
-) -> Result<Vec<SandboxInfo>, ApiError> {
-    let client = caller(gw, headers).await?;
-    let selector: Vec<(String, String)> = match q.metadata.as_deref() {
-        Some(text) if !text.is_empty() => metadata_filter(text)?,
-        _ => Vec::new(),
-    };
-    let newest_first = match q.order.as_deref() {
-        None | Some("" | "desc") => true,
-        Some("asc") => false,
-        Some(other) => return Err(ApiError::bad(format!("invalid order {other:?}: asc or desc"))),
-    };
-    let after_ms = match q.started_after.as_deref().filter(|t| !t.is_empty()) {
-        Some(text) => {
-            let at = chrono::DateTime::parse_from_rfc3339(text)
-                .map_err(|e| ApiError::bad(format!("startedAfter {text:?}: {e}")))?;
-            u64::try_from(at.timestamp_millis()).unwrap_or(0)
-        }
-        None => 0,
-    };
-    // A template by id or name: the sandbox's own label, or the template both name.
-    let template = q.template.as_deref().filter(|t| !t.is_empty());
-    let same_template = |info: &SandboxInfo| match (template, label(info, TEMPLATE_LABEL)) {
-        (None, _) => true,
-        (Some(asked), Some(made)) => {
-            asked == made
-                || gw.inner.templates.id_of(crate::templates::split_tag(asked).0).is_some_and(
-                    |id| gw.inner.templates.id_of(crate::templates::split_tag(made).0) == Some(id),
-                )
-        }
-        (Some(_), None) => false,
-    };
-    let pairs: Vec<(&str, &str)> = selector.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let states: Vec<&str> = q.state.as_deref().map_or_else(Vec::new, |s| s.split(',').collect());
-    let mut found: Vec<SandboxInfo> = client
-        .list(&pairs)
-        .await
-        .map_err(ApiError::from_brig)?
-        .into_iter()
-        .filter(|i| matches!(i.state, SandboxState::Running | SandboxState::Paused))
-        .filter(|i| {
-            let state = if i.state == SandboxState::Paused { "paused" } else { "running" };
-            states.is_empty() || states.contains(&state)
-        })
-        .filter(|i| i.created_unix_ms >= after_ms && same_template(i))
-        .collect();
-    found.sort_by(|a, b| (a.created_unix_ms, &a.id).cmp(&(b.created_unix_ms, &b.id)));
-    if newest_first {
-        found.reverse();
-    }
-    Ok(found)
-}
-
-async fn list_v1(
-    State(gw): State<Gateway>,
-    Query(q): Query<ListQuery>,
-    headers: HeaderMap,
-) -> ApiResult {
-    let found = listing(&gw, &headers, &q).await?;
-    Ok(Json(found.iter().map(|i| listed(&gw, i)).collect::<Vec<_>>()).into_response())
-}
-
-/// `GET /v2/sandboxes`: newest first (or `order=asc`), `limit` per page, the next page's
-/// token in `x-next-token` (an offset into the same ordering), and `x-total-running` (the
-/// running matches of every page) when running sandboxes were asked for.
-async fn list_v2(
-    State(gw): State<Gateway>,
-    Query(q): Query<ListQuery>,
-    headers: HeaderMap,
-) -> ApiResult {
-    let found = listing(&gw, &headers, &q).await?;
-    let start: usize = match q.next_token.as_deref() {
-        Some(t) if !t.is_empty() => t.parse().map_err(|_| ApiError::bad("bad nextToken"))?,
-        _ => 0,
-    };
-    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    let page: Vec<Value> = found.iter().skip(start).take(limit).map(|i| listed(&gw, i)).collect();
-    let mut response = Json(page).into_response();
-    let wants_running = q.state.as_deref().is_none_or(|s| s.is_empty() || s.contains("running"));
-    if wants_running {
-        let running = found.iter().filter(|i| i.state == SandboxState::Running).count();
-        response.headers_mut().insert("x-total-running", HeaderValue::from(running));
-    }
-    if start + limit < found.len() {
-        if let Ok(v) = HeaderValue::from_str(&(start + limit).to_string()) {
-            response.headers_mut().insert("x-next-token", v);
-        }
-    }
-    Ok(response)
 }
 
 async fn pause(State(gw): State<Gateway>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult {

@@ -29,6 +29,7 @@ pub mod filesystem;
 mod gateway;
 pub mod keys;
 pub mod limits;
+mod listing;
 mod owners;
 mod ports;
 pub mod process;
