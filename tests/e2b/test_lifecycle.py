@@ -190,6 +190,28 @@ async def test_metrics_report_what_the_sandbox_uses(sandbox):
     assert metrics and metrics[-1].mem_total > 0 and metrics[-1].cpu_count >= 1
 
 
+async def test_metrics_cover_a_time_range_sampled_every_five_seconds(sandbox):
+    """`get_metrics(start, end)`: samples every 5 s kept for the sandbox's life, each with the
+    CPU share since the one before; a range gets only its own."""
+    from datetime import datetime, timedelta, timezone
+
+    began = datetime.now(timezone.utc)
+    # A busy stretch, then an idle one: about 12 s, two or more samples.
+    await sandbox.commands.run("timeout 6 sh -c 'while :; do :; done'; sleep 6", timeout=60)
+    every = await sandbox.get_metrics()
+    assert len(every) >= 3, every
+    stamps = [m.timestamp for m in every]
+    assert stamps == sorted(stamps), stamps
+    assert max(m.cpu_used_pct for m in every) > 20, [m.cpu_used_pct for m in every]
+    assert every[-1].cpu_used_pct < 20, "idle at the end"
+    middle = began + timedelta(seconds=6)
+    later = await sandbox.get_metrics(start=middle)
+    assert later and all(m.timestamp >= middle.replace(microsecond=0) for m in later), later
+    assert len(later) < len(every)
+    early = await sandbox.get_metrics(end=middle)
+    assert all(m.timestamp <= middle + timedelta(seconds=1) for m in early), early
+
+
 async def reachable(sb, ip, port):
     probe = (
         "python3 -c \"import socket; s=socket.socket(); s.settimeout(3);"

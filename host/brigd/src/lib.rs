@@ -202,6 +202,7 @@ pub async fn run(
     tracing::info!(addr = %local, state_dir = %state.display(), fingerprint = %endpoint.cert_sha256, "brigd listening");
     let reaper = node.spawn_reaper();
     let census = node.spawn_stray_census();
+    let sampler = node.spawn_usage_sampler();
     match &opts.role {
         RoleOptions::Node { controls, join_token, advertise } => {
             let keys = Arc::new(parking_lot::RwLock::new(Vec::new()));
@@ -229,6 +230,7 @@ pub async fn run(
     }
     reaper.abort();
     census.abort();
+    sampler.abort();
     if let Some(task) = metrics_task {
         task.abort();
     }

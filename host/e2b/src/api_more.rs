@@ -221,31 +221,59 @@ pub async fn delete_snapshot(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// `GET /sandboxes/{id}/metrics`: one sample of what the sandbox uses now.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct MetricsQuery {
+    /// Unix seconds; default the sandbox's start.
+    start: Option<u64>,
+    /// Unix seconds; default now.
+    end: Option<u64>,
+}
+
+/// `GET /sandboxes/{id}/metrics?start=&end=`: the sandbox's use over that range (Unix
+/// seconds), a sample every 5 s while it ran (older times more sparsely) and one of now, each
+/// with the CPU share it used since the sample before.
 pub async fn metrics(
     State(gw): State<Gateway>,
     Path(id): Path<String>,
+    Query(q): Query<MetricsQuery>,
     headers: HeaderMap,
 ) -> ApiResult {
-    let (_, info) = visible(&gw, &headers, &id).await?;
+    let (sb, info) = visible(&gw, &headers, &id).await?;
     let cfg = gw.config();
-    let usage = info.usage.unwrap_or_default();
     let now = unix_ms();
-    let alive_ns = now.saturating_sub(info.created_unix_ms).max(1) * 1_000_000;
+    let from = q.start.map_or(info.created_unix_ms, |s| s.saturating_mul(1000));
+    let to = q.end.map_or(now, |e| e.saturating_mul(1000).saturating_add(999));
+    if from > to {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "start is after end"));
+    }
+    // The sample before the range too, for the first one's CPU share.
+    let mut samples =
+        sb.usage_history(info.created_unix_ms, to).await.map_err(ApiError::from_brig)?;
+    samples.retain(|s| s.unix_ms <= to);
     let cpus = cfg.cpu_millis.div_ceil(1000).max(1);
-    let cpu_pct = usage.cpu_ns as f64 * 100.0 / (alive_ns as f64 * cpus as f64);
-    let sample = json!({
-        "timestamp": rfc3339(now),
-        "timestampUnix": now / 1000,
-        "cpuCount": cpus,
-        "cpuUsedPct": (cpu_pct * 100.0).round() / 100.0,
-        "memUsed": usage.memory_bytes,
-        "memTotal": cfg.memory_mib << 20,
-        "memCache": 0,
-        "diskUsed": 0,
-        "diskTotal": cfg.disk_mib << 20,
-    });
-    Ok(Json(vec![sample]).into_response())
+    let mut before = brig_sdk::UsageSample { unix_ms: info.created_unix_ms, ..Default::default() };
+    let mut out = Vec::new();
+    for sample in samples {
+        let elapsed_ns = sample.unix_ms.saturating_sub(before.unix_ms).max(1) * 1_000_000;
+        let used_ns = sample.cpu_ns.saturating_sub(before.cpu_ns);
+        let pct = used_ns as f64 * 100.0 / (elapsed_ns as f64 * cpus as f64);
+        if sample.unix_ms >= from {
+            out.push(json!({
+                "timestamp": rfc3339(sample.unix_ms),
+                "timestampUnix": sample.unix_ms / 1000,
+                "cpuCount": cpus,
+                "cpuUsedPct": (pct.min(100.0) * 100.0).round() / 100.0,
+                "memUsed": sample.memory_bytes,
+                "memTotal": cfg.memory_mib << 20,
+                "memCache": 0,
+                "diskUsed": 0,
+                "diskTotal": cfg.disk_mib << 20,
+            }));
+        }
+        before = sample;
+    }
+    Ok(Json(out).into_response())
 }
 
 #[derive(Debug, Default, Deserialize)]

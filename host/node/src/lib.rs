@@ -52,6 +52,7 @@ mod scope;
 mod sessions;
 pub mod shrinker_ids;
 pub mod swap;
+pub mod usage_history;
 
 pub use admission::AdmissionConfig;
 pub use config::{BlobBackendConfig, ContainerConfig, ImagesConfig, NodeConfig, OnExit};

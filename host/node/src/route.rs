@@ -70,6 +70,22 @@ impl Node {
                 });
                 Reply::Sandbox(info)
             }
+            SandboxOp::UsageHistory { sandbox, from_unix_ms, to_unix_ms } => {
+                let entry = self.inner.sandboxes.get(&sandbox)?;
+                let mut samples = entry.usage_history.lock().between(from_unix_ms, to_unix_ms);
+                let now = crate::sandboxes::now_unix_ms();
+                if to_unix_ms >= now && entry.paused_unix_ms().is_none() {
+                    if let Some(used) = entry.sandbox.usage().await {
+                        let (cpu_ns, memory_bytes) = (used.cpu_ns, used.memory_bytes);
+                        samples.push(brig_proto::UsageSample {
+                            unix_ms: now,
+                            cpu_ns,
+                            memory_bytes,
+                        });
+                    }
+                }
+                Reply::UsageHistory(samples)
+            }
             SandboxOp::Destroy { sandbox } => {
                 let id: SandboxId = sandbox.parse()?;
                 self.inner.sandboxes.get(&sandbox)?;

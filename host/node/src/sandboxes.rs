@@ -58,6 +58,8 @@ pub(crate) struct SandboxEntry {
     /// Its file operations under way on the node's blocking pool (see `file_work`), made at
     /// the first one with the node's bound.
     file_ops: std::sync::OnceLock<Arc<tokio::sync::Semaphore>>,
+    /// Its use over its life (`crate::usage_history`).
+    pub(crate) usage_history: Mutex<crate::usage_history::UsageHistory>,
 }
 
 impl SandboxEntry {
@@ -84,6 +86,7 @@ impl SandboxEntry {
             gone: std::sync::OnceLock::new(),
             record_seq: Mutex::new(None),
             file_ops: std::sync::OnceLock::new(),
+            usage_history: Mutex::default(),
         }
     }
 

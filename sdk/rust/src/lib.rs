@@ -56,4 +56,5 @@ pub use brig_proto::{
     NodeStatus, NodeSummary, Placement, ProjectInfo, ProjectLimits, PullLayerProgress,
     PullLayerState, PullProgress, PulledImage, PulledLayer, QosClass, SandboxInfo, SandboxLimits,
     SandboxState, SandboxUsage, SessionOpenRequest, StrayObject, Tier, ToolInfo, ToolWorld,
+    UsageSample,
 };

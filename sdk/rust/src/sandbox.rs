@@ -167,6 +167,20 @@ impl Sandbox {
         }
     }
 
+    /// Its use over its life with `unix_ms` in `from..=to`, oldest first: a sample every few
+    /// seconds while it ran (older times more sparsely), and one of now when `to` is not past.
+    pub async fn usage_history(
+        &self,
+        from_unix_ms: u64,
+        to_unix_ms: u64,
+    ) -> Result<Vec<brig_proto::UsageSample>, Error> {
+        let op = SandboxOp::UsageHistory { sandbox: self.id.clone(), from_unix_ms, to_unix_ms };
+        match self.client.request(&Request::Sandbox(op)).await? {
+            Reply::UsageHistory(samples) => Ok(samples),
+            other => Err(unexpected("usage_history", &other)),
+        }
+    }
+
     pub async fn destroy(&self) -> Result<(), Error> {
         expect_done(
             "destroy",

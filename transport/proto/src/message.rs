@@ -75,6 +75,14 @@ pub enum SandboxOp {
         sandbox: String,
         port: u16,
     },
+    /// Its use over its life, sampled every few seconds (older samples thinned), with
+    /// `unix_ms` in `from..=to`; replies `UsageHistory`, with a sample of now when `to` is
+    /// not past.
+    UsageHistory {
+        sandbox: String,
+        from_unix_ms: u64,
+        to_unix_ms: u64,
+    },
 }
 
 /// Requests about commands in a sandbox.
@@ -337,6 +345,7 @@ impl SandboxOp {
             SandboxOp::SetQos { .. } => "set_qos",
             SandboxOp::Audit(_) => "audit",
             SandboxOp::ConnectPort { .. } => "connect_port",
+            SandboxOp::UsageHistory { .. } => "usage_history",
         }
     }
 
@@ -348,7 +357,8 @@ impl SandboxOp {
             | SandboxOp::Fork { sandbox, .. }
             | SandboxOp::SetEgress { sandbox, .. }
             | SandboxOp::SetQos { sandbox, .. }
-            | SandboxOp::ConnectPort { sandbox, .. } => Some(sandbox),
+            | SandboxOp::ConnectPort { sandbox, .. }
+            | SandboxOp::UsageHistory { sandbox, .. } => Some(sandbox),
             SandboxOp::SetTtl(r) => Some(&r.sandbox),
             SandboxOp::Audit(r) => Some(&r.sandbox),
             SandboxOp::Pause(Target::Sandbox(s)) | SandboxOp::Resume(Target::Sandbox(s)) => Some(s),
@@ -565,6 +575,8 @@ pub enum Reply {
     PortOpen,
     /// Who the connection's token speaks for.
     Caller(CallerInfo),
+    /// A sandbox's use over a time range, oldest first.
+    UsageHistory(Vec<UsageSample>),
 }
 
 #[cfg(test)]

@@ -155,6 +155,16 @@ pub struct SandboxUsage {
     pub memory_bytes: u64,
 }
 
+/// What a sandbox used at one moment of its life (`SandboxOp::UsageHistory`).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UsageSample {
+    pub unix_ms: u64,
+    /// CPU time of all its processes since creation, at that moment.
+    pub cpu_ns: u64,
+    /// Memory charged to it then.
+    pub memory_bytes: u64,
+}
+
 /// Label selector: every pair must match. Empty matches everything.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct ListRequest {
