@@ -104,6 +104,50 @@ async def test_symlinks_read_as_envd_reports_them(sandbox):
     assert listed["test.txt"].symlink_target is None
 
 
+async def test_signed_file_urls_read_and_write_until_they_expire():
+    """`download_url`/`upload_url` of a secured sandbox, fetched with no token at the host
+    E2B's SDK addresses envd at (`49983-<id>.<domain>`): they read and write; a changed path,
+    an expired URL or another sandbox's signature is refused (401)."""
+    from urllib.parse import urlparse
+
+    import httpx
+    from e2b import AsyncSandbox
+    from e2b.sandbox.signature import get_signature
+
+    sb = await AsyncSandbox.create(secure=True, timeout=120)
+    other = await AsyncSandbox.create(secure=True, timeout=120)
+    try:
+        await sb.files.write("/home/user/signed.txt", "signed")
+        base = os.environ["E2B_SANDBOX_URL"]
+        host = {"Host": f"49983-{sb.sandbox_id}.e2b.local"}
+        query = lambda url: urlparse(url).query  # noqa: E731
+        read = query(sb.download_url("/home/user/signed.txt", use_signature_expiration=60))
+        write = query(sb.upload_url("/home/user/up.txt", use_signature_expiration=60))
+        never = query(sb.download_url("/home/user/signed.txt"))
+        async with httpx.AsyncClient(timeout=30) as c:
+            r = await c.get(f"{base}/files?{read}", headers=host)
+            assert (r.status_code, r.text) == (200, "signed"), r.text
+            r = await c.get(f"{base}/files?{never}", headers=host)
+            assert (r.status_code, r.text) == (200, "signed"), "a URL without expiry"
+            r = await c.post(
+                f"{base}/files?{write}", headers=host, files={"file": ("up.txt", b"uploaded")}
+            )
+            assert r.status_code == 200, r.text
+            assert await sb.files.read("/home/user/up.txt") == "uploaded"
+            changed = read.replace("signed.txt", "other.txt")
+            assert (await c.get(f"{base}/files?{changed}", headers=host)).status_code == 401
+            r = await c.get(f"{base}/files?{write}", headers=host)
+            assert r.status_code == 401, "a write URL does not read"
+            old = get_signature("/home/user/signed.txt", "read", None, sb._envd_access_token, -5)
+            expired = f"path=/home/user/signed.txt&signature={old['signature']}&signature_expiration={old['expiration']}"
+            r = await c.get(f"{base}/files?{expired}", headers=host)
+            assert r.status_code == 401 and "expired" in r.text, r.text
+            theirs = {"Host": f"49983-{other.sandbox_id}.e2b.local"}
+            assert (await c.get(f"{base}/files?{read}", headers=theirs)).status_code == 401
+    finally:
+        await asyncio.gather(sb.kill(), other.kill())
+
+
 async def test_missing_files_are_not_found(sandbox):
     with pytest.raises(NotFoundException):
         await sandbox.files.read("/no/such/file")

@@ -75,16 +75,43 @@ fn too_many(sandbox: &str, what: &str, max: usize) -> Response {
 /// ids the gateway signed are remembered.
 pub(crate) async fn per_sandbox(
     State(gw): State<Gateway>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
-    let sandbox = match envd::authorized(&gw, request.headers()) {
-        Ok(id) => id.to_string(),
+    let admitted = match envd::authorized(&gw, request.headers()) {
+        Ok(id) => Ok(id.to_string()),
+        // A signed file URL (no token: its signature stands for it).
+        Err(e)
+            if request.uri().path() == "/files"
+                && !request.headers().contains_key("x-access-token") =>
+        {
+            let query: envd::SignedQuery =
+                serde_urlencoded::from_str(request.uri().query().unwrap_or_default())
+                    .unwrap_or_default();
+            let write = request.method() == Method::POST;
+            match envd::signed_file_url(&gw, request.headers(), write, &query) {
+                Ok(id) => Ok(id.to_string()),
+                Err(signed) if query.signature.is_some() => Err(signed),
+                Err(_) => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    };
+    let sandbox = match admitted {
+        Ok(id) => id,
         Err(e) => {
             tracing::debug!(path = request.uri().path(), error = %e, "envd request refused");
             return e.into_response();
         }
     };
+    // The handlers find the sandbox and its token in the headers, however it was named.
+    for (name, value) in
+        [("e2b-sandbox-id", sandbox.clone()), ("x-access-token", gw.envd_token(&sandbox))]
+    {
+        if let Ok(value) = axum::http::HeaderValue::from_str(&value) {
+            request.headers_mut().insert(name, value);
+        }
+    }
     let share = gw.inner.budgets.share(&sandbox);
     let Ok(place) = share.requests.try_acquire_owned() else {
         return too_many(&sandbox, "requests", PER_SANDBOX);

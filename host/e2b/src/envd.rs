@@ -83,13 +83,25 @@ impl EnvdUser {
 /// digits: `brig_core::SandboxId`), the debug layout's [`DEBUG_SANDBOX_ID`] 16.
 pub const MAX_SANDBOX_ID_BYTES: usize = 64;
 
+/// The sandbox an envd request names: its `E2b-Sandbox-Id` header, else the host
+/// `49983-<id>.<domain>` E2B's SDKs address a sandbox's envd at (and its signed file URLs
+/// carry) when `E2B_SANDBOX_URL` is not set.
+pub fn sandbox_id(headers: &HeaderMap) -> Option<&str> {
+    header(headers, "e2b-sandbox-id").or_else(|| {
+        let host = header(headers, "host")?;
+        let (port, rest) = host.split_once('-')?;
+        let id = rest.split(['.', ':']).next()?;
+        (port.parse::<u16>().ok()? == crate::ENVD_PORT && !id.is_empty()).then_some(id)
+    })
+}
+
 /// The sandbox id of an envd request whose caller may touch that sandbox: the id is short
 /// enough to be one and `X-Access-Token` is its envd access token (the debug layout's
 /// [`DEBUG_SANDBOX_ID`] needs none, as a local envd). Checked before anything else is done
 /// for the request (its body read, a place of its sandbox's share taken); a missing or wrong
-/// token is `unauthenticated` (401).
+/// token is `unauthenticated` (401). A signed file URL is admitted by [`signed_file_url`].
 pub fn authorized<'h>(gw: &Gateway, headers: &'h HeaderMap) -> Result<&'h str, ConnectError> {
-    let id = header(headers, "e2b-sandbox-id")
+    let id = sandbox_id(headers)
         .ok_or_else(|| ConnectError::new(Code::InvalidArgument, "no E2b-Sandbox-Id header"))?;
     if id.len() > MAX_SANDBOX_ID_BYTES {
         return Err(ConnectError::new(
@@ -106,6 +118,68 @@ pub fn authorized<'h>(gw: &Gateway, headers: &'h HeaderMap) -> Result<&'h str, C
             Code::Unauthenticated,
             format!("no valid X-Access-Token for sandbox {id}"),
         ));
+    }
+    Ok(id)
+}
+
+/// What a signed `/files` URL carries (E2B's `download_url`/`upload_url` for a secured sandbox).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct SignedQuery {
+    pub path: Option<String>,
+    pub username: Option<String>,
+    pub signature: Option<String>,
+    pub signature_expiration: Option<u64>,
+}
+
+/// A file URL's signature as E2B's SDK makes it (`e2b/sandbox/signature.py`): `v1_` and the
+/// unpadded base64 of SHA-256 over `path:operation:user:token[:expiration]`.
+pub fn file_signature(
+    token: &str,
+    path: &str,
+    operation: &str,
+    user: &str,
+    expiration: Option<u64>,
+) -> String {
+    let raw = match expiration {
+        Some(at) => format!("{path}:{operation}:{user}:{token}:{at}"),
+        None => format!("{path}:{operation}:{user}:{token}"),
+    };
+    let digest = ring::digest::digest(&ring::digest::SHA256, raw.as_bytes());
+    format!("v1_{}", base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest.as_ref()))
+}
+
+/// The sandbox of a signed `/files` request (`GET` reads, `POST` writes) whose signature is
+/// that sandbox's and has not expired; `unauthenticated` otherwise. The signature stands for
+/// the access token: the caller holds a URL its token made.
+pub fn signed_file_url<'h>(
+    gw: &Gateway,
+    headers: &'h HeaderMap,
+    write: bool,
+    query: &SignedQuery,
+) -> Result<&'h str, ConnectError> {
+    let refused = |why: &str| Err(ConnectError::new(Code::Unauthenticated, why.to_string()));
+    let Some(signature) = query.signature.as_deref() else {
+        return refused("no X-Access-Token and no signature");
+    };
+    let id = sandbox_id(headers)
+        .filter(|id| id.len() <= MAX_SANDBOX_ID_BYTES)
+        .ok_or_else(|| ConnectError::new(Code::InvalidArgument, "no E2b-Sandbox-Id header"))?;
+    if let Some(at) = query.signature_expiration {
+        if at < crate::api::unix_ms() / 1000 {
+            return refused("the signed URL expired");
+        }
+    }
+    let operation = if write { "write" } else { "read" };
+    let path = query.path.as_deref().unwrap_or_default();
+    let user = query.username.as_deref().unwrap_or_default();
+    let token = gw.envd_token(id);
+    let expected = file_signature(&token, path, operation, user, query.signature_expiration);
+    // Compared in constant time: every byte is looked at, whatever the first difference.
+    let (a, b) = (expected.as_bytes(), signature.as_bytes());
+    let same = a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0;
+    if !same {
+        return refused("the URL's signature is not this sandbox's");
     }
     Ok(id)
 }
@@ -209,5 +283,24 @@ mod tests {
         assert!(EnvdUser::named(Some("../../etc")).is_err());
         headers.insert("authorization", "Bearer x".parse().expect("value"));
         assert!(EnvdUser::from_headers(&headers).is_err());
+    }
+
+    #[test]
+    fn signatures_are_e2bs_and_the_sandbox_comes_from_the_header_or_the_host() {
+        // Vectors from E2B's `get_signature` (e2b/sandbox/signature.py).
+        let with_expiry =
+            file_signature("tok", "/home/user/a.txt", "read", "user", Some(1_700_000_000));
+        assert_eq!(with_expiry, "v1_rjyaqcqTmWCotSjgdIM5sPngpduJ8ZZz/orD09SpFng");
+        assert_eq!(
+            file_signature("tok", "/a", "write", "", None),
+            "v1_Q5P1lR77D42gAO/ZDcvuB7/fk7tghA70YKm+MnTldA4"
+        );
+        let mut headers = HeaderMap::new();
+        headers.insert("host", "49983-sb-1.e2b.local:3000".parse().expect("value"));
+        assert_eq!(sandbox_id(&headers), Some("sb-1"));
+        headers.insert("host", "8000-sb-1.e2b.local".parse().expect("value"));
+        assert_eq!(sandbox_id(&headers), None, "another port is not envd");
+        headers.insert("e2b-sandbox-id", "sb-2".parse().expect("value"));
+        assert_eq!(sandbox_id(&headers), Some("sb-2"));
     }
 }

@@ -261,12 +261,12 @@ impl Gateway {
         hex::encode(ring::hmac::sign(&self.inner.key, id.as_bytes()).as_ref())
     }
 
-    /// Whether `token` is sandbox `id`'s envd access token (compared in constant time).
     /// Sandbox `id`'s traffic access token (its private ports need it).
     pub(crate) fn traffic_token(&self, id: &str) -> String {
         self.envd_token(&format!("traffic/{id}"))
     }
 
+    /// Whether `token` is sandbox `id`'s envd access token (compared in constant time).
     pub(crate) fn envd_token_ok(&self, id: &str, token: &str) -> bool {
         hex::decode(token.trim())
             .map(|tag| ring::hmac::verify(&self.inner.key, id.as_bytes(), &tag).is_ok())
