@@ -126,16 +126,25 @@ async fn stat_abs(gw: &Gateway, sb: &Sandbox, path: &str) -> Result<pb::EntryInf
 /// Most symlinks of one answer resolved (one command in the sandbox for all of them); past
 /// it a link is reported as a link.
 const MAX_LINKS_RESOLVED: usize = 1000;
+/// Most bytes of link paths one such command takes.
+const MAX_LINK_ARGUMENT_BYTES: usize = 64 << 10;
 
 /// Turns the symlinks among `entries` into what envd reports for them: the type and mode of
 /// what the link resolves to, `symlink_target` the fully resolved absolute path; a dangling
 /// link has no type (E2B's SDK leaves it out of listings) and its own path as target. The
 /// links are resolved inside the sandbox, as root, by one command.
 async fn follow_links(sb: &Sandbox, entries: &mut [pb::EntryInfo]) -> Result<(), ConnectError> {
+    // The paths go in one command's arguments: at most so many, and so many bytes, so that
+    // a sandbox of long link names cannot make the command too large to run.
+    let mut bytes = 0usize;
     let links: Vec<usize> = entries
         .iter()
         .enumerate()
         .filter(|(_, e)| e.r#type == pb::FileType::Symlink as i32)
+        .take_while(|(_, e)| {
+            bytes += e.path.len() + 1;
+            bytes <= MAX_LINK_ARGUMENT_BYTES
+        })
         .map(|(i, _)| i)
         .take(MAX_LINKS_RESOLVED)
         .collect();
