@@ -12,7 +12,7 @@ use brig_sdk::{AuditKind, ErrorCode};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::api::{parse, rfc3339, unix_ms, visible, ApiError};
+use crate::api::{parse, rfc3339, visible, ApiError};
 use crate::Gateway;
 
 type ApiResult = Result<axum::response::Response, ApiError>;
@@ -241,9 +241,10 @@ pub async fn metrics(
 ) -> ApiResult {
     let (sb, info) = visible(&gw, &headers, &id).await?;
     let cfg = gw.config();
-    let now = unix_ms();
+    // No end means "up to now" as the node sees it: a `now` taken here would already be
+    // behind the node's clock when it decides whether to add a sample of the present.
     let from = q.start.map_or(info.created_unix_ms, |s| s.saturating_mul(1000));
-    let to = q.end.map_or(now, |e| e.saturating_mul(1000).saturating_add(999));
+    let to = q.end.map_or(u64::MAX, |e| e.saturating_mul(1000).saturating_add(999));
     if from > to {
         return Err(ApiError::new(StatusCode::BAD_REQUEST, "start is after end"));
     }
