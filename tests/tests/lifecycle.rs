@@ -497,11 +497,12 @@ async fn a_sandbox_whose_create_was_never_acknowledged_is_destroyed() {
         brig_sdk::Pin::Sha256(hex) => brig_transport::CertPin::from_hex(hex).expect("pin"),
         brig_sdk::Pin::CertFile(_) => unreachable!("a state directory gives a fingerprint"),
     };
-    let create = brig_proto::Request::Sandbox(SandboxOp::Create(brig_proto::CreateRequest {
-        tier: Some(brig_proto::Tier::Container),
-        image: Some(image("busybox")),
-        ..Default::default()
-    }));
+    let create =
+        brig_proto::Request::Sandbox(SandboxOp::Create(Box::new(brig_proto::CreateRequest {
+            tier: Some(brig_proto::Tier::Container),
+            image: Some(image("busybox")),
+            ..Default::default()
+        })));
     let client = daemon.client().await.expect("client");
     // The request must reach brigd and the connection close before the reply leaves: the
     // container takes milliseconds to make, so some wait before the close lands in between.

@@ -279,6 +279,49 @@ impl<'a> RootDir<'a> {
         Ok(entry(display(path), &st))
     }
 
+    /// The whole `lstat` of one entry (a symlink itself), with its target if it is one.
+    pub fn lstat(&self, path: &str) -> Result<(rustix::fs::Stat, Option<String>), FileError> {
+        let trimmed = path.trim_end_matches('/');
+        if trimmed.is_empty() || trimmed == "." {
+            return Ok((rustix::fs::fstat(self.root).map_err(err(path))?, None));
+        }
+        let (parent, name) = self.parent(path)?;
+        let st = rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW).map_err(err(path))?;
+        let target = if FileType::from_raw_mode(st.st_mode) == FileType::Symlink {
+            let link = rustix::fs::readlinkat(&parent, name, Vec::new()).map_err(err(path))?;
+            Some(link.to_string_lossy().into_owned())
+        } else {
+            None
+        };
+        Ok((st, target))
+    }
+
+    /// Sets the mode and the owner (host ids) of a regular file or a directory, resolved in
+    /// the root; anything else is refused before it is opened.
+    pub fn set_attrs(
+        &self,
+        path: &str,
+        mode: Option<u32>,
+        owner: (Option<u32>, Option<u32>),
+    ) -> Result<(), FileError> {
+        let found = self.resolve(path, OFlags::PATH, Mode::empty())?;
+        check_disk_fs(found.as_fd(), path)?;
+        let kind = FileType::from_raw_mode(rustix::fs::fstat(&found).map_err(err(path))?.st_mode);
+        if !matches!(kind, FileType::RegularFile | FileType::Directory) {
+            return Err(FileError::NotRegular(path.to_string()));
+        }
+        let fd = reopen(&found, OFlags::RDONLY | OFlags::NONBLOCK, path)?;
+        if let Some(mode) = mode {
+            rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & 0o7777)).map_err(err(path))?;
+        }
+        if owner.0.is_some() || owner.1.is_some() {
+            let (uid, gid) =
+                (owner.0.map(rustix::fs::Uid::from_raw), owner.1.map(rustix::fs::Gid::from_raw));
+            rustix::fs::fchown(&fd, uid, gid).map_err(err(path))?;
+        }
+        Ok(())
+    }
+
     /// Entries of a directory, sorted by name.
     pub fn list(&self, path: &str) -> Result<Vec<Entry>, FileError> {
         let dir = self.resolve(path, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;

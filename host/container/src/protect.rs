@@ -39,6 +39,59 @@ pub struct Protected {
 pub struct Protections {
     pub paths: Vec<Protected>,
     pub reveal: bool,
+    /// Host directories bound into the root first (volumes), at paths resolved in the root
+    /// as protected ones are.
+    pub binds: Vec<Bind>,
+}
+
+/// A host directory bound into a container (a volume).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bind {
+    pub source: PathBuf,
+    /// Absolute path inside the container (made, as a directory owned by container root,
+    /// if missing).
+    pub target: String,
+    pub read_only: bool,
+}
+
+/// Binds each of `binds` into `merged` (the container's root, not yet started): nosuid,
+/// nodev, and read-only where asked. The mounts are locked in the container's namespace as
+/// protected paths' are.
+pub fn bind(merged: &Path, binds: &[Bind], owner: u32) -> Result<(), RootfsError> {
+    let root =
+        rustix::fs::open(merged, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+            .map_err(err("open", &merged.to_string_lossy()))?;
+    for b in binds {
+        let target = open_or_create(root.as_fd(), &b.target, true, owner)?;
+        let st = rustix::fs::fstat(&target).map_err(err("stat", &b.target))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            let source = std::io::Error::new(
+                std::io::ErrorKind::NotADirectory,
+                "a volume is mounted on a directory",
+            );
+            return Err(RootfsError::Io {
+                what: "mount a volume at",
+                path: b.target.clone().into(),
+                source,
+            });
+        }
+        let mnt = |what: &'static str| {
+            let path = PathBuf::from(&b.target);
+            move |source| RootfsError::Mount { what, path, source }
+        };
+        mount(Some(&b.source), &fd_path(&target), None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .map_err(mnt("bind a volume at"))?;
+        let covered =
+            open_in(root.as_fd(), &b.target, OFlags::PATH).map_err(err("open", &b.target))?;
+        let mut flags =
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+        if b.read_only {
+            flags |= MsFlags::MS_RDONLY;
+        }
+        mount(None::<&str>, &fd_path(&covered), None::<&str>, flags, None::<&str>)
+            .map_err(mnt("set the options of the volume at"))?;
+    }
+    Ok(())
 }
 
 /// Checks a protected path: absolute, no `.` or `..` components, not the root itself.

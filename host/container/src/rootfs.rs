@@ -313,6 +313,9 @@ impl Rootfs {
         mount(None::<&str>, &merged, None::<&str>, MsFlags::MS_PRIVATE, None::<&str>)
             .map_err(mnt("make rootfs private", &merged))?;
         rootfs.write_identity(hostname, owner)?;
+        if !protect.binds.is_empty() {
+            crate::protect::bind(&merged, &protect.binds, owner)?;
+        }
         if !protect.paths.is_empty() {
             let pristine = match layers {
                 [only] => only.clone(),

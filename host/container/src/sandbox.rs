@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use crate::cgroup::CgroupLimits;
 use crate::exec::{Killer, Stdin as EngineStdin};
 use crate::files::FileError;
-use crate::protect::{Protected, Protections};
+use crate::protect::{Bind, Protected, Protections};
 use crate::rootfs::LayerSource;
 use crate::runtime::{Container, ContainerSpec, Runtime, RuntimeError};
 use crate::session::{Session, SessionError};
@@ -70,6 +70,8 @@ pub struct ContainerSandbox {
     layer_digests: Vec<String>,
     /// Protected paths (kept for forks).
     protected: Vec<Protected>,
+    /// Volumes bound into it (kept for forks: a child mounts them too).
+    binds: Vec<Bind>,
 }
 
 /// A container's hostname: derived from its sandbox id, so forks differ from their parent.
@@ -97,6 +99,7 @@ impl ContainerSandbox {
             disk_bytes: spec.disk_bytes,
             layer_digests,
             protected: spec.protect.paths,
+            binds: spec.protect.binds,
         })
     }
 
@@ -134,6 +137,15 @@ impl ContainerSandbox {
                 .iter()
                 .map(|(path, hidden)| Protected { path: path.clone(), hidden: *hidden })
                 .collect(),
+            binds: record
+                .binds
+                .iter()
+                .map(|(source, target, read_only)| Bind {
+                    source: source.clone(),
+                    target: target.clone(),
+                    read_only: *read_only,
+                })
+                .collect(),
         })
     }
 
@@ -152,7 +164,11 @@ impl ContainerSandbox {
             limits: self.limits,
             disk_bytes: self.disk_bytes,
             seed: Some(seed),
-            protect: Protections { paths: self.protected.clone(), reveal },
+            protect: Protections {
+                paths: self.protected.clone(),
+                reveal,
+                binds: self.binds.clone(),
+            },
         };
         Ok(ContainerSandbox::create(
             &self.runtime,
@@ -608,6 +624,11 @@ impl Sandbox for ContainerSandbox {
             cwd: self.defaults.cwd.clone(),
             user: self.defaults.user.clone(),
             command: self.defaults.command.clone(),
+            binds: self
+                .binds
+                .iter()
+                .map(|b| (b.source.clone(), b.target.clone(), b.read_only))
+                .collect(),
         })
     }
 }

@@ -211,7 +211,7 @@ impl ControlPlane {
                 self.quotas.heartbeat(node, now);
                 Ok(Reply::ClusterKey(ClusterKey { public_key: self.signer.public_key() }))
             }
-            Request::Sandbox(SandboxOp::Create(req)) => self.create(caller, req).await,
+            Request::Sandbox(SandboxOp::Create(req)) => self.create(caller, *req).await,
             Request::Tool(ToolOp::Call(call)) => self.call(caller, call).await,
             Request::Control(ControlOp::Route { sandbox }) => {
                 let id: SandboxId = sandbox
@@ -324,7 +324,7 @@ impl ControlPlane {
                 _ => req.limits.cpu_millis.unwrap_or(1000),
             },
         };
-        let result = self.placed(demand, &Request::Sandbox(SandboxOp::Create(req))).await;
+        let result = self.placed(demand, &Request::Sandbox(SandboxOp::Create(Box::new(req)))).await;
         let now = self.now_ms();
         match result {
             Ok((Reply::Sandbox(info), entry)) => {

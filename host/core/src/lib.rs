@@ -19,4 +19,6 @@ pub use command::{check_command, check_sandbox_env, CommandError};
 pub use egress::{Destination, EgressPolicy, EgressRule};
 pub use id::{IdError, NodeId, SandboxId};
 pub use sandbox::{Capabilities, Op, Sandbox, SandboxError};
-pub use spec::{check_labels, IdleAction, LabelError, Labels, QosClass, SandboxSpec, Tier};
+pub use spec::{
+    check_labels, IdleAction, LabelError, Labels, QosClass, SandboxSpec, Tier, VolumeBinding,
+};

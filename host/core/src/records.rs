@@ -29,6 +29,9 @@ pub struct ContainerRecord {
     /// Its image's command (`Entrypoint` + `Cmd`).
     #[serde(default)]
     pub command: Vec<String>,
+    /// Host directories bound into it (volumes): (source, path inside, read-only).
+    #[serde(default)]
+    pub binds: Vec<(PathBuf, String, bool)>,
 }
 
 /// What a restarted node needs to adopt a VM back (the on-disk format of a sandbox record's

@@ -130,6 +130,19 @@ pub struct SandboxSpec {
     /// CPU QoS class.
     #[serde(default)]
     pub qos: QosClass,
+    /// Volumes mounted into it (a volume is not deleted while a sandbox mounts it).
+    #[serde(default)]
+    pub volumes: Vec<VolumeBinding>,
+}
+
+/// A volume a sandbox mounts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeBinding {
+    /// The volume's id.
+    pub volume: String,
+    /// Absolute path in the sandbox.
+    pub path: String,
+    pub read_only: bool,
 }
 
 /// How a sandbox's CPU work is scheduled against others' under overcommit.

@@ -42,6 +42,8 @@ pub struct NodeConfig {
     pub swap: crate::swap::SwapConfig,
     /// Bounds per sandbox, per connection and per node that keep one client from taking all.
     pub limits: crate::limits::LimitsConfig,
+    /// Volumes: named directory trees sandboxes mount.
+    pub volumes: crate::volumes::VolumesConfig,
 }
 
 /// What a stopping daemon does with its containers.
@@ -308,6 +310,7 @@ impl Default for NodeConfig {
             container_host: Default::default(),
             swap: Default::default(),
             limits: Default::default(),
+            volumes: Default::default(),
         }
     }
 }

@@ -274,6 +274,7 @@ impl ContainerTier {
         id: &SandboxId,
         req: &CreateRequest,
         store: Option<&LayerStore>,
+        binds: Vec<brig_container::protect::Bind>,
     ) -> Result<ContainerSandbox, NodeError> {
         let image = req.image.as_deref().ok_or_else(|| {
             NodeError::BadImage(String::new(), "a container needs an image".into())
@@ -302,7 +303,7 @@ impl ContainerTier {
             },
             disk_bytes: pick(l.disk_mib, c.default_disk_mib, c.max_disk_mib) << 20,
             seed: None,
-            protect: Protections { paths: protected, reveal: false },
+            protect: Protections { paths: protected, reveal: false, binds },
         };
         // An environment's own settings (a pulled image's config), the request's variables on
         // top of its variables.

@@ -87,6 +87,8 @@ pub enum NodeError {
     #[error("bad labels")]
     BadLabels(#[from] brig_core::LabelError),
     /// A sandbox's tier refused or failed an operation.
+    #[error(transparent)]
+    Volume(#[from] crate::volumes::VolumeError),
     #[error("{}", sandbox_text(.id, *.tier, .source))]
     Sandbox { id: String, tier: Tier, source: SandboxError },
 }
@@ -191,6 +193,7 @@ impl NodeError {
             }
             NodeError::Net(_) => ErrorCode::Unavailable,
             NodeError::BadCommand(_) | NodeError::BadLabels(_) => ErrorCode::BadRequest,
+            NodeError::Volume(e) => e.code(),
             NodeError::Sandbox { source, .. } => match source {
                 SandboxError::Unsupported { .. } | SandboxError::BadRequest(_) => {
                     ErrorCode::BadRequest

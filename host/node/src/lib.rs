@@ -53,6 +53,8 @@ mod sessions;
 pub mod shrinker_ids;
 pub mod swap;
 pub mod usage_history;
+mod volume_files;
+pub mod volumes;
 
 pub use admission::AdmissionConfig;
 pub use config::{BlobBackendConfig, ContainerConfig, ImagesConfig, NodeConfig, OnExit};
@@ -69,7 +71,7 @@ use brig_core::{IdleAction, SandboxId, Tier};
 use brig_fncall::FncallBackend;
 use brig_proto::{
     AuditKind, ExecOp, FileOp, ImageOp, NodeOp, Reply, Request, SandboxInfo, SandboxOp,
-    SandboxState, SessionOp, ToolOp,
+    SandboxState, SessionOp, ToolOp, VolumeOp,
 };
 use brig_transport::Exchange;
 
@@ -121,6 +123,8 @@ struct Inner {
     /// Registry pulls creates are waiting for, by reference: concurrent creates of one image
     /// the node has not seen share one pull (`images::registry_image`).
     pulls: pulls::PullsInFlight,
+    /// Volumes sandboxes mount (`volumes`).
+    volumes: volumes::Volumes,
 }
 
 impl Node {
@@ -158,6 +162,14 @@ impl Node {
         let audit = Arc::new(AuditLog::open(&state_dir.join("audit"))?);
         let intents = intents::Intents::open(&state_dir.join("ops"))?;
         let file_work = file_work::FileWorkGate::new(&config.limits);
+        let volumes = volumes::Volumes::open(
+            config.volumes.clone(),
+            config.node_id,
+            state_dir,
+            &run_dir,
+            config.container.id_base,
+            config.limits.file_ops_per_sandbox,
+        )?;
         let node = Node {
             inner: Arc::new(Inner {
                 config,
@@ -180,6 +192,7 @@ impl Node {
                 pulls: Default::default(),
                 intents,
                 zram,
+                volumes,
             }),
         };
         node.restore().await;
@@ -239,6 +252,7 @@ impl Node {
             }
         }
         self.close_network();
+        self.unmount_volumes();
         // With no container left to read lazily served layers, their mount and the run
         // directory go too (a restart would detach the mount anyway).
         let kept = self
@@ -333,6 +347,10 @@ impl Node {
             Request::Sandbox(SandboxOp::Audit(req)) => self.audit_stream(req, &mut exchange).await,
             Request::File(FileOp::Write(req)) => files::write(self, req, &mut exchange).await,
             Request::File(FileOp::Read(req)) => files::read(self, req, &mut exchange).await,
+            Request::Volume(VolumeOp::Write(req)) => self.volume_write(req, &mut exchange).await,
+            Request::Volume(VolumeOp::Read { volume, path, offset, len }) => {
+                self.volume_read(&volume, path, offset, len, &mut exchange).await
+            }
             Request::Tool(ToolOp::Add { name }) => self.tool_add(&name, &mut exchange).await,
             Request::Exec(ExecOp::Start(req)) => {
                 use tracing::Instrument;
@@ -368,7 +386,7 @@ impl Node {
                 let image = req.image.as_deref().unwrap_or_default();
                 let reference = image.strip_prefix(pulls::REGISTRY_PREFIX).map(str::to_string);
                 let watch = || reference.as_deref().and_then(|r| self.inner.pulls.watch(r));
-                let created = pulls::reporting_progress(&mut exchange, watch, self.create(req));
+                let created = pulls::reporting_progress(&mut exchange, watch, self.create(*req));
                 created.await.map(|info| Some(Reply::Sandbox(info)))
             }
             Request::Image(ImageOp::Import(req)) => match self.store() {
@@ -525,6 +543,15 @@ fn info(node: &Node, entry: &SandboxEntry) -> SandboxInfo {
         egress: spec.egress.map(|rules| rules.iter().map(|r| r.to_string()).collect()),
         qos: convert::qos_to_wire(spec.qos),
         placement: entry.sandbox.placement(),
+        volumes: spec
+            .volumes
+            .iter()
+            .map(|v| brig_proto::VolumeMount {
+                volume: v.volume.clone(),
+                path: v.path.clone(),
+                read_only: v.read_only,
+            })
+            .collect(),
     }
 }
 

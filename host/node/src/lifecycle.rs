@@ -84,8 +84,13 @@ impl Node {
         };
         self.admit(tier, memory, cpu)?;
         let qos = req.qos.map(convert::qos_from_wire).unwrap_or_default();
+        let project = labels.iter().find(|(k, _)| k == crate::scope::PROJECT_LABEL);
+        let project = project.map(|(_, p)| p.as_str());
+        let (_volumes_held, volumes, binds) =
+            self.volumes_for_create(&id, tier, placement, &req, project).await?;
         // A full VM's link is made with it (its VMM attaches to the tap at start).
-        let (sandbox, vm_slot) = self.create_sandbox(&id, tier, placement, &req, &egress).await?;
+        let (sandbox, vm_slot) =
+            self.create_sandbox(&id, tier, placement, &req, &egress, binds).await?;
         let made = started.elapsed();
         let spec = SandboxSpec {
             tier,
@@ -98,6 +103,7 @@ impl Node {
             egress: egress.as_ref().map(|(rules, _)| rules.clone()),
             net_slot: vm_slot,
             qos,
+            volumes,
         };
         set_best_effort(&id, sandbox.as_ref(), qos);
         self.audit_lifecycle(&id.to_string(), "created", spec.image.clone().unwrap_or_default());
@@ -577,6 +583,7 @@ impl Node {
         placement: Option<brig_proto::Placement>,
         req: &CreateRequest,
         egress: &Option<(Vec<brig_core::EgressRule>, brig_core::EgressPolicy)>,
+        binds: Vec<brig_container::protect::Bind>,
     ) -> Result<(Arc<dyn Sandbox>, Option<u32>), NodeError> {
         let sandbox: Arc<dyn Sandbox> = match tier {
             Tier::Fncall => {
@@ -609,7 +616,7 @@ impl Node {
                     }
                     None => req,
                 };
-                Arc::new(self.container_tier()?.create(id, req, store).await?)
+                Arc::new(self.container_tier()?.create(id, req, store, binds).await?)
             }
             Tier::Microvm => {
                 let vm = self.create_microvm(id, req.image.as_deref()).await?;

@@ -54,13 +54,14 @@ impl Node {
                 })?)
             }
             Request::Control(op) => return Err(NodeError::ControlOnly(op.kind())),
+            Request::Volume(op) => self.handle_volume(op).await?,
         };
         Ok(Some(reply))
     }
 
     async fn handle_sandbox(&self, op: SandboxOp) -> Result<Reply, NodeError> {
         Ok(match op {
-            SandboxOp::Create(req) => Reply::Sandbox(self.create(req).await?),
+            SandboxOp::Create(req) => Reply::Sandbox(self.create(*req).await?),
             SandboxOp::Status { sandbox } => {
                 let entry = self.inner.sandboxes.get(&sandbox)?;
                 let mut info = info(self, &entry);

@@ -157,6 +157,7 @@ fn add(node: &Node, caps: Capabilities, lost: Option<String>) -> (String, Arc<Se
         egress: None,
         net_slot: None,
         qos: QosClass::default(),
+        volumes: Vec::new(),
     };
     node.inner.sandboxes.insert(SandboxEntry::new(id, spec, now_unix_ms(), sandbox));
     (id.to_string(), seen)

@@ -5,7 +5,7 @@
 //! A sandbox's project is its `brig.project` label, set at create from the request the control
 //! plane forwards and inherited by forks; clients cannot set or change it.
 
-use brig_proto::{ImageOp, NodeOp, Request, SandboxOp, Target, ToolOp};
+use brig_proto::{ImageOp, NodeOp, Request, SandboxOp, Target, ToolOp, VolumeOp};
 
 use crate::{Node, NodeError};
 
@@ -72,6 +72,15 @@ impl Node {
             }
         }
         match &mut request {
+            R::Volume(VolumeOp::Create(req)) => req.project = Some(project.clone()),
+            R::Volume(VolumeOp::List { project: listed }) => *listed = Some(project.clone()),
+            // A name is the project's volume of that name; an id must be the project's.
+            R::Volume(op) => {
+                if let Some(volume) = op.volume_mut() {
+                    let found = self.inner.volumes.find(volume, Some(project))?;
+                    *volume = found.record.id.clone();
+                }
+            }
             R::Sandbox(SandboxOp::Create(_)) => {
                 return Err(NodeError::Forbidden(
                     "create sandboxes through the control plane, which places them".into(),

@@ -368,7 +368,10 @@ impl Client {
 
     /// Creates a sandbox.
     pub async fn create(&self, options: SandboxOptions) -> Result<Sandbox, Error> {
-        match self.request(&Request::Sandbox(SandboxOp::Create(options.into_request()))).await? {
+        match self
+            .request(&Request::Sandbox(SandboxOp::Create(Box::new(options.into_request()))))
+            .await?
+        {
             Reply::Sandbox(info) => Ok(Sandbox::new(self.clone(), info.id)),
             Reply::Placed { sandbox, route } => {
                 if let Some(cluster) = &self.inner.cluster {
@@ -393,7 +396,8 @@ impl Client {
         }
         let mut request = options.into_request();
         request.pull_progress = true;
-        let mut exchange = self.open(&Request::Sandbox(SandboxOp::Create(request))).await?;
+        let mut exchange =
+            self.open(&Request::Sandbox(SandboxOp::Create(Box::new(request)))).await?;
         exchange.finish_upload()?;
         loop {
             match exchange.reply().await? {

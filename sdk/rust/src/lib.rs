@@ -35,6 +35,7 @@ mod lifecycle;
 mod ports;
 mod sandbox;
 mod security;
+mod volumes;
 
 pub use build::BuildOptions;
 pub use client::{read_token, Client, ConnectOptions, Pin, FAILOVER_AFTER};
@@ -45,6 +46,7 @@ pub use images::{GcSummary, ImageSource};
 pub use lifecycle::Lifetimes;
 pub use sandbox::{Sandbox, SandboxOptions};
 pub use security::AuditStream;
+pub use volumes::Volume;
 
 /// How tokens are written: `e2b_<hex>` (an E2B API key) and `<hex>` are one token.
 pub use brig_proto::hello::{e2b_key, token_secret};
@@ -56,5 +58,5 @@ pub use brig_proto::{
     NodeStatus, NodeSummary, Placement, ProjectInfo, ProjectLimits, PullLayerProgress,
     PullLayerState, PullProgress, PulledImage, PulledLayer, QosClass, SandboxInfo, SandboxLimits,
     SandboxState, SandboxUsage, SessionOpenRequest, StrayObject, Tier, ToolInfo, ToolWorld,
-    UsageSample,
+    UsageSample, VolumeAttrs, VolumeEntry, VolumeInfo, VolumeMount,
 };

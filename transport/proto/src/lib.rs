@@ -28,6 +28,7 @@ mod types_exec;
 mod types_files;
 mod types_images;
 mod types_sandbox;
+mod types_volumes;
 
 pub use error::{ErrorCode, WireError};
 pub use frame::{decode, encode, FrameError, MAX_FRAME_BYTES};
@@ -40,9 +41,10 @@ pub use types_exec::*;
 pub use types_files::*;
 pub use types_images::*;
 pub use types_sandbox::*;
+pub use types_volumes::*;
 
 /// The protocol version this build speaks. Bump on any change to message encodings.
-pub const PROTOCOL_VERSION: u16 = 7;
+pub const PROTOCOL_VERSION: u16 = 8;
 
 /// TLS application protocol name (ALPN). Versioning happens in the hello, not here.
 pub const ALPN: &[u8] = b"brig";

@@ -25,12 +25,14 @@ pub enum Request {
     Node(NodeOp),
     /// For the control plane (node heartbeats, routing, projects).
     Control(ControlOp),
+    /// Volumes and their files.
+    Volume(VolumeOp),
 }
 
 /// Requests about sandboxes as a whole.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub enum SandboxOp {
-    Create(CreateRequest),
+    Create(Box<CreateRequest>),
     Status {
         sandbox: String,
     },
@@ -299,6 +301,7 @@ impl Request {
             Request::Node(NodeOp::Doctor { .. }) => "node_doctor",
             Request::Node(NodeOp::Whoami) => "whoami",
             Request::Control(op) => op.kind(),
+            Request::Volume(op) => op.kind(),
         }
     }
 
@@ -312,14 +315,20 @@ impl Request {
             Request::Tool(ToolOp::CallIn { sandbox, .. }) => Some(sandbox),
             Request::Image(ImageOp::Checkpoint(r)) => Some(&r.sandbox),
             Request::Control(ControlOp::Route { sandbox }) => Some(sandbox),
-            Request::Tool(_) | Request::Image(_) | Request::Node(_) | Request::Control(_) => None,
+            Request::Tool(_)
+            | Request::Image(_)
+            | Request::Node(_)
+            | Request::Control(_)
+            | Request::Volume(_) => None,
         }
     }
 
     /// Whether raw bytes follow the request frame on the stream.
     pub fn has_upload(&self) -> bool {
         match self {
-            Request::File(FileOp::Write(_)) | Request::Tool(ToolOp::Add { .. }) => true,
+            Request::File(FileOp::Write(_))
+            | Request::Tool(ToolOp::Add { .. })
+            | Request::Volume(VolumeOp::Write(_)) => true,
             Request::Exec(ExecOp::Start(e)) => e.stdin == StdinMode::Stream,
             Request::Image(ImageOp::Import(i)) => i.node_path.is_none(),
             Request::Image(ImageOp::Build(b)) => b.context,
@@ -577,6 +586,10 @@ pub enum Reply {
     Caller(CallerInfo),
     /// A sandbox's use over a time range, oldest first.
     UsageHistory(Vec<UsageSample>),
+    Volume(VolumeInfo),
+    Volumes(Vec<VolumeInfo>),
+    /// Entries of a volume (one for a write, a stat, a mkdir or a change of attributes).
+    VolumeEntries(Vec<VolumeEntry>),
 }
 
 #[cfg(test)]
@@ -644,6 +657,13 @@ mod tests {
             ),
             (Request::Control(ControlOp::Route { sandbox: s() }), "route", Some("sb-1"), false),
             (Request::Control(ControlOp::ProjectList), "project_list", None, false),
+            (
+                Request::Volume(VolumeOp::Write(VolumeWriteRequest::default())),
+                "volume_write",
+                None,
+                true,
+            ),
+            (Request::Volume(VolumeOp::List { project: None }), "volume_list", None, false),
         ];
         for (request, kind, sandbox, upload) in cases {
             assert_eq!(request.kind(), kind);

@@ -45,6 +45,8 @@ pub struct CreateRequest {
     /// When the create pulls its image (`oci:REF` the node lacks), send
     /// [`crate::PullProgress`] replies while it does, before the `Sandbox` one.
     pub pull_progress: bool,
+    /// Volumes mounted into the sandbox (container tier on the node's kernel).
+    pub volumes: Vec<crate::VolumeMount>,
 }
 
 /// Which kernel a container runs on.
@@ -144,6 +146,8 @@ pub struct SandboxInfo {
     pub qos: QosClass,
     /// Where a container runs: `host-kernel`, or `vm:<name>` for a container-host VM.
     pub placement: Option<String>,
+    /// The volumes it mounts (by id, as mounted).
+    pub volumes: Vec<crate::VolumeMount>,
 }
 
 /// What a sandbox has used.
