@@ -50,6 +50,7 @@ fn the_e2b_python_sdk_runs_unchanged_against_brigd() {
         .arg(repo_root().join("tests/e2b"))
         .env("E2B_API_URL", &url)
         .env("E2B_SANDBOX_URL", &url)
+        .env("E2B_VOLUME_API_URL", &url)
         .env("E2B_API_KEY", daemon.access_token().expect("token"))
         .env("BRIG_TEST_WEB", format!("{}:{}", mirror.addr, mirror.port))
         .env("BRIG_TEST_IMAGE_REF", &reference)

@@ -182,6 +182,15 @@ struct NewSandbox {
     /// Accepted and ignored: every sandbox gets an envd access token.
     #[allow(dead_code)]
     secure: Option<bool>,
+    volume_mounts: Option<Vec<VolumeMountReq>>,
+}
+
+/// A volume mounted at create, by name (`volumeMounts`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct VolumeMountReq {
+    name: String,
+    path: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -328,6 +337,9 @@ async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> A
     }
     for (k, v) in req.env_vars.iter().flatten() {
         options = options.env(k, v);
+    }
+    for m in req.volume_mounts.iter().flatten() {
+        options = options.volume(&m.name, &m.path, false);
     }
     if let Some(rules) =
         crate::api_more::egress_rules(req.network.as_ref(), req.allow_internet_access)?
@@ -492,7 +504,9 @@ async fn get_one(
     let (_, info) = visible(&gw, &headers, &id).await?;
     let mut detail = listed(&gw, &info);
     let auto_pause = label(&info, AUTOPAUSE_LABEL).is_some();
+    let mounts = crate::volumes::mounts_json(&gw, &headers, &info).await;
     if let Some(obj) = detail.as_object_mut() {
+        obj.insert("volumeMounts".into(), mounts);
         obj.insert("envdAccessToken".into(), gw.envd_token(&id).into());
         obj.insert("domain".into(), Value::Null);
         obj.insert("allowInternetAccess".into(), info.egress.is_some().into());

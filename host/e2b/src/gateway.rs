@@ -203,6 +203,7 @@ impl Gateway {
         Router::new()
             .route("/health", get(crate::envd::health))
             .merge(crate::api::routes())
+            .merge(crate::volumes::routes())
             .merge(envd)
             // A sandbox's own ports first: those requests never reach the routes above.
             .layer(axum::middleware::from_fn_with_state(self.clone(), crate::ports::route))

@@ -36,6 +36,7 @@ pub mod process;
 mod serve;
 mod template_builds;
 mod templates;
+mod volumes;
 pub mod watch;
 
 use std::collections::BTreeMap;

@@ -265,15 +265,32 @@ impl Volumes {
             quota_bytes: mib << 20,
             created_unix_ms: crate::sandboxes::now_unix_ms(),
         };
-        let (dir, owner, made) = (self.dir.clone(), self.owner, record.clone());
-        tokio::task::spawn_blocking(move || make_volume(&dir, &made, owner)).await.map_err(
-            |e| VolumeError::Io {
-                what: "make",
-                path: PathBuf::from(&record.id),
-                source: std::io::Error::other(e.to_string()),
-            },
-        )??;
+        let id = record.id.clone();
         let volume = Arc::new(Volume::new(record, self.file_ops_per_volume));
+        let (dir, owner, made, run) =
+            (self.dir.clone(), self.owner, volume.clone(), self.run.clone());
+        tokio::task::spawn_blocking(move || {
+            make_volume(&dir, &made.record, owner)?;
+            // Any user of a sandbox may write at its top, as in E2B's volumes.
+            let opened = mount(&dir, &run, &made).and_then(|point| {
+                let mode = std::os::unix::fs::PermissionsExt::from_mode(0o777);
+                std::fs::set_permissions(&point, mode).map_err(io("open up", &point))
+            });
+            if opened.is_err() {
+                let point = run.join(&made.record.id);
+                let _ = nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH);
+                let _ = std::fs::remove_dir(&point);
+                let _ = std::fs::remove_file(dir.join(format!("{}.json", made.record.id)));
+                let _ = std::fs::remove_file(dir.join(image_name(&made.record.id)));
+            }
+            opened
+        })
+        .await
+        .map_err(|e| VolumeError::Io {
+            what: "make",
+            path: PathBuf::from(&id),
+            source: std::io::Error::other(e.to_string()),
+        })??;
         self.table.lock().insert(volume.record.id.clone(), volume.clone());
         tracing::info!(volume = %volume.record.id, name, quota_mib = mib, "volume made");
         Ok(volume)
@@ -396,36 +413,7 @@ impl Volumes {
     /// The volume's mount on the node, mounted now if it is not (blocking: call off the
     /// async workers).
     pub(crate) fn mounted(&self, volume: &Volume) -> Result<PathBuf, VolumeError> {
-        let point = self.run.join(&volume.record.id);
-        let _mounting = volume.mounting.lock();
-        if is_mounted(&point) {
-            return Ok(point);
-        }
-        std::fs::create_dir_all(&point).map_err(io("create", &point))?;
-        let image = self.dir.join(image_name(&volume.record.id));
-        let args: [&std::ffi::OsStr; 6] = [
-            "-t".as_ref(),
-            "ext4".as_ref(),
-            "-o".as_ref(),
-            "loop,nodev,nosuid,relatime".as_ref(),
-            image.as_os_str(),
-            point.as_os_str(),
-        ];
-        run("mount", &args, &image)?;
-        // Kept out of other mount namespaces' copies of the host's table.
-        let private = nix::mount::mount(
-            None::<&str>,
-            &point,
-            None::<&str>,
-            nix::mount::MsFlags::MS_PRIVATE,
-            None::<&str>,
-        );
-        if let Err(e) = private {
-            let _ = nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH);
-            return Err(VolumeError::Io { what: "make private", path: point, source: e.into() });
-        }
-        tracing::debug!(volume = %volume.record.id, "volume mounted");
-        Ok(point)
+        mount(&self.dir, &self.run, volume)
     }
 
     /// Bytes the volume holds (its file system's use; 0 before it was first mounted).
@@ -487,6 +475,40 @@ impl Volume {
             file_ops: Arc::new(tokio::sync::Semaphore::new(file_ops)),
         }
     }
+}
+
+/// Volume `volume`'s mount under `run`, mounted from its image in `dir` if it is not.
+fn mount(dir: &Path, run_dir: &Path, volume: &Volume) -> Result<PathBuf, VolumeError> {
+    let point = run_dir.join(&volume.record.id);
+    let _mounting = volume.mounting.lock();
+    if is_mounted(&point) {
+        return Ok(point);
+    }
+    std::fs::create_dir_all(&point).map_err(io("create", &point))?;
+    let image = dir.join(image_name(&volume.record.id));
+    let args: [&std::ffi::OsStr; 6] = [
+        "-t".as_ref(),
+        "ext4".as_ref(),
+        "-o".as_ref(),
+        "loop,nodev,nosuid,relatime".as_ref(),
+        image.as_os_str(),
+        point.as_os_str(),
+    ];
+    run("mount", &args, &image)?;
+    // Kept out of other mount namespaces' copies of the host's table.
+    let private = nix::mount::mount(
+        None::<&str>,
+        &point,
+        None::<&str>,
+        nix::mount::MsFlags::MS_PRIVATE,
+        None::<&str>,
+    );
+    if let Err(e) = private {
+        let _ = nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH);
+        return Err(VolumeError::Io { what: "make private", path: point, source: e.into() });
+    }
+    tracing::debug!(volume = %volume.record.id, "volume mounted");
+    Ok(point)
 }
 
 fn image_name(id: &str) -> String {
