@@ -140,3 +140,49 @@ async fn a_volume_is_shared_by_sandboxes_held_to_its_quota_and_outlives_them() {
     daemon.stop().expect("stop");
     assert!(volume_mounts(&daemon).is_empty(), "{:?}", volume_mounts(&daemon));
 }
+
+fn brig(daemon: &Daemon, args: &[&str]) -> String {
+    let out = std::process::Command::new(brig_tests::binary("brig"))
+        .arg("--state-dir")
+        .arg(daemon.state_dir())
+        .args(args)
+        .output()
+        .expect("brig");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "brig {args:?}: {stderr}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_makes_fills_mounts_and_deletes_a_volume() {
+    let daemon = Daemon::start().expect("brigd");
+    let id = brig(&daemon, &["volume", "create", "cli-vol", "--quota-mib", "64"]);
+    assert!(id.trim().starts_with("vol-"), "{id}");
+    let local = tempfile::NamedTempFile::new().expect("temp");
+    std::fs::write(local.path(), b"from the cli\n").expect("write");
+    let path = local.path().to_str().expect("utf-8");
+    brig(&daemon, &["volume", "put", "cli-vol", path, "/docs/a.txt", "--mode", "600"]);
+    assert_eq!(brig(&daemon, &["volume", "get", "cli-vol", "/docs/a.txt"]), "from the cli\n\n");
+    let files = brig(&daemon, &["volume", "files", "cli-vol", "/", "--depth", "2"]);
+    assert!(files.contains("600\t0:0\t13\t/docs/a.txt"), "{files}");
+    let sandbox = brig(
+        &daemon,
+        &[
+            "create",
+            "--tier",
+            "container",
+            "--image",
+            &image("busybox"),
+            "--volume",
+            "cli-vol:/v:ro",
+        ],
+    );
+    let client = daemon.client().await.expect("connect");
+    let sb = client.sandbox(sandbox.trim());
+    assert_eq!(shell(&sb, "cat /v/docs/a.txt").await.stdout_text(), "from the cli\n");
+    let listed = brig(&daemon, &["volume", "ls"]);
+    assert!(listed.contains("cli-vol") && listed.contains("1 mounted"), "{listed}");
+    sb.destroy().await.expect("destroy");
+    brig(&daemon, &["volume", "rm", "cli-vol"]);
+    assert!(!brig(&daemon, &["volume", "ls"]).contains("cli-vol"));
+}

@@ -299,6 +299,14 @@ impl ControlPlane {
     }
 
     async fn create(&self, caller: &Caller, mut req: CreateRequest) -> Result<Reply, WireError> {
+        if !req.volumes.is_empty() {
+            // A volume lives on one node; placing by it is not built yet.
+            return Err(err(
+                ErrorCode::BadRequest,
+                "volumes are not placed across a cluster yet: mount them through a single \
+                 node's daemon (all-in-one), where they are made",
+            ));
+        }
         let project = caller.project().map(str::to_string).or(req.project.clone());
         req.project = project.clone();
         // The control plane relays one reply: a create through it tells of no pull.

@@ -273,6 +273,8 @@ impl Volumes {
             make_volume(&dir, &made.record, owner)?;
             // Any user of a sandbox may write at its top, as in E2B's volumes.
             let opened = mount(&dir, &run, &made).and_then(|point| {
+                // A volume starts empty: mkfs's lost+found is not the user's.
+                let _ = std::fs::remove_dir(point.join("lost+found"));
                 let mode = std::os::unix::fs::PermissionsExt::from_mode(0o777);
                 std::fs::set_permissions(&point, mode).map_err(io("open up", &point))
             });

@@ -9,6 +9,7 @@ mod output;
 mod pull_progress;
 mod security;
 mod shell;
+mod volumes;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -113,6 +114,9 @@ enum Command {
         /// default: the node's policy.
         #[arg(long, value_parser = output::parse_placement)]
         placement: Option<brig_sdk::Placement>,
+        /// Mount a volume: NAME:PATH, or NAME:PATH:ro read-only (repeatable).
+        #[arg(long = "volume", value_parser = volumes::parse_mount)]
+        volumes: Vec<(String, String, bool)>,
     },
     /// List sandboxes, optionally only those with all the given labels.
     Ls {
@@ -152,6 +156,9 @@ enum Command {
     /// Manage versioned layers in the node's layer store.
     #[command(subcommand)]
     Image(images::ImageCommand),
+    /// Manage volumes (named directory trees sandboxes mount) and their files.
+    #[command(subcommand)]
+    Volume(volumes::VolumeCommand),
     /// Manage environments (ordered layer lists; create with --image env:NAME).
     #[command(subcommand)]
     Env(images::EnvCommand),
@@ -435,9 +442,13 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             hidden,
             qos,
             placement,
+            volumes,
         } => {
             let tier: Tier = output::parse_tier(&tier)?;
             let mut options = SandboxOptions::tier(tier);
+            for (name, path, read_only) in &volumes {
+                options = options.volume(name, path, *read_only);
+            }
             for (value, set) in [
                 (
                     memory_mib,
@@ -540,6 +551,13 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Cluster(cmd) => cluster::run(&client, cmd, json).await,
         Command::Tool(cmd) => tool(&client, cmd, json).await,
         Command::Image(cmd) => images::image(&client, cmd, json).await,
+        Command::Volume(cmd) => {
+            let text = volumes::run(&client, cmd, json).await?;
+            if !text.is_empty() {
+                println!("{text}");
+            }
+            Ok(0)
+        }
         Command::Env(cmd) => images::env(&client, cmd, json).await,
         Command::Checkpoint { id, name, version, scrub } => {
             let refs: Vec<&str> = scrub.iter().map(String::as_str).collect();

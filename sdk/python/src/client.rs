@@ -421,6 +421,75 @@ impl PyClient {
         future_into_py(py, async move { Json::of(&client.envs().await.map_err(to_py)?) })
     }
 
+    /// Makes a volume (a named directory tree sandboxes mount with `volumes={path: name}`).
+    #[pyo3(signature = (name, *, quota_mib=None))]
+    fn create_volume<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        quota_mib: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move {
+            Json::of(&client.create_volume(&name, quota_mib).await.map_err(to_py)?)
+        })
+    }
+
+    /// The volumes this token sees.
+    fn volumes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move { Json::of(&client.volumes().await.map_err(to_py)?) })
+    }
+
+    /// Deletes a volume (refused while a sandbox mounts it).
+    fn delete_volume<'py>(&self, py: Python<'py>, volume: String) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.inner.clone();
+        future_into_py(py, async move { client.delete_volume(&volume).await.map_err(to_py) })
+    }
+
+    /// Writes `data` (bytes or str) to `path` in a volume; returns its entry.
+    fn volume_write<'py>(
+        &self,
+        py: Python<'py>,
+        volume: String,
+        path: String,
+        data: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let bytes: Vec<u8> = match data.cast::<pyo3::types::PyString>() {
+            Ok(s) => s.to_str()?.as_bytes().to_vec(),
+            Err(_) => data.extract()?,
+        };
+        let vol = self.inner.volume(&volume);
+        future_into_py(
+            py,
+            async move { Json::of(&vol.write_file(&path, &bytes).await.map_err(to_py)?) },
+        )
+    }
+
+    /// A volume's file, as bytes.
+    fn volume_read<'py>(
+        &self,
+        py: Python<'py>,
+        volume: String,
+        path: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let vol = self.inner.volume(&volume);
+        future_into_py(py, async move { vol.read_file(&path).await.map_err(to_py) })
+    }
+
+    /// A volume's directory, `depth` levels down.
+    #[pyo3(signature = (volume, path="/".to_string(), *, depth=1))]
+    fn volume_list<'py>(
+        &self,
+        py: Python<'py>,
+        volume: String,
+        path: String,
+        depth: u32,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let vol = self.inner.volume(&volume);
+        future_into_py(py, async move { Json::of(&vol.list(&path, depth).await.map_err(to_py)?) })
+    }
+
     /// The node's status (tiers, capacity, use).
     fn node_status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let client = self.inner.clone();

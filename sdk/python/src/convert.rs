@@ -160,6 +160,18 @@ pub(crate) fn options(
                 }
                 options
             }
+            // {path: volume} or {path: (volume, read_only)}.
+            "volumes" => {
+                for (path, v) in value.cast::<PyDict>()?.iter() {
+                    let path: String = path.extract()?;
+                    let (volume, read_only) = match v.extract::<(String, bool)>() {
+                        Ok(pair) => pair,
+                        Err(_) => (v.extract::<String>()?, false),
+                    };
+                    options = options.volume(&volume, &path, read_only);
+                }
+                options
+            }
             other => {
                 return Err(PyTypeError::new_err(format!(
                     "create() got an unexpected keyword {other:?}"

@@ -213,3 +213,22 @@ async def test_build_image_from_a_dockerfile(client, tmp_path):
     with pytest.raises(brig.BadRequest) as failed:
         await client.build_image("py/fails", f"FROM {base}\nRUN echo oops; exit 4\n")
     assert "exit code 4" in str(failed.value) and "oops" in str(failed.value)
+
+
+async def test_a_volume_is_written_mounted_read_only_and_deleted(client):
+    made = await client.create_volume("py-vol", quota_mib=32)
+    assert made["name"] == "py-vol" and made["quota_bytes"] == 32 << 20
+    entry = await client.volume_write("py-vol", "/notes/a.txt", "from python\n")
+    assert entry["size"] == 12 and entry["path"] == "/notes/a.txt"
+    sb = await client.create(image="busybox", volumes={"/v": ("py-vol", True)})
+    try:
+        r = await sb.exec(["sh", "-c", "cat /v/notes/a.txt; echo x > /v/b.txt"])
+        assert r.stdout == b"from python\n" and r.exit_code != 0, r
+        assert [e["path"] for e in await client.volume_list("py-vol", "/", depth=2)] == ["/notes", "/notes/a.txt"]
+        with pytest.raises(brig.Conflict):
+            await client.delete_volume("py-vol")
+    finally:
+        await sb.destroy()
+    assert await client.volume_read("py-vol", "/notes/a.txt") == b"from python\n"
+    await client.delete_volume("py-vol")
+    assert "py-vol" not in {v["name"] for v in await client.volumes()}
