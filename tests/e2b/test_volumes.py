@@ -38,6 +38,13 @@ async def test_a_volume_is_written_without_a_sandbox_and_shared_by_two():
             await vol.read_file("/data/missing.txt")
         with pytest.raises(NotFoundException):
             await vol.write_file("/no/parent/file.txt", "x")
+        # As E2B's volume service: an existing file is overwritten only with force; force
+        # also makes the parents.
+        with pytest.raises(Exception) as exists:
+            await vol.write_file("/data/in/seed.txt", "again\n")
+        assert "409" in str(exists.value)
+        await vol.write_file("/data/in/seed.txt", "seeded\n", force=True, uid=1000, gid=1000)
+        assert (await vol.write_file("/made/by/force.txt", "f", force=True)).size == 1
 
         # Mounted by name into two sandboxes at once.
         a = await AsyncSandbox.create(timeout=300, volume_mounts={"/mnt/shared": vol})

@@ -118,6 +118,15 @@ pub fn routes() -> Router<Gateway> {
         .route("/sandboxes/{id}/metrics", get(crate::api_more::metrics))
         .route("/sandboxes/{id}/logs", get(crate::api_more::logs))
         .route("/v2/sandboxes/{id}/logs", get(crate::api_more::logs))
+        .route("/events/sandboxes", get(crate::events::all))
+        .route("/events/sandboxes/{id}", get(crate::events::of_sandbox))
+        .route("/events/webhooks", get(crate::webhooks::list).post(crate::webhooks::create))
+        .route(
+            "/events/webhooks/{id}",
+            get(crate::webhooks::get_one)
+                .patch(crate::webhooks::update)
+                .delete(crate::webhooks::delete),
+        )
 }
 
 /// The caller's Brig client, from `X-API-Key`.

@@ -106,6 +106,8 @@ pub(crate) struct Inner {
     pub(crate) code_interpreter_build: tokio::sync::Mutex<()>,
     /// The port routes' pooled connections to sandbox ports, made on first use.
     pub(crate) port_client: tokio::sync::OnceCell<crate::ports::PortClient>,
+    /// Lifecycle webhooks and their deliveries' counts (`crate::webhooks`).
+    pub(crate) webhooks: crate::webhooks::Webhooks,
 }
 
 impl Gateway {
@@ -142,6 +144,7 @@ impl Gateway {
                 port_load: Default::default(),
                 code_interpreter_build: tokio::sync::Mutex::new(()),
                 port_client: tokio::sync::OnceCell::new(),
+                webhooks: crate::webhooks::Webhooks::open(state_dir),
             }),
         })
     }
@@ -181,6 +184,9 @@ impl Gateway {
             }
         }
         self.spawn_lifetime_keeper();
+        if bound.0.is_some() {
+            crate::webhooks::spawn_dispatcher(self.clone());
+        }
         Ok(bound)
     }
 

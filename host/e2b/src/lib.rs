@@ -23,6 +23,7 @@ mod budget;
 mod code_interpreter;
 pub mod connect;
 pub mod envd;
+mod events;
 mod facts;
 pub mod files;
 pub mod filesystem;
@@ -38,6 +39,7 @@ mod template_builds;
 mod templates;
 mod volumes;
 pub mod watch;
+pub mod webhooks;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

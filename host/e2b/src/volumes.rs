@@ -268,12 +268,16 @@ async fn write_file(
     let vol = content(&gw, &headers, &id).await?;
     let path = q.path()?.to_string();
     if !q.force.unwrap_or(false) {
-        // Without `force` the parent must exist, as for a file made in a sandbox.
+        // Without `force` (as E2B's volume service): the parent must exist and the file not.
         let parent = match path.trim_end_matches('/').rfind('/') {
             Some(0) | None => "/".to_string(),
             Some(i) => path[..i].to_string(),
         };
         vol.stat(&parent).await.map_err(|e| not_found(e, "parent"))?;
+        if vol.stat(&path).await.is_ok() {
+            let why = format!("{path} exists (write with force to overwrite it)");
+            return Err(ApiError::new(StatusCode::CONFLICT, why));
+        }
     }
     let (reader, mut writer) = tokio::io::duplex(PIPE_BYTES);
     let pump = tokio::spawn(async move {

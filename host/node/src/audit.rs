@@ -343,10 +343,25 @@ impl Node {
         }
     }
 
+    /// Records a lifecycle event in the sandbox's trail and in the node's journal (with the
+    /// sandbox's labels while it is in the table).
     pub(crate) fn audit_lifecycle(&self, id: &str, event: &str, detail: impl Into<String>) {
-        self.inner
-            .audit
-            .record(id, AuditKind::Lifecycle { event: event.into(), detail: detail.into() });
+        let now = self.inner.sandboxes.get(id).ok().map(|e| (e.spec().labels, e.created_unix_ms));
+        self.audit_lifecycle_of(id, event, detail, now);
+    }
+
+    /// As [`Node::audit_lifecycle`], for a sandbox not (yet) in the table: with its labels
+    /// and creation time.
+    pub(crate) fn audit_lifecycle_of(
+        &self,
+        id: &str,
+        event: &str,
+        detail: impl Into<String>,
+        now: Option<(Vec<(String, String)>, u64)>,
+    ) {
+        let detail: String = detail.into();
+        self.inner.journal.record(id, event, detail.clone(), now);
+        self.inner.audit.record(id, AuditKind::Lifecycle { event: event.into(), detail });
         self.inner.metrics.audit_events.inc();
     }
 

@@ -39,6 +39,7 @@ mod hosted;
 mod images;
 mod intents;
 mod lifecycle;
+pub mod lifecycle_events;
 mod limits;
 pub mod metrics;
 mod microvm;
@@ -125,6 +126,8 @@ struct Inner {
     pulls: pulls::PullsInFlight,
     /// Volumes sandboxes mount (`volumes`).
     volumes: volumes::Volumes,
+    /// Every sandbox's lifecycle events in one sequence (`lifecycle_events`).
+    journal: lifecycle_events::LifecycleJournal,
 }
 
 impl Node {
@@ -160,6 +163,7 @@ impl Node {
             container_host::open(&config.container_host, &config.container, state_dir);
         let sandboxes = SandboxTable::new(&state_dir.join("sandboxes"))?;
         let audit = Arc::new(AuditLog::open(&state_dir.join("audit"))?);
+        let journal = lifecycle_events::LifecycleJournal::open(state_dir);
         let intents = intents::Intents::open(&state_dir.join("ops"))?;
         let file_work = file_work::FileWorkGate::new(&config.limits);
         let volumes = volumes::Volumes::open(
@@ -193,6 +197,7 @@ impl Node {
                 intents,
                 zram,
                 volumes,
+                journal,
             }),
         };
         node.restore().await;
@@ -345,6 +350,7 @@ impl Node {
         let file_op = files::audited_op(&request);
         let result = match request {
             Request::Sandbox(SandboxOp::Audit(req)) => self.audit_stream(req, &mut exchange).await,
+            Request::Sandbox(SandboxOp::Events(req)) => self.events(req, &mut exchange).await,
             Request::File(FileOp::Write(req)) => files::write(self, req, &mut exchange).await,
             Request::File(FileOp::Read(req)) => files::read(self, req, &mut exchange).await,
             Request::Volume(VolumeOp::Write(req)) => self.volume_write(req, &mut exchange).await,

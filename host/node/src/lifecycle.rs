@@ -106,8 +106,11 @@ impl Node {
             volumes,
         };
         set_best_effort(&id, sandbox.as_ref(), qos);
-        self.audit_lifecycle(&id.to_string(), "created", spec.image.clone().unwrap_or_default());
-        let entry = self.adopt(SandboxEntry::new(id, spec, now_unix_ms(), sandbox)).await?;
+        let image = spec.image.clone().unwrap_or_default();
+        let created = now_unix_ms();
+        let known = Some((spec.labels.clone(), created));
+        self.audit_lifecycle_of(&id.to_string(), "created", image, known);
+        let entry = self.adopt(SandboxEntry::new(id, spec, created, sandbox)).await?;
         let adopted = started.elapsed();
         if vm_slot.is_some() {
             self.audit_policy(&entry);
@@ -464,12 +467,11 @@ impl Node {
                 Ok((sandbox, vm_slot)) => {
                     let mut spec = spec.clone();
                     spec.net_slot = vm_slot;
-                    let entry = SandboxEntry::new(child, spec, now_unix_ms(), sandbox);
-                    self.audit_lifecycle(
-                        &child.to_string(),
-                        "created",
-                        format!("forked from {id}"),
-                    );
+                    let created = now_unix_ms();
+                    let known = Some((spec.labels.clone(), created));
+                    let entry = SandboxEntry::new(child, spec, created, sandbox);
+                    let from = format!("forked from {id}");
+                    self.audit_lifecycle_of(&child.to_string(), "created", from, known);
                     match self.adopt_fork(entry, egress.clone()).await {
                         Ok(entry) => out.push(info(self, &entry)),
                         Err(e) => {

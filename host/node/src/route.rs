@@ -200,6 +200,8 @@ impl Node {
         if let ImageOp::Checkpoint(req) = op {
             let entry = self.live(&req.sandbox).await?;
             let layer = images::checkpoint(&store, &entry, req).await?;
+            let what = format!("{}@{}", layer.name, layer.version);
+            self.audit_lifecycle(&entry.id.to_string(), "checkpointed", what);
             return Ok(Reply::Layer(images::layer_to_wire(layer)));
         }
         if let ImageOp::Pull(_) | ImageOp::Build(_) = op {

@@ -96,6 +96,7 @@ impl Node {
                 scope_selector(labels, project)
             }
             R::Sandbox(SandboxOp::Fork { labels, .. }) => strip_project(labels),
+            R::Sandbox(SandboxOp::Events(req)) => req.project = Some(project.clone()),
             R::Tool(ToolOp::Add { .. })
             | R::Tool(ToolOp::Remove { .. })
             | R::Image(ImageOp::Import(_))

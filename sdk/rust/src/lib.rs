@@ -29,6 +29,7 @@ mod build;
 mod client;
 mod cluster;
 mod error;
+mod events;
 mod exec;
 mod images;
 mod lifecycle;
@@ -41,6 +42,7 @@ pub use build::BuildOptions;
 pub use client::{read_token, Client, ConnectOptions, Pin, FAILOVER_AFTER};
 pub use cluster::CallHops;
 pub use error::Error;
+pub use events::EventStream;
 pub use exec::{Cmd, ExecEvent, ExecOutput, ExecStdin, ExecStream, SessionOutput, ShellSession};
 pub use images::{GcSummary, ImageSource};
 pub use lifecycle::Lifetimes;
@@ -53,10 +55,11 @@ pub use brig_proto::hello::{e2b_key, token_secret};
 /// Wire types the SDK hands back.
 pub use brig_proto::{
     AuditEvent, AuditKind, BuildCommand, BuildEvent, BuildEventKind, BuildStep, BuiltImage,
-    CallLimits, CallOutcome, CallRequest, CallResult, CallerInfo, ErrorCode, ExecInfo, ExecResult,
-    FileKind, FileStat, IdleAction, ImageFormat, ImageStats, LayerInfo, NodeCapacity, NodeRoute,
-    NodeStatus, NodeSummary, Placement, ProjectInfo, ProjectLimits, PullLayerProgress,
-    PullLayerState, PullProgress, PulledImage, PulledLayer, QosClass, SandboxInfo, SandboxLimits,
-    SandboxState, SandboxUsage, SessionOpenRequest, StrayObject, Tier, ToolInfo, ToolWorld,
-    UsageSample, VolumeAttrs, VolumeEntry, VolumeInfo, VolumeMount,
+    CallLimits, CallOutcome, CallRequest, CallResult, CallerInfo, ErrorCode, EventsRequest,
+    ExecInfo, ExecResult, FileKind, FileStat, IdleAction, ImageFormat, ImageStats, LayerInfo,
+    LifecycleEvent, NodeCapacity, NodeRoute, NodeStatus, NodeSummary, Placement, ProjectInfo,
+    ProjectLimits, PullLayerProgress, PullLayerState, PullProgress, PulledImage, PulledLayer,
+    QosClass, SandboxInfo, SandboxLimits, SandboxState, SandboxUsage, SessionOpenRequest,
+    StrayObject, Tier, ToolInfo, ToolWorld, UsageSample, VolumeAttrs, VolumeEntry, VolumeInfo,
+    VolumeMount,
 };

@@ -85,6 +85,9 @@ pub enum SandboxOp {
         from_unix_ms: u64,
         to_unix_ms: u64,
     },
+    /// The node's lifecycle journal; replies [`Reply::Events`] (with `follow`, one per batch
+    /// until the client goes).
+    Events(EventsRequest),
 }
 
 /// Requests about commands in a sandbox.
@@ -355,6 +358,7 @@ impl SandboxOp {
             SandboxOp::Audit(_) => "audit",
             SandboxOp::ConnectPort { .. } => "connect_port",
             SandboxOp::UsageHistory { .. } => "usage_history",
+            SandboxOp::Events(_) => "events",
         }
     }
 
@@ -370,6 +374,7 @@ impl SandboxOp {
             | SandboxOp::UsageHistory { sandbox, .. } => Some(sandbox),
             SandboxOp::SetTtl(r) => Some(&r.sandbox),
             SandboxOp::Audit(r) => Some(&r.sandbox),
+            SandboxOp::Events(r) => r.sandbox.as_deref(),
             SandboxOp::Pause(Target::Sandbox(s)) | SandboxOp::Resume(Target::Sandbox(s)) => Some(s),
             SandboxOp::Create(_)
             | SandboxOp::List(_)
@@ -590,6 +595,8 @@ pub enum Reply {
     Volumes(Vec<VolumeInfo>),
     /// Entries of a volume (one for a write, a stat, a mkdir or a change of attributes).
     VolumeEntries(Vec<VolumeEntry>),
+    /// Lifecycle events, oldest first.
+    Events(Vec<LifecycleEvent>),
 }
 
 #[cfg(test)]

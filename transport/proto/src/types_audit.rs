@@ -75,3 +75,40 @@ pub struct AuditRequest {
     /// Keep the stream open and send events as they happen, until the sandbox is gone.
     pub follow: bool,
 }
+
+/// One lifecycle event of a sandbox in the node's journal (`SandboxOp::Events`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct LifecycleEvent {
+    /// Its place in the node's journal (1, 2, …).
+    pub seq: u64,
+    pub unix_ms: u64,
+    pub sandbox: String,
+    /// `created`, `paused`, `resumed`, `forked`, `checkpointed`, `destroyed`, `expired`, …
+    pub event: String,
+    pub detail: String,
+    /// The sandbox's project, if it has one.
+    pub project: Option<String>,
+    /// The sandbox's labels when it happened.
+    pub labels: Vec<(String, String)>,
+    /// When the sandbox was created.
+    pub started_unix_ms: u64,
+}
+
+/// Reads the node's lifecycle journal: one sandbox's events or every visible one's.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct EventsRequest {
+    /// Only this sandbox's events.
+    pub sandbox: Option<String>,
+    /// Only this project's (and its sub-projects') events; set for a project-scoped client.
+    pub project: Option<String>,
+    /// Only events with a larger `seq`.
+    pub after_seq: u64,
+    /// At most this many per reply.
+    pub limit: u32,
+    /// Only these events (`created`, `destroyed`, …); empty: all.
+    pub events: Vec<String>,
+    /// The newest `limit` (still oldest first in the reply) rather than the oldest.
+    pub newest_first: bool,
+    /// Keep the stream open and send events as they happen.
+    pub follow: bool,
+}
