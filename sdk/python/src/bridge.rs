@@ -125,9 +125,67 @@ impl AbortOnCancel {
     }
 }
 
+/// What every async method returns: a coroutine over the asyncio future of its Rust task.
+/// `brig/__init__.py` registers it as a `collections.abc.Coroutine`, so `asyncio.create_task`,
+/// `TaskGroup.create_task`, `gather` and `wait_for` take it as they take an `async def`'s;
+/// awaiting it awaits the future. An exception thrown in (a cancelled task) cancels the future,
+/// which aborts the Rust task.
+#[pyclass(module = "brig", name = "Coroutine")]
+pub(crate) struct Coroutine {
+    future: Py<PyAny>,
+    /// The future's `__await__` iterator, made at the first step.
+    steps: Mutex<Option<Py<PyAny>>>,
+}
+
+impl Coroutine {
+    fn steps(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let mut steps = self.steps.lock().map_err(|_| PyRuntimeError::new_err("poisoned"))?;
+        if let Some(it) = steps.as_ref() {
+            return Ok(it.clone_ref(py));
+        }
+        let it = self.future.bind(py).call_method0("__await__")?.unbind();
+        *steps = Some(it.clone_ref(py));
+        Ok(it)
+    }
+}
+
+#[pymethods]
+impl Coroutine {
+    fn __await__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.steps(py)
+    }
+
+    fn send(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        self.steps(py)?.call_method1(py, "send", (value,))
+    }
+
+    #[pyo3(signature = (kind, value=None, traceback=None))]
+    fn throw(
+        &self,
+        py: Python<'_>,
+        kind: &Bound<'_, PyAny>,
+        value: Option<&Bound<'_, PyAny>>,
+        traceback: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        // Whoever awaited it gives up on the result: the work stops too.
+        self.future.bind(py).call_method0("cancel")?;
+        let steps = self.steps(py)?;
+        match (value, traceback) {
+            (None, _) => steps.call_method1(py, "throw", (kind,)),
+            (Some(v), None) => steps.call_method1(py, "throw", (kind, v)),
+            (Some(v), Some(tb)) => steps.call_method1(py, "throw", (kind, v, tb)),
+        }
+    }
+
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.future.bind(py).call_method0("cancel")?;
+        Ok(())
+    }
+}
+
 static GET_RUNNING_LOOP: pyo3::sync::PyOnceLock<Py<PyAny>> = pyo3::sync::PyOnceLock::new();
 
-/// Runs `fut` on the runtime; returns an asyncio future of its result.
+/// Runs `fut` on the runtime; returns a [`Coroutine`] over an asyncio future of its result.
 pub(crate) fn future_into_py<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = PyResult<T>> + Send + 'static,
@@ -149,7 +207,8 @@ where
         deliver(&queue, Waiting::Future(future_ref), outcome);
     });
     future.call_method1("add_done_callback", (AbortOnCancel(task.abort_handle()),))?;
-    Ok(future)
+    let coroutine = Coroutine { future: future.unbind(), steps: Mutex::new(None) };
+    Ok(Bound::new(py, coroutine)?.into_any())
 }
 
 /// A Python callable that Rust tasks call on the event loop running now (it is scheduled

@@ -228,13 +228,15 @@ impl PyClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         let client = self.inner.clone();
         future_into_py(py, async move {
-            Json::of(&client.add_tool(&name, component).await.map_err(to_py)?)
+            Json::record("ToolInfo", &client.add_tool(&name, component).await.map_err(to_py)?)
         })
     }
 
     fn tools<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let client = self.inner.clone();
-        future_into_py(py, async move { Json::of(&client.tools().await.map_err(to_py)?) })
+        future_into_py(py, async move {
+            Json::record("ToolInfo", &client.tools().await.map_err(to_py)?)
+        })
     }
 
     fn remove_tool<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
@@ -248,7 +250,9 @@ impl PyClient {
     /// Layers in the image store.
     fn images<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let client = self.inner.clone();
-        future_into_py(py, async move { Json::of(&client.images().await.map_err(to_py)?) })
+        future_into_py(py, async move {
+            Json::record("LayerInfo", &client.images().await.map_err(to_py)?)
+        })
     }
 
     /// Imports a layer from a local directory or tarball as `name` (next version).
@@ -265,7 +269,10 @@ impl PyClient {
         };
         let client = self.inner.clone();
         future_into_py(py, async move {
-            Json::of(&client.import_image(&name, None, source).await.map_err(to_py)?)
+            Json::record(
+                "LayerInfo",
+                &client.import_image(&name, None, source).await.map_err(to_py)?,
+            )
         })
     }
 
@@ -288,14 +295,14 @@ impl PyClient {
                 None => client.pull_image(&reference, name.as_deref()).await,
                 Some(callback) => {
                     let report = |p: &brig_sdk::PullProgress| {
-                        if let Ok(value) = Json::of(p) {
+                        if let Ok(value) = Json::record("PullProgress", p) {
                             callback.call(value);
                         }
                     };
                     client.pull_image_with_progress(&reference, name.as_deref(), report).await
                 }
             };
-            Json::of(&pulled.map_err(to_py)?)
+            Json::record("PulledImage", &pulled.map_err(to_py)?)
         })
     }
 
@@ -308,7 +315,7 @@ impl PyClient {
         let client = self.inner.clone();
         future_into_py(py, async move {
             let (layer, paths) = client.inspect_image(&reference).await.map_err(to_py)?;
-            Json::of(&serde_json::json!({ "layer": layer, "paths": paths }))
+            Json::record("LayerDetails", &serde_json::json!({ "layer": layer, "paths": paths }))
         })
     }
 
@@ -323,7 +330,10 @@ impl PyClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         let client = self.inner.clone();
         future_into_py(py, async move {
-            Json::of(&client.tag_image(&reference, &name, version).await.map_err(to_py)?)
+            Json::record(
+                "LayerInfo",
+                &client.tag_image(&reference, &name, version).await.map_err(to_py)?,
+            )
         })
     }
 
@@ -339,7 +349,7 @@ impl PyClient {
     fn verify_image<'py>(&self, py: Python<'py>, reference: String) -> PyResult<Bound<'py, PyAny>> {
         let client = self.inner.clone();
         future_into_py(py, async move {
-            Json::of(&client.verify_image(&reference).await.map_err(to_py)?)
+            Json::record("LayerInfo", &client.verify_image(&reference).await.map_err(to_py)?)
         })
     }
 
@@ -348,11 +358,14 @@ impl PyClient {
         let client = self.inner.clone();
         future_into_py(py, async move {
             let gc = client.gc_images().await.map_err(to_py)?;
-            Json::of(&serde_json::json!({
-                "removed_layers": gc.removed_layers,
-                "removed_chunks": gc.removed_chunks,
-                "freed_bytes": gc.freed_bytes,
-            }))
+            Json::record(
+                "GcSummary",
+                &serde_json::json!({
+                    "removed_layers": gc.removed_layers,
+                    "removed_chunks": gc.removed_chunks,
+                    "freed_bytes": gc.freed_bytes,
+                }),
+            )
         })
     }
 
@@ -397,7 +410,7 @@ impl PyClient {
                     callback.call(crate::convert::build_event(e));
                 }
             };
-            Json::of(&client.build_image(options, report).await.map_err(to_py)?)
+            Json::record("BuiltImage", &client.build_image(options, report).await.map_err(to_py)?)
         })
     }
 
@@ -431,14 +444,19 @@ impl PyClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         let client = self.inner.clone();
         future_into_py(py, async move {
-            Json::of(&client.create_volume(&name, quota_mib).await.map_err(to_py)?)
+            Json::record(
+                "VolumeInfo",
+                &client.create_volume(&name, quota_mib).await.map_err(to_py)?,
+            )
         })
     }
 
     /// The volumes this token sees.
     fn volumes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let client = self.inner.clone();
-        future_into_py(py, async move { Json::of(&client.volumes().await.map_err(to_py)?) })
+        future_into_py(py, async move {
+            Json::record("VolumeInfo", &client.volumes().await.map_err(to_py)?)
+        })
     }
 
     /// Deletes a volume (refused while a sandbox mounts it).
@@ -460,10 +478,9 @@ impl PyClient {
             Err(_) => data.extract()?,
         };
         let vol = self.inner.volume(&volume);
-        future_into_py(
-            py,
-            async move { Json::of(&vol.write_file(&path, &bytes).await.map_err(to_py)?) },
-        )
+        future_into_py(py, async move {
+            Json::record("VolumeEntry", &vol.write_file(&path, &bytes).await.map_err(to_py)?)
+        })
     }
 
     /// A volume's file, as bytes.
@@ -487,19 +504,25 @@ impl PyClient {
         depth: u32,
     ) -> PyResult<Bound<'py, PyAny>> {
         let vol = self.inner.volume(&volume);
-        future_into_py(py, async move { Json::of(&vol.list(&path, depth).await.map_err(to_py)?) })
+        future_into_py(py, async move {
+            Json::record("VolumeEntry", &vol.list(&path, depth).await.map_err(to_py)?)
+        })
     }
 
     /// The node's status (tiers, capacity, use).
     fn node_status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let client = self.inner.clone();
-        future_into_py(py, async move { Json::of(&client.node_status().await.map_err(to_py)?) })
+        future_into_py(py, async move {
+            Json::record("NodeStatus", &client.node_status().await.map_err(to_py)?)
+        })
     }
 
     /// The cluster's nodes (a control-plane replica).
     fn cluster_status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let client = self.inner.clone();
-        future_into_py(py, async move { Json::of(&client.cluster_status().await.map_err(to_py)?) })
+        future_into_py(py, async move {
+            Json::record("NodeSummary", &client.cluster_status().await.map_err(to_py)?)
+        })
     }
 
     /// Creates or changes a project (admin): live sandboxes and creates per second at most.
@@ -523,7 +546,9 @@ impl PyClient {
 
     fn projects<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let client = self.inner.clone();
-        future_into_py(py, async move { Json::of(&client.projects().await.map_err(to_py)?) })
+        future_into_py(py, async move {
+            Json::record("ProjectInfo", &client.projects().await.map_err(to_py)?)
+        })
     }
 
     /// A new access token for `project` (admin).
@@ -561,8 +586,8 @@ impl PyAuditStream {
                     }
                 };
                 for event in batch {
-                    let Ok(value) = serde_json::to_value(&event) else { continue };
-                    if tx.send(Ok(Json(value))).await.is_err() {
+                    let Ok(value) = Json::record("AuditEvent", &event) else { continue };
+                    if tx.send(Ok(value)).await.is_err() {
                         return;
                     }
                 }

@@ -10,27 +10,47 @@ use pyo3::types::{PyBool, PyDict, PyList, PyNone, PyString};
 
 /// A serde value that becomes the matching Python object (dict, list, str, int, float, bool,
 /// None) when handed to Python.
-pub(crate) struct Json(pub serde_json::Value);
+pub(crate) struct Json {
+    value: serde_json::Value,
+    /// The `brig.records` class it becomes (each item of a list does), or a plain dict.
+    record: Option<&'static str>,
+}
+
+fn to_value<T: serde::Serialize>(value: &T) -> PyResult<serde_json::Value> {
+    serde_json::to_value(value)
+        .map_err(|e| PyValueError::new_err(format!("record conversion: {e}")))
+}
 
 impl Json {
+    /// Plain data (dicts and lists).
     pub(crate) fn of<T: serde::Serialize>(value: &T) -> PyResult<Json> {
-        serde_json::to_value(value)
-            .map(Json)
-            .map_err(|e| PyValueError::new_err(format!("record conversion: {e}")))
+        Ok(Json { value: to_value(value)?, record: None })
+    }
+
+    /// A `brig.records.<class>` (a list of them for a list).
+    pub(crate) fn record<T: serde::Serialize>(class: &'static str, value: &T) -> PyResult<Json> {
+        Ok(Json { value: to_value(value)?, record: Some(class) })
     }
 
     /// A sandbox's record, with its labels as a dict.
     pub(crate) fn sandbox(info: &SandboxInfo) -> PyResult<Json> {
-        let mut value = serde_json::to_value(info)
-            .map_err(|e| PyValueError::new_err(format!("record conversion: {e}")))?;
+        let mut value = to_value(info)?;
         let labels: serde_json::Map<String, serde_json::Value> = info
             .labels
             .iter()
             .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
             .collect();
         value["labels"] = serde_json::Value::Object(labels);
-        Ok(Json(value))
+        Ok(Json { value, record: Some("SandboxInfo") })
     }
+}
+
+static RECORDS: pyo3::sync::PyOnceLock<Py<PyModule>> = pyo3::sync::PyOnceLock::new();
+
+/// `brig.records.<class>._from_dict`.
+fn record_class<'py>(py: Python<'py>, class: &str) -> PyResult<Bound<'py, PyAny>> {
+    let module = RECORDS.get_or_try_init(py, || py.import("brig.records").map(Bound::unbind))?;
+    module.bind(py).getattr(class)?.getattr("_from_dict")
 }
 
 fn to_py<'py>(py: Python<'py>, value: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
@@ -64,7 +84,17 @@ impl<'py> IntoPyObject<'py> for Json {
     type Error = PyErr;
 
     fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        to_py(py, &self.0)
+        let plain = to_py(py, &self.value)?;
+        let Some(class) = self.record else { return Ok(plain) };
+        let make = record_class(py, class)?;
+        match plain.cast::<PyList>() {
+            Ok(list) => {
+                let items =
+                    list.iter().map(|item| make.call1((item,))).collect::<PyResult<Vec<_>>>()?;
+                Ok(PyList::new(py, items)?.into_any())
+            }
+            Err(_) => make.call1((plain,)),
+        }
     }
 }
 
@@ -222,5 +252,5 @@ pub(crate) fn build_event(e: &brig_sdk::BuildEvent) -> Json {
             v["millis"] = (*millis).into();
         }
     }
-    Json(v)
+    Json { value: v, record: None }
 }

@@ -295,21 +295,22 @@ fn seconds(s: f64) -> PyResult<std::time::Duration> {
         .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("{s} s: {e}")))
 }
 
-/// A session command's output as a dict.
+/// A session command's output, as a `brig.records.SessionOutput`.
 struct SessionResult(brig_sdk::SessionOutput);
 
 impl<'py> IntoPyObject<'py> for SessionResult {
-    type Target = pyo3::types::PyDict;
-    type Output = Bound<'py, pyo3::types::PyDict>;
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
     type Error = PyErr;
 
     fn into_pyobject(self, py: Python<'py>) -> PyResult<Self::Output> {
-        let d = pyo3::types::PyDict::new(py);
-        d.set_item("stdout", String::from_utf8_lossy(&self.0.stdout))?;
-        d.set_item("stderr", String::from_utf8_lossy(&self.0.stderr))?;
-        d.set_item("exit_code", self.0.exit_code)?;
-        d.set_item("cwd", self.0.cwd)?;
-        Ok(d)
+        let out = serde_json::json!({
+            "stdout": String::from_utf8_lossy(&self.0.stdout),
+            "stderr": String::from_utf8_lossy(&self.0.stderr),
+            "exit_code": self.0.exit_code,
+            "cwd": self.0.cwd,
+        });
+        crate::convert::Json::record("SessionOutput", &out)?.into_pyobject(py)
     }
 }
 

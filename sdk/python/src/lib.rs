@@ -28,6 +28,7 @@ fn brig_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<exec::PyExecStream>()?;
     m.add_class::<exec::PySession>()?;
     m.add_class::<exec::PyCallResult>()?;
+    m.add_class::<bridge::Coroutine>()?;
     m.add_function(wrap_pyfunction!(bridge::_shutdown, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

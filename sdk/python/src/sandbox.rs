@@ -156,7 +156,10 @@ impl PySandbox {
     /// Commands the sandbox ran or runs: dicts with `exec_id`, `argv`, `result`.
     fn execs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let sb = self.inner.clone();
-        future_into_py(py, async move { Json::of(&sb.execs().await.map_err(to_py)?) })
+        future_into_py(
+            py,
+            async move { Json::record("ExecInfo", &sb.execs().await.map_err(to_py)?) },
+        )
     }
 
     /// A new persistent shell (`Session`).
@@ -233,12 +236,16 @@ impl PySandbox {
 
     fn list_dir<'py>(&self, py: Python<'py>, path: String) -> PyResult<Bound<'py, PyAny>> {
         let sb = self.inner.clone();
-        future_into_py(py, async move { Json::of(&sb.list_dir(&path).await.map_err(to_py)?) })
+        future_into_py(py, async move {
+            Json::record("FileEntry", &sb.list_dir(&path).await.map_err(to_py)?)
+        })
     }
 
     fn stat<'py>(&self, py: Python<'py>, path: String) -> PyResult<Bound<'py, PyAny>> {
         let sb = self.inner.clone();
-        future_into_py(py, async move { Json::of(&sb.stat(&path).await.map_err(to_py)?) })
+        future_into_py(py, async move {
+            Json::record("FileEntry", &sb.stat(&path).await.map_err(to_py)?)
+        })
     }
 
     #[pyo3(signature = (path, parents=true))]
@@ -386,7 +393,7 @@ impl PySandbox {
         future_into_py(py, async move {
             let scrub = scrub.unwrap_or_default();
             let refs: Vec<&str> = scrub.iter().map(String::as_str).collect();
-            Json::of(&sb.checkpoint(&name, version, &refs).await.map_err(to_py)?)
+            Json::record("LayerInfo", &sb.checkpoint(&name, version, &refs).await.map_err(to_py)?)
         })
     }
 
@@ -409,7 +416,9 @@ impl PySandbox {
     #[pyo3(signature = (after_seq=0))]
     fn audit<'py>(&self, py: Python<'py>, after_seq: u64) -> PyResult<Bound<'py, PyAny>> {
         let sb = self.inner.clone();
-        future_into_py(py, async move { Json::of(&sb.audit(after_seq).await.map_err(to_py)?) })
+        future_into_py(py, async move {
+            Json::record("AuditEvent", &sb.audit(after_seq).await.map_err(to_py)?)
+        })
     }
 
     /// The audit trail as an async iterator of event dicts; with `follow`, new events as they

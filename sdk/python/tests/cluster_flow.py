@@ -27,8 +27,8 @@ async def main() -> None:
         raise AssertionError("a third sandbox passed a quota of two")
     except brig.QuotaExceeded as e:
         assert e.code == "quota_exceeded" and isinstance(e, brig.BrigError), e
-    assert {s["id"] for s in await team.list()} == {sb.id for sb in first}
-    assert any(p["name"] == "py-team" for p in await admin.projects())
+    assert {s.id for s in await team.list()} == {sb.id for sb in first}
+    assert any(p.name == "py-team" for p in await admin.projects())
 
     # A sandbox on node 1, which the test then kills.
     made = []

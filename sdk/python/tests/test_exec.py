@@ -32,7 +32,7 @@ async def test_streams_take_stdin_and_reattach(box):
     again = await box.attach(s.exec_id)
     r = await again.wait()
     assert r.exit_code == 0 and r.stdout == b"got-a\ngot-b\ndone\n"
-    assert any(e["exec_id"] == s.exec_id for e in await box.execs())
+    assert any(e.exec_id == s.exec_id for e in await box.execs())
 
 
 async def test_stdin_is_written_and_closed_by_exec_id(box):
@@ -72,10 +72,10 @@ async def test_a_cancelled_task_leaves_the_command_reattachable(box):
     slow.cancel()
     with pytest.raises(asyncio.CancelledError):
         await slow
-    running = [e for e in await box.execs() if e["argv"][-1] == "sleep 60" and e["result"] is None]
+    running = [e for e in await box.execs() if e.argv[-1] == "sleep 60" and e.result is None]
     assert running, await box.execs()
-    await box.kill(running[0]["exec_id"])
-    r = await (await box.attach(running[0]["exec_id"])).wait()
+    await box.kill(running[0].exec_id)
+    r = await (await box.attach(running[0].exec_id)).wait()
     assert r.killed
     # The client still works after all that.
     assert (await box.exec("echo ok")).stdout == b"ok\n"
@@ -92,13 +92,13 @@ async def test_sessions_keep_state_and_can_be_interrupted(box):
     session = await box.open_session()
     await session.run("cd /tmp && export X=42")
     out = await session.run("echo $X $(pwd)")
-    assert out["stdout"] == "42 /tmp\n" and out["exit_code"] == 0 and out["cwd"] == "/tmp"
+    assert out.stdout == "42 /tmp\n" and out.exit_code == 0 and out.cwd == "/tmp"
     out = await session.run("sleep 30", timeout=0.5)
-    assert out["exit_code"] is None
+    assert out.exit_code is None
     await session.interrupt()
     out = await session.wait(timeout=10)
-    assert out["exit_code"] is not None
-    assert (await session.run("echo still-here"))["stdout"] == "still-here\n"
+    assert out.exit_code is not None
+    assert (await session.run("echo still-here")).stdout == "still-here\n"
     assert box.session(session.id).id == session.id
     await session.close()
 
@@ -111,3 +111,34 @@ async def test_one_thousand_concurrent_commands_from_one_loop(client):
     finally:
         destroyed = await client.destroy({"batch": "thousand"})
         assert sorted(destroyed) == sorted(sb.id for sb in sandboxes)
+
+
+async def test_every_call_is_a_coroutine_for_tasks_groups_gather_and_wait_for(client, box):
+    # create_task and TaskGroup take only coroutines: every call is one.
+    task = asyncio.create_task(box.exec("echo task"))
+    assert (await task).stdout == b"task\n"
+    async with asyncio.TaskGroup() as group:
+        status = group.create_task(box.status())
+        listed = group.create_task(box.list_dir("/"))
+        node = group.create_task(client.node_status())
+    info = status.result()
+    assert isinstance(info, brig.SandboxInfo) and info.id == box.id and info.state == "Running"
+    assert all(isinstance(e, brig.FileEntry) for e in listed.result())
+    assert isinstance(node.result(), brig.NodeStatus) and node.result().sandboxes >= 1
+    assert isinstance(node.result().capacity, brig.NodeCapacity)
+    r1, r2 = await asyncio.gather(box.exec("echo a"), box.exec("echo b"))
+    assert (r1.stdout, r2.stdout) == (b"a\n", b"b\n")
+    assert (await asyncio.wait_for(box.exec("echo w"), timeout=30)).stdout == b"w\n"
+    # A call past wait_for's deadline is cancelled: its Rust task is aborted.
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(box.exec("sleep 30"), timeout=0.3)
+    # Records: attributes, a readable repr, equality by value, and plain data back.
+    again = await box.status()
+    assert repr(info).startswith(f"SandboxInfo(id={box.id!r}")
+    assert again.id == info.id and again.labels == info.labels
+    same = brig.SandboxInfo._from_dict(info.to_dict())
+    assert same == info and same != again.to_dict()
+    with pytest.raises(AttributeError):
+        info.id = "other"
+    with pytest.raises(AttributeError):
+        _ = info.no_such_field

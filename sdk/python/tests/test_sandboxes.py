@@ -14,10 +14,10 @@ async def test_files_round_trip(box, tmp_path):
     assert await box.write_file("/tmp/d/a.txt", "text") == 4
     assert await box.read_file("/tmp/d/a.txt") == b"text"
     await box.mkdir("/tmp/d/sub/deeper", parents=True)
-    names = sorted(e["path"].rsplit("/", 1)[-1] for e in await box.list_dir("/tmp/d"))
+    names = sorted(e.path.rsplit("/", 1)[-1] for e in await box.list_dir("/tmp/d"))
     assert names == ["a.txt", "sub"]
     st = await box.stat("/tmp/d/a.txt")
-    assert st["size"] == 4 and st["kind"] == "File"
+    assert st.size == 4 and st.kind == "File"
     local = tmp_path / "big.bin"
     local.write_bytes(os.urandom(3 << 20))
     assert await box.upload_file("/tmp/big.bin", str(local)) == 3 << 20
@@ -33,19 +33,19 @@ async def test_pause_resume_fork_and_evaluation(client):
     try:
         await sb.write_file("/root/progress", "step-3")
         await sb.pause()
-        assert (await sb.status())["state"] == "Paused"
+        assert (await sb.status()).state == "Paused"
         assert (await sb.exec("cat /root/progress")).stdout == b"step-3"  # implicit resume
         kids = await sb.fork(3, labels={"kid": "yes"})
         assert len(kids) == 3
         for kid in kids:
             assert (await kid.read_file("/root/progress")) == b"step-3"
-            assert (await kid.status())["labels"]["kid"] == "yes"
+            assert (await kid.status()).labels["kid"] == "yes"
         assert (await sb.exec("cat /etc/debian_version")).stdout == b"", "hidden from the agent"
         judge = await sb.fork_for_evaluation()
-        assert (await judge.status())["labels"]["purpose"] == "evaluation"
+        assert (await judge.status()).labels["purpose"] == "evaluation"
         assert (await judge.exec("cat /etc/debian_version")).stdout_text.startswith("12"), "shown to the grader"
         listed = await client.list({"group": "g1"})
-        assert {s["id"] for s in listed} >= {sb.id, *(k.id for k in kids)}
+        assert {s.id for s in listed} >= {sb.id, *(k.id for k in kids)}
         assert sorted(await client.pause({"kid": "yes"})) == sorted(k.id for k in kids)
         assert sorted(await client.resume({"kid": "yes"})) == sorted(k.id for k in kids)
         # Another client (a restarted trainer) reaches the same sandbox by id.
@@ -67,8 +67,8 @@ async def test_ttls_expire_sandboxes_with_their_own_error(client):
     else:
         pytest.fail("the idle TTL never expired the sandbox")
     info = await (await client.create(image="busybox", max_lifetime=60, pause_when_idle=True, idle_ttl=30)).status()
-    assert info["max_lifetime_ms"] == 60000 and info["idle_action"] == "Pause"
-    await client.sandbox(info["id"]).destroy()
+    assert info.max_lifetime_ms == 60000 and info.idle_action == "Pause"
+    await client.sandbox(info.id).destroy()
 
 
 async def test_errors_are_typed(client, box):
@@ -93,21 +93,21 @@ async def test_errors_are_typed(client, box):
 async def test_egress_and_audit(client):
     sb = await client.create(image="busybox", egress=[])
     try:
-        assert (await sb.status())["egress"] == []
+        assert (await sb.status()).egress == []
         info = await sb.set_egress(["10.0.0.0/8:443"])
-        assert info["egress"] == ["10.0.0.0/8:443"]
+        assert info.egress == ["10.0.0.0/8:443"]
         await sb.exec("echo audited")
         events = await sb.audit()
-        kinds = [next(iter(e["kind"])) if isinstance(e["kind"], dict) else e["kind"] for e in events]
+        kinds = [next(iter(e.kind)) if isinstance(e.kind, dict) else e.kind for e in events]
         assert "exec_start" in kinds and "policy" in kinds, kinds
         streamed = [e async for e in await sb.audit_stream(0, follow=False)]
-        assert [e["seq"] for e in streamed] == [e["seq"] for e in events]
+        assert [e.seq for e in streamed] == [e.seq for e in events]
     finally:
         await sb.destroy()
 
 
 async def test_tool_calls_one_shot_and_in_a_sandbox(client):
-    tools = {t["name"] for t in await client.tools()}
+    tools = {t.name for t in await client.tools()}
     assert {"jq", "files"} <= tools
     r = await client.call("jq", '{"query": "$.a", "json": {"a": [1, 2]}}')
     assert r.ok and r.outcome == "ok", r
@@ -139,22 +139,23 @@ def test_the_sync_client():
 
 
 async def test_qos_checkpoints_images_and_terminals(client, box):
-    assert (await box.set_qos("best_effort"))["qos"] == "BestEffort"
+    assert (await box.set_qos("best_effort")).qos == "BestEffort"
     await box.write_file("/root/state", "saved")
     layer = await box.checkpoint("py-ckpt", scrub=["/tmp"])
-    ref = f"{layer['name']}@{layer['version']}"
-    assert ref in {f"{i['name']}@{i['version']}" for i in await client.images()}
+    ref = f"{layer.name}@{layer.version}"
+    assert ref in {f"{i.name}@{i.version}" for i in await client.images()}
     details = await client.inspect_image(ref)
-    assert any(p.endswith("root/state") for p in details["paths"]), details["paths"]
-    assert (await client.verify_image(ref))["digest"] == details["layer"]["digest"]
+    assert any(p.endswith("root/state") for p in details.paths), details.paths
+    assert (await client.verify_image(ref)).digest == details.layer.digest
     resumed = await client.create(image=f"busybox+{ref}")
     try:
         assert await resumed.read_file("/root/state") == b"saved"
     finally:
         await resumed.destroy()
     tagged = await client.tag_image(ref, "py-ckpt-tag")
-    await client.remove_image(f"{tagged['name']}@{tagged['version']}")
-    assert set(await client.gc_images()) == {"removed_layers", "removed_chunks", "freed_bytes"}
+    await client.remove_image(f"{tagged.name}@{tagged.version}")
+    gc = await client.gc_images()
+    assert isinstance(gc, brig.GcSummary) and set(gc.to_dict()) == {"removed_layers", "removed_chunks", "freed_bytes"}
     assert client.call_hops() == {"direct": 0, "via_control": 0}
 
     shell = await box.exec_stream(["sh"], stdin=True, terminal=(24, 80))
@@ -175,21 +176,21 @@ async def test_pull_image_from_a_registry(client):
         seen.append(state)
 
     pulled = await client.pull_image(reference, name="py/pulled", on_progress=on_progress)
-    assert pulled["name"] == "py/pulled"
-    assert [layer["reused"] for layer in pulled["layers"]] == [False]
+    assert pulled.name == "py/pulled"
+    assert [layer.reused for layer in pulled.layers] == [False]
     await asyncio.sleep(0)  # progress scheduled before the result has run by now
     assert seen, "no progress reached the callback"
     last = seen[-1]
-    assert last["reference"] == reference
-    assert [layer["state"] for layer in last["layers"]] == ["Done"]
-    assert last["layers"][0]["downloaded"] == last["layers"][0]["size"] > 0
+    assert last.reference == reference
+    assert [layer.state for layer in last.layers] == ["Done"]
+    assert last.layers[0].downloaded == last.layers[0].size > 0
     sb = await client.create(image="env:py/pulled")
     try:
         assert await sb.read_file("/etc/pulled") == b"from a registry\n"
     finally:
         await sb.destroy()
     again = await client.pull_image(reference)
-    assert again["downloaded_bytes"] == 0 and again["name"].startswith("pulled/")
+    assert again.downloaded_bytes == 0 and again.name.startswith("pulled/")
 
 
 async def test_build_image_from_a_dockerfile(client, tmp_path):
@@ -200,10 +201,10 @@ async def test_build_image_from_a_dockerfile(client, tmp_path):
     dockerfile = f"FROM {base}\nCOPY hello.txt /hello.txt\nRUN cat /hello.txt\nENV WHO=py\n"
     events = []
     built = await client.build_image("py/built", dockerfile, context=tmp_path, on_event=events.append)
-    assert (built["steps_run"], built["steps_cached"]) == (2, 0)
+    assert (built.steps_run, built.steps_cached) == (2, 0)
     assert {"step": 3, "steps": 4, "type": "log", "stream": "stdout", "text": "hi there\n"} in events
     again = await client.build_image("py/built", dockerfile, context=tmp_path)
-    assert (again["steps_run"], again["steps_cached"]) == (0, 2)
+    assert (again.steps_run, again.steps_cached) == (0, 2)
     sb = await client.create(image="env:py/built")
     try:
         assert await sb.read_file("/hello.txt") == b"hi there\n"
@@ -217,18 +218,18 @@ async def test_build_image_from_a_dockerfile(client, tmp_path):
 
 async def test_a_volume_is_written_mounted_read_only_and_deleted(client):
     made = await client.create_volume("py-vol", quota_mib=32)
-    assert made["name"] == "py-vol" and made["quota_bytes"] == 32 << 20
+    assert made.name == "py-vol" and made.quota_bytes == 32 << 20
     entry = await client.volume_write("py-vol", "/notes/a.txt", "from python\n")
-    assert entry["size"] == 12 and entry["path"] == "/notes/a.txt"
+    assert entry.size == 12 and entry.path == "/notes/a.txt"
     sb = await client.create(image="busybox", volumes={"/v": ("py-vol", True)})
     try:
         r = await sb.exec(["sh", "-c", "cat /v/notes/a.txt; echo x > /v/b.txt"])
         assert r.stdout == b"from python\n" and r.exit_code != 0, r
-        assert [e["path"] for e in await client.volume_list("py-vol", "/", depth=2)] == ["/notes", "/notes/a.txt"]
+        assert [e.path for e in await client.volume_list("py-vol", "/", depth=2)] == ["/notes", "/notes/a.txt"]
         with pytest.raises(brig.Conflict):
             await client.delete_volume("py-vol")
     finally:
         await sb.destroy()
     assert await client.volume_read("py-vol", "/notes/a.txt") == b"from python\n"
     await client.delete_volume("py-vol")
-    assert "py-vol" not in {v["name"] for v in await client.volumes()}
+    assert "py-vol" not in {v.name for v in await client.volumes()}

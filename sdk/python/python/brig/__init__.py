@@ -27,9 +27,16 @@ from ._native import (
 from . import _native
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors
+from .records import *  # noqa: F401,F403
+from .records import __all__ as _records
 from .sync import Client
 
 import atexit as _atexit
+import collections.abc as _abc
+
+# Every async method returns a `_native.Coroutine`: a coroutine to asyncio (`create_task`,
+# `TaskGroup`, `gather`, `wait_for`) as an `async def`'s is.
+_abc.Coroutine.register(_native.Coroutine)
 
 # No result may reach Python once it finalizes (see src/bridge.rs).
 _atexit.register(_native._shutdown)
@@ -45,4 +52,5 @@ __all__ = [
     "Session",
     "__version__",
     *_errors,
+    *_records,
 ]
