@@ -5,6 +5,7 @@
 //! etcd, nothing per sandbox.
 #![forbid(unsafe_code)]
 
+pub mod events;
 pub mod links;
 pub mod plane;
 pub mod quota;
@@ -12,6 +13,7 @@ pub mod registry;
 pub mod signing;
 pub mod store;
 pub mod tokens;
+pub mod volumes;
 
 pub use plane::{Caller, ControlConfig, ControlPlane};
 pub use signing::{Claims, Signer, SigningError};

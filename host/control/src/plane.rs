@@ -58,7 +58,7 @@ pub enum Caller {
 }
 
 impl Caller {
-    fn project(&self) -> Option<&str> {
+    pub(crate) fn project(&self) -> Option<&str> {
         match self {
             Caller::Admin => None,
             Caller::Project(p) => Some(p),
@@ -75,10 +75,10 @@ pub struct ControlPlane {
     /// read may predate the write).
     cache_writes: AtomicU64,
     signer: Signer,
-    registry: Registry,
+    pub(crate) registry: Registry,
     placer: Mutex<Placer>,
     quotas: Quotas,
-    links: NodeLinks,
+    pub(crate) links: NodeLinks,
     replicas: AtomicUsize,
     started: Instant,
 }
@@ -87,7 +87,7 @@ fn now_unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-fn err(code: ErrorCode, message: impl Into<String>) -> WireError {
+pub(crate) fn err(code: ErrorCode, message: impl Into<String>) -> WireError {
     WireError::new(code, message)
 }
 
@@ -173,7 +173,12 @@ impl ControlPlane {
         &self.store
     }
 
-    fn node_token(&self, node: u32, project: Option<&str>, admin: bool) -> (String, u64) {
+    pub(crate) fn node_token(
+        &self,
+        node: u32,
+        project: Option<&str>,
+        admin: bool,
+    ) -> (String, u64) {
         let expires_unix_ms = now_unix_ms() + self.cfg.token_ttl.as_millis() as u64;
         let claims = Claims { node, project: project.map(str::to_string), admin, expires_unix_ms };
         (self.signer.sign(&claims), expires_unix_ms)
@@ -213,6 +218,19 @@ impl ControlPlane {
             }
             Request::Sandbox(SandboxOp::Create(req)) => self.create(caller, *req).await,
             Request::Tool(ToolOp::Call(call)) => self.call(caller, call).await,
+            Request::Volume(op) => self.volume(caller, op).await,
+            Request::Sandbox(SandboxOp::Events(req)) if req.sandbox.is_none() => {
+                self.events(caller, req).await
+            }
+            Request::Control(ControlOp::Route { sandbox })
+                if crate::volumes::node_of_volume(&sandbox).is_some() =>
+            {
+                let node = crate::volumes::node_of_volume(&sandbox).unwrap_or_default();
+                match self.registry.up(node) {
+                    Ok(entry) => Ok(Reply::Route(self.route(&entry, caller))),
+                    Err(state) => Err(lost(&sandbox, node, state)),
+                }
+            }
             Request::Control(ControlOp::Route { sandbox }) => {
                 let id: SandboxId = sandbox
                     .parse()
@@ -299,14 +317,8 @@ impl ControlPlane {
     }
 
     async fn create(&self, caller: &Caller, mut req: CreateRequest) -> Result<Reply, WireError> {
-        if !req.volumes.is_empty() {
-            // A volume lives on one node; placing by it is not built yet.
-            return Err(err(
-                ErrorCode::BadRequest,
-                "volumes are not placed across a cluster yet: mount them through a single \
-                 node's daemon (all-in-one), where they are made",
-            ));
-        }
+        // A sandbox that mounts volumes goes to the node that holds them.
+        let only = self.volumes_node(caller, &mut req).await?;
         let project = caller.project().map(str::to_string).or(req.project.clone());
         req.project = project.clone();
         // The control plane relays one reply: a create through it tells of no pull.
@@ -332,7 +344,8 @@ impl ControlPlane {
                 _ => req.limits.cpu_millis.unwrap_or(1000),
             },
         };
-        let result = self.placed(demand, &Request::Sandbox(SandboxOp::Create(Box::new(req)))).await;
+        let request = Request::Sandbox(SandboxOp::Create(Box::new(req)));
+        let result = self.placed(demand, &request, only).await;
         let now = self.now_ms();
         match result {
             Ok((Reply::Sandbox(info), entry)) => {
@@ -366,25 +379,35 @@ impl ControlPlane {
         }
         let demand =
             Demand { tier: brig_core::Tier::Fncall, image: None, memory_mib: 0, cpu_millis: 0 };
-        Ok(self.placed(demand, &Request::Tool(ToolOp::Call(call))).await?.0)
+        Ok(self.placed(demand, &Request::Tool(ToolOp::Call(call)), None).await?.0)
     }
 
     /// Places `request` and forwards it, trying other nodes while nodes refuse for capacity or
-    /// cannot be reached.
-    async fn placed(
+    /// cannot be reached; with `only`, on that node or nowhere (it holds the volumes).
+    pub(crate) async fn placed(
         &self,
         demand: Demand,
         request: &Request,
+        only: Option<u32>,
     ) -> Result<(Reply, crate::registry::NodeEntry), WireError> {
         let mut exclude = Vec::new();
+        if let Some(only) = only {
+            exclude = self.registry.views().iter().map(|v| v.id).filter(|n| n.0 != only).collect();
+        }
         let mut last = None;
         for _ in 0..self.cfg.attempts {
             let views = self.registry.views();
             let placement =
                 self.placer.lock().place(&views, &demand, &exclude, self.now_ms()).map_err(
-                    |e| match last.take() {
-                        Some(last) => last,
-                        None => err(ErrorCode::ResourceExhausted, e.to_string()),
+                    |e| match (last.take(), only) {
+                        (Some(last), _) => last,
+                        (None, Some(n)) => err(
+                            ErrorCode::ResourceExhausted,
+                            format!(
+                            "node {n:08x}, which holds the sandbox's volumes, cannot take it: {e}"
+                        ),
+                        ),
+                        (None, None) => err(ErrorCode::ResourceExhausted, e.to_string()),
                     },
                 )?;
             let node = placement.node.0;

@@ -54,7 +54,9 @@ fn node_of(sandbox: &str) -> Result<u32, Error> {
         code: brig_proto::ErrorCode::BadRequest,
         message: format!("{sandbox:?} is not a sandbox id (expected sb-<8 hex>-<16 hex>)"),
     };
-    let hex = sandbox.strip_prefix("sb-").and_then(|rest| rest.get(..8)).ok_or_else(bad)?;
+    // A volume id names its node the same way (`vol-<8 hex>-…`).
+    let rest = sandbox.strip_prefix("sb-").or_else(|| sandbox.strip_prefix("vol-"));
+    let hex = rest.and_then(|rest| rest.get(..8)).ok_or_else(bad)?;
     u32::from_str_radix(hex, 16).map_err(|_| bad())
 }
 

@@ -63,7 +63,7 @@ impl Client {
 
     /// A handle on a volume's files (by id or name); no request is made until it is used.
     pub fn volume(&self, volume: &str) -> Volume {
-        Volume { client: self.clone(), volume: volume.to_string() }
+        Volume { client: self.clone(), volume: volume.to_string(), id: Default::default() }
     }
 }
 
@@ -84,6 +84,8 @@ impl SandboxOptions {
 pub struct Volume {
     client: Client,
     volume: String,
+    /// Its id, once looked up (a cluster's nodes are reached by id).
+    id: std::sync::Arc<tokio::sync::OnceCell<String>>,
 }
 
 fn one(request: &'static str, reply: Reply) -> Result<VolumeEntry, Error> {
@@ -99,6 +101,21 @@ impl Volume {
         &self.volume
     }
 
+    /// What requests name it by: as made on one node; its id in a cluster (whose control
+    /// plane relays no file bytes: they go to the volume's node).
+    async fn target(&self) -> Result<String, Error> {
+        if !self.client.is_cluster() || self.volume.starts_with("vol-") {
+            return Ok(self.volume.clone());
+        }
+        let id = self
+            .id
+            .get_or_try_init(|| async {
+                Ok::<_, Error>(self.client.volume_info(&self.volume).await?.id)
+            })
+            .await?;
+        Ok(id.clone())
+    }
+
     /// Writes a whole file (parents made); returns its entry.
     pub async fn write_file(&self, path: &str, bytes: &[u8]) -> Result<VolumeEntry, Error> {
         self.upload(path, bytes, VolumeAttrs::default()).await
@@ -112,7 +129,7 @@ impl Volume {
         attrs: VolumeAttrs,
     ) -> Result<VolumeEntry, Error> {
         let request = Request::Volume(VolumeOp::Write(VolumeWriteRequest {
-            volume: self.volume.clone(),
+            volume: self.target().await?,
             path: path.to_string(),
             parents: true,
             attrs,
@@ -155,7 +172,7 @@ impl Volume {
         mut writer: impl AsyncWrite + Unpin,
     ) -> Result<u64, Error> {
         let request = Request::Volume(VolumeOp::Read {
-            volume: self.volume.clone(),
+            volume: self.target().await?,
             path: path.to_string(),
             offset: 0,
             len: None,
