@@ -201,3 +201,23 @@ async def test_a_terminal_takes_input_resizes_and_is_killed(sandbox):
     assert await sandbox.pty.kill(handle.pid)
     with pytest.raises(CommandExitException):
         await handle.wait()
+
+
+async def test_killing_the_sandbox_ends_a_foreground_command_in_the_sdks_error_path():
+    from e2b import AsyncSandbox
+    from e2b import exceptions
+
+    # Releases before 2.6x raise their timeout exception for a sandbox that went away.
+    gone = getattr(exceptions, "SandboxNotRunningException", exceptions.TimeoutException)
+
+    sb = await AsyncSandbox.create(timeout=120)
+    started = asyncio.get_running_loop().time()
+    running = asyncio.create_task(sb.commands.run("sleep 60", timeout=90))
+    await asyncio.sleep(1.0)
+    assert await sb.kill()
+    # As on E2B: the command's stream ends with the sandbox, raised as the SDK's exception
+    # (never a result, never a hang).
+    with pytest.raises(gone) as ended:
+        await asyncio.wait_for(running, timeout=20)
+    assert "was not found" in str(ended.value)
+    assert asyncio.get_running_loop().time() - started < 20

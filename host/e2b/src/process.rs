@@ -12,7 +12,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use brig_sdk::{Cmd, ExecEvent, ExecResult, ExecStream, Sandbox};
+use brig_sdk::{Cmd, ErrorCode, ExecEvent, ExecResult, ExecStream, Sandbox, SandboxState};
 use bytes::Bytes;
 use futures::Stream;
 use tokio::sync::mpsc;
@@ -327,7 +327,7 @@ async fn start(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Response
     let (tx, rx) = mpsc::channel(EVENT_QUEUE);
     let gw = gw.clone();
     tokio::spawn(async move {
-        let ended = pump(&mut stream, pid, pty.is_some(), &tx, deadline, keepalive).await;
+        let ended = pump(&sb, &mut stream, pid, pty.is_some(), &tx, deadline, keepalive).await;
         if ended == Pumped::DeadlinePassed {
             let _ = sb.kill(exec_id).await;
         }
@@ -353,7 +353,7 @@ async fn connect_rpc(
     let keepalive = keepalive_interval(headers);
     let (tx, rx) = mpsc::channel(EVENT_QUEUE);
     tokio::spawn(async move {
-        pump(&mut stream, pid, pty, &tx, deadline, keepalive).await;
+        pump(&sb, &mut stream, pid, pty, &tx, deadline, keepalive).await;
     });
     Ok(connect::stream_reply(codec, receiver_stream::<pb::ConnectResponse>(rx)))
 }
@@ -426,6 +426,7 @@ type EventTx = mpsc::Sender<Result<Event, ConnectError>>;
 /// client that went away stops nothing: the pump reads on (and drops) until the command ends,
 /// so what it keeps (stdin, its table entry) lives exactly as long as the command.
 async fn pump(
+    sb: &Sandbox,
     stream: &mut ExecStream,
     pid: u32,
     pty: bool,
@@ -473,6 +474,16 @@ async fn pump(
             Some(Some(Ok(ExecEvent::Stderr(b)))) => {
                 Event::Data(DataEvent { output: Some(Output::Stderr(b.to_vec())) })
             }
+            // A command killed because its sandbox went (killed, timed out) ends as envd's
+            // stream does then: the sandbox "was not found", which the SDKs raise as not running.
+            Some(Some(Ok(ExecEvent::Exited(result))))
+                if result.exit_code.is_none() && sandbox_gone(sb).await =>
+            {
+                if attached {
+                    let _ = tx.send(Err(ConnectError::SandboxGone(sb.id().to_string()))).await;
+                }
+                return Pumped::Failed;
+            }
             Some(Some(Ok(ExecEvent::Exited(result)))) => Event::End(end_event(&result)),
             Some(Some(Err(e))) => {
                 if attached {
@@ -488,6 +499,14 @@ async fn pump(
         if last {
             return Pumped::Ended;
         }
+    }
+}
+
+/// Whether the sandbox is gone (destroyed, expired) or going.
+async fn sandbox_gone(sb: &Sandbox) -> bool {
+    match sb.status().await {
+        Ok(info) => !matches!(info.state, SandboxState::Running | SandboxState::Paused),
+        Err(e) => matches!(e.code(), Some(ErrorCode::NotFound | ErrorCode::Expired)),
     }
 }
 
