@@ -1,8 +1,12 @@
-// E2B's JS SDK, unchanged, against brigd: create, a command, files in and out, kill. Run by
+// E2B's JS SDK, unchanged, against brigd: the key format, create, commands and their pids,
+// files in and out, a watched directory, a volume shared by two sandboxes, kill. Run by
 // tests/tests/e2b.rs from artifacts/node (where scripts/install-deps.sh installed the SDK), with
-// E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY pointing at the daemon.
+// E2B_API_URL, E2B_SANDBOX_URL, E2B_VOLUME_API_URL and E2B_API_KEY pointing at the daemon.
 import assert from 'node:assert/strict'
-import { Sandbox, CommandExitError, NotFoundError } from 'e2b'
+import { Sandbox, CommandExitError, NotFoundError, Volume, FilesystemEventType } from 'e2b'
+
+// brigd's tokens are E2B API keys.
+assert.match(process.env.E2B_API_KEY, /^e2b_[0-9a-f]{64}$/)
 
 const sbx = await Sandbox.create({ timeoutMs: 120_000, metadata: { sdk: 'js' } })
 try {
@@ -27,6 +31,25 @@ try {
   assert.ok(entries.some((e) => e.name === 'js.txt'))
   await assert.rejects(sbx.files.read('/no/such/file'), (e) => e instanceof NotFoundError)
 
+  // A background command's pid is its pid in the sandbox: `kill -0` finds it, and the SDK
+  // lists and kills it by that pid.
+  const bg = await sbx.commands.run('sleep 60', { background: true })
+  assert.ok(bg.pid > 1)
+  const alive = await sbx.commands.run(`kill -0 ${bg.pid} && cat /proc/${bg.pid}/cmdline | tr '\\0' ' '`)
+  assert.equal(alive.stdout, 'sleep 60 ')
+  assert.ok((await sbx.commands.list()).some((p) => p.pid === bg.pid))
+  assert.equal(await sbx.commands.kill(bg.pid), true)
+
+  // A watched directory tells of a file written in it.
+  const seen = []
+  const watch = await sbx.files.watchDir('/home/user', (e) => seen.push(e))
+  await sbx.files.write('/home/user/watched.txt', 'w')
+  for (let i = 0; i < 50 && !seen.some((e) => e.name === 'watched.txt'); i++) {
+    await new Promise((r) => setTimeout(r, 100))
+  }
+  await watch.stop()
+  assert.ok(seen.some((e) => e.name === 'watched.txt' && [FilesystemEventType.CREATE, FilesystemEventType.WRITE].includes(e.type)), JSON.stringify(seen))
+
   const info = await sbx.getInfo()
   assert.equal(info.sandboxId, sbx.sandboxId)
   assert.deepEqual(info.metadata, { sdk: 'js' })
@@ -34,4 +57,22 @@ try {
   await sbx.kill()
 }
 assert.equal(await Sandbox.connect(sbx.sandboxId).then(() => 'alive', () => 'gone'), 'gone')
+
+// A volume: written with no sandbox, mounted by two at once.
+const vol = await Volume.create(`js-vol-${Date.now()}`)
+try {
+  await vol.writeFile('/shared.txt', 'from js')
+  const a = await Sandbox.create({ timeoutMs: 60_000, volumeMounts: { '/mnt/v': vol } })
+  const b = await Sandbox.create({ timeoutMs: 60_000, volumeMounts: { '/mnt/v': vol.name } })
+  try {
+    assert.equal((await a.commands.run('cat /mnt/v/shared.txt')).stdout, 'from js')
+    await b.commands.run('echo from-b > /mnt/v/b.txt')
+    assert.equal(await vol.readFile('/b.txt'), 'from-b\n')
+  } finally {
+    await a.kill()
+    await b.kill()
+  }
+} finally {
+  assert.equal(await Volume.destroy(vol.volumeId), true)
+}
 console.log('e2b-js: ok')

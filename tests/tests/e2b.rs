@@ -149,6 +149,7 @@ fn the_e2b_js_sdk_runs_unchanged_against_brigd() {
         .current_dir(tool("node"))
         .env("E2B_API_URL", &url)
         .env("E2B_SANDBOX_URL", &url)
+        .env("E2B_VOLUME_API_URL", &url)
         .env("E2B_API_KEY", daemon.access_token().expect("token"))
         .output()
         .expect("running node");
