@@ -151,6 +151,12 @@ async fn follow(
         path: "the gateway's client".into(),
         source: std::io::Error::other(e.to_string()),
     })?;
+    if admin.is_cluster() {
+        // A node's journal is followed on the node: a replica's gateway delivers nothing
+        // (and does not ask every node each second).
+        tracing::info!("webhooks are delivered by the gateway of a node, not of a control replica");
+        std::future::pending::<()>().await;
+    }
     let start = match *after {
         Some(seq) => seq,
         None => {

@@ -119,6 +119,8 @@ struct Inner {
     intents: intents::Intents,
     /// Clients following audit trails now (bounded by `limits.audit_followers`).
     audit_followers: limits::Gauge,
+    /// Clients following the lifecycle journal now (bounded by `limits.event_followers`).
+    event_followers: limits::Gauge,
     /// The bounds and deadline of file work on the blocking pool.
     file_work: file_work::FileWorkGate,
     /// Registry pulls creates are waiting for, by reference: concurrent creates of one image
@@ -192,6 +194,7 @@ impl Node {
                 working_set: parking_lot::Mutex::new((std::time::Instant::now(), 0, 0)),
                 working_set_refreshing: std::sync::atomic::AtomicBool::new(false),
                 audit_followers: limits::Gauge::default(),
+                event_followers: limits::Gauge::default(),
                 file_work,
                 pulls: Default::default(),
                 intents,

@@ -202,9 +202,9 @@ impl crate::Node {
         if !req.follow {
             return Ok(Some(brig_proto::Reply::Events(backlog)));
         }
-        let max = self.inner.config.limits.audit_followers;
+        let max = self.inner.config.limits.event_followers;
         let _follower =
-            self.inner.audit_followers.enter(max, crate::limits::Limit::AuditFollowers)?;
+            self.inner.event_followers.enter(max, crate::limits::Limit::EventFollowers)?;
         let mut last = backlog.last().map_or(req.after_seq, |e| e.seq);
         exchange.reply(&brig_proto::Reply::Events(backlog)).await?;
         let peer_gone = exchange.peer_gone();

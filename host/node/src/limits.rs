@@ -25,6 +25,9 @@ pub struct LimitsConfig {
     pub streams_per_connection: usize,
     /// Clients following audit trails at once, on the whole node.
     pub audit_followers: usize,
+    /// Clients following the lifecycle journal at once (each E2B gateway's webhook
+    /// dispatcher is one), on the whole node.
+    pub event_followers: usize,
     /// Bytes one exec's streamed stdin may carry; past it the command's stdin is closed.
     pub exec_stdin_bytes: u64,
     /// File operations of one sandbox under way at once on the node's blocking pool (see
@@ -44,6 +47,7 @@ impl Default for LimitsConfig {
             execs_per_sandbox: 256,
             streams_per_connection: 8192,
             audit_followers: 256,
+            event_followers: 64,
             exec_stdin_bytes: 16 << 30,
             file_ops_per_sandbox: 8,
             file_ops_per_node: 128,
@@ -58,6 +62,7 @@ pub enum Limit {
     SessionsPerSandbox,
     ExecsPerSandbox,
     AuditFollowers,
+    EventFollowers,
     ExecStdinBytes,
     FileOpsPerSandbox,
     FileOpsPerNode,
@@ -70,6 +75,7 @@ impl Limit {
             Limit::SessionsPerSandbox => "open sessions per sandbox",
             Limit::ExecsPerSandbox => "running or kept execs per sandbox",
             Limit::AuditFollowers => "clients following audit trails on this node",
+            Limit::EventFollowers => "clients following lifecycle events on this node",
             Limit::ExecStdinBytes => "bytes of stdin per exec",
             Limit::FileOpsPerSandbox => "file operations under way per sandbox",
             Limit::FileOpsPerNode => "file operations under way on this node",
@@ -82,6 +88,7 @@ impl Limit {
             Limit::SessionsPerSandbox => "sessions_per_sandbox",
             Limit::ExecsPerSandbox => "execs_per_sandbox",
             Limit::AuditFollowers => "audit_followers",
+            Limit::EventFollowers => "event_followers",
             Limit::ExecStdinBytes => "exec_stdin_bytes",
             Limit::FileOpsPerSandbox => "file_ops_per_sandbox",
             Limit::FileOpsPerNode => "file_ops_per_node",
