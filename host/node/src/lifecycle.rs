@@ -86,8 +86,7 @@ impl Node {
         let qos = req.qos.map(convert::qos_from_wire).unwrap_or_default();
         let project = labels.iter().find(|(k, _)| k == crate::scope::PROJECT_LABEL);
         let project = project.map(|(_, p)| p.as_str());
-        let (_volumes_held, volumes, binds) =
-            self.volumes_for_create(&id, tier, placement, &req, project).await?;
+        let (_volumes_held, volumes, binds) = self.volumes_for_create(&req, project).await?;
         // A full VM's link is made with it (its VMM attaches to the tap at start).
         let (sandbox, vm_slot) =
             self.create_sandbox(&id, tier, placement, &req, &egress, binds).await?;
@@ -587,6 +586,13 @@ impl Node {
         egress: &Option<(Vec<brig_core::EgressRule>, brig_core::EgressPolicy)>,
         binds: Vec<brig_container::protect::Bind>,
     ) -> Result<(Arc<dyn Sandbox>, Option<u32>), NodeError> {
+        // Only a container on the node's kernel has a rootfs here to bind volumes into.
+        let host_container =
+            tier == Tier::Container && placement != Some(brig_proto::Placement::Vm);
+        if !binds.is_empty() && !host_container {
+            let op = "volumes (a container on the node's kernel mounts them)";
+            return Err(NodeError::WrongTier { id: id.to_string(), tier, op });
+        }
         let sandbox: Arc<dyn Sandbox> = match tier {
             Tier::Fncall => {
                 let fncall = &self.inner.fncall;

@@ -61,23 +61,11 @@ impl Node {
     /// the table, mounted on the node, with their binds for the container.
     pub(crate) async fn volumes_for_create(
         &self,
-        id: &brig_core::SandboxId,
-        tier: brig_core::Tier,
-        placement: Option<brig_proto::Placement>,
         req: &brig_proto::CreateRequest,
         project: Option<&str>,
     ) -> Result<(Option<MountHold>, Vec<VolumeBinding>, Vec<Bind>), NodeError> {
         if req.volumes.is_empty() {
             return Ok((None, Vec::new(), Vec::new()));
-        }
-        if tier != brig_core::Tier::Container
-            || placement != Some(brig_proto::Placement::HostKernel)
-        {
-            return Err(NodeError::WrongTier {
-                id: id.to_string(),
-                tier,
-                op: "volumes (a container on the node's kernel mounts them)",
-            });
         }
         let (hold, found) = self.inner.volumes.hold_for_mount(&req.volumes, project)?;
         let mut bindings = Vec::new();

@@ -120,6 +120,8 @@ pub(crate) struct Volume {
     pending: AtomicUsize,
     /// Held while it is mounted or unmounted.
     mounting: Mutex<()>,
+    /// Known mounted this run (so file operations and listings need not read the mount table).
+    mounted: std::sync::atomic::AtomicBool,
     /// Its file operations under way on the blocking pool (its share of the node's bound).
     pub file_ops: Arc<tokio::sync::Semaphore>,
 }
@@ -350,6 +352,7 @@ impl Volumes {
         let v = volume.clone();
         let removed = tokio::task::spawn_blocking(move || {
             let _mounting = v.mounting.lock();
+            v.mounted.store(false, Ordering::SeqCst);
             if is_mounted(&point) {
                 nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH).map_err(|e| {
                     VolumeError::Io { what: "unmount", path: point.clone(), source: e.into() }
@@ -420,10 +423,10 @@ impl Volumes {
 
     /// Bytes the volume holds (its file system's use; 0 before it was first mounted).
     pub(crate) fn used_bytes(&self, volume: &Volume) -> u64 {
-        let point = self.run.join(&volume.record.id);
-        if !is_mounted(&point) {
+        if !volume.mounted.load(Ordering::SeqCst) {
             return 0;
         }
+        let point = self.run.join(&volume.record.id);
         match nix::sys::statvfs::statvfs(&point) {
             Ok(st) => st.blocks().saturating_sub(st.blocks_free()) * st.fragment_size(),
             Err(_) => 0,
@@ -452,6 +455,7 @@ impl Volumes {
             }
             let point = self.run.join(&volume.record.id);
             let _mounting = volume.mounting.lock();
+            volume.mounted.store(false, Ordering::SeqCst);
             if is_mounted(&point) {
                 if let Err(e) = nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH) {
                     tracing::warn!(volume = %volume.record.id, error = %e, "cannot unmount a volume");
@@ -474,6 +478,7 @@ impl Volume {
             record,
             pending: AtomicUsize::new(0),
             mounting: Mutex::new(()),
+            mounted: std::sync::atomic::AtomicBool::new(false),
             file_ops: Arc::new(tokio::sync::Semaphore::new(file_ops)),
         }
     }
@@ -482,8 +487,13 @@ impl Volume {
 /// Volume `volume`'s mount under `run`, mounted from its image in `dir` if it is not.
 fn mount(dir: &Path, run_dir: &Path, volume: &Volume) -> Result<PathBuf, VolumeError> {
     let point = run_dir.join(&volume.record.id);
+    if volume.mounted.load(Ordering::SeqCst) {
+        return Ok(point);
+    }
     let _mounting = volume.mounting.lock();
-    if is_mounted(&point) {
+    // Mounted by an earlier run (a kept container holds it), or by a request just before.
+    if volume.mounted.load(Ordering::SeqCst) || is_mounted(&point) {
+        volume.mounted.store(true, Ordering::SeqCst);
         return Ok(point);
     }
     std::fs::create_dir_all(&point).map_err(io("create", &point))?;
@@ -509,6 +519,7 @@ fn mount(dir: &Path, run_dir: &Path, volume: &Volume) -> Result<PathBuf, VolumeE
         let _ = nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH);
         return Err(VolumeError::Io { what: "make private", path: point, source: e.into() });
     }
+    volume.mounted.store(true, Ordering::SeqCst);
     tracing::debug!(volume = %volume.record.id, "volume mounted");
     Ok(point)
 }
