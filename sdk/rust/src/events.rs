@@ -35,23 +35,12 @@ pub struct EventStream {
 impl EventStream {
     /// The next batch of events; `None` at the end.
     pub async fn next_batch(&mut self) -> Result<Option<Vec<LifecycleEvent>>, Error> {
-        if self.done {
-            return Ok(None);
-        }
-        match self.exchange.next_reply().await? {
-            Some(Reply::Events(batch)) => Ok(Some(batch)),
-            Some(Reply::Done) | None => {
-                self.done = true;
-                Ok(None)
+        crate::security::next_batch(&mut self.exchange, &mut self.done, "events", |reply| {
+            match reply {
+                Reply::Events(batch) => Ok(batch),
+                other => Err(Box::new(other)),
             }
-            Some(Reply::Error(e)) => {
-                self.done = true;
-                Err(e.into())
-            }
-            Some(other) => {
-                self.done = true;
-                Err(unexpected("events", &other))
-            }
-        }
+        })
+        .await
     }
 }

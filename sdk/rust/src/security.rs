@@ -110,23 +110,41 @@ pub struct AuditStream {
 impl AuditStream {
     /// The next batch of events; `None` at the end.
     pub async fn next_batch(&mut self) -> Result<Option<Vec<AuditEvent>>, Error> {
-        if self.done {
+        next_batch(&mut self.exchange, &mut self.done, "audit", |reply| match reply {
+            Reply::Audit(batch) => Ok(batch),
+            other => Err(Box::new(other)),
+        })
+        .await
+    }
+}
+
+/// The next batch of a stream of batches (`batch` takes its kind of reply, or gives the reply
+/// back): `None` once the server ended it (or it failed, or an odd reply came, reported once).
+pub(crate) async fn next_batch<T>(
+    exchange: &mut ClientExchange,
+    done: &mut bool,
+    request: &'static str,
+    batch: impl FnOnce(Reply) -> Result<Vec<T>, Box<Reply>>,
+) -> Result<Option<Vec<T>>, Error> {
+    if *done {
+        return Ok(None);
+    }
+    let reply = match exchange.next_reply().await? {
+        Some(Reply::Done) | None => {
+            *done = true;
             return Ok(None);
         }
-        match self.exchange.next_reply().await? {
-            Some(Reply::Audit(batch)) => Ok(Some(batch)),
-            Some(Reply::Done) | None => {
-                self.done = true;
-                Ok(None)
-            }
-            Some(Reply::Error(e)) => {
-                self.done = true;
-                Err(e.into())
-            }
-            Some(other) => {
-                self.done = true;
-                Err(unexpected("audit", &other))
-            }
+        Some(reply) => reply,
+    };
+    match batch(reply).map_err(|r| *r) {
+        Ok(items) => Ok(Some(items)),
+        Err(Reply::Error(e)) => {
+            *done = true;
+            Err(e.into())
+        }
+        Err(other) => {
+            *done = true;
+            Err(unexpected(request, &other))
         }
     }
 }
