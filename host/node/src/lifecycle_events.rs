@@ -24,13 +24,17 @@ use crate::sandboxes::now_unix_ms;
 
 /// Bytes of the journal file before it rotates.
 const FILE_BYTES: u64 = 8 << 20;
-/// Events kept in memory for reads (the newest).
+/// Events kept in memory for reads (the newest), at most this many ...
 pub const MEMORY_EVENTS: usize = 50_000;
+/// ... and at most about this many bytes (a sandbox's labels may take 64 KiB).
+pub const MEMORY_BYTES: usize = 64 << 20;
 /// Events one read returns at most.
 pub const MAX_READ: usize = 1_000;
 
 struct Journal {
     events: VecDeque<LifecycleEvent>,
+    /// About what `events` holds, in bytes.
+    events_bytes: usize,
     next_seq: u64,
     bytes: u64,
     /// Labels and creation time of the sandboxes seen, until they are gone.
@@ -44,6 +48,24 @@ pub struct LifecycleJournal {
     live: broadcast::Sender<LifecycleEvent>,
 }
 
+/// About the bytes one event holds in memory.
+fn size_of(e: &LifecycleEvent) -> usize {
+    let labels: usize = e.labels.iter().map(|(k, v)| k.len() + v.len() + 48).sum();
+    128 + e.sandbox.len() + e.event.len() + e.detail.len() + labels
+}
+
+impl Journal {
+    /// Keeps `event`, forgetting the oldest ones past the count or the byte bound.
+    fn keep(&mut self, event: LifecycleEvent) {
+        self.events_bytes += size_of(&event);
+        self.events.push_back(event);
+        while self.events.len() > MEMORY_EVENTS || self.events_bytes > MEMORY_BYTES {
+            let Some(old) = self.events.pop_front() else { break };
+            self.events_bytes = self.events_bytes.saturating_sub(size_of(&old));
+        }
+    }
+}
+
 /// Events that end a sandbox (its labels are forgotten after them).
 fn ends(event: &str) -> bool {
     matches!(event, "destroyed" | "expired")
@@ -53,18 +75,22 @@ impl LifecycleJournal {
     /// Opens the journal in `dir`, reading back what an earlier run wrote.
     pub fn open(dir: &Path) -> LifecycleJournal {
         let path = dir.join("events.jsonl");
-        let mut events = VecDeque::new();
+        let mut kept = Journal {
+            events: VecDeque::new(),
+            events_bytes: 0,
+            next_seq: 1,
+            bytes: 0,
+            known: HashMap::new(),
+        };
         for file in [path.with_extension("jsonl.1"), path.clone()] {
             let Ok(f) = std::fs::File::open(&file) else { continue };
             for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {
                 if let Ok(event) = serde_json::from_str::<LifecycleEvent>(&line) {
-                    events.push_back(event);
-                    if events.len() > MEMORY_EVENTS {
-                        events.pop_front();
-                    }
+                    kept.keep(event);
                 }
             }
         }
+        let (events, events_bytes) = (kept.events, kept.events_bytes);
         let next_seq = events.back().map_or(1, |e| e.seq + 1);
         let bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
         let mut known = HashMap::new();
@@ -77,7 +103,7 @@ impl LifecycleJournal {
         }
         LifecycleJournal {
             path,
-            journal: Mutex::new(Journal { events, next_seq, bytes, known }),
+            journal: Mutex::new(Journal { events, events_bytes, next_seq, bytes, known }),
             live: broadcast::channel(4096).0,
         }
     }
@@ -132,10 +158,7 @@ impl LifecycleJournal {
                 Err(e) => tracing::warn!(error = %e, "lifecycle journal write"),
             }
         }
-        j.events.push_back(record.clone());
-        if j.events.len() > MEMORY_EVENTS {
-            j.events.pop_front();
-        }
+        j.keep(record.clone());
         drop(j);
         let _ = self.live.send(record);
     }
@@ -268,5 +291,21 @@ mod tests {
         let all = again.read(0, 100, |_| true);
         assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3, 4]);
         assert_eq!(again.read(0, 2, |_| true).len(), 2, "the limit holds");
+    }
+
+    #[test]
+    fn large_labels_are_held_within_the_byte_bound() {
+        let dir = tempfile::tempdir().expect("dir");
+        let journal = LifecycleJournal::open(dir.path());
+        let big = vec![("k".to_string(), "v".repeat(60 << 10))];
+        let n = MEMORY_BYTES / (60 << 10) + 200;
+        for i in 0..n {
+            journal.record(&format!("sb-{i}"), "created", String::new(), Some((big.clone(), 1)));
+            journal.record(&format!("sb-{i}"), "destroyed", String::new(), None);
+        }
+        let j = journal.journal.lock();
+        assert!(j.events_bytes <= MEMORY_BYTES, "{} bytes", j.events_bytes);
+        assert!(j.events.len() < 2 * n, "the oldest went");
+        assert_eq!(j.events.back().map(|e| e.seq), Some(2 * n as u64), "the newest stayed");
     }
 }
