@@ -40,15 +40,29 @@ try {
   assert.ok((await sbx.commands.list()).some((p) => p.pid === bg.pid))
   assert.equal(await sbx.commands.kill(bg.pid), true)
 
-  // A watched directory tells of a file written in it.
+  // A watched directory tells of a file written in it, of a rename and a mode change as they
+  // happen, and (recursive) of a folder made later, with entries when asked.
   const seen = []
-  const watch = await sbx.files.watchDir('/home/user', (e) => seen.push(e))
+  const watch = await sbx.files.watchDir('/home/user', (e) => seen.push(e), { recursive: true, includeEntry: true })
   await sbx.files.write('/home/user/watched.txt', 'w')
-  for (let i = 0; i < 50 && !seen.some((e) => e.name === 'watched.txt'); i++) {
+  await sbx.commands.run('cd /home/user && chmod 600 watched.txt && mv watched.txt moved.txt && mkdir -p n/m && echo x > n/m/deep.txt')
+  for (let i = 0; i < 50 && !seen.some((e) => e.name === 'n/m/deep.txt'); i++) {
     await new Promise((r) => setTimeout(r, 100))
   }
   await watch.stop()
-  assert.ok(seen.some((e) => e.name === 'watched.txt' && [FilesystemEventType.CREATE, FilesystemEventType.WRITE].includes(e.type)), JSON.stringify(seen))
+  const saw = (name, type) => seen.some((e) => e.name === name && e.type === type)
+  assert.ok(saw('watched.txt', FilesystemEventType.CREATE), JSON.stringify(seen))
+  assert.ok(saw('watched.txt', FilesystemEventType.CHMOD), JSON.stringify(seen))
+  assert.ok(saw('watched.txt', FilesystemEventType.RENAME), JSON.stringify(seen))
+  assert.ok(saw('moved.txt', FilesystemEventType.CREATE), JSON.stringify(seen))
+  assert.ok(saw('n/m/deep.txt', FilesystemEventType.CREATE), JSON.stringify(seen))
+  assert.equal(seen.find((e) => e.name === 'moved.txt').entry?.path, '/home/user/moved.txt')
+
+  // File metadata is kept with the file, listed, and follows a rename.
+  const written = await sbx.files.write('/home/user/meta.txt', 'm', { metadata: { Owner: 'js' } })
+  assert.deepEqual(written.metadata, { owner: 'js' })
+  await sbx.files.rename('/home/user/meta.txt', '/home/user/meta2.txt')
+  assert.deepEqual((await sbx.files.getInfo('/home/user/meta2.txt')).metadata, { owner: 'js' })
 
   const info = await sbx.getInfo()
   assert.equal(info.sandboxId, sbx.sandboxId)

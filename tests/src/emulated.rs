@@ -95,6 +95,14 @@ pub struct Run<T> {
     pub outside: Result<T, String>,
 }
 
+/// Why driving the emulated host failed, for a panic: the console's last lines, then the
+/// failure itself last, so that a CI log cut in the middle still ends with it.
+pub fn failure(what: &str, error: &str, log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    let tail = lines[lines.len().saturating_sub(80)..].join("\n");
+    format!("{what}\n--- the emulated host's last console lines ---\n{tail}\n--- {what}: {error}")
+}
+
 /// Runs the emulated host `cmd` (made by [`qemu`] with the UDP `port` forwarded) under a
 /// `limit` watchdog. Once its console announces brigd (`BRIG-L1-ENDPOINT pin=… token=…`, within
 /// `announce`), an SDK client connects through the forward and `drive` runs with it; if the

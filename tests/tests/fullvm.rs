@@ -40,7 +40,9 @@ fn a_debian_vm_boots_systemd_serves_postgres_and_forks_inside_an_emulated_host()
     assert!(!has("BRIG-L1-FULLVM no remote service"), "no web service to reach:\n{log}");
     match &outside {
         Ok(report) => println!("{report}"),
-        Err(e) => panic!("driving brigd in the emulated host failed: {e}\n{log}"),
+        Err(e) => {
+            panic!("{}", emulated::failure("driving brigd in the emulated host failed", e, &log))
+        }
     }
     assert!(has("BRIG-L1-FULLVM brigd restarted"), "brigd was not restarted:\n{log}");
     // Counted by the emulated host after the test destroyed everything it made.

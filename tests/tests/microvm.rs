@@ -91,7 +91,8 @@ fn a_linux_guest_boots_snapshots_and_resumes_on_brig_vmm_inside_an_emulated_host
     // The SDK on this side of the emulated host: create, streamed exec, files, pause and
     // implicit resume, fork.
     if let Err(e) = &outside {
-        panic!("driving the emulated host's brigd from outside failed: {e}\n{log}");
+        let what = "driving the emulated host's brigd from outside failed";
+        panic!("{}", emulated::failure(what, e, &log));
     }
     assert!(has("BRIG-L1-BRIGD-RESTARTED"), "brigd was not restarted:\n{log}");
     assert!(has("BRIG-L1-VMM-KILLED sb-"), "no VMM was killed under brigd:\n{log}");

@@ -15,8 +15,10 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use brig_core::files::{Entry, EntryKind, MAX_LIST_ENTRIES};
+use brig_core::files::{Entry, EntryKind, FileMetadata, MAX_LIST_ENTRIES};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+
+use crate::file_metadata;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
@@ -32,6 +34,8 @@ pub enum FileError {
     NotRegular(String),
     #[error("{path:?} is on a kernel file system ({magic:#x}), not the sandbox's disk: the files API moves the sandbox's own files only (a command in the sandbox may use it)")]
     KernelFile { path: String, magic: u32 },
+    #[error("{path:?} holds more than {max} directories: too many to watch")]
+    TooManyDirs { path: String, max: usize },
 }
 
 impl FileError {
@@ -97,6 +101,12 @@ fn check_disk_fs(fd: BorrowedFd<'_>, path: &str) -> Result<(), FileError> {
     }
 }
 
+/// `Ok` if `fd` (any descriptor, `O_PATH` too) is on the sandbox's disks, not a kernel file
+/// system.
+pub(crate) fn on_disk(fd: BorrowedFd<'_>) -> Result<(), FileError> {
+    check_disk_fs(fd, "")
+}
+
 /// `Ok` if `fd` is a regular file on the sandbox's disk.
 fn check_data_file(fd: BorrowedFd<'_>, path: &str) -> Result<(), FileError> {
     let st = rustix::fs::fstat(fd).map_err(err(path))?;
@@ -149,6 +159,16 @@ impl<'a> RootDir<'a> {
         let rel = if path.is_empty() { "/" } else { path };
         rustix::fs::openat2(self.root, rel, flags | OFlags::CLOEXEC, mode, RESOLVE)
             .map_err(err(path))
+    }
+
+    /// The root directory itself.
+    pub fn root(&self) -> BorrowedFd<'a> {
+        self.root
+    }
+
+    /// A directory, resolved in the root without being opened (`O_PATH`).
+    pub fn open_dir(&self, path: &str) -> Result<OwnedFd, FileError> {
+        self.resolve(path, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())
     }
 
     /// The resolved parent directory and the final name.
@@ -274,9 +294,30 @@ impl<'a> RootDir<'a> {
             rustix::fs::fstat(self.root).map_err(err(path))?
         } else {
             let (parent, name) = self.parent(path)?;
-            rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW).map_err(err(path))?
+            let st =
+                rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW).map_err(err(path))?;
+            let mut found = entry(display(path), &st);
+            found.metadata = file_metadata::read_at(parent.as_fd(), name, found.kind);
+            return Ok(found);
         };
         Ok(entry(display(path), &st))
+    }
+
+    /// Makes `metadata` the metadata of a file or directory of the sandbox's disk (resolved in
+    /// the root; anything else is refused before it is opened; an empty map clears it); its
+    /// entry after.
+    pub fn set_metadata(&self, path: &str, metadata: &FileMetadata) -> Result<Entry, FileError> {
+        let found = self.resolve(path, OFlags::PATH, Mode::empty())?;
+        check_disk_fs(found.as_fd(), path)?;
+        let kind = FileType::from_raw_mode(rustix::fs::fstat(&found).map_err(err(path))?.st_mode);
+        if !matches!(kind, FileType::RegularFile | FileType::Directory) {
+            return Err(FileError::NotRegular(path.to_string()));
+        }
+        file_metadata::write(found.as_fd(), metadata).map_err(err(path))?;
+        let st = rustix::fs::fstat(&found).map_err(err(path))?;
+        let mut out = entry(display(path), &st);
+        out.metadata = file_metadata::read(found.as_fd());
+        Ok(out)
     }
 
     /// The whole `lstat` of one entry (a symlink itself), with its target if it is one.
@@ -338,7 +379,9 @@ impl<'a> RootDir<'a> {
                 continue;
             };
             let full = if base == "/" { format!("/{name}") } else { format!("{base}/{name}") };
-            out.push(entry(full, &st));
+            let mut found = entry(full, &st);
+            found.metadata = file_metadata::read_at(dir.as_fd(), &name, found.kind);
+            out.push(found);
             if out.len() >= MAX_LIST_ENTRIES {
                 break;
             }
@@ -480,6 +523,7 @@ fn entry(path: String, st: &rustix::fs::Stat) -> Entry {
         modified_unix_ms,
         uid: st.st_uid,
         gid: st.st_gid,
+        metadata: FileMetadata::new(),
     }
 }
 

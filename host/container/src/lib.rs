@@ -20,6 +20,7 @@ pub mod cgroup_favor;
 pub mod containers_dir;
 pub mod control;
 pub mod exec;
+mod file_metadata;
 pub mod files;
 pub mod kept;
 pub mod netlink;

@@ -10,9 +10,9 @@ use std::time::Duration;
 use brig_core::files::Entry;
 use brig_core::sandbox::{
     BoxFuture, Capabilities, Condition, ContainerRecord, ExecControl, ExecEvent, ExecExit,
-    ExecSpec, FileAccess, ForkChild, ForkKind, ForkOptions, Forked, KeptWork, Op, PauseKind,
-    Persistence, ReadSource, RecoveredExec, Requested, RunningExec, Sandbox, SandboxError,
-    SessionSpec, Stdin, StdinChunk, TerminalSize, UploadTarget, Usage, WriteOptions,
+    ExecSpec, FileAccess, FileWatch, ForkChild, ForkKind, ForkOptions, Forked, KeptWork, Op,
+    PauseKind, Persistence, ReadSource, RecoveredExec, Requested, RunningExec, Sandbox,
+    SandboxError, SessionSpec, Stdin, StdinChunk, TerminalSize, UploadTarget, Usage, WriteOptions,
 };
 use brig_core::{QosClass, SandboxId, Tier};
 use tokio::sync::mpsc;
@@ -37,6 +37,8 @@ pub const CONTAINER_CAPS: Capabilities = Capabilities::new(
         Op::SessionAsUser,
         Op::Files,
         Op::FileAppend,
+        Op::FileMetadata,
+        Op::FileWatch,
         Op::Pause,
         Op::Fork,
         Op::Egress,
@@ -515,6 +517,25 @@ impl Sandbox for ContainerSandbox {
         Box::pin(async move { Ok(self.container.list_dir(path).await?) })
     }
 
+    fn set_metadata<'a>(
+        &'a self,
+        path: &'a str,
+        metadata: brig_core::files::FileMetadata,
+    ) -> BoxFuture<'a, Result<Entry, SandboxError>> {
+        Box::pin(async move { Ok(self.container.set_file_metadata(path, &metadata).await?) })
+    }
+
+    fn watch<'a>(
+        &'a self,
+        path: &'a str,
+        recursive: bool,
+    ) -> BoxFuture<'a, Result<Box<dyn FileWatch>, SandboxError>> {
+        Box::pin(async move {
+            let watch = self.container.watch_dir(path, recursive).await?;
+            Ok(Box::new(ContainerFileWatch(watch)) as Box<dyn FileWatch>)
+        })
+    }
+
     fn mkdir<'a>(
         &'a self,
         path: &'a str,
@@ -700,6 +721,17 @@ impl From<RuntimeError> for SandboxError {
     }
 }
 
+/// A container's directory watch as a tier's [`FileWatch`].
+struct ContainerFileWatch(crate::shim_files::ContainerWatch);
+
+impl FileWatch for ContainerFileWatch {
+    fn next(
+        &mut self,
+    ) -> BoxFuture<'_, Result<Option<brig_core::files::WatchBatch>, SandboxError>> {
+        Box::pin(async move { Ok(self.0.next().await?) })
+    }
+}
+
 impl From<FileError> for SandboxError {
     fn from(e: FileError) -> SandboxError {
         // What a path names that the files API cannot serve is the caller's to fix: a magic
@@ -715,6 +747,7 @@ impl From<FileError> for SandboxError {
             FileError::Io { source, .. } if source.raw_os_error() == Some(libc::EROFS) => {
                 SandboxError::PermissionDenied(e.to_string())
             }
+            FileError::TooManyDirs { .. } => SandboxError::TooLarge(e.to_string()),
             // A process of the sandbox holds a lease on the file.
             FileError::Io { source, .. } if source.raw_os_error() == Some(libc::EAGAIN) => {
                 SandboxError::Conflict(format!("{e} (a process in the sandbox holds the file)"))

@@ -14,7 +14,7 @@
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
 
-use brig_core::files::{Entry, EntryKind, MAX_LIST_ENTRIES};
+use brig_core::files::{Entry, EntryKind, FileMetadata, WatchBatch, MAX_LIST_ENTRIES};
 use brig_core::sandbox::{BoxFuture, SandboxError, UploadTarget};
 use tokio::io::unix::AsyncFd;
 use tokio::io::AsyncReadExt;
@@ -22,7 +22,7 @@ use tokio::io::AsyncReadExt;
 use crate::files::FileError;
 use crate::runtime::Container;
 use crate::shim_conn::{async_socket, recv_message, ShimConnError};
-use crate::shim_proto::{FileReply, FileRequest, ToShim, WireEntry, WireFileError};
+use crate::shim_proto::{FileReply, FileRequest, ToShim, WireEntry, WireFileError, WireMetadata};
 
 /// Largest answer of a file child.
 pub const MAX_REPLY_BYTES: usize = 64 << 10;
@@ -66,14 +66,14 @@ impl From<ShimFileError> for SandboxError {
     }
 }
 
-pub(crate) fn wire_entry(e: Entry) -> WireEntry {
+pub(crate) fn wire_entry(e: Entry) -> (WireEntry, WireMetadata) {
     let kind = match e.kind {
         EntryKind::File => 0,
         EntryKind::Dir => 1,
         EntryKind::Symlink => 2,
         EntryKind::Other => 3,
     };
-    WireEntry {
+    let wire = WireEntry {
         path: e.path,
         kind,
         size: e.size,
@@ -81,10 +81,11 @@ pub(crate) fn wire_entry(e: Entry) -> WireEntry {
         modified_unix_ms: e.modified_unix_ms,
         uid: e.uid,
         gid: e.gid,
-    }
+    };
+    (wire, e.metadata.into_iter().collect())
 }
 
-fn entry_of(w: WireEntry) -> Entry {
+fn entry_of(w: WireEntry, metadata: WireMetadata) -> Entry {
     let kind = match w.kind {
         0 => EntryKind::File,
         1 => EntryKind::Dir,
@@ -100,6 +101,16 @@ fn entry_of(w: WireEntry) -> Entry {
         modified_unix_ms: w.modified_unix_ms,
         uid,
         gid,
+        metadata: metadata.into_iter().collect(),
+    }
+}
+
+/// The entry of a stat-like answer.
+fn answered_entry(reply: FileReply) -> Result<Entry, ShimFileError> {
+    match reply {
+        FileReply::EntryWithMetadata(e, metadata) => Ok(entry_of(e, metadata)),
+        FileReply::Entry(e) => Ok(entry_of(e, WireMetadata::new())),
+        other => Err(refused(other)),
     }
 }
 
@@ -113,6 +124,9 @@ pub(crate) fn wire_error(e: &FileError) -> WireFileError {
         FileError::NotRegular(p) => WireFileError::NotRegular(p.clone()),
         FileError::KernelFile { path, magic } => {
             WireFileError::KernelFile { path: path.clone(), magic: *magic }
+        }
+        FileError::TooManyDirs { path, max } => {
+            WireFileError::TooManyDirs { path: path.clone(), max: *max as u64 }
         }
     }
 }
@@ -128,6 +142,42 @@ fn error_of(w: WireFileError) -> FileError {
         WireFileError::BadPath(p) => FileError::BadPath(p),
         WireFileError::NotRegular(p) => FileError::NotRegular(p),
         WireFileError::KernelFile { path, magic } => FileError::KernelFile { path, magic },
+        WireFileError::TooManyDirs { path, max } => {
+            FileError::TooManyDirs { path, max: usize::try_from(max).unwrap_or(usize::MAX) }
+        }
+    }
+}
+
+/// Largest frame of changes taken from a watch child.
+pub const MAX_WATCH_FRAME_BYTES: u32 = 8 << 20;
+
+/// The node's end of a watch ([`Container::watch_dir`]); dropping it ends the watch (the
+/// child sees its pipe closed and exits).
+pub struct ContainerWatch {
+    changes: tokio::net::unix::pipe::Receiver,
+}
+
+impl ContainerWatch {
+    /// The next batch of changes, waiting for it; `None` once the watch ended.
+    pub async fn next(&mut self) -> Result<Option<WatchBatch>, ShimFileError> {
+        let mut len = [0u8; 4];
+        match self.changes.read_exact(&mut len).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) => return Err(ShimFileError::Channel(e)),
+        }
+        let len = u32::from_le_bytes(len);
+        if len > MAX_WATCH_FRAME_BYTES {
+            return Err(ShimFileError::ListingTooLarge(u64::from(MAX_WATCH_FRAME_BYTES)));
+        }
+        let mut body = vec![0u8; len as usize];
+        tokio::time::timeout(REPLY_DEADLINE, self.changes.read_exact(&mut body))
+            .await
+            .map_err(|_| ShimFileError::Deadline(REPLY_DEADLINE))?
+            .map_err(ShimFileError::Channel)?;
+        let batch =
+            postcard::from_bytes(&body).map_err(|e| ShimFileError::BadListing(e.to_string()))?;
+        Ok(Some(batch))
     }
 }
 
@@ -234,10 +284,19 @@ impl Container {
 
     pub async fn stat_file(&self, path: &str) -> Result<Entry, ShimFileError> {
         let reply = self.file_request(FileRequest::Stat { path: path.into() }, None).await?;
-        match reply.next().await?.0 {
-            FileReply::Entry(e) => Ok(entry_of(e)),
-            other => Err(refused(other)),
-        }
+        answered_entry(reply.next().await?.0)
+    }
+
+    /// Replaces a file's or directory's metadata with the container's rights; its entry after.
+    pub async fn set_file_metadata(
+        &self,
+        path: &str,
+        metadata: &FileMetadata,
+    ) -> Result<Entry, ShimFileError> {
+        let metadata = metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let request = FileRequest::SetMetadata { path: path.into(), metadata };
+        let reply = self.file_request(request, None).await?;
+        answered_entry(reply.next().await?.0)
     }
 
     /// A directory's entries, sorted by name (at most [`MAX_LIST_ENTRIES`]).
@@ -260,9 +319,36 @@ impl Container {
             return Err(ShimFileError::ListingTooLarge(MAX_LISTING_BYTES));
         }
         reply.done().await?;
-        let wire: Vec<WireEntry> =
-            postcard::from_bytes(&bytes).map_err(|e| ShimFileError::BadListing(e.to_string()))?;
-        Ok(wire.into_iter().take(MAX_LIST_ENTRIES).map(entry_of).collect())
+        let bad = |e: postcard::Error| ShimFileError::BadListing(e.to_string());
+        let (wire, rest): (Vec<WireEntry>, _) = postcard::take_from_bytes(&bytes).map_err(bad)?;
+        // A shim from before metadata sends the entries alone.
+        let metadata: Vec<WireMetadata> =
+            if rest.is_empty() { Vec::new() } else { postcard::from_bytes(rest).map_err(bad)? };
+        let mut metadata = metadata.into_iter();
+        Ok(wire
+            .into_iter()
+            .take(MAX_LIST_ENTRIES)
+            .map(|e| entry_of(e, metadata.next().unwrap_or_default()))
+            .collect())
+    }
+
+    /// Watches a directory with the container's rights ([`crate::shim::file_op`]'s watch
+    /// child); the watch is in place when this returns.
+    pub async fn watch_dir(
+        &self,
+        path: &str,
+        recursive: bool,
+    ) -> Result<ContainerWatch, ShimFileError> {
+        let (read_end, write_end) = pipe()?;
+        let request = FileRequest::Watch { path: path.into(), recursive };
+        let reply = self.file_request(request, Some(write_end)).await?;
+        match reply.next().await?.0 {
+            FileReply::Ready => {}
+            other => return Err(refused(other)),
+        }
+        let changes = tokio::net::unix::pipe::Receiver::from_owned_fd(read_end)
+            .map_err(ShimFileError::Channel)?;
+        Ok(ContainerWatch { changes })
     }
 
     pub async fn make_dir(&self, path: &str, parents: bool) -> Result<(), ShimFileError> {

@@ -128,7 +128,9 @@ pub enum FileRequest {
     Stat {
         path: String,
     },
-    /// The entries go into the pipe (postcard `Vec<WireEntry>`), then [`FileReply::Done`].
+    /// The entries go into the pipe (postcard `Vec<WireEntry>`, then their metadata in the
+    /// same order, a postcard `Vec<WireMetadata>`, which a shim from before metadata leaves
+    /// out), then [`FileReply::Done`].
     List {
         path: String,
     },
@@ -140,7 +142,22 @@ pub enum FileRequest {
         path: String,
         recursive: bool,
     },
+    /// Make this the metadata of a file or directory: [`FileReply::EntryWithMetadata`].
+    /// Last, so older variants keep their tags.
+    SetMetadata {
+        path: String,
+        metadata: WireMetadata,
+    },
+    /// Watch a directory (`crate::shim::file_watch`): [`FileReply::Ready`] once the watch is
+    /// in place, then frames of changes into the pipe until the node closes it.
+    Watch {
+        path: String,
+        recursive: bool,
+    },
 }
+
+/// A file's metadata ([`brig_core::files::FileMetadata`]) on the wire.
+pub type WireMetadata = Vec<(String, String)>;
 
 /// The file child's answers, on the request's reply socket.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -153,9 +170,12 @@ pub enum FileReply {
     Written {
         bytes: u64,
     },
+    /// An entry from a shim from before metadata.
     Entry(WireEntry),
     Done,
     Failed(WireFileError),
+    /// An entry and its metadata. Last, so older variants keep their tags.
+    EntryWithMetadata(WireEntry, WireMetadata),
 }
 
 /// [`brig_core::files::Entry`] on the wire.
@@ -188,6 +208,11 @@ pub enum WireFileError {
     KernelFile {
         path: String,
         magic: u32,
+    },
+    /// Last, so older variants keep their tags.
+    TooManyDirs {
+        path: String,
+        max: u64,
     },
 }
 

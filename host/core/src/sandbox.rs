@@ -46,6 +46,10 @@ pub enum Op {
     ToolCalls,
     Files,
     FileAppend,
+    /// User metadata kept with files ([`crate::files::FileMetadata`]).
+    FileMetadata,
+    /// Watching a directory tree for changes as they happen.
+    FileWatch,
     Pause,
     Fork,
     Egress,
@@ -55,7 +59,7 @@ pub enum Op {
 }
 
 impl Op {
-    const ALL: [Op; 14] = [
+    const ALL: [Op; 16] = [
         Op::Exec,
         Op::ExecAsUser,
         Op::Terminal,
@@ -64,6 +68,8 @@ impl Op {
         Op::ToolCalls,
         Op::Files,
         Op::FileAppend,
+        Op::FileMetadata,
+        Op::FileWatch,
         Op::Pause,
         Op::Fork,
         Op::Egress,
@@ -83,6 +89,8 @@ impl Op {
             Op::ToolCalls => "tool calls",
             Op::Files => "file access",
             Op::FileAppend => "appending to a file",
+            Op::FileMetadata => "file metadata",
+            Op::FileWatch => "watching files",
             Op::Pause => "pause",
             Op::Fork => "fork",
             Op::Egress => "egress rules",
@@ -511,6 +519,13 @@ fn unsupported<'a, T: Send + 'a>(op: Op) -> BoxFuture<'a, Result<T, SandboxError
     ready(Err(SandboxError::Unsupported { op, note: None }))
 }
 
+/// A watch on a directory tree ([`Sandbox::watch`]); dropping it ends the watch.
+pub trait FileWatch: Send {
+    /// The next changes, waiting for them; `None` once the watch ended (its directory went
+    /// away, or the sandbox did).
+    fn next(&mut self) -> BoxFuture<'_, Result<Option<crate::files::WatchBatch>, SandboxError>>;
+}
+
 /// One sandbox of any tier. A method a tier does not serve answers
 /// [`SandboxError::Unsupported`] by default.
 pub trait Sandbox: Send + Sync + 'static {
@@ -578,6 +593,24 @@ pub trait Sandbox: Send + Sync + 'static {
     }
     fn list<'a>(&'a self, _path: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, SandboxError>> {
         unsupported(Op::Files)
+    }
+    /// Makes `metadata` (checked already) the metadata of a file or directory (an empty map
+    /// clears it); its entry after.
+    fn set_metadata<'a>(
+        &'a self,
+        _path: &'a str,
+        _metadata: crate::files::FileMetadata,
+    ) -> BoxFuture<'a, Result<Entry, SandboxError>> {
+        unsupported(Op::FileMetadata)
+    }
+    /// Watches directory `path` (and, with `recursive`, every directory below it, those made
+    /// later too) for changes; the watch is in place when this returns.
+    fn watch<'a>(
+        &'a self,
+        _path: &'a str,
+        _recursive: bool,
+    ) -> BoxFuture<'a, Result<Box<dyn FileWatch>, SandboxError>> {
+        unsupported(Op::FileWatch)
     }
     fn mkdir<'a>(
         &'a self,

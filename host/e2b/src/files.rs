@@ -11,6 +11,7 @@ use axum::body::Body;
 use axum::extract::{FromRequest, Multipart, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use brig_core::files::{checked_metadata, FileMetadata};
 use brig_sdk::{Cmd, ErrorCode, ExecStdin, ExecStream, FileKind, Sandbox};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -290,9 +291,52 @@ fn bad_gzip(e: std::io::Error) -> FileError {
 }
 
 /// What one written file answers.
-fn written(path: &str) -> serde_json::Value {
+fn written(path: &str, metadata: &FileMetadata) -> serde_json::Value {
     let name = path.rsplit('/').next().unwrap_or("");
-    serde_json::json!({ "name": name, "type": "file", "path": path })
+    let mut info = serde_json::json!({ "name": name, "type": "file", "path": path });
+    if !metadata.is_empty() {
+        info["metadata"] = serde_json::json!(metadata);
+    }
+    info
+}
+
+/// Header names of an upload's file metadata (`X-Metadata-<key>: <value>`, as E2B's SDK sends
+/// it), lowercase as they arrive.
+const METADATA_HEADER: &str = "x-metadata-";
+
+/// The file metadata an upload's headers ask for (keys lowercased; a key sent twice keeps its
+/// first value), checked before a byte is written.
+fn upload_metadata(headers: &HeaderMap) -> Result<FileMetadata, FileError> {
+    let mut metadata = FileMetadata::new();
+    for (name, value) in headers {
+        let Some(key) = name.as_str().strip_prefix(METADATA_HEADER) else { continue };
+        let value = value
+            .to_str()
+            .map_err(|_| FileError::bad(format!("metadata {key:?}: not printable US-ASCII")))?;
+        metadata.entry(key.to_string()).or_insert_with(|| value.to_string());
+    }
+    checked_metadata(&metadata).map_err(|e| FileError::bad(e.to_string()))
+}
+
+/// Makes `metadata` the metadata of every written file, as envd does: an upload replaces a
+/// file's metadata, one with none clears it (after the bytes, as a user writing them could
+/// not set another user's attributes). What the upload answers.
+async fn keep_metadata(
+    sb: &Sandbox,
+    paths: Vec<String>,
+    metadata: &FileMetadata,
+) -> Result<Vec<serde_json::Value>, FileError> {
+    let mut out = Vec::with_capacity(paths.len());
+    for path in paths {
+        match sb.set_file_metadata(&path, metadata.clone()).await {
+            Ok(_) => {}
+            // A tier that keeps no metadata has none to clear.
+            Err(e) if e.is_unsupported() && metadata.is_empty() => {}
+            Err(e) => return Err(FileError::from_brig(e)),
+        }
+        out.push(written(&path, metadata));
+    }
+    Ok(out)
 }
 
 /// `POST /files`: one raw body to `path`, or every multipart `file` part to its filename.
@@ -310,15 +354,25 @@ pub async fn upload(
     let (body, pump) = BodyPump::start(body);
     let request = Request::from_parts(parts, body);
     let content_type = crate::gateway::header(&headers, "content-type").unwrap_or("");
-    let result = if content_type.starts_with("multipart/form-data") {
-        match Multipart::from_request(request, &()).await {
-            Ok(multipart) => upload_parts(&sb, &user, q.path.as_deref(), multipart).await,
-            Err(e) => Err(FileError::bad(e.body_text())),
+    let result = match upload_metadata(&headers) {
+        Err(e) => Err(e),
+        Ok(metadata) => {
+            let written = if content_type.starts_with("multipart/form-data") {
+                match Multipart::from_request(request, &()).await {
+                    Ok(multipart) => upload_parts(&sb, &user, q.path.as_deref(), multipart).await,
+                    Err(e) => Err(FileError::bad(e.body_text())),
+                }
+            } else {
+                // An inflated body larger than the sandbox's disk could not be written anyway.
+                let cap = gw.config().disk_mib.saturating_mul(1 << 20).max(MIN_INFLATE_CAP);
+                let body = request.into_body();
+                upload_raw(&sb, &user, q.path.as_deref(), &headers, body, cap).await
+            };
+            match written {
+                Ok(paths) => keep_metadata(&sb, paths, &metadata).await,
+                Err(e) => Err(e),
+            }
         }
-    } else {
-        // An inflated body larger than the sandbox's disk could not be written anyway.
-        let cap = gw.config().disk_mib.saturating_mul(1 << 20).max(MIN_INFLATE_CAP);
-        upload_raw(&sb, &user, q.path.as_deref(), &headers, request.into_body(), cap).await
     };
     // A sandbox killed (or paused) during the upload answers as gone, the SDK's "not running",
     // whatever the write itself said: a file written into a sandbox that ended is not there.
@@ -423,7 +477,7 @@ async fn upload_raw(
     headers: &HeaderMap,
     body: Body,
     inflate_cap: u64,
-) -> Result<Vec<serde_json::Value>, FileError> {
+) -> Result<Vec<String>, FileError> {
     let path = user.resolve(path.ok_or_else(|| FileError::bad("no path"))?);
     let gzip = crate::gateway::header(headers, "content-encoding")
         .is_some_and(|e| e.eq_ignore_ascii_case("gzip"));
@@ -443,7 +497,7 @@ async fn upload_raw(
         sink = g.end(sink).await?;
     }
     sink.finish().await?;
-    Ok(vec![written(&path)])
+    Ok(vec![path])
 }
 
 async fn upload_parts(
@@ -451,7 +505,7 @@ async fn upload_parts(
     user: &EnvdUser,
     path: Option<&str>,
     mut multipart: Multipart,
-) -> Result<Vec<serde_json::Value>, FileError> {
+) -> Result<Vec<String>, FileError> {
     let mut out = Vec::new();
     while let Some(mut field) =
         multipart.next_field().await.map_err(|e| FileError::bad(e.body_text()))?
@@ -467,7 +521,7 @@ async fn upload_parts(
             sink = sink.write(bytes).await?;
         }
         sink.finish().await?;
-        out.push(written(&destination));
+        out.push(destination);
     }
     if out.is_empty() {
         return Err(FileError::bad("no file in the request"));

@@ -89,7 +89,7 @@ pub(crate) fn entry_info(stat: &FileStat, names: &Names) -> pb::EntryInfo {
             nanos: i32::try_from(modified.subsec_nanos()).unwrap_or(0),
         }),
         symlink_target: None,
-        metadata: Default::default(),
+        metadata: stat.metadata.clone().into_iter().collect(),
         is_symlink: stat.kind == FileKind::Symlink,
     }
 }
@@ -348,6 +348,7 @@ mod tests {
                 modified_unix_ms: 1_700_000_000_500,
                 uid: 1000,
                 gid: 1000,
+                metadata: [("owner".to_string(), "ann".to_string())].into(),
             },
             &Names::parse("user:x:1000:1000::/home/user:/bin/sh\n", ""),
         ))
@@ -356,6 +357,7 @@ mod tests {
         assert_eq!(json["type"], "FILE_TYPE_FILE");
         assert_eq!(json["size"], "12");
         assert_eq!(json["mode"], 0o644);
+        assert_eq!(json["metadata"]["owner"], "ann");
         assert!(json["modifiedTime"].as_str().is_some_and(|t| t.starts_with("2023-11-14T")));
     }
 }

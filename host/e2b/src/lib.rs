@@ -39,6 +39,7 @@ mod template_builds;
 mod templates;
 mod volumes;
 pub mod watch;
+mod watch_live;
 pub mod webhooks;
 
 use std::collections::BTreeMap;

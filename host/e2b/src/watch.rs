@@ -1,6 +1,8 @@
 //! envd's directory watchers on Brig's file API: `WatchDir` streams and the sync SDK's polled
-//! watchers (`CreateWatcher`, `GetWatcherEvents`, `RemoveWatcher`). A watcher looks at its tree
-//! every [`WATCH_EVERY`] and reports the differences.
+//! watchers (`CreateWatcher`, `GetWatcherEvents`, `RemoveWatcher`). Where the sandbox's tier
+//! watches directories itself (containers: inotify in the sandbox), a watcher passes its
+//! changes on as they happen ([`crate::watch_live`]); elsewhere it looks at its tree every
+//! [`WATCH_EVERY`] and reports the differences.
 //!
 //! Every watcher belongs to its sandbox, and what it may cost is bounded there:
 //! - a sandbox has at most [`MAX_WATCHES_PER_SANDBOX`] watchers of both kinds (all sandboxes
@@ -28,6 +30,7 @@ use crate::connect::{self, Code, Codec, ConnectError};
 use crate::envd::{self, EnvdUser};
 use crate::filesystem::{walk, watch_target};
 use crate::pb::filesystem as pb;
+use crate::watch_live::Live;
 use crate::Gateway;
 
 /// How often a watcher looks at its tree.
@@ -70,7 +73,7 @@ struct SandboxWatches {
 }
 
 /// A watcher's place in its sandbox's count, given back when dropped.
-struct Slot {
+pub(crate) struct Slot {
     gw: Gateway,
     sandbox: String,
     generation: u64,
@@ -101,7 +104,7 @@ struct Scanner {
 }
 
 /// Resolves when the sandbox's watchers are ended (the sender is dropped).
-async fn ended(alive: &mut watch::Receiver<()>) {
+pub(crate) async fn ended(alive: &mut watch::Receiver<()>) {
     while alive.changed().await.is_ok() {}
 }
 
@@ -215,7 +218,7 @@ fn diff(root: &str, before: &Snapshot, after: &Snapshot) -> Vec<pb::FilesystemEv
     events
 }
 
-type EventTx = mpsc::Sender<Result<pb::FilesystemEvent, ConnectError>>;
+pub(crate) type EventTx = mpsc::Sender<Result<pb::FilesystemEvent, ConnectError>>;
 
 /// Watches `root` until `tx` closes or the sandbox's watchers end, sending each round's events
 /// (after a first look). A failed look ends the watch with why; if the sandbox is gone, all
@@ -289,7 +292,16 @@ pub(crate) async fn watch_dir(
     let (slot, scanner) = gw.inner.watchers.take(gw, sb.id())?;
     let root = watch_target(&sb, &user, &req.path).await?;
     let (tx, rx) = mpsc::channel(256);
-    tokio::spawn(watch_loop(gw.clone(), sb, root, req.recursive, tx, scanner, Some(slot)));
+    match crate::watch_live::start(&sb, &root, req.recursive).await? {
+        Some(live) => {
+            let alive = scanner.alive.clone();
+            let how = Live { gw: gw.clone(), sb, root, include_entry: req.include_entry, alive };
+            tokio::spawn(crate::watch_live::run(how, live, tx, Some(slot)));
+        }
+        None => {
+            tokio::spawn(watch_loop(gw.clone(), sb, root, req.recursive, tx, scanner, Some(slot)));
+        }
+    }
     let deadline = connect::deadline(headers).map(|d| tokio::time::Instant::now() + d);
     let first = futures::stream::iter([Ok(pb::WatchDirResponse {
         event: Some(Event::Start(StartEvent {})),
@@ -346,7 +358,16 @@ pub(crate) async fn create_watcher(
     let id = format!("w-{}", hex::encode(rand_id()));
     let (tx, mut rx) = mpsc::channel(256);
     let sandbox = sb.id().to_string();
-    tokio::spawn(watch_loop(gw.clone(), sb, root, req.recursive, tx, scanner, None));
+    match crate::watch_live::start(&sb, &root, req.recursive).await? {
+        Some(live) => {
+            let alive = scanner.alive.clone();
+            let how = Live { gw: gw.clone(), sb, root, include_entry: req.include_entry, alive };
+            tokio::spawn(crate::watch_live::run(how, live, tx, None));
+        }
+        None => {
+            tokio::spawn(watch_loop(gw.clone(), sb, root, req.recursive, tx, scanner, None));
+        }
+    }
     let weak = Arc::downgrade(&watcher);
     tokio::spawn(async move {
         loop {

@@ -226,7 +226,9 @@ fn entry(path: String, meta: &cap_std::fs::Metadata) -> Entry {
         .and_then(|t| t.into_std().duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_millis() as u64);
     let (uid, gid) = (meta.uid(), meta.gid());
-    Entry { path, kind, size: meta.len(), mode: meta.mode() & 0o7777, modified_unix_ms, uid, gid }
+    let size = meta.len();
+    let mode = meta.mode() & 0o7777;
+    Entry { path, kind, size, mode, modified_unix_ms, uid, gid, metadata: Default::default() }
 }
 
 #[cfg(test)]

@@ -76,6 +76,7 @@ pub fn entry_to_wire(e: Entry) -> wire::FileStat {
         modified_unix_ms: e.modified_unix_ms,
         uid: e.uid,
         gid: e.gid,
+        metadata: e.metadata,
     }
 }
 

@@ -98,7 +98,7 @@ pub enum NodeError {
 fn sandbox_text(id: &str, tier: Tier, e: &SandboxError) -> String {
     match e {
         SandboxError::Unsupported { .. } => {
-            format!("sandbox {id} is a {tier} sandbox; {e} needs another tier")
+            format!("sandbox {id} is a {tier} sandbox; {e} {}", brig_proto::NEEDS_ANOTHER_TIER)
         }
         SandboxError::Lost(why) => format!("sandbox {id} is gone: {why}"),
         other => other.to_string(),

@@ -7,6 +7,7 @@ use std::io::SeekFrom;
 
 use std::io::{Read, Seek, Write};
 
+use brig_core::files::checked_metadata;
 use brig_core::sandbox::{FileAccess, Op, ReadSource, SandboxError, WriteOptions};
 use brig_proto::{FileOp, FileReadRequest, FileWriteRequest, Reply, Request};
 use brig_transport::Exchange;
@@ -63,6 +64,8 @@ pub(crate) fn audited_op(request: &Request) -> Option<(String, &'static str, Str
         Request::File(FileOp::Stat { sandbox, path }) => (sandbox, "stat", path),
         Request::File(FileOp::Mkdir { sandbox, path, .. }) => (sandbox, "mkdir", path),
         Request::File(FileOp::Remove { sandbox, path, .. }) => (sandbox, "remove", path),
+        Request::File(FileOp::SetMetadata { sandbox, path, .. }) => (sandbox, "set_metadata", path),
+        Request::File(FileOp::Watch(w)) => (&w.sandbox, "watch", &w.path),
         _ => return None,
     };
     Some((sandbox.clone(), op, path.clone()))
@@ -234,11 +237,15 @@ pub(crate) async fn small(node: &Node, op: FileOp) -> Result<Reply, NodeError> {
         FileOp::List { sandbox, path }
         | FileOp::Stat { sandbox, path }
         | FileOp::Mkdir { sandbox, path, .. }
-        | FileOp::Remove { sandbox, path, .. } => (sandbox.as_str(), path.as_str()),
+        | FileOp::Remove { sandbox, path, .. }
+        | FileOp::SetMetadata { sandbox, path, .. } => (sandbox.as_str(), path.as_str()),
         _ => return Err(crate::route::misrouted(op.kind())),
     };
     let entry = node.live(sandbox).await?;
     entry.require(Op::Files)?;
+    if matches!(op, FileOp::SetMetadata { .. }) {
+        entry.require(Op::FileMetadata)?;
+    }
     let path = path.to_string();
     let reply = node
         .tier_file_op(&entry, op.kind(), move |s| async move {
@@ -255,6 +262,13 @@ pub(crate) async fn small(node: &Node, op: FileOp) -> Result<Reply, NodeError> {
                 FileOp::Remove { recursive, .. } => {
                     s.remove(&path, recursive).await.map(|()| Reply::Done)
                 }
+                FileOp::SetMetadata { metadata, .. } => match checked_metadata(&metadata) {
+                    Ok(metadata) => s
+                        .set_metadata(&path, metadata)
+                        .await
+                        .map(|e| Reply::Stat(convert::entry_to_wire(e))),
+                    Err(e) => Err(SandboxError::BadRequest(e.to_string())),
+                },
                 other => Err(SandboxError::BadRequest(format!(
                     "{} is not a small file operation",
                     other.kind()

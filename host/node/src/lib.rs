@@ -29,6 +29,7 @@ mod error;
 mod exec;
 mod exec_hub;
 mod exec_input;
+mod file_watch;
 mod file_work;
 mod files;
 mod free_page_reporting;
@@ -356,6 +357,7 @@ impl Node {
             Request::Sandbox(SandboxOp::Events(req)) => self.events(req, &mut exchange).await,
             Request::File(FileOp::Write(req)) => files::write(self, req, &mut exchange).await,
             Request::File(FileOp::Read(req)) => files::read(self, req, &mut exchange).await,
+            Request::File(FileOp::Watch(req)) => file_watch::watch(self, req, &mut exchange).await,
             Request::Volume(VolumeOp::Write(req)) => self.volume_write(req, &mut exchange).await,
             Request::Volume(VolumeOp::Read { volume, path, offset, len }) => {
                 self.volume_read(&volume, path, offset, len, &mut exchange).await

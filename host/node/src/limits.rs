@@ -28,6 +28,8 @@ pub struct LimitsConfig {
     /// Clients following the lifecycle journal at once (each E2B gateway's webhook
     /// dispatcher is one), on the whole node.
     pub event_followers: usize,
+    /// Directory watches one sandbox has at once (each is a process of the sandbox).
+    pub watches_per_sandbox: usize,
     /// Bytes one exec's streamed stdin may carry; past it the command's stdin is closed.
     pub exec_stdin_bytes: u64,
     /// File operations of one sandbox under way at once on the node's blocking pool (see
@@ -48,6 +50,7 @@ impl Default for LimitsConfig {
             streams_per_connection: 8192,
             audit_followers: 256,
             event_followers: 64,
+            watches_per_sandbox: 16,
             exec_stdin_bytes: 16 << 30,
             file_ops_per_sandbox: 8,
             file_ops_per_node: 128,
@@ -63,6 +66,7 @@ pub enum Limit {
     ExecsPerSandbox,
     AuditFollowers,
     EventFollowers,
+    WatchesPerSandbox,
     ExecStdinBytes,
     FileOpsPerSandbox,
     FileOpsPerNode,
@@ -76,6 +80,7 @@ impl Limit {
             Limit::ExecsPerSandbox => "running or kept execs per sandbox",
             Limit::AuditFollowers => "clients following audit trails on this node",
             Limit::EventFollowers => "clients following lifecycle events on this node",
+            Limit::WatchesPerSandbox => "directory watches per sandbox",
             Limit::ExecStdinBytes => "bytes of stdin per exec",
             Limit::FileOpsPerSandbox => "file operations under way per sandbox",
             Limit::FileOpsPerNode => "file operations under way on this node",
@@ -89,6 +94,7 @@ impl Limit {
             Limit::ExecsPerSandbox => "execs_per_sandbox",
             Limit::AuditFollowers => "audit_followers",
             Limit::EventFollowers => "event_followers",
+            Limit::WatchesPerSandbox => "watches_per_sandbox",
             Limit::ExecStdinBytes => "exec_stdin_bytes",
             Limit::FileOpsPerSandbox => "file_ops_per_sandbox",
             Limit::FileOpsPerNode => "file_ops_per_node",

@@ -105,6 +105,7 @@ impl Sandbox for FakeSandbox {
             modified_unix_ms: 0,
             uid: 0,
             gid: 0,
+            metadata: Default::default(),
         }))
     }
     fn pause(&self) -> BoxFuture<'_, Result<u64, SandboxError>> {

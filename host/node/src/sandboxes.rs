@@ -60,6 +60,8 @@ pub(crate) struct SandboxEntry {
     file_ops: std::sync::OnceLock<Arc<tokio::sync::Semaphore>>,
     /// Its use over its life (`crate::usage_history`).
     pub(crate) usage_history: Mutex<crate::usage_history::UsageHistory>,
+    /// Its directory watches (bounded by `limits.watches_per_sandbox`).
+    pub(crate) watches: crate::limits::Gauge,
 }
 
 impl SandboxEntry {
@@ -87,6 +89,7 @@ impl SandboxEntry {
             record_seq: Mutex::new(None),
             file_ops: std::sync::OnceLock::new(),
             usage_history: Mutex::default(),
+            watches: crate::limits::Gauge::default(),
         }
     }
 

@@ -438,6 +438,7 @@ fn entry_from_guest(e: crate::FileEntry) -> Entry {
         modified_unix_ms: e.modified_unix_ms,
         uid,
         gid,
+        metadata: Default::default(),
     }
 }
 

@@ -37,6 +37,12 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the sandbox's tier does not serve the operation (another way may).
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self, Error::Server { code: ErrorCode::BadRequest, message }
+            if message.ends_with(brig_proto::NEEDS_ANOTHER_TIER))
+    }
+
     /// Whether sending the request again (after a pause, or to another node) can succeed.
     pub fn retryable(&self) -> bool {
         match self {

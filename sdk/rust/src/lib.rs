@@ -31,6 +31,7 @@ mod cluster;
 mod error;
 mod events;
 mod exec;
+mod file_watch;
 mod images;
 mod lifecycle;
 mod ports;
@@ -44,6 +45,7 @@ pub use cluster::CallHops;
 pub use error::Error;
 pub use events::EventStream;
 pub use exec::{Cmd, ExecEvent, ExecOutput, ExecStdin, ExecStream, SessionOutput, ShellSession};
+pub use file_watch::FileWatch;
 pub use images::{GcSummary, ImageSource};
 pub use lifecycle::Lifetimes;
 pub use sandbox::{Sandbox, SandboxOptions};
@@ -56,10 +58,10 @@ pub use brig_proto::hello::{e2b_key, token_secret};
 pub use brig_proto::{
     AuditEvent, AuditKind, BuildCommand, BuildEvent, BuildEventKind, BuildStep, BuiltImage,
     CallLimits, CallOutcome, CallRequest, CallResult, CallerInfo, ErrorCode, EventsRequest,
-    ExecInfo, ExecResult, FileKind, FileStat, IdleAction, ImageFormat, ImageStats, LayerInfo,
-    LifecycleEvent, NodeCapacity, NodeRoute, NodeStatus, NodeSummary, Placement, ProjectInfo,
-    ProjectLimits, PullLayerProgress, PullLayerState, PullProgress, PulledImage, PulledLayer,
-    QosClass, SandboxInfo, SandboxLimits, SandboxState, SandboxUsage, SessionOpenRequest,
-    StrayObject, Tier, ToolInfo, ToolWorld, UsageSample, VolumeAttrs, VolumeEntry, VolumeInfo,
-    VolumeMount,
+    ExecInfo, ExecResult, FileChange, FileEvent, FileEvents, FileKind, FileStat, IdleAction,
+    ImageFormat, ImageStats, LayerInfo, LifecycleEvent, NodeCapacity, NodeRoute, NodeStatus,
+    NodeSummary, Placement, ProjectInfo, ProjectLimits, PullLayerProgress, PullLayerState,
+    PullProgress, PulledImage, PulledLayer, QosClass, SandboxInfo, SandboxLimits, SandboxState,
+    SandboxUsage, SessionOpenRequest, StrayObject, Tier, ToolInfo, ToolWorld, UsageSample,
+    VolumeAttrs, VolumeEntry, VolumeInfo, VolumeMount,
 };

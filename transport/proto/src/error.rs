@@ -40,6 +40,10 @@ pub enum ErrorCode {
     QuotaExceeded,
 }
 
+/// How a `BadRequest` refusal of an operation the sandbox's tier does not serve ends, so a
+/// client can fall back to another way (the message names the sandbox, its tier and the op).
+pub const NEEDS_ANOTHER_TIER: &str = "needs another tier";
+
 impl ErrorCode {
     /// Whether retrying the same request can succeed.
     pub fn retryable(self) -> bool {

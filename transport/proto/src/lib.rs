@@ -30,7 +30,7 @@ mod types_images;
 mod types_sandbox;
 mod types_volumes;
 
-pub use error::{ErrorCode, WireError};
+pub use error::{ErrorCode, WireError, NEEDS_ANOTHER_TIER};
 pub use frame::{decode, encode, FrameError, MAX_FRAME_BYTES};
 pub use message::*;
 pub use types_audit::*;
@@ -44,7 +44,7 @@ pub use types_sandbox::*;
 pub use types_volumes::*;
 
 /// The protocol version this build speaks. Bump on any change to message encodings.
-pub const PROTOCOL_VERSION: u16 = 8;
+pub const PROTOCOL_VERSION: u16 = 9;
 
 /// TLS application protocol name (ALPN). Versioning happens in the hello, not here.
 pub const ALPN: &[u8] = b"brig";

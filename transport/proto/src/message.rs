@@ -1,6 +1,8 @@
 //! Request and reply messages. Postcard encodes enum variants by index: append new variants and
 //! fields only together with a [`crate::PROTOCOL_VERSION`] bump.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::WireError;
@@ -187,6 +189,15 @@ pub enum FileOp {
         path: String,
         recursive: bool,
     },
+    /// Makes this the metadata of a file or directory (keys lowercased; an empty map clears
+    /// it): [`Reply::Stat`].
+    SetMetadata {
+        sandbox: String,
+        path: String,
+        metadata: BTreeMap<String, String>,
+    },
+    /// The reply is a stream of [`Reply::FileEvents`].
+    Watch(FileWatchRequest),
 }
 
 /// One-shot tool calls and the node's tool registry.
@@ -444,6 +455,8 @@ impl FileOp {
             FileOp::Stat { .. } => "file_stat",
             FileOp::Mkdir { .. } => "file_mkdir",
             FileOp::Remove { .. } => "file_remove",
+            FileOp::SetMetadata { .. } => "file_set_metadata",
+            FileOp::Watch(_) => "file_watch",
         }
     }
 
@@ -454,7 +467,9 @@ impl FileOp {
             FileOp::List { sandbox, .. }
             | FileOp::Stat { sandbox, .. }
             | FileOp::Mkdir { sandbox, .. }
-            | FileOp::Remove { sandbox, .. } => sandbox,
+            | FileOp::Remove { sandbox, .. }
+            | FileOp::SetMetadata { sandbox, .. } => sandbox,
+            FileOp::Watch(w) => &w.sandbox,
         }
     }
 }
@@ -597,6 +612,8 @@ pub enum Reply {
     VolumeEntries(Vec<VolumeEntry>),
     /// Lifecycle events, oldest first.
     Events(Vec<LifecycleEvent>),
+    /// Changes under a watched directory.
+    FileEvents(FileEvents),
 }
 
 #[cfg(test)]

@@ -1,5 +1,7 @@
 //! Files and tools.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -40,6 +42,50 @@ pub struct FileStat {
     /// Owner and group as the sandbox sees them (0 where a tier does not say).
     pub uid: u32,
     pub gid: u32,
+    /// User metadata kept with the file (lowercase keys; empty where a tier keeps none).
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// Watch a directory (and, if asked, every directory below it, those made later too) for
+/// changes as they happen. The replies are [`crate::Reply::FileEvents`] batches until the
+/// client closes the stream; the first is empty and says the watch is in place.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct FileWatchRequest {
+    pub sandbox: String,
+    pub path: String,
+    pub recursive: bool,
+}
+
+/// What happened to an entry, as E2B's envd names it.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileChange {
+    /// Made, or moved in (its new name).
+    Create,
+    Write,
+    Remove,
+    /// Moved away (its old name).
+    Rename,
+    /// Its mode, owner, times or metadata changed.
+    Chmod,
+}
+
+/// One change under a watched directory.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct FileEvent {
+    /// The entry's path in the sandbox.
+    pub path: String,
+    pub change: FileChange,
+    pub is_dir: bool,
+}
+
+/// A batch of changes, in the order they happened.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct FileEvents {
+    pub events: Vec<FileEvent>,
+    /// Changes lost since the last batch because the watcher's queue was full (the client
+    /// read too slowly, or the tree changed faster than a queue holds): the tree should be
+    /// listed again.
+    pub lost: bool,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]

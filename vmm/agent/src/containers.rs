@@ -47,7 +47,9 @@ impl From<FileError> for Refusal {
     fn from(e: FileError) -> Refusal {
         let failure = match &e {
             FileError::Io { source, .. } => Failure::of_io(source.kind()),
-            FileError::BadPath(_) | FileError::KernelFile { .. } => Failure::BadRequest,
+            FileError::BadPath(_)
+            | FileError::KernelFile { .. }
+            | FileError::TooManyDirs { .. } => Failure::BadRequest,
             FileError::NotRegular(_) => Failure::IsADirectory,
         };
         Refusal(failure, e.to_string())

@@ -30,7 +30,10 @@ const CHILD_DEADLINE_SECS: u32 = 300;
 /// Starts the child for `request`. `fds`: the reply socket, then the pipe a write or a
 /// listing uses. A request that cannot start is answered here.
 pub fn start(request: FileRequest, mut fds: Vec<OwnedFd>) {
-    let wants_pipe = matches!(request, FileRequest::Write { .. } | FileRequest::List { .. });
+    let wants_pipe = matches!(
+        request,
+        FileRequest::Write { .. } | FileRequest::List { .. } | FileRequest::Watch { .. }
+    );
     if fds.is_empty() {
         return;
     }
@@ -67,9 +70,15 @@ fn answer(reply: &OwnedFd, message: &FileReply, fd: Option<&OwnedFd>) -> bool {
     control::send(reply.as_fd(), &bytes, &fds).is_ok()
 }
 
+/// Answers an entry with its metadata.
+fn answer_entry(reply: &OwnedFd, entry: brig_core::files::Entry) -> bool {
+    let (entry, metadata) = wire_entry(entry);
+    answer(reply, &FileReply::EntryWithMetadata(entry, metadata), None)
+}
+
 /// The child's work; its exit code (0 when it answered).
 fn run(request: FileRequest, reply: &OwnedFd, pipe: Option<OwnedFd>) -> i32 {
-    if !matches!(request, FileRequest::Write { .. }) {
+    if !matches!(request, FileRequest::Write { .. } | FileRequest::Watch { .. }) {
         // SAFETY: alarm only schedules SIGALRM for this process; its default action ends it.
         unsafe { libc::alarm(CHILD_DEADLINE_SECS) };
     }
@@ -105,16 +114,35 @@ fn run(request: FileRequest, reply: &OwnedFd, pipe: Option<OwnedFd>) -> i32 {
                 Err(e) => Err(e),
             }
         }
-        FileRequest::Stat { path } => {
-            dir.stat(&path).map(|e| answer(reply, &FileReply::Entry(wire_entry(e)), None))
-        }
+        FileRequest::Stat { path } => dir.stat(&path).map(|e| answer_entry(reply, e)),
         FileRequest::List { path } => dir.list(&path).map(|entries| {
-            let wire: Vec<_> = entries.into_iter().map(wire_entry).collect();
-            let sent = pipe.map(std::fs::File::from).is_some_and(|mut out| {
-                postcard::to_allocvec(&wire).is_ok_and(|bytes| out.write_all(&bytes).is_ok())
+            let (wire, metadata): (Vec<_>, Vec<_>) = entries.into_iter().map(wire_entry).unzip();
+            let bytes = postcard::to_allocvec(&wire).and_then(|mut bytes| {
+                bytes.extend(postcard::to_allocvec(&metadata)?);
+                Ok(bytes)
             });
+            let sent = pipe
+                .map(std::fs::File::from)
+                .is_some_and(|mut out| bytes.is_ok_and(|bytes| out.write_all(&bytes).is_ok()));
             sent && answer(reply, &FileReply::Done, None)
         }),
+        FileRequest::Watch { path, recursive } => {
+            match super::file_watch::start(dir, &path, recursive) {
+                Ok(watching) => {
+                    if !answer(reply, &FileReply::Ready, None) {
+                        return 1;
+                    }
+                    if let Some(pipe) = pipe {
+                        watching.serve(pipe);
+                    }
+                    return 0;
+                }
+                Err(e) => Err(e),
+            }
+        }
+        FileRequest::SetMetadata { path, metadata } => {
+            dir.set_metadata(&path, &metadata.into_iter().collect()).map(|e| answer_entry(reply, e))
+        }
         FileRequest::Mkdir { path, parents } => {
             dir.mkdir(&path, parents).map(|()| answer(reply, &FileReply::Done, None))
         }

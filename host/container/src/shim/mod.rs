@@ -21,6 +21,7 @@
 
 mod child;
 mod file_op;
+mod file_watch;
 mod mounts;
 pub mod security;
 mod spawn;
