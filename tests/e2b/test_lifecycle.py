@@ -129,6 +129,43 @@ async def test_pause_then_connect_keeps_files_and_processes(sandbox):
     assert (await AsyncSandbox.get_info(sandbox.sandbox_id)).state == SandboxState.RUNNING
 
 
+async def test_a_filesystem_only_pause_ends_processes_and_keeps_files(sandbox):
+    await sandbox.files.write("/home/user/state.txt", "kept")
+    await sandbox.commands.run("sleep 606", background=True)
+    assert await sandbox.pause(mode="filesystem")
+    assert (await AsyncSandbox.get_info(sandbox.sandbox_id)).state == SandboxState.PAUSED
+    again = await AsyncSandbox.connect(sandbox.sandbox_id, timeout=300)
+    assert (await again.files.read("/home/user/state.txt")) == "kept"
+    r = await again.commands.run("pgrep -f '^sleep 606' || echo none")
+    assert r.stdout == "none\n", r.stdout
+    # The deprecated spelling means the same.
+    assert await again.pause(keep_memory=False)
+    await again.connect()
+
+
+async def test_a_filesystem_only_auto_pause_needs_an_explicit_resume():
+    with pytest.raises(Exception):
+        await AsyncSandbox.create(
+            timeout=60,
+            lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}, "auto_resume": True},
+        )
+    sb = await AsyncSandbox.create(
+        timeout=3, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}}
+    )
+    try:
+        await sb.commands.run("sleep 707", background=True)
+        for _ in range(100):
+            if (await AsyncSandbox.get_info(sb.sandbox_id)).state == SandboxState.PAUSED:
+                break
+            await asyncio.sleep(0.2)
+        assert (await AsyncSandbox.get_info(sb.sandbox_id)).state == SandboxState.PAUSED
+        await sb.connect(timeout=60)
+        r = await sb.commands.run("pgrep -f '^sleep 707' || echo none")
+        assert r.stdout == "none\n", r.stdout
+    finally:
+        await sb.kill()
+
+
 async def test_connect_lengthens_a_running_sandboxs_timeout_and_never_shortens_it(sandbox):
     """E2B: connecting to a running sandbox with a timeout sets it only if the new end is later."""
     ends = (await sandbox.get_info()).end_at  # the fixture's 600 s

@@ -53,6 +53,16 @@ async def test_a_template_builds_every_step_kind_and_a_rebuild_takes_the_cache(t
             "started\nhello two words\n/home/user/app\necho main\n"
             "user 600\nuser 755\ntool\nuser\n"
         ), r.stdout
+
+        # A filesystem-only pause ends every process and keeps the files; the resume is a
+        # cold boot: the template's start command runs again before `connect` answers.
+        await sb.commands.run("rm /tmp/started; echo kept > /home/user/kept.txt")
+        await sb.commands.run("sleep 777", background=True)
+        await sb.pause(mode="filesystem")
+        assert (await sb.get_info()).state.value == "paused"
+        await sb.connect()
+        r = await sb.commands.run("cat /tmp/started /home/user/kept.txt; pgrep -f '^sleep 777' || echo none")
+        assert r.stdout == "started\nkept\nnone\n", r.stdout
     finally:
         await sb.kill()
 

@@ -61,3 +61,56 @@ async fn with_its_own_zram_swap_a_paused_container_gives_most_of_its_memory_back
     assert_eq!(out.stdout_text(), format!("ready\n{}\n", 32 << 20));
     sb.destroy().await.expect("destroy");
 }
+
+/// A filesystem-only pause (E2B's `pause(mode="filesystem")`): every process ends and the
+/// container's memory goes back with no swap at all; the files stay, also across a restart of
+/// brigd, and the resume starts the sandbox with nothing running.
+#[tokio::test]
+async fn a_files_only_pause_gives_the_memory_back_and_resumes_with_nothing_running() {
+    // Writable layers on disk: a sandbox's files are the disk's page cache, which the kernel
+    // can drop (files in a tmpfs layer are memory, and stay).
+    let config = "[container]\nwritable_layer = \"disk\"\n";
+    let mut daemon = Daemon::start_with_config(config, &["--on-exit", "keep"]).expect("brigd");
+    let client = daemon.client().await.expect("client");
+    let options = SandboxOptions::container("busybox").memory_mib(256).disk_mib(128);
+    let sb = client.create(options).await.expect("create");
+    // 32 MiB held by a shell variable (anonymous memory) and a 32 MiB file.
+    let out = sb
+        .exec_with(brig_sdk::Cmd::shell(
+            "dd if=/dev/zero of=/tmp/file bs=1M count=32 2>/dev/null; \
+             (x=$(dd if=/dev/zero bs=1M count=32 2>/dev/null | tr '\\0' a); \
+              echo ready > /tmp/ready; while :; do sleep 1; done) > /dev/null 2>&1 & \
+             while [ ! -e /tmp/ready ]; do sleep 0.05; done",
+        ))
+        .await
+        .expect("workload");
+    assert!(out.success(), "{}", out.stderr_text());
+    let charged = |info: &brig_sdk::SandboxInfo| info.usage.map_or(0, |u| u.memory_bytes);
+    let before = charged(&sb.status().await.expect("status"));
+    assert!(before >= 48 << 20, "the workload is charged: {before}");
+
+    sb.pause_files_only().await.expect("pause keeping files only");
+    let paused = sb.status().await.expect("status");
+    assert_eq!(paused.state, brig_sdk::SandboxState::Paused);
+    assert!(paused.paused_files_only, "{paused:?}");
+    let after = charged(&paused);
+    assert!(after < 8 << 20, "{} MiB still charged of {} MiB", after >> 20, before >> 20);
+
+    // brigd restarts (keeping its containers): the sandbox is still paused keeping its
+    // files only.
+    daemon.restart().expect("restart");
+    let client = daemon.client().await.expect("client again");
+    let sb = client.sandbox(sb.id());
+    assert!(sb.status().await.expect("status").paused_files_only);
+
+    // The next request resumes it: files there, nothing running, and it runs commands.
+    let out = sb
+        .exec(["sh", "-c", "wc -c < /tmp/file; cat /tmp/ready; ps -o comm= | grep -c sleep"])
+        .await;
+    let out = out.expect("exec");
+    assert_eq!(out.stdout_text(), format!("{}\nready\n0\n", 32 << 20));
+    let running = sb.status().await.expect("status");
+    assert_eq!(running.state, brig_sdk::SandboxState::Running);
+    assert!(!running.paused_files_only);
+    sb.destroy().await.expect("destroy");
+}

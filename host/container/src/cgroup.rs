@@ -502,6 +502,34 @@ impl ContainerCgroup {
         }
     }
 
+    /// Kills every process of the container but those of `keep` (its init and shim), which
+    /// hold its namespaces: frozen first, so nothing forks between a look and a kill, then
+    /// killed (kills queue on frozen tasks) and thawed, then swept until none is left.
+    pub fn kill_all_but(&self, keep: &[i32]) -> Result<(), CgroupError> {
+        let others =
+            || -> Vec<i32> { self.tree_pids().into_iter().filter(|p| !keep.contains(p)).collect() };
+        let sigkill = |pids: Vec<i32>| {
+            for pid in pids {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        };
+        self.set_frozen(true)?;
+        sigkill(others());
+        self.set_frozen(false)?;
+        for _ in 0..500 {
+            let left = others();
+            if left.is_empty() {
+                return Ok(());
+            }
+            sigkill(left);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(())
+    }
+
     /// Whether the container is frozen (paused) or being frozen: a node that died while
     /// freezing it can leave v1's freezer in FREEZING, whose tasks answer nothing.
     pub fn is_frozen(&self) -> bool {

@@ -618,6 +618,24 @@ impl Container {
         self.cgroup.reclaim()
     }
 
+    /// Ends every process of the container but its init and shim (blocking): what a command
+    /// started, sessions and background jobs alike. The files stay.
+    pub fn end_processes(&self) -> Result<(), RuntimeError> {
+        Ok(self.cgroup.kill_all_but(&[self.init_pid, self.shim_pid])?)
+    }
+
+    /// Writes the writable layer's dirty pages to its disk (blocking), so that its page cache
+    /// can be given back. Best effort: a container without a layer of its own has none.
+    pub fn sync_files(&self) {
+        let Some(upper) = self.upper_path() else { return };
+        let flags = rustix::fs::OFlags::RDONLY
+            | rustix::fs::OFlags::DIRECTORY
+            | rustix::fs::OFlags::CLOEXEC;
+        if let Ok(dir) = rustix::fs::open(&upper, flags, rustix::fs::Mode::empty()) {
+            let _ = rustix::fs::syncfs(&dir);
+        }
+    }
+
     /// OOM kills in the container since the last call (the kernel's counter only grows).
     pub fn new_oom_kills(&self) -> u64 {
         let now = self.cgroup.oom_kills();

@@ -51,6 +51,8 @@ pub enum Op {
     /// Watching a directory tree for changes as they happen.
     FileWatch,
     Pause,
+    /// A pause that ends every process and keeps the files only.
+    PauseFilesOnly,
     Fork,
     Egress,
     Qos,
@@ -59,7 +61,7 @@ pub enum Op {
 }
 
 impl Op {
-    const ALL: [Op; 16] = [
+    const ALL: [Op; 17] = [
         Op::Exec,
         Op::ExecAsUser,
         Op::Terminal,
@@ -71,6 +73,7 @@ impl Op {
         Op::FileMetadata,
         Op::FileWatch,
         Op::Pause,
+        Op::PauseFilesOnly,
         Op::Fork,
         Op::Egress,
         Op::Qos,
@@ -92,6 +95,7 @@ impl Op {
             Op::FileMetadata => "file metadata",
             Op::FileWatch => "watching files",
             Op::Pause => "pause",
+            Op::PauseFilesOnly => "a filesystem-only pause",
             Op::Fork => "fork",
             Op::Egress => "egress rules",
             Op::Qos => "QoS classes",
@@ -625,6 +629,12 @@ pub trait Sandbox: Send + Sync + 'static {
         _recursive: bool,
     ) -> BoxFuture<'a, Result<(), SandboxError>> {
         unsupported(Op::Files)
+    }
+
+    /// Pauses keeping the files only: every process ends and memory is given back; a later
+    /// [`Sandbox::resume`] starts it with none running. Returns the bytes of memory freed.
+    fn pause_files_only(&self) -> BoxFuture<'_, Result<u64, SandboxError>> {
+        unsupported(Op::PauseFilesOnly)
     }
 
     /// Pauses; returns the bytes of memory freed.

@@ -102,6 +102,9 @@ pub enum IdleAction {
     /// Destroy it.
     #[default]
     Destroy,
+    /// Pause it keeping its files only: its processes end and its memory is given back; it
+    /// resumes with none running.
+    PauseFilesOnly,
 }
 
 /// A request for a sandbox, after the node has filled in its defaults.

@@ -20,6 +20,7 @@ use brig_sdk::{
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::files_only_pause::AUTOPAUSE_FILES_LABEL;
 use crate::gateway::header;
 use crate::keys::KeyError;
 use crate::{Gateway, ENVD_VERSION};
@@ -182,6 +183,8 @@ struct NewSandbox {
     template_id: Option<String>,
     timeout: Option<u64>,
     auto_pause: Option<bool>,
+    /// `false`: the timeout's pause keeps the files only.
+    auto_pause_memory: Option<bool>,
     auto_resume: Option<AutoResume>,
     metadata: Option<BTreeMap<String, String>>,
     env_vars: Option<BTreeMap<String, String>>,
@@ -285,9 +288,19 @@ async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> A
     if auto_resume && !auto_pause {
         return Err(ApiError::bad("autoResume needs autoPause: only a paused sandbox resumes"));
     }
+    let pause_files_only = auto_pause && req.auto_pause_memory == Some(false);
+    if pause_files_only && auto_resume {
+        return Err(ApiError::bad(
+            "autoPauseMemory false (a filesystem-only auto-pause) cannot be combined with \
+             autoResume: such a sandbox is resumed explicitly",
+        ));
+    }
     let mut own_labels = vec![(TEMPLATE_LABEL, template.as_str())];
     if auto_pause {
         own_labels.push((AUTOPAUSE_LABEL, "true"));
+    }
+    if pause_files_only {
+        own_labels.push((AUTOPAUSE_FILES_LABEL, "true"));
     }
     if auto_resume {
         own_labels.push((crate::auto_resume::AUTORESUME_LABEL, "true"));
@@ -329,7 +342,12 @@ async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> A
     if auto_resume {
         options = options.label(crate::auto_resume::AUTORESUME_LABEL, "true");
     }
-    if auto_pause {
+    if pause_files_only {
+        options = options
+            .label(AUTOPAUSE_LABEL, "true")
+            .label(AUTOPAUSE_FILES_LABEL, "true")
+            .idle_action(IdleAction::PauseFilesOnly);
+    } else if auto_pause {
         options = options.label(AUTOPAUSE_LABEL, "true").pause_when_idle();
     } else {
         options = options.max_lifetime(timeout);
@@ -388,7 +406,7 @@ const READY_WITHIN: Duration = Duration::from_secs(300);
 
 /// Starts a template's start command (in the background, as E2B's `user`) and waits until
 /// its ready command exits 0: the create answers then, or fails when it never does.
-async fn start_template(
+pub(crate) async fn start_template(
     sb: &brig_sdk::Sandbox,
     build: &crate::templates::BuildRecord,
     timeout: Duration,
@@ -541,7 +559,13 @@ async fn kill(State(gw): State<Gateway>, Path(id): Path<String>, headers: Header
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn pause(State(gw): State<Gateway>, Path(id): Path<String>, headers: HeaderMap) -> ApiResult {
+async fn pause(
+    State(gw): State<Gateway>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult {
+    let req: crate::files_only_pause::PauseBody = parse(&body)?;
     let (sb, info) = visible(&gw, &headers, &id).await?;
     if info.state == SandboxState::Paused {
         return Err(ApiError::new(StatusCode::CONFLICT, format!("sandbox {id} is already paused")));
@@ -549,7 +573,7 @@ async fn pause(State(gw): State<Gateway>, Path(id): Path<String>, headers: Heade
     gw.inner.running.forget(&id);
     // A watcher's next look would resume it.
     gw.inner.watchers.forget(sb.id());
-    sb.pause().await.map_err(ApiError::from_brig)?;
+    crate::files_only_pause::pause(&sb, &req).await?;
     gw.inner.lifetimes.forget(&id);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -578,6 +602,9 @@ async fn connect(
         sb.resume().await.map_err(ApiError::from_brig)?;
     }
     let timeout = checked_timeout(&gw, req.timeout)?;
+    if resumed {
+        crate::files_only_pause::after_resume(&gw, &sb, &info, timeout).await?;
+    }
     let left = Duration::from_millis(end_ms(&gw, &info).saturating_sub(unix_ms()));
     if resumed || timeout > left {
         apply_timeout(&gw, &sb, &info, timeout).await?;
@@ -598,7 +625,11 @@ pub(crate) async fn apply_timeout(
     let auto_pause = label(info, AUTOPAUSE_LABEL).is_some();
     let lifetimes = if auto_pause {
         gw.inner.lifetimes.set(sb.id(), timeout);
-        BrigLifetimes::new().idle_ttl(timeout).idle_action(IdleAction::Pause)
+        let action = match crate::files_only_pause::on_timeout(info) {
+            true => IdleAction::PauseFilesOnly,
+            false => IdleAction::Pause,
+        };
+        BrigLifetimes::new().idle_ttl(timeout).idle_action(action)
     } else {
         let alive = Duration::from_millis(unix_ms().saturating_sub(info.created_unix_ms));
         BrigLifetimes::new().idle_ttl(timeout).max_lifetime(Some(alive + timeout))
@@ -696,7 +727,13 @@ impl Gateway {
                 for id in due {
                     gw.inner.running.forget(&id);
                     gw.inner.watchers.forget(&id);
-                    if let Err(e) = admin.sandbox(&id).pause().await {
+                    let sb = admin.sandbox(&id);
+                    // Made with `autoPauseMemory: false`: the pause keeps its files only.
+                    let files_only = matches!(sb.status().await,
+                        Ok(info) if crate::files_only_pause::on_timeout(&info));
+                    let paused =
+                        if files_only { sb.pause_files_only().await } else { sb.pause().await };
+                    if let Err(e) = paused {
                         tracing::warn!(sandbox = %id, error = %e, "pause at E2B timeout failed");
                     }
                 }

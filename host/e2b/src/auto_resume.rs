@@ -33,12 +33,13 @@ pub(crate) async fn resume(
     tracing::debug!(sandbox = %sb.id(), "auto-resumed on a request");
     // Its E2B timeout is its idle TTL (auto-pause sandboxes pause when it passes).
     let timeout = Duration::from_millis(info.idle_ttl_ms.max(1000));
-    crate::api::apply_timeout(gw, sb, info, timeout).await.map_err(|e| {
-        brig_sdk::Error::Server {
-            code: brig_sdk::ErrorCode::Unavailable,
-            message: e.message().to_string(),
-        }
-    })?;
+    let unavailable = |e: crate::api::ApiError| brig_sdk::Error::Server {
+        code: brig_sdk::ErrorCode::Unavailable,
+        message: e.message().to_string(),
+    };
+    // Paused keeping its files only: a cold boot, its template's start command again.
+    crate::files_only_pause::after_resume(gw, sb, info, timeout).await.map_err(unavailable)?;
+    crate::api::apply_timeout(gw, sb, info, timeout).await.map_err(unavailable)?;
     gw.inner.running.mark(sb.id());
     Ok(())
 }

@@ -26,6 +26,7 @@ pub mod envd;
 mod events;
 mod facts;
 pub mod files;
+mod files_only_pause;
 pub mod filesystem;
 mod gateway;
 pub mod keys;

@@ -544,6 +544,7 @@ fn info(node: &Node, entry: &SandboxEntry) -> SandboxInfo {
         idle_action: match spec.idle_action {
             IdleAction::Pause => brig_proto::IdleAction::Pause,
             IdleAction::Destroy => brig_proto::IdleAction::Destroy,
+            IdleAction::PauseFilesOnly => brig_proto::IdleAction::PauseFilesOnly,
         },
         paused_ttl_ms: spec.paused_ttl.map(ms),
         max_lifetime_ms: spec.max_lifetime.map(ms),
@@ -563,6 +564,7 @@ fn info(node: &Node, entry: &SandboxEntry) -> SandboxInfo {
                 read_only: v.read_only,
             })
             .collect(),
+        paused_files_only: paused.is_some() && entry.paused_files_only(),
     }
 }
 

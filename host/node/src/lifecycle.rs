@@ -33,6 +33,7 @@ fn idle_action(a: brig_proto::IdleAction) -> IdleAction {
     match a {
         brig_proto::IdleAction::Pause => IdleAction::Pause,
         brig_proto::IdleAction::Destroy => IdleAction::Destroy,
+        brig_proto::IdleAction::PauseFilesOnly => IdleAction::PauseFilesOnly,
     }
 }
 
@@ -310,10 +311,19 @@ impl Node {
     }
 
     /// Pauses one sandbox; returns the bytes of memory freed.
-    pub(crate) async fn pause_entry(&self, entry: &SandboxEntry) -> Result<u64, NodeError> {
+    /// Pauses a sandbox: frozen in place (or saved), or with `files_only`, with every process
+    /// ended and its memory given back.
+    pub(crate) async fn pause_entry(
+        &self,
+        entry: &SandboxEntry,
+        files_only: bool,
+    ) -> Result<u64, NodeError> {
         let _t = entry.transition.lock().await;
         if entry.paused_unix_ms().is_some() {
             return Ok(0);
+        }
+        if files_only {
+            return self.pause_files_only_locked(entry).await;
         }
         let saved = entry.sandbox.capabilities().pause == PauseKind::Snapshot;
         if saved {
@@ -339,9 +349,34 @@ impl Node {
         Ok(freed)
     }
 
+    /// Ends every process and gives the memory back; the transition lock is held.
+    async fn pause_files_only_locked(&self, entry: &SandboxEntry) -> Result<u64, NodeError> {
+        entry.require(Op::PauseFilesOnly)?;
+        let freed = entry.sandbox.pause_files_only().await.map_err(|e| entry.fail(e))?;
+        // Its shells went with their processes.
+        entry.sessions.detach_all();
+        entry.set_paused(true);
+        entry.set_paused_files_only(true);
+        self.inner.sandboxes.save(entry)?;
+        self.inner.metrics.reclaimed_bytes.inc_by(freed);
+        let detail = format!("files only, {freed} bytes reclaimed");
+        self.audit_lifecycle(&entry.id.to_string(), "paused", detail);
+        tracing::debug!(sandbox = %entry.id, freed, "sandbox paused, files only");
+        Ok(freed)
+    }
+
     pub(crate) async fn resume_entry(&self, entry: &SandboxEntry) -> Result<(), NodeError> {
         let _t = entry.transition.lock().await;
         if entry.paused_unix_ms().is_none() {
+            return Ok(());
+        }
+        if entry.paused_files_only() {
+            // Nothing was frozen: the sandbox starts again with no process running.
+            entry.set_paused_files_only(false);
+            entry.set_paused(false);
+            entry.touch();
+            self.inner.sandboxes.save(entry)?;
+            self.audit_lifecycle(&entry.id.to_string(), "resumed", "cold, files only");
             return Ok(());
         }
         entry.sandbox.resume().await.map_err(|e| entry.fail(e))?;
@@ -363,14 +398,17 @@ impl Node {
         })
     }
 
-    /// Pauses every targeted sandbox, several at a time; returns their ids.
-    pub(crate) async fn pause(&self, target: &Target) -> Result<Vec<String>, NodeError> {
+    /// Pauses every targeted sandbox (`files_only`: ending their processes), several at a
+    /// time; returns their ids.
+    pub(crate) async fn pause(
+        &self,
+        target: &Target,
+        files_only: bool,
+    ) -> Result<Vec<String>, NodeError> {
         let entries = self.targets(target)?;
-        let results = join_all(
-            entries
-                .iter()
-                .map(|e| async move { self.pause_entry(e).await.map(|_| e.id.to_string()) }),
-        )
+        let results = join_all(entries.iter().map(|e| async move {
+            self.pause_entry(e, files_only).await.map(|_| e.id.to_string())
+        }))
         .await;
         results.into_iter().collect()
     }
@@ -705,9 +743,9 @@ impl Node {
                     let node = &node;
                     async move {
                         match due {
-                            Due::Pause => {
-                                tracing::info!(sandbox = %entry.id, "idle TTL passed; pausing");
-                                if let Err(e) = node.pause_entry(&entry).await {
+                            Due::Pause { files_only } => {
+                                tracing::info!(sandbox = %entry.id, files_only, "idle TTL passed; pausing");
+                                if let Err(e) = node.pause_entry(&entry, files_only).await {
                                     tracing::warn!(sandbox = %entry.id, error = %e, "pause failed");
                                 }
                             }

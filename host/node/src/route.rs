@@ -96,7 +96,8 @@ impl Node {
             SandboxOp::List(req) => Reply::Sandboxes(
                 self.inner.sandboxes.list(&req.labels).iter().map(|e| info(self, e)).collect(),
             ),
-            SandboxOp::Pause(target) => Reply::Affected(self.pause(&target).await?),
+            SandboxOp::Pause(target) => Reply::Affected(self.pause(&target, false).await?),
+            SandboxOp::PauseFilesOnly(target) => Reply::Affected(self.pause(&target, true).await?),
             SandboxOp::Resume(target) => Reply::Affected(self.resume(&target).await?),
             SandboxOp::DestroyMatching { labels } => {
                 Reply::Affected(self.destroy_matching(&labels).await)

@@ -38,6 +38,8 @@ pub(crate) struct SandboxEntry {
     saved_last_used_unix_ms: AtomicU64,
     /// When it was paused; 0 while it runs.
     paused_unix_ms: AtomicU64,
+    /// Whether its pause kept its files only (its processes ended).
+    paused_files_only: std::sync::atomic::AtomicBool,
     /// The tier's sandbox: every request reaches the tier through it.
     pub sandbox: Arc<dyn Sandbox>,
     /// Its commands, running and recently finished (clients re-attach by id).
@@ -79,6 +81,7 @@ impl SandboxEntry {
             last_used_unix_ms: AtomicU64::new(created_unix_ms),
             saved_last_used_unix_ms: AtomicU64::new(created_unix_ms),
             paused_unix_ms: AtomicU64::new(0),
+            paused_files_only: Default::default(),
             execs: ExecTable::default(),
             sessions: SessionTable::default(),
             transition: tokio::sync::Mutex::new(()),
@@ -150,6 +153,16 @@ impl SandboxEntry {
         self.last_used_unix_ms.store(last_used, Ordering::Relaxed);
         self.saved_last_used_unix_ms.store(last_used, Ordering::Relaxed);
         self.paused_unix_ms.store(record.paused_unix_ms, Ordering::Relaxed);
+        self.set_paused_files_only(record.paused_files_only);
+    }
+
+    /// Whether its pause kept its files only.
+    pub fn paused_files_only(&self) -> bool {
+        self.paused_files_only.load(Ordering::Relaxed)
+    }
+
+    pub fn set_paused_files_only(&self, files_only: bool) {
+        self.paused_files_only.store(files_only, Ordering::Relaxed);
     }
 
     pub fn set_paused(&self, paused: bool) {
@@ -179,7 +192,8 @@ impl SandboxEntry {
                     return None;
                 }
                 Some(match spec.idle_action {
-                    IdleAction::Pause => Due::Pause,
+                    IdleAction::Pause => Due::Pause { files_only: false },
+                    IdleAction::PauseFilesOnly => Due::Pause { files_only: true },
                     IdleAction::Destroy => Due::Destroy(format!(
                         "destroyed after its idle TTL of {:.1} s",
                         spec.idle_ttl.as_secs_f64()
@@ -193,7 +207,7 @@ impl SandboxEntry {
 /// A lifetime that has run out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Due {
-    Pause,
+    Pause { files_only: bool },
     Destroy(String),
 }
 
@@ -212,6 +226,9 @@ pub(crate) struct SandboxRecord {
     pub created_unix_ms: u64,
     #[serde(default)]
     pub paused_unix_ms: u64,
+    /// Its pause kept its files only.
+    #[serde(default)]
+    pub paused_files_only: bool,
     /// Its last use, saved at most [`CLOCK_SLACK_MS`] behind (0 in records from before).
     #[serde(default)]
     pub last_used_unix_ms: u64,
@@ -339,6 +356,7 @@ impl SandboxTable {
             spec: entry.spec(),
             created_unix_ms: entry.created_unix_ms,
             paused_unix_ms: entry.paused_unix_ms().unwrap_or(0),
+            paused_files_only: entry.paused_files_only(),
             last_used_unix_ms: last_used,
             container,
             machine,

@@ -92,6 +92,7 @@ impl Node {
             }
             R::Sandbox(SandboxOp::DestroyMatching { labels })
             | R::Sandbox(SandboxOp::Pause(Target::Labels(labels)))
+            | R::Sandbox(SandboxOp::PauseFilesOnly(Target::Labels(labels)))
             | R::Sandbox(SandboxOp::Resume(Target::Labels(labels))) => {
                 scope_selector(labels, project)
             }

@@ -11,7 +11,8 @@ use crate::output;
 #[derive(Subcommand, Debug)]
 pub enum LifecycleCommand {
     /// Pause sandboxes (freeze their processes, push out their memory); the next request to
-    /// one resumes it.
+    /// one resumes it. With --files-only, end every process instead and give all the memory
+    /// back: the resume starts it with nothing running.
     Pause(Selection),
     /// Resume paused sandboxes.
     Resume(Selection),
@@ -30,7 +31,7 @@ pub enum LifecycleCommand {
         /// Seconds without a request before the idle action.
         #[arg(long)]
         idle_s: Option<u64>,
-        /// What the idle TTL does: pause or destroy.
+        /// What the idle TTL does: pause, pause-files-only or destroy.
         #[arg(long, value_parser = parse_action)]
         idle_action: Option<IdleAction>,
         /// Destroy after being paused this many seconds (0 removes the limit).
@@ -61,13 +62,17 @@ pub struct Selection {
     /// Every sandbox with this label, key=value (repeatable; all must match).
     #[arg(long = "label", value_parser = crate::parse_pair)]
     labels: Vec<(String, String)>,
+    /// (pause) Keep the files only: every process ends.
+    #[arg(long)]
+    files_only: bool,
 }
 
 fn parse_action(s: &str) -> Result<IdleAction, String> {
     match s {
         "pause" => Ok(IdleAction::Pause),
+        "pause-files-only" => Ok(IdleAction::PauseFilesOnly),
         "destroy" => Ok(IdleAction::Destroy),
-        other => Err(format!("expected pause or destroy, got {other:?}")),
+        other => Err(format!("expected pause, pause-files-only or destroy, got {other:?}")),
     }
 }
 
@@ -133,11 +138,16 @@ pub async fn run(client: &Client, cmd: LifecycleCommand, json: bool) -> anyhow::
 }
 
 async fn select(client: &Client, sel: Selection, pause: bool, json: bool) -> anyhow::Result<i32> {
+    if sel.files_only && !pause {
+        bail!("--files-only is for pause");
+    }
     let ids = match (sel.ids.is_empty(), sel.labels.is_empty()) {
         (false, true) => {
             for id in &sel.ids {
                 let sandbox = client.sandbox(id);
-                if pause {
+                if pause && sel.files_only {
+                    sandbox.pause_files_only().await?;
+                } else if pause {
                     sandbox.pause().await?;
                 } else {
                     sandbox.resume().await?;
@@ -148,7 +158,9 @@ async fn select(client: &Client, sel: Selection, pause: bool, json: bool) -> any
         (true, false) => {
             let refs: Vec<(&str, &str)> =
                 sel.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            if pause {
+            if pause && sel.files_only {
+                client.pause_files_only_matching(&refs).await?
+            } else if pause {
                 client.pause_matching(&refs).await?
             } else {
                 client.resume_matching(&refs).await?

@@ -299,6 +299,16 @@ impl PySandbox {
         })
     }
 
+    /// Pauses keeping the files only: every process ends and the memory is given back; the
+    /// resume starts it with nothing running.
+    fn pause_files_only<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let sb = self.inner.clone();
+        future_into_py(py, async move {
+            sb.pause_files_only().await.map_err(to_py)?;
+            Ok(None::<()>)
+        })
+    }
+
     fn resume<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let sb = self.inner.clone();
         future_into_py(py, async move {

@@ -35,6 +35,14 @@ async def test_pause_resume_fork_and_evaluation(client):
         await sb.pause()
         assert (await sb.status()).state == "Paused"
         assert (await sb.exec("cat /root/progress")).stdout == b"step-3"  # implicit resume
+        # Keeping the files only: every process ends, the resume starts with nothing running.
+        await sb.exec("sleep 900 &")
+        await sb.pause_files_only()
+        paused = await sb.status()
+        assert paused.state == "Paused" and paused.paused_files_only, paused
+        left = await sb.exec("cat /root/progress; echo; cat /proc/[0-9]*/comm | grep -c '^sleep$'")
+        assert left.stdout == b"step-3\n0\n", left
+        assert not (await sb.status()).paused_files_only
         kids = await sb.fork(3, labels={"kid": "yes"})
         assert len(kids) == 3
         for kid in kids:

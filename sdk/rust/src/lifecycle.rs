@@ -61,6 +61,15 @@ impl Sandbox {
         self.client().pause_target(Target::Sandbox(self.id().to_string())).await.map(drop)
     }
 
+    /// Pauses keeping the files only: every process ends and the sandbox's memory is given
+    /// back; [`Sandbox::resume`] (or the next request) starts it with nothing running, as a
+    /// cold boot would. Containers serve it.
+    pub async fn pause_files_only(&self) -> Result<(), Error> {
+        let target = Target::Sandbox(self.id().to_string());
+        let request = Request::Sandbox(SandboxOp::PauseFilesOnly(target));
+        self.client().affected("pause_files_only", request).await.map(drop)
+    }
+
     /// Resumes a paused sandbox (a no-op on a running one).
     pub async fn resume(&self) -> Result<(), Error> {
         self.client().resume_target(Target::Sandbox(self.id().to_string())).await.map(drop)
@@ -172,6 +181,16 @@ impl Client {
     /// rollouts when the trainer is preempted); returns their ids.
     pub async fn pause_matching(&self, selector: &[(&str, &str)]) -> Result<Vec<String>, Error> {
         self.pause_target(Target::Labels(owned(selector))).await
+    }
+
+    /// Pauses every sandbox whose labels include all of `selector` keeping its files only
+    /// ([`Sandbox::pause_files_only`]); returns their ids.
+    pub async fn pause_files_only_matching(
+        &self,
+        selector: &[(&str, &str)],
+    ) -> Result<Vec<String>, Error> {
+        let target = Target::Labels(owned(selector));
+        self.affected("pause_files_only", Request::Sandbox(SandboxOp::PauseFilesOnly(target))).await
     }
 
     /// Resumes every sandbox whose labels include all of `selector`.

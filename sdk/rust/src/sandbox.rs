@@ -96,6 +96,13 @@ impl SandboxOptions {
         self
     }
 
+    /// What happens when the idle TTL passes: destroy (the default), pause, or pause keeping
+    /// the files only ([`crate::Sandbox::pause_files_only`]).
+    pub fn idle_action(mut self, action: IdleAction) -> Self {
+        self.request.idle_action = Some(action);
+        self
+    }
+
     /// Destroy after being paused this long.
     pub fn paused_ttl(mut self, ttl: Duration) -> Self {
         self.request.paused_ttl_ms = Some(millis(ttl));

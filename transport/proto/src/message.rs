@@ -90,6 +90,10 @@ pub enum SandboxOp {
     /// The node's lifecycle journal; replies [`Reply::Events`] (with `follow`, one per batch
     /// until the client goes).
     Events(EventsRequest),
+    /// Pauses keeping the files only: every process ends and the sandbox's memory is given
+    /// back; the resume starts it with nothing running (E2B's filesystem-only pause, a cold
+    /// boot). Replies `Affected`.
+    PauseFilesOnly(Target),
 }
 
 /// Requests about commands in a sandbox.
@@ -360,6 +364,7 @@ impl SandboxOp {
             SandboxOp::Destroy { .. } => "destroy",
             SandboxOp::List(_) => "list",
             SandboxOp::Pause(_) => "pause",
+            SandboxOp::PauseFilesOnly(_) => "pause_files_only",
             SandboxOp::Resume(_) => "resume",
             SandboxOp::DestroyMatching { .. } => "destroy_matching",
             SandboxOp::SetTtl(_) => "set_ttl",
@@ -386,10 +391,13 @@ impl SandboxOp {
             SandboxOp::SetTtl(r) => Some(&r.sandbox),
             SandboxOp::Audit(r) => Some(&r.sandbox),
             SandboxOp::Events(r) => r.sandbox.as_deref(),
-            SandboxOp::Pause(Target::Sandbox(s)) | SandboxOp::Resume(Target::Sandbox(s)) => Some(s),
+            SandboxOp::Pause(Target::Sandbox(s))
+            | SandboxOp::PauseFilesOnly(Target::Sandbox(s))
+            | SandboxOp::Resume(Target::Sandbox(s)) => Some(s),
             SandboxOp::Create(_)
             | SandboxOp::List(_)
             | SandboxOp::Pause(Target::Labels(_))
+            | SandboxOp::PauseFilesOnly(Target::Labels(_))
             | SandboxOp::Resume(Target::Labels(_))
             | SandboxOp::DestroyMatching { .. } => None,
         }

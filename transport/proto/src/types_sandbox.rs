@@ -81,6 +81,8 @@ pub struct ProtectedPath {
 pub enum IdleAction {
     Pause,
     Destroy,
+    /// Pause keeping its files only (`SandboxOp::PauseFilesOnly`).
+    PauseFilesOnly,
 }
 
 /// One sandbox, or every sandbox whose labels include all the given pairs.
@@ -148,6 +150,9 @@ pub struct SandboxInfo {
     pub placement: Option<String>,
     /// The volumes it mounts (by id, as mounted).
     pub volumes: Vec<crate::VolumeMount>,
+    /// Paused keeping its files only: its processes ended, and its resume starts it with
+    /// none running (a cold boot).
+    pub paused_files_only: bool,
 }
 
 /// What a sandbox has used.

@@ -108,6 +108,7 @@ class SandboxInfo(Record):
     qos: str
     placement: str | None
     volumes: list[VolumeMount]
+    paused_files_only: bool
 
 
 class FileEntry(Record):
@@ -120,6 +121,7 @@ class FileEntry(Record):
     modified_unix_ms: int
     uid: int
     gid: int
+    metadata: dict[str, str]
 
 
 class ExecInfo(Record):
