@@ -13,15 +13,21 @@ use brig_tests::{artifacts, image, repo_root, Daemon};
 
 /// A daemon whose `base` template is the Debian image and whose `image` metadata key picks
 /// an image directly; sandboxes get a 200 MiB disk, so a 300 MiB upload passes the quota.
+/// Webhooks go only to public addresses (the default).
 fn daemon() -> Daemon {
-    daemon_with("")
+    daemon_config("public", "")
 }
 
-/// [`daemon`] with more configuration.
+/// [`daemon`] with more configuration, and webhooks delivered anywhere (the suite's receivers
+/// listen on loopback).
 fn daemon_with(extra: &str) -> Daemon {
+    daemon_config("any", extra)
+}
+
+fn daemon_config(webhook_targets: &str, extra: &str) -> Daemon {
     let config = format!(
         "[e2b]\nimage_metadata_key = \"image\"\ndisk_mib = 200\nmemory_mib = 512\n\
-         [e2b.templates]\nbase = {:?}\n{extra}",
+         webhook_targets = {webhook_targets:?}\n[e2b.templates]\nbase = {:?}\n{extra}",
         image("debian-12")
     );
     let _ = image("busybox");
@@ -53,6 +59,7 @@ fn the_e2b_python_sdk_runs_unchanged_against_brigd() {
         .env("E2B_VOLUME_API_URL", &url)
         .env("E2B_API_KEY", daemon.access_token().expect("token"))
         .env("BRIG_TEST_WEB", format!("{}:{}", mirror.addr, mirror.port))
+        .env("BRIG_WEBHOOK_TARGETS", "any")
         .env("BRIG_TEST_IMAGE_REF", &reference)
         .output()
         .expect("running pytest");
@@ -61,7 +68,8 @@ fn the_e2b_python_sdk_runs_unchanged_against_brigd() {
 }
 
 /// The oldest supported E2B SDK (2.45.1, which checks API keys on the client) against brigd:
-/// its keys, commands and files cases.
+/// its keys, commands and files cases, and webhooks kept out of the node (the default
+/// `webhook_targets`).
 #[test]
 fn the_oldest_supported_e2b_python_sdk_runs_against_brigd() {
     let daemon = daemon();
@@ -69,7 +77,10 @@ fn the_oldest_supported_e2b_python_sdk_runs_against_brigd() {
     let suite = repo_root().join("tests/e2b");
     let out = Command::new(tool("venv-e2b-oldest/bin/python"))
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
-        .args(["test_api_keys.py", "test_commands.py", "test_files.py"].map(|f| suite.join(f)))
+        .args(
+            ["test_api_keys.py", "test_commands.py", "test_files.py", "test_webhook_targets.py"]
+                .map(|f| suite.join(f)),
+        )
         .env("E2B_API_URL", &url)
         .env("E2B_SANDBOX_URL", &url)
         .env("E2B_API_KEY", daemon.access_token().expect("token"))

@@ -41,6 +41,7 @@ mod templates;
 mod volumes;
 pub mod watch;
 mod watch_live;
+pub mod webhook_targets;
 pub mod webhooks;
 
 use std::collections::BTreeMap;
@@ -73,6 +74,9 @@ pub struct E2bConfig {
     pub cpu_millis: u64,
     /// Writable-layer size of each sandbox (MiB), reported as `diskSizeMB`.
     pub disk_mib: u64,
+    /// Where webhooks may be delivered: `public` addresses only (the default), `private`
+    /// networks too, or `any` (see [`webhook_targets`]).
+    pub webhook_targets: webhook_targets::WebhookTargets,
 }
 
 impl Default for E2bConfig {
@@ -87,6 +91,7 @@ impl Default for E2bConfig {
             memory_mib: 1024,
             cpu_millis: 2000,
             disk_mib: 1024,
+            webhook_targets: Default::default(),
         }
     }
 }

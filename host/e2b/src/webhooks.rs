@@ -192,7 +192,8 @@ async fn follow(
 }
 
 async fn send_all(gw: Gateway, mut rx: tokio::sync::mpsc::Receiver<Delivery>) {
-    let client = match reqwest::Client::builder().timeout(SEND_DEADLINE).build() {
+    // Only where `[e2b] webhook_targets` allows, checked as each host name resolves.
+    let client = match gw.config().webhook_targets.client(SEND_DEADLINE) {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "no HTTP client for webhooks; none will be delivered");
@@ -288,6 +289,12 @@ fn check(w: &Webhook) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Refuses a URL whose host `[e2b] webhook_targets` does not allow (checked again at each
+/// delivery).
+async fn check_target(gw: &Gateway, url: &str) -> Result<(), ApiError> {
+    gw.config().webhook_targets.check_url(url).await.map_err(ApiError::bad)
+}
+
 fn detail(w: &Webhook) -> Value {
     json!({
         "id": w.id,
@@ -325,6 +332,7 @@ pub async fn create(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) 
         created_unix_ms: unix_ms(),
     };
     check(&w)?;
+    check_target(&gw, &w.url).await?;
     let made = gw.inner.webhooks.change(|all| {
         if all.values().filter(|o| o.project == w.project).count() >= MAX_PER_PROJECT {
             return Err(ApiError::new(
@@ -367,6 +375,9 @@ pub async fn update(
 ) -> ApiResult {
     let project = project_of(&gw, &headers).await?;
     let b: WebhookBody = parse(&body)?;
+    if let Some(url) = &b.url {
+        check_target(&gw, url).await?;
+    }
     let changed = gw.inner.webhooks.change(|all| {
         let w = all.get_mut(&id).filter(|w| w.project == project).ok_or_else(|| not_found(&id))?;
         let mut next = w.clone();
