@@ -4,6 +4,12 @@
 //! v2, camelCase) with `e2b-webhook-id`, `e2b-delivery-id`, `e2b-signature-version: v1` and
 //! `e2b-signature` = base64url (unpadded) of SHA-256 over the secret and the body.
 //!
+//! The journal is followed from where the gateway left it (`e2b-webhooks-cursor`, saved at
+//! most once a second, after the events before it were queued), so events that happened while
+//! the gateway was down are delivered when it is back, as far back as the node's journal holds
+//! (the events of the last second before a stop may be delivered twice: receivers tell them by
+//! the event's id; a delivery queued but not yet sent when the gateway stopped is not sent).
+//!
 //! Deliveries never hold up a sandbox operation: one task follows the journal and puts each
 //! delivery in a bounded queue ([`QUEUE`]; when it is full the delivery is dropped and
 //! counted); [`SENDERS`] of them are sent at once, each with a deadline ([`SEND_DEADLINE`])
@@ -36,6 +42,8 @@ pub const SEND_DEADLINE: Duration = Duration::from_secs(10);
 /// Attempts after the first, with doubling waits from [`FIRST_BACKOFF`].
 pub const RETRIES: u32 = 3;
 pub const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+/// How often the dispatcher's place in the journal is saved, at most.
+const CURSOR_EVERY: Duration = Duration::from_secs(1);
 /// Webhooks one project may have.
 pub const MAX_PER_PROJECT: usize = 100;
 
@@ -56,6 +64,8 @@ pub(crate) struct Webhook {
 /// The gateway's webhooks, saved whole on each change.
 pub(crate) struct Webhooks {
     path: PathBuf,
+    /// The last journal event the dispatcher handled.
+    cursor_path: PathBuf,
     by_id: parking_lot::Mutex<BTreeMap<String, Webhook>>,
     /// Deliveries dropped because the queue was full.
     pub(crate) dropped: AtomicU64,
@@ -72,6 +82,7 @@ impl Webhooks {
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default();
         Webhooks {
+            cursor_path: state_dir.join("e2b-webhooks-cursor"),
             path,
             by_id: parking_lot::Mutex::new(by_id),
             dropped: AtomicU64::new(0),
@@ -90,6 +101,20 @@ impl Webhooks {
             tracing::warn!(error = %e, path = %self.path.display(), "cannot save the E2B webhooks");
         }
         out
+    }
+
+    /// The last journal event handled before, if the gateway ran before.
+    fn saved_cursor(&self) -> Option<u64> {
+        std::fs::read_to_string(&self.cursor_path).ok()?.trim().parse().ok()
+    }
+
+    fn save_cursor(&self, seq: u64) {
+        let tmp = self.cursor_path.with_extension("tmp");
+        let saved = std::fs::write(&tmp, seq.to_string())
+            .and_then(|()| std::fs::rename(&tmp, &self.cursor_path));
+        if let Err(e) = saved {
+            tracing::warn!(error = %e, "cannot save the webhook dispatcher's place");
+        }
     }
 
     /// The enabled webhooks an event of `project` of E2B type `kind` goes to.
@@ -140,8 +165,8 @@ pub(crate) fn spawn_dispatcher(gw: Gateway) -> tokio::task::JoinHandle<()> {
     })
 }
 
-/// Reads the journal from `after` (the newest event when `None`: what happened before the
-/// gateway started is not delivered) and queues each delivery.
+/// Reads the journal from `after` (when `None`: from where the gateway left it before, or
+/// from the newest event if it never ran) and queues each delivery.
 async fn follow(
     gw: &Gateway,
     tx: &tokio::sync::mpsc::Sender<Delivery>,
@@ -162,13 +187,17 @@ async fn follow(
         None => {
             let newest =
                 brig_sdk::EventsRequest { limit: 1, newest_first: true, ..Default::default() };
-            admin.events(newest).await?.last().map_or(0, |e| e.seq)
+            let newest = admin.events(newest).await?.last().map_or(0, |e| e.seq);
+            // A cursor past the journal's end is from a journal that was started over.
+            gw.inner.webhooks.saved_cursor().filter(|&seq| seq <= newest).unwrap_or(newest)
         }
     };
     *after = Some(start);
     let node = admin.server_version().await;
     let mut stream = admin.follow_events(start).await?;
+    let mut saved = (start, std::time::Instant::now());
     while let Some(batch) = stream.next_batch().await? {
+        let last = batch.last().map(|e| e.seq);
         for event in batch {
             *after = Some(event.seq);
             // Most events go nowhere: nothing is built for them.
@@ -185,6 +214,14 @@ async fn follow(
                     let n = gw.inner.webhooks.dropped.fetch_add(1, Ordering::Relaxed) + 1;
                     tracing::warn!(dropped = n, "webhook queue full; a delivery was dropped");
                 }
+            }
+        }
+        // Saved once the batch is queued (at most once a second): after a restart the events
+        // since the last save are delivered again, none is skipped.
+        if let Some(last) = last {
+            if last != saved.0 && saved.1.elapsed() >= CURSOR_EVERY {
+                gw.inner.webhooks.save_cursor(last);
+                saved = (last, std::time::Instant::now());
             }
         }
     }
@@ -424,5 +461,16 @@ mod tests {
             standard.replace('+', "-").replace('/', "_").trim_end_matches('=').to_string();
         assert_eq!(signature("secret", b"{}"), expected);
         assert!(!signature("secret", b"{}").contains('='));
+    }
+
+    #[test]
+    fn the_dispatchers_place_outlives_the_gateway() {
+        let dir = tempfile::tempdir().expect("dir");
+        let hooks = Webhooks::open(dir.path());
+        assert_eq!(hooks.saved_cursor(), None, "a gateway that never ran starts at the newest");
+        hooks.save_cursor(42);
+        assert_eq!(Webhooks::open(dir.path()).saved_cursor(), Some(42));
+        std::fs::write(dir.path().join("e2b-webhooks-cursor"), "garbage").expect("write");
+        assert_eq!(Webhooks::open(dir.path()).saved_cursor(), None);
     }
 }
