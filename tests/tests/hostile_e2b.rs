@@ -197,19 +197,24 @@ fn a_gzip_bomb_is_stopped_at_the_disk_size() {
     assert_eq!(out, b"hello gzip\n");
 }
 
-/// 40 `WatchDir` streams on a sandbox: a watch of `/` (more entries than a watcher follows) is
-/// refused with a clear error; on a directory of 2,000 files, 16 are served and the rest
+/// 40 `WatchDir` streams on a sandbox: a recursive watch of more folders than one follows
+/// (10,000) is refused with a clear error; on a directory of 2,000 files, 16 are served and the rest
 /// refused, while another sandbox can still watch; killing the sandbox ends its watchers.
 #[test]
 fn watchers_are_capped_per_sandbox_and_freed_with_it() {
     let (daemon, api, bystander, baseline) = setup();
     let target = api.create();
-    let (_, exit, _) =
-        api.run(&target, "mkdir -p /w && cd /w && seq 1 2000 | xargs touch").expect("files");
+    let (_, exit, _) = api
+        .run(
+            &target,
+            "mkdir -p /w && cd /w && seq 1 2000 | xargs touch && \
+             mkdir -p /big && cd /big && seq 1 10001 | xargs mkdir",
+        )
+        .expect("files");
     assert_eq!(exit, Some(0));
     let watch = |sb: &Sbx, path: &str| watch(&api, sb, path);
-    // The whole tree: refused (its first look passes the entry cap), the error says why.
-    let whole = watch(&target, "/").expect("watch /");
+    // A tree of more folders than one recursive watch follows: refused, the error says why.
+    let whole = watch(&target, "/big").expect("watch /big");
     let status = whole.status;
     let mut body = whole.body;
     let mut said = String::new();
@@ -223,7 +228,10 @@ fn watchers_are_capped_per_sandbox_and_freed_with_it() {
     } else {
         let _ = body.read_to_string(&mut said);
     }
-    assert!(said.contains("resource_exhausted") && said.contains("entries"), "watch of /: {said}");
+    assert!(
+        said.contains("resource_exhausted") && said.contains("directories"),
+        "watch of /big: {said}"
+    );
 
     let cpu_before = cpu_time(&daemon);
     let started = Instant::now();

@@ -648,7 +648,9 @@ impl VmTier {
         let hex: String = seed.iter().map(|b| format!("{b:02x}")).collect();
         let name: String =
             vm.id.chars().rev().take(12).collect::<Vec<_>>().into_iter().rev().collect();
-        let limit = Duration::from_secs(10);
+        // Part of bringing a VM up (after a fork's restore): a share of the boot limit, so
+        // that a slow (emulated) host that boots within its limit also gets through this.
+        let limit = (self.cfg.boot_limit / 6).max(Duration::from_secs(10));
         let hostname = ProcessRun::argv(vec!["hostname".into(), format!("brig-{name}")]);
         let named = exec_inner(&vm.uds, hostname, limit).await?;
         let reseed = request_within(&vm.uds, &AgentRequest::Seed { seed_hex: hex }, limit).await?;
