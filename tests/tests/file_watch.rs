@@ -121,3 +121,57 @@ async fn metadata_stays_with_files_and_watches_see_changes_as_they_happen() {
     .expect("the watch did not end with its sandbox");
     assert!(matches!(end, Ok(None) | Err(_)), "{end:?}");
 }
+
+fn brig(daemon: &Daemon) -> std::process::Command {
+    let mut cmd = std::process::Command::new(brig_tests::binary("brig"));
+    cmd.arg("--state-dir").arg(daemon.state_dir());
+    cmd
+}
+
+/// `brig file meta` sets and shows a file's metadata; `brig file watch` prints changes as
+/// they happen, a line each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_sets_metadata_and_watches_a_directory() {
+    use std::io::BufRead;
+    let daemon = Daemon::start().expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    let sb = client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
+    shell(&sb, "mkdir -p /w && echo x > /w/a.txt").await;
+    let meta = brig(&daemon)
+        .args(["--json", "file", "meta", sb.id(), "/w/a.txt", "Stage=eval"])
+        .output()
+        .expect("brig file meta");
+    assert!(meta.status.success(), "{}", String::from_utf8_lossy(&meta.stderr));
+    let shown: serde_json::Value = serde_json::from_slice(&meta.stdout).expect("json");
+    assert_eq!(shown[0]["metadata"]["stage"], "eval", "{shown}");
+    let ls = brig(&daemon).args(["file", "ls", sb.id(), "/w"]).output().expect("brig file ls");
+    assert!(String::from_utf8_lossy(&ls.stdout).contains("[stage=eval]"), "{ls:?}");
+
+    let mut watch = brig(&daemon)
+        .args(["file", "watch", "-r", sb.id(), "/w"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("brig file watch");
+    let stdout = watch.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    // The watch is in place once the CLI has connected: make changes until one shows.
+    let mut seen = Vec::new();
+    for attempt in 0..50 {
+        shell(&sb, &format!("mkdir -p /w/d{attempt} && touch /w/d{attempt}/f")).await;
+        while let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+            seen.push(line);
+        }
+        if seen.iter().any(|l| l.contains("/f")) {
+            break;
+        }
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(seen.iter().any(|l| l.starts_with("create") && l.ends_with("/f")), "{seen:?}");
+    sb.destroy().await.expect("destroy");
+}

@@ -293,6 +293,20 @@ enum FileCommand {
         #[arg(short = 'r', long)]
         recursive: bool,
     },
+    /// Set a file's metadata to these KEY=VALUE pairs (none clears it); print its entry.
+    Meta {
+        id: String,
+        path: String,
+        #[arg(value_parser = parse_pair)]
+        pairs: Vec<(String, String)>,
+    },
+    /// Print changes under a directory as they happen (with -r, below it too), until ^C.
+    Watch {
+        id: String,
+        path: String,
+        #[arg(short = 'r', long)]
+        recursive: bool,
+    },
 }
 
 pub(crate) fn parse_pair(s: &str) -> Result<(String, String), String> {
@@ -662,6 +676,17 @@ async fn file(client: &Client, cmd: FileCommand, json: bool) -> anyhow::Result<i
         FileCommand::Rm { id, path, recursive } => {
             client.sandbox(&id).remove(&path, recursive).await?;
             output::line(json, &serde_json::json!({ "removed": path }), &path);
+        }
+        FileCommand::Meta { id, path, pairs } => {
+            let entry =
+                client.sandbox(&id).set_file_metadata(&path, pairs.into_iter().collect()).await?;
+            output::entries(&[entry], json)
+        }
+        FileCommand::Watch { id, path, recursive } => {
+            let mut watch = client.sandbox(&id).watch(&path, recursive).await?;
+            while let Some(batch) = watch.next_batch().await? {
+                output::file_events(&batch, json);
+            }
         }
     }
     Ok(0)

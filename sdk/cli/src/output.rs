@@ -216,13 +216,30 @@ pub fn entries(list: &[FileStat], json: bool) {
     if json {
         let items: Vec<Value> = list
             .iter()
-            .map(|e| json!({ "path": e.path, "kind": kind(e.kind), "size": e.size, "mode": format!("{:o}", e.mode), "modified_unix_ms": e.modified_unix_ms }))
+            .map(|e| json!({ "path": e.path, "kind": kind(e.kind), "size": e.size, "mode": format!("{:o}", e.mode), "modified_unix_ms": e.modified_unix_ms, "metadata": e.metadata }))
             .collect();
         println!("{}", Value::Array(items));
         return;
     }
     for e in list {
-        println!("{:<8} {:>5o} {:>12}  {}", kind(e.kind), e.mode, e.size, e.path);
+        let meta: Vec<String> = e.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let meta = if meta.is_empty() { String::new() } else { format!("  [{}]", meta.join(" ")) };
+        println!("{:<8} {:>5o} {:>12}  {}{meta}", kind(e.kind), e.mode, e.size, e.path);
+    }
+}
+
+/// Changes under a watched directory: a JSON object per change, or a line each.
+pub fn file_events(batch: &brig_sdk::FileEvents, json: bool) {
+    if batch.lost {
+        eprintln!("brig: changes were lost (the directory changed faster than they were read)");
+    }
+    for e in &batch.events {
+        let change = format!("{:?}", e.change).to_lowercase();
+        if json {
+            println!("{}", json!({ "path": e.path, "change": change, "dir": e.is_dir }));
+        } else {
+            println!("{change:<7} {}{}", e.path, if e.is_dir { "/" } else { "" });
+        }
     }
 }
 
