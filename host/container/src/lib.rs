@@ -34,6 +34,7 @@ mod create;
 pub mod rootfs;
 pub mod runtime;
 pub mod sandbox;
+mod sandbox_errors;
 pub mod session;
 pub mod session_backlog;
 pub mod session_journal;

@@ -181,6 +181,12 @@ impl ContainerWatch {
     }
 }
 
+impl brig_core::sandbox::FileWatch for ContainerWatch {
+    fn next(&mut self) -> BoxFuture<'_, Result<Option<WatchBatch>, SandboxError>> {
+        Box::pin(async move { Ok(ContainerWatch::next(self).await?) })
+    }
+}
+
 /// The node's end of one request's reply socket.
 struct ReplySocket {
     fd: AsyncFd<OwnedFd>,
