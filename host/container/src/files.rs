@@ -495,7 +495,8 @@ fn remove_tree_on(parent: &OwnedFd, name: &str, depth: usize, dev: u64) -> rusti
     }
 }
 
-fn display(path: &str) -> String {
+/// A path as the sandbox sees it: absolute, no trailing slash (`/` for the root).
+pub(crate) fn display(path: &str) -> String {
     let trimmed = path.trim_end_matches('/');
     if trimmed.is_empty() || trimmed == "." {
         "/".to_string()

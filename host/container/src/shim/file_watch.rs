@@ -28,7 +28,7 @@ use rustix::event::{PollFd, PollFlags};
 use rustix::fs::inotify::{self, ReadFlags, WatchFlags};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
-use crate::files::{FileError, RootDir};
+use crate::files::{display, FileError, RootDir};
 
 /// What a watched directory reports.
 const MASK: WatchFlags = WatchFlags::CREATE
@@ -148,17 +148,6 @@ fn add_watch(
     let added = inotify::add_watch(inotify, ".", MASK);
     rustix::process::fchdir(home)?;
     added
-}
-
-fn display(path: &str) -> String {
-    let trimmed = path.trim_end_matches('/');
-    if trimmed.is_empty() || trimmed == "." {
-        "/".to_string()
-    } else if trimmed.starts_with('/') {
-        trimmed.to_string()
-    } else {
-        format!("/{trimmed}")
-    }
 }
 
 fn join(dir: &str, name: &str) -> String {
