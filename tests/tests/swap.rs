@@ -17,6 +17,21 @@ impl Drop for ZramGuard {
     }
 }
 
+/// Makes `sb` hold 32 MiB in a file at `file` and 32 MiB held by a shell variable (anonymous
+/// memory), in a process that runs on.
+async fn hold_64_mib(sb: &brig_sdk::Sandbox, file: &str) {
+    let out = sb
+        .exec_with(brig_sdk::Cmd::shell(&format!(
+            "dd if=/dev/zero of={file} bs=1M count=32 2>/dev/null; \
+             (x=$(dd if=/dev/zero bs=1M count=32 2>/dev/null | tr '\\0' a); \
+              echo ready > /tmp/ready; while :; do sleep 1; done) > /dev/null 2>&1 & \
+             while [ ! -e /tmp/ready ]; do sleep 0.05; done"
+        )))
+        .await
+        .expect("workload");
+    assert!(out.success(), "{}", out.stderr_text());
+}
+
 #[tokio::test]
 async fn with_its_own_zram_swap_a_paused_container_gives_most_of_its_memory_back() {
     let daemon = Daemon::start_with_config("[swap]\nzram_mib = 512\n", &[]).expect("brigd");
@@ -33,16 +48,7 @@ async fn with_its_own_zram_swap_a_paused_container_gives_most_of_its_memory_back
     let sb =
         client.create(SandboxOptions::container("busybox").memory_mib(256)).await.expect("create");
     // 32 MiB in /dev/shm (tmpfs) and 32 MiB held by a shell variable (anonymous memory).
-    let out = sb
-        .exec_with(brig_sdk::Cmd::shell(
-            "dd if=/dev/zero of=/dev/shm/blob bs=1M count=32 2>/dev/null; \
-             (x=$(dd if=/dev/zero bs=1M count=32 2>/dev/null | tr '\\0' a); \
-              echo ready > /tmp/ready; while :; do sleep 1; done) > /dev/null 2>&1 & \
-             while [ ! -e /tmp/ready ]; do sleep 0.05; done",
-        ))
-        .await
-        .expect("workload");
-    assert!(out.success(), "{}", out.stderr_text());
+    hold_64_mib(&sb, "/dev/shm/blob").await;
     let charged = |info: brig_sdk::SandboxInfo| info.usage.map_or(0, |u| u.memory_bytes);
     let before = charged(sb.status().await.expect("status"));
     assert!(before >= 64 << 20, "the workload is charged: {before}");
@@ -75,16 +81,7 @@ async fn a_files_only_pause_gives_the_memory_back_and_resumes_with_nothing_runni
     let options = SandboxOptions::container("busybox").memory_mib(256).disk_mib(128);
     let sb = client.create(options).await.expect("create");
     // 32 MiB held by a shell variable (anonymous memory) and a 32 MiB file.
-    let out = sb
-        .exec_with(brig_sdk::Cmd::shell(
-            "dd if=/dev/zero of=/tmp/file bs=1M count=32 2>/dev/null; \
-             (x=$(dd if=/dev/zero bs=1M count=32 2>/dev/null | tr '\\0' a); \
-              echo ready > /tmp/ready; while :; do sleep 1; done) > /dev/null 2>&1 & \
-             while [ ! -e /tmp/ready ]; do sleep 0.05; done",
-        ))
-        .await
-        .expect("workload");
-    assert!(out.success(), "{}", out.stderr_text());
+    hold_64_mib(&sb, "/tmp/file").await;
     let charged = |info: &brig_sdk::SandboxInfo| info.usage.map_or(0, |u| u.memory_bytes);
     let before = charged(&sb.status().await.expect("status"));
     assert!(before >= 48 << 20, "the workload is charged: {before}");
