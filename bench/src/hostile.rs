@@ -198,6 +198,30 @@ pub fn run(opts: Options) -> anyhow::Result<Value> {
             }
             format!("{} of 40 MiB delivered", bytes >> 20)
         });
+        attack!("finished_output", async {
+            // Commands whose output nobody attaches to again: kept on disk, not in brigd.
+            let cmd = || Cmd::shell("head -c 4194304 /dev/zero").output_limit(8 << 20);
+            let mut first = None;
+            for _ in 0..48 {
+                let Ok(mut stream) = sb.exec_stream(cmd()).await else {
+                    return "exec failed".into();
+                };
+                first.get_or_insert(stream.exec_id());
+                while let Some(Ok(event)) = stream.next().await {
+                    if matches!(event, ExecEvent::Exited(_)) {
+                        break;
+                    }
+                }
+            }
+            let again = match first {
+                Some(id) => match sb.attach(id).await {
+                    Ok(stream) => stream.collect().await.map_or(0, |o| o.stdout.len() >> 20),
+                    Err(_) => 0,
+                },
+                None => 0,
+            };
+            format!("48 x 4 MiB finished; the first attached again: {again} MiB")
+        });
         attack!("label_flood", async {
             let creates = (0..20)
                 .map(|_| {

@@ -223,3 +223,41 @@ async fn oversized_commands_environments_and_labels_are_bad_requests() {
     assert_eq!(client.list(&[]).await.expect("list").len(), 1, "nothing made by a refused create");
     sb.destroy().await.expect("destroy");
 }
+
+/// Finished commands' output is kept on the node's disk (the container's spool), not in
+/// brigd's memory: 48 commands of 4 MiB each (192 MiB) leave brigd's memory flat and list with
+/// nothing buffered, and a client that attaches later still gets every byte.
+#[tokio::test]
+async fn finished_output_is_kept_on_disk_not_in_the_nodes_memory() {
+    let daemon = Daemon::start().expect("brigd");
+    let client = daemon.client().await.expect("connect");
+    let sb = client.create(SandboxOptions::container(&image("busybox"))).await.expect("create");
+    // One command first, so what the node allocates once is not counted.
+    let mb4 = "head -c 4194304 /dev/zero | tr '\\0' x";
+    sh(&sb, mb4).await;
+    let before = brig_tests::hostile_http::rss_mib(&daemon);
+    let mut ids = Vec::new();
+    for _ in 0..48 {
+        let mut stream = sb.exec_stream(Cmd::shell(mb4).output_limit(8 << 20)).await.expect("exec");
+        ids.push(stream.exec_id());
+        while let Some(event) = stream.next().await {
+            if matches!(event.expect("event"), ExecEvent::Exited(_)) {
+                break;
+            }
+        }
+    }
+    let after = brig_tests::hostile_http::rss_mib(&daemon);
+    assert!(
+        after <= before + 64,
+        "192 MiB of finished output grew brigd from {before} MiB to {after} MiB"
+    );
+    let listed = sb.execs().await.expect("execs");
+    let first = listed.iter().find(|e| e.exec_id == ids[0]).expect("the first is listed");
+    assert_eq!(first.buffered_bytes, 0, "a finished command's output stays in memory");
+    let kept = sb.attach(ids[0]).await.expect("attach").collect().await.expect("output");
+    assert_eq!(kept.stdout.len(), 4 << 20, "{}", kept.stderr_text());
+    assert!(kept.stdout.iter().all(|b| *b == b'x'));
+    assert_eq!(kept.stderr_text(), "", "no note of output let go");
+    assert_eq!(kept.result.exit_code, Some(0));
+    sb.destroy().await.expect("destroy");
+}

@@ -96,6 +96,8 @@ pub struct Exec {
     pub stdin: Option<StdinPipe>,
     /// The command's terminal, when it runs on one: input, window size.
     pub terminal: Option<Arc<TerminalMaster>>,
+    /// Its spool, where the request asked for one and the file could be made.
+    pub spool: Option<std::path::PathBuf>,
     kill: Arc<Notify>,
 }
 
@@ -262,6 +264,7 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
             .inspect_err(|e| tracing::warn!(error = %e, "command not spooled"))
             .ok()
     });
+    let spool_path = spool.as_ref().map(|s| s.path().to_path_buf());
     let (pid, events, kill) = start_job(JobSpec {
         container: container.clone(),
         process,
@@ -272,7 +275,7 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
         started,
         spool,
     });
-    Ok(Exec { pid, events, stdin, terminal, kill })
+    Ok(Exec { pid, events, stdin, terminal, spool: spool_path, kill })
 }
 
 /// A job to start: everything but its event channel and kill switch.
@@ -374,7 +377,7 @@ pub fn resume(
         started: Instant::now().checked_sub(ran).unwrap_or_else(Instant::now),
         spool: Some(Spool::reopen(path, recovered)),
     });
-    Some(Exec { pid, events, stdin, terminal, kill })
+    Some(Exec { pid, events, stdin, terminal, spool: Some(path.to_path_buf()), kill })
 }
 
 /// Where a command's stdout comes from: a pipe, or its terminal.

@@ -236,12 +236,18 @@ fn exit_of(exit: crate::exec::ExecExit) -> ExecExit {
 const SESSIONS_DIR: &str = "sessions";
 
 /// A started engine command as the node sees it.
-fn running(exec: crate::exec::Exec) -> RunningExec {
+/// Where a spooled command's output is read back from once it finished.
+fn archive_of(path: PathBuf, exec_id: u64) -> Arc<dyn brig_core::exec::ExecArchive> {
+    Arc::new(crate::spool::SpoolArchive { path, exec_id })
+}
+
+fn running(exec: crate::exec::Exec, exec_id: u64) -> RunningExec {
     let pid = crate::runtime::pid_in_namespace(exec.pid);
     let control = Arc::new(EngineControl { killer: exec.killer(), terminal: exec.terminal });
     let (tx, rx) = mpsc::channel(EVENTS);
     tokio::spawn(relay(exec.events, tx));
-    RunningExec { events: rx, control, pid }
+    let archive = exec.spool.map(|path| archive_of(path, exec_id));
+    RunningExec { events: rx, control, pid, archive }
 }
 
 impl ContainerSandbox {
@@ -273,7 +279,7 @@ impl ContainerSandbox {
                         feed_stdin(rx, &mut exec);
                         tx
                     });
-                    (Some(running(exec)), None)
+                    (Some(running(exec, recovered.header.exec_id)), None)
                 }
                 None => {
                     let note = "[brig: the node restarted and this command could not be followed further]\n";
@@ -301,6 +307,7 @@ impl ContainerSandbox {
             running: running_exec,
             exit,
             stdin,
+            archive: Some(archive_of(path.to_path_buf(), recovered.header.exec_id)),
         }
     }
 }
@@ -385,6 +392,7 @@ impl Sandbox for ContainerSandbox {
 
     fn exec(&self, spec: ExecSpec) -> BoxFuture<'_, Result<RunningExec, SandboxError>> {
         Box::pin(async move {
+            let exec_id = spec.exec_id;
             let (stdin, mut input) = match spec.stdin {
                 Stdin::Empty => (EngineStdin::Null, None),
                 Stdin::Bytes(b) => (EngineStdin::Bytes(b), None),
@@ -416,7 +424,7 @@ impl Sandbox for ContainerSandbox {
             if let Some(rx) = input.take() {
                 feed_stdin(rx, &mut exec);
             }
-            Ok(running(exec))
+            Ok(running(exec, exec_id))
         })
     }
 

@@ -11,12 +11,13 @@
 //!   4 exit (JSON ExecExit)
 //! ```
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use brig_core::SandboxError;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
@@ -333,6 +334,48 @@ pub fn read(path: &Path) -> Result<Recovered, SpoolError> {
     out.end = at as u64;
     out.unfinished = unfinished;
     Ok(out)
+}
+
+/// A finished command's spool as the node reads it back for a client that attaches later
+/// ([`brig_core::exec::ExecArchive`]): the node keeps none of the command's output in memory.
+pub struct SpoolArchive {
+    pub path: PathBuf,
+    /// The exec the spool must be of (its file may have been retired and its name reused).
+    pub exec_id: u64,
+}
+
+impl brig_core::exec::ExecArchive for SpoolArchive {
+    fn read(
+        &self,
+    ) -> brig_core::sandbox::BoxFuture<'_, Result<brig_core::exec::ArchivedOutput, SandboxError>>
+    {
+        Box::pin(async move {
+            let path = self.path.clone();
+            let recovered = tokio::task::spawn_blocking(move || read(&path))
+                .await
+                .map_err(|e| SandboxError::Internal(format!("spool reader: {e}")))?;
+            let recovered = match recovered {
+                Err(SpoolError::Io { source, .. }) if source.kind() == ErrorKind::NotFound => {
+                    return Err(SandboxError::NotFound("the command's output was let go".into()))
+                }
+                Err(e) => return Err(SandboxError::Internal(e.to_string())),
+                Ok(r) if r.header.exec_id != self.exec_id => {
+                    return Err(SandboxError::NotFound("the command's output was let go".into()))
+                }
+                Ok(r) => r,
+            };
+            let output = recovered
+                .events
+                .into_iter()
+                .filter_map(|event| match event {
+                    ExecEvent::Stdout(b) => Some(brig_core::exec::ExecEvent::Stdout(b)),
+                    ExecEvent::Stderr(b) => Some(brig_core::exec::ExecEvent::Stderr(b)),
+                    ExecEvent::Exit(_) => None,
+                })
+                .collect();
+            Ok(brig_core::exec::ArchivedOutput { output, gap: recovered.gap })
+        })
+    }
 }
 
 /// A spare file renamed to `path` and opened, emptied, if there is one.

@@ -7,6 +7,7 @@
 pub mod call;
 pub mod command;
 pub mod egress;
+pub mod exec;
 pub mod files;
 pub mod id;
 pub mod records;

@@ -93,7 +93,7 @@ impl Node {
         recorder.record(AuditKind::ExecStart { exec_id, argv: argv.clone(), user: req.user, cwd });
         let pid = running.pid;
         let (kill, resizer) = controls(running.control, req.terminal.is_some());
-        let hub = entry.execs.insert_with(exec_id, argv, pid, kill, resizer);
+        let hub = entry.execs.insert_with(exec_id, argv, pid, kill, resizer, running.archive);
         // Its stdin is the hub's: this client's upload feeds it, and any client by id.
         let stdin_over = streamed.map(|(tx, upload)| {
             hub.stdin.open(tx, limits.exec_stdin_bytes);
@@ -179,7 +179,14 @@ impl Node {
                     (hub, seen, "output past what the guest keeps was lost while its VM was paused")
                 }
                 None => {
-                    let hub = entry.execs.insert_with(exec.exec_id, exec.argv, pid, kill, resizer);
+                    let hub = entry.execs.insert_with(
+                        exec.exec_id,
+                        exec.argv,
+                        pid,
+                        kill,
+                        resizer,
+                        exec.archive,
+                    );
                     (
                         hub,
                         Seen::default(),

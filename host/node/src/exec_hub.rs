@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use brig_core::exec::ExecArchive;
 use brig_proto::{ExecInfo, ExecResult, OutputStream, Reply, TerminalSize};
 use brig_transport::{Exchange, TransportError};
 use parking_lot::Mutex;
@@ -100,6 +101,9 @@ pub(crate) struct ExecHub {
     drained: Notify,
     /// Its sandbox's finished execs, which it joins when it finishes.
     finished_output: Arc<FinishedOutput>,
+    /// Where its tier keeps its output on disk: once it finished and nobody streams it, the
+    /// hub keeps none of it, and later readers are served from there (`crate::exec_archive`).
+    archive: Option<Arc<dyn ExecArchive>>,
 }
 
 impl Drop for ExecHub {
@@ -171,7 +175,11 @@ struct ReaderPlace {
 
 impl Drop for Reader<'_> {
     fn drop(&mut self) {
-        self.hub.state.lock().readers.remove(&self.id);
+        {
+            let mut st = self.hub.state.lock();
+            st.readers.remove(&self.id);
+            self.hub.let_go_archived(&mut st);
+        }
         self.hub.drained.notify_waiters();
     }
 }
@@ -346,12 +354,20 @@ impl ExecHub {
             NODE_FINISHED.bytes.fetch_add(st.bytes, Ordering::Relaxed);
         }
         st.finished = Some(Instant::now());
+        self.let_go_archived(&mut st);
         drop(st);
         self.finished_output.add(self);
         NODE_FINISHED.add(self, NODE_FINISHED_OUTPUT_BYTES);
         // Nothing reads its stdin any more: the tier's writer lets go of the pipe.
         self.stdin.close();
         self.changed.notify_waiters();
+    }
+
+    /// Lets go of a finished command's output that its tier keeps on disk, once nobody reads it.
+    fn let_go_archived(&self, st: &mut HubState) {
+        if self.archive.is_some() && st.finished.is_some() && st.readers.is_empty() {
+            self.let_go(st);
+        }
     }
 
     /// Lets go of the output it keeps (a client that attaches is told how much).
@@ -415,6 +431,16 @@ impl ExecHub {
         reader: Reader<'_>,
         exchange: &mut Exchange,
     ) -> Result<Option<Reply>, NodeError> {
+        // A finished command whose output was let go: from the archive, if it reads.
+        let archived = self.archive.as_ref().and_then(|archive| {
+            let st = self.state.lock();
+            (st.first > 0).then(|| st.result.clone()).flatten().map(|r| (archive.clone(), r))
+        });
+        if let Some((archive, result)) = archived {
+            if crate::exec_archive::replay(archive.as_ref(), exchange, READER_STALL).await? {
+                return Ok(Some(Reply::Exited(result)));
+            }
+        }
         let peer_gone = exchange.peer_gone();
         tokio::pin!(peer_gone);
         let mut next = 0u64;
@@ -486,6 +512,7 @@ impl ExecTable {
         pid: Option<u32>,
         kill: Box<dyn Fn() + Send + Sync>,
         resize: Option<Resizer>,
+        archive: Option<Arc<dyn ExecArchive>>,
     ) -> Arc<ExecHub> {
         let hub = Arc::new(ExecHub {
             argv,
@@ -497,6 +524,7 @@ impl ExecTable {
             changed: Notify::new(),
             drained: Notify::new(),
             finished_output: self.finished_output.clone(),
+            archive,
         });
         self.execs.lock().insert(exec_id, hub.clone());
         hub
@@ -614,7 +642,7 @@ mod tests {
     }
 
     fn hub(table: &ExecTable, id: u64) -> Arc<ExecHub> {
-        table.insert_with(id, vec!["yes".into()], None, Box::new(|| {}), None)
+        table.insert_with(id, vec!["yes".into()], None, Box::new(|| {}), None, None)
     }
 
     #[test]

@@ -27,6 +27,7 @@ mod doctor;
 mod egress;
 mod error;
 mod exec;
+mod exec_archive;
 mod exec_hub;
 mod exec_input;
 mod file_watch;

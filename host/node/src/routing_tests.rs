@@ -342,7 +342,8 @@ async fn commands_and_sessions_a_pause_detached_go_on_after_the_resume() {
     let mut hubs = Vec::new();
     for exec_id in [1, 2] {
         let (tx, rx) = mpsc::channel(8);
-        let hub = entry.execs.insert_with(exec_id, vec!["cmd".into()], None, Box::new(|| {}), None);
+        let hub =
+            entry.execs.insert_with(exec_id, vec!["cmd".into()], None, Box::new(|| {}), None, None);
         let recorder = node.recorder(&entry);
         tokio::spawn(crate::exec::pump(rx, hub.clone(), exec_id, recorder, Default::default()));
         senders.push(tx);
@@ -369,7 +370,8 @@ async fn commands_and_sessions_a_pause_detached_go_on_after_the_resume() {
     tx.send(ExecEvent::Exited(ExecExit { exit_code: Some(3), ..Default::default() }))
         .await
         .expect("send");
-    let running = RunningExec { events: rx, control: Arc::new(NoControl), pid: None };
+    let running =
+        RunningExec { events: rx, control: Arc::new(NoControl), pid: None, archive: None };
     let kept = KeptWork {
         execs: vec![RecoveredExec {
             exec_id: 1,
@@ -379,6 +381,7 @@ async fn commands_and_sessions_a_pause_detached_go_on_after_the_resume() {
             running: Some(running),
             exit: None,
             stdin: None,
+            archive: None,
         }],
         sessions: vec![("s1".into(), Box::new(FakeSession(seen.clone())) as Box<dyn Session>)],
     };

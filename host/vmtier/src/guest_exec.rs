@@ -166,7 +166,7 @@ pub fn serve_kept(
         exit.duration = started.elapsed();
         let _ = tx.send(ExecEvent::Exited(exit)).await;
     });
-    RunningExec { events: rx, control: Arc::new(Hangup(kill)), pid: None }
+    RunningExec { events: rx, control: Arc::new(Hangup(kill)), pid: None, archive: None }
 }
 
 /// Writes the command's stdin, then ends it; keeps the write half (whose hang-up kills the

@@ -89,6 +89,7 @@ pub(crate) async fn recover(
             running: Some(running),
             exit: None,
             stdin: stdin_tx,
+            archive: None,
         });
     }
     work
