@@ -421,7 +421,7 @@ impl Sandbox for HostedSandbox {
 }
 
 /// A file entry as the guest's agent reported it, as the node's file API reports entries.
-fn entry_from_guest(e: crate::FileEntry) -> Entry {
+pub(crate) fn entry_from_guest(e: crate::FileEntry) -> Entry {
     let kind = match e.kind.as_str() {
         "file" => EntryKind::File,
         "dir" => EntryKind::Dir,

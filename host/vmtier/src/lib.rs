@@ -22,6 +22,7 @@ pub use brig_vmm_api::container::{
 };
 pub use container_host::{guest_disk, HostedContainer};
 mod fullvm;
+mod guest_files;
 pub use fullvm::GuestAddress;
 pub mod guest_exec;
 pub mod hosts;
@@ -50,6 +51,7 @@ use agent_link::{collect, exec_inner, request_stream, request_with_body, request
 pub use agent_link::{
     exec_stream, exec_stream_input, ExecEvent, ExecStream, GuestStdin, ReplyLimits, MAX_GUEST_FILE,
 };
+use guest_files::file_failure;
 pub use lifecycle::VmStats;
 
 /// Where the guest and the VMM are, and how big a VM is.
@@ -117,6 +119,9 @@ pub enum VmTierError {
     /// A container request the container-host VM's agent refused.
     #[error("{message}")]
     Container { failure: brig_vmm_api::container::Failure, message: String },
+    /// A request on the VM's own files its agent refused (`crate::guest_files`).
+    #[error("{message}")]
+    GuestFile { failure: brig_vmm_api::container::Failure, message: String },
 }
 
 pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmTierError {
@@ -742,17 +747,6 @@ impl VmTier {
                 tracing::warn!(vm = %id, error = %e, "VMM cgroup left behind");
             }
         }
-    }
-}
-
-/// What a failed file transfer's answer says: a refused path (typed by its EXIT status), or the
-/// agent's words.
-fn file_failure(out: &ExecOutput) -> VmTierError {
-    let text = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    if out.exit_code == brig_vmm_api::agent::EXIT_NOT_REGULAR {
-        VmTierError::NotRegular(text)
-    } else {
-        VmTierError::Agent(text)
     }
 }
 

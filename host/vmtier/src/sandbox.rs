@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use brig_core::files::Entry;
 use brig_core::sandbox::{
     BoxFuture, Capabilities, Condition, ExecSpec, FileAccess, ForkChild, ForkKind, ForkOptions,
     Forked, KeptWork, MachineRecord, Op, PauseKind, Persistence, ReadSource, RunningExec, Sandbox,
@@ -183,6 +184,44 @@ impl Sandbox for VmSandbox {
         })
     }
 
+    fn stat<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Entry, SandboxError>> {
+        Box::pin(async move {
+            self.alive()?;
+            let entry = self.tier.stat_file(&self.vm, &guest_path(path)).await?;
+            Ok(crate::hosts::entry_from_guest(entry))
+        })
+    }
+
+    fn list<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, SandboxError>> {
+        Box::pin(async move {
+            self.alive()?;
+            let entries = self.tier.list_dir(&self.vm, &guest_path(path)).await?;
+            Ok(entries.into_iter().map(crate::hosts::entry_from_guest).collect())
+        })
+    }
+
+    fn mkdir<'a>(
+        &'a self,
+        path: &'a str,
+        parents: bool,
+    ) -> BoxFuture<'a, Result<(), SandboxError>> {
+        Box::pin(async move {
+            self.alive()?;
+            Ok(self.tier.make_dir(&self.vm, &guest_path(path), parents).await?)
+        })
+    }
+
+    fn remove<'a>(
+        &'a self,
+        path: &'a str,
+        recursive: bool,
+    ) -> BoxFuture<'a, Result<(), SandboxError>> {
+        Box::pin(async move {
+            self.alive()?;
+            Ok(self.tier.remove_path(&self.vm, &guest_path(path), recursive).await?)
+        })
+    }
+
     /// Saves the VM to disk and stops its VMM; the bytes that frees.
     fn pause(&self) -> BoxFuture<'_, Result<u64, SandboxError>> {
         Box::pin(async move {
@@ -255,6 +294,10 @@ impl Sandbox for VmSandbox {
 impl From<VmTierError> for SandboxError {
     fn from(e: VmTierError) -> SandboxError {
         match e {
+            VmTierError::GuestFile { failure, message } => match failure.io_kind() {
+                Some(kind) => SandboxError::Io { kind, message },
+                None => SandboxError::Internal(message),
+            },
             VmTierError::Container { failure, message } => match failure.io_kind() {
                 Some(kind) => SandboxError::Io { kind, message },
                 None => SandboxError::Internal(format!("in the container-host VM: {message}")),
@@ -283,8 +326,15 @@ mod tests {
         assert!(matches!(slow, SandboxError::Unavailable(_)));
         let fifo = SandboxError::from(VmTierError::NotRegular("/x is not a regular file".into()));
         assert!(matches!(&fifo, SandboxError::BadRequest(t) if t.contains("not a regular file")));
-        let agent = SandboxError::from(VmTierError::Agent("no such file".into()));
-        assert!(matches!(&agent, SandboxError::Internal(t) if t.contains("no such file")));
+        let agent = SandboxError::from(VmTierError::Agent("the agent failed".into()));
+        assert!(matches!(&agent, SandboxError::Internal(t) if t.contains("the agent failed")));
+        // A missing file in the VM is the client's NotFound, not a failure of the node.
+        let missing = SandboxError::from(VmTierError::GuestFile {
+            failure: brig_vmm_api::container::Failure::NotFound,
+            message: "no such file".into(),
+        });
+        let kind = std::io::ErrorKind::NotFound;
+        assert!(matches!(missing, SandboxError::Io { kind: k, .. } if k == kind));
     }
 
     #[test]

@@ -35,7 +35,7 @@ use brig_vmm_api::container::{
 pub const ENV: &str = "BRIG_AGENT_CONTAINERS";
 
 /// A request that failed before anything ran.
-struct Refusal(Failure, String);
+pub(crate) struct Refusal(pub(crate) Failure, pub(crate) String);
 
 impl Refusal {
     fn bad(message: impl Into<String>) -> Refusal {
@@ -274,7 +274,7 @@ fn json(out: &Arc<Mutex<File>>, value: &impl serde::Serialize) -> Result<End, Re
     Ok(DONE)
 }
 
-fn entry_to_wire(e: brig_core::files::Entry) -> FileEntry {
+pub(crate) fn entry_to_wire(e: brig_core::files::Entry) -> FileEntry {
     use brig_core::files::EntryKind;
     let kind = match e.kind {
         EntryKind::File => "file",

@@ -13,11 +13,13 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
 mod containers;
+mod guest_files;
 mod kept;
 mod kept_session;
 mod session;
 
 use brig_vmm_api::agent::{self, AgentRequest, KeepExec, KeptStdin, ProcessRun};
+use brig_vmm_api::container::Failure;
 use nix::sys::socket::{
     accept, bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, VsockAddr,
 };
@@ -181,14 +183,17 @@ fn frame(out: &Mutex<std::fs::File>, kind: u8, data: &[u8]) -> std::io::Result<(
     agent::write_frame(&mut *w, kind, data)
 }
 
-/// Answers a request that ran no process: EXIT 0, or the error and EXIT 1.
+/// Answers a request that ran no process: EXIT 0, or the error and its status: a path that is
+/// no regular file [`agent::EXIT_NOT_REGULAR`], else the [`Failure`] of its kind (a missing
+/// file is `NotFound`, not a failure of the agent).
 fn done(out: &Mutex<std::fs::File>, result: std::io::Result<()>) -> std::io::Result<()> {
     match result {
         Ok(()) => frame(out, agent::EXIT, &0i32.to_le_bytes()),
         Err(e) => {
             frame(out, agent::STDERR, format!("brig-agent: {e}\n").as_bytes())?;
             let refused = e.get_ref().is_some_and(|inner| inner.is::<NotRegular>());
-            let status = if refused { agent::EXIT_NOT_REGULAR } else { 1 };
+            let status =
+                if refused { agent::EXIT_NOT_REGULAR } else { Failure::of_io(e.kind()).code() };
             frame(out, agent::EXIT, &status.to_le_bytes())
         }
     }
@@ -278,6 +283,7 @@ fn handle(stream: std::fs::File) -> std::io::Result<()> {
             done(&out, rooted(&path).and_then(|p| put(&mut reader, &p, len)))
         }
         AgentRequest::Get { path } => done(&out, rooted(&path).and_then(|p| get(&out, &p))),
+        AgentRequest::Files { request } => guest_files::serve(request, &out),
     }
 }
 
@@ -614,6 +620,40 @@ mod tests {
         let (stdout, stderr, status) = frames_to_exit(host);
         assert!(stderr.is_empty(), "stderr: {}", String::from_utf8_lossy(&stderr));
         (String::from_utf8_lossy(&stdout).into_owned(), status)
+    }
+
+    /// The VM's own files: mkdir, stat, list, remove, each failure typed (a missing file is
+    /// NotFound, for a whole-file read too; a non-empty directory is not removed without
+    /// `recursive`).
+    #[test]
+    fn file_requests_answer_entries_and_typed_failures() {
+        use brig_vmm_api::guest_files::{parse_listing, FileEntry, GuestFileRequest as G};
+        let dir = format!("/tmp/brig-agent-files-{}", std::process::id());
+        let _ = std::fs::remove_dir_all(&dir);
+        let ask = |request: G| frames_to_exit(&mut connect(&AgentRequest::Files { request }));
+        let (_, stderr, status) = ask(G::Mkdir { path: format!("{dir}/a/b"), parents: true });
+        assert_eq!(status, 0, "{}", String::from_utf8_lossy(&stderr));
+        std::fs::write(format!("{dir}/a/f"), b"12345").expect("write");
+        let (stdout, _, status) = ask(G::Stat { path: format!("{dir}/a/f") });
+        assert_eq!(status, 0);
+        let entry: FileEntry = serde_json::from_slice(&stdout).expect("entry");
+        assert_eq!((entry.kind.as_str(), entry.size), ("file", 5));
+        let (stdout, _, status) = ask(G::List { path: format!("{dir}/a") });
+        assert_eq!(status, 0);
+        let mut names: Vec<String> =
+            parse_listing(&stdout).expect("listing").into_iter().map(|e| e.path).collect();
+        names.sort();
+        assert_eq!(names, [format!("{dir}/a/b"), format!("{dir}/a/f")]);
+        let (_, _, status) = ask(G::Remove { path: format!("{dir}/a"), recursive: false });
+        assert_eq!(Failure::from_code(status), Failure::DirectoryNotEmpty);
+        let (_, _, status) = ask(G::Remove { path: format!("{dir}/a"), recursive: true });
+        assert_eq!(status, 0);
+        let (_, _, status) = ask(G::Stat { path: format!("{dir}/a") });
+        assert_eq!(Failure::from_code(status), Failure::NotFound);
+        let get = AgentRequest::Get { path: format!("{dir}/missing") };
+        let (_, _, status) = frames_to_exit(&mut connect(&get));
+        assert_eq!(Failure::from_code(status), Failure::NotFound);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// `hello` answers this agent's protocol; a command asked to say STARTED says it first,

@@ -33,6 +33,7 @@ use std::io::{Read, Write};
 use serde::{Deserialize, Serialize};
 
 use crate::container::ContainerRequest;
+use crate::guest_files::GuestFileRequest;
 
 /// The agent's vsock port.
 pub const PORT: u32 = 1024;
@@ -69,8 +70,10 @@ pub const EXIT_NOT_REGULAR: i32 = 3;
 pub const EXIT_BAD_REQUEST: i32 = 2;
 
 /// What this agent speaks, as `hello` answers it. 1 is an agent older than `hello` (it
-/// answers [`EXIT_BAD_REQUEST`]); 2 adds [`KeepExec::started`].
-pub const PROTOCOL: u32 = 2;
+/// answers [`EXIT_BAD_REQUEST`]); 2 adds [`KeepExec::started`]; 3 adds
+/// [`AgentRequest::Files`] and answers a failed file request (and any other request that ran no
+/// process) with a [`crate::container::Failure`] status instead of 1.
+pub const PROTOCOL: u32 = 3;
 
 /// The agent's answer to `hello`: one STDOUT frame, then EXIT 0.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,6 +188,9 @@ pub enum AgentRequest {
     },
     /// A request for the container service of a container-host VM.
     Container { request: ContainerRequest },
+    /// The VM's own files: stat, list, mkdir, remove (protocol 3; see
+    /// [`crate::guest_files`]).
+    Files { request: GuestFileRequest },
 }
 
 /// What `session_probe` tells of a kept session's shell.
@@ -382,6 +388,9 @@ mod tests {
             AgentRequest::Seed { seed_hex: "00ff".into() },
             AgentRequest::Put { path: "/a b".into(), len: 5 },
             AgentRequest::Get { path: "/etc/x".into() },
+            AgentRequest::Files {
+                request: GuestFileRequest::Mkdir { path: "/w/a".into(), parents: true },
+            },
             AgentRequest::Kept { container: None },
             AgentRequest::Kept { container: Some("sb-1".into()) },
             AgentRequest::Attach { id: 9, container: None, input: false },

@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod container;
 pub mod control;
+pub mod guest_files;
 pub mod launch;
 pub mod sparse;
 
