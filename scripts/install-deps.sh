@@ -21,7 +21,7 @@ done
 # networks and egress rules), fuse3 (on-demand layer data), etcd-server (durable cluster state
 # for the control-plane replicas), protobuf-compiler (the etcd client's gRPC code is generated at
 # build time), qemu-system-x86 + cpio + kmod (the emulated host that runs Linux guests on
-# brig-vmm in the tests, GUEST.md section 2; kmod's depmod indexes its kernel modules), util-linux
+# brig-vmm in the tests, docs/GUEST.md section 2; kmod's depmod indexes its kernel modules), util-linux
 # (nsenter), xfsprogs (mkfs.xfs: the node's store of containers' writable layers, with project
 # quotas; e2fsprogs' mkfs.ext4 makes a per-container image where the kernel has no XFS quotas),
 # docker-registry + skopeo (the OCI registry the pull tests run on loopback, and what pushes
@@ -88,7 +88,7 @@ if ! cmp -s "$root/tests/e2b-js/package-lock.json" "$node_dir/package-lock.json"
     (cd "$node_dir" && npm ci --no-audit --no-fund --silent)
 fi
 
-# Kernel settings: larger UDP buffers for QUIC bursts (GUEST.md §6), and enough memory mappings
+# Kernel settings: larger UDP buffers for QUIC bursts (docs/GUEST.md §6), and enough memory mappings
 # for 100k+ live Wasm instances (each uses ~4; the default 65530 caps near 16k).
 want_sysctl() {
     local key=$1 want=$2 have

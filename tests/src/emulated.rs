@@ -1,4 +1,4 @@
-//! The software-emulated host Linux-guest tests run in (GUEST.md section 2): QEMU TCG with an
+//! The software-emulated host Linux-guest tests run in (docs/GUEST.md section 2): QEMU TCG with an
 //! emulated AMD-V CPU, booting Debian's cloud kernel with the test initramfs
 //! `scripts/build-vm-guests.sh` makes; its init loads KVM with nested SVM and runs brig-vmm
 //! and brigd. Emulated timings are for correctness only.

@@ -214,15 +214,36 @@ async fn resource_bombs_are_contained() {
                 .ok_or_else(|| format!("{bytes} bytes, {}", describe(out)))
         })
         .await;
+    // A needle in a host file, and the same needle in a file of the sandbox: the scan finds
+    // its own and never the host's (named outright, and under / and /proc). The pattern comes
+    // from a file, so no command line holds the needle.
+    let needle = format!("brig-needle-{}-{:?}", std::process::id(), Instant::now());
+    let host_file = format!("/tmp/brig-hostile-needle-{}", std::process::id());
+    std::fs::write(&host_file, &needle).expect("host needle");
+    sb.write_file("/work/pattern", needle.as_bytes()).await.expect("pattern");
+    sb.write_file("/work/own-needle", needle.as_bytes()).await.expect("own needle");
+    let scan = format!(
+        "grep -rl -f /work/pattern /work/own-needle {host_file} / /proc 2>/dev/null \
+         | grep -v '^/work/pattern$'; echo scanned"
+    );
     suite
-        .attempt(
-            &sb,
-            "grep -r over / and /proc",
-            "grep -r brig-needle-not-there / /proc >/dev/null 2>&1; echo scanned",
-            8,
-            |out| Ok(format!("ran inside the sandbox's view only, {}", describe(out))),
-        )
+        .attempt(&sb, "grep -r over / and /proc", &scan, 8, |out| {
+            let text = out.stdout_text();
+            let found: Vec<&str> = text.lines().filter(|l| *l != "scanned").collect();
+            if found.iter().any(|l| l.contains("brig-hostile-needle")) {
+                Err(format!("the host's file was found from inside: {found:?}"))
+            } else if !found.contains(&"/work/own-needle") {
+                Err(format!("the scan did not find the sandbox's own needle: {}", describe(out)))
+            } else {
+                Ok(format!(
+                    "found its own needle only ({} matches), {}",
+                    found.len(),
+                    describe(out)
+                ))
+            }
+        })
         .await;
+    let _ = std::fs::remove_file(&host_file);
     suite.report.finish();
 }
 

@@ -1,8 +1,8 @@
 //! Linux guests on brig-vmm.
 //!
 //! This machine's KVM (PVM) cannot run a Linux kernel, so the end-to-end boot runs inside an
-//! emulated host (QEMU TCG with an emulated AMD-V CPU, GUEST.md section 2): its initramfs loads
-//! KVM with nested SVM and runs the static brig-vmm, which boots Debian's cloud kernel with an
+//! emulated host (QEMU TCG with an emulated AMD-V CPU, docs/GUEST.md section 2): its initramfs
+//! loads KVM with nested SVM and runs the static brig-vmm, which boots Debian's cloud kernel with an
 //! initramfs and command line, passes its console through and gives it a virtio-rng described
 //! in ACPI and a virtio-vsock; the guest starts brig-agent and asks for a snapshot; a second
 //! brig-vmm process resumes it (device and queue state included) from the snapshot files, and
@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use brig_sdk::{Client, Cmd, ExecEvent, SandboxOptions, SandboxState, Tier};
+use brig_sdk::{Client, Cmd, ErrorCode, ExecEvent, SandboxOptions, SandboxState, Tier};
 use brig_tests::behaviour::{
     check_command_data, check_exec_output, check_output_cap, check_oversized_reads,
     check_streamed_stdin, check_streaming, Pace,
@@ -163,6 +163,7 @@ async fn drive_from_outside(client: Client) -> Result<(), String> {
         return Err("the file changed in transit".into());
     }
     check_oversized_reads(&client, &sb).await?;
+    check_guest_files(&sb).await?;
     sb.exec(["sh", "-c", "echo kept-in-memory > /tmp/state"]).await.map_err(e("exec"))?;
     // A command and two sessions that run through the pause (the guest keeps them in the
     // saved VM; brigd takes them back after the resume).
@@ -304,6 +305,38 @@ async fn check_fork_mid_stream(sb: &brig_sdk::Sandbox, pace: Pace) -> Result<(),
         return Err(format!("child after a mid-stream fork: {out:?}"));
     }
     kid.destroy().await.map_err(e("destroy the child"))?;
+    Ok(())
+}
+
+/// The VM's own files through its agent: stat, list, mkdir and remove, and a missing file is
+/// `NotFound` (not an internal error).
+async fn check_guest_files(sb: &brig_sdk::Sandbox) -> Result<(), String> {
+    let e = |what: &'static str| move |err: brig_sdk::Error| format!("{what}: {err}");
+    sb.mkdir("/work/d/e", true).await.map_err(e("mkdir -p"))?;
+    let blob = sb.stat("/work/blob").await.map_err(e("stat"))?;
+    if blob.kind != brig_proto::FileKind::File || blob.size != 200_000 {
+        return Err(format!("stat /work/blob: {blob:?}"));
+    }
+    let listed = sb.list_dir("/work").await.map_err(e("list"))?;
+    let names: Vec<&str> = listed.iter().map(|f| f.path.as_str()).collect();
+    let has = |name: &str| names.iter().any(|p| p.ends_with(name));
+    if !has("/blob") || !has("/d") {
+        return Err(format!("list /work: {names:?}"));
+    }
+    let refused = sb.remove("/work/d", false).await;
+    if refused.is_ok() {
+        return Err("a non-empty directory was removed without recursive".into());
+    }
+    sb.remove("/work/d", true).await.map_err(e("remove -r"))?;
+    for (what, result) in [
+        ("stat of a removed directory", sb.stat("/work/d").await.map(drop)),
+        ("read of a missing file", sb.read_file("/work/missing").await.map(drop)),
+    ] {
+        match result {
+            Err(err) if err.code() == Some(ErrorCode::NotFound) => {}
+            other => return Err(format!("{what}: {other:?}, not NotFound")),
+        }
+    }
     Ok(())
 }
 

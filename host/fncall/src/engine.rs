@@ -1,6 +1,6 @@
 //! The Wasmtime engine, its pooling allocator, the WASI linker and the epoch ticker.
 //!
-//! Pool tuning follows GUEST.md §5: keeping memory and table slots resident between calls and
+//! Pool tuning follows docs/GUEST.md §5: keeping memory and table slots resident between calls and
 //! resetting them with `PAGEMAP_SCAN` (Linux ≥ 6.7) avoids madvise/munmap, whose TLB-shootdown
 //! IPIs made two threads slower than one inside a VM; with it the pool reaches ~37k
 //! instantiate+call per second per core.

@@ -291,17 +291,9 @@ impl Node {
     /// The Prometheus text exposition of this node's metrics (live gauges refreshed first).
     pub fn render_metrics(&self) -> String {
         let m = &self.inner.metrics;
-        let mut counts: std::collections::HashMap<(&'static str, &'static str), i64> =
-            std::collections::HashMap::new();
-        for tier in [Tier::Fncall, Tier::Container] {
-            for state in ["running", "paused"] {
-                counts.insert((tier.as_str(), state), 0);
-            }
-        }
-        for e in self.inner.sandboxes.all() {
-            let state = if e.paused_unix_ms().is_some() { "paused" } else { "running" };
-            *counts.entry((e.tier.as_str(), state)).or_default() += 1;
-        }
+        let sandboxes = self.inner.sandboxes.all();
+        let counts =
+            metrics::live_counts(sandboxes.iter().map(|e| (e.tier, e.paused_unix_ms().is_some())));
         for ((tier, state), n) in counts {
             m.live.get_or_create(&metrics::LiveLabels { tier, state }).set(n);
         }

@@ -35,6 +35,24 @@ pub struct LiveLabels {
     pub state: &'static str,
 }
 
+/// Live sandboxes by tier and state (`running`, `paused`) from `(tier, paused)` pairs: every
+/// tier and state is there, 0 where none, so a tier's series never goes missing from the gauge.
+pub(crate) fn live_counts(
+    sandboxes: impl Iterator<Item = (brig_core::Tier, bool)>,
+) -> std::collections::HashMap<(&'static str, &'static str), i64> {
+    let state = |paused: bool| if paused { "paused" } else { "running" };
+    let mut counts = std::collections::HashMap::new();
+    for tier in brig_core::Tier::ALL {
+        for paused in [false, true] {
+            counts.insert((tier.as_str(), state(paused)), 0);
+        }
+    }
+    for (tier, paused) in sandboxes {
+        *counts.entry((tier.as_str(), state(paused))).or_default() += 1;
+    }
+    counts
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VerdictLabel {
     pub verdict: &'static str,
@@ -197,5 +215,22 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use brig_core::Tier;
+
+    #[test]
+    fn every_tier_and_state_is_in_the_live_gauge() {
+        let none = super::live_counts(std::iter::empty());
+        assert_eq!(none.len(), 8);
+        assert!(none.values().all(|n| *n == 0));
+        let some = [(Tier::Microvm, true), (Tier::Fullvm, false), (Tier::Fullvm, false)];
+        let counts = super::live_counts(some.into_iter());
+        assert_eq!(counts[&("microvm", "paused")], 1);
+        assert_eq!(counts[&("fullvm", "running")], 2);
+        assert_eq!(counts[&("container", "running")], 0);
     }
 }

@@ -13,7 +13,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyRuntimeError;
@@ -21,22 +21,27 @@ use pyo3::prelude::*;
 use pyo3::BoundObject;
 use tokio::runtime::Runtime;
 
-static RUNTIME: LazyLock<Runtime> = LazyLock::new(|| {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("brig-sdk")
-        .build()
-        .unwrap_or_else(|e| panic!("cannot start the tokio runtime: {e}"))
-});
+/// The runtime, or why it could not start (no threads or descriptors left): every call then
+/// raises `RuntimeError` with it, and the process goes on.
+static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
 
 static SHUTTING_DOWN: AtomicBool = AtomicBool::new(false);
 static DELIVERING: AtomicUsize = AtomicUsize::new(0);
 /// Longest the exit hook waits for deliveries under way.
 const EXIT_WAIT: Duration = Duration::from_secs(2);
 
-/// The process's runtime (for tasks that never touch Python, like stream pumps).
-pub(crate) fn runtime() -> &'static Runtime {
-    &RUNTIME
+/// The process's runtime, started by the first call.
+fn runtime() -> PyResult<&'static Runtime> {
+    let started = RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("brig-sdk")
+            .build()
+            .map_err(|e| e.to_string())
+    });
+    started
+        .as_ref()
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot start the tokio runtime: {e}")))
 }
 
 /// A finished future's outcome, made into a Python object on the loop's thread.
@@ -197,7 +202,7 @@ where
     let event_loop = get_loop.call0(py)?.into_bound(py);
     let future = event_loop.call_method0("create_future")?;
     let (queue, future_ref) = (queue_for(&event_loop), future.clone().unbind());
-    let task = RUNTIME.spawn(async move {
+    let task = runtime()?.spawn(async move {
         let outcome = fut.await;
         let outcome: Outcome = Box::new(move |py| {
             outcome.and_then(|v| {

@@ -575,7 +575,8 @@ pub struct PyAuditStream {
 impl PyAuditStream {
     pub(crate) fn start(mut stream: AuditStream) -> PyAuditStream {
         let (tx, rx) = mpsc::channel(256);
-        crate::bridge::runtime().spawn(async move {
+        // Called inside a task on the bridge's runtime (a method's future).
+        tokio::spawn(async move {
             loop {
                 let batch = match stream.next_batch().await {
                     Ok(Some(batch)) => batch,

@@ -114,7 +114,8 @@ impl PyExecStream {
         let exec_id = stream.exec_id();
         let stdin = stream.take_stdin();
         let (tx, rx) = mpsc::channel(CHUNK_QUEUE);
-        crate::bridge::runtime().spawn(async move {
+        // Called inside a task on the bridge's runtime (a method's future).
+        tokio::spawn(async move {
             while let Some(event) = stream.next().await {
                 let chunk = match event {
                     Ok(ExecEvent::Stdout(b)) => Chunk::Out("stdout", b),

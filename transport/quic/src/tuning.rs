@@ -1,7 +1,7 @@
 //! Transport settings for a sandbox platform, and the UDP socket they run on.
 //!
-//! quinn's defaults throttle this workload (GUEST.md §6): 100 concurrent streams per connection
-//! (excess requests wait silently), a 30 s idle timeout with no keep-alive (an agent thinking for
+//! quinn's defaults throttle this workload (docs/GUEST.md §6): 100 concurrent streams per
+//! connection (excess requests wait silently), a 30 s idle timeout with no keep-alive (an agent thinking for
 //! a minute loses its connection), and the kernel's 208 KiB UDP receive buffer, which drops
 //! packets in bursts. We raise all of them.
 

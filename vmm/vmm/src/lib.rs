@@ -9,7 +9,7 @@
 //!
 //! With the `test-guest` feature it also carries a purpose-built guest and the bare VM that
 //! runs it (`guest`, `vm`, `snapshot`), for measuring the mechanisms natively where a stock
-//! Linux kernel cannot boot (this machine's software hypervisor; see GUEST.md).
+//! Linux kernel cannot boot (this machine's software hypervisor; see docs/GUEST.md).
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
