@@ -2,7 +2,6 @@
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::cgroup::ContainerCgroup;
 use crate::rootfs::Rootfs;
 use crate::runtime::{
     io_err, process_start_time, upper_link, Container, ContainerSpec, Runtime, RuntimeError,
@@ -10,6 +9,7 @@ use crate::runtime::{
 };
 use crate::shim_conn::ShimConn;
 use crate::shim_proto::{FromShim, ShimConfig, ToShim};
+use brig_hostkit::cgroup::ContainerCgroup;
 
 impl Runtime {
     /// Creates and starts a container. On failure everything made so far is removed.

@@ -24,7 +24,7 @@ use crate::runtime::{Container, Process, RuntimeError, SpawnRequest};
 use crate::shim_conn::ShimConn;
 use crate::shim_proto::{ExitInfo, ToShim};
 use crate::spool::{Recovered, Spool, SpoolHeader, SpoolTarget};
-use crate::terminal::{TerminalMaster, TerminalSize};
+use brig_hostkit::terminal::{TerminalMaster, TerminalSize};
 
 /// Read size for output pipes.
 const READ_BYTES: usize = 64 << 10;
@@ -225,7 +225,7 @@ pub async fn exec(container: &Arc<Container>, request: ExecRequest) -> Result<Ex
             (process, Output::Pipe(receiver(out_r)?), Some(receiver(err_r)?), stdin, None)
         }
         Some(size) => {
-            let (master, slave) = crate::terminal::open(size)?;
+            let (master, slave) = brig_hostkit::terminal::open(size)?;
             let dup = |fd: &OwnedFd| {
                 fd.try_clone()
                     .map_err(|source| RuntimeError::Io { what: "terminal".into(), source })

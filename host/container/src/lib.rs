@@ -15,17 +15,12 @@
 //! ```
 #![deny(unsafe_code)]
 
-pub mod cgroup;
-pub mod cgroup_favor;
 pub mod containers_dir;
 pub mod control;
 pub mod exec;
 mod file_metadata;
 pub mod files;
 pub mod kept;
-pub mod netlink;
-pub mod network;
-mod nft_rules;
 pub mod port_connect;
 pub mod process_defaults;
 pub mod protect;
@@ -43,11 +38,8 @@ pub mod shim;
 pub mod shim_conn;
 pub mod shim_files;
 pub mod shim_proto;
-pub mod slot_file;
-pub mod spare_files;
 pub mod spawner;
 pub mod spool;
 pub mod strays;
-pub mod terminal;
 pub mod writable_store;
 mod xfs_quota;

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::cgroup::{CgroupError, CgroupLimits, CgroupManager, ContainerCgroup, ExecCgroup};
 use crate::files::{FileError, OwnedRootDir};
 use crate::rootfs::{LayerMounts, LayerSource, Rootfs, RootfsError};
 use crate::shim_conn::{ShimConn, ShimConnError};
 use crate::shim_proto::{ExitInfo, FromShim, SpawnSpec, ToShim};
 use crate::spawner::{ShimSpawner, SpawnerError};
+use brig_hostkit::cgroup::{CgroupError, CgroupLimits, CgroupManager, ContainerCgroup, ExecCgroup};
 
 /// Host uid/gid container root maps to by default; 65536 ids are mapped from it.
 pub const DEFAULT_ID_BASE: u32 = 100_000;
@@ -64,6 +64,15 @@ pub enum RuntimeError {
     },
 }
 
+/// Why a container whose shim hung up is lost.
+pub(crate) const SHIM_ENDED: &str = "its shim ended, and the node cannot reach it";
+
+impl From<brig_hostkit::terminal::TerminalError> for RuntimeError {
+    fn from(e: brig_hostkit::terminal::TerminalError) -> RuntimeError {
+        RuntimeError::Io { what: e.what, source: e.source }
+    }
+}
+
 pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RuntimeError {
     let what = what.into();
     move |source| RuntimeError::Io { what, source }
@@ -88,10 +97,10 @@ pub struct RuntimeConfig {
     /// disk rather than in the run directory's memory. `None`: `<run_dir>/spool`.
     pub spool_dir: Option<PathBuf>,
     /// The smallest CPU quota per period a container gets: smaller quotas get longer periods
-    /// ([`crate::cgroup::cpu_period_and_quota`]).
+    /// ([`brig_hostkit::cgroup::cpu_period_and_quota`]).
     pub cpu_min_quota_us: u64,
     /// Destroyed containers' cgroups kept for the next creates, at most (v1 hosts;
-    /// `crate::cgroup::SpareCgroups`). 0 keeps none.
+    /// `brig_hostkit::cgroup::SpareCgroups`). 0 keeps none.
     pub spare_cgroups: usize,
     /// A spare cgroup not taken within this many seconds is removed (0: kept until shutdown).
     pub spare_cgroups_idle_secs: u64,
@@ -156,8 +165,8 @@ pub struct Runtime {
     pub(crate) spawner: Arc<ShimSpawner>,
     /// The read-only sysfs containers share, if it could be mounted.
     pub(crate) shared_sys: Option<crate::shared_sys::SharedSys>,
-    /// Removed spools' files, for the next commands' (`crate::spare_files`).
-    pub(crate) spool_spares: Option<Arc<crate::spare_files::SpareFiles>>,
+    /// Removed spools' files, for the next commands' (`brig_hostkit::spare_files`).
+    pub(crate) spool_spares: Option<Arc<brig_hostkit::spare_files::SpareFiles>>,
     /// The store writable layers are made on, if the node has one.
     pub(crate) store: Option<Arc<crate::writable_store::WritableStore>>,
 }
@@ -196,7 +205,7 @@ impl Runtime {
             }
         };
         let spare_dir = config.spool_root().with_file_name("spool-spare");
-        let spares = crate::spare_files::SpareFiles::open(&spare_dir, SPARE_SPOOLS);
+        let spares = brig_hostkit::spare_files::SpareFiles::open(&spare_dir, SPARE_SPOOLS);
         let spool_spares =
             spares.inspect_err(|e| tracing::warn!(error = %e, "no spare spools")).ok();
         let spool_spares = spool_spares.map(Arc::new);
@@ -403,7 +412,7 @@ impl Runtime {
         }
     }
 
-    pub fn cgroup_version(&self) -> crate::cgroup::Version {
+    pub fn cgroup_version(&self) -> brig_hostkit::cgroup::Version {
         self.cgroups.version()
     }
 }
@@ -653,7 +662,7 @@ impl Container {
         if let Some(status) = self.shim.init_died() {
             return Some(format!("its init ended ({status:?})"));
         }
-        self.dispatcher.is_finished().then(|| crate::sandbox::SHIM_ENDED.into())
+        self.dispatcher.is_finished().then(|| SHIM_ENDED.into())
     }
 
     /// Starts a process with `stdio` (stdin, stdout, stderr) and `extra` descriptors (which

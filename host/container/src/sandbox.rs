@@ -17,14 +17,14 @@ use brig_core::sandbox::{
 use brig_core::{QosClass, SandboxId, Tier};
 use tokio::sync::mpsc;
 
-use crate::cgroup::CgroupLimits;
 use crate::exec::{Killer, Stdin as EngineStdin};
 use crate::protect::{Bind, Protected, Protections};
 use crate::rootfs::LayerSource;
 use crate::runtime::{Container, ContainerSpec, Runtime, RuntimeError};
 use crate::session::Session;
 use crate::shim_proto::ExitInfo;
-use crate::terminal::TerminalMaster;
+use brig_hostkit::cgroup::CgroupLimits;
+use brig_hostkit::terminal::TerminalMaster;
 
 /// What a container on the node's kernel serves.
 pub const CONTAINER_CAPS: Capabilities = Capabilities::new(
@@ -206,7 +206,6 @@ impl ExecControl for EngineControl {
     }
 
     fn resize(&self, size: TerminalSize) -> Option<std::io::Result<()>> {
-        let size = crate::terminal::TerminalSize { rows: size.rows, cols: size.cols };
         self.terminal.as_ref().map(|t| t.resize(size))
     }
 }
@@ -406,9 +405,7 @@ impl Sandbox for ContainerSandbox {
                 stdin,
                 timeout: Some(spec.timeout),
                 output_limit: spec.output_limit,
-                terminal: spec
-                    .terminal
-                    .map(|s| crate::terminal::TerminalSize { rows: s.rows, cols: s.cols }),
+                terminal: spec.terminal,
                 spool: Some(crate::spool::SpoolTarget {
                     dir: self.container.spool_dir(),
                     exec_id: spec.exec_id,
@@ -706,9 +703,6 @@ impl brig_core::sandbox::Session for Session {
         Box::pin(Session::close(self))
     }
 }
-
-/// Why a container whose shim hung up is lost.
-pub(crate) const SHIM_ENDED: &str = "its shim ended, and the node cannot reach it";
 
 #[cfg(test)]
 mod tests {

@@ -5,7 +5,7 @@ use brig_core::sandbox::SandboxError;
 
 use crate::files::FileError;
 use crate::runtime::RuntimeError;
-use crate::sandbox::SHIM_ENDED;
+use crate::runtime::SHIM_ENDED;
 use crate::session::SessionError;
 
 impl From<RuntimeError> for SandboxError {

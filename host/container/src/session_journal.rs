@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::slot_file::SlotFile;
+use brig_hostkit::slot_file::SlotFile;
 
 /// A random command nonce.
 pub fn new_nonce() -> String {
@@ -96,7 +96,7 @@ pub struct SessionRecord {
 }
 
 /// A session's record on disk (`<spool>/sessions/<id>.json`), rewritten as commands start and
-/// finish, removed when the session closes. It is rewritten in place (`crate::slot_file`): a
+/// finish, removed when the session closes. It is rewritten in place (`brig_hostkit::slot_file`): a
 /// new file renamed over it at every command cost an inode and a block each time.
 pub struct SessionJournal {
     path: PathBuf,
@@ -212,7 +212,7 @@ impl SessionJournal {
 
 /// A record file: its newest slot, or the whole file as JSON (the format before slots).
 fn read_record(path: &Path) -> std::io::Result<SessionRecord> {
-    let bytes = crate::slot_file::read_record(path, MAX_RECORD_BYTES)?;
+    let bytes = brig_hostkit::slot_file::read_record(path, MAX_RECORD_BYTES)?;
     serde_json::from_slice(&bytes).map_err(std::io::Error::other)
 }
 

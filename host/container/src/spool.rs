@@ -22,7 +22,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::exec::{ExecEvent, ExecExit};
-use crate::spare_files::SpareFiles;
+use brig_hostkit::spare_files::SpareFiles;
 
 /// Output kept on disk per command; past it a gap is marked and the rest is not written.
 pub const MAX_SPOOL_OUTPUT: u64 = 8 << 20;
@@ -104,7 +104,7 @@ impl Spool {
     }
 
     /// Starts the spool of a new command: in a spare file (emptied when it was given back),
-    /// else a new one (see [`crate::spare_files`]).
+    /// else a new one (see [`brig_hostkit::spare_files`]).
     pub fn create(
         dir: &Path,
         header: &SpoolHeader,

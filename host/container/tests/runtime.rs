@@ -3,9 +3,9 @@
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 
-use brig_container::cgroup::CgroupLimits;
 use brig_container::runtime::{ContainerSpec, Runtime, RuntimeConfig, SpawnRequest};
 use brig_container::shim_proto::ExitInfo;
+use brig_hostkit::cgroup::CgroupLimits;
 use tokio::io::AsyncReadExt;
 
 fn artifacts() -> PathBuf {
@@ -45,7 +45,7 @@ fn runtime_with_idle_spares(
         cgroup_parent: format!("brig-test-{tag}-{}", std::process::id()),
         survive_node,
         spool_dir: None,
-        cpu_min_quota_us: brig_container::cgroup::DEFAULT_CPU_MIN_QUOTA_US,
+        cpu_min_quota_us: brig_hostkit::cgroup::DEFAULT_CPU_MIN_QUOTA_US,
         spare_cgroups: spares,
         spare_cgroups_idle_secs,
         writable_store: None,

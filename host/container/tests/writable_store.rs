@@ -6,10 +6,10 @@
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
-use brig_container::cgroup::CgroupLimits;
 use brig_container::runtime::{ContainerSpec, Runtime, RuntimeConfig, SpawnRequest};
 use brig_container::shim_proto::ExitInfo;
 use brig_container::writable_store::{StoreConfig, StoreKind};
+use brig_hostkit::cgroup::CgroupLimits;
 use tokio::io::AsyncReadExt;
 
 fn artifacts() -> PathBuf {
@@ -76,7 +76,7 @@ fn runtime(run: &Path, tag: &str, survive_node: bool) -> Runtime {
         cgroup_parent: format!("brig-test-{tag}-{}", std::process::id()),
         survive_node,
         spool_dir: None,
-        cpu_min_quota_us: brig_container::cgroup::DEFAULT_CPU_MIN_QUOTA_US,
+        cpu_min_quota_us: brig_hostkit::cgroup::DEFAULT_CPU_MIN_QUOTA_US,
         spare_cgroups: 0,
         spare_cgroups_idle_secs: 0,
         writable_store: Some(StoreConfig {

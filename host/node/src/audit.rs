@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use brig_container::spare_files::SpareFiles;
+use brig_hostkit::spare_files::SpareFiles;
 use brig_proto::{AuditEvent, AuditKind, AuditRequest, Reply};
 use brig_transport::Exchange;
 use parking_lot::Mutex;

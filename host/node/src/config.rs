@@ -269,7 +269,7 @@ impl Default for ContainerConfig {
             default_cpu_millis: 1000,
             max_cpu_millis: 16_000,
             cpu_bandwidth_slice_us: 500,
-            cpu_min_quota_us: brig_container::cgroup::DEFAULT_CPU_MIN_QUOTA_US,
+            cpu_min_quota_us: brig_hostkit::cgroup::DEFAULT_CPU_MIN_QUOTA_US,
             cgroup_favor_dynmods: true,
             hold_freed_memory: true,
             reserve_shrinker_ids_for: 10_000,

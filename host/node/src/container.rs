@@ -6,13 +6,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use brig_container::cgroup::CgroupLimits;
 use brig_container::protect::{Protected, Protections};
 use brig_container::rootfs::LayerSource;
 use brig_container::runtime::{ContainerSpec, Runtime, RuntimeConfig};
 use brig_container::sandbox::{hostname, ContainerSandbox};
 use brig_container::writable_store::StoreConfig;
 use brig_core::SandboxId;
+use brig_hostkit::cgroup::CgroupLimits;
 use brig_images::{LayerStore, ResolvedLayer};
 use brig_proto::CreateRequest;
 
@@ -56,13 +56,13 @@ fn replaced<T: std::fmt::Debug, E: std::fmt::Display>(
 fn change_host_settings(config: &ContainerConfig) -> HostOriginals {
     let slice_us = config.cpu_bandwidth_slice_us;
     let bandwidth_slice_us = replaced(
-        brig_container::cgroup::lower_bandwidth_slice(slice_us),
+        brig_hostkit::cgroup::lower_bandwidth_slice(slice_us),
         &format!("lowered the host's CFS bandwidth slice to {slice_us} µs"),
         "cannot lower the CFS bandwidth slice",
     );
     let favored = config.cgroup_favor_dynmods.then(|| {
         replaced(
-            brig_container::cgroup_favor::favor_dynamic_modifications(),
+            brig_hostkit::cgroup_favor::favor_dynamic_modifications(),
             "set favordynmods on the cgroup2 mount",
             "cannot set favordynmods on the cgroup2 mount",
         )
@@ -173,10 +173,10 @@ impl ContainerTier {
         self.runtime.shutdown();
         if let Some(originals) = self.settings.leave() {
             if let Some(was) = originals.bandwidth_slice_us {
-                brig_container::cgroup::restore_bandwidth_slice(was);
+                brig_hostkit::cgroup::restore_bandwidth_slice(was);
             }
             if let Some(favored) = &originals.favored {
-                brig_container::cgroup_favor::restore(favored);
+                brig_hostkit::cgroup_favor::restore(favored);
             }
             if let Some(order) = originals.page_reporting_order {
                 if let Err(e) = ReportingFiles::host().restore(order) {

@@ -62,7 +62,7 @@ impl Node {
                 continue;
             }
             if remove {
-                brig_container::network::remove_vm_netns(&name);
+                brig_hostkit::network::remove_vm_netns(&name);
             }
             let parts = vec![format!("network namespace {NETNS_DIR}/{name} (and its tap)")];
             found.push(stray("netns", id, parts, remove));

@@ -7,8 +7,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use brig_container::network::{self, Network, SlotOutcome};
 use brig_core::{EgressPolicy, EgressRule};
+use brig_hostkit::network::{self, Network, SlotOutcome};
 use brig_proto::{AuditKind, SandboxInfo};
 use parking_lot::Mutex;
 
@@ -30,7 +30,7 @@ impl EgressState {
     }
 }
 
-/// A sandbox's network namespace, owned (see `brig_container::network::Netns`).
+/// A sandbox's network namespace, owned (see `brig_hostkit::network::Netns`).
 pub(crate) enum NetnsRef {
     Pid(i32),
     Named(String),
@@ -135,7 +135,7 @@ impl Node {
     }
 
     /// Takes back a restored sandbox's slot. A slot an older daemon wrote without the guard
-    /// (see `brig_container::network`; closed since the network opened) gets its sandbox's
+    /// (see `brig_hostkit::network`; closed since the network opened) gets its sandbox's
     /// `rules` written again; rules that no longer resolve (a service gone from the
     /// configuration) or that cannot be written leave it closed, which is logged and audited.
     pub(crate) async fn reserve_network(&self, id: &str, slot: u32, rules: Option<&[EgressRule]>) {

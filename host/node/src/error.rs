@@ -73,7 +73,7 @@ pub enum NodeError {
     #[error("bad egress rules: {0}")]
     BadEgress(String),
     #[error("sandbox network")]
-    Net(#[from] brig_container::network::NetError),
+    Net(#[from] brig_hostkit::network::NetError),
     #[error("bad protected path: {0}")]
     BadProtected(String),
     #[error("node full: {0}")]
@@ -188,9 +188,7 @@ impl NodeError {
             NodeError::Overcommitted(_) => ErrorCode::ResourceExhausted,
             NodeError::Forbidden(_) => ErrorCode::PermissionDenied,
             NodeError::ControlOnly(_) => ErrorCode::BadRequest,
-            NodeError::Net(brig_container::network::NetError::NoSlot) => {
-                ErrorCode::ResourceExhausted
-            }
+            NodeError::Net(brig_hostkit::network::NetError::NoSlot) => ErrorCode::ResourceExhausted,
             NodeError::Net(_) => ErrorCode::Unavailable,
             NodeError::BadCommand(_) | NodeError::BadLabels(_) => ErrorCode::BadRequest,
             NodeError::Volume(e) => e.code(),

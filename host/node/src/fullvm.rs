@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use brig_container::network::{self, VM_GATEWAY, VM_GUEST_ADDR, VM_TAP};
 use brig_core::{EgressPolicy, SandboxId, Tier};
+use brig_hostkit::network::{self, VM_GATEWAY, VM_GUEST_ADDR, VM_TAP};
 use brig_vmtier::{GuestAddress, MicroVm, VmNet, VmTier, VmTierConfig};
 use serde::{Deserialize, Serialize};
 

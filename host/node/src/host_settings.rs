@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use brig_container::cgroup_favor::FavoredMount;
+use brig_hostkit::cgroup_favor::FavoredMount;
 use serde::{Deserialize, Serialize};
 
 /// What the host had before a brigd changed it.

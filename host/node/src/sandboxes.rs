@@ -4,7 +4,7 @@
 //! ```text
 //! <state>/sandboxes/<id>.json     id, spec (lifetimes included), paused, tier state
 //! ```
-//! A record is rewritten in place, in the slots of `brig_container::slot_file` (a record too
+//! A record is rewritten in place, in the slots of `brig_hostkit::slot_file` (a record too
 //! large for a slot is written whole to a temporary file and renamed over it, as all were
 //! before, and is read either way).
 
@@ -13,11 +13,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use brig_container::slot_file::{self, SlotFile};
-use brig_container::spare_files::SpareFiles;
 pub(crate) use brig_core::sandbox::{ContainerRecord, HostedRecord, MachineRecord};
 use brig_core::sandbox::{Op, Persistence, Requested, Sandbox, SandboxError};
 use brig_core::{IdleAction, SandboxId, SandboxSpec, Tier};
+use brig_hostkit::slot_file::{self, SlotFile};
+use brig_hostkit::spare_files::SpareFiles;
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 

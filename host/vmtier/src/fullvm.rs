@@ -12,7 +12,7 @@ use crate::{io, locked, Disks, MicroVm, VmNet, VmTier, VmTierError};
 impl VmTier {
     /// A new full VM booted from this tier's image, with an empty overlay of its own and, with
     /// `net`, a network device on that tap (the guest is given `guest_addr`/30 behind `gateway`:
-    /// see `brig_container::network::create_vm_netns`), its agent answering.
+    /// see `brig_hostkit::network::create_vm_netns`), its agent answering.
     pub async fn create_full(
         &self,
         id: &str,

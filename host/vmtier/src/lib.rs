@@ -41,7 +41,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use brig_container::cgroup::{CgroupLimits, CgroupManager};
+use brig_hostkit::cgroup::{CgroupLimits, CgroupManager};
 use brig_vmm_api::agent::AgentRequest;
 use brig_vmm_api::launch::{DiskSpec, JailSpec, LaunchConfig, NetSpec, Start};
 use brig_vmm_api::Virtualization;

@@ -267,7 +267,7 @@ impl Sandbox for VmSandbox {
         Box::pin(async move {
             self.tier.destroy(&self.vm).await;
             if let Some(name) = self.vm.net().and_then(|n| n.netns.file_name()) {
-                brig_container::network::remove_vm_netns(&name.to_string_lossy());
+                brig_hostkit::network::remove_vm_netns(&name.to_string_lossy());
             }
             Ok(())
         })

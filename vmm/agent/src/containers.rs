@@ -21,11 +21,11 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use brig_container::cgroup::CgroupLimits;
 use brig_container::files::FileError;
 use brig_container::rootfs::LayerSource;
 use brig_container::runtime::{Container, ContainerSpec, Runtime, RuntimeConfig, SpawnRequest};
 use brig_container::shim_proto::ExitInfo;
+use brig_hostkit::cgroup::CgroupLimits;
 use brig_vmm_api::agent;
 use brig_vmm_api::container::{
     ContainerRequest, ContainerUsage, CreateSpec, Failure, FileEntry, ProcessSpec, MAX_CONTAINERS,
@@ -108,7 +108,7 @@ fn service() -> Result<&'static Service, Refusal> {
                 cgroup_parent: "brig".into(),
                 survive_node: false,
                 spool_dir: None,
-                cpu_min_quota_us: brig_container::cgroup::DEFAULT_CPU_MIN_QUOTA_US,
+                cpu_min_quota_us: brig_hostkit::cgroup::DEFAULT_CPU_MIN_QUOTA_US,
                 // A container-host VM holds far fewer containers than a node is sized for.
                 spare_cgroups: 64,
                 spare_cgroups_idle_secs: brig_container::runtime::DEFAULT_SPARE_CGROUPS_IDLE_SECS,

@@ -13,21 +13,24 @@ use rustix::fs::{Mode, OFlags};
 use rustix::pty::OpenptFlags;
 use tokio::io::unix::AsyncFd;
 
-use crate::runtime::RuntimeError;
+/// A window size in character cells (the one the node's tiers use).
+pub use brig_core::exec::TerminalSize;
 
-/// A window size in character cells.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TerminalSize {
-    pub rows: u16,
-    pub cols: u16,
+/// A terminal that could not be made or set up.
+#[derive(Debug, thiserror::Error)]
+#[error("I/O on {what}")]
+pub struct TerminalError {
+    pub what: String,
+    #[source]
+    pub source: std::io::Error,
 }
 
-fn io_err(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> RuntimeError {
-    move |e| RuntimeError::Io { what: what.into(), source: e.into() }
+fn io_err(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> TerminalError {
+    move |e| TerminalError { what: what.into(), source: e.into() }
 }
 
 /// A new pseudo-terminal of `size`: (master, slave).
-pub fn open(size: TerminalSize) -> Result<(OwnedFd, OwnedFd), RuntimeError> {
+pub fn open(size: TerminalSize) -> Result<(OwnedFd, OwnedFd), TerminalError> {
     let master =
         rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)
             .map_err(io_err("openpt"))?;
@@ -41,7 +44,7 @@ pub fn open(size: TerminalSize) -> Result<(OwnedFd, OwnedFd), RuntimeError> {
     )
     .map_err(io_err("opening the terminal's slave"))?;
     set_size(&master, size)
-        .map_err(|source| RuntimeError::Io { what: "TIOCSWINSZ".into(), source })?;
+        .map_err(|source| TerminalError { what: "TIOCSWINSZ".into(), source })?;
     Ok((master, slave))
 }
 
@@ -67,7 +70,7 @@ impl std::fmt::Debug for TerminalMaster {
 }
 
 impl TerminalMaster {
-    pub fn new(master: OwnedFd) -> Result<TerminalMaster, RuntimeError> {
+    pub fn new(master: OwnedFd) -> Result<TerminalMaster, TerminalError> {
         let flags = rustix::fs::fcntl_getfl(&master).map_err(io_err("fcntl"))?;
         rustix::fs::fcntl_setfl(&master, flags | OFlags::NONBLOCK).map_err(io_err("fcntl"))?;
         #[allow(unsafe_code)]
@@ -75,7 +78,7 @@ impl TerminalMaster {
         // same file description until the AsyncFd drops it, and `OwnedFd::as_raw_fd` always
         // returns that one descriptor.
         let registered = unsafe { AsyncFd::register(master) };
-        let fd = registered.map_err(|e| RuntimeError::Io {
+        let fd = registered.map_err(|e| TerminalError {
             what: "terminal".into(),
             source: std::io::Error::other(e.to_string()),
         })?;
