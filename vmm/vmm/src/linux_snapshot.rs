@@ -49,6 +49,9 @@ pub enum LinuxSnapshotError {
     Boot(#[from] BootError),
     #[error("the snapshot has {snapshot} bytes of guest memory, the waiting VM {vm}")]
     MemorySize { snapshot: u64, vm: u64 },
+    /// A virtio device's saved state: of a newer VMM, or corrupt.
+    #[error("a virtio device's state: {0}")]
+    Device(#[from] crate::virtio::state::DeviceStateError),
 }
 
 fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> LinuxSnapshotError {
@@ -405,11 +408,10 @@ fn restore_state(
     let mut backends = Vec::new();
     let mut disks = host.disks.iter();
     for (index, saved) in s.all(Tag::Device).enumerate() {
-        let (device, backend) = crate::virtio::mmio::MmioTransport::saved_device_type(saved)
-            .and_then(|t| new_device(t, host, &mut disks))
-            .ok_or_else(bad)?;
-        let transport =
-            crate::virtio::mmio::MmioTransport::restore(device, saved).ok_or_else(bad)?;
+        let saved = crate::virtio::state::decode(saved)?;
+        let (device, backend) =
+            new_device(saved.transport.device_type, host, &mut disks).ok_or_else(bad)?;
+        let transport = crate::virtio::mmio::MmioTransport::restore_saved(device, saved)?;
         vm.attach(transport)?;
         match backend {
             DeviceHostPart::Backend(b) => backends.push((b, index)),

@@ -26,7 +26,25 @@ use vm_memory::{
     MemoryRegionAddress,
 };
 
+use super::state::{DeviceState, DeviceStateError};
 use super::{serve_chains, DeviceError, VirtioDevice};
+
+/// A balloon's own saved state: the target and what the guest holds (`num_pages`, `actual`),
+/// so a restored guest keeps its balloon as it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BalloonState {
+    pub target_pages: u32,
+    pub actual_pages: u32,
+}
+
+impl BalloonState {
+    /// The version 1 bytes (`target u32 | actual u32`).
+    pub(crate) fn from_v1(bytes: &[u8]) -> Option<BalloonState> {
+        let word = |b: &[u8]| Some(u32::from_le_bytes(b.try_into().ok()?));
+        (bytes.len() == 8).then_some(())?;
+        Some(BalloonState { target_pages: word(&bytes[..4])?, actual_pages: word(&bytes[4..])? })
+    }
+}
 
 pub const DEVICE_TYPE: u32 = 5;
 const F_DEFLATE_ON_OOM: u64 = 1 << 2;
@@ -202,24 +220,23 @@ impl VirtioDevice for Balloon {
         }
     }
 
-    /// The target and what the guest holds (`num_pages`, `actual`): a restored guest keeps
-    /// its balloon as it was.
-    fn save_state(&self) -> Vec<u8> {
-        let mut state = self.shared.target_pages.load(Ordering::Relaxed).to_le_bytes().to_vec();
-        state.extend_from_slice(&self.shared.actual_pages.load(Ordering::Relaxed).to_le_bytes());
-        state
+    fn save_state(&self) -> DeviceState {
+        DeviceState::Balloon(BalloonState {
+            target_pages: self.shared.target_pages.load(Ordering::Relaxed),
+            actual_pages: self.shared.actual_pages.load(Ordering::Relaxed),
+        })
     }
 
-    fn restore_state(&mut self, state: &[u8]) -> bool {
-        if state.is_empty() {
-            return true;
+    fn restore_state(&mut self, state: DeviceState) -> Result<(), DeviceStateError> {
+        match state {
+            // A state from before balloons kept theirs.
+            DeviceState::Stateless => Ok(()),
+            DeviceState::Balloon(b) => {
+                self.shared.target_pages.store(b.target_pages, Ordering::Relaxed);
+                self.shared.actual_pages.store(b.actual_pages, Ordering::Relaxed);
+                Ok(())
+            }
+            other => Err(DeviceStateError::Device(format!("a balloon got {other:?}"))),
         }
-        let (Some(target), Some(actual)) = (state.get(..4), state.get(4..8)) else {
-            return false;
-        };
-        let word = |b: &[u8]| b.try_into().map(u32::from_le_bytes).unwrap_or(0);
-        self.shared.target_pages.store(word(target), Ordering::Relaxed);
-        self.shared.actual_pages.store(word(actual), Ordering::Relaxed);
-        state.len() == 8
     }
 }

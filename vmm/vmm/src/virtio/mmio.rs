@@ -5,6 +5,7 @@
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 
+use super::state::{self, DeviceStateError, SavedDevice, SavedTransport};
 use super::{DeviceError, VirtioDevice};
 
 /// Size of one device's MMIO window.
@@ -72,107 +73,66 @@ impl MmioTransport {
         }
     }
 
-    /// The transport's, its queues' and its device's state, as bytes (for snapshots):
-    /// `u32 × 6 | driver features u64 | queue count u32 | per queue … | device len u32 | device`.
+    /// The transport's, its queues' and its device's state, as bytes for a snapshot (the
+    /// current version of [`super::state`]).
     pub fn save_state(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        for v in [
-            self.device.device_type(),
-            self.status,
-            self.interrupt_status,
-            self.queue_sel,
-            self.device_features_sel,
-            self.driver_features_sel,
-        ] {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        out.extend_from_slice(&self.driver_features.to_le_bytes());
-        out.extend_from_slice(&(self.queues.len() as u32).to_le_bytes());
-        for q in &self.queues {
-            let st = q.state();
-            for v in [st.max_size, st.next_avail, st.next_used, st.size] {
-                out.extend_from_slice(&v.to_le_bytes());
-            }
-            out.push(u8::from(st.event_idx_enabled));
-            out.push(u8::from(st.ready));
-            for v in [st.desc_table, st.avail_ring, st.used_ring] {
-                out.extend_from_slice(&v.to_le_bytes());
-            }
-        }
-        // The device's own state last (absent in snapshots older than it: empty).
-        let own = self.device.save_state();
-        out.extend_from_slice(&u32::try_from(own.len()).unwrap_or(0).to_le_bytes());
-        out.extend_from_slice(&own);
-        out
+        let transport = SavedTransport {
+            device_type: self.device.device_type(),
+            status: self.status,
+            interrupt_status: self.interrupt_status,
+            queue_sel: self.queue_sel,
+            device_features_sel: self.device_features_sel,
+            driver_features_sel: self.driver_features_sel,
+            driver_features: self.driver_features,
+            queues: self.queues.iter().map(|q| q.state().into()).collect(),
+        };
+        state::encode(&SavedDevice { transport, device: self.device.save_state() })
     }
 
-    /// The device type a saved state is for (to build the device before restoring).
-    pub fn saved_device_type(bytes: &[u8]) -> Option<u32> {
-        Some(u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?))
+    /// A transport for `device` in the state `bytes` hold (this version's or the one
+    /// before).
+    pub fn restore(
+        device: Box<dyn VirtioDevice>,
+        bytes: &[u8],
+    ) -> Result<MmioTransport, DeviceStateError> {
+        Self::restore_saved(device, state::decode(bytes)?)
     }
 
-    /// A transport for `device` in the saved state; `None` when the bytes are malformed or
-    /// describe impossible queues.
-    pub fn restore(mut device: Box<dyn VirtioDevice>, bytes: &[u8]) -> Option<MmioTransport> {
-        let mut at = 0usize;
-        let mut take = |n: usize| -> Option<&[u8]> {
-            let b = bytes.get(at..at.checked_add(n)?)?;
-            at += n;
-            Some(b)
-        };
-        let mut u32s = [0u32; 6];
-        for v in &mut u32s {
-            *v = u32::from_le_bytes(take(4)?.try_into().ok()?);
+    /// A transport for `device` in a decoded state; refused when the state is of another
+    /// device type or describes impossible queues.
+    pub fn restore_saved(
+        mut device: Box<dyn VirtioDevice>,
+        saved: SavedDevice,
+    ) -> Result<MmioTransport, DeviceStateError> {
+        let t = saved.transport;
+        if t.device_type != device.device_type() {
+            return Err(DeviceStateError::DeviceType {
+                saved: t.device_type,
+                built: device.device_type(),
+            });
         }
-        if u32s[0] != device.device_type() {
-            return None;
+        let expected = device.queue_max_sizes().len();
+        if t.queues.len() != expected {
+            return Err(DeviceStateError::Queues { saved: t.queues.len(), device: expected });
         }
-        let driver_features = u64::from_le_bytes(take(8)?.try_into().ok()?);
-        let count = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
-        if count != device.queue_max_sizes().len() {
-            return None;
-        }
-        let mut queues = Vec::with_capacity(count);
-        for _ in 0..count {
-            let mut u16s = [0u16; 4];
-            for v in &mut u16s {
-                *v = u16::from_le_bytes(take(2)?.try_into().ok()?);
-            }
-            let flags = take(2)?;
-            let mut u64s = [0u64; 3];
-            for v in &mut u64s {
-                *v = u64::from_le_bytes(take(8)?.try_into().ok()?);
-            }
-            let state = virtio_queue::QueueState {
-                max_size: u16s[0],
-                next_avail: u16s[1],
-                next_used: u16s[2],
-                size: u16s[3],
-                event_idx_enabled: flags[0] != 0,
-                ready: flags[1] != 0,
-                desc_table: u64s[0],
-                avail_ring: u64s[1],
-                used_ring: u64s[2],
-            };
-            queues.push(Queue::try_from(state).ok()?);
-        }
-        // A snapshot from before devices kept their own state has nothing more.
-        let own = match take(4) {
-            Some(len) => take(u32::from_le_bytes(len.try_into().ok()?) as usize)?,
-            None => &[],
-        };
-        if !device.restore_state(own) {
-            return None;
-        }
-        let mut t = MmioTransport::new(device);
-        t.queues = queues;
-        t.status = u32s[1];
-        t.interrupt_status = u32s[2];
-        t.queue_sel = u32s[3];
-        t.device_features_sel = u32s[4];
-        t.driver_features_sel = u32s[5];
-        t.driver_features = driver_features;
-        Some(t)
+        let queues = t
+            .queues
+            .iter()
+            .map(|q| {
+                Queue::try_from(virtio_queue::QueueState::from(*q))
+                    .map_err(|e| DeviceStateError::Queue(e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        device.restore_state(saved.device)?;
+        let mut transport = MmioTransport::new(device);
+        transport.queues = queues;
+        transport.status = t.status;
+        transport.interrupt_status = t.interrupt_status;
+        transport.queue_sel = t.queue_sel;
+        transport.device_features_sel = t.device_features_sel;
+        transport.driver_features_sel = t.driver_features_sel;
+        transport.driver_features = t.driver_features;
+        Ok(transport)
     }
 
     pub fn device_type(&self) -> u32 {

@@ -8,6 +8,7 @@ pub mod cow;
 pub mod mmio;
 pub mod net;
 pub mod rng;
+pub mod state;
 pub mod vsock;
 
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
@@ -59,17 +60,18 @@ pub trait VirtioDevice: Send {
     /// has writable fields).
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
 
-    /// The device's own state beyond its transport and queues, for a snapshot (empty for a
-    /// device that keeps none between requests).
-    fn save_state(&self) -> Vec<u8> {
-        Vec::new()
+    /// The device's own state beyond its transport and queues, for a snapshot
+    /// ([`state::DeviceState::Stateless`] for a device that keeps none between requests).
+    fn save_state(&self) -> state::DeviceState {
+        state::DeviceState::Stateless
     }
 
-    /// Takes back what [`VirtioDevice::save_state`] wrote, on a device just built for a
-    /// restored VM, before the guest runs again; `false` when the bytes are malformed. Host
-    /// resources (sockets, taps) are new: a device tells the driver what it lost here.
-    fn restore_state(&mut self, state: &[u8]) -> bool {
-        state.is_empty()
+    /// Takes back what [`VirtioDevice::save_state`] gave, on a device just built for a
+    /// restored VM, before the guest runs again; a state of another device, or past the
+    /// device's bounds, is refused. Host resources (sockets, taps) are new: a device tells the
+    /// driver what it lost here.
+    fn restore_state(&mut self, state: state::DeviceState) -> Result<(), state::DeviceStateError> {
+        state.expect_stateless()
     }
 }
 

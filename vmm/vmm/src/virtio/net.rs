@@ -21,7 +21,26 @@ use std::sync::{Arc, Mutex};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestMemoryMmap};
 
+use super::state::{DeviceState, DeviceStateError};
 use super::{DeviceError, VirtioDevice};
+
+/// A net device's own saved state: frames from the tap the guest had not taken yet, so a
+/// snapshot loses no received frame (at most [`MAX_WAITING`] of at most [`MAX_FRAME`] bytes).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NetState {
+    pub waiting: Vec<Vec<u8>>,
+}
+
+impl NetState {
+    /// The version 1 bytes (`count u32 | (len u32 | frame)…`).
+    pub(crate) fn from_v1(bytes: &[u8]) -> Option<NetState> {
+        parse_waiting(bytes).map(|frames| NetState { waiting: frames.into() })
+    }
+
+    fn within_bounds(&self) -> bool {
+        self.waiting.len() <= MAX_WAITING && self.waiting.iter().all(|f| f.len() <= MAX_FRAME)
+    }
+}
 
 pub const DEVICE_TYPE: u32 = 1;
 /// `virtio_net_hdr` with `num_buffers` (VIRTIO_F_VERSION_1).
@@ -207,30 +226,25 @@ impl VirtioDevice for Net {
         }
     }
 
-    /// Frames from the tap the guest had not taken yet: `count u32 | (len u32 | frame)…`, so
-    /// a snapshot loses no received frame.
-    fn save_state(&self) -> Vec<u8> {
-        let Ok(shared) = self.shared.lock() else { return Vec::new() };
-        let mut state = (shared.waiting.len() as u32).to_le_bytes().to_vec();
-        for frame in &shared.waiting {
-            state.extend_from_slice(&(frame.len() as u32).to_le_bytes());
-            state.extend_from_slice(frame);
-        }
-        state
+    fn save_state(&self) -> DeviceState {
+        let Ok(shared) = self.shared.lock() else { return DeviceState::Stateless };
+        DeviceState::Net(NetState { waiting: shared.waiting.iter().cloned().collect() })
     }
 
-    fn restore_state(&mut self, state: &[u8]) -> bool {
-        if state.is_empty() {
-            return true;
-        }
-        match parse_waiting(state) {
-            Some(frames) => {
+    fn restore_state(&mut self, state: DeviceState) -> Result<(), DeviceStateError> {
+        match state {
+            DeviceState::Stateless => Ok(()),
+            DeviceState::Net(net) if net.within_bounds() => {
                 if let Ok(mut shared) = self.shared.lock() {
-                    shared.waiting = frames;
+                    shared.waiting = net.waiting.into();
                 }
-                true
+                Ok(())
             }
-            None => false,
+            DeviceState::Net(net) => Err(DeviceStateError::Device(format!(
+                "{} waiting frames, past the device's bounds",
+                net.waiting.len()
+            ))),
+            other => Err(DeviceStateError::Device(format!("a net device got {other:?}"))),
         }
     }
 }

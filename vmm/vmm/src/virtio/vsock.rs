@@ -403,11 +403,14 @@ impl VirtioDevice for Vsock {
     /// so there is nothing of them to save; a restored device tells the driver with a
     /// transport reset event, and the guest drops its connections at once instead of waiting
     /// on peers that are gone.
-    fn restore_state(&mut self, state: &[u8]) -> bool {
+    fn restore_state(
+        &mut self,
+        state: super::state::DeviceState,
+    ) -> Result<(), super::state::DeviceStateError> {
         if let Ok(mut shared) = self.shared.lock() {
             shared.reset_pending = true;
         }
-        state.is_empty()
+        state.expect_stateless()
     }
 }
 
