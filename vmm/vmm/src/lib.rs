@@ -21,6 +21,7 @@ mod kvm_abi;
 pub mod linux;
 pub mod linux_snapshot;
 pub mod long_mode;
+pub mod machine;
 pub mod memory;
 pub mod serial;
 pub use brig_vmm_api::sparse;

@@ -54,23 +54,10 @@ pub enum BootError {
     EventFd(#[source] std::io::Error),
 }
 
+pub use crate::machine::{lock_devices, Devices, Ending, FIRST_GSI, MMIO_BASE, SNAPSHOT_TRIGGER};
+
 fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> BootError {
     move |e| BootError::Kvm(what, e)
-}
-
-/// How a boot ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Ending {
-    /// The guest reset or powered off (triple fault with `reboot=t`, or the i8042 reset line).
-    Shutdown,
-    /// The run was stopped after this long.
-    TimedOut,
-    /// KVM could not run the guest (e.g. PVM meeting an instruction it cannot emulate).
-    Failed(String),
-    /// The guest wrote [`SNAPSHOT_TRIGGER`]; the vCPU is stopped after that write.
-    SnapshotRequested,
-    /// The control socket asked the vCPU to stop (see [`crate::control::VcpuRequests`]).
-    ControlRequest,
 }
 
 pub struct LinuxVm {
@@ -92,30 +79,8 @@ pub struct LinuxVm {
     /// The balloon device's index and handle, when the VM has one.
     pub balloon: Option<(usize, Arc<crate::virtio::balloon::BalloonShared>)>,
     /// Requests from the control socket for the vCPU thread.
-    pub requests: Arc<crate::control::VcpuRequests>,
+    pub requests: Arc<crate::machine::VcpuRequests>,
 }
-
-/// Guest physical base of the first virtio-mmio window (above RAM, below 4 GiB); device `i`
-/// is at `MMIO_BASE + i * WINDOW` on GSI `FIRST_GSI + i`.
-pub const MMIO_BASE: u64 = 0xd100_0000;
-
-/// The VM's virtio devices with their interrupt lines; shared with device backend threads.
-pub type Devices = Arc<Mutex<Vec<(MmioTransport, EventFd)>>>;
-
-fn lock(devices: &Devices) -> std::sync::MutexGuard<'_, Vec<(MmioTransport, EventFd)>> {
-    devices.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The VM's devices, locked: while the guard lives no backend thread reaches guest memory or
-/// device state (a snapshot holds it from reading device state to the end of its disk copies).
-pub fn lock_devices(devices: &Devices) -> std::sync::MutexGuard<'_, Vec<(MmioTransport, EventFd)>> {
-    lock(devices)
-}
-pub const FIRST_GSI: u32 = 5;
-
-/// A guest physical address (not RAM) whose write asks the VMM to snapshot the VM: a test
-/// guest does `devmem 0xd0000000 32 1` at the point it wants to be resumed from.
-pub const SNAPSHOT_TRIGGER: u64 = 0xd000_0000;
 
 impl LinuxVm {
     /// The VM without a guest: KVM VM with TSS, in-kernel irqchip and PIT, `mem_mib` of
@@ -179,7 +144,7 @@ impl LinuxVm {
     /// Attaches a virtio-mmio device with its own interrupt line; returns where the guest
     /// finds it. Attach before [`LinuxVm::describe_devices`].
     pub fn attach(&mut self, device: MmioTransport) -> Result<MmioDevice, BootError> {
-        let mut devices = lock(&self.devices);
+        let mut devices = lock_devices(&self.devices);
         let i = devices.len() as u32;
         let gsi = FIRST_GSI + i;
         let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(BootError::EventFd)?;
@@ -189,7 +154,7 @@ impl LinuxVm {
     }
 
     fn device_descriptions(&self) -> Vec<MmioDevice> {
-        (0..lock(&self.devices).len() as u32)
+        (0..lock_devices(&self.devices).len() as u32)
             .map(|i| MmioDevice {
                 base: MMIO_BASE + u64::from(i) * WINDOW,
                 size: WINDOW,
@@ -318,7 +283,7 @@ impl LinuxVm {
         let view = self.view.clone();
         std::thread::spawn(move || loop {
             if backend.step() {
-                let mut devices = lock(&devices);
+                let mut devices = lock_devices(&devices);
                 if let Some((transport, irq)) = devices.get_mut(index) {
                     if transport.poll(&view) {
                         let _ = irq.write(1);
@@ -332,8 +297,8 @@ impl LinuxVm {
     }
 
     /// What the control socket's thread needs to steer this VM.
-    pub fn control_handles(&self) -> crate::control::ControlHandles {
-        crate::control::ControlHandles {
+    pub fn control_handles(&self) -> crate::machine::ControlHandles {
+        crate::machine::ControlHandles {
             devices: self.devices.clone(),
             balloon: self.balloon.clone(),
             requests: self.requests.clone(),
@@ -342,7 +307,7 @@ impl LinuxVm {
 
     /// Per device: its type and how many queue notifications it served.
     pub fn device_stats(&self) -> Vec<(u32, u64)> {
-        lock(&self.devices).iter().map(|(d, _)| (d.device_type(), d.served)).collect()
+        lock_devices(&self.devices).iter().map(|(d, _)| (d.device_type(), d.served)).collect()
     }
 
     /// Replaces the console with one in `state` (a restore), keeping its interrupt line.
@@ -388,7 +353,7 @@ fn run_first(
     vcpu: &SharedVcpu,
     handler: &ExitHandler,
     secondaries: &Secondaries,
-    requests: &crate::control::VcpuRequests,
+    requests: &crate::machine::VcpuRequests,
     limit: Duration,
 ) -> Ending {
     let started = Instant::now();

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use kvm_ioctls::{VcpuExit, VcpuFd};
 
-use crate::linux::{Devices, Ending, MMIO_BASE, SNAPSHOT_TRIGGER};
+use crate::machine::{Devices, Ending, MMIO_BASE, SNAPSHOT_TRIGGER};
 use crate::serial::{Console, COM1};
 use crate::virtio::mmio::window_of;
 
@@ -130,7 +130,7 @@ pub(crate) struct Secondaries {
 impl Secondaries {
     /// Starts a thread per vCPU in `vcpus` (the VM's vCPUs after the first), parked.
     pub fn start(vcpus: &[SharedVcpu], handler: &ExitHandler) -> Secondaries {
-        crate::control::install_kick_handler();
+        crate::machine::install_kick_handler();
         let parking = Arc::new(Parking { stop: AtomicBool::new(true), ..Parking::default() });
         let mut threads = Vec::new();
         for (i, vcpu) in vcpus.iter().enumerate() {
@@ -188,7 +188,7 @@ impl Secondaries {
                 // SAFETY: every thread in `threads` runs `secondary` until the process exits,
                 // and the kick signal has a handler (installed in `start`).
                 unsafe {
-                    libc::pthread_kill(*thread as libc::pthread_t, crate::control::kick_signal())
+                    libc::pthread_kill(*thread as libc::pthread_t, crate::machine::kick_signal())
                 };
             }
             parked = self
@@ -231,7 +231,7 @@ fn secondary(vcpu: &SharedVcpu, handler: &ExitHandler, parking: &Parking) {
                 // SAFETY: `first` is the thread running vCPU 0 (it lives as long as the
                 // process), and the kick signal has a handler.
                 unsafe {
-                    libc::pthread_kill(first as libc::pthread_t, crate::control::kick_signal())
+                    libc::pthread_kill(first as libc::pthread_t, crate::machine::kick_signal())
                 };
             }
         }
