@@ -53,6 +53,12 @@ else
     "${release[@]}"
     cargo test --workspace --no-fail-fast "$@"
 fi
+# Every fuzz target for a few seconds on its corpus (nightly; after the suite: one build at a
+# time on two cores).
+if [[ $# -eq 0 ]]; then
+    echo "[test] fuzz targets"
+    "$root/scripts/fuzz.sh"
+fi
 # The hostile-agent suite's report: every attempt and its outcome.
 for report in artifacts/reports/hostile-*.md; do
     [[ -f $report ]] && cat "$report" && echo

@@ -312,6 +312,17 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<(u64, Sections), LinuxSnapshotErro
     Ok((mem, Sections(sections)))
 }
 
+/// Reads a state file's bytes as a restore does before it touches KVM: header, version,
+/// checksum, sections, and every virtio device's saved state; the guest memory size it needs
+/// and how many sections it has. (The entry point the snapshot fuzzer drives.)
+pub fn parse_state(bytes: &[u8]) -> Result<(u64, usize), LinuxSnapshotError> {
+    let (mem, sections) = parse(Path::new("vm.state"), bytes)?;
+    for saved in sections.all(Tag::Device) {
+        crate::virtio::state::decode(saved)?;
+    }
+    Ok((mem, sections.0.len()))
+}
+
 /// The guest memory size a snapshot in `dir` needs, and its parsed state.
 fn read_state(dir: &Path) -> Result<(PathBuf, u64, Sections), LinuxSnapshotError> {
     let state_path = dir.join("vm.state");
