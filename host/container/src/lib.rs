@@ -15,14 +15,14 @@
 //! ```
 #![deny(unsafe_code)]
 
-pub mod containers_dir;
-pub mod control;
+pub(crate) mod containers_dir;
+pub(crate) mod control;
 pub mod exec;
 mod file_metadata;
 pub mod files;
-pub mod kept;
+pub(crate) mod kept;
 pub mod port_connect;
-pub mod process_defaults;
+pub(crate) mod process_defaults;
 pub mod protect;
 
 mod create;
@@ -31,15 +31,15 @@ pub mod runtime;
 pub mod sandbox;
 mod sandbox_errors;
 pub mod session;
-pub mod session_backlog;
+pub(crate) mod session_backlog;
 pub mod session_journal;
-pub mod shared_sys;
+pub(crate) mod shared_sys;
 pub mod shim;
 pub mod shim_conn;
-pub mod shim_files;
+pub(crate) mod shim_files;
 pub mod shim_proto;
-pub mod spawner;
-pub mod spool;
-pub mod strays;
+pub(crate) mod spawner;
+pub(crate) mod spool;
+pub(crate) mod strays;
 pub mod writable_store;
 mod xfs_quota;
