@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What growing the kernel's memory cgroup shrinker maps costs with few memory cgroups and with
 # 10,000 (docs/density.md, "A freshly booted host, profiled"), in one run: the case for
-# raising the largest shrinker id at node start (host/node/src/shrinker_ids.rs).
+# raising the largest shrinker id at node start (host/node/src/host/shrinker_ids.rs).
 #
 #   sudo bench/scripts/shrinker_growth.sh [MEMCGS]
 #

@@ -43,7 +43,7 @@ pub enum NodeError {
     #[error("nothing answers on port {port} in the sandbox ({why})")]
     PortClosed { port: u16, why: String },
     #[error("image build: {0}")]
-    ImageBuild(#[from] crate::build::ImageBuildError),
+    ImageBuild(#[from] crate::environments::build::ImageBuildError),
     #[error(transparent)]
     Build(#[from] brig_images::build::BuildError),
     #[error("the layer store is not available on this node ({0})")]
@@ -52,7 +52,7 @@ pub enum NodeError {
     Full(usize),
     /// A client reached one of the node's `[limits]`.
     #[error("limit reached: at most {max} {} (the node's limits.{})", .limit.what(), .limit.setting())]
-    Limit { limit: crate::limits::Limit, max: u64 },
+    Limit { limit: crate::policy::limits::Limit, max: u64 },
     #[error("upload exceeds the {0}-byte limit")]
     UploadTooLarge(u64),
     /// A file operation on a sandbox's files did not finish within the node's deadline.
@@ -69,7 +69,7 @@ pub enum NodeError {
     #[error("transport failed")]
     Transport(#[from] TransportError),
     #[error("the node's swap")]
-    Swap(#[from] crate::swap::SwapError),
+    Swap(#[from] crate::host::swap::SwapError),
     #[error("bad egress rules: {0}")]
     BadEgress(String),
     #[error("sandbox network")]
@@ -88,7 +88,7 @@ pub enum NodeError {
     BadLabels(#[from] brig_core::LabelError),
     /// A sandbox's tier refused or failed an operation.
     #[error(transparent)]
-    Volume(#[from] crate::volumes::VolumeError),
+    Volume(#[from] crate::environments::volumes::VolumeError),
     #[error("{}", sandbox_text(.id, *.tier, .source))]
     Sandbox { id: String, tier: Tier, source: SandboxError },
 }
@@ -220,5 +220,14 @@ fn io_code(e: &std::io::Error) -> ErrorCode {
         InvalidInput | NotADirectory | IsADirectory | DirectoryNotEmpty => ErrorCode::BadRequest,
         StorageFull | QuotaExceeded | FileTooLarge | OutOfMemory => ErrorCode::ResourceExhausted,
         _ => ErrorCode::Internal,
+    }
+}
+
+/// A request that reached a handler it is not for (a routing bug or a streaming request sent
+/// down the plain path, not a client's fault).
+pub(crate) fn misrouted(kind: &'static str) -> NodeError {
+    NodeError::Io {
+        what: "request routing".into(),
+        source: std::io::Error::other(format!("{kind} reached the wrong handler")),
     }
 }

@@ -15,56 +15,34 @@
 //! directory on start, and destroys sandboxes whose idle TTL passes.
 #![forbid(unsafe_code)]
 
-mod admission;
-mod audit;
-mod build;
-mod build_layers;
 mod config;
-mod container;
-mod container_host;
-mod convert;
-mod doctor;
-mod egress;
+mod environments;
 mod error;
-mod exec;
-mod exec_archive;
-mod exec_hub;
-mod exec_input;
-mod file_watch;
-mod file_work;
-mod files;
-mod free_page_reporting;
-mod fullvm;
-mod host_files;
-mod host_settings;
-mod hosted;
-mod images;
-mod intents;
-mod lifecycle;
-pub mod lifecycle_events;
-mod limits;
-pub mod metrics;
-mod microvm;
-mod ports;
-mod pulls;
-mod route;
+mod host;
+mod policy;
 #[cfg(test)]
 mod routing_tests;
-mod sandboxes;
-mod scope;
-mod sessions;
-pub mod shrinker_ids;
-pub mod swap;
-pub mod usage_history;
-mod volume_files;
-pub mod volumes;
+mod serve;
+mod table;
+mod tiers;
 
-pub use admission::AdmissionConfig;
-pub use config::{BlobBackendConfig, ContainerConfig, ImagesConfig, NodeConfig, OnExit};
-pub use container_host::{ContainerHostConfig, PlacementPolicy};
+use environments::{images, pulls};
+use policy::{egress, limits};
+use serve::{convert, file_watch, file_work, files};
+use table::intents;
+use tiers::{container_host, fullvm, microvm};
+
+pub use config::{NodeConfig, OnExit};
+pub use environments::images::{BlobBackendConfig, ImagesConfig};
+pub use environments::volumes;
 pub use error::NodeError;
-pub use limits::LimitsConfig;
-pub use scope::{Principal, PROJECT_LABEL};
+pub use host::{metrics, shrinker_ids, swap, usage_history};
+pub use policy::admission::AdmissionConfig;
+pub use policy::lifecycle_events;
+pub use policy::limits::LimitsConfig;
+pub use table::scope::{Principal, PROJECT_LABEL};
+pub use tiers::container::ContainerConfig;
+pub use tiers::container_host::{ContainerHostConfig, PlacementPolicy};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -78,12 +56,12 @@ use brig_proto::{
 };
 use brig_transport::Exchange;
 
-use crate::audit::AuditLog;
-use crate::container::ContainerTier;
-use crate::metrics::Metrics;
+use crate::host::metrics::Metrics;
+use crate::policy::audit::AuditLog;
+use crate::tiers::container::ContainerTier;
 use brig_core::sandbox::{Condition, Op, Persistence};
 
-use crate::sandboxes::{Gone, SandboxEntry, SandboxTable};
+use crate::table::sandboxes::{Gone, SandboxEntry, SandboxTable};
 
 /// One node. Cheap to clone.
 #[derive(Clone)]

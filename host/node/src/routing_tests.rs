@@ -18,7 +18,7 @@ use brig_proto::{
 };
 use tokio::sync::mpsc;
 
-use crate::sandboxes::{now_unix_ms, Gone, SandboxEntry};
+use crate::table::sandboxes::{now_unix_ms, Gone, SandboxEntry};
 use crate::{Node, NodeConfig, NodeError};
 
 /// What the fake tier saw, and what it gives back after a resume.
@@ -345,7 +345,13 @@ async fn commands_and_sessions_a_pause_detached_go_on_after_the_resume() {
         let hub =
             entry.execs.insert_with(exec_id, vec!["cmd".into()], None, Box::new(|| {}), None, None);
         let recorder = node.recorder(&entry);
-        tokio::spawn(crate::exec::pump(rx, hub.clone(), exec_id, recorder, Default::default()));
+        tokio::spawn(crate::serve::exec::pump(
+            rx,
+            hub.clone(),
+            exec_id,
+            recorder,
+            Default::default(),
+        ));
         senders.push(tx);
         hubs.push(hub);
     }
@@ -412,7 +418,7 @@ async fn commands_and_sessions_a_pause_detached_go_on_after_the_resume() {
 
 #[test]
 fn output_seen_already_is_skipped_across_chunk_boundaries() {
-    use crate::exec_hub::Seen as Had;
+    use crate::serve::exec_hub::Seen as Had;
     let out = |s: &str| Reply::Output { stream: brig_proto::OutputStream::Stdout, data: s.into() };
     let mut had = Had { stdout: 5, stderr: 0 };
     assert!(had.skip(out("abc")).is_none());
