@@ -24,6 +24,7 @@ pub(crate) mod kept;
 pub mod port_connect;
 pub(crate) mod process_defaults;
 pub mod protect;
+pub mod record;
 
 mod create;
 pub mod rootfs;

@@ -8,17 +8,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use brig_core::files::Entry;
+use brig_core::records::TierRecord;
 use brig_core::sandbox::{
-    BoxFuture, Capabilities, Condition, ContainerRecord, ExecControl, ExecEvent, ExecExit,
-    ExecSpec, FileAccess, FileWatch, ForkChild, ForkKind, ForkOptions, Forked, KeptWork, Op,
-    PauseKind, Persistence, ReadSource, RecoveredExec, Requested, RunningExec, Sandbox,
-    SandboxError, SessionSpec, Stdin, StdinChunk, TerminalSize, UploadTarget, Usage, WriteOptions,
+    BoxFuture, Capabilities, Condition, ExecControl, ExecEvent, ExecExit, ExecSpec, FileAccess,
+    FileWatch, ForkChild, ForkKind, ForkOptions, Forked, KeptWork, Op, PauseKind, Persistence,
+    ReadSource, RecoveredExec, Requested, RunningExec, Sandbox, SandboxError, SessionSpec, Stdin,
+    StdinChunk, TerminalSize, UploadTarget, Usage, WriteOptions,
 };
 use brig_core::{QosClass, SandboxId, Tier};
 use tokio::sync::mpsc;
 
 use crate::exec::{Killer, Stdin as EngineStdin};
 use crate::protect::{Bind, Protected, Protections};
+use crate::record::ContainerRecord;
 use crate::rootfs::LayerSource;
 use crate::runtime::{Container, ContainerSpec, Runtime, RuntimeError};
 use crate::session::Session;
@@ -650,8 +652,8 @@ impl Sandbox for ContainerSandbox {
             .ok_or_else(|| SandboxError::BadRequest("the container has no writable layer".into()))
     }
 
-    fn record(&self) -> Option<ContainerRecord> {
-        Some(ContainerRecord {
+    fn record(&self) -> Option<TierRecord> {
+        let record = ContainerRecord {
             layers: self.layers.iter().map(|l| (l.image.clone(), l.device.clone())).collect(),
             layer_digests: self.layer_digests.clone(),
             env: self.defaults.env.clone(),
@@ -669,7 +671,8 @@ impl Sandbox for ContainerSandbox {
                 .iter()
                 .map(|b| (b.source.clone(), b.target.clone(), b.read_only))
                 .collect(),
-        })
+        };
+        Some(record.to_tier())
     }
 }
 

@@ -1,74 +1,76 @@
-//! What a restarted node needs to take each kind of sandbox back: the on-disk formats of a
-//! sandbox record's tier part (re-exported from `brig_core::sandbox`).
+//! The tier part of a sandbox's record: what a restarted node needs to take a sandbox back,
+//! tagged with the kind of record it is and its version. Its body is the tier's own type
+//! (the tier crate owns it: `brig_container::record::ContainerRecord`,
+//! `brig_vmtier::MachineRecord`, …); the node stores it without knowing its fields.
 
-use std::path::PathBuf;
-
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-/// What a restarted node needs to take a container back (the on-disk format of a sandbox
-/// record's `container` field).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+/// A tier's record of one sandbox ([`crate::Sandbox::record`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ContainerRecord {
-    pub layers: Vec<(PathBuf, Option<PathBuf>)>,
-    pub layer_digests: Vec<String>,
-    pub env: Vec<(String, String)>,
-    pub shell: String,
-    pub memory_bytes: u64,
-    pub pids: u64,
-    pub cpu_millis: u64,
-    pub disk_bytes: u64,
-    /// Protected paths: (path, hidden).
-    #[serde(default)]
-    pub protected: Vec<(String, bool)>,
-    /// The directory and user commands start with when a request names none (its image's).
-    #[serde(default)]
-    pub cwd: Option<String>,
-    #[serde(default)]
-    pub user: Option<String>,
-    /// Its image's command (`Entrypoint` + `Cmd`).
-    #[serde(default)]
-    pub command: Vec<String>,
-    /// Host directories bound into it (volumes): (source, path inside, read-only).
-    #[serde(default)]
-    pub binds: Vec<(PathBuf, String, bool)>,
+pub struct TierRecord {
+    /// Which kind of record it is (each tier crate names its own).
+    pub kind: String,
+    /// The version of the body's format.
+    pub version: u32,
+    pub body: serde_json::Value,
 }
 
-/// What a restarted node needs to adopt a VM back (the on-disk format of a sandbox record's
-/// `machine` field). Which VMM process serves it, and proof that it is the one the node
-/// started, are the VM tier's own (its pid file holds pid and start time).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct MachineRecord {
-    /// The snapshot its memory is mapped from (its environment's, or a saved one).
-    pub memory_from: PathBuf,
-    /// Its image's read-only layers, base first.
-    #[serde(default)]
-    pub layers: Vec<PathBuf>,
-    /// Its own writable disk, and the read-only base that disk overlays (a full VM's image).
-    #[serde(default)]
-    pub writable: Option<PathBuf>,
-    #[serde(default)]
-    pub cow_base: Option<PathBuf>,
-    /// Its network device: namespace and tap.
-    #[serde(default)]
-    pub net: Option<(PathBuf, String)>,
-    /// Saved to `memory_from` with no VMM running.
-    pub paused: bool,
+/// A tier record that is not what its reader takes.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RecordError {
+    #[error("a {found} record is not a {expected} record")]
+    Kind { found: String, expected: &'static str },
+    #[error("{kind} record version {found}; this build reads versions 1 to {max}")]
+    Version { kind: &'static str, found: u32, max: u32 },
+    #[error("{kind} record: {why}")]
+    Body { kind: &'static str, why: String },
 }
 
-/// What a restarted node needs to take back a container in a container-host VM: the VM (by
-/// name, with the layer disks it was booted with) and what the container's commands start
-/// with.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HostedRecord {
-    /// The container-host VM's name (`chost-N`).
-    pub vm: String,
-    /// Its disks, in order.
-    pub vm_layers: Vec<PathBuf>,
-    pub env: Vec<(String, String)>,
-    pub shell: String,
-    pub memory_bytes: u64,
-    pub cpu_millis: u64,
+impl TierRecord {
+    /// `body` as a record of `kind`, version `version`.
+    pub fn new<T: Serialize>(kind: &str, version: u32, body: &T) -> TierRecord {
+        // A record body is plain data (strings, numbers, paths, lists): it always serializes.
+        let body = serde_json::to_value(body).unwrap_or(serde_json::Value::Null);
+        TierRecord { kind: kind.to_string(), version, body }
+    }
+
+    /// Its body, read as a record of `kind` of a version up to `max_version`.
+    pub fn body<T: DeserializeOwned>(
+        &self,
+        kind: &'static str,
+        max_version: u32,
+    ) -> Result<T, RecordError> {
+        if self.kind != kind {
+            return Err(RecordError::Kind { found: self.kind.clone(), expected: kind });
+        }
+        if !(1..=max_version).contains(&self.version) {
+            return Err(RecordError::Version { kind, found: self.version, max: max_version });
+        }
+        T::deserialize(&self.body).map_err(|e| RecordError::Body { kind, why: e.to_string() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Body {
+        shell: String,
+        pids: u64,
+    }
+
+    #[test]
+    fn a_record_reads_back_as_its_kind_and_refuses_others() {
+        let body = Body { shell: "/bin/sh".into(), pids: 64 };
+        let record = TierRecord::new("box", 1, &body);
+        assert_eq!(record.body::<Body>("box", 1), Ok(body));
+        assert!(matches!(record.body::<Body>("vm", 1), Err(RecordError::Kind { .. })));
+        let newer = TierRecord { version: 2, ..record.clone() };
+        assert!(matches!(newer.body::<Body>("box", 1), Err(RecordError::Version { found: 2, .. })));
+        let wrong = TierRecord { body: serde_json::json!({"shell": 1}), ..record };
+        assert!(matches!(wrong.body::<Body>("box", 1), Err(RecordError::Body { .. })));
+    }
 }

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 
 use crate::call::{CallReport, ToolCall};
 use crate::files::Entry;
-pub use crate::records::{ContainerRecord, HostedRecord, MachineRecord};
+pub use crate::records::{RecordError, TierRecord};
 use crate::spec::{QosClass, Tier};
 pub use crate::stdin::StdinChunk;
 use crate::SandboxId;
@@ -146,11 +146,11 @@ pub enum Persistence {
     Ephemeral,
     /// Its spec is enough.
     Spec,
-    /// Its spec and a [`ContainerRecord`].
+    /// Its spec and its [`TierRecord`] (a container's).
     Record,
-    /// Its spec and a [`MachineRecord`]: a VM whose VMM outlives the daemon.
+    /// Its spec and its [`TierRecord`]: a VM whose VMM outlives the daemon.
     Machine,
-    /// Its spec and a [`HostedRecord`]: a container in a container-host VM that outlives the
+    /// Its spec and its [`TierRecord`]: a container in a container-host VM that outlives the
     /// daemon.
     Hosted,
 }
@@ -593,17 +593,10 @@ pub trait Sandbox: Send + Sync + 'static {
     fn writable_layer(&self) -> Result<PathBuf, SandboxError> {
         Err(SandboxError::Unsupported { op: Op::Checkpoint, note: None })
     }
-    fn record(&self) -> Option<ContainerRecord> {
-        None
-    }
-    /// What a restarted node needs to adopt it (VM tiers whose persistence is
-    /// [`Persistence::Machine`]).
-    fn machine_record(&self) -> Option<MachineRecord> {
-        None
-    }
-    /// What a restarted node needs to take it back (containers in a container-host VM, whose
-    /// persistence is [`Persistence::Hosted`]).
-    fn hosted_record(&self) -> Option<HostedRecord> {
+    /// What a restarted node needs to take it back, as its tier keeps it (a tier whose
+    /// persistence is [`Persistence::Record`], [`Persistence::Machine`] or
+    /// [`Persistence::Hosted`]): tagged and versioned, its body the tier's own type.
+    fn record(&self) -> Option<TierRecord> {
         None
     }
 }

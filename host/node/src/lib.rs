@@ -8,9 +8,10 @@
 //!                            │        └─▶ layer store    (images, environments, checkpoints)
 //!                            └──Reply──▶ transport
 //! ```
-//! Every tier is reached through the one sandbox interface; the tier is chosen in one place
-//! (`lifecycle::create_sandbox`), and what a tier cannot do is a typed refusal from its
-//! capabilities.
+//! Every tier is reached through the one sandbox interface; a tier is a `TierBackend` in the
+//! node's registry (`tiers::registry`: the built-in ones, and any given to
+//! [`Node::open_with`]), chosen by tier and placement for a create and by record kind for a
+//! restore, and what a tier cannot do is a typed refusal from its capabilities.
 //! A node is the source of truth for its sandboxes: it rebuilds its table from its state
 //! directory on start, and destroys sandboxes whose idle TTL passes.
 #![forbid(unsafe_code)]
@@ -43,6 +44,7 @@ pub use policy::limits::LimitsConfig;
 pub use table::scope::{Principal, PROJECT_LABEL};
 pub use tiers::container::ContainerConfig;
 pub use tiers::container_host::{ContainerHostConfig, PlacementPolicy};
+pub use tiers::registry::{CreatePlan, Created, TierBackend};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -110,11 +112,23 @@ struct Inner {
     volumes: volumes::Volumes,
     /// Every sandbox's lifecycle events in one sequence (`lifecycle_events`).
     journal: lifecycle_events::LifecycleJournal,
+    /// The tiers, by tier and placement, and by record kind (`tiers::registry`).
+    tiers: tiers::registry::TierRegistry,
 }
 
 impl Node {
     /// Opens the node's state under `state_dir` and restores the sandboxes recorded there.
     pub async fn open(config: NodeConfig, state_dir: &Path) -> Result<Node, NodeError> {
+        Node::open_with(config, state_dir, Vec::new()).await
+    }
+
+    /// As [`Node::open`], with tiers of the caller's besides the node's own: each looked up
+    /// before the built-in ones, for creates and for records alike.
+    pub async fn open_with(
+        config: NodeConfig,
+        state_dir: &Path,
+        tiers: Vec<Arc<dyn TierBackend>>,
+    ) -> Result<Node, NodeError> {
         raise_fd_limit();
         let fncall = FncallBackend::open(config.fncall.clone(), &state_dir.join("fncall"))?;
         let zram = swap::ZramSwap::ensure(&config.swap, state_dir)?;
@@ -181,6 +195,7 @@ impl Node {
                 zram,
                 volumes,
                 journal,
+                tiers: tiers::registry::TierRegistry::new(tiers),
             }),
         };
         node.restore().await;
@@ -189,17 +204,7 @@ impl Node {
 
     /// Tiers this node offers.
     pub fn tiers(&self) -> Vec<Tier> {
-        let mut tiers = vec![Tier::Fncall];
-        if self.inner.containers.is_ok() || self.inner.container_hosts.is_ok() {
-            tiers.push(Tier::Container);
-        }
-        if self.inner.vmtier.is_ok() {
-            tiers.push(Tier::Microvm);
-        }
-        if self.inner.fullvm.is_ok() {
-            tiers.push(Tier::Fullvm);
-        }
-        tiers
+        self.inner.tiers.offered(self)
     }
 
     pub fn fncall(&self) -> &FncallBackend {

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use brig_core::sandbox::MachineRecord;
+use crate::records::MachineRecord;
 use tokio::net::UnixStream;
 
 use crate::lifecycle::SAVED_DIR;

@@ -27,13 +27,14 @@ use std::time::{Duration, Instant};
 use brig_container::sandbox::merged_env;
 use brig_core::files::{Entry, EntryKind};
 use brig_core::sandbox::{
-    BoxFuture, Capabilities, Condition, ExecSpec, FileAccess, ForkKind, HostedRecord, KeptWork,
-    MachineRecord, Op, PauseKind, Persistence, ReadSource, Requested, RunningExec, Sandbox,
-    SandboxError, Session, SessionSpec, Stdin, Usage, WriteOptions,
+    BoxFuture, Capabilities, Condition, ExecSpec, FileAccess, ForkKind, KeptWork, Op, PauseKind,
+    Persistence, ReadSource, Requested, RunningExec, Sandbox, SandboxError, Session, SessionSpec,
+    Stdin, Usage, WriteOptions,
 };
 use brig_core::{QosClass, SandboxId, Tier};
 
 use crate::guest_exec::{serve_kept, KeptCommand};
+use crate::records::{HostedRecord, MachineRecord};
 use crate::{locked, HostedContainer, MicroVm, VmTier};
 
 /// A container to make in a container-host VM, its limits chosen by the node.
@@ -363,15 +364,16 @@ impl Sandbox for HostedSandbox {
         })
     }
 
-    fn hosted_record(&self) -> Option<HostedRecord> {
-        Some(HostedRecord {
+    fn record(&self) -> Option<brig_core::records::TierRecord> {
+        let record = HostedRecord {
             vm: self.host.name.clone(),
             vm_layers: self.host.layers.clone(),
             env: self.env.clone(),
             shell: self.shell.clone(),
             memory_bytes: self.memory_bytes,
             cpu_millis: self.cpu_millis,
-        })
+        };
+        Some(record.to_tier())
     }
 
     /// Removes the container from its VM (nothing to do once the VM is gone) and its session

@@ -27,6 +27,8 @@ pub use fullvm::GuestAddress;
 pub mod guest_exec;
 pub mod hosts;
 mod kept_work;
+pub mod records;
+pub use records::{HostedRecord, MachineRecord};
 pub mod sandbox;
 pub use sandbox::VmSandbox;
 pub mod lifecycle;

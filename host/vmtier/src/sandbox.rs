@@ -7,8 +7,8 @@ use std::sync::Arc;
 use brig_core::files::Entry;
 use brig_core::sandbox::{
     BoxFuture, Capabilities, Condition, ExecSpec, FileAccess, ForkChild, ForkKind, ForkOptions,
-    Forked, KeptWork, MachineRecord, Op, PauseKind, Persistence, ReadSource, RunningExec, Sandbox,
-    SandboxError, Session, SessionSpec, Stdin, WriteOptions,
+    Forked, KeptWork, Op, PauseKind, Persistence, ReadSource, RunningExec, Sandbox, SandboxError,
+    Session, SessionSpec, Stdin, WriteOptions,
 };
 use brig_core::Tier;
 
@@ -273,8 +273,8 @@ impl Sandbox for VmSandbox {
         })
     }
 
-    fn machine_record(&self) -> Option<MachineRecord> {
-        Some(self.vm.record())
+    fn record(&self) -> Option<brig_core::records::TierRecord> {
+        Some(self.vm.record().to_tier())
     }
 
     /// Commands the guest's agent kept while the node was down: each read again from its

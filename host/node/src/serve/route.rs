@@ -24,7 +24,7 @@ use crate::{info, Node, NodeError};
 
 impl Node {
     /// Serves a request with no streaming.
-    pub(crate) async fn handle(&self, request: Request) -> Result<Option<Reply>, NodeError> {
+    pub async fn handle(&self, request: Request) -> Result<Option<Reply>, NodeError> {
         let reply = match request {
             Request::Sandbox(op) => self.handle_sandbox(op).await?,
             Request::Exec(op) => self.handle_exec(op).await?,

@@ -21,13 +21,12 @@ use brig_core::sandbox::{
     SandboxError,
 };
 use brig_core::{IdleAction, QosClass, SandboxId, SandboxSpec, Tier};
-use brig_fncall::FncallSandbox;
 use brig_proto::{CreateRequest, SandboxInfo, Target, TtlUpdate};
-use brig_vmtier::VmSandbox;
 
 use crate::serve::convert;
 use crate::table::intents::ForkIntent;
-use crate::table::sandboxes::{now_unix_ms, Due, Gone, SandboxEntry};
+use crate::table::sandboxes::{now_unix_ms, Due, Gone, SandboxEntry, SandboxRecord};
+use crate::tiers::registry::CreatePlan;
 use crate::{info, Node, NodeError};
 
 fn idle_action(a: brig_proto::IdleAction) -> IdleAction {
@@ -67,31 +66,33 @@ impl Node {
         brig_core::check_labels(&labels)?;
         brig_core::check_sandbox_env(&req.env)?;
         let id = SandboxId::generate(cfg.node_id());
+        let placement = match tier {
+            Tier::Container => Some(self.placement_for(req.placement)?),
+            _ => None,
+        };
+        // The one place a tier is chosen (`crate::tiers::registry`).
+        let backend = self.inner.tiers.for_create(tier, placement)?.clone();
         let egress = match &req.egress {
-            Some(texts) if matches!(tier, Tier::Container | Tier::Fullvm) => {
-                Some(self.resolve_egress(texts)?)
-            }
+            Some(texts) if backend.takes_egress() => Some(self.resolve_egress(texts)?),
             Some(_) => {
                 return Err(NodeError::WrongTier { id: id.to_string(), tier, op: "egress rules" })
             }
             None => None,
         };
-        let placement = match tier {
-            Tier::Container => Some(self.placement_for(req.placement)?),
-            _ => None,
-        };
-        let (memory, cpu) = match tier {
-            Tier::Container => crate::tiers::container::requested(&cfg.container, &req.limits),
-            _ => (0, 0),
-        };
+        let (memory, cpu) = backend.asks(self, &req);
         self.admit(tier, memory, cpu)?;
         let qos = req.qos.map(convert::qos_from_wire).unwrap_or_default();
         let project = labels.iter().find(|(k, _)| k == crate::table::scope::PROJECT_LABEL);
         let project = project.map(|(_, p)| p.as_str());
         let (_volumes_held, volumes, binds) = self.volumes_for_create(&req, project).await?;
         // A full VM's link is made with it (its VMM attaches to the tap at start).
-        let (sandbox, vm_slot) =
-            self.create_sandbox(&id, tier, placement, &req, &egress, binds).await?;
+        if !binds.is_empty() && !backend.mounts_volumes() {
+            let op = "volumes (a container on the node's kernel mounts them)";
+            return Err(NodeError::WrongTier { id: id.to_string(), tier, op });
+        }
+        let plan = CreatePlan { id: &id, request: &req, placement, egress: &egress, binds };
+        let created = backend.create(self, plan).await?;
+        let (sandbox, vm_slot) = (created.sandbox, created.net_slot);
         let made = started.elapsed();
         let spec = SandboxSpec {
             tier,
@@ -184,6 +185,15 @@ impl Node {
         Ok(entry)
     }
 
+    /// One recorded sandbox taken back by its tier's backend, from the tier's part of its
+    /// record.
+    async fn take_back(&self, record: &SandboxRecord) -> Result<Arc<dyn Sandbox>, NodeError> {
+        let tier_record = record.tier_record();
+        let kind = tier_record.as_ref().map(|r| r.kind.as_str());
+        let backend = self.inner.tiers.for_record(record.spec.tier, kind)?;
+        backend.adopt(self, &record.id, tier_record.as_ref()).await
+    }
+
     /// Takes back the sandboxes an earlier run of the node recorded; removes what it cannot.
     pub(crate) async fn restore(&self) {
         let mut restored = 0;
@@ -191,43 +201,12 @@ impl Node {
         let (mut microvms, mut fullvms) = (Vec::new(), Vec::new());
         for record in self.inner.sandboxes.saved_records() {
             let id = record.id;
-            let sandbox: Result<Arc<dyn Sandbox>, NodeError> =
-                match (record.spec.tier, &record.container) {
-                    (Tier::Fncall, _) => {
-                        let fncall = &self.inner.fncall;
-                        fncall.open_workspace(&id.to_string()).map_err(NodeError::from).map(|ws| {
-                            Arc::new(FncallSandbox::new(ws, fncall.clone())) as Arc<dyn Sandbox>
-                        })
-                    }
-                    (Tier::Container, Some(c)) => match self.container_tier() {
-                        Ok(tier) => {
-                            let store = self.inner.store.as_ref().ok().map(Arc::as_ref);
-                            tier.attach(&id, c, store).await.map(|c| Arc::new(c) as _)
-                        }
-                        Err(e) => Err(e),
-                    },
-                    (Tier::Container, None) if record.hosted.is_some() => {
-                        self.adopt_hosted(&id, record.hosted.as_ref()).await
-                    }
-                    (tier @ (Tier::Microvm | Tier::Fullvm), _) => {
-                        let adopted = match &record.machine {
-                            Some(machine) => self.adopt_vm(&id, tier, machine).await,
-                            None => Err(NodeError::TierUnavailable {
-                                tier,
-                                why: "a record from before VMs were adopted".into(),
-                            }),
-                        };
-                        if adopted.is_ok() {
-                            let ids =
-                                if tier == Tier::Microvm { &mut microvms } else { &mut fullvms };
-                            ids.push(id.to_string());
-                        }
-                        adopted
-                    }
-                    (tier, _) => {
-                        Err(NodeError::TierUnavailable { tier, why: "not restorable".into() })
-                    }
-                };
+            let tier = record.spec.tier;
+            let sandbox = self.take_back(&record).await;
+            if sandbox.is_ok() && matches!(tier, Tier::Microvm | Tier::Fullvm) {
+                let ids = if tier == Tier::Microvm { &mut microvms } else { &mut fullvms };
+                ids.push(id.to_string());
+            }
             let sandbox = match sandbox {
                 Ok(h) => h,
                 Err(e) => {
@@ -612,73 +591,6 @@ impl Node {
                 }
             })
             .collect())
-    }
-
-    /// Makes the sandbox of a create request: the one place a tier is chosen. Returns the
-    /// network slot of a full VM made with its link.
-    async fn create_sandbox(
-        &self,
-        id: &SandboxId,
-        tier: Tier,
-        placement: Option<brig_proto::Placement>,
-        req: &CreateRequest,
-        egress: &Option<(Vec<brig_core::EgressRule>, brig_core::EgressPolicy)>,
-        binds: Vec<brig_container::protect::Bind>,
-    ) -> Result<(Arc<dyn Sandbox>, Option<u32>), NodeError> {
-        // Only a container on the node's kernel has a rootfs here to bind volumes into.
-        let host_container =
-            tier == Tier::Container && placement != Some(brig_proto::Placement::Vm);
-        if !binds.is_empty() && !host_container {
-            let op = "volumes (a container on the node's kernel mounts them)";
-            return Err(NodeError::WrongTier { id: id.to_string(), tier, op });
-        }
-        let sandbox: Arc<dyn Sandbox> = match tier {
-            Tier::Fncall => {
-                let fncall = &self.inner.fncall;
-                let ws = fncall.create_workspace(&id.to_string())?;
-                Arc::new(FncallSandbox::new(ws, fncall.clone()))
-            }
-            Tier::Container if placement == Some(brig_proto::Placement::Vm) => {
-                let hosts = self.container_hosts()?;
-                let cfg = &self.inner.config.container;
-                Arc::new(crate::tiers::container_host::create(hosts, id, req, cfg).await?)
-            }
-            Tier::Container => {
-                let store = self.inner.store.as_ref().ok().map(Arc::as_ref);
-                // An image of a registry (`oci:REF`) the store lacks is pulled first.
-                let pulled;
-                let registry_ref = req
-                    .image
-                    .as_deref()
-                    .and_then(|i| i.strip_prefix(crate::environments::pulls::REGISTRY_PREFIX));
-                let req = match registry_ref {
-                    Some(reference) => {
-                        let store = self.store()?;
-                        let config = self.inner.config.images.registries.pull_config();
-                        let pulls = &self.inner.pulls;
-                        let env = crate::environments::pulls::registry_image(
-                            &store, &config, pulls, reference,
-                        )
-                        .await?;
-                        pulled = CreateRequest { image: Some(env), ..req.clone() };
-                        &pulled
-                    }
-                    None => req,
-                };
-                Arc::new(self.container_tier()?.create(id, req, store, binds).await?)
-            }
-            Tier::Microvm => {
-                let vm = self.create_microvm(id, req.image.as_deref()).await?;
-                Arc::new(VmSandbox::new(vm, self.vmtier()?.clone(), Tier::Microvm))
-            }
-            Tier::Fullvm => {
-                let dests = egress.as_ref().map(|(_, d)| d.clone());
-                let (vm, slot) = self.create_fullvm(id, dests).await?;
-                let sandbox = VmSandbox::new(vm, self.fullvm_tier()?.clone(), Tier::Fullvm);
-                return Ok((Arc::new(sandbox), slot));
-            }
-        };
-        Ok((sandbox, None))
     }
 
     /// Removes a sandbox and frees its resources.

@@ -13,8 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-pub(crate) use brig_core::sandbox::{ContainerRecord, HostedRecord, MachineRecord};
-use brig_core::sandbox::{Op, Persistence, Requested, Sandbox, SandboxError};
+use brig_core::sandbox::{Op, Persistence, Requested, Sandbox, SandboxError, TierRecord};
 use brig_core::{IdleAction, SandboxId, SandboxSpec, Tier};
 use brig_hostkit::slot_file::{self, SlotFile};
 use brig_hostkit::spare_files::SpareFiles;
@@ -232,14 +231,33 @@ pub(crate) struct SandboxRecord {
     /// Its last use, saved at most [`CLOCK_SLACK_MS`] behind (0 in records from before).
     #[serde(default)]
     pub last_used_unix_ms: u64,
-    #[serde(default)]
-    pub container: Option<ContainerRecord>,
-    /// A VM's: what adopting it back needs.
-    #[serde(default)]
-    pub machine: Option<MachineRecord>,
-    /// A container's in a container-host VM: what taking it back needs.
-    #[serde(default)]
-    pub hosted: Option<HostedRecord>,
+    /// Its tier's part, as the tier wrote it ([`Sandbox::record`]): what taking it back
+    /// needs, tagged with its kind and version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<TierRecord>,
+    /// Records from before tier records were tagged held the tier's part in one of these
+    /// (a container's, a VM's, a container's in a container-host VM); read, never written.
+    #[serde(default, skip_serializing)]
+    pub container: Option<serde_json::Value>,
+    #[serde(default, skip_serializing)]
+    pub machine: Option<serde_json::Value>,
+    #[serde(default, skip_serializing)]
+    pub hosted: Option<serde_json::Value>,
+}
+
+impl SandboxRecord {
+    /// Its tier's part: the tagged one, or that of a record from before, tagged as its tier
+    /// tags it now (version 1 of each).
+    pub fn tier_record(&self) -> Option<TierRecord> {
+        let legacy = |kind: &str, body: &Option<serde_json::Value>| {
+            body.clone().map(|body| TierRecord { kind: kind.to_string(), version: 1, body })
+        };
+        self.tier
+            .clone()
+            .or_else(|| legacy(brig_container::record::RECORD_KIND, &self.container))
+            .or_else(|| legacy(brig_vmtier::records::MACHINE_RECORD_KIND, &self.machine))
+            .or_else(|| legacy(brig_vmtier::records::HOSTED_RECORD_KIND, &self.hosted))
+    }
 }
 
 /// Where destroyed sandboxes' record files wait for the next ones, under the records' directory.
@@ -339,11 +357,11 @@ impl SandboxTable {
 
     /// Writes the sandbox's record; a crash mid-write leaves the one before it readable.
     pub fn save(&self, entry: &SandboxEntry) -> Result<(), NodeError> {
-        let (container, machine, hosted) = match entry.sandbox.capabilities().persistence {
-            Persistence::Record => (entry.sandbox.record(), None, None),
-            Persistence::Machine => (None, entry.sandbox.machine_record(), None),
-            Persistence::Hosted => (None, None, entry.sandbox.hosted_record()),
-            Persistence::Spec => (None, None, None),
+        let tier = match entry.sandbox.capabilities().persistence {
+            Persistence::Record | Persistence::Machine | Persistence::Hosted => {
+                entry.sandbox.record()
+            }
+            Persistence::Spec => None,
             // Dies with the daemon: no record, and no clock for `save_clocks` to come back for.
             Persistence::Ephemeral => {
                 entry.saved_last_used_unix_ms.store(entry.last_used_unix_ms(), Ordering::Relaxed);
@@ -358,9 +376,10 @@ impl SandboxTable {
             paused_unix_ms: entry.paused_unix_ms().unwrap_or(0),
             paused_files_only: entry.paused_files_only(),
             last_used_unix_ms: last_used,
-            container,
-            machine,
-            hosted,
+            tier,
+            container: None,
+            machine: None,
+            hosted: None,
         };
         let bytes = serde_json::to_vec(&record).map_err(|e| NodeError::Io {
             what: "sandbox record".into(),
@@ -593,6 +612,90 @@ pub(crate) fn now_unix_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn record_of(tier: Tier, tier_record: Option<TierRecord>) -> SandboxRecord {
+        let spec = SandboxSpec {
+            tier,
+            image: None,
+            labels: Vec::new(),
+            idle_ttl: std::time::Duration::from_secs(600),
+            idle_action: IdleAction::Destroy,
+            paused_ttl: None,
+            max_lifetime: None,
+            egress: None,
+            net_slot: None,
+            qos: brig_core::QosClass::default(),
+            volumes: Vec::new(),
+        };
+        SandboxRecord {
+            id: SandboxId::generate(brig_core::NodeId(1)),
+            spec,
+            created_unix_ms: 1,
+            paused_unix_ms: 0,
+            paused_files_only: false,
+            last_used_unix_ms: 1,
+            tier: tier_record,
+            container: None,
+            machine: None,
+            hosted: None,
+        }
+    }
+
+    /// Records written before tier records were tagged (the tier's part in `container`,
+    /// `machine` or `hosted`) read back as the tier's tagged record of version 1; a record
+    /// written now holds the tagged one only.
+    #[test]
+    fn records_from_before_tagging_still_read_and_new_ones_are_tagged() {
+        let container = brig_container::record::ContainerRecord {
+            layers: vec![("/l/base.erofs".into(), None)],
+            layer_digests: vec!["sha256:aa".into()],
+            env: vec![("A".into(), "1".into())],
+            shell: "/bin/sh".into(),
+            memory_bytes: 1 << 30,
+            pids: 64,
+            cpu_millis: 1000,
+            disk_bytes: 1 << 30,
+            protected: Vec::new(),
+            cwd: None,
+            user: None,
+            command: Vec::new(),
+            binds: Vec::new(),
+        };
+        let machine = brig_vmtier::MachineRecord {
+            memory_from: "/s/env".into(),
+            layers: Vec::new(),
+            writable: None,
+            cow_base: None,
+            net: None,
+            paused: true,
+        };
+        for (tier, field, body) in [
+            (Tier::Container, "container", serde_json::to_value(&container).expect("json")),
+            (Tier::Microvm, "machine", serde_json::to_value(&machine).expect("json")),
+        ] {
+            // The file as a node before this change wrote it.
+            let mut old = serde_json::to_value(record_of(tier, None)).expect("json");
+            old.as_object_mut().expect("object").insert(field.into(), body);
+            let bytes = serde_json::to_vec(&old).expect("bytes");
+            let read: SandboxRecord = serde_json::from_slice(&bytes).expect("an old record reads");
+            let tier_record = read.tier_record().expect("its tier's part");
+            match tier {
+                Tier::Container => assert_eq!(
+                    brig_container::record::ContainerRecord::from_tier(&tier_record),
+                    Ok(container.clone())
+                ),
+                _ => assert_eq!(
+                    brig_vmtier::MachineRecord::from_tier(&tier_record),
+                    Ok(machine.clone())
+                ),
+            }
+        }
+        let new = record_of(Tier::Container, Some(container.to_tier()));
+        let written = serde_json::to_value(&new).expect("json");
+        assert!(written.get("tier").is_some() && written.get("container").is_none());
+        let back: SandboxRecord = serde_json::from_value(written).expect("reads");
+        assert_eq!(back.tier_record(), Some(container.to_tier()));
+    }
 
     #[test]
     fn a_record_is_read_from_its_newest_slot_or_whole() {

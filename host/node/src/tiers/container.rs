@@ -19,8 +19,8 @@ use brig_proto::CreateRequest;
 
 use crate::host::free_page_reporting::ReportingFiles;
 use crate::host::host_settings::{HostOriginals, HostSettingsRecord};
-use crate::table::sandboxes::ContainerRecord;
 use crate::NodeError;
+use brig_container::record::ContainerRecord;
 
 /// The container tier.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use brig_proto::Placement;
 
-use brig_core::sandbox::{HostedRecord, Sandbox};
+use brig_core::sandbox::Sandbox;
 use brig_core::{SandboxId, Tier};
 use brig_vmtier::hosts::ContainerHosts;
+use brig_vmtier::HostedRecord;
 
 use crate::tiers::container_host::PlacementPolicy;
 use crate::{Node, NodeError};
@@ -24,12 +25,8 @@ impl Node {
     pub(crate) async fn adopt_hosted(
         &self,
         id: &SandboxId,
-        record: Option<&HostedRecord>,
+        record: &HostedRecord,
     ) -> Result<Arc<dyn Sandbox>, NodeError> {
-        let record = record.ok_or_else(|| NodeError::TierUnavailable {
-            tier: Tier::Container,
-            why: "no container-host record".into(),
-        })?;
         let hosts = self.container_hosts()?;
         let sandbox = hosts
             .adopt(&id.to_string(), record)

@@ -7,8 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use brig_core::sandbox::{MachineRecord, Sandbox};
+use brig_core::sandbox::Sandbox;
 use brig_core::{SandboxId, Tier};
+use brig_vmtier::MachineRecord;
 use brig_vmtier::{MicroVm, VmSandbox, VmTier, VmTierConfig, VmTierError};
 use serde::{Deserialize, Serialize};
 
