@@ -33,11 +33,18 @@ const EXIT_WAIT: Duration = Duration::from_secs(2);
 /// The process's runtime, started by the first call.
 fn runtime() -> PyResult<&'static Runtime> {
     let started = RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .thread_name("brig-sdk")
-            .build()
-            .map_err(|e| e.to_string())
+        // tokio panics, rather than failing, when it cannot start a worker thread.
+        let build = std::panic::catch_unwind(|| {
+            tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("brig-sdk").build()
+        });
+        match build {
+            Ok(built) => built.map_err(|e| e.to_string()),
+            Err(panic) => Err(panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "it panicked".into())),
+        }
     });
     started
         .as_ref()
