@@ -1,5 +1,5 @@
 //! What a restarted node needs to take a container back: the container tier's part of its
-//! sandbox record ([`brig_core::TierRecord`] of kind [`RECORD_KIND`]).
+//! sandbox record ([`brig_core::records::TierRecord`] of kind [`RECORD_KIND`]).
 
 use std::path::PathBuf;
 
@@ -41,7 +41,7 @@ pub struct ContainerRecord {
 }
 
 impl ContainerRecord {
-    pub fn to_tier(&self) -> TierRecord {
+    pub fn to_tier(&self) -> Result<TierRecord, RecordError> {
         TierRecord::new(RECORD_KIND, RECORD_VERSION, self)
     }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use brig_core::files::Entry;
-use brig_core::records::TierRecord;
+use brig_core::records::{RecordError, TierRecord};
 use brig_core::sandbox::{
     BoxFuture, Capabilities, Condition, ExecControl, ExecEvent, ExecExit, ExecSpec, FileAccess,
     FileWatch, ForkChild, ForkKind, ForkOptions, Forked, KeptWork, Op, PauseKind, Persistence,
@@ -652,7 +652,7 @@ impl Sandbox for ContainerSandbox {
             .ok_or_else(|| SandboxError::BadRequest("the container has no writable layer".into()))
     }
 
-    fn record(&self) -> Option<TierRecord> {
+    fn record(&self) -> Result<Option<TierRecord>, RecordError> {
         let record = ContainerRecord {
             layers: self.layers.iter().map(|l| (l.image.clone(), l.device.clone())).collect(),
             layer_digests: self.layer_digests.clone(),
@@ -672,7 +672,7 @@ impl Sandbox for ContainerSandbox {
                 .map(|b| (b.source.clone(), b.target.clone(), b.read_only))
                 .collect(),
         };
-        Some(record.to_tier())
+        record.to_tier().map(Some)
     }
 }
 

@@ -26,14 +26,22 @@ pub enum RecordError {
     Version { kind: &'static str, found: u32, max: u32 },
     #[error("{kind} record: {why}")]
     Body { kind: &'static str, why: String },
+    /// A body that cannot be written as a record (a path that is not UTF-8, say).
+    #[error("{kind} record cannot be written: {why}")]
+    Encode { kind: String, why: String },
 }
 
 impl TierRecord {
-    /// `body` as a record of `kind`, version `version`.
-    pub fn new<T: Serialize>(kind: &str, version: u32, body: &T) -> TierRecord {
-        // A record body is plain data (strings, numbers, paths, lists): it always serializes.
-        let body = serde_json::to_value(body).unwrap_or(serde_json::Value::Null);
-        TierRecord { kind: kind.to_string(), version, body }
+    /// `body` as a record of `kind`, version `version`; a body JSON cannot hold (a path
+    /// that is not UTF-8) is an error, so the sandbox is refused rather than recorded empty.
+    pub fn new<T: Serialize>(
+        kind: &str,
+        version: u32,
+        body: &T,
+    ) -> Result<TierRecord, RecordError> {
+        let body = serde_json::to_value(body)
+            .map_err(|e| RecordError::Encode { kind: kind.to_string(), why: e.to_string() })?;
+        Ok(TierRecord { kind: kind.to_string(), version, body })
     }
 
     /// Its body, read as a record of `kind` of a version up to `max_version`.
@@ -65,12 +73,16 @@ mod tests {
     #[test]
     fn a_record_reads_back_as_its_kind_and_refuses_others() {
         let body = Body { shell: "/bin/sh".into(), pids: 64 };
-        let record = TierRecord::new("box", 1, &body);
+        let record = TierRecord::new("box", 1, &body).expect("record");
         assert_eq!(record.body::<Body>("box", 1), Ok(body));
         assert!(matches!(record.body::<Body>("vm", 1), Err(RecordError::Kind { .. })));
         let newer = TierRecord { version: 2, ..record.clone() };
         assert!(matches!(newer.body::<Body>("box", 1), Err(RecordError::Version { found: 2, .. })));
         let wrong = TierRecord { body: serde_json::json!({"shell": 1}), ..record };
         assert!(matches!(wrong.body::<Body>("box", 1), Err(RecordError::Body { .. })));
+        // JSON holds no path that is not UTF-8: refused, not written as nothing.
+        use std::os::unix::ffi::OsStrExt;
+        let odd = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(b"/l/\xff"));
+        assert!(matches!(TierRecord::new("box", 1, &odd), Err(RecordError::Encode { .. })));
     }
 }

@@ -596,8 +596,8 @@ pub trait Sandbox: Send + Sync + 'static {
     /// What a restarted node needs to take it back, as its tier keeps it (a tier whose
     /// persistence is [`Persistence::Record`], [`Persistence::Machine`] or
     /// [`Persistence::Hosted`]): tagged and versioned, its body the tier's own type.
-    fn record(&self) -> Option<TierRecord> {
-        None
+    fn record(&self) -> Result<Option<TierRecord>, RecordError> {
+        Ok(None)
     }
 }
 
@@ -678,7 +678,7 @@ mod tests {
         ));
         assert!(matches!(s.stat("/").await, Err(SandboxError::Unsupported { op: Op::Files, .. })));
         assert_eq!(s.pause().await.expect("pause"), 0);
-        assert!(s.record().is_none());
+        assert_eq!(s.record(), Ok(None));
         assert_eq!(s.condition(), Condition::Running);
     }
 }

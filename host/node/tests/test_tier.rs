@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use brig_core::files::{Entry, EntryKind};
 use brig_core::sandbox::{
-    ready, BoxFuture, Capabilities, FileAccess, ForkKind, Op, PauseKind, Persistence, Sandbox,
-    SandboxError, TierRecord,
+    ready, BoxFuture, Capabilities, FileAccess, ForkKind, Op, PauseKind, Persistence, RecordError,
+    Sandbox, SandboxError, TierRecord,
 };
 use brig_core::{SandboxId, Tier};
 use brig_node::{CreatePlan, Created, Node, NodeConfig, NodeError, TierBackend};
@@ -86,8 +86,8 @@ impl Sandbox for DirSandbox {
         let _ = std::fs::remove_dir_all(&self.dir);
         ready(Ok(()))
     }
-    fn record(&self) -> Option<TierRecord> {
-        Some(TierRecord::new(KIND, 1, &DirRecord { dir: self.dir.clone() }))
+    fn record(&self) -> Result<Option<TierRecord>, RecordError> {
+        TierRecord::new(KIND, 1, &DirRecord { dir: self.dir.clone() }).map(Some)
     }
 }
 

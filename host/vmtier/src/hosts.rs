@@ -364,7 +364,9 @@ impl Sandbox for HostedSandbox {
         })
     }
 
-    fn record(&self) -> Option<brig_core::records::TierRecord> {
+    fn record(
+        &self,
+    ) -> Result<Option<brig_core::records::TierRecord>, brig_core::records::RecordError> {
         let record = HostedRecord {
             vm: self.host.name.clone(),
             vm_layers: self.host.layers.clone(),
@@ -373,7 +375,7 @@ impl Sandbox for HostedSandbox {
             memory_bytes: self.memory_bytes,
             cpu_millis: self.cpu_millis,
         };
-        Some(record.to_tier())
+        record.to_tier().map(Some)
     }
 
     /// Removes the container from its VM (nothing to do once the VM is gone) and its session

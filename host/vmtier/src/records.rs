@@ -1,5 +1,5 @@
 //! What a restarted node needs to take the VM tiers' sandboxes back: their parts of the
-//! sandbox records ([`brig_core::TierRecord`]s of kind [`MACHINE_RECORD_KIND`], a microVM's or
+//! sandbox records ([`brig_core::records::TierRecord`]s of kind [`MACHINE_RECORD_KIND`], a microVM's or
 //! full VM's, and [`HOSTED_RECORD_KIND`], a container's in a container-host VM).
 
 use std::path::PathBuf;
@@ -40,7 +40,7 @@ pub struct MachineRecord {
 }
 
 impl MachineRecord {
-    pub fn to_tier(&self) -> TierRecord {
+    pub fn to_tier(&self) -> Result<TierRecord, RecordError> {
         TierRecord::new(MACHINE_RECORD_KIND, MACHINE_RECORD_VERSION, self)
     }
 
@@ -67,7 +67,7 @@ pub struct HostedRecord {
 }
 
 impl HostedRecord {
-    pub fn to_tier(&self) -> TierRecord {
+    pub fn to_tier(&self) -> Result<TierRecord, RecordError> {
         TierRecord::new(HOSTED_RECORD_KIND, HOSTED_RECORD_VERSION, self)
     }
 

@@ -273,8 +273,10 @@ impl Sandbox for VmSandbox {
         })
     }
 
-    fn record(&self) -> Option<brig_core::records::TierRecord> {
-        Some(self.vm.record().to_tier())
+    fn record(
+        &self,
+    ) -> Result<Option<brig_core::records::TierRecord>, brig_core::records::RecordError> {
+        self.vm.record().to_tier().map(Some)
     }
 
     /// Commands the guest's agent kept while the node was down: each read again from its

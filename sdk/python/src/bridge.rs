@@ -33,10 +33,15 @@ const EXIT_WAIT: Duration = Duration::from_secs(2);
 /// The process's runtime, started by the first call.
 fn runtime() -> PyResult<&'static Runtime> {
     let started = RUNTIME.get_or_init(|| {
-        // tokio panics, rather than failing, when it cannot start a worker thread.
+        // tokio panics, rather than failing, when it cannot start a worker thread: caught, and
+        // kept off stderr meanwhile (the caller hears it as a RuntimeError). The hook is the
+        // process's: a panic of another thread in this moment would go unprinted too.
+        let printing = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
         let build = std::panic::catch_unwind(|| {
             tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("brig-sdk").build()
         });
+        std::panic::set_hook(printing);
         match build {
             Ok(built) => built.map_err(|e| e.to_string()),
             Err(panic) => Err(panic

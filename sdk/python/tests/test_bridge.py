@@ -51,3 +51,4 @@ def test_a_runtime_that_cannot_start_is_a_runtime_error_not_a_panic():
     assert done.returncode == 0, done.stderr
     assert out.count("RuntimeError: cannot start the tokio runtime") == 2, out + done.stderr
     assert "the process goes on" in out
+    assert "panicked" not in done.stderr, done.stderr

@@ -71,7 +71,7 @@ impl Node {
             _ => None,
         };
         // The one place a tier is chosen (`crate::tiers::registry`).
-        let backend = self.inner.tiers.for_create(tier, placement)?.clone();
+        let backend = self.inner.tiers.for_create(self, tier, placement)?.clone();
         let egress = match &req.egress {
             Some(texts) if backend.takes_egress() => Some(self.resolve_egress(texts)?),
             Some(_) => {
@@ -85,11 +85,11 @@ impl Node {
         let project = labels.iter().find(|(k, _)| k == crate::table::scope::PROJECT_LABEL);
         let project = project.map(|(_, p)| p.as_str());
         let (_volumes_held, volumes, binds) = self.volumes_for_create(&req, project).await?;
-        // A full VM's link is made with it (its VMM attaches to the tap at start).
         if !binds.is_empty() && !backend.mounts_volumes() {
             let op = "volumes (a container on the node's kernel mounts them)";
             return Err(NodeError::WrongTier { id: id.to_string(), tier, op });
         }
+        // A full VM's link is made with it (its VMM attaches to the tap at start).
         let plan = CreatePlan { id: &id, request: &req, placement, egress: &egress, binds };
         let created = backend.create(self, plan).await?;
         let (sandbox, vm_slot) = (created.sandbox, created.net_slot);

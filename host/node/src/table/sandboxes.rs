@@ -359,7 +359,10 @@ impl SandboxTable {
     pub fn save(&self, entry: &SandboxEntry) -> Result<(), NodeError> {
         let tier = match entry.sandbox.capabilities().persistence {
             Persistence::Record | Persistence::Machine | Persistence::Hosted => {
-                entry.sandbox.record()
+                entry.sandbox.record().map_err(|e| NodeError::Io {
+                    what: "sandbox record".into(),
+                    source: std::io::Error::other(e),
+                })?
             }
             Persistence::Spec => None,
             // Dies with the daemon: no record, and no clock for `save_clocks` to come back for.
@@ -669,9 +672,18 @@ mod tests {
             net: None,
             paused: true,
         };
+        let hosted = brig_vmtier::HostedRecord {
+            vm: "chost-1".into(),
+            vm_layers: vec!["/l/base.img".into()],
+            env: Vec::new(),
+            shell: "/bin/sh".into(),
+            memory_bytes: 1 << 28,
+            cpu_millis: 500,
+        };
         for (tier, field, body) in [
             (Tier::Container, "container", serde_json::to_value(&container).expect("json")),
             (Tier::Microvm, "machine", serde_json::to_value(&machine).expect("json")),
+            (Tier::Container, "hosted", serde_json::to_value(&hosted).expect("json")),
         ] {
             // The file as a node before this change wrote it.
             let mut old = serde_json::to_value(record_of(tier, None)).expect("json");
@@ -679,10 +691,14 @@ mod tests {
             let bytes = serde_json::to_vec(&old).expect("bytes");
             let read: SandboxRecord = serde_json::from_slice(&bytes).expect("an old record reads");
             let tier_record = read.tier_record().expect("its tier's part");
-            match tier {
-                Tier::Container => assert_eq!(
+            match field {
+                "container" => assert_eq!(
                     brig_container::record::ContainerRecord::from_tier(&tier_record),
                     Ok(container.clone())
+                ),
+                "hosted" => assert_eq!(
+                    brig_vmtier::HostedRecord::from_tier(&tier_record),
+                    Ok(hosted.clone())
                 ),
                 _ => assert_eq!(
                     brig_vmtier::MachineRecord::from_tier(&tier_record),
@@ -690,11 +706,11 @@ mod tests {
                 ),
             }
         }
-        let new = record_of(Tier::Container, Some(container.to_tier()));
+        let new = record_of(Tier::Container, Some(container.to_tier().expect("record")));
         let written = serde_json::to_value(&new).expect("json");
         assert!(written.get("tier").is_some() && written.get("container").is_none());
         let back: SandboxRecord = serde_json::from_value(written).expect("reads");
-        assert_eq!(back.tier_record(), Some(container.to_tier()));
+        assert_eq!(back.tier_record(), Some(container.to_tier().expect("record")));
     }
 
     #[test]

@@ -152,6 +152,8 @@ impl TierBackend for VmContainers {
     fn offered(&self, node: &Node) -> bool {
         node.inner.container_hosts.is_ok()
     }
+    // Taken so that its create refuses them with the tier's own words ("not yet for
+    // containers in a container-host VM"), as before the registry.
     fn takes_egress(&self) -> bool {
         true
     }

@@ -86,14 +86,19 @@ impl TierRegistry {
         TierRegistry(extra.into_iter().chain(builtin()).collect())
     }
 
-    /// The backend for a create of `tier` placed so.
+    /// The backend for a create of `tier` placed so: the first that this node offers, else
+    /// the first at all (whose create then says why it is not offered).
     pub fn for_create(
         &self,
+        node: &Node,
         tier: Tier,
         placement: Option<Placement>,
     ) -> Result<&Arc<dyn TierBackend>, NodeError> {
-        self.0.iter().find(|b| b.tier() == tier && b.places(placement)).ok_or_else(|| {
-            NodeError::TierUnavailable { tier, why: "no backend for this placement".into() }
+        let mut serving = self.0.iter().filter(|b| b.tier() == tier && b.places(placement));
+        let first = serving.clone().next();
+        serving.find(|b| b.offered(node)).or(first).ok_or_else(|| NodeError::TierUnavailable {
+            tier,
+            why: "no backend for this placement".into(),
         })
     }
 
