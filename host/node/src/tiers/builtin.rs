@@ -16,13 +16,31 @@ use brig_vmtier::{HostedRecord, MachineRecord, VmSandbox};
 use crate::tiers::registry::{CreatePlan, Created, TierBackend};
 use crate::{Node, NodeError};
 
-fn unreadable(tier: Tier) -> impl Fn(RecordError) -> NodeError {
-    move |e| NodeError::TierUnavailable { tier, why: e.to_string() }
+/// The body of the record a backend of `tier` takes back, read by `read`.
+fn body_of<T>(
+    tier: Tier,
+    record: Option<&TierRecord>,
+    read: fn(&TierRecord) -> Result<T, RecordError>,
+) -> Result<T, NodeError> {
+    let unavailable = |why: String| NodeError::TierUnavailable { tier, why };
+    let record = record.ok_or_else(|| unavailable("no record of its tier".into()))?;
+    read(record).map_err(|e| unavailable(e.to_string()))
 }
 
-/// The record a backend that keeps one needs.
-fn needed(tier: Tier, record: Option<&TierRecord>) -> Result<&TierRecord, NodeError> {
-    record.ok_or_else(|| NodeError::TierUnavailable { tier, why: "no record of its tier".into() })
+/// What a container asks of admission, on the node's kernel or in a container-host VM.
+fn container_asks(node: &Node, request: &CreateRequest) -> (u64, u64) {
+    crate::tiers::container::requested(&node.inner.config.container, &request.limits)
+}
+
+/// Takes back a microVM or full VM of `tier` from its machine record.
+async fn adopt_machine(
+    node: &Node,
+    id: &SandboxId,
+    tier: Tier,
+    record: Option<&TierRecord>,
+) -> Result<Arc<dyn Sandbox>, NodeError> {
+    let machine = body_of(tier, record, MachineRecord::from_tier)?;
+    node.adopt_vm(id, tier, &machine).await
 }
 
 /// Tool-call workspaces on Wasmtime, in process: their spec is enough to open them again.
@@ -86,7 +104,7 @@ impl TierBackend for HostContainers {
         true
     }
     fn asks(&self, node: &Node, request: &CreateRequest) -> (u64, u64) {
-        crate::tiers::container::requested(&node.inner.config.container, &request.limits)
+        container_asks(node, request)
     }
     fn create<'a>(
         &'a self,
@@ -127,8 +145,7 @@ impl TierBackend for HostContainers {
         record: Option<&'a TierRecord>,
     ) -> BoxFuture<'a, Result<Arc<dyn Sandbox>, NodeError>> {
         Box::pin(async move {
-            let record = needed(Tier::Container, record)?;
-            let record = ContainerRecord::from_tier(record).map_err(unreadable(Tier::Container))?;
+            let record = body_of(self.tier(), record, ContainerRecord::from_tier)?;
             let store = node.inner.store.as_ref().ok().map(Arc::as_ref);
             let container = node.container_tier()?.attach(id, &record, store).await?;
             Ok(Arc::new(container) as Arc<dyn Sandbox>)
@@ -158,7 +175,7 @@ impl TierBackend for VmContainers {
         true
     }
     fn asks(&self, node: &Node, request: &CreateRequest) -> (u64, u64) {
-        crate::tiers::container::requested(&node.inner.config.container, &request.limits)
+        container_asks(node, request)
     }
     fn create<'a>(
         &'a self,
@@ -180,8 +197,7 @@ impl TierBackend for VmContainers {
         record: Option<&'a TierRecord>,
     ) -> BoxFuture<'a, Result<Arc<dyn Sandbox>, NodeError>> {
         Box::pin(async move {
-            let record = needed(Tier::Container, record)?;
-            let record = HostedRecord::from_tier(record).map_err(unreadable(Tier::Container))?;
+            let record = body_of(self.tier(), record, HostedRecord::from_tier)?;
             node.adopt_hosted(id, &record).await
         })
     }
@@ -207,7 +223,7 @@ impl TierBackend for Microvms {
     ) -> BoxFuture<'a, Result<Created, NodeError>> {
         Box::pin(async move {
             let vm = node.create_microvm(plan.id, plan.request.image.as_deref()).await?;
-            let sandbox = VmSandbox::new(vm, node.vmtier()?.clone(), Tier::Microvm);
+            let sandbox = VmSandbox::new(vm, node.vmtier()?.clone(), self.tier());
             Ok(Created::new(Arc::new(sandbox)))
         })
     }
@@ -217,11 +233,7 @@ impl TierBackend for Microvms {
         id: &'a SandboxId,
         record: Option<&'a TierRecord>,
     ) -> BoxFuture<'a, Result<Arc<dyn Sandbox>, NodeError>> {
-        Box::pin(async move {
-            let record = needed(Tier::Microvm, record)?;
-            let machine = MachineRecord::from_tier(record).map_err(unreadable(Tier::Microvm))?;
-            node.adopt_vm(id, Tier::Microvm, &machine).await
-        })
+        Box::pin(adopt_machine(node, id, self.tier(), record))
     }
 }
 
@@ -250,7 +262,7 @@ impl TierBackend for Fullvms {
             // Its link is made with it: its VMM attaches to the tap at start.
             let dests = plan.egress.as_ref().map(|(_, d)| d.clone());
             let (vm, slot) = node.create_fullvm(plan.id, dests).await?;
-            let sandbox = VmSandbox::new(vm, node.fullvm_tier()?.clone(), Tier::Fullvm);
+            let sandbox = VmSandbox::new(vm, node.fullvm_tier()?.clone(), self.tier());
             Ok(Created { sandbox: Arc::new(sandbox), net_slot: slot })
         })
     }
@@ -260,10 +272,6 @@ impl TierBackend for Fullvms {
         id: &'a SandboxId,
         record: Option<&'a TierRecord>,
     ) -> BoxFuture<'a, Result<Arc<dyn Sandbox>, NodeError>> {
-        Box::pin(async move {
-            let record = needed(Tier::Fullvm, record)?;
-            let machine = MachineRecord::from_tier(record).map_err(unreadable(Tier::Fullvm))?;
-            node.adopt_vm(id, Tier::Fullvm, &machine).await
-        })
+        Box::pin(adopt_machine(node, id, self.tier(), record))
     }
 }
