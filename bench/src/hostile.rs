@@ -42,7 +42,6 @@ struct Measured {
 async fn measure<F: std::future::Future<Output = String>>(
     name: &'static str,
     daemon: &Daemon,
-    client: &Client,
     bystander: &Sandbox,
     api: &E2bApi,
     attack: F,
@@ -60,35 +59,14 @@ async fn measure<F: std::future::Future<Output = String>>(
             }
         })
     };
-    let probes = async {
-        let (mut worst, mut count, mut late) = (Duration::ZERO, 0u64, 0u64);
-        loop {
-            for took in [probe_native(client, bystander).await, probe_health(api).await] {
-                count += 1;
-                match took {
-                    Some(t) if t <= ANSWER_WITHIN => worst = worst.max(t),
-                    Some(t) => {
-                        worst = worst.max(t);
-                        late += 1;
-                    }
-                    None => {
-                        worst = worst.max(ANSWER_WITHIN);
-                        late += 1;
-                    }
-                }
-            }
-            if done.load(Ordering::Relaxed) {
-                return (worst, count, late);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    let prober = {
+        let (done, opts, id, api) =
+            (done.clone(), daemon.connect_options(), bystander.id().to_string(), api.clone());
+        std::thread::spawn(move || probe_until(&done, opts, &id, &api))
     };
-    let attack = async {
-        let outcome = attack.await;
-        done.store(true, Ordering::Relaxed);
-        outcome
-    };
-    let (outcome, (worst, probes, late)) = tokio::join!(attack, probes);
+    let outcome = attack.await;
+    done.store(true, Ordering::Relaxed);
+    let (worst, probes, late) = prober.join().unwrap_or((ANSWER_WITHIN, 1, 1));
     let _ = sampler.join();
     let growth = peak.load(Ordering::Relaxed).saturating_sub(baseline);
     let m = Measured {
@@ -111,6 +89,41 @@ async fn measure<F: std::future::Future<Output = String>>(
     m
 }
 
+/// Probes the bystanders every 50 ms until `done`, on a thread and runtime of its own with a
+/// client of its own, so the attack's load on the bench's runtime is not in the figure: the
+/// slowest answer, how many probes, how many were late or failed. A probe client that cannot
+/// connect counts as one failed probe.
+fn probe_until(
+    done: &AtomicBool,
+    opts: anyhow::Result<brig_sdk::ConnectOptions>,
+    bystander: &str,
+    api: &E2bApi,
+) -> (Duration, u64, u64) {
+    let failed = (ANSWER_WITHIN, 1, 1);
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+        return failed;
+    };
+    rt.block_on(async {
+        let Ok(client) = Client::connect(opts?).await else { return Ok(failed) };
+        let bystander = client.sandbox(bystander);
+        let (mut worst, mut count, mut late) = (Duration::ZERO, 0u64, 0u64);
+        loop {
+            for took in [probe_native(&client, &bystander).await, probe_health(api)] {
+                count += 1;
+                let took = took.unwrap_or(ANSWER_WITHIN);
+                worst = worst.max(took);
+                late += u64::from(took >= ANSWER_WITHIN);
+            }
+            if done.load(Ordering::Relaxed) {
+                client.close().await;
+                return anyhow::Ok((worst, count, late));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .unwrap_or(failed)
+}
+
 /// The node's status, then the bystander's `echo ok`; the time both took, `None` on failure.
 async fn probe_native(client: &Client, bystander: &Sandbox) -> Option<Duration> {
     let started = Instant::now();
@@ -125,14 +138,10 @@ async fn probe_native(client: &Client, bystander: &Sandbox) -> Option<Duration> 
     }
 }
 
-/// The E2B API's `/health` over a fresh HTTP connection.
-async fn probe_health(api: &E2bApi) -> Option<Duration> {
-    let api = api.clone();
+/// The E2B API's `/health` over a fresh HTTP connection (blocking: the prober's thread is its own).
+fn probe_health(api: &E2bApi) -> Option<Duration> {
     let started = Instant::now();
-    let ok = tokio::task::spawn_blocking(move || api.health(Duration::from_secs(10)))
-        .await
-        .unwrap_or(false);
-    ok.then(|| started.elapsed())
+    api.health(Duration::from_secs(10)).then(|| started.elapsed())
 }
 
 /// `n` futures of one kind at once; how many ended in an error, and the first error's text.
@@ -163,7 +172,7 @@ pub fn run(opts: Options) -> anyhow::Result<Value> {
         macro_rules! attack {
             ($name:literal, $body:expr) => {
                 if wanted($name) {
-                    all.push(measure($name, &daemon, &client, &bystander, &api, $body).await);
+                    all.push(measure($name, &daemon, &bystander, &api, $body).await);
                 }
             };
         }
@@ -243,7 +252,7 @@ pub fn run(opts: Options) -> anyhow::Result<Value> {
                         .await
                         .unwrap_or_else(|e| format!("the attack panicked: {e}"))
                 };
-                all.push(measure(name, &daemon, &client, &bystander, &api, run).await);
+                all.push(measure(name, &daemon, &bystander, &api, run).await);
             }
         }
         anyhow::Ok(all)

@@ -3,7 +3,7 @@
 //! ```text
 //! request ─▶ pipes + exec cgroup ─▶ shim spawns ─▶ task: read stdout/stderr ─▶ events
 //!                                                  deadline timer ─▶ kill whole tree
-//! events: Stdout(bytes) | Stderr(bytes) … Exit(status, timed_out, truncated, oom_killed)
+//! events: Stdout(bytes) | Stderr(bytes) … Exited(code or signal, timed_out, truncated, oom_killed)
 //! ```
 //! Output is capped across stdout and stderr together: past the cap the bytes are read and
 //! dropped (so the command never blocks on a full pipe) and the exit says `truncated`. A
@@ -18,7 +18,7 @@ use bytes::Bytes;
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, Notify};
 
-use serde::{Deserialize, Serialize};
+pub use brig_core::exec::{ExecEvent, ExecExit};
 
 use crate::runtime::{Container, Process, RuntimeError, SpawnRequest};
 use crate::shim_conn::ShimConn;
@@ -68,24 +68,14 @@ pub struct ExecRequest {
     pub spool: Option<SpoolTarget>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExecExit {
-    /// `None` if the process could not be waited for (the container died).
-    pub status: Option<ExitInfo>,
-    pub timed_out: bool,
-    pub killed: bool,
-    pub truncated: bool,
-    pub oom_killed: bool,
-    pub duration: Duration,
-    pub stdout_bytes: u64,
-    pub stderr_bytes: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ExecEvent {
-    Stdout(Bytes),
-    Stderr(Bytes),
-    Exit(ExecExit),
+/// How a process ended, as the sandbox interface says it: a code, a signal, or neither (the
+/// process could not be waited for: the container died).
+pub(crate) fn code_and_signal(status: Option<ExitInfo>) -> (Option<i32>, Option<i32>) {
+    match status {
+        Some(ExitInfo::Code(c)) => (Some(c), None),
+        Some(ExitInfo::Signal(s)) => (None, Some(s)),
+        None => (None, None),
+    }
 }
 
 /// A running command.
@@ -354,7 +344,7 @@ pub fn resume(
         match event {
             ExecEvent::Stdout(b) => budget.stdout_bytes += b.len() as u64,
             ExecEvent::Stderr(b) => budget.stderr_bytes += b.len() as u64,
-            ExecEvent::Exit(_) => {}
+            ExecEvent::Exited(_) | ExecEvent::Detached(_) => {}
         }
     }
     budget.delivered = recovered.spooled_output;
@@ -681,8 +671,10 @@ impl Job {
         // Only a SIGKILL can be the OOM killer; read the counter just then.
         let oom_killed =
             status == Some(ExitInfo::Signal(libc::SIGKILL)) && self.container.new_oom_kills() > 0;
+        let (exit_code, signal) = code_and_signal(status);
         let exit = ExecExit {
-            status,
+            exit_code,
+            signal,
             timed_out: deadline_hit.load(std::sync::atomic::Ordering::Relaxed),
             killed: killed.load(std::sync::atomic::Ordering::Relaxed),
             truncated: budget.truncated,
@@ -698,7 +690,7 @@ impl Job {
             self.process.release_kept();
             self.container.spool_finished(spool.path().to_path_buf());
         }
-        let _ = self.events.send(ExecEvent::Exit(exit)).await;
+        let _ = self.events.send(ExecEvent::Exited(exit)).await;
         self.process.cleanup(reusable);
     }
 }

@@ -24,7 +24,6 @@ use crate::record::ContainerRecord;
 use crate::rootfs::LayerSource;
 use crate::runtime::{Container, ContainerSpec, Runtime, RuntimeError};
 use crate::session::Session;
-use crate::shim_proto::ExitInfo;
 use brig_hostkit::cgroup::CgroupLimits;
 use brig_hostkit::terminal::TerminalMaster;
 
@@ -212,36 +211,15 @@ impl ExecControl for EngineControl {
     }
 }
 
-fn exit_of(exit: crate::exec::ExecExit) -> ExecExit {
-    let (exit_code, signal) = match exit.status {
-        Some(ExitInfo::Code(c)) => (Some(c), None),
-        Some(ExitInfo::Signal(s)) => (None, Some(s)),
-        None => (None, None),
-    };
-    ExecExit {
-        exit_code,
-        signal,
-        timed_out: exit.timed_out,
-        killed: exit.killed,
-        truncated: exit.truncated,
-        oom_killed: exit.oom_killed,
-        duration: exit.duration,
-        stdout_bytes: exit.stdout_bytes,
-        stderr_bytes: exit.stderr_bytes,
-    }
-}
-
-/// Relays the engine's events as the interface's; `Exited` comes once, last, even if the
-/// engine's channel ends without one.
 /// Where a container's session records live, under its spool directory.
 const SESSIONS_DIR: &str = "sessions";
 
-/// A started engine command as the node sees it.
 /// Where a spooled command's output is read back from once it finished.
 fn archive_of(path: PathBuf, exec_id: u64) -> Arc<dyn brig_core::exec::ExecArchive> {
     Arc::new(crate::spool::SpoolArchive { path, exec_id })
 }
 
+/// A started engine command as the node sees it.
 fn running(exec: crate::exec::Exec, exec_id: u64) -> RunningExec {
     let pid = crate::runtime::pid_in_namespace(exec.pid);
     let control = Arc::new(EngineControl { killer: exec.killer(), terminal: exec.terminal });
@@ -259,19 +237,10 @@ impl ContainerSandbox {
         path: &std::path::Path,
         recovered: crate::spool::Recovered,
     ) -> RecoveredExec {
-        use crate::exec::ExecEvent as E;
-        let mut output: Vec<ExecEvent> = recovered
-            .events
-            .iter()
-            .filter_map(|e| match e {
-                E::Stdout(b) => Some(ExecEvent::Stdout(b.clone())),
-                E::Stderr(b) => Some(ExecEvent::Stderr(b.clone())),
-                E::Exit(_) => None,
-            })
-            .collect();
+        let mut output: Vec<ExecEvent> = recovered.events.clone();
         let mut stdin = None;
         let (running_exec, exit) = match &recovered.exit {
-            Some(exit) => (None, Some(exit_of(exit.clone()))),
+            Some(exit) => (None, Some(exit.clone())),
             None => match crate::exec::resume(&self.container, path, &recovered) {
                 Some(mut exec) => {
                     // Its stdin, still open, is written by id from here (`ExecOp::Input`).
@@ -285,18 +254,9 @@ impl ContainerSandbox {
                 None => {
                     let note = "[brig: the node restarted and this command could not be followed further]\n";
                     output.push(ExecEvent::Stderr(note.into()));
-                    let lost = crate::exec::ExecExit {
-                        status: None,
-                        timed_out: false,
-                        killed: false,
-                        truncated: recovered.gap,
-                        oom_killed: false,
-                        duration: std::time::Duration::ZERO,
-                        stdout_bytes: 0,
-                        stderr_bytes: 0,
-                    };
+                    let lost = ExecExit { truncated: recovered.gap, ..ExecExit::default() };
                     crate::spool::Spool::reopen(path, &recovered).exit(&lost);
-                    (None, Some(exit_of(lost)))
+                    (None, Some(lost))
                 }
             },
         };
@@ -345,14 +305,11 @@ fn feed_stdin(mut rx: mpsc::Receiver<StdinChunk>, exec: &mut crate::exec::Exec) 
     }
 }
 
-async fn relay(mut engine: mpsc::Receiver<crate::exec::ExecEvent>, out: mpsc::Sender<ExecEvent>) {
-    use crate::exec::ExecEvent as E;
+/// Passes the engine's events on; `Exited` comes once, last, even if the engine's channel ends
+/// without one (its task died).
+async fn relay(mut engine: mpsc::Receiver<ExecEvent>, out: mpsc::Sender<ExecEvent>) {
     while let Some(event) = engine.recv().await {
-        let (event, last) = match event {
-            E::Stdout(b) => (ExecEvent::Stdout(b), false),
-            E::Stderr(b) => (ExecEvent::Stderr(b), false),
-            E::Exit(exit) => (ExecEvent::Exited(exit_of(exit)), true),
-        };
+        let last = matches!(event, ExecEvent::Exited(_) | ExecEvent::Detached(_));
         // A receiver that went away changes nothing: the command runs to its end.
         let _ = out.send(event).await;
         if last {

@@ -8,7 +8,7 @@
 //! <run>/c/<container>/spool/<exec id>.spool
 //!   frame = tag u8 | len u32 LE | payload
 //!   tag 0 header (JSON SpoolHeader), 1 stdout, 2 stderr, 3 gap (output past the cap),
-//!   4 exit (JSON ExecExit)
+//!   4 exit (JSON SpoolExit)
 //! ```
 
 use std::io::{ErrorKind, Read, Write};
@@ -21,7 +21,8 @@ use brig_core::SandboxError;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::exec::{ExecEvent, ExecExit};
+use crate::exec::{code_and_signal, ExecEvent, ExecExit};
+use crate::shim_proto::ExitInfo;
 use brig_hostkit::spare_files::SpareFiles;
 
 /// Output kept on disk per command; past it a gap is marked and the rest is not written.
@@ -234,7 +235,7 @@ impl Spool {
 
     /// Records the exit, last.
     pub fn exit(&mut self, exit: &ExecExit) {
-        match serde_json::to_vec(exit) {
+        match serde_json::to_vec(&SpoolExit::from(exit)) {
             Ok(json) => self.write(&frame(TAG_EXIT, &json)),
             Err(e) => tracing::warn!(error = %e, "cannot encode an exit for the spool"),
         }
@@ -242,11 +243,63 @@ impl Spool {
     }
 }
 
+/// An exit as the spool keeps it on disk: its own type, so the interface's `ExecExit` can
+/// change without making the spools of a node from before unreadable.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SpoolExit {
+    /// `None` if the process could not be waited for (the container died).
+    status: Option<ExitInfo>,
+    timed_out: bool,
+    killed: bool,
+    truncated: bool,
+    oom_killed: bool,
+    duration: Duration,
+    stdout_bytes: u64,
+    stderr_bytes: u64,
+}
+
+impl From<&ExecExit> for SpoolExit {
+    fn from(e: &ExecExit) -> SpoolExit {
+        let status = match (e.exit_code, e.signal) {
+            (Some(c), _) => Some(ExitInfo::Code(c)),
+            (None, Some(s)) => Some(ExitInfo::Signal(s)),
+            (None, None) => None,
+        };
+        SpoolExit {
+            status,
+            timed_out: e.timed_out,
+            killed: e.killed,
+            truncated: e.truncated,
+            oom_killed: e.oom_killed,
+            duration: e.duration,
+            stdout_bytes: e.stdout_bytes,
+            stderr_bytes: e.stderr_bytes,
+        }
+    }
+}
+
+impl From<SpoolExit> for ExecExit {
+    fn from(e: SpoolExit) -> ExecExit {
+        let (exit_code, signal) = code_and_signal(e.status);
+        ExecExit {
+            exit_code,
+            signal,
+            timed_out: e.timed_out,
+            killed: e.killed,
+            truncated: e.truncated,
+            oom_killed: e.oom_killed,
+            duration: e.duration,
+            stdout_bytes: e.stdout_bytes,
+            stderr_bytes: e.stderr_bytes,
+        }
+    }
+}
+
 /// A spool read back.
 #[derive(Debug, Clone)]
 pub struct Recovered {
     pub header: SpoolHeader,
-    /// Output in order (`Stdout`/`Stderr` events).
+    /// Output in order (`Stdout`/`Stderr` events only).
     pub events: Vec<ExecEvent>,
     /// Output past [`MAX_SPOOL_OUTPUT`] was not written.
     pub gap: bool,
@@ -323,8 +376,9 @@ pub fn read(path: &Path) -> Result<Recovered, SpoolError> {
             }
             TAG_GAP => out.gap = true,
             TAG_EXIT => {
-                out.exit =
-                    Some(serde_json::from_slice(payload).map_err(|e| damaged(&e.to_string()))?);
+                let exit: SpoolExit =
+                    serde_json::from_slice(payload).map_err(|e| damaged(&e.to_string()))?;
+                out.exit = Some(exit.into());
                 break;
             }
             other => return Err(damaged(&format!("unknown frame {other}"))),
@@ -364,16 +418,7 @@ impl brig_core::exec::ExecArchive for SpoolArchive {
                 }
                 Ok(r) => r,
             };
-            let output = recovered
-                .events
-                .into_iter()
-                .filter_map(|event| match event {
-                    ExecEvent::Stdout(b) => Some(brig_core::exec::ExecEvent::Stdout(b)),
-                    ExecEvent::Stderr(b) => Some(brig_core::exec::ExecEvent::Stderr(b)),
-                    ExecEvent::Exit(_) => None,
-                })
-                .collect();
-            Ok(brig_core::exec::ArchivedOutput { output, gap: recovered.gap })
+            Ok(brig_core::exec::ArchivedOutput { output: recovered.events, gap: recovered.gap })
         })
     }
 }
@@ -600,14 +645,10 @@ mod tests {
             spool.output(true, &chunk);
         }
         let exit = ExecExit {
-            status: Some(crate::shim_proto::ExitInfo::Code(0)),
-            timed_out: false,
-            killed: false,
-            truncated: false,
-            oom_killed: false,
+            exit_code: Some(0),
             duration: Duration::from_millis(5),
             stdout_bytes: 9 << 20,
-            stderr_bytes: 0,
+            ..ExecExit::default()
         };
         spool.exit(&exit);
         let r = read(&Spool::path_in(dir.path(), 4)).expect("read");
@@ -661,16 +702,7 @@ mod tests {
     }
 
     fn exit_ok() -> ExecExit {
-        ExecExit {
-            status: Some(crate::shim_proto::ExitInfo::Code(0)),
-            timed_out: false,
-            killed: false,
-            truncated: false,
-            oom_killed: false,
-            duration: Duration::ZERO,
-            stdout_bytes: 0,
-            stderr_bytes: 0,
-        }
+        ExecExit { exit_code: Some(0), ..ExecExit::default() }
     }
 
     #[test]

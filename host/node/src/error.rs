@@ -43,7 +43,7 @@ pub enum NodeError {
     #[error("nothing answers on port {port} in the sandbox ({why})")]
     PortClosed { port: u16, why: String },
     #[error("image build: {0}")]
-    ImageBuild(#[from] crate::environments::build::ImageBuildError),
+    ImageBuild(#[from] crate::environments::build_step::ImageBuildError),
     #[error(transparent)]
     Build(#[from] brig_images::build::BuildError),
     #[error("the layer store is not available on this node ({0})")]

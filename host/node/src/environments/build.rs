@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use brig_builder::context::ContextCaps;
 use brig_builder::{Context, ImageConfig, Step, StepKey};
 use brig_core::sandbox::{ExecEvent, ExecSpec, Stdin};
-use brig_images::{EnvConfig, ImportSource, LayerStore};
+use brig_images::{EnvConfig, LayerStore};
 use brig_proto::{
     BuildEvent, BuildEventKind, BuiltImage, CreateRequest, ImageBuildRequest, OutputStream, Reply,
     Tier,
@@ -20,6 +20,7 @@ use brig_proto::{
 use brig_transport::Exchange;
 use tokio::io::AsyncWriteExt;
 
+use crate::environments::build_step::{blocking, ImageBuildError, StepAt};
 use crate::table::sandboxes::Gone;
 use crate::{Node, NodeError};
 
@@ -32,41 +33,6 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(3600);
 const STEP_OUTPUT: u64 = 256 << 20;
 /// The end of a failed step's output kept for its error.
 const FAILED_LOG_TAIL: usize = 2048;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ImageBuildError {
-    #[error(transparent)]
-    Dockerfile(#[from] brig_builder::DockerfileError),
-    #[error(transparent)]
-    Context(#[from] brig_builder::ContextError),
-    #[error("a build starts with FROM (an image, env:NAME or scratch)")]
-    NoFrom,
-    #[error("COPY needs a build context (none was sent)")]
-    NoContext,
-    #[error("step {step}/{steps} `{text}` failed: {how}{}", tail(.log))]
-    StepFailed { step: u32, steps: u32, text: String, how: String, log: String },
-}
-
-fn tail(log: &str) -> String {
-    if log.is_empty() {
-        String::new()
-    } else {
-        format!("; its output ended with:\n{log}")
-    }
-}
-
-impl ImageBuildError {
-    pub(crate) fn code(&self) -> brig_proto::ErrorCode {
-        use brig_builder::ContextError as C;
-        use brig_proto::ErrorCode;
-        match self {
-            ImageBuildError::Context(C::Escape(_)) => ErrorCode::PermissionDenied,
-            ImageBuildError::Context(C::TooLarge { .. }) => ErrorCode::TooLarge,
-            ImageBuildError::Context(C::Io { .. }) => ErrorCode::Internal,
-            _ => ErrorCode::BadRequest,
-        }
-    }
-}
 
 /// Where a build is: the layers so far, the config, the key of the last step.
 struct State {
@@ -236,26 +202,6 @@ struct RunCommand<'a> {
     args: &'a [(String, String)],
 }
 
-/// Which step a build is at, for its events, errors and cache entry.
-pub(crate) struct StepAt {
-    pub number: u32,
-    pub total: u32,
-    pub text: String,
-    pub key: StepKey,
-}
-
-impl StepAt {
-    pub(crate) fn failed(&self, how: String, log: String) -> ImageBuildError {
-        ImageBuildError::StepFailed {
-            step: self.number,
-            steps: self.total,
-            text: self.text.clone(),
-            how,
-            log,
-        }
-    }
-}
-
 /// The steps of a request, and the build variables each RUN sees (by step index).
 #[allow(clippy::type_complexity)]
 fn steps_of(
@@ -302,14 +248,6 @@ fn step_of(step: brig_proto::BuildStep) -> Step {
 /// Sends a build event; a client that left misses it (the build goes on).
 pub(crate) async fn event(exchange: &mut Exchange, step: u32, steps: u32, kind: BuildEventKind) {
     let _ = exchange.reply(&Reply::BuildEvent(BuildEvent { step, steps, kind })).await;
-}
-
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, NodeError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| NodeError::Io { what: "build task".into(), source: std::io::Error::other(e) })
 }
 
 /// Reads the context upload (a tar, gzip-compressed or not) and unpacks it under `dir`.
@@ -609,19 +547,4 @@ async fn image_dirs(
         dirs.insert(shown, found);
     }
     dirs
-}
-
-/// What a staged layer is called in its record.
-pub(crate) fn layer_label(at: &StepAt) -> String {
-    format!("build step {}/{}: {}", at.number, at.total, at.text)
-}
-
-/// Imports a staged layer tree as the step's cache entry; its digest.
-pub(crate) async fn import_staged(
-    store: &LayerStore,
-    staging: brig_images::build::Staging,
-    at: &StepAt,
-) -> Result<String, NodeError> {
-    let (name, label) = (at.key.layer_name(), layer_label(at));
-    Ok(store.import(&name, None, ImportSource::Staged(staging, label)).await?.digest)
 }

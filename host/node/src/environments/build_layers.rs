@@ -9,7 +9,7 @@ use brig_builder::context::DirAttributes;
 use brig_builder::{Context, ContextError, CopySpec};
 use brig_images::LayerStore;
 
-use crate::environments::build::{blocking, import_staged, ImageBuildError, StepAt};
+use crate::environments::build_step::{blocking, import_staged, ImageBuildError, StepAt};
 use crate::NodeError;
 
 /// A layer of what `spec` copies from `context` to `dest` (absolute).

@@ -2,6 +2,7 @@
 
 pub(crate) mod build;
 pub(crate) mod build_layers;
+pub(crate) mod build_step;
 pub(crate) mod images;
 pub(crate) mod pulls;
 pub mod volumes;
