@@ -82,6 +82,9 @@ pub enum NodeError {
     Forbidden(String),
     #[error("{0} requests go to the control plane, not to a node")]
     ControlOnly(&'static str),
+    /// A streaming request made without an exchange to stream on ([`crate::Node::handle`]).
+    #[error("{0} streams its reply: send it on an exchange of its own")]
+    NeedsStream(&'static str),
     #[error("bad command")]
     BadCommand(#[from] brig_core::CommandError),
     #[error("bad labels")]
@@ -187,7 +190,7 @@ impl NodeError {
             NodeError::BadEgress(_) | NodeError::BadProtected(_) => ErrorCode::BadRequest,
             NodeError::Overcommitted(_) => ErrorCode::ResourceExhausted,
             NodeError::Forbidden(_) => ErrorCode::PermissionDenied,
-            NodeError::ControlOnly(_) => ErrorCode::BadRequest,
+            NodeError::ControlOnly(_) | NodeError::NeedsStream(_) => ErrorCode::BadRequest,
             NodeError::Net(brig_hostkit::network::NetError::NoSlot) => ErrorCode::ResourceExhausted,
             NodeError::Net(_) => ErrorCode::Unavailable,
             NodeError::BadCommand(_) | NodeError::BadLabels(_) => ErrorCode::BadRequest,
@@ -220,14 +223,5 @@ fn io_code(e: &std::io::Error) -> ErrorCode {
         InvalidInput | NotADirectory | IsADirectory | DirectoryNotEmpty => ErrorCode::BadRequest,
         StorageFull | QuotaExceeded | FileTooLarge | OutOfMemory => ErrorCode::ResourceExhausted,
         _ => ErrorCode::Internal,
-    }
-}
-
-/// A request that reached a handler it is not for (a routing bug or a streaming request sent
-/// down the plain path, not a client's fault).
-pub(crate) fn misrouted(kind: &'static str) -> NodeError {
-    NodeError::Io {
-        what: "request routing".into(),
-        source: std::io::Error::other(format!("{kind} reached the wrong handler")),
     }
 }

@@ -29,7 +29,7 @@ mod tiers;
 
 use environments::{images, pulls};
 use policy::{egress, limits};
-use serve::{convert, file_watch, file_work, files};
+use serve::{convert, file_work, files};
 use table::intents;
 use tiers::{container_host, fullvm, microvm};
 
@@ -52,10 +52,7 @@ use std::time::Duration;
 
 use brig_core::{IdleAction, SandboxId, Tier};
 use brig_fncall::FncallBackend;
-use brig_proto::{
-    AuditKind, ExecOp, FileOp, ImageOp, NodeOp, Reply, Request, SandboxInfo, SandboxOp,
-    SandboxState, SessionOp, ToolOp, VolumeOp,
-};
+use brig_proto::{AuditKind, NodeOp, Reply, Request, SandboxInfo, SandboxState};
 use brig_transport::Exchange;
 
 use crate::host::metrics::Metrics;
@@ -93,10 +90,8 @@ struct Inner {
     egress: egress::EgressState,
     /// The node's zram swap, if configured.
     zram: Option<swap::ZramSwap>,
-    /// The last measured container working set: (when, bytes, containers).
-    working_set: parking_lot::Mutex<(std::time::Instant, u64, u64)>,
-    /// Set while a blocking task re-measures `working_set` (one at a time).
-    working_set_refreshing: std::sync::atomic::AtomicBool,
+    /// Admission's bounds and what the node's containers were last measured to use.
+    admission: Arc<policy::admission::Admission>,
     /// Forks under way, recorded so a crash in one is rolled back at the next start.
     intents: intents::Intents,
     /// Clients following audit trails now (bounded by `limits.audit_followers`).
@@ -170,6 +165,7 @@ impl Node {
             config.container.id_base,
             config.limits.file_ops_per_sandbox,
         )?;
+        let admission = Arc::new(policy::admission::Admission::new(config.admission.clone()));
         let node = Node {
             inner: Arc::new(Inner {
                 config,
@@ -185,8 +181,7 @@ impl Node {
                 audit,
                 metrics: Arc::default(),
                 egress: egress::EgressState::default(),
-                working_set: parking_lot::Mutex::new((std::time::Instant::now(), 0, 0)),
-                working_set_refreshing: std::sync::atomic::AtomicBool::new(false),
+                admission,
                 audit_followers: limits::Gauge::default(),
                 event_followers: limits::Gauge::default(),
                 file_work,
@@ -291,7 +286,6 @@ impl Node {
         m.encode()
     }
 
-    /// Serves one request on its exchange.
     /// Serves one request for `principal`: scoped to its project, then as [`Node::serve`].
     pub async fn serve_as(&self, principal: &Principal, request: Request, mut exchange: Exchange) {
         let kind = request.kind();
@@ -324,67 +318,13 @@ impl Node {
         }
     }
 
+    /// Serves one request on its exchange: routed by family ([`Node::route`]), audited where it
+    /// touched a sandbox's files, counted, and answered.
     pub async fn serve(&self, request: Request, mut exchange: Exchange) {
         let kind = request.kind();
         self.inner.metrics.requests.get_or_create(&metrics::KindLabel { kind }).inc();
         let file_op = files::audited_op(&request);
-        let result = match request {
-            Request::Sandbox(SandboxOp::Audit(req)) => self.audit_stream(req, &mut exchange).await,
-            Request::Sandbox(SandboxOp::Events(req)) => self.events(req, &mut exchange).await,
-            Request::File(FileOp::Write(req)) => files::write(self, req, &mut exchange).await,
-            Request::File(FileOp::Read(req)) => files::read(self, req, &mut exchange).await,
-            Request::File(FileOp::Watch(req)) => file_watch::watch(self, req, &mut exchange).await,
-            Request::Volume(VolumeOp::Write(req)) => self.volume_write(req, &mut exchange).await,
-            Request::Volume(VolumeOp::Read { volume, path, offset, len }) => {
-                self.volume_read(&volume, path, offset, len, &mut exchange).await
-            }
-            Request::Tool(ToolOp::Add { name }) => self.tool_add(&name, &mut exchange).await,
-            Request::Exec(ExecOp::Start(req)) => {
-                use tracing::Instrument;
-                let span = tracing::debug_span!("container_exec", sandbox = %req.sandbox);
-                self.exec(req, &mut exchange).instrument(span).await
-            }
-            Request::Session(SessionOp::Run { sandbox, session, command, timeout_ms }) => {
-                self.session_stream(&sandbox, &session, Some(&command), timeout_ms, &mut exchange)
-                    .await
-            }
-            Request::Session(SessionOp::Wait { sandbox, session, timeout_ms }) => {
-                self.session_stream(&sandbox, &session, None, timeout_ms, &mut exchange).await
-            }
-            Request::Exec(ExecOp::Attach { sandbox, exec_id }) => {
-                self.exec_attach(&sandbox, exec_id, &mut exchange).await
-            }
-            Request::Sandbox(SandboxOp::ConnectPort { sandbox, port }) => {
-                self.connect_port(&sandbox, port, &mut exchange).await
-            }
-            Request::Image(ImageOp::Build(req)) => {
-                self.build_image(req, &mut exchange).await.map(Some)
-            }
-            Request::Image(ImageOp::Pull(req)) => match self.store() {
-                Ok(store) => {
-                    let config = self.inner.config.images.registries.pull_config();
-                    let pulls = &self.inner.pulls;
-                    pulls::pull(&store, &config, pulls, req, &mut exchange).await.map(Some)
-                }
-                Err(e) => Err(e),
-            },
-            Request::Sandbox(SandboxOp::Create(req)) if req.pull_progress => {
-                // A create that pulls its image tells of the pull while it waits.
-                let image = req.image.as_deref().unwrap_or_default();
-                let reference = image.strip_prefix(pulls::REGISTRY_PREFIX).map(str::to_string);
-                let watch = || reference.as_deref().and_then(|r| self.inner.pulls.watch(r));
-                let created = pulls::reporting_progress(&mut exchange, watch, self.create(*req));
-                created.await.map(|info| Some(Reply::Sandbox(info)))
-            }
-            Request::Image(ImageOp::Import(req)) => match self.store() {
-                Ok(store) => images::import(&store, req, &mut exchange).await.map(Some),
-                Err(e) => {
-                    exchange.refuse_upload();
-                    Err(e)
-                }
-            },
-            other => self.handle(other).await,
-        };
+        let result = self.route(request, Some(&mut exchange)).await;
         if let Some((sandbox, op, path)) = file_op {
             let bytes = match &result {
                 Ok(Some(Reply::Written { bytes })) => *bytes,

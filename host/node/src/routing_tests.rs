@@ -427,3 +427,21 @@ fn output_seen_already_is_skipped_across_chunk_boundaries() {
     let err = Reply::Output { stream: brig_proto::OutputStream::Stderr, data: b"e".to_vec() };
     assert!(had.skip(err).is_some());
 }
+
+#[tokio::test]
+async fn a_streaming_request_without_an_exchange_is_refused_naming_its_kind() {
+    let (node, _dir) = node().await;
+    let (id, _) = add(&node, FAKE_CAPS, None);
+    let read = brig_proto::FileReadRequest {
+        sandbox: id.clone(),
+        path: "/a".into(),
+        offset: 0,
+        len: None,
+    };
+    let e = node.handle(Request::File(FileOp::Read(read))).await.expect_err("needs a stream");
+    assert!(matches!(e, NodeError::NeedsStream(_)), "{e}");
+    assert_eq!(code(&e), ErrorCode::BadRequest);
+    let attach = Request::Exec(ExecOp::Attach { sandbox: id, exec_id: 1 });
+    let e = node.handle(attach).await.expect_err("needs a stream");
+    assert!(e.to_string().contains("streams its reply"), "{e}");
+}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use brig_images::backend::{Backend, BackendSpec};
 use brig_images::{ImportSource, LayerStore, StoreConfig};
-use brig_proto::{ImageFormat, ImageImportRequest, ImageOp, ImageStats, LayerInfo, Reply};
+use brig_proto::{ImageFormat, ImageImportRequest, ImageStats, LayerInfo, Reply};
 use brig_transport::Exchange;
 use tokio::io::AsyncWriteExt;
 
@@ -231,47 +231,6 @@ pub(crate) async fn import(
         ImageFormat::Erofs => ImportSource::Erofs(path),
     };
     Ok(Reply::Layer(layer_to_wire(store.import(&req.name, req.version, source).await?)))
-}
-
-/// Catalog requests that need no streaming.
-pub(crate) async fn handle(store: &LayerStore, op: ImageOp) -> Result<Reply, NodeError> {
-    Ok(match op {
-        ImageOp::List => {
-            Reply::Layers(store.list().await?.into_iter().map(layer_to_wire).collect())
-        }
-        ImageOp::Inspect { reference } => {
-            let (layer, paths) = store.inspect(&reference).await?;
-            Reply::LayerDetails { layer: layer_to_wire(layer), paths }
-        }
-        ImageOp::Tag { reference, name, version } => {
-            Reply::Layer(layer_to_wire(store.tag(&reference, &name, version).await?))
-        }
-        ImageOp::Remove { reference } => {
-            store.remove(&reference).await?;
-            Reply::Done
-        }
-        ImageOp::Verify { reference } => {
-            Reply::Layer(layer_to_wire(store.verify(&reference).await?))
-        }
-        ImageOp::Gc => {
-            let r = store.gc().await?;
-            Reply::Gc {
-                removed_layers: r.removed_layers,
-                removed_chunks: r.removed_chunks,
-                freed_bytes: r.freed_bytes,
-            }
-        }
-        ImageOp::CacheDrop => {
-            store.clear_cache().await?;
-            Reply::Done
-        }
-        ImageOp::EnvCreate { name, layers } => {
-            store.create_env(&name, layers).await?;
-            Reply::Done
-        }
-        ImageOp::EnvList => Reply::Envs(store.envs()),
-        other => return Err(crate::error::misrouted(other.kind())),
-    })
 }
 
 /// Packs a sandbox's writable layer into a new store layer, without `scrub` paths. The sandbox

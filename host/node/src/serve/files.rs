@@ -14,6 +14,7 @@ use brig_transport::Exchange;
 use bytes::BytesMut;
 
 use crate::serve::convert;
+use crate::serve::route::{stream, Conversation};
 use crate::{Node, NodeError};
 
 /// Download piece size.
@@ -232,48 +233,76 @@ pub(crate) async fn read(
     Ok(None)
 }
 
-/// The small file operations, the same for every tier.
-pub(crate) async fn small(node: &Node, op: FileOp) -> Result<Reply, NodeError> {
-    let (sandbox, path) = match &op {
-        FileOp::List { sandbox, path }
-        | FileOp::Stat { sandbox, path }
-        | FileOp::Mkdir { sandbox, path, .. }
-        | FileOp::Remove { sandbox, path, .. }
-        | FileOp::SetMetadata { sandbox, path, .. } => (sandbox.as_str(), path.as_str()),
-        _ => return Err(crate::error::misrouted(op.kind())),
+/// The file family: every op, the streamed ones (read, write, watch) on `exchange`.
+pub(crate) async fn request(
+    node: &Node,
+    op: FileOp,
+    exchange: Conversation<'_>,
+) -> Result<Option<Reply>, NodeError> {
+    let kind = op.kind();
+    let (sandbox, path, small) = match op {
+        FileOp::Write(req) => return write(node, req, stream(exchange, kind)?).await,
+        FileOp::Read(req) => return read(node, req, stream(exchange, kind)?).await,
+        FileOp::Watch(req) => {
+            return super::file_watch::watch(node, req, stream(exchange, kind)?).await
+        }
+        FileOp::List { sandbox, path } => (sandbox, path, SmallFileOp::List),
+        FileOp::Stat { sandbox, path } => (sandbox, path, SmallFileOp::Stat),
+        FileOp::Mkdir { sandbox, path, parents } => (sandbox, path, SmallFileOp::Mkdir { parents }),
+        FileOp::Remove { sandbox, path, recursive } => {
+            (sandbox, path, SmallFileOp::Remove { recursive })
+        }
+        FileOp::SetMetadata { sandbox, path, metadata } => {
+            (sandbox, path, SmallFileOp::SetMetadata { metadata })
+        }
     };
+    small_op(node, &sandbox, path, kind, small).await.map(Some)
+}
+
+/// A file op that needs no stream, once its sandbox and path are taken out.
+enum SmallFileOp {
+    List,
+    Stat,
+    Mkdir { parents: bool },
+    Remove { recursive: bool },
+    SetMetadata { metadata: std::collections::BTreeMap<String, String> },
+}
+
+/// The small file operations, the same for every tier.
+async fn small_op(
+    node: &Node,
+    sandbox: &str,
+    path: String,
+    kind: &'static str,
+    op: SmallFileOp,
+) -> Result<Reply, NodeError> {
     let entry = node.live(sandbox).await?;
     entry.require(Op::Files)?;
-    if matches!(op, FileOp::SetMetadata { .. }) {
+    if matches!(op, SmallFileOp::SetMetadata { .. }) {
         entry.require(Op::FileMetadata)?;
     }
-    let path = path.to_string();
     let reply = node
-        .tier_file_op(&entry, op.kind(), move |s| async move {
+        .tier_file_op(&entry, kind, move |s| async move {
             match op {
-                FileOp::List { .. } => s.list(&path).await.map(|list| {
+                SmallFileOp::List => s.list(&path).await.map(|list| {
                     Reply::Entries(list.into_iter().map(convert::entry_to_wire).collect())
                 }),
-                FileOp::Stat { .. } => {
+                SmallFileOp::Stat => {
                     s.stat(&path).await.map(|e| Reply::Stat(convert::entry_to_wire(e)))
                 }
-                FileOp::Mkdir { parents, .. } => {
+                SmallFileOp::Mkdir { parents } => {
                     s.mkdir(&path, parents).await.map(|()| Reply::Done)
                 }
-                FileOp::Remove { recursive, .. } => {
+                SmallFileOp::Remove { recursive } => {
                     s.remove(&path, recursive).await.map(|()| Reply::Done)
                 }
-                FileOp::SetMetadata { metadata, .. } => match checked_metadata(&metadata) {
+                SmallFileOp::SetMetadata { metadata } => match checked_metadata(&metadata) {
                     Ok(metadata) => s
                         .set_metadata(&path, metadata)
                         .await
                         .map(|e| Reply::Stat(convert::entry_to_wire(e))),
                     Err(e) => Err(SandboxError::BadRequest(e.to_string())),
                 },
-                other => Err(SandboxError::BadRequest(format!(
-                    "{} is not a small file operation",
-                    other.kind()
-                ))),
             }
         })
         .await?;

@@ -1,14 +1,18 @@
-//! The node's plain (non-streaming) requests, routed by family: each family has its handler,
-//! and a request reaches a tier only through its sandbox's `brig_core::Sandbox`.
+//! The node's requests, routed by family: each family's handler takes the op and, where the
+//! request came on one, its exchange, and matches every op of its family once (streaming and
+//! plain alike). A request reaches a tier only through its sandbox's `brig_core::Sandbox`.
 //!
 //! ```text
-//! Request ─▶ family ───▶ sandbox  (create, status, list, destroy, pause, resume, fork, TTL, QoS, egress)
-//!                     ├─▶ exec     (kill, resize, list)
-//!                     ├─▶ session  (open, input, interrupt, close, list)
-//!                     ├─▶ file     (list, stat, mkdir, remove)
-//!                     ├─▶ tool     (one-shot calls, calls in a sandbox, the tool registry)
-//!                     ├─▶ image    (the layer store, environments, checkpoints)
-//!                     └─▶ node     (status) · streaming and control-plane requests are refused
+//! Request ─▶ family ───▶ sandbox  (create, status, list, destroy, pause, resume, fork, TTL, QoS,
+//!                     │            egress; streamed: audit, events, a port)
+//!                     ├─▶ exec     (kill, resize, input, list; streamed: start, attach)
+//!                     ├─▶ session  (open, input, interrupt, close, list; streamed: run, wait)
+//!                     ├─▶ file     (list, stat, mkdir, remove, metadata; streamed: read, write, watch)
+//!                     ├─▶ tool     (one-shot calls, calls in a sandbox, the registry; streamed: add)
+//!                     ├─▶ image    (the layer store, environments, checkpoints; streamed: import,
+//!                     │            pull, build)
+//!                     ├─▶ volume   (create, list, files; streamed: read, write)
+//!                     └─▶ node     (status, doctor) · control-plane requests are refused
 //! ```
 
 use brig_core::sandbox::Op;
@@ -16,28 +20,57 @@ use brig_core::SandboxId;
 use brig_proto::{
     AuditKind, ExecOp, ImageOp, NodeOp, Reply, Request, SandboxOp, SessionOp, ToolOp,
 };
+use brig_transport::Exchange;
 
-use crate::environments::images;
+use crate::environments::{images, pulls};
 use crate::serve::{convert, files};
 use crate::table::sandboxes::Gone;
 use crate::{info, Node, NodeError};
 
+/// The exchange a request came on: `None` for [`Node::handle`] (a caller with no stream, such as
+/// the routing tests), where a streaming op is refused with [`NodeError::NeedsStream`].
+pub(crate) type Conversation<'a> = Option<&'a mut Exchange>;
+
+/// The exchange a streaming op of `kind` needs.
+pub(crate) fn stream<'a>(
+    exchange: Conversation<'a>,
+    kind: &'static str,
+) -> Result<&'a mut Exchange, NodeError> {
+    exchange.ok_or(NodeError::NeedsStream(kind))
+}
+
 impl Node {
-    /// Serves a request with no streaming.
+    /// Serves a request with no exchange: streaming requests are refused
+    /// ([`NodeError::NeedsStream`]).
     pub async fn handle(&self, request: Request) -> Result<Option<Reply>, NodeError> {
-        let reply = match request {
-            Request::Sandbox(op) => self.handle_sandbox(op).await?,
-            Request::Exec(op) => self.handle_exec(op).await?,
-            Request::Session(op) => self.handle_session(op).await?,
-            Request::File(op) => files::small(self, op).await?,
-            Request::Tool(op) => self.handle_tool(op).await?,
-            Request::Image(op) => self.handle_image(op).await?,
-            Request::Node(NodeOp::Status) => Reply::NodeStatus(self.status().await),
+        self.route(request, None).await
+    }
+
+    /// Routes a request to its family's handler.
+    pub(crate) async fn route(
+        &self,
+        request: Request,
+        exchange: Conversation<'_>,
+    ) -> Result<Option<Reply>, NodeError> {
+        match request {
+            Request::Sandbox(op) => self.sandbox_request(op, exchange).await,
+            Request::Exec(op) => self.exec_request(op, exchange).await,
+            Request::Session(op) => self.session_request(op, exchange).await,
+            Request::File(op) => files::request(self, op, exchange).await,
+            Request::Tool(op) => self.tool_request(op, exchange).await,
+            Request::Image(op) => self.image_request(op, exchange).await,
+            Request::Volume(op) => self.volume_request(op, exchange).await,
+            Request::Node(op) => self.node_request(op).await.map(Some),
+            Request::Control(op) => Err(NodeError::ControlOnly(op.kind())),
+        }
+    }
+
+    async fn node_request(&self, op: NodeOp) -> Result<Reply, NodeError> {
+        Ok(match op {
+            NodeOp::Status => Reply::NodeStatus(self.status().await),
             // Unscoped (no principal): the node's own callers are admin.
-            Request::Node(NodeOp::Whoami) => {
-                Reply::Caller(brig_proto::CallerInfo { project: None, admin: true })
-            }
-            Request::Node(NodeOp::Doctor { remove, min_age_secs }) => {
+            NodeOp::Whoami => Reply::Caller(brig_proto::CallerInfo { project: None, admin: true }),
+            NodeOp::Doctor { remove, min_age_secs } => {
                 let node = self.clone();
                 let min_age = std::time::Duration::from_secs(u64::from(min_age_secs));
                 let found = tokio::task::spawn_blocking(move || node.doctor(remove, min_age));
@@ -46,15 +79,31 @@ impl Node {
                     source: std::io::Error::other(e),
                 })?)
             }
-            Request::Control(op) => return Err(NodeError::ControlOnly(op.kind())),
-            Request::Volume(op) => self.handle_volume(op).await?,
-        };
-        Ok(Some(reply))
+        })
     }
 
-    async fn handle_sandbox(&self, op: SandboxOp) -> Result<Reply, NodeError> {
-        Ok(match op {
+    async fn sandbox_request(
+        &self,
+        op: SandboxOp,
+        exchange: Conversation<'_>,
+    ) -> Result<Option<Reply>, NodeError> {
+        let kind = op.kind();
+        Ok(Some(match op {
+            SandboxOp::Create(req) if req.pull_progress && exchange.is_some() => {
+                // A create that pulls its image tells of the pull while it waits.
+                let exchange = stream(exchange, kind)?;
+                let image = req.image.as_deref().unwrap_or_default();
+                let reference = image.strip_prefix(pulls::REGISTRY_PREFIX).map(str::to_string);
+                let watch = || reference.as_deref().and_then(|r| self.inner.pulls.watch(r));
+                let created = pulls::reporting_progress(exchange, watch, self.create(*req));
+                Reply::Sandbox(created.await?)
+            }
             SandboxOp::Create(req) => Reply::Sandbox(self.create(*req).await?),
+            SandboxOp::Audit(req) => return self.audit_stream(req, stream(exchange, kind)?).await,
+            SandboxOp::Events(req) => return self.events(req, stream(exchange, kind)?).await,
+            SandboxOp::ConnectPort { sandbox, port } => {
+                return self.connect_port(&sandbox, port, stream(exchange, kind)?).await
+            }
             SandboxOp::Status { sandbox } => {
                 let entry = self.inner.sandboxes.get(&sandbox)?;
                 let mut info = info(self, &entry);
@@ -105,12 +154,24 @@ impl Node {
             SandboxOp::SetEgress { sandbox, rules } => {
                 Reply::Sandbox(self.set_egress(&sandbox, rules).await?)
             }
-            other => return Err(crate::error::misrouted(other.kind())),
-        })
+        }))
     }
 
-    async fn handle_exec(&self, op: ExecOp) -> Result<Reply, NodeError> {
-        Ok(match op {
+    async fn exec_request(
+        &self,
+        op: ExecOp,
+        exchange: Conversation<'_>,
+    ) -> Result<Option<Reply>, NodeError> {
+        let kind = op.kind();
+        Ok(Some(match op {
+            ExecOp::Start(req) => {
+                use tracing::Instrument;
+                let span = tracing::debug_span!("container_exec", sandbox = %req.sandbox);
+                return self.exec(req, stream(exchange, kind)?).instrument(span).await;
+            }
+            ExecOp::Attach { sandbox, exec_id } => {
+                return self.exec_attach(&sandbox, exec_id, stream(exchange, kind)?).await
+            }
             ExecOp::Kill { sandbox, exec_id } => {
                 let entry = self.inner.sandboxes.get(&sandbox)?;
                 entry.require(Op::Exec)?;
@@ -134,12 +195,26 @@ impl Node {
                 let entry = self.inner.sandboxes.get(&sandbox)?;
                 Reply::Execs(entry.execs.list())
             }
-            other => return Err(crate::error::misrouted(other.kind())),
-        })
+        }))
     }
 
-    async fn handle_session(&self, op: SessionOp) -> Result<Reply, NodeError> {
-        Ok(match op {
+    async fn session_request(
+        &self,
+        op: SessionOp,
+        exchange: Conversation<'_>,
+    ) -> Result<Option<Reply>, NodeError> {
+        let kind = op.kind();
+        Ok(Some(match op {
+            SessionOp::Run { sandbox, session, command, timeout_ms } => {
+                let exchange = stream(exchange, kind)?;
+                return self
+                    .session_stream(&sandbox, &session, Some(&command), timeout_ms, exchange)
+                    .await;
+            }
+            SessionOp::Wait { sandbox, session, timeout_ms } => {
+                let exchange = stream(exchange, kind)?;
+                return self.session_stream(&sandbox, &session, None, timeout_ms, exchange).await;
+            }
             SessionOp::Open(req) => Reply::Session { session: self.session_open(req).await? },
             SessionOp::Input { sandbox, session, data } => {
                 self.session_input(&sandbox, &session, &data).await?;
@@ -154,13 +229,18 @@ impl Node {
                 Reply::Done
             }
             SessionOp::List { sandbox } => Reply::Sessions(self.session_ids(&sandbox)?),
-            other => return Err(crate::error::misrouted(other.kind())),
-        })
+        }))
     }
 
-    async fn handle_tool(&self, op: ToolOp) -> Result<Reply, NodeError> {
+    async fn tool_request(
+        &self,
+        op: ToolOp,
+        exchange: Conversation<'_>,
+    ) -> Result<Option<Reply>, NodeError> {
+        let kind = op.kind();
         let fncall = &self.inner.fncall;
-        Ok(match op {
+        Ok(Some(match op {
+            ToolOp::Add { name } => return self.tool_add(&name, stream(exchange, kind)?).await,
             ToolOp::Call(call) => {
                 let report = fncall.call(convert::call_from_wire(call), None).await?;
                 Reply::Called(convert::report_to_wire(report))
@@ -185,35 +265,73 @@ impl Node {
                 fncall.remove_tool(&name)?;
                 Reply::Done
             }
-            other => return Err(crate::error::misrouted(other.kind())),
-        })
+        }))
     }
 
-    async fn handle_image(&self, op: ImageOp) -> Result<Reply, NodeError> {
-        let store = self.store()?;
-        if let ImageOp::Checkpoint(req) = op {
-            let entry = self.live(&req.sandbox).await?;
-            let layer = images::checkpoint(&store, &entry, req).await?;
-            let what = format!("{}@{}", layer.name, layer.version);
-            self.audit_lifecycle(&entry.id.to_string(), "checkpointed", what);
-            return Ok(Reply::Layer(images::layer_to_wire(layer)));
-        }
-        if let ImageOp::Pull(_) | ImageOp::Build(_) = op {
-            return Err(crate::error::misrouted(op.kind()));
-        }
-        images::handle(store.as_ref(), op).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_misrouted_request_is_an_internal_error_naming_its_kind() {
-        let file = brig_proto::FileOp::Stat { sandbox: "s".into(), path: "/".into() };
-        let err = crate::error::misrouted(file.kind());
-        assert!(matches!(err, NodeError::Io { .. }));
-        assert!(err.to_string().contains("request routing"), "{err}");
+    async fn image_request(
+        &self,
+        op: ImageOp,
+        exchange: Conversation<'_>,
+    ) -> Result<Option<Reply>, NodeError> {
+        let kind = op.kind();
+        let store = match self.store() {
+            Ok(store) => store,
+            Err(e) => {
+                if let (ImageOp::Import(_), Some(exchange)) = (&op, exchange) {
+                    exchange.refuse_upload();
+                }
+                return Err(e);
+            }
+        };
+        Ok(Some(match op {
+            ImageOp::Import(req) => images::import(&store, req, stream(exchange, kind)?).await?,
+            ImageOp::Pull(req) => {
+                let config = self.inner.config.images.registries.pull_config();
+                let pulls = &self.inner.pulls;
+                pulls::pull(&store, &config, pulls, req, stream(exchange, kind)?).await?
+            }
+            ImageOp::Build(req) => self.build_image(req, stream(exchange, kind)?).await?,
+            ImageOp::Checkpoint(req) => {
+                let entry = self.live(&req.sandbox).await?;
+                let layer = images::checkpoint(&store, &entry, req).await?;
+                let what = format!("{}@{}", layer.name, layer.version);
+                self.audit_lifecycle(&entry.id.to_string(), "checkpointed", what);
+                Reply::Layer(images::layer_to_wire(layer))
+            }
+            ImageOp::List => {
+                Reply::Layers(store.list().await?.into_iter().map(images::layer_to_wire).collect())
+            }
+            ImageOp::Inspect { reference } => {
+                let (layer, paths) = store.inspect(&reference).await?;
+                Reply::LayerDetails { layer: images::layer_to_wire(layer), paths }
+            }
+            ImageOp::Tag { reference, name, version } => {
+                Reply::Layer(images::layer_to_wire(store.tag(&reference, &name, version).await?))
+            }
+            ImageOp::Remove { reference } => {
+                store.remove(&reference).await?;
+                Reply::Done
+            }
+            ImageOp::Verify { reference } => {
+                Reply::Layer(images::layer_to_wire(store.verify(&reference).await?))
+            }
+            ImageOp::Gc => {
+                let r = store.gc().await?;
+                Reply::Gc {
+                    removed_layers: r.removed_layers,
+                    removed_chunks: r.removed_chunks,
+                    freed_bytes: r.freed_bytes,
+                }
+            }
+            ImageOp::CacheDrop => {
+                store.clear_cache().await?;
+                Reply::Done
+            }
+            ImageOp::EnvCreate { name, layers } => {
+                store.create_env(&name, layers).await?;
+                Reply::Done
+            }
+            ImageOp::EnvList => Reply::Envs(store.envs()),
+        }))
     }
 }

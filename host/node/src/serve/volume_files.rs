@@ -15,6 +15,7 @@ use bytes::BytesMut;
 
 use crate::environments::volumes::{MountHold, Volume, VolumeError};
 use crate::serve::files::CHUNK_BYTES;
+use crate::serve::route::{stream, Conversation};
 use crate::{Node, NodeError};
 use brig_container::protect::Bind;
 use brig_core::VolumeBinding;
@@ -129,29 +130,39 @@ impl Node {
         .await?
     }
 
-    /// The volume requests with no stream.
-    pub(crate) async fn handle_volume(&self, op: VolumeOp) -> Result<Reply, NodeError> {
+    /// The volume family: every op, the streamed ones (read, write) on `exchange`.
+    pub(crate) async fn volume_request(
+        &self,
+        op: VolumeOp,
+        exchange: Conversation<'_>,
+    ) -> Result<Option<Reply>, NodeError> {
+        let kind = op.kind();
         let volumes = &self.inner.volumes;
-        match op {
+        let reply = match op {
+            VolumeOp::Write(req) => return self.volume_write(req, stream(exchange, kind)?).await,
+            VolumeOp::Read { volume, path, offset, len } => {
+                let exchange = stream(exchange, kind)?;
+                return self.volume_read(&volume, path, offset, len, exchange).await;
+            }
             VolumeOp::Create(req) => {
                 let v = volumes.create(&req.name, req.quota_mib, req.project).await?;
-                Ok(Reply::Volume(volumes.info(&v, Vec::new())))
+                Reply::Volume(volumes.info(&v, Vec::new()))
             }
             VolumeOp::List { project } => {
                 let list = volumes.list(project.as_deref());
-                Ok(Reply::Volumes(
+                Reply::Volumes(
                     list.iter().map(|v| volumes.info(v, self.mounted_by(&v.record.id))).collect(),
-                ))
+                )
             }
             VolumeOp::Get { volume } => {
                 let v = self.volume(&volume)?;
-                Ok(Reply::Volume(volumes.info(&v, self.mounted_by(&v.record.id))))
+                Reply::Volume(volumes.info(&v, self.mounted_by(&v.record.id)))
             }
             VolumeOp::Delete { volume } => {
                 let v = self.volume(&volume)?;
                 let id = v.record.id.clone();
                 volumes.delete(&v, || self.mounted_by(&id)).await?;
-                Ok(Reply::Done)
+                Reply::Done
             }
             VolumeOp::ListDir { volume, path, depth } => {
                 let v = self.volume(&volume)?;
@@ -161,14 +172,14 @@ impl Node {
                         list_tree(&root, owner, &path, depth)
                     })
                     .await?;
-                Ok(Reply::VolumeEntries(entries))
+                Reply::VolumeEntries(entries)
             }
             VolumeOp::Stat { volume, path } => {
                 let v = self.volume(&volume)?;
                 let entry = self
                     .on_volume(&v, "volume stat", move |root, owner| entry(&root, owner, &path))
                     .await?;
-                Ok(Reply::VolumeEntries(vec![entry]))
+                Reply::VolumeEntries(vec![entry])
             }
             VolumeOp::Mkdir { volume, path, parents, attrs } => {
                 let v = self.volume(&volume)?;
@@ -185,7 +196,7 @@ impl Node {
                         entry(&root, owner, &path)
                     })
                     .await?;
-                Ok(Reply::VolumeEntries(vec![entry]))
+                Reply::VolumeEntries(vec![entry])
             }
             VolumeOp::Remove { volume, path } => {
                 let v = self.volume(&volume)?;
@@ -193,7 +204,7 @@ impl Node {
                     root.remove(&path, true).map_err(file_error)
                 })
                 .await?;
-                Ok(Reply::Done)
+                Reply::Done
             }
             VolumeOp::SetAttrs { volume, path, attrs } => {
                 let v = self.volume(&volume)?;
@@ -203,12 +214,10 @@ impl Node {
                         entry(&root, owner, &path)
                     })
                     .await?;
-                Ok(Reply::VolumeEntries(vec![entry]))
+                Reply::VolumeEntries(vec![entry])
             }
-            VolumeOp::Write(_) | VolumeOp::Read { .. } => {
-                Err(crate::error::misrouted("a streamed volume request"))
-            }
-        }
+        };
+        Ok(Some(reply))
     }
 
     /// A file uploaded into a volume, chunk by chunk as it arrives.

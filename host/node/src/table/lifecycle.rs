@@ -11,6 +11,7 @@
 //! paused fncall sandbox just runs nothing. Transitions of one sandbox are
 //! serialized by its `transition` lock.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +27,7 @@ use brig_proto::{CreateRequest, SandboxInfo, Target, TtlUpdate};
 use crate::serve::convert;
 use crate::table::intents::ForkIntent;
 use crate::table::sandboxes::{now_unix_ms, Due, Gone, SandboxEntry, SandboxRecord};
-use crate::tiers::registry::CreatePlan;
+use crate::tiers::registry::{CreatePlan, TierBackend};
 use crate::{info, Node, NodeError};
 
 fn idle_action(a: brig_proto::IdleAction) -> IdleAction {
@@ -79,8 +80,9 @@ impl Node {
             }
             None => None,
         };
-        let (memory, cpu) = backend.asks(self, &req);
-        self.admit(tier, memory, cpu)?;
+        let (memory, cpu_millis) = backend.asks(self, &req);
+        let by_use = backend.admitted_by_use();
+        self.admit(crate::policy::admission::Ask { tier, memory, cpu_millis, by_use })?;
         let qos = req.qos.map(convert::qos_from_wire).unwrap_or_default();
         let project = labels.iter().find(|(k, _)| k == crate::table::scope::PROJECT_LABEL);
         let project = project.map(|(_, p)| p.as_str());
@@ -186,40 +188,37 @@ impl Node {
     }
 
     /// One recorded sandbox taken back by its tier's backend, from the tier's part of its
-    /// record.
-    async fn take_back(&self, record: &SandboxRecord) -> Result<Arc<dyn Sandbox>, NodeError> {
+    /// record; the backend that took it.
+    async fn take_back(
+        &self,
+        record: &SandboxRecord,
+    ) -> Result<(Arc<dyn Sandbox>, Arc<dyn TierBackend>), NodeError> {
         let tier_record = record.tier_record();
         let kind = tier_record.as_ref().map(|r| r.kind.as_str());
-        let backend = self.inner.tiers.for_record(record.spec.tier, kind)?;
-        backend.adopt(self, &record.id, tier_record.as_ref()).await
+        let backend = self.inner.tiers.for_record(record.spec.tier, kind)?.clone();
+        let sandbox = backend.adopt(self, &record.id, tier_record.as_ref()).await?;
+        Ok((sandbox, backend))
     }
 
     /// Takes back the sandboxes an earlier run of the node recorded; removes what it cannot.
     pub(crate) async fn restore(&self) {
         let mut restored = 0;
-        let (mut containers, mut hosted) = (Vec::new(), Vec::new());
-        let (mut microvms, mut fullvms) = (Vec::new(), Vec::new());
+        // What each backend took back, by the backend (its address), for its orphans.
+        let mut adopted: HashMap<*const (), Vec<String>> = HashMap::new();
         for record in self.inner.sandboxes.saved_records() {
             let id = record.id;
-            let tier = record.spec.tier;
-            let sandbox = self.take_back(&record).await;
-            if sandbox.is_ok() && matches!(tier, Tier::Microvm | Tier::Fullvm) {
-                let ids = if tier == Tier::Microvm { &mut microvms } else { &mut fullvms };
-                ids.push(id.to_string());
-            }
-            let sandbox = match sandbox {
-                Ok(h) => h,
+            let sandbox = match self.take_back(&record).await {
+                Ok((sandbox, backend)) => {
+                    let key = Arc::as_ptr(&backend).cast::<()>();
+                    adopted.entry(key).or_default().push(id.to_string());
+                    sandbox
+                }
                 Err(e) => {
                     tracing::warn!(sandbox = %id, error = %e, "sandbox did not survive the restart");
                     self.inner.sandboxes.forget(&id);
                     continue;
                 }
             };
-            match sandbox.capabilities().persistence {
-                Persistence::Record => containers.push(id.to_string()),
-                Persistence::Hosted => hosted.push(id.to_string()),
-                _ => {}
-            }
             if let Some(slot) = record.spec.net_slot {
                 self.reserve_network(&id.to_string(), slot, record.spec.egress.as_deref()).await;
             }
@@ -238,23 +237,15 @@ impl Node {
             self.inner.sandboxes.insert(entry);
             restored += 1;
         }
-        if let Ok(tier) = self.container_tier() {
-            tier.remove_orphans(&containers);
-        }
-        // Container-host VMs no record claimed (after every record had its chance to adopt).
-        if let Ok(hosts) = &self.inner.container_hosts {
-            let removed = hosts.remove_orphans(&hosted).await;
+        // What earlier runs left that no record claimed, backend by backend, once every
+        // record had its chance to be adopted.
+        for backend in self.inner.tiers.all() {
+            let key = Arc::as_ptr(backend).cast::<()>();
+            let ids = adopted.get(&key).map_or(&[][..], Vec::as_slice);
+            let removed = backend.remove_orphans(self, ids).await;
             if removed > 0 {
-                tracing::info!(removed, "stopped container-host VMs of an earlier run");
-            }
-        }
-        // VMMs, files and snapshots of VMs no record claimed (or that could not be adopted).
-        for (tier, adopted) in [(self.vmtier(), &microvms), (self.fullvm_tier(), &fullvms)] {
-            if let Ok(tier) = tier {
-                let removed = tier.remove_orphans(adopted);
-                if removed > 0 {
-                    tracing::info!(removed, "removed what VMs of an earlier run left");
-                }
+                let tier = backend.tier().as_str();
+                tracing::info!(removed, tier, "removed what sandboxes of an earlier run left");
             }
         }
         self.roll_back_forks().await;
@@ -263,8 +254,7 @@ impl Node {
             tracing::info!(swept, "removed shared workspace layers no sandbox uses");
         }
         if restored > 0 {
-            let vms = microvms.len() + fullvms.len();
-            tracing::info!(restored, containers = containers.len(), vms, "sandboxes restored");
+            tracing::info!(restored, "sandboxes restored");
         }
     }
 
@@ -448,7 +438,12 @@ impl Node {
         let count = count.clamp(1, 256);
         let asked = parent.sandbox.requested().unwrap_or_default();
         let (memory, cpu) = (asked.memory_bytes, asked.cpu_millis);
-        self.admit(parent.tier, memory * u64::from(count), cpu * u64::from(count))?;
+        self.admit(crate::policy::admission::Ask {
+            tier: parent.tier,
+            memory: memory * u64::from(count),
+            cpu_millis: cpu * u64::from(count),
+            by_use: self.inner.tiers.admitted_by_use(parent.tier),
+        })?;
         if self.inner.sandboxes.len() + count as usize > self.inner.config.max_sandboxes {
             return Err(NodeError::Full(self.inner.config.max_sandboxes));
         }

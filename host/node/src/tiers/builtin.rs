@@ -106,6 +106,9 @@ impl TierBackend for HostContainers {
     fn asks(&self, node: &Node, request: &CreateRequest) -> (u64, u64) {
         container_asks(node, request)
     }
+    fn admitted_by_use(&self) -> bool {
+        true
+    }
     fn create<'a>(
         &'a self,
         node: &'a Node,
@@ -137,6 +140,9 @@ impl TierBackend for HostContainers {
             let container = node.container_tier()?.create(plan.id, req, store, plan.binds).await?;
             Ok(Created::new(Arc::new(container)))
         })
+    }
+    fn remove_orphans<'a>(&'a self, node: &'a Node, adopted: &'a [String]) -> BoxFuture<'a, usize> {
+        Box::pin(async move { node.container_tier().map_or(0, |t| t.remove_orphans(adopted)) })
     }
     fn adopt<'a>(
         &'a self,
@@ -177,6 +183,9 @@ impl TierBackend for VmContainers {
     fn asks(&self, node: &Node, request: &CreateRequest) -> (u64, u64) {
         container_asks(node, request)
     }
+    fn admitted_by_use(&self) -> bool {
+        true
+    }
     fn create<'a>(
         &'a self,
         node: &'a Node,
@@ -188,6 +197,14 @@ impl TierBackend for VmContainers {
             let sandbox =
                 crate::tiers::container_host::create(hosts, plan.id, plan.request, cfg).await?;
             Ok(Created::new(Arc::new(sandbox)))
+        })
+    }
+    fn remove_orphans<'a>(&'a self, node: &'a Node, adopted: &'a [String]) -> BoxFuture<'a, usize> {
+        Box::pin(async move {
+            match &node.inner.container_hosts {
+                Ok(hosts) => hosts.remove_orphans(adopted).await,
+                Err(_) => 0,
+            }
         })
     }
     fn adopt<'a>(
@@ -227,6 +244,9 @@ impl TierBackend for Microvms {
             Ok(Created::new(Arc::new(sandbox)))
         })
     }
+    fn remove_orphans<'a>(&'a self, node: &'a Node, adopted: &'a [String]) -> BoxFuture<'a, usize> {
+        Box::pin(async move { node.vmtier().map_or(0, |t| t.remove_orphans(adopted)) })
+    }
     fn adopt<'a>(
         &'a self,
         node: &'a Node,
@@ -265,6 +285,9 @@ impl TierBackend for Fullvms {
             let sandbox = VmSandbox::new(vm, node.fullvm_tier()?.clone(), self.tier());
             Ok(Created { sandbox: Arc::new(sandbox), net_slot: slot })
         })
+    }
+    fn remove_orphans<'a>(&'a self, node: &'a Node, adopted: &'a [String]) -> BoxFuture<'a, usize> {
+        Box::pin(async move { node.fullvm_tier().map_or(0, |t| t.remove_orphans(adopted)) })
     }
     fn adopt<'a>(
         &'a self,

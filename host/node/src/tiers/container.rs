@@ -478,14 +478,14 @@ impl ContainerTier {
         Ok(sandbox)
     }
 
-    /// Removes containers an earlier run left that the node has no record of.
     /// The runtime, for what acts on its containers as a whole (strays).
     pub fn runtime(&self) -> &Runtime {
         &self.runtime
     }
 
-    pub fn remove_orphans(&self, keep: &[String]) {
-        self.runtime.remove_orphans(keep);
+    /// Removes containers an earlier run left that the node has no record of; how many.
+    pub fn remove_orphans(&self, keep: &[String]) -> usize {
+        self.runtime.remove_orphans(keep)
     }
 }
 

@@ -63,12 +63,27 @@ pub trait TierBackend: Send + Sync {
     fn asks(&self, _node: &Node, _request: &CreateRequest) -> (u64, u64) {
         (0, 0)
     }
+    /// Whether admission counts its sandboxes by use (the node's measured mean, and what
+    /// they ask bounded by the overcommit multiples: `crate::policy::admission::Ask`).
+    fn admitted_by_use(&self) -> bool {
+        false
+    }
     /// Makes the sandbox of a resolved create.
     fn create<'a>(
         &'a self,
         node: &'a Node,
         plan: CreatePlan<'a>,
     ) -> BoxFuture<'a, Result<Created, NodeError>>;
+    /// Removes what an earlier run of the node left of this backend's sandboxes that no
+    /// record claimed (`adopted`: the ids it took back at this start, after every record had
+    /// its chance); how many it removed.
+    fn remove_orphans<'a>(
+        &'a self,
+        _node: &'a Node,
+        _adopted: &'a [String],
+    ) -> BoxFuture<'a, usize> {
+        Box::pin(async { 0 })
+    }
     /// Takes back a sandbox an earlier run of the node made, from its record.
     fn adopt<'a>(
         &'a self,
@@ -115,6 +130,16 @@ impl TierRegistry {
             };
             NodeError::TierUnavailable { tier, why }
         })
+    }
+
+    /// Whether sandboxes of `tier` are admitted by use (a fork of one asks as it does).
+    pub fn admitted_by_use(&self, tier: Tier) -> bool {
+        self.0.iter().any(|b| b.tier() == tier && b.admitted_by_use())
+    }
+
+    /// Every backend, in lookup order.
+    pub fn all(&self) -> &[Arc<dyn TierBackend>] {
+        &self.0
     }
 
     /// The tiers this node offers, in [`Tier::ALL`]'s order.
