@@ -21,6 +21,7 @@ pub mod hostile_http;
 pub mod layering;
 pub mod net;
 pub mod registry;
+pub mod rooms;
 pub mod s3;
 
 /// Repository root. The test runner's `CARGO_MANIFEST_DIR` first: a test binary built from a

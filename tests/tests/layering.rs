@@ -18,3 +18,16 @@ fn the_workspace_keeps_the_dependency_rules_of_the_map() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn the_node_crates_rooms_import_one_another_without_circles() -> anyhow::Result<()> {
+    let src = brig_tests::repo_root().join("host/node/src");
+    let edges = brig_tests::rooms::room_edges(&src)?;
+    for room in ["serve", "table", "policy", "host", "tiers", "environments", "execs", "lifecycle"]
+    {
+        assert!(edges.contains_key(room), "brig-node has no room {room}: {:?}", edges.keys());
+    }
+    let found = brig_tests::rooms::circles(&edges);
+    assert!(found.is_empty(), "brig-node's rooms import in circles:\n{}", found.join("\n"));
+    Ok(())
+}

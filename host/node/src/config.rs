@@ -42,7 +42,7 @@ pub struct NodeConfig {
     /// The node's own compressed swap, so that a paused sandbox's memory can leave RAM.
     pub swap: crate::host::swap::SwapConfig,
     /// Bounds per sandbox, per connection and per node that keep one client from taking all.
-    pub limits: crate::policy::limits::LimitsConfig,
+    pub limits: crate::limits::LimitsConfig,
     /// Volumes: named directory trees sandboxes mount.
     pub volumes: crate::environments::volumes::VolumesConfig,
 }

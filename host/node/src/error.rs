@@ -52,7 +52,7 @@ pub enum NodeError {
     Full(usize),
     /// A client reached one of the node's `[limits]`.
     #[error("limit reached: at most {max} {} (the node's limits.{})", .limit.what(), .limit.setting())]
-    Limit { limit: crate::policy::limits::Limit, max: u64 },
+    Limit { limit: crate::limits::Limit, max: u64 },
     #[error("upload exceeds the {0}-byte limit")]
     UploadTooLarge(u64),
     /// A file operation on a sandbox's files did not finish within the node's deadline.

@@ -17,9 +17,13 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod convert;
 mod environments;
 mod error;
+mod execs;
 mod host;
+mod lifecycle;
+mod limits;
 mod policy;
 #[cfg(test)]
 mod routing_tests;
@@ -28,8 +32,8 @@ mod table;
 mod tiers;
 
 use environments::{images, pulls};
-use policy::{egress, limits};
-use serve::{convert, file_work, files};
+use policy::egress;
+use serve::{file_work, files};
 use table::intents;
 use tiers::{container_host, fullvm, microvm};
 
@@ -38,9 +42,9 @@ pub use environments::images::{BlobBackendConfig, ImagesConfig};
 pub use environments::volumes;
 pub use error::NodeError;
 pub use host::{metrics, shrinker_ids, swap, usage_history};
+pub use limits::LimitsConfig;
 pub use policy::admission::AdmissionConfig;
 pub use policy::lifecycle_events;
-pub use policy::limits::LimitsConfig;
 pub use table::scope::{Principal, PROJECT_LABEL};
 pub use tiers::container::ContainerConfig;
 pub use tiers::container_host::{ContainerHostConfig, PlacementPolicy};

@@ -18,7 +18,8 @@ use brig_proto::{
 };
 use tokio::sync::mpsc;
 
-use crate::table::sandboxes::{now_unix_ms, Gone, SandboxEntry};
+use crate::host::clock::now_unix_ms;
+use crate::table::sandboxes::{Gone, SandboxEntry};
 use crate::{Node, NodeConfig, NodeError};
 
 /// What the fake tier saw, and what it gives back after a resume.
@@ -418,7 +419,7 @@ async fn commands_and_sessions_a_pause_detached_go_on_after_the_resume() {
 
 #[test]
 fn output_seen_already_is_skipped_across_chunk_boundaries() {
-    use crate::serve::exec_hub::Seen as Had;
+    use crate::execs::hub::Seen as Had;
     let out = |s: &str| Reply::Output { stream: brig_proto::OutputStream::Stdout, data: s.into() };
     let mut had = Had { stdout: 5, stderr: 0 };
     assert!(had.skip(out("abc")).is_none());

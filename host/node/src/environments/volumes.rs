@@ -265,7 +265,7 @@ impl Volumes {
             name: name.to_string(),
             project,
             quota_bytes: mib << 20,
-            created_unix_ms: crate::table::sandboxes::now_unix_ms(),
+            created_unix_ms: crate::host::clock::now_unix_ms(),
         };
         let id = record.id.clone();
         let volume = Arc::new(Volume::new(record, self.file_ops_per_volume));

@@ -129,7 +129,7 @@ fn read_order(path: &Path) -> Result<Option<u32>, FreePageReportingError> {
 }
 
 fn read_capped(path: &Path) -> Result<String, FreePageReportingError> {
-    crate::serve::host_files::read_capped(path, READ_CAP)
+    crate::host::host_files::read_capped(path, READ_CAP)
         .map_err(|source| FreePageReportingError::Io { what: "read", path: path.into(), source })
 }
 

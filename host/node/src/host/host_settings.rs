@@ -98,7 +98,7 @@ impl HostSettingsRecord {
 
     fn lock(&self) -> Option<nix::fcntl::Flock<std::fs::File>> {
         let path = self.path.with_extension("lock");
-        crate::serve::host_files::lock_exclusive(&path)
+        crate::host::host_files::lock_exclusive(&path)
             .inspect_err(|e| {
                 tracing::warn!(path = %path.display(), error = %e, "cannot lock the host settings record");
             })

@@ -113,7 +113,7 @@ impl ShrinkerIds {
     pub fn reserve(&self, ids: u64) -> Result<Reserved, ShrinkerIdsError> {
         let lock_path = self.root.join("shrinker-ids.lock");
         let _lock =
-            crate::serve::host_files::lock_exclusive(&lock_path).map_err(io("lock", &lock_path))?;
+            crate::host::host_files::lock_exclusive(&lock_path).map_err(io("lock", &lock_path))?;
         if let Some(done) = self.this_boot().filter(|r| r.ids >= ids) {
             return Ok(Reserved::Already { ids: done.ids });
         }
@@ -164,7 +164,7 @@ fn hold_superblocks(scratch: &Path, ids: u64) -> Result<(), ShrinkerIdsError> {
 }
 
 fn read_capped(path: &Path) -> Result<String, ShrinkerIdsError> {
-    crate::serve::host_files::read_capped(path, READ_CAP).map_err(io("read", path))
+    crate::host::host_files::read_capped(path, READ_CAP).map_err(io("read", path))
 }
 
 fn boot_id() -> Result<String, ShrinkerIdsError> {

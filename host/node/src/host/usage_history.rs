@@ -88,7 +88,7 @@ impl Node {
                     }
                     if let Some(used) = entry.sandbox.usage().await {
                         entry.usage_history.lock().push(UsageSample {
-                            unix_ms: crate::table::sandboxes::now_unix_ms(),
+                            unix_ms: crate::host::clock::now_unix_ms(),
                             cpu_ns: used.cpu_ns,
                             memory_bytes: used.memory_bytes,
                         });

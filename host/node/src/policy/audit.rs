@@ -24,7 +24,8 @@ use brig_transport::Exchange;
 use parking_lot::Mutex;
 use tokio::sync::broadcast;
 
-use crate::table::sandboxes::{now_unix_ms, SandboxEntry};
+use crate::host::clock::now_unix_ms;
+use crate::table::sandboxes::SandboxEntry;
 use crate::{Node, NodeError};
 
 /// Bytes of one audit file before it rotates.
@@ -380,11 +381,9 @@ impl Node {
         }
         let max = self.inner.config.limits.audit_followers;
         let _follower = match req.follow {
-            true => Some(
-                self.inner
-                    .audit_followers
-                    .enter(max, crate::policy::limits::Limit::AuditFollowers)?,
-            ),
+            true => {
+                Some(self.inner.audit_followers.enter(max, crate::limits::Limit::AuditFollowers)?)
+            }
             false => None,
         };
         // Subscribe before reading the files, so nothing falls between the two.

@@ -20,7 +20,7 @@ use brig_proto::LifecycleEvent;
 use parking_lot::Mutex;
 use tokio::sync::broadcast;
 
-use crate::table::sandboxes::now_unix_ms;
+use crate::host::clock::now_unix_ms;
 
 /// Bytes of the journal file before it rotates.
 const FILE_BYTES: u64 = 8 << 20;
@@ -229,7 +229,7 @@ impl crate::Node {
         }
         let max = self.inner.config.limits.event_followers;
         let _follower =
-            self.inner.event_followers.enter(max, crate::policy::limits::Limit::EventFollowers)?;
+            self.inner.event_followers.enter(max, crate::limits::Limit::EventFollowers)?;
         let mut last = backlog.last().map_or(req.after_seq, |e| e.seq);
         exchange.reply(&brig_proto::Reply::Events(backlog)).await?;
         let peer_gone = exchange.peer_gone();

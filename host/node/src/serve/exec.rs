@@ -1,6 +1,6 @@
 //! Execs, the same for every tier: the request is checked and given the node's timeout and
 //! output policy, the tier starts the command ([`brig_core::Sandbox::exec`]), and its events are
-//! pumped into the command's hub (`crate::serve::exec_hub`), which clients read from: the one that
+//! pumped into the command's hub (`crate::execs::hub`), which clients read from: the one that
 //! started it, and any that attach later by exec id.
 //!
 //! ```text
@@ -19,10 +19,10 @@ use brig_proto::{AuditKind, ExecResult, OutputStream, Reply, StdinMode};
 use brig_transport::{Exchange, Upload};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::execs::hub::{ExecHub, Killer, Resizer, Seen};
+use crate::execs::input::StdinRefused;
+use crate::limits::Limit;
 use crate::policy::audit::Recorder;
-use crate::policy::limits::Limit;
-use crate::serve::exec_hub::{ExecHub, Killer, Resizer, Seen};
-use crate::serve::exec_input::StdinRefused;
 use crate::table::sandboxes::SandboxEntry;
 use crate::{Node, NodeError};
 

@@ -8,7 +8,7 @@ use brig_core::sandbox::Op;
 use brig_proto::{FileChange, FileEvent, FileEvents, FileWatchRequest, Reply};
 use brig_transport::Exchange;
 
-use crate::policy::limits::Limit;
+use crate::limits::Limit;
 use crate::{Node, NodeError};
 
 fn wire(batch: WatchBatch) -> FileEvents {

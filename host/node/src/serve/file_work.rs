@@ -18,7 +18,7 @@ use std::time::Duration;
 use brig_core::sandbox::{FileAccess, Sandbox, SandboxError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::policy::limits::Limit;
+use crate::limits::Limit;
 use crate::table::sandboxes::SandboxEntry;
 use crate::{Node, NodeError};
 

@@ -13,7 +13,7 @@ use brig_proto::{FileOp, FileReadRequest, FileWriteRequest, Reply, Request};
 use brig_transport::Exchange;
 use bytes::BytesMut;
 
-use crate::serve::convert;
+use crate::convert;
 use crate::serve::route::{stream, Conversation};
 use crate::{Node, NodeError};
 

@@ -22,8 +22,9 @@ use brig_proto::{
 };
 use brig_transport::Exchange;
 
+use crate::convert;
 use crate::environments::{images, pulls};
-use crate::serve::{convert, files};
+use crate::serve::files;
 use crate::table::sandboxes::Gone;
 use crate::{info, Node, NodeError};
 
@@ -116,7 +117,7 @@ impl Node {
             SandboxOp::UsageHistory { sandbox, from_unix_ms, to_unix_ms } => {
                 let entry = self.inner.sandboxes.get(&sandbox)?;
                 let mut samples = entry.usage_history.lock().between(from_unix_ms, to_unix_ms);
-                let now = crate::table::sandboxes::now_unix_ms();
+                let now = crate::host::clock::now_unix_ms();
                 if to_unix_ms >= now && entry.paused_unix_ms().is_none() {
                     if let Some(used) = entry.sandbox.usage().await {
                         let (cpu_ns, memory_bytes) = (used.cpu_ns, used.memory_bytes);

@@ -10,7 +10,7 @@ use brig_proto::{AuditKind, OutputStream, Reply, SessionOpenRequest};
 use brig_transport::Exchange;
 use tokio::sync::mpsc;
 
-use crate::policy::limits::Limit;
+use crate::limits::Limit;
 use crate::table::sandboxes::SandboxEntry;
 use crate::{Node, NodeError};
 

@@ -20,7 +20,8 @@ use brig_hostkit::spare_files::SpareFiles;
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
-use crate::serve::exec_hub::ExecTable;
+use crate::execs::hub::ExecTable;
+use crate::host::clock::now_unix_ms;
 use crate::table::session_table::SessionTable;
 use crate::NodeError;
 
@@ -62,7 +63,7 @@ pub(crate) struct SandboxEntry {
     /// Its use over its life (`crate::host::usage_history`).
     pub(crate) usage_history: Mutex<crate::host::usage_history::UsageHistory>,
     /// Its directory watches (bounded by `limits.watches_per_sandbox`).
-    pub(crate) watches: crate::policy::limits::Gauge,
+    pub(crate) watches: crate::limits::Gauge,
 }
 
 impl SandboxEntry {
@@ -91,7 +92,7 @@ impl SandboxEntry {
             record_seq: Mutex::new(None),
             file_ops: std::sync::OnceLock::new(),
             usage_history: Mutex::default(),
-            watches: crate::policy::limits::Gauge::default(),
+            watches: crate::limits::Gauge::default(),
         }
     }
 
@@ -604,12 +605,6 @@ const MAX_WHOLE_RECORD_BYTES: u64 = 4 << 20;
 /// A record file's newest slot, or the whole file (a record written whole).
 fn read_record(path: &Path) -> std::io::Result<Vec<u8>> {
     slot_file::read_record(path, MAX_WHOLE_RECORD_BYTES)
-}
-
-pub(crate) fn now_unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use brig_core::sandbox::Session;
 
-use crate::policy::limits::Limit;
+use crate::limits::Limit;
 use crate::NodeError;
 
 /// A sandbox's open sessions by id (`s1`, `s2`, …), whichever tier runs their shells.

@@ -24,9 +24,10 @@ use brig_core::sandbox::{
 use brig_core::{IdleAction, QosClass, SandboxId, SandboxSpec, Tier};
 use brig_proto::{CreateRequest, SandboxInfo, Target, TtlUpdate};
 
-use crate::serve::convert;
+use crate::convert;
+use crate::host::clock::now_unix_ms;
 use crate::table::intents::ForkIntent;
-use crate::table::sandboxes::{now_unix_ms, Due, Gone, SandboxEntry, SandboxRecord};
+use crate::table::sandboxes::{Due, Gone, SandboxEntry, SandboxRecord};
 use crate::tiers::registry::{CreatePlan, TierBackend};
 use crate::{info, Node, NodeError};
 

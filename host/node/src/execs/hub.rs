@@ -24,8 +24,8 @@ use brig_transport::{Exchange, TransportError};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use crate::policy::limits::Limit;
-use crate::serve::exec_input::StdinSlot;
+use crate::execs::input::StdinSlot;
+use crate::limits::Limit;
 use crate::NodeError;
 
 /// Output kept per exec for reattaching clients.
@@ -93,7 +93,7 @@ pub(crate) struct ExecHub {
     killer: Mutex<Killer>,
     /// Sets the window size, for an exec on a terminal.
     resizer: Option<Resizer>,
-    /// Its stdin, while a client may write it (`crate::serve::exec_input`).
+    /// Its stdin, while a client may write it (`crate::execs::input`).
     pub(crate) stdin: StdinSlot,
     state: Mutex<HubState>,
     changed: Notify,
@@ -102,7 +102,7 @@ pub(crate) struct ExecHub {
     /// Its sandbox's finished execs, which it joins when it finishes.
     finished_output: Arc<FinishedOutput>,
     /// Where its tier keeps its output on disk: once it finished and nobody streams it, the
-    /// hub keeps none of it, and later readers are served from there (`crate::serve::exec_archive`).
+    /// hub keeps none of it, and later readers are served from there (`crate::execs::archive`).
     archive: Option<Arc<dyn ExecArchive>>,
 }
 
@@ -437,7 +437,7 @@ impl ExecHub {
             (st.first > 0).then(|| st.result.clone()).flatten().map(|r| (archive.clone(), r))
         });
         if let Some((archive, result)) = archived {
-            if crate::serve::exec_archive::replay(archive.as_ref(), exchange, READER_STALL).await? {
+            if crate::execs::archive::replay(archive.as_ref(), exchange, READER_STALL).await? {
                 return Ok(Some(Reply::Exited(result)));
             }
         }

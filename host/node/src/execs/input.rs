@@ -1,4 +1,4 @@
-//! A command's streamed stdin, held by its hub (`crate::serve::exec_hub`) so that it does not belong
+//! A command's streamed stdin, held by its hub (`crate::execs::hub`) so that it does not belong
 //! to one client stream: the client that started the command writes through its upload, and
 //! any client writes or closes it by exec id (`ExecOp::Input`), which is also how a command
 //! kept across a node restart (its shim kept the pipe's write end) is fed further.
@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-use crate::policy::limits::Limit;
+use crate::limits::Limit;
 use crate::NodeError;
 
 /// How long a write waits for the command to take input (its pipe and channel full) before
