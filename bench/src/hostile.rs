@@ -32,6 +32,10 @@ struct Measured {
     name: &'static str,
     rss_growth_mib: f64,
     bystander_worst_ms: f64,
+    /// The slowest of each probe: the node's status with the bystander's `echo ok` over QUIC,
+    /// and the E2B API's `/health` over HTTP.
+    worst_native_ms: f64,
+    worst_health_ms: f64,
     probes: u64,
     late_or_failed: u64,
     /// What the attack itself saw (refusals, bytes delivered), for the reader.
@@ -66,27 +70,41 @@ async fn measure<F: std::future::Future<Output = String>>(
     };
     let outcome = attack.await;
     done.store(true, Ordering::Relaxed);
-    let (worst, probes, late) = prober.join().unwrap_or((ANSWER_WITHIN, 1, 1));
+    let Probed { worst, probes, late } =
+        prober.join().unwrap_or(Probed { worst: [ANSWER_WITHIN; 2], probes: 1, late: 1 });
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let _ = sampler.join();
     let growth = peak.load(Ordering::Relaxed).saturating_sub(baseline);
     let m = Measured {
         name,
         rss_growth_mib: growth as f64 / (1 << 20) as f64,
-        bystander_worst_ms: worst.as_secs_f64() * 1000.0,
+        bystander_worst_ms: ms(worst[0].max(worst[1])),
+        worst_native_ms: ms(worst[0]),
+        worst_health_ms: ms(worst[1]),
         probes,
         late_or_failed: late,
         outcome,
     };
     println!(
-        "  {:<28} rss +{:>7.1} MiB  bystander worst {:>7.1} ms  answered {}/{}  {}",
+        "  {:<28} rss +{:>7.1} MiB  bystander worst {:>7.1} ms (native {:.1}, /health {:.1})  answered {}/{}  {}",
         m.name,
         m.rss_growth_mib,
         m.bystander_worst_ms,
+        m.worst_native_ms,
+        m.worst_health_ms,
         m.probes - m.late_or_failed,
         m.probes,
         m.outcome
     );
     m
+}
+
+/// What the prober saw: the slowest native probe and `/health`, how many probes, how many late
+/// or failed.
+struct Probed {
+    worst: [Duration; 2],
+    probes: u64,
+    late: u64,
 }
 
 /// Probes the bystanders every 50 ms until `done`, on a thread and runtime of its own with a
@@ -98,30 +116,31 @@ fn probe_until(
     opts: anyhow::Result<brig_sdk::ConnectOptions>,
     bystander: &str,
     api: &E2bApi,
-) -> (Duration, u64, u64) {
-    let failed = (ANSWER_WITHIN, 1, 1);
+) -> Probed {
+    let failed = || Probed { worst: [ANSWER_WITHIN; 2], probes: 1, late: 1 };
     let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
-        return failed;
+        return failed();
     };
     rt.block_on(async {
-        let Ok(client) = Client::connect(opts?).await else { return Ok(failed) };
+        let Ok(client) = Client::connect(opts?).await else { return Ok(failed()) };
         let bystander = client.sandbox(bystander);
-        let (mut worst, mut count, mut late) = (Duration::ZERO, 0u64, 0u64);
+        let mut seen = Probed { worst: [Duration::ZERO; 2], probes: 0, late: 0 };
         loop {
-            for took in [probe_native(&client, &bystander).await, probe_health(api)] {
-                count += 1;
+            let took = [probe_native(&client, &bystander).await, probe_health(api)];
+            for (worst, took) in seen.worst.iter_mut().zip(took) {
+                seen.probes += 1;
                 let took = took.unwrap_or(ANSWER_WITHIN);
-                worst = worst.max(took);
-                late += u64::from(took >= ANSWER_WITHIN);
+                *worst = (*worst).max(took);
+                seen.late += u64::from(took >= ANSWER_WITHIN);
             }
             if done.load(Ordering::Relaxed) {
                 client.close().await;
-                return anyhow::Ok((worst, count, late));
+                return anyhow::Ok(seen);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })
-    .unwrap_or(failed)
+    .unwrap_or_else(|_| failed())
 }
 
 /// The node's status, then the bystander's `echo ok`; the time both took, `None` on failure.
@@ -268,6 +287,8 @@ pub fn run(opts: Options) -> anyhow::Result<Value> {
             "name": m.name,
             "rss_growth_mib": crate::stats::round3(m.rss_growth_mib),
             "bystander_worst_ms": crate::stats::round3(m.bystander_worst_ms),
+            "worst_native_ms": crate::stats::round3(m.worst_native_ms),
+            "worst_health_ms": crate::stats::round3(m.worst_health_ms),
             "node_answered": m.late_or_failed == 0,
             "probes": m.probes,
             "outcome": m.outcome,
