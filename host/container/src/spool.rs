@@ -701,6 +701,30 @@ mod tests {
         assert!(!reused.contains(&running_inode), "a running command's spool was kept");
     }
 
+    #[test]
+    fn an_exit_as_spools_from_before_keep_it_reads_and_is_written_the_same() {
+        // The exit frame's JSON as a node wrote it before its exec engine spoke core's types.
+        let before = br#"{"status":{"Signal":9},"timed_out":true,"killed":false,"truncated":false,"oom_killed":true,"duration":{"secs":1,"nanos":5000000},"stdout_bytes":3,"stderr_bytes":4}"#;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut spool = Spool::create(dir.path(), &header(7), None).expect("create");
+        spool.output(true, b"abc");
+        spool.write(&frame(TAG_EXIT, before));
+        let r = read(&Spool::path_in(dir.path(), 7)).expect("read");
+        let exit = ExecExit {
+            exit_code: None,
+            signal: Some(9),
+            timed_out: true,
+            oom_killed: true,
+            duration: Duration::from_millis(1005),
+            stdout_bytes: 3,
+            stderr_bytes: 4,
+            ..ExecExit::default()
+        };
+        assert_eq!(r.exit, Some(exit.clone()));
+        let again = serde_json::to_vec(&SpoolExit::from(&exit)).expect("json");
+        assert_eq!(again, before.to_vec(), "{}", String::from_utf8_lossy(&again));
+    }
+
     fn exit_ok() -> ExecExit {
         ExecExit { exit_code: Some(0), ..ExecExit::default() }
     }

@@ -11,7 +11,6 @@
 //! paused fncall sandbox just runs nothing. Transitions of one sandbox are
 //! serialized by its `transition` lock.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +27,7 @@ use crate::convert;
 use crate::host::clock::now_unix_ms;
 use crate::table::intents::ForkIntent;
 use crate::table::sandboxes::{Due, Gone, SandboxEntry, SandboxRecord};
-use crate::tiers::registry::{CreatePlan, TierBackend};
+use crate::tiers::registry::CreatePlan;
 use crate::{info, Node, NodeError};
 
 fn idle_action(a: brig_proto::IdleAction) -> IdleAction {
@@ -189,29 +188,38 @@ impl Node {
     }
 
     /// One recorded sandbox taken back by its tier's backend, from the tier's part of its
-    /// record; the backend that took it.
-    async fn take_back(
-        &self,
-        record: &SandboxRecord,
-    ) -> Result<(Arc<dyn Sandbox>, Arc<dyn TierBackend>), NodeError> {
+    /// record.
+    async fn take_back(&self, record: &SandboxRecord) -> Result<Arc<dyn Sandbox>, NodeError> {
         let tier_record = record.tier_record();
         let kind = tier_record.as_ref().map(|r| r.kind.as_str());
-        let backend = self.inner.tiers.for_record(record.spec.tier, kind)?.clone();
-        let sandbox = backend.adopt(self, &record.id, tier_record.as_ref()).await?;
-        Ok((sandbox, backend))
+        let backend = self.inner.tiers.for_record(record.spec.tier, kind)?;
+        backend.adopt(self, &record.id, tier_record.as_ref()).await
+    }
+
+    /// Whether `entry` was admitted by use: its backend's say, found as a restore finds it (by
+    /// its tier and its record's kind); a sandbox whose record cannot be made counts as one.
+    fn admitted_by_use(&self, entry: &SandboxEntry) -> bool {
+        match entry.sandbox.record() {
+            Ok(record) => {
+                let kind = record.as_ref().map(|r| r.kind.as_str());
+                self.inner.tiers.for_record(entry.tier, kind).is_ok_and(|b| b.admitted_by_use())
+            }
+            Err(_) => true,
+        }
     }
 
     /// Takes back the sandboxes an earlier run of the node recorded; removes what it cannot.
     pub(crate) async fn restore(&self) {
         let mut restored = 0;
-        // What each backend took back, by the backend (its address), for its orphans.
-        let mut adopted: HashMap<*const (), Vec<String>> = HashMap::new();
+        // Every sandbox taken back, by any backend: ids are unique on the node, so each backend
+        // keeps what any of them adopted (a backend a caller registered may take records over
+        // the same resources as a built-in one).
+        let mut adopted: Vec<String> = Vec::new();
         for record in self.inner.sandboxes.saved_records() {
             let id = record.id;
             let sandbox = match self.take_back(&record).await {
-                Ok((sandbox, backend)) => {
-                    let key = Arc::as_ptr(&backend).cast::<()>();
-                    adopted.entry(key).or_default().push(id.to_string());
+                Ok(sandbox) => {
+                    adopted.push(id.to_string());
                     sandbox
                 }
                 Err(e) => {
@@ -241,9 +249,7 @@ impl Node {
         // What earlier runs left that no record claimed, backend by backend, once every
         // record had its chance to be adopted.
         for backend in self.inner.tiers.all() {
-            let key = Arc::as_ptr(backend).cast::<()>();
-            let ids = adopted.get(&key).map_or(&[][..], Vec::as_slice);
-            let removed = backend.remove_orphans(self, ids).await;
+            let removed = backend.remove_orphans(self, &adopted).await;
             if removed > 0 {
                 let tier = backend.tier().as_str();
                 tracing::info!(removed, tier, "removed what sandboxes of an earlier run left");
@@ -443,7 +449,7 @@ impl Node {
             tier: parent.tier,
             memory: memory * u64::from(count),
             cpu_millis: cpu * u64::from(count),
-            by_use: self.inner.tiers.admitted_by_use(parent.tier),
+            by_use: self.admitted_by_use(&parent),
         })?;
         if self.inner.sandboxes.len() + count as usize > self.inner.config.max_sandboxes {
             return Err(NodeError::Full(self.inner.config.max_sandboxes));

@@ -132,11 +132,6 @@ impl TierRegistry {
         })
     }
 
-    /// Whether sandboxes of `tier` are admitted by use (a fork of one asks as it does).
-    pub fn admitted_by_use(&self, tier: Tier) -> bool {
-        self.0.iter().any(|b| b.tier() == tier && b.admitted_by_use())
-    }
-
     /// Every backend, in lookup order.
     pub fn all(&self) -> &[Arc<dyn TierBackend>] {
         &self.0
