@@ -36,6 +36,9 @@ struct Measured {
     /// and the E2B API's `/health` over HTTP.
     worst_native_ms: f64,
     worst_health_ms: f64,
+    /// The native probe's parts: the node's status, the bystander's `echo ok`.
+    worst_status_ms: f64,
+    worst_exec_ms: f64,
     probes: u64,
     late_or_failed: u64,
     /// What the attack itself saw (refusals, bytes delivered), for the reader.
@@ -71,7 +74,7 @@ async fn measure<F: std::future::Future<Output = String>>(
     let outcome = attack.await;
     done.store(true, Ordering::Relaxed);
     let Probed { worst, probes, late } =
-        prober.join().unwrap_or(Probed { worst: [ANSWER_WITHIN; 2], probes: 1, late: 1 });
+        prober.join().unwrap_or(Probed { worst: [ANSWER_WITHIN; 4], probes: 1, late: 1 });
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let _ = sampler.join();
     let growth = peak.load(Ordering::Relaxed).saturating_sub(baseline);
@@ -81,16 +84,20 @@ async fn measure<F: std::future::Future<Output = String>>(
         bystander_worst_ms: ms(worst[0].max(worst[1])),
         worst_native_ms: ms(worst[0]),
         worst_health_ms: ms(worst[1]),
+        worst_status_ms: ms(worst[2]),
+        worst_exec_ms: ms(worst[3]),
         probes,
         late_or_failed: late,
         outcome,
     };
     println!(
-        "  {:<28} rss +{:>7.1} MiB  bystander worst {:>7.1} ms (native {:.1}, /health {:.1})  answered {}/{}  {}",
+        "  {:<28} rss +{:>7.1} MiB  bystander worst {:>7.1} ms (native {:.1}: status {:.1}, exec {:.1}; /health {:.1})  answered {}/{}  {}",
         m.name,
         m.rss_growth_mib,
         m.bystander_worst_ms,
         m.worst_native_ms,
+        m.worst_status_ms,
+        m.worst_exec_ms,
         m.worst_health_ms,
         m.probes - m.late_or_failed,
         m.probes,
@@ -102,7 +109,8 @@ async fn measure<F: std::future::Future<Output = String>>(
 /// What the prober saw: the slowest native probe and `/health`, how many probes, how many late
 /// or failed.
 struct Probed {
-    worst: [Duration; 2],
+    /// Native (status + exec), `/health`, the status alone, the exec alone.
+    worst: [Duration; 4],
     probes: u64,
     late: u64,
 }
@@ -117,21 +125,25 @@ fn probe_until(
     bystander: &str,
     api: &E2bApi,
 ) -> Probed {
-    let failed = || Probed { worst: [ANSWER_WITHIN; 2], probes: 1, late: 1 };
+    let failed = || Probed { worst: [ANSWER_WITHIN; 4], probes: 1, late: 1 };
     let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
         return failed();
     };
     rt.block_on(async {
         let Ok(client) = Client::connect(opts?).await else { return Ok(failed()) };
         let bystander = client.sandbox(bystander);
-        let mut seen = Probed { worst: [Duration::ZERO; 2], probes: 0, late: 0 };
+        let mut seen = Probed { worst: [Duration::ZERO; 4], probes: 0, late: 0 };
         loop {
-            let took = [probe_native(&client, &bystander).await, probe_health(api)];
-            for (worst, took) in seen.worst.iter_mut().zip(took) {
-                seen.probes += 1;
+            let [native, status, exec] = probe_native(&client, &bystander).await;
+            let took = [native, probe_health(api), status, exec];
+            for (i, (worst, took)) in seen.worst.iter_mut().zip(took).enumerate() {
                 let took = took.unwrap_or(ANSWER_WITHIN);
                 *worst = (*worst).max(took);
-                seen.late += u64::from(took >= ANSWER_WITHIN);
+                // The parts of a native probe are not probes of their own.
+                if i < 2 {
+                    seen.probes += 1;
+                    seen.late += u64::from(took >= ANSWER_WITHIN);
+                }
             }
             if done.load(Ordering::Relaxed) {
                 client.close().await;
@@ -143,17 +155,22 @@ fn probe_until(
     .unwrap_or_else(|_| failed())
 }
 
-/// The node's status, then the bystander's `echo ok`; the time both took, `None` on failure.
-async fn probe_native(client: &Client, bystander: &Sandbox) -> Option<Duration> {
+/// The node's status, then the bystander's `echo ok`: the time both took, the status alone and
+/// the exec alone; `None`s on failure.
+async fn probe_native(client: &Client, bystander: &Sandbox) -> [Option<Duration>; 3] {
     let started = Instant::now();
     let probe = async {
         client.node_status().await.ok()?;
+        let status = started.elapsed();
         let out = bystander.exec(["echo", "ok"]).await.ok()?;
-        (out.stdout_text() == "ok\n").then_some(())
+        (out.stdout_text() == "ok\n").then_some(status)
     };
     match tokio::time::timeout(Duration::from_secs(10), probe).await {
-        Ok(Some(())) => Some(started.elapsed()),
-        _ => None,
+        Ok(Some(status)) => {
+            let total = started.elapsed();
+            [Some(total), Some(status), Some(total - status)]
+        }
+        _ => [None; 3],
     }
 }
 
@@ -289,6 +306,8 @@ pub fn run(opts: Options) -> anyhow::Result<Value> {
             "bystander_worst_ms": crate::stats::round3(m.bystander_worst_ms),
             "worst_native_ms": crate::stats::round3(m.worst_native_ms),
             "worst_health_ms": crate::stats::round3(m.worst_health_ms),
+            "worst_status_ms": crate::stats::round3(m.worst_status_ms),
+            "worst_exec_ms": crate::stats::round3(m.worst_exec_ms),
             "node_answered": m.late_or_failed == 0,
             "probes": m.probes,
             "outcome": m.outcome,
