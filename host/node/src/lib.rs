@@ -328,7 +328,13 @@ impl Node {
         let kind = request.kind();
         self.inner.metrics.requests.get_or_create(&metrics::KindLabel { kind }).inc();
         let file_op = files::audited_op(&request);
+        let upload = request.has_upload();
         let result = self.route(request, Some(&mut exchange)).await;
+        if result.is_err() && upload {
+            // An upload the failed request did not read to its end: the client's further
+            // writes fail instead of waiting (what `serve_as` does for a refused request).
+            exchange.refuse_upload();
+        }
         if let Some((sandbox, op, path)) = file_op {
             let bytes = match &result {
                 Ok(Some(Reply::Written { bytes })) => *bytes,

@@ -287,9 +287,8 @@ impl Node {
         }
     }
 
-    /// Pauses one sandbox; returns the bytes of memory freed.
     /// Pauses a sandbox: frozen in place (or saved), or with `files_only`, with every process
-    /// ended and its memory given back.
+    /// ended and its memory given back; the bytes of memory freed.
     pub(crate) async fn pause_entry(
         &self,
         entry: &SandboxEntry,

@@ -221,8 +221,8 @@ impl Node {
         let admission = &self.inner.admission;
         // Summed as sandboxes enter and leave the table: no walk over it per create.
         let requested = self.inner.sandboxes.asked();
-        let node = self.clone();
         let mean_use = || {
+            let node = self.clone();
             admission.mean_working_set(move || {
                 node.capacity();
             })

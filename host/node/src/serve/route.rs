@@ -275,15 +275,8 @@ impl Node {
         exchange: Conversation<'_>,
     ) -> Result<Option<Reply>, NodeError> {
         let kind = op.kind();
-        let store = match self.store() {
-            Ok(store) => store,
-            Err(e) => {
-                if let (ImageOp::Import(_), Some(exchange)) = (&op, exchange) {
-                    exchange.refuse_upload();
-                }
-                return Err(e);
-            }
-        };
+        // An import's upload, if this fails, is refused by `Node::serve`.
+        let store = self.store()?;
         Ok(Some(match op {
             ImageOp::Import(req) => images::import(&store, req, stream(exchange, kind)?).await?,
             ImageOp::Pull(req) => {

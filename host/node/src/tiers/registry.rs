@@ -75,8 +75,8 @@ pub trait TierBackend: Send + Sync {
         plan: CreatePlan<'a>,
     ) -> BoxFuture<'a, Result<Created, NodeError>>;
     /// Removes what an earlier run of the node left of this backend's sandboxes that no
-    /// record claimed (`adopted`: the ids it took back at this start, after every record had
-    /// its chance); how many it removed.
+    /// record claimed (`adopted`: every id any backend took back at this start, once every
+    /// record had its chance); how many it removed.
     fn remove_orphans<'a>(
         &'a self,
         _node: &'a Node,
